@@ -1,0 +1,55 @@
+"""payonce: a payment-client SDK with built-in safe retries.
+
+One idempotency key per business intent, journaled before anything is sent, retried under
+that key, replayed once answered, and reconciled when the outcome cannot be known.
+"""
+
+from ._client import Client, Operation
+from ._core import ResponseInfo, RetryEvent, response_info
+from ._intent import IntentState, KeyFormat
+from ._journal import AttemptRecord, IntentRecord, Journal, SQLiteJournal, open_journal
+from ._providers import Lookup, ProviderProfile, register_profile
+from ._retry import RetryPolicy
+from ._version import __version__
+from .errors import (
+    ConfigurationError,
+    IntentError,
+    IntentInFlight,
+    IntentMismatch,
+    JournalBusy,
+    JournalError,
+    OutcomeUnknown,
+    PayonceError,
+    ProviderError,
+    ProviderUnavailable,
+)
+
+__all__ = [
+    "AttemptRecord",
+    "Client",
+    "ConfigurationError",
+    "IntentError",
+    "IntentInFlight",
+    "IntentMismatch",
+    "IntentRecord",
+    "IntentState",
+    "Journal",
+    "JournalBusy",
+    "JournalError",
+    "KeyFormat",
+    "Lookup",
+    "Operation",
+    "OutcomeUnknown",
+    "PayonceError",
+    "ProviderError",
+    "ProviderProfile",
+    "ProviderUnavailable",
+    "ResponseInfo",
+    "RetryEvent",
+    "RetryPolicy",
+    "SQLiteJournal",
+    "__version__",
+    "open_journal",
+    "register_profile",
+    "response_info",
+]

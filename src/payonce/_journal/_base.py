@@ -1,0 +1,85 @@
+"""The Journal interface every backend implements."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Protocol, runtime_checkable
+
+from .._intent import IntentState
+from ._records import AttemptRecord, Claim, IntentDraft, IntentRecord, StoredResponse
+
+__all__ = ["Journal"]
+
+
+@runtime_checkable
+class Journal(Protocol):
+    """The durable store of intents and attempts.
+
+    Every method is atomic. Methods that take ``owner`` act only while that owner holds the
+    intent's lease and raise ``IntentInFlight`` otherwise, so a worker whose lease was taken
+    over can never settle or resend an intent behind the new holder's back.
+    """
+
+    @property
+    def location(self) -> str:
+        """Where the journal lives (a path or a URL without credentials)."""
+        ...
+
+    def claim(self, draft: IntentDraft, *, owner: str, now: float, lease_seconds: float) -> Claim:
+        """Find or create the intent and try to take its lease.
+
+        A new intent is written together with its first attempt's start, durably (fsync),
+        before this returns: this is the write-ahead record.
+        """
+        ...
+
+    def start_attempt(self, key: str, *, owner: str, now: float, lease_seconds: float) -> int:
+        """Durably record that a new attempt is about to be sent; returns its number."""
+        ...
+
+    def end_attempt(
+        self,
+        key: str,
+        number: int,
+        *,
+        owner: str,
+        now: float,
+        status_code: int | None,
+        error: str | None,
+        ambiguous: bool,
+    ) -> None: ...
+
+    def settle(
+        self,
+        key: str,
+        *,
+        owner: str,
+        now: float,
+        state: IntentState,
+        response: StoredResponse,
+        attempt: int,
+    ) -> IntentRecord:
+        """End the attempt, store the definitive answer and release the lease, at once."""
+        ...
+
+    def mark_unknown(self, key: str, *, owner: str, now: float, reason: str) -> IntentRecord: ...
+
+    def release(self, key: str, *, owner: str) -> None:
+        """Give the lease up, leaving the intent pending."""
+        ...
+
+    def get(self, key: str) -> IntentRecord | None: ...
+
+    def find(self, key_or_reference: str) -> list[IntentRecord]:
+        """Intents whose key or caller reference is exactly this string."""
+        ...
+
+    def list_intents(
+        self, *, states: Iterable[IntentState] | None = None, limit: int | None = None
+    ) -> list[IntentRecord]:
+        """Newest first."""
+        ...
+
+    def attempts(self, key: str) -> Sequence[AttemptRecord]: ...
+
+    def close(self) -> None: ...

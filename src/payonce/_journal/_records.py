@@ -1,0 +1,106 @@
+"""What the journal stores: intents, their attempts and their stored responses."""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from .._intent import IntentState
+
+__all__ = ["AttemptRecord", "Claim", "ClaimKind", "IntentDraft", "IntentRecord", "StoredResponse"]
+
+
+@attrs.frozen
+class IntentDraft:
+    """An intent as the client first describes it, before the journal knows it."""
+
+    key: str
+    key_supplied: bool
+    """True when the caller chose the key: then it must match any stored intent's key."""
+    scope: str
+    reference: str | None
+    account: str
+    provider: str
+    method: str
+    url: str
+    fingerprint: str
+    request_headers: tuple[tuple[str, str], ...]
+    """Only headers safe to keep (never credentials)."""
+    body: bytes
+
+
+@attrs.frozen
+class StoredResponse:
+    """A definitive answer as it was received: raw status, kept headers and body bytes."""
+
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+    body_stored: bool = True
+    """False when the body exceeded the size cap: only status and headers were kept."""
+    stored_by: str | None = None
+    """The payonce version that stored it (None for rows written by schema 1)."""
+    schema_version: int | None = None
+
+
+@attrs.frozen
+class AttemptRecord:
+    key: str
+    number: int
+    started_at: float
+    ended_at: float | None
+    status_code: int | None
+    error: str | None
+    ambiguous: bool | None
+    """Whether the provider may have executed this attempt; None while it is in flight."""
+
+    @property
+    def in_flight(self) -> bool:
+        return self.ended_at is None
+
+
+@attrs.frozen
+class IntentRecord:
+    key: str
+    scope: str
+    reference: str | None
+    account: str
+    provider: str
+    method: str
+    url: str
+    fingerprint: str
+    request_headers: tuple[tuple[str, str], ...]
+    body: bytes
+    state: IntentState
+    created_at: float
+    updated_at: float
+    first_sent_at: float | None
+    lease_owner: str | None
+    lease_expires_at: float | None
+    unknown_reason: str | None
+    response: StoredResponse | None
+    acknowledged_at: float | None
+    attempt_count: int
+
+
+class ClaimKind(enum.Enum):
+    CREATED = "created"
+    """New intent journaled, lease held, attempt 1 started: send now."""
+    CLAIMED = "claimed"
+    """Existing pending intent, lease now held by the caller."""
+    FINAL = "final"
+    """Already settled: replay the stored outcome."""
+    UNKNOWN = "unknown"
+    """Outcome unknown: must be reconciled, never resent blindly."""
+    LEASED = "leased"
+    """Another worker holds a live lease on it."""
+    MISMATCH = "mismatch"
+    """Same intent, different request (or a supplied key bound to another intent)."""
+
+
+@attrs.frozen
+class Claim:
+    kind: ClaimKind
+    record: IntentRecord
+    attempt_number: int | None = None

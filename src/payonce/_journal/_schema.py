@@ -1,0 +1,68 @@
+"""The journal schema and its forward migrations, in one place.
+
+Migration N takes a journal from schema N-1 to N. They only ever add: a journal written by
+an older payonce opens, migrates, and replays its stored responses byte for byte.
+"""
+
+from __future__ import annotations
+
+__all__ = ["APPLICATION", "MIGRATIONS", "SCHEMA_VERSION"]
+
+APPLICATION = "payonce"
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    # 1: intents, attempts, meta.
+    (
+        "CREATE TABLE payonce_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        """
+        CREATE TABLE intents (
+            key TEXT PRIMARY KEY,
+            scope TEXT NOT NULL,
+            reference TEXT,
+            account TEXT NOT NULL,
+            provider TEXT NOT NULL,
+            method TEXT NOT NULL,
+            url TEXT NOT NULL,
+            fingerprint TEXT NOT NULL,
+            request_headers TEXT NOT NULL,
+            request_body BLOB NOT NULL,
+            state TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            first_sent_at REAL,
+            lease_owner TEXT,
+            lease_expires_at REAL,
+            response_status INTEGER,
+            response_headers TEXT,
+            response_body BLOB
+        )
+        """,
+        "CREATE UNIQUE INDEX intents_scope_reference ON intents (scope, reference) "
+        "WHERE reference IS NOT NULL",
+        """
+        CREATE TABLE attempts (
+            key TEXT NOT NULL REFERENCES intents (key) ON DELETE CASCADE,
+            number INTEGER NOT NULL,
+            started_at REAL NOT NULL,
+            ended_at REAL,
+            status_code INTEGER,
+            error TEXT,
+            PRIMARY KEY (key, number)
+        )
+        """,
+    ),
+    # 2: unknown reasons, outbox acknowledgement, provenance of stored responses,
+    #    per-attempt ambiguity, and an index for listing by state.
+    (
+        "ALTER TABLE intents ADD COLUMN unknown_reason TEXT",
+        "ALTER TABLE intents ADD COLUMN acknowledged_at REAL",
+        "ALTER TABLE intents ADD COLUMN response_body_stored INTEGER",
+        "ALTER TABLE intents ADD COLUMN response_stored_by TEXT",
+        "ALTER TABLE intents ADD COLUMN response_schema INTEGER",
+        "ALTER TABLE attempts ADD COLUMN ambiguous INTEGER",
+        "CREATE INDEX intents_state_created ON intents (state, created_at)",
+        "CREATE INDEX intents_created ON intents (created_at)",
+    ),
+)
+
+SCHEMA_VERSION = len(MIGRATIONS)

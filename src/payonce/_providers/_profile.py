@@ -1,0 +1,110 @@
+"""The provider profile and the registry of built-in profiles."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import attrs
+import httpx
+
+from ..errors import ConfigurationError
+
+__all__ = ["GENERIC", "SANDBOX", "Lookup", "ProviderProfile", "get_profile", "register_profile"]
+
+
+@attrs.frozen
+class Lookup:
+    """How to ask the provider whether it executed an intent (used by reconciliation).
+
+    ``GET {path}?{param}=<key or reference>`` answers a list of matching objects under
+    ``list_field``; an empty list means the provider has no record.
+    """
+
+    path: str
+    by: Literal["key", "reference"] = "key"
+    param: str = "idempotency_key"
+    list_field: str = "data"
+
+
+def _no_hint(response: httpx.Response) -> bool | None:
+    return None
+
+
+@attrs.frozen
+class ProviderProfile:
+    """What payonce needs to know about one provider's idempotency contract.
+
+    A user-defined profile is a few lines::
+
+        acme = ProviderProfile(name="acme", key_header="X-Request-Id", key_lifetime=3600)
+        payonce.register_profile(acme)
+    """
+
+    name: str
+    key_header: str = "Idempotency-Key"
+    key_max_length: int = 255
+    quote_key: bool = False
+    """Send the key as an RFC 8941 string (``"key"``), as the IETF draft says."""
+    key_lifetime: float = 24 * 3600.0
+    """Seconds the provider remembers a key; past it a resend could execute twice."""
+    retryable_statuses: frozenset[int] = frozenset({500, 502, 503, 504})
+    not_executed_statuses: frozenset[int] = frozenset({429})
+    """Retryable answers that guarantee nothing was executed (rate limiting)."""
+    in_flight_statuses: frozenset[int] = frozenset({409})
+    """"Same key still being processed": retried, and ambiguous until answered."""
+    mismatch_statuses: frozenset[int] = frozenset({422})
+    replay_headers: tuple[str, ...] = ("Idempotent-Replayed", "Idempotency-Replayed")
+    auth_header: str = "Authorization"
+    auth_scheme: str | None = "Bearer"
+    lookup: Lookup | None = None
+    should_retry_hint: Callable[[httpx.Response], bool | None] = _no_hint
+    """A provider's explicit retry hint (Stripe-Should-Retry): True/False wins over status."""
+
+    def key_header_value(self, key: str) -> str:
+        return f'"{key}"' if self.quote_key else key
+
+    def auth_headers(self, api_key: str) -> dict[str, str]:
+        value = f"{self.auth_scheme} {api_key}" if self.auth_scheme else api_key
+        return {self.auth_header: value}
+
+    def secret_headers(self) -> frozenset[str]:
+        """Request headers that must never be stored or logged."""
+        return frozenset({self.auth_header.lower(), "authorization", "x-api-key", "cookie"})
+
+    def was_replayed(self, response: httpx.Response) -> bool:
+        return any(response.headers.get(name, "").lower() == "true" for name in self.replay_headers)
+
+
+GENERIC = ProviderProfile(
+    name="generic",
+    quote_key=True,
+    lookup=None,
+)
+"""The IETF Idempotency-Key draft: quoted key, 409 while in flight, 422 on mismatch."""
+
+SANDBOX = ProviderProfile(
+    name="sandbox",
+    lookup=Lookup(path="/v1/payments", by="key", param="idempotency_key"),
+)
+"""payonce's own reference provider (``payonce.sandbox``)."""
+
+_REGISTRY: dict[str, ProviderProfile] = {p.name: p for p in (GENERIC, SANDBOX)}
+
+
+def register_profile(profile: ProviderProfile) -> None:
+    """Make a profile available by name (``Client(provider="acme")``)."""
+    _REGISTRY[profile.name] = profile
+
+
+def get_profile(provider: str | ProviderProfile) -> ProviderProfile:
+    if isinstance(provider, ProviderProfile):
+        return provider
+    try:
+        return _REGISTRY[provider]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY))
+        raise ConfigurationError(
+            f"unknown provider {provider!r}; known profiles: {known} "
+            "(or pass a payonce.ProviderProfile)"
+        ) from None

@@ -1,0 +1,134 @@
+"""Every error payonce raises, under one base class.
+
+```
+PayonceError
+├── ConfigurationError      settings or credentials are missing or unusable
+├── JournalError            the journal cannot be opened, read or written
+│   └── JournalBusy         another process held the journal past the busy timeout
+├── IntentError             something about one intent (carries key and reference)
+│   ├── IntentMismatch      same intent, different request: a caller bug, nothing sent
+│   ├── IntentInFlight      another worker is sending this intent right now
+│   ├── OutcomeUnknown      the provider may or may not have executed it: reconcile
+│   ├── ProviderUnavailable the request provably never reached the provider
+│   └── ProviderError       the provider answered with a definitive refusal (4xx)
+```
+
+Each message says what happened, to which intent, and what to do next. None of them
+ever contains an API key or a stored request body.
+"""
+
+from __future__ import annotations
+
+import httpx
+
+__all__ = [
+    "ConfigurationError",
+    "IntentError",
+    "IntentInFlight",
+    "IntentMismatch",
+    "JournalBusy",
+    "JournalError",
+    "OutcomeUnknown",
+    "PayonceError",
+    "ProviderError",
+    "ProviderUnavailable",
+]
+
+
+class PayonceError(Exception):
+    """Base class of every error raised by payonce."""
+
+
+class ConfigurationError(PayonceError, ValueError):
+    """A setting or credential is missing or unusable; the message says how to fix it."""
+
+
+class JournalError(PayonceError):
+    """The journal could not be opened, read or written.
+
+    payonce never overwrites or silently recreates a journal it cannot read: the file
+    is left exactly as it was found.
+    """
+
+    def __init__(self, message: str, *, location: str) -> None:
+        super().__init__(message)
+        self.location = location
+
+
+class JournalBusy(JournalError):
+    """Another process held the journal locked for longer than the busy timeout."""
+
+
+class IntentError(PayonceError):
+    """An error about one intent: carries its idempotency key and the caller's reference."""
+
+    def __init__(self, message: str, *, key: str | None, reference: str | None) -> None:
+        super().__init__(message)
+        self.key = key
+        self.reference = reference
+
+
+class IntentMismatch(IntentError, ValueError):
+    """The same intent was asked for with a different request. Nothing was sent.
+
+    Either the caller reused a reference (or key) for another operation, or the request
+    was built differently this time. Use a new reference for a new operation.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        key: str | None,
+        reference: str | None,
+        stored_fingerprint: str,
+        new_fingerprint: str,
+    ) -> None:
+        super().__init__(message, key=key, reference=reference)
+        self.stored_fingerprint = stored_fingerprint
+        self.new_fingerprint = new_fingerprint
+
+
+class IntentInFlight(IntentError):
+    """Another worker holds this intent's lease and is sending it right now."""
+
+
+class OutcomeUnknown(IntentError):
+    """The provider may have executed the intent; retrying could not tell.
+
+    The intent is journaled as ``unknown`` and is never resent blindly: reconcile it
+    against the provider's status endpoint (``payonce reconcile KEY``).
+    """
+
+    def __init__(self, message: str, *, key: str, reference: str | None, reason: str) -> None:
+        super().__init__(message, key=key, reference=reference)
+        self.reason = reason
+
+
+class ProviderUnavailable(IntentError):
+    """Every attempt failed before a byte reached the provider; nothing was executed.
+
+    The intent stays ``pending`` under its key: calling again later is safe.
+    """
+
+
+class ProviderError(IntentError):
+    """The provider refused the request definitively (a non-retryable 4xx).
+
+    The refusal is journaled as ``failed`` and replayed on later calls for the same intent.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        key: str,
+        reference: str | None,
+        response: httpx.Response,
+    ) -> None:
+        super().__init__(message, key=key, reference=reference)
+        self.response = response
+
+    @property
+    def status_code(self) -> int:
+        return self.response.status_code

@@ -1,0 +1,21 @@
+"""A reference payment provider over real HTTP, with injectable faults.
+
+It keeps the server side of the Idempotency-Key contract and counts every real execution,
+which is how the test-suite, the examples and the demo prove no payment ran twice.
+"""
+
+from payonce.sandbox._app import DEFAULT_ACCOUNT, DEFAULT_API_KEY, SandboxConfig, create_app
+from payonce.sandbox._faults import Faults
+from payonce.sandbox._server import SandboxServer, serve
+from payonce.sandbox._store import SandboxStore
+
+__all__ = [
+    "DEFAULT_ACCOUNT",
+    "DEFAULT_API_KEY",
+    "Faults",
+    "SandboxConfig",
+    "SandboxServer",
+    "SandboxStore",
+    "create_app",
+    "serve",
+]

@@ -1,0 +1,199 @@
+"""Running the sandbox with uvicorn: in a background thread, or in the foreground."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from types import FrameType, TracebackType
+
+import uvicorn
+from starlette.types import ASGIApp
+
+from payonce.sandbox._app import Sandbox, SandboxConfig
+from payonce.sandbox._faults import Faults
+from payonce.sandbox._store import SandboxStore
+
+_START_TIMEOUT = 10.0
+_STOP_TIMEOUT = 10.0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    # Binding here rather than in uvicorn tells us the real port (for port 0) before it starts.
+    # The explicit IPPROTO_TCP matters: asyncio only sets TCP_NODELAY on accepted sockets whose
+    # proto says TCP, and without it every response costs a 40 ms delayed-ACK stall.
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _uvicorn_server(app: ASGIApp) -> uvicorn.Server:
+    config = uvicorn.Config(
+        app,
+        # Pinned rather than "auto", so the injected connection drop behaves the same
+        # whether or not uvloop/httptools happen to be installed.
+        loop="asyncio",
+        http="h11",
+        ws="none",
+        lifespan="on",
+        # None: leave the host program's logging configuration alone.
+        log_config=None,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=5,
+    )
+    return uvicorn.Server(config)
+
+
+class SandboxServer:
+    """A sandbox provider on a real socket, served from a daemon thread."""
+
+    def __init__(
+        self, config: SandboxConfig | None = None, *, host: str = "127.0.0.1", port: int = 0
+    ) -> None:
+        self.config = config or SandboxConfig()
+        self.host = host
+        self.port = port
+        self.store = SandboxStore(self.config.store_path)
+        self._sandbox = Sandbox(self.config, self.store, owns_store=False)
+        self._url: str | None = None
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    @property
+    def url(self) -> str:
+        if self._url is None:
+            raise RuntimeError("the sandbox server is not started")
+        return self._url
+
+    def start(self) -> SandboxServer:
+        if self._thread is not None or self._closed:
+            raise RuntimeError("a SandboxServer can be started only once")
+        sock = _listen(self.host, self.port)
+        self.port = sock.getsockname()[1]
+        url = _url(sock)
+        server = _uvicorn_server(self._sandbox.app)
+        # Off the main thread uvicorn installs no signal handlers, which is what we want.
+        thread = threading.Thread(
+            target=server.run,
+            kwargs={"sockets": [sock]},
+            name=f"payonce-sandbox-{self.port}",
+            daemon=True,
+        )
+        self._server, self._thread = server, thread
+        thread.start()
+        deadline = time.monotonic() + _START_TIMEOUT
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                sock.close()
+                self.stop()
+                raise RuntimeError("the sandbox server failed to start")
+            time.sleep(0.002)
+        self._url = url
+        return self
+
+    def stop(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(_STOP_TIMEOUT)
+            if self._thread.is_alive():
+                self._server.force_exit = True
+                self._thread.join(_STOP_TIMEOUT)
+        self.store.close()
+
+    def __enter__(self) -> SandboxServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def script(self, faults: Sequence[str]) -> None:
+        """Queue faults for the next payment requests, one each, ahead of random faults."""
+        self._sandbox.injector.script(faults)
+
+    def set_faults(self, faults: Faults) -> None:
+        self._sandbox.injector.set_faults(faults)
+
+    def advance_clock(self, seconds: float) -> None:
+        self.store.clock.advance(seconds)
+
+    def reset(self) -> None:
+        """Forget all keys, payments and executions; back to the configured faults."""
+        self._sandbox.reset()
+
+
+@contextmanager
+def _exit_on_signals(server: uvicorn.Server) -> Iterator[None]:
+    # uvicorn handles SIGINT/SIGTERM while serving, then re-raises the signal against the
+    # previous handler; with this one in place that ends in a clean return, not a traceback
+    # or a death by signal. It also covers a signal arriving during start-up.
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        server.should_exit = True
+
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, handle) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+async def _serve_until_exit(
+    server: uvicorn.Server, sock: socket.socket, ready: Callable[[str], None] | None
+) -> None:
+    url = _url(sock)
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started and not serving.done():
+        await asyncio.sleep(0.005)
+    if server.started and ready is not None:
+        ready(url)
+    await serving
+
+
+def serve(
+    config: SandboxConfig,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    *,
+    ready: Callable[[str], None] | None = None,
+) -> None:
+    """Serve in the foreground until SIGINT/SIGTERM; ``ready`` gets the base URL once listening."""
+    store = SandboxStore(config.store_path)
+    try:
+        sandbox = Sandbox(config, store, owns_store=False)
+        server = _uvicorn_server(sandbox.app)
+        sock = _listen(host, port)
+        with _exit_on_signals(server):
+            asyncio.run(_serve_until_exit(server, sock, ready))
+    finally:
+        store.close()

@@ -1,0 +1,439 @@
+"""End-to-end scenarios: a payonce Client, a real journal file, the real sandbox on loopback."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+import payonce
+from payonce.sandbox import DEFAULT_API_KEY, Faults, SandboxServer
+
+PAYMENT = {"amount": 4200, "currency": "eur"}
+DECLINED = {"amount": 40200, "currency": "eur"}
+
+MakeClient = Callable[..., payonce.Client]
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _states(journal_path: Path) -> dict[str, str]:
+    with sqlite3.connect(journal_path) as conn:
+        return dict(conn.execute("SELECT key, state FROM intents").fetchall())
+
+
+# -- the happy path and replays -------------------------------------------------------------
+
+
+def test_a_payment_is_journaled_sent_once_and_settled(
+    client: payonce.Client, sandbox: SandboxServer, journal_path: Path
+) -> None:
+    with client.intent("order-1") as op:
+        assert op.key is None, "the key is bound when the intent is first journaled"
+        response = op.post("/v1/payments", json=PAYMENT)
+        assert op.state is payonce.IntentState.SUCCEEDED
+
+    assert response.status_code == 201
+    assert response.json()["amount"] == 4200
+    info = payonce.response_info(response)
+    assert info is not None
+    assert (info.key, info.replayed, info.attempts) == (op.key, False, 1)
+    assert sandbox.store.executions() == {op.key: 1}
+    assert _states(journal_path) == {op.key: "succeeded"}
+
+
+def test_a_settled_intent_replays_from_the_journal_without_the_network(
+    client: payonce.Client, sandbox: SandboxServer
+) -> None:
+    first = client.post("/v1/payments", json=PAYMENT, reference="order-1")
+    sandbox.stop()  # from here on, any network call would fail
+
+    again = client.post("/v1/payments", json=PAYMENT, reference="order-1")
+
+    info = payonce.response_info(again)
+    assert info is not None
+    assert info.replayed
+    assert again.status_code == first.status_code
+    assert again.content == first.content
+    assert again.headers["content-type"] == first.headers["content-type"]
+
+
+def test_the_same_reference_under_two_accounts_is_two_intents(
+    make_sandbox: Callable[..., SandboxServer], journal_path: Path
+) -> None:
+    server = make_sandbox(api_keys={"sk_test_a": "acct_a", "sk_test_b": "acct_b"})
+    common = {"base_url": server.url, "provider": "sandbox", "journal": journal_path}
+    with (
+        payonce.Client(account="acct_a", api_key="sk_test_a", **common) as a,
+        payonce.Client(account="acct_b", api_key="sk_test_b", **common) as b,
+    ):
+        paid_a = a.post("/v1/payments", json=PAYMENT, reference="order-1")
+        paid_b = b.post("/v1/payments", json=PAYMENT, reference="order-1")
+        replay_b = b.post("/v1/payments", json=PAYMENT, reference="order-1")
+
+    assert paid_a.json()["account"] == "acct_a"
+    assert paid_b.json()["account"] == "acct_b"
+    assert replay_b.json()["id"] == paid_b.json()["id"] != paid_a.json()["id"]
+    assert len(server.store.executions()) == 2
+    assert server.store.total_executions() == 2
+
+
+def test_the_key_survives_a_restart(
+    make_client: MakeClient, sandbox: SandboxServer, journal_path: Path
+) -> None:
+    before = make_client()
+    first = before.post("/v1/payments", json=PAYMENT, reference="order-7")
+    before.close()
+
+    after = make_client()  # a new process would do exactly this
+    with after.intent("order-7") as op:
+        again = op.post("/v1/payments", json=PAYMENT)
+
+    assert op.key == payonce.response_info(first).key  # type: ignore[union-attr]
+    assert again.json() == first.json()
+    assert sandbox.store.total_executions() == 1
+
+
+def test_uuid4_keys_and_caller_supplied_keys_reach_the_provider_as_is(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    uuid_client = make_client(key_format="uuid4")
+    with uuid_client.intent("order-u") as op:
+        op.post("/v1/payments", json=PAYMENT)
+    assert op.key is not None
+    assert len(op.key) == 36
+
+    with uuid_client.intent(key="my-own-key-0001") as mine:
+        mine.post("/v1/payments", json=PAYMENT)
+    assert mine.key == "my-own-key-0001"
+    assert set(sandbox.store.executions()) == {op.key, "my-own-key-0001"}
+
+
+def test_the_generic_profile_sends_the_key_as_a_structured_field_string(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    seen: list[str] = []
+
+    def record(request: httpx.Request) -> None:
+        seen.append(request.headers["Idempotency-Key"])
+
+    generic = make_client(provider="generic")
+    generic._http.event_hooks["request"].append(record)
+    with generic.intent("order-g") as op:
+        op.post("/v1/payments", json=PAYMENT)
+    assert seen == [f'"{op.key}"']
+    assert sandbox.store.executions() == {op.key: 1}
+
+
+def test_an_invalid_caller_key_is_refused_before_anything_is_journaled(
+    client: payonce.Client, journal_path: Path
+) -> None:
+    with pytest.raises(payonce.ConfigurationError, match="printable ASCII"):
+        client.post("/v1/payments", json=PAYMENT, key="not a key")
+    assert _states(journal_path) == {}
+
+
+# -- mismatches -----------------------------------------------------------------------------
+
+
+def test_the_same_intent_with_another_body_is_refused_before_sending(
+    client: payonce.Client, sandbox: SandboxServer, journal_path: Path
+) -> None:
+    client.post("/v1/payments", json=PAYMENT, reference="order-1")
+
+    with pytest.raises(payonce.IntentMismatch) as caught:
+        client.post("/v1/payments", json={"amount": 9900, "currency": "eur"}, reference="order-1")
+
+    error = caught.value
+    assert error.reference == "order-1"
+    assert error.key in str(error)
+    assert error.stored_fingerprint != error.new_fingerprint
+    assert error.stored_fingerprint[:16] in str(error)
+    assert sandbox.store.total_executions() == 1
+    assert list(_states(journal_path).values()) == ["succeeded"]
+
+
+def test_a_second_request_in_one_operation_must_be_the_same_request(
+    client: payonce.Client, sandbox: SandboxServer
+) -> None:
+    with client.intent() as op:
+        op.post("/v1/payments", json=PAYMENT)
+        with pytest.raises(payonce.IntentMismatch):
+            op.post("/v1/payments", json={"amount": 1, "currency": "eur"})
+        replay = op.post("/v1/payments", json=dict(reversed(PAYMENT.items())))
+    assert payonce.response_info(replay).replayed  # type: ignore[union-attr]
+    assert sandbox.store.total_executions() == 1
+
+
+def test_a_provider_mismatch_answer_maps_to_intent_mismatch(
+    make_client: MakeClient, sandbox: SandboxServer, tmp_path: Path
+) -> None:
+    # Another journal (another team, a lost file) already used this key for another body.
+    other = make_client(journal=tmp_path / "other.db")
+    other.post("/v1/payments", json={"amount": 1, "currency": "eur"}, key="shared-key-1")
+
+    ours = make_client()
+    with pytest.raises(payonce.IntentMismatch, match="different request"):
+        ours.post("/v1/payments", json=PAYMENT, key="shared-key-1")
+    assert sandbox.store.total_executions() == 1
+
+
+# -- retries under one key ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "faults",
+    [
+        ["fail_before"],
+        ["fail_after"],
+        ["drop_after"],
+        ["fail_before", "fail_after"],
+        ["rate_limit", "fail_before", "drop_after"],
+    ],
+)
+def test_transient_failures_are_retried_under_one_key_and_execute_once(
+    make_client: MakeClient, sandbox: SandboxServer, faults: list[str]
+) -> None:
+    retries: list[payonce.RetryEvent] = []
+    client = make_client(on_retry=retries.append)
+    sandbox.set_faults(Faults(retry_after_seconds=0))
+    sandbox.script(faults)
+
+    with client.intent("order-r") as op:
+        response = op.post("/v1/payments", json=PAYMENT)
+
+    assert response.status_code == 201
+    assert sandbox.store.executions() == {op.key: 1}
+    assert [event.key for event in retries] == [op.key] * len(faults)
+    attempts = client.journal.attempts(op.key)  # type: ignore[arg-type]
+    assert len(attempts) == len(faults) + 1
+    assert attempts[-1].status_code == 201
+
+
+def test_a_timed_out_request_is_retried_and_the_provider_executes_it_once(
+    make_sandbox: Callable[..., SandboxServer], make_client: MakeClient
+) -> None:
+    slow = make_sandbox(faults=Faults(delay_seconds=1.0))
+    slow.script(["delay"])
+    retries: list[payonce.RetryEvent] = []
+    retry = payonce.RetryPolicy(initial_wait=0.2, max_wait=0.5, max_attempts=10)
+    client = make_client(base_url=slow.url, timeout=0.3, retry=retry, on_retry=retries.append)
+
+    with client.intent("order-slow") as op:
+        response = op.post("/v1/payments", json=PAYMENT)
+
+    assert response.status_code == 201
+    assert retries[0].reason == "ReadTimeout"
+    assert retries[0].ambiguous
+    assert slow.store.executions() == {op.key: 1}
+
+
+def test_retry_after_is_honoured_and_capped(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    waits: list[float] = []
+    client = make_client(on_retry=lambda event: waits.append(event.wait))
+    sandbox.set_faults(Faults(retry_after_seconds=1))
+    sandbox.script(["rate_limit"])
+    client.post("/v1/payments", json=PAYMENT, reference="order-429")
+    assert waits == [1.0]
+
+    capped = make_client(
+        retry=payonce.RetryPolicy(max_retry_after=0.05), on_retry=lambda e: waits.append(e.wait)
+    )
+    sandbox.set_faults(Faults(retry_after_seconds=3600))
+    sandbox.script(["rate_limit"])
+    capped.post("/v1/payments", json=PAYMENT, reference="order-429b")
+    assert waits == [1.0, 0.05]
+    assert sandbox.store.total_executions() == 2
+
+
+def test_a_declined_payment_is_stored_and_replayed_as_a_failure(
+    client: payonce.Client, sandbox: SandboxServer
+) -> None:
+    with pytest.raises(payonce.ProviderError) as first:
+        client.post("/v1/payments", json=DECLINED, reference="order-d")
+    assert first.value.status_code == 402
+    assert first.value.key is not None
+
+    with pytest.raises(payonce.ProviderError) as again:
+        client.post("/v1/payments", json=DECLINED, reference="order-d")
+
+    assert payonce.response_info(again.value.response).replayed  # type: ignore[union-attr]
+    assert again.value.response.json() == first.value.response.json()
+    assert sandbox.store.total_executions() == 1
+    assert client.journal.get(first.value.key).state is payonce.IntentState.FAILED  # type: ignore[union-attr]
+
+
+def test_exhausted_ambiguous_retries_leave_the_intent_unknown_and_never_resend_it(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    client = make_client(retry=payonce.RetryPolicy(max_attempts=3, initial_wait=0.001))
+    sandbox.script(["fail_before"] * 3)
+
+    with pytest.raises(payonce.OutcomeUnknown) as caught:
+        client.post("/v1/payments", json=PAYMENT, reference="order-u")
+
+    error = caught.value
+    assert error.reference == "order-u"
+    assert "HTTP 503" in error.reason
+    assert "payonce reconcile" in str(error)
+    record = client.journal.get(error.key)  # type: ignore[arg-type]
+    assert record is not None
+    assert record.state is payonce.IntentState.UNKNOWN
+    assert record.unknown_reason == error.reason
+
+    sandbox.stop()  # a blind resend would now fail differently: it must not be attempted
+    with pytest.raises(payonce.OutcomeUnknown):
+        client.post("/v1/payments", json=PAYMENT, reference="order-u")
+    assert client.journal.get(error.key).attempt_count == 3  # type: ignore[union-attr]
+
+
+def test_a_request_that_never_left_stays_pending_and_is_sent_later_under_the_same_key(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    unreachable = make_client(base_url=f"http://127.0.0.1:{_closed_port()}")
+    with pytest.raises(payonce.ProviderUnavailable, match="nothing was executed") as caught:
+        unreachable.post("/v1/payments", json=PAYMENT, reference="order-p")
+    key = caught.value.key
+    assert unreachable.journal.get(key).state is payonce.IntentState.PENDING  # type: ignore[arg-type, union-attr]
+    assert sandbox.store.total_executions() == 0
+
+    reachable = make_client()  # e.g. the provider is back, or after a restart
+    with reachable.intent("order-p") as op:
+        op.post("/v1/payments", json=PAYMENT)
+    assert op.key == key
+    assert sandbox.store.executions() == {key: 1}
+
+
+# -- concurrency in one process -------------------------------------------------------------
+
+
+def test_two_threads_on_one_intent_never_have_two_requests_in_flight(
+    make_sandbox: Callable[..., SandboxServer], make_client: MakeClient
+) -> None:
+    slow = make_sandbox(processing_seconds=0.5)
+    client = make_client(base_url=slow.url)
+    barrier = threading.Barrier(2)
+    results: list[httpx.Response | Exception] = []
+
+    def pay() -> None:
+        barrier.wait()
+        try:
+            results.append(client.post("/v1/payments", json=PAYMENT, reference="order-t"))
+        except payonce.IntentInFlight as exc:
+            results.append(exc)
+
+    threads = [threading.Thread(target=pay) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    responses = [r for r in results if isinstance(r, httpx.Response)]
+    assert responses, results
+    assert {r.json()["id"] for r in responses} == {responses[0].json()["id"]}
+    assert slow.store.total_executions() == 1
+    (record,) = client.journal.find("order-t")
+    assert record.attempt_count == 1, "the provider never saw a second request (no 409)"
+
+
+def test_a_worker_that_cannot_wait_gets_intent_in_flight(
+    make_sandbox: Callable[..., SandboxServer], make_client: MakeClient
+) -> None:
+    slow = make_sandbox(processing_seconds=0.6)
+    patient = make_client(base_url=slow.url)
+    impatient = make_client(base_url=slow.url, in_flight_wait=0.0)
+    started = threading.Event()
+    patient._http.event_hooks["request"].append(lambda request: started.set())
+    worker = threading.Thread(
+        target=patient.post, args=("/v1/payments",), kwargs={"json": PAYMENT, "reference": "o"}
+    )
+    worker.start()
+    started.wait(5)
+    try:
+        with pytest.raises(payonce.IntentInFlight, match="another worker"):
+            impatient.post("/v1/payments", json=PAYMENT, reference="o")
+    finally:
+        worker.join()
+    assert slow.store.total_executions() == 1
+
+
+# -- key lifetime ---------------------------------------------------------------------------
+
+
+class _CrashAfterSend(httpx.HTTPTransport):
+    """Really sends the request, then fails as if the process died before reading the answer."""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        super().handle_request(request).close()
+        raise RuntimeError("simulated crash after send")
+
+
+@pytest.mark.parametrize(("hours_later", "resent"), [(1, True), (23, False)])
+def test_an_intent_that_may_have_executed_is_resent_only_within_the_key_lifetime(
+    make_client: MakeClient, sandbox: SandboxServer, hours_later: int, resent: bool
+) -> None:
+    crashing = make_client(transport=_CrashAfterSend())
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        crashing.post("/v1/payments", json=PAYMENT, reference="order-k")
+    (record,) = crashing.journal.find("order-k")
+    assert record.state is payonce.IntentState.PENDING
+    assert sandbox.store.total_executions() == 1
+
+    later = make_client(clock=lambda: time.time() + hours_later * 3600)
+    if resent:
+        response = later.post("/v1/payments", json=PAYMENT, reference="order-k")
+        assert response.status_code == 201
+        assert payonce.response_info(response).provider_replayed  # type: ignore[union-attr]
+    else:
+        with pytest.raises(payonce.OutcomeUnknown, match="key lifetime"):
+            later.post("/v1/payments", json=PAYMENT, reference="order-k")
+        assert later.journal.get(record.key).state is payonce.IntentState.UNKNOWN  # type: ignore[union-attr]
+    assert sandbox.store.executions() == {record.key: 1}
+
+
+# -- stored responses -----------------------------------------------------------------------
+
+
+def test_a_response_over_the_size_cap_settles_from_status_and_headers_only(
+    make_client: MakeClient, sandbox: SandboxServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = make_client(max_stored_response_bytes=16)
+    with caplog.at_level(logging.WARNING, logger="payonce"):
+        live = client.post("/v1/payments", json=PAYMENT, reference="order-big")
+    assert live.json()["amount"] == 4200, "the caller still gets the whole body this time"
+    assert payonce.response_info(live).body_stored is False  # type: ignore[union-attr]
+    assert "exceeds the 16-byte cap" in caplog.text
+
+    replay = client.post("/v1/payments", json=PAYMENT, reference="order-big")
+    info = payonce.response_info(replay)
+    assert info is not None
+    assert info.replayed
+    assert not info.body_stored
+    assert (replay.status_code, replay.content) == (201, b"")
+    assert replay.headers["request-id"] == live.headers["request-id"]
+
+
+def test_turning_tls_verification_off_is_explicit_and_logged(
+    make_client: MakeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="payonce"):
+        make_client(verify=False)
+    assert "verification is OFF" in caplog.text
+
+
+def test_an_unknown_provider_is_a_configuration_error(sandbox: SandboxServer) -> None:
+    with pytest.raises(payonce.ConfigurationError, match="known profiles"):
+        payonce.Client(base_url=sandbox.url, provider="nope", api_key=DEFAULT_API_KEY)

@@ -1,0 +1,125 @@
+"""The retry classifier and the backoff policy: one decision per test."""
+
+from __future__ import annotations
+
+import email.utils
+import random
+
+import httpx
+import pytest
+
+from payonce import ProviderProfile, RetryPolicy
+from payonce._providers._profile import GENERIC
+from payonce._retry import Outcome, classify_error, classify_response, parse_retry_after
+
+REQUEST = httpx.Request("POST", "http://provider.test/v1/payments")
+
+
+def _response(status: int, **headers: str) -> httpx.Response:
+    return httpx.Response(status, headers=headers, request=REQUEST)
+
+
+@pytest.mark.parametrize("status", [200, 201, 204])
+def test_2xx_is_a_definitive_success(status: int) -> None:
+    assert classify_response(_response(status), GENERIC).outcome is Outcome.SUCCEEDED
+
+
+@pytest.mark.parametrize("status", [400, 401, 402, 403, 404])
+def test_other_4xx_are_definitive_failures(status: int) -> None:
+    verdict = classify_response(_response(status), GENERIC)
+    assert verdict.outcome is Outcome.FAILED
+    assert not verdict.ambiguous
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 504])
+def test_5xx_are_retried_and_ambiguous(status: int) -> None:
+    verdict = classify_response(_response(status), GENERIC)
+    assert verdict.outcome is Outcome.RETRY
+    assert verdict.ambiguous, "a 5xx may follow an executed payment"
+
+
+def test_429_is_retried_and_proves_nothing_was_executed() -> None:
+    verdict = classify_response(_response(429, **{"Retry-After": "3"}), GENERIC)
+    assert verdict.outcome is Outcome.RETRY
+    assert not verdict.ambiguous
+    assert verdict.retry_after == 3.0
+
+
+def test_409_in_flight_is_retried_and_ambiguous() -> None:
+    verdict = classify_response(_response(409), GENERIC)
+    assert (verdict.outcome, verdict.ambiguous) == (Outcome.RETRY, True)
+
+
+def test_422_is_a_key_mismatch() -> None:
+    assert classify_response(_response(422), GENERIC).outcome is Outcome.MISMATCH
+
+
+def test_a_provider_retry_hint_wins_over_the_status() -> None:
+    def hint(response: httpx.Response) -> bool | None:
+        value = response.headers.get("Should-Retry")
+        return None if value is None else value == "true"
+
+    profile = ProviderProfile(name="hinted", should_retry_hint=hint)
+    assert classify_response(_response(503, **{"Should-Retry": "false"}), profile).outcome is (
+        Outcome.FAILED
+    )
+    assert classify_response(_response(400, **{"Should-Retry": "true"}), profile).outcome is (
+        Outcome.RETRY
+    )
+
+
+def test_a_refused_connection_proves_the_request_never_left() -> None:
+    verdict = classify_error(httpx.ConnectError("refused", request=REQUEST))
+    assert verdict is not None
+    assert (verdict.outcome, verdict.ambiguous) == (Outcome.RETRY, False)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        httpx.ReadTimeout("slow", request=REQUEST),
+        httpx.WriteTimeout("slow", request=REQUEST),
+        httpx.RemoteProtocolError("peer closed connection", request=REQUEST),
+        httpx.ReadError("reset", request=REQUEST),
+    ],
+)
+def test_failures_after_sending_are_ambiguous(error: Exception) -> None:
+    verdict = classify_error(error)
+    assert verdict is not None
+    assert (verdict.outcome, verdict.ambiguous) == (Outcome.RETRY, True)
+
+
+def test_non_transport_errors_are_not_retried() -> None:
+    assert classify_error(ValueError("bug")) is None
+
+
+def test_retry_after_in_seconds_and_as_an_http_date() -> None:
+    assert parse_retry_after("7") == 7.0
+    assert parse_retry_after("1.5") == 1.5
+    now = 1_800_000_000.0
+    date = email.utils.formatdate(now + 30, usegmt=True)
+    assert parse_retry_after(date, now=now) == pytest.approx(30.0)
+    assert parse_retry_after(email.utils.formatdate(now - 30, usegmt=True), now=now) == 0.0
+    assert parse_retry_after("soon") is None
+    assert parse_retry_after(None) is None
+
+
+def test_backoff_is_capped_exponential_with_full_jitter() -> None:
+    policy = RetryPolicy(initial_wait=1.0, max_wait=8.0, multiplier=2.0)
+    rng = random.Random(7)
+    for retry_number, ceiling in [(1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0), (10, 8.0)]:
+        waits = [policy.backoff(retry_number, rng) for _ in range(200)]
+        assert all(0.0 <= w <= ceiling for w in waits)
+        assert max(waits) > ceiling * 0.8, "full jitter spans the whole range"
+        assert min(waits) < ceiling * 0.2
+
+
+def test_retry_after_replaces_backoff_but_is_capped() -> None:
+    policy = RetryPolicy(max_retry_after=10.0)
+    assert policy.wait(1, retry_after=4.0) == 4.0
+    assert policy.wait(1, retry_after=3600.0) == 10.0
+
+
+def test_policy_rejects_nonsense() -> None:
+    with pytest.raises(ValueError, match="max_attempts"):
+        RetryPolicy(max_attempts=0)

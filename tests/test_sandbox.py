@@ -1,0 +1,496 @@
+"""The sandbox provider, exercised over real HTTP on loopback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import pytest
+
+from payonce.sandbox import (
+    DEFAULT_ACCOUNT,
+    DEFAULT_API_KEY,
+    Faults,
+    SandboxConfig,
+    SandboxServer,
+    SandboxStore,
+)
+
+OTHER_API_KEY = "sk_test_other"
+OTHER_ACCOUNT = "acct_other"
+DAY = 24 * 3600.0
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def _client(url: str, api_key: str = DEFAULT_API_KEY) -> httpx.Client:
+    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {api_key}"}, timeout=10)
+
+
+def _key() -> str:
+    return f"key-{uuid.uuid4().hex}"
+
+
+def _pay(
+    http: httpx.Client,
+    key: str | None,
+    amount: int = 1000,
+    *,
+    headers: dict[str, str] | None = None,
+    **fields: Any,
+) -> httpx.Response:
+    all_headers = {"Idempotency-Key": key} if key is not None else {}
+    all_headers.update(headers or {})
+    body = {"amount": amount, "currency": "EUR", **fields}
+    return http.post("/v1/payments", json=body, headers=all_headers)
+
+
+@pytest.fixture(scope="module")
+def shared_server() -> Iterator[SandboxServer]:
+    config = SandboxConfig(
+        api_keys={DEFAULT_API_KEY: DEFAULT_ACCOUNT, OTHER_API_KEY: OTHER_ACCOUNT}
+    )
+    with SandboxServer(config) as server:
+        yield server
+
+
+@pytest.fixture
+def provider(shared_server: SandboxServer) -> SandboxServer:
+    shared_server.reset()
+    return shared_server
+
+
+@pytest.fixture
+def http(provider: SandboxServer) -> Iterator[httpx.Client]:
+    with _client(provider.url) as client:
+        yield client
+
+
+def test_payment_executes_once(provider: SandboxServer, http: httpx.Client) -> None:
+    key = _key()
+    response = _pay(http, key, 1250, reference="order-1", metadata={"cart": "42"})
+
+    assert response.status_code == 201
+    assert response.headers["Request-Id"].startswith("req_")
+    assert "Idempotent-Replayed" not in response.headers
+    payment = response.json()
+    assert payment["id"].startswith("pay_")
+    assert len(payment["id"]) == len("pay_") + 24
+    assert payment["object"] == "payment"
+    assert payment["account"] == DEFAULT_ACCOUNT
+    assert (payment["amount"], payment["currency"]) == (1250, "EUR")
+    assert payment["reference"] == "order-1"
+    assert payment["status"] == "succeeded"
+    assert payment["idempotency_key"] == key
+    assert payment["metadata"] == {"cart": "42"}
+    assert isinstance(payment["created"], int)
+    assert provider.store.executions() == {key: 1}
+    assert provider.store.payments() == [payment]
+
+
+def test_replay_with_same_key_and_body(provider: SandboxServer, http: httpx.Client) -> None:
+    key = _key()
+    first = _pay(http, key)
+    again = _pay(http, key)
+    # The RFC 8941 sf-string form of the same key.
+    quoted = _pay(http, f'"{key}"')
+
+    for replay in (again, quoted):
+        assert replay.status_code == 201
+        assert replay.headers["Idempotent-Replayed"] == "true"
+        assert replay.content == first.content
+        assert replay.headers["Request-Id"] != first.headers["Request-Id"]
+    assert provider.store.execution_count(key) == 1
+
+
+def test_same_key_with_other_body_is_rejected(provider: SandboxServer, http: httpx.Client) -> None:
+    key = _key()
+    assert _pay(http, key, 1000).status_code == 201
+
+    response = _pay(http, key, 2000)
+
+    assert response.status_code == 422
+    assert response.json()["error"]["type"] == "idempotency_key_mismatch"
+    assert provider.store.execution_count(key) == 1
+
+
+def test_missing_key_is_rejected(provider: SandboxServer, http: httpx.Client) -> None:
+    response = _pay(http, None)
+
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "idempotency_key_missing"
+    assert "Request-Id" in response.headers
+    assert provider.store.total_executions() == 0
+
+
+def test_overlong_key_is_rejected(provider: SandboxServer, http: httpx.Client) -> None:
+    assert _pay(http, "k" * 255).status_code == 201
+    response = _pay(http, "k" * 256)
+
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "invalid_request"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"{not json",
+        b"[1, 2]",
+        b'{"amount": 0, "currency": "EUR"}',
+        b'{"amount": 10.5, "currency": "EUR"}',
+        b'{"amount": true, "currency": "EUR"}',
+        b'{"amount": 100, "currency": "EURO"}',
+        b'{"amount": 100}',
+        b'{"amount": 100, "currency": "EUR", "reference": 7}',
+        b'{"amount": 100, "currency": "EUR", "metadata": []}',
+        b'{"amount": 100, "currency": "EUR", "amount_typo": 1}',
+    ],
+)
+def test_invalid_request_records_nothing(
+    provider: SandboxServer, http: httpx.Client, body: bytes
+) -> None:
+    key = _key()
+    response = http.post("/v1/payments", content=body, headers={"Idempotency-Key": key})
+
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "invalid_request"
+    # The key was not recorded: a valid request with it is new, not a mismatch.
+    assert _pay(http, key).status_code == 201
+
+
+@pytest.mark.parametrize(
+    "authorization", [None, "Bearer sk_test_wrong", f"Basic {DEFAULT_API_KEY}", "Bearer"]
+)
+def test_bad_credentials_are_rejected(provider: SandboxServer, authorization: str | None) -> None:
+    headers = {"Idempotency-Key": _key()}
+    if authorization is not None:
+        headers["Authorization"] = authorization
+    with httpx.Client(base_url=provider.url) as anonymous:
+        response = anonymous.post(
+            "/v1/payments", json={"amount": 1, "currency": "EUR"}, headers=headers
+        )
+        lookup = anonymous.get("/v1/payments/pay_x", headers=headers)
+
+    assert response.status_code == 401
+    assert response.json()["error"]["type"] == "authentication_error"
+    assert lookup.status_code == 401
+    assert provider.store.total_executions() == 0
+
+
+def test_concurrent_requests_with_one_key_conflict() -> None:
+    key = _key()
+    with SandboxServer(SandboxConfig(processing_seconds=0.5)) as server:
+        barrier = threading.Barrier(2)
+
+        def attempt(_: int) -> httpx.Response:
+            with _client(server.url) as client:
+                barrier.wait()
+                return _pay(client, key)
+
+        with ThreadPoolExecutor(2) as pool:
+            responses = sorted(pool.map(attempt, range(2)), key=lambda r: r.status_code)
+
+        assert [r.status_code for r in responses] == [201, 409]
+        assert responses[1].json()["error"]["type"] == "idempotency_key_in_use"
+        assert server.store.executions() == {key: 1}
+        with _client(server.url) as client:
+            retry = _pay(client, key)
+        assert retry.status_code == 201
+        assert retry.headers["Idempotent-Replayed"] == "true"
+        assert server.store.executions() == {key: 1}
+
+
+def test_expired_key_is_forgotten(provider: SandboxServer, http: httpx.Client) -> None:
+    key = _key()
+    first = _pay(http, key).json()
+
+    provider.advance_clock(DAY - 60)
+    assert _pay(http, key).headers["Idempotent-Replayed"] == "true"
+
+    provider.advance_clock(61)
+    second = _pay(http, key)
+
+    assert second.status_code == 201
+    assert "Idempotent-Replayed" not in second.headers
+    assert second.json()["id"] != first["id"]
+    assert provider.store.execution_count(key) == 2
+    found = http.get("/v1/payments", params={"idempotency_key": key}).json()
+    assert [p["id"] for p in found["data"]] == [first["id"], second.json()["id"]]
+
+
+def test_fail_before_executes_nothing(provider: SandboxServer, http: httpx.Client) -> None:
+    key = _key()
+    provider.script(["fail_before"])
+
+    response = _pay(http, key)
+
+    assert response.status_code == 503
+    assert response.json()["error"]["type"] == "service_unavailable"
+    assert provider.store.execution_count(key) == 0
+    assert _pay(http, key).status_code == 201
+    assert provider.store.execution_count(key) == 1
+
+
+def test_fail_after_loses_a_success_that_a_retry_recovers(
+    provider: SandboxServer, http: httpx.Client
+) -> None:
+    key = _key()
+    provider.script(["fail_after"])
+
+    lost = _pay(http, key)
+    assert lost.status_code == 503
+    assert provider.store.execution_count(key) == 1
+
+    retry = _pay(http, key)
+    assert retry.status_code == 201
+    assert retry.headers["Idempotent-Replayed"] == "true"
+    assert retry.json() == provider.store.payments()[0]
+    assert provider.store.execution_count(key) == 1
+
+
+def test_drop_after_breaks_the_connection_mid_response(
+    provider: SandboxServer, http: httpx.Client
+) -> None:
+    key = _key()
+    provider.script(["drop_after"])
+
+    with pytest.raises(httpx.RemoteProtocolError):
+        _pay(http, key)
+    assert provider.store.execution_count(key) == 1
+
+    retry = _pay(http, key)
+    assert retry.status_code == 201
+    assert retry.headers["Idempotent-Replayed"] == "true"
+    assert provider.store.execution_count(key) == 1
+
+
+def test_rate_limit_executes_nothing(provider: SandboxServer, http: httpx.Client) -> None:
+    key = _key()
+    provider.script(["rate_limit"])
+
+    response = _pay(http, key)
+
+    assert response.status_code == 429
+    assert response.headers["Retry-After"] == "1"
+    assert provider.store.execution_count(key) == 0
+
+
+def test_fractional_retry_after(provider: SandboxServer, http: httpx.Client) -> None:
+    provider.set_faults(Faults(rate_limit_rate=1.0, retry_after_seconds=0.25))
+
+    assert _pay(http, _key()).headers["Retry-After"] == "0.25"
+
+
+def test_script_is_consumed_in_order(provider: SandboxServer, http: httpx.Client) -> None:
+    response = http.post("/_sandbox/script", json={"faults": ["fail_before", "none", "delay"]})
+    assert response.status_code == 200
+
+    statuses = [_pay(http, _key()).status_code for _ in range(4)]
+
+    assert statuses == [503, 201, 201, 201]
+
+
+def test_fault_header_wins_over_the_script(provider: SandboxServer, http: httpx.Client) -> None:
+    provider.script(["fail_before"])
+
+    forced = _pay(http, _key(), headers={"Sandbox-Fault": "rate_limit"})
+    scripted = _pay(http, _key())
+
+    assert (forced.status_code, scripted.status_code) == (429, 503)
+    assert _pay(http, _key(), headers={"Sandbox-Fault": "bogus"}).status_code == 400
+
+
+def test_unknown_script_fault_is_rejected(provider: SandboxServer, http: httpx.Client) -> None:
+    response = http.post("/_sandbox/script", json={"faults": ["fail_before", "explode"]})
+
+    assert response.status_code == 400
+    assert _pay(http, _key()).status_code == 201
+    with pytest.raises(ValueError, match="explode"):
+        provider.script(["explode"])
+
+
+def test_decline_is_an_execution_and_replays(provider: SandboxServer, http: httpx.Client) -> None:
+    key = _key()
+    declined = _pay(http, key, 40200)
+
+    assert declined.status_code == 402
+    error = declined.json()["error"]
+    assert (error["type"], error["code"]) == ("card_error", "card_declined")
+    assert error["payment"]["status"] == "failed"
+    assert provider.store.execution_count(key) == 1
+
+    replay = _pay(http, key, 40200)
+    assert replay.status_code == 402
+    assert replay.headers["Idempotent-Replayed"] == "true"
+    assert replay.content == declined.content
+    looked_up = http.get(f"/v1/payments/{error['payment']['id']}")
+    assert looked_up.json()["status"] == "failed"
+    assert provider.store.execution_count(key) == 1
+
+
+def test_lookups(provider: SandboxServer, http: httpx.Client) -> None:
+    key = _key()
+    payment = _pay(http, key, reference="invoice-7").json()
+    _pay(http, _key(), reference="invoice-8")
+
+    by_id = http.get(f"/v1/payments/{payment['id']}")
+    by_key = http.get("/v1/payments", params={"idempotency_key": key})
+    by_reference = http.get("/v1/payments", params={"reference": "invoice-7"})
+
+    assert by_id.status_code == 200
+    assert by_id.json() == payment
+    assert by_key.json() == {"object": "list", "data": [payment]}
+    assert by_reference.json() == {"object": "list", "data": [payment]}
+    missing = http.get("/v1/payments/pay_000000000000000000000000")
+    assert missing.status_code == 404
+    assert missing.json()["error"]["type"] == "not_found"
+    assert http.get("/v1/payments").status_code == 400
+
+
+def test_accounts_are_isolated(provider: SandboxServer, http: httpx.Client) -> None:
+    key = _key()
+    mine = _pay(http, key, reference="shared-ref").json()
+
+    with _client(provider.url, OTHER_API_KEY) as other:
+        assert other.get(f"/v1/payments/{mine['id']}").status_code == 404
+        assert other.get("/v1/payments", params={"idempotency_key": key}).json()["data"] == []
+        assert other.get("/v1/payments", params={"reference": "shared-ref"}).json()["data"] == []
+        # The same key in another account is another request altogether.
+        theirs = _pay(other, key, 5)
+
+    assert theirs.status_code == 201
+    assert theirs.json()["account"] == OTHER_ACCOUNT
+    assert theirs.json()["id"] != mine["id"]
+    assert provider.store.execution_count(key) == 2
+
+
+def _outcomes(server: SandboxServer, prefix: str, count: int = 30) -> list[str]:
+    outcomes = []
+    with _client(server.url) as client:
+        for index in range(count):
+            try:
+                outcomes.append(str(_pay(client, f"{prefix}-{index}").status_code))
+            except httpx.RemoteProtocolError:
+                outcomes.append("dropped")
+    return outcomes
+
+
+def test_random_faults_are_reproducible_from_the_seed() -> None:
+    faults = Faults(
+        seed=1234,
+        rate_limit_rate=0.1,
+        fail_before_rate=0.2,
+        fail_after_rate=0.2,
+        drop_after_rate=0.2,
+        retry_after_seconds=0,
+    )
+    runs = []
+    for _ in range(2):
+        with SandboxServer(SandboxConfig(faults=faults)) as server:
+            runs.append(_outcomes(server, "seeded"))
+            # Setting the faults again reseeds: the same sequence once more.
+            with httpx.Client(base_url=server.url) as control:
+                assert (
+                    control.post("/_sandbox/faults", json=attrs.asdict(faults)).status_code == 200
+                )
+            runs.append(_outcomes(server, "reseeded"))
+
+    assert runs[0] == runs[1] == runs[2] == runs[3]
+    assert {"201", "429", "503", "dropped"} <= set(runs[0])
+
+
+def test_control_endpoints(provider: SandboxServer, http: httpx.Client) -> None:
+    key = _key()
+    _pay(http, key)
+    with httpx.Client(base_url=provider.url) as control:
+        executions = control.get("/_sandbox/executions")
+        assert executions.json() == {"executions": {key: 1}, "total": 1}
+        assert "Request-Id" in executions.headers
+
+        assert control.post("/_sandbox/faults", json={"fail_before_rate": 2}).status_code == 400
+        assert control.post("/_sandbox/faults", json={"nonsense": 1}).status_code == 400
+        assert control.post("/_sandbox/faults", json={"fail_before_rate": 1}).status_code == 200
+        assert _pay(http, _key()).status_code == 503
+
+        before = provider.store.clock.now()
+        assert control.post("/_sandbox/clock", json={"advance": DAY}).status_code == 200
+        assert provider.store.clock.now() >= before + DAY
+        assert control.post("/_sandbox/clock", json={"advance": "soon"}).status_code == 400
+
+        assert control.post("/_sandbox/reset").status_code == 200
+        assert control.get("/_sandbox/executions").json() == {"executions": {}, "total": 0}
+        assert provider.store.clock.now() < before + DAY
+        # Reset also restores the configured (fault-free) faults.
+        assert _pay(http, _key()).status_code == 201
+
+
+def test_store_is_shared_through_its_file(tmp_path: Path) -> None:
+    path = tmp_path / "shared.db"
+    config = SandboxConfig(store_path=str(path))
+    with SandboxServer(config) as server, _client(server.url) as client:
+        key = _key()
+        _pay(client, key)
+        other = SandboxStore(path)
+        try:
+            assert other.executions() == {key: 1}
+            other.clock.advance(DAY)
+            # The server sees the other handle's clock: the key has expired.
+            assert "Idempotent-Replayed" not in _pay(client, key).headers
+            assert other.execution_count(key) == 2
+        finally:
+            other.close()
+    assert path.exists()
+
+
+def test_module_entry_point(tmp_path: Path) -> None:
+    ready_file = tmp_path / "ready"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")])),
+    }
+    command = [
+        sys.executable,
+        "-W",
+        "error",
+        "-m",
+        "payonce.sandbox",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--store",
+        str(tmp_path / "provider.db"),
+        "--ready-file",
+        str(ready_file),
+    ]
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not ready_file.exists():
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "the sandbox never became ready"
+            time.sleep(0.02)
+        url = ready_file.read_text()
+        key = _key()
+        with _client(url) as client:
+            assert _pay(client, key).status_code == 201
+            executions = client.get("/_sandbox/executions").json()
+        assert executions == {"executions": {key: 1}, "total": 1}
+    finally:
+        process.terminate()
+        stdout, stderr = process.communicate(timeout=30)
+
+    assert process.returncode == 0, stderr
+    assert stdout == f"payonce sandbox listening on {url}\n"
+    assert "Traceback" not in stderr
