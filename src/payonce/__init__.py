@@ -5,10 +5,18 @@ that key, replayed once answered, and reconciled when the outcome cannot be know
 """
 
 from ._client import Client, Operation
-from ._core import ResponseInfo, RetryEvent, response_info
+from ._core import ResponseInfo, ResumeResult, RetryEvent, response_info
 from ._intent import IntentState, KeyFormat
-from ._journal import AttemptRecord, IntentRecord, Journal, SQLiteJournal, open_journal
+from ._journal import (
+    AttemptRecord,
+    IntentRecord,
+    Journal,
+    ReconciliationRecord,
+    SQLiteJournal,
+    open_journal,
+)
 from ._providers import Lookup, ProviderProfile, register_profile
+from ._reconcile import ReconcileResult
 from ._retry import RetryPolicy
 from ._version import __version__
 from .errors import (
@@ -16,6 +24,7 @@ from .errors import (
     IntentError,
     IntentInFlight,
     IntentMismatch,
+    IntentStateError,
     JournalBusy,
     JournalError,
     OutcomeUnknown,
@@ -33,6 +42,7 @@ __all__ = [
     "IntentMismatch",
     "IntentRecord",
     "IntentState",
+    "IntentStateError",
     "Journal",
     "JournalBusy",
     "JournalError",
@@ -44,7 +54,10 @@ __all__ = [
     "ProviderError",
     "ProviderProfile",
     "ProviderUnavailable",
+    "ReconcileResult",
+    "ReconciliationRecord",
     "ResponseInfo",
+    "ResumeResult",
     "RetryEvent",
     "RetryPolicy",
     "SQLiteJournal",

@@ -6,21 +6,25 @@ async client added later repeats nothing but this short send chain.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import Any
 
 import httpx
 import tenacity
 
+from . import _reconcile
 from ._core import (
     DEFAULT_MAX_STORED_BYTES,
     USER_AGENT,
     IntentCore,
     Replay,
+    ResumeResult,
     RetryEvent,
     RetryExhausted,
     Run,
@@ -31,7 +35,9 @@ from ._credentials import resolve_api_key
 from ._intent import IntentState, KeyFormat, canonical_request, new_key
 from ._journal import IntentDraft, IntentRecord, Journal, open_journal
 from ._providers import ProviderProfile, get_profile
+from ._reconcile import ReconcileResult
 from ._retry import RetryPolicy
+from .errors import IntentStateError, PayonceError, ProviderError
 
 __all__ = ["Client", "Operation"]
 
@@ -47,9 +53,12 @@ class Operation:
     been journaled (or at once, when the caller supplied it).
     """
 
-    def __init__(self, client: Client, reference: str | None, key: str | None) -> None:
+    def __init__(
+        self, client: Client, reference: str | None, key: str | None, acknowledge: bool
+    ) -> None:
         self._client = client
         self.reference = reference
+        self._acknowledge = acknowledge
         self._key = key
         self._key_supplied = key is not None
         self._record: IntentRecord | None = None
@@ -121,7 +130,16 @@ class Operation:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        return None
+        # Leaving the block normally means the caller has dealt with the outcome; one that
+        # crashed or raised finds it in client.unacknowledged() instead of paying again.
+        if exc_type is None and self._acknowledge and self._key is not None:
+            with contextlib.suppress(IntentStateError):
+                self._client.journal.acknowledge(self._key, now=self._client._core.clock())
+
+    def acknowledge(self) -> None:
+        """Mark the settled outcome as recorded on the caller's side."""
+        if self._key is not None:
+            self._client.acknowledge(self._key)
 
     def __repr__(self) -> str:
         return f"<Operation key={self._key!r} reference={self.reference!r}>"
@@ -197,6 +215,7 @@ class Client:
             on_retry=on_retry,
         )
         self._in_flight_wait = in_flight_wait
+        self._renewer = _LeaseRenewer(self._core)
         self._http = httpx.Client(
             timeout=http_timeout,
             verify=verify,
@@ -212,13 +231,17 @@ class Client:
     def provider(self) -> ProviderProfile:
         return self._core.profile
 
-    def intent(self, reference: str | None = None, *, key: str | None = None) -> Operation:
+    def intent(
+        self, reference: str | None = None, *, key: str | None = None, acknowledge: bool = True
+    ) -> Operation:
         """The context manager for one business operation.
 
         The same ``reference`` (for the same account, method and path) is the same intent
-        with the same key, in this process or after a restart.
+        with the same key, in this process or after a restart. Leaving the block normally
+        acknowledges the outcome; pass ``acknowledge=False`` to acknowledge it yourself
+        once your own database has recorded it.
         """
-        return Operation(self, reference, key)
+        return Operation(self, reference, key, acknowledge)
 
     def request(
         self,
@@ -235,6 +258,86 @@ class Client:
 
     def post(self, path: str, **kwargs: Any) -> httpx.Response:
         return self.request("POST", path, **kwargs)
+
+    # -- after a crash: resume, reconcile, abandon, acknowledge -------------------------------
+
+    def resume(self) -> list[ResumeResult]:
+        """Drive every pending intent of this account that no live worker holds to an end.
+
+        Each is resent with its stored bytes under its key, unless an attempt may have
+        reached the provider longer ago than the key lifetime allows: then it goes unknown.
+        One intent's failure never stops the rest.
+        """
+        core = self._core
+        results = []
+        for record in core.resumable():
+            try:
+                run = core.begin_resume(record, new_owner())
+                if run is None:
+                    continue
+                response = self._send(run)
+                state, detail = IntentState.SUCCEEDED, f"HTTP {response.status_code}"
+            except ProviderError as exc:
+                state, detail = IntentState.FAILED, f"HTTP {exc.status_code}"
+            except PayonceError as exc:
+                current = core.journal.get(record.key)
+                state = current.state if current else record.state
+                detail = f"{type(exc).__name__}: {exc}"
+            logger.info("resumed intent %s: %s (%s)", record.key, state.value, detail)
+            results.append(ResumeResult(record.key, record.reference, state, detail))
+        return results
+
+    def reconcile(self, key_or_reference: str) -> list[ReconcileResult]:
+        """Ask the provider about the unknown intent(s) with this key or reference."""
+        records = [r for r in self.journal.find(key_or_reference) if r.account == self.account]
+        return [self._reconcile(record) for record in records]
+
+    def reconcile_all(self) -> list[ReconcileResult]:
+        """Reconcile every unknown intent of this account."""
+        unknown = self.journal.list_intents(states=[IntentState.UNKNOWN])
+        return [self._reconcile(r) for r in reversed(unknown) if r.account == self.account]
+
+    def _reconcile(self, record: IntentRecord) -> ReconcileResult:
+        core = self._core
+        if record.state is not IntentState.UNKNOWN:
+            return _reconcile.skipped(record, f"{record.state.value}: nothing to reconcile")
+        owner = new_owner()
+        claim = core.journal.claim_key(
+            record.key,
+            owner=owner,
+            now=core.clock(),
+            lease_seconds=core.lease_seconds,
+            unknown=True,
+        )
+        if claim is None or claim.record.lease_owner != owner:
+            return _reconcile.skipped(record, "another worker holds it right now")
+        try:
+            for attempt in tenacity.Retrying(**core.retrying_kwargs(None)):
+                with attempt:
+                    request = _reconcile.lookup_request(core, claim.record, self._http)
+                    try:
+                        response = self._http.send(request)
+                    except httpx.TransportError as exc:
+                        raise _reconcile.transport_failure(exc) from exc
+                    return _reconcile.conclude(core, claim.record, owner, response)
+        except RetryExhausted as exc:
+            return _reconcile.give_up(core, claim.record, owner, str(exc))
+        finally:
+            core.journal.release(record.key, owner=owner)
+        raise AssertionError("unreachable: tenacity either returns or raises")
+
+    def abandon(self, key: str, *, reason: str) -> IntentRecord:
+        """Close a pending or unknown intent for good, as an operator decision."""
+        return self.journal.abandon(key, reason=reason, now=self._core.clock())
+
+    def acknowledge(self, key: str) -> IntentRecord:
+        return self.journal.acknowledge(key, now=self._core.clock())
+
+    def unacknowledged(self) -> list[IntentRecord]:
+        """Settled intents of this account whose outcome the caller has not acknowledged."""
+        return self.journal.unacknowledged(account=self.account)
+
+    # -- sending -----------------------------------------------------------------------------
 
     def _drive(self, op: Operation, draft: IntentDraft) -> httpx.Response:
         core = self._core
@@ -254,21 +357,27 @@ class Client:
     def _send(self, run: Run) -> httpx.Response:
         core = self._core
         try:
-            for attempt in tenacity.Retrying(**core.retrying_kwargs(run)):
-                with attempt:
-                    core.start_attempt(run)
-                    request = core.build_request(run, self._http)
-                    try:
-                        response = self._http.send(request)
-                    except Exception as exc:
-                        core.on_error(run, exc)
-                        raise
-                    return core.on_response(run, response)
+            with self._renewer.holding(run):
+                return self._attempts(run)
         except RetryExhausted:
             raise core.give_up(run) from None
+
+    def _attempts(self, run: Run) -> httpx.Response:
+        core = self._core
+        for attempt in tenacity.Retrying(**core.retrying_kwargs(run)):
+            with attempt:
+                core.start_attempt(run)
+                request = core.build_request(run, self._http)
+                try:
+                    response = self._http.send(request)
+                except Exception as exc:
+                    core.on_error(run, exc)
+                    raise
+                return core.on_response(run, response)
         raise AssertionError("unreachable: tenacity either returns or raises")
 
     def close(self) -> None:
+        self._renewer.close()
         self._http.close()
         if self._owns_journal:
             self.journal.close()
@@ -278,3 +387,48 @@ class Client:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class _LeaseRenewer:
+    """One thread per client keeps the leases of its slow attempts alive.
+
+    A lease must outlast the slowest attempt, or another worker could take the intent over
+    and send it while this one is still waiting for the answer.
+    """
+
+    def __init__(self, core: IntentCore) -> None:
+        self._core = core
+        self._runs: set[Run] = set()
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @contextlib.contextmanager
+    def holding(self, run: Run) -> Iterator[None]:
+        with self._lock:
+            self._runs.add(run)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._renew_forever, name="payonce-lease-renewer", daemon=True
+                )
+                self._thread.start()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._runs.discard(run)
+
+    def _renew_forever(self) -> None:
+        while not self._stopped.wait(self._core.lease_seconds / 3):
+            with self._lock:
+                runs = list(self._runs)
+            for run in runs:
+                try:
+                    self._core.renew(run)
+                except PayonceError as exc:
+                    logger.warning("intent %s: lease renewal failed: %s", run.key, exc)
+
+    def close(self) -> None:
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join()

@@ -7,9 +7,6 @@ decision (what to journal when, what to retry, what to replay, what to raise) li
 from __future__ import annotations
 
 import logging
-import os
-import socket
-import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -17,6 +14,7 @@ import attrs
 import httpx
 import tenacity
 
+from ._crash import crash_armed, crash_point, crash_trace
 from ._intent import CanonicalRequest, IntentState, KeyFormat, make_scope, new_key, validate_key
 from ._journal import (
     Claim,
@@ -26,19 +24,31 @@ from ._journal import (
     Journal,
     StoredResponse,
 )
+from ._lease import new_owner, owner_is_dead
 from ._providers import ProviderProfile
 from ._retry import Outcome, RetryPolicy, Verdict, classify_error, classify_response
 from ._version import __version__
 from .errors import (
     IntentInFlight,
     IntentMismatch,
+    IntentStateError,
     OutcomeUnknown,
     PayonceError,
     ProviderError,
     ProviderUnavailable,
 )
 
-__all__ = ["IntentCore", "Replay", "ResponseInfo", "RetryEvent", "Run", "Wait", "response_info"]
+__all__ = [
+    "IntentCore",
+    "Replay",
+    "ResponseInfo",
+    "ResumeResult",
+    "RetryEvent",
+    "Run",
+    "Wait",
+    "new_owner",
+    "response_info",
+]
 
 logger = logging.getLogger("payonce")
 
@@ -97,6 +107,16 @@ class RetryEvent:
     ambiguous: bool
 
 
+@attrs.frozen
+class ResumeResult:
+    """What ``resume`` did with one pending intent."""
+
+    key: str
+    reference: str | None
+    state: IntentState
+    detail: str
+
+
 class _Retry(Exception):
     """Internal: the attempt ended in a retryable way."""
 
@@ -105,7 +125,7 @@ class _Retry(Exception):
         self.verdict = verdict
 
 
-@attrs.define
+@attrs.define(eq=False)
 class Run:
     """One drive of one intent by one worker: holds the lease while it lasts."""
 
@@ -121,10 +141,6 @@ class Run:
     @property
     def key(self) -> str:
         return self.record.key
-
-
-def new_owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
 
 @attrs.frozen
@@ -211,10 +227,24 @@ class IntentCore:
         claim = self.journal.claim(
             draft, owner=owner, now=self.clock(), lease_seconds=self.lease_seconds
         )
+        if claim.kind is ClaimKind.LEASED and owner_is_dead(claim.record.lease_owner):
+            logger.info(
+                "intent %s: taking over the lease of dead worker %s",
+                claim.record.key,
+                claim.record.lease_owner,
+            )
+            claim = self.journal.claim(
+                draft,
+                owner=owner,
+                now=self.clock(),
+                lease_seconds=self.lease_seconds,
+                stale_owner=claim.record.lease_owner,
+            )
         record = claim.record
         match claim.kind:
             case ClaimKind.CREATED:
                 assert claim.attempt_number is not None
+                crash_point("after_write_ahead")
                 return Run(record, owner, attempt=claim.attempt_number, ambiguous=False)
             case ClaimKind.MISMATCH:
                 raise self._mismatch(draft, record)
@@ -246,6 +276,28 @@ class IntentCore:
                 raise self._unknown(attrs.evolve(record, unknown_reason=reason))
         return run
 
+    def begin_resume(self, record: IntentRecord, owner: str) -> Run | None:
+        """Claim a pending intent left by another (dead) worker; None if someone holds it."""
+        claim = self.journal.claim_key(
+            record.key,
+            owner=owner,
+            now=self.clock(),
+            lease_seconds=self.lease_seconds,
+            stale_owner=record.lease_owner if owner_is_dead(record.lease_owner) else None,
+        )
+        if claim is None or claim.kind is not ClaimKind.CLAIMED:
+            return None
+        return self._resume(claim, owner)
+
+    def resumable(self) -> list[IntentRecord]:
+        """Pending intents of this account that no live worker holds."""
+        now = self.clock()
+        return [
+            record
+            for record in self.journal.pending(account=self.account, provider=self.profile.name)
+            if not record.lease_live(now) or owner_is_dead(record.lease_owner)
+        ]
+
     def start_attempt(self, run: Run) -> None:
         if run.started:
             return
@@ -253,6 +305,17 @@ class IntentCore:
             run.key, owner=run.owner, now=self.clock(), lease_seconds=self.lease_seconds
         )
         run.started = True
+        crash_point("after_write_ahead")
+
+    def renew(self, run: Run) -> None:
+        """Keep the lease of a slow attempt alive so no other worker takes the intent over."""
+        if not self.journal.renew_lease(
+            run.key, owner=run.owner, now=self.clock(), lease_seconds=self.lease_seconds
+        ):
+            logger.warning("intent %s: lease lost while an attempt was in flight", run.key)
+
+    def auth_headers(self) -> dict[str, str]:
+        return self.profile.auth_headers(self._api_key)
 
     # -- one attempt -------------------------------------------------------------------------
 
@@ -261,16 +324,21 @@ class IntentCore:
         record = run.record
         headers = dict(record.request_headers)
         headers[self.profile.key_header] = self.profile.key_header_value(record.key)
-        headers.update(self.profile.auth_headers(self._api_key))
+        headers.update(self.auth_headers())
         # The path comes from the journal, the host from this client: after a failover or a
         # move to another endpoint, the intent is resent where the provider now answers.
         target = httpx.URL(record.url).raw_path.decode("ascii")
         return client.build_request(
-            record.method, self.base_url + target, content=record.body, headers=headers
+            record.method,
+            self.base_url + target,
+            content=record.body,
+            headers=headers,
+            extensions={"trace": crash_trace} if crash_armed() else None,
         )
 
     def on_response(self, run: Run, response: httpx.Response) -> httpx.Response:
         """Settle a definitive answer, or raise ``_Retry`` for a transient one."""
+        crash_point("after_response")
         verdict = classify_response(response, self.profile)
         logger.debug(
             "intent %s attempt %d: HTTP %d (%s)",
@@ -394,6 +462,14 @@ class IntentCore:
         )
 
     def replay(self, record: IntentRecord) -> httpx.Response:
+        if record.state is IntentState.ABANDONED:
+            raise IntentStateError(
+                f"intent {record.key}{_ref(record.reference)} was abandoned by an operator "
+                f"({record.abandon_reason}); it is never resent. Use a new reference to pay "
+                "again",
+                key=record.key,
+                reference=record.reference,
+            )
         stored = record.response
         if stored is None:
             raise OutcomeUnknown(
@@ -482,7 +558,8 @@ class IntentCore:
 
     # -- the retry loop's settings, shared by both loops -------------------------------------
 
-    def retrying_kwargs(self, run: Run) -> dict[str, Any]:
+    def retrying_kwargs(self, run: Run | None) -> dict[str, Any]:
+        """tenacity settings; ``run`` is None for a status look-up (no retry events)."""
         policy = self.retry
 
         def wait(state: tenacity.RetryCallState) -> float:
@@ -492,7 +569,7 @@ class IntentCore:
 
         def before_sleep(state: tenacity.RetryCallState) -> None:
             error = state.outcome.exception() if state.outcome else None
-            if not isinstance(error, _Retry):
+            if not isinstance(error, _Retry) or run is None:
                 return
             seconds = state.next_action.sleep if state.next_action else 0.0
             logger.debug("intent %s: retrying in %.3fs after %s", run.key, seconds, error)

@@ -8,6 +8,7 @@ PayonceError
 ├── IntentError             something about one intent (carries key and reference)
 │   ├── IntentMismatch      same intent, different request: a caller bug, nothing sent
 │   ├── IntentInFlight      another worker is sending this intent right now
+│   ├── IntentStateError    the intent's state does not allow what was asked
 │   ├── OutcomeUnknown      the provider may or may not have executed it: reconcile
 │   ├── ProviderUnavailable the request provably never reached the provider
 │   └── ProviderError       the provider answered with a definitive refusal (4xx)
@@ -26,6 +27,7 @@ __all__ = [
     "IntentError",
     "IntentInFlight",
     "IntentMismatch",
+    "IntentStateError",
     "JournalBusy",
     "JournalError",
     "OutcomeUnknown",
@@ -91,6 +93,10 @@ class IntentMismatch(IntentError, ValueError):
 
 class IntentInFlight(IntentError):
     """Another worker holds this intent's lease and is sending it right now."""
+
+
+class IntentStateError(IntentError):
+    """The intent is in a state that does not allow this (e.g. abandoning a settled one)."""
 
 
 class OutcomeUnknown(IntentError):

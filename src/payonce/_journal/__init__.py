@@ -14,6 +14,7 @@ from ._records import (
     ClaimKind,
     IntentDraft,
     IntentRecord,
+    ReconciliationRecord,
     StoredResponse,
 )
 from ._schema import SCHEMA_VERSION
@@ -27,6 +28,7 @@ __all__ = [
     "IntentDraft",
     "IntentRecord",
     "Journal",
+    "ReconciliationRecord",
     "SQLiteJournal",
     "StoredResponse",
     "default_journal_path",

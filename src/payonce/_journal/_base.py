@@ -6,7 +6,14 @@ from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
 from .._intent import IntentState
-from ._records import AttemptRecord, Claim, IntentDraft, IntentRecord, StoredResponse
+from ._records import (
+    AttemptRecord,
+    Claim,
+    IntentDraft,
+    IntentRecord,
+    ReconciliationRecord,
+    StoredResponse,
+)
 
 __all__ = ["Journal"]
 
@@ -25,12 +32,43 @@ class Journal(Protocol):
         """Where the journal lives (a path or a URL without credentials)."""
         ...
 
-    def claim(self, draft: IntentDraft, *, owner: str, now: float, lease_seconds: float) -> Claim:
+    def claim(
+        self,
+        draft: IntentDraft,
+        *,
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        stale_owner: str | None = None,
+    ) -> Claim:
         """Find or create the intent and try to take its lease.
+
+        A live lease is respected unless it belongs to ``stale_owner`` (a worker known to
+        be dead), checked atomically with the take-over.
 
         A new intent is written together with its first attempt's start, durably (fsync),
         before this returns: this is the write-ahead record.
         """
+        ...
+
+    def claim_key(
+        self,
+        key: str,
+        *,
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        unknown: bool = False,
+        stale_owner: str | None = None,
+    ) -> Claim | None:
+        """Take the lease of an existing intent by key (None if there is none).
+
+        ``unknown=True`` lets reconciliation claim an ``unknown`` intent too.
+        """
+        ...
+
+    def renew_lease(self, key: str, *, owner: str, now: float, lease_seconds: float) -> bool:
+        """Extend a lease the owner still holds; False when it was lost."""
         ...
 
     def start_attempt(self, key: str, *, owner: str, now: float, lease_seconds: float) -> int:
@@ -66,6 +104,41 @@ class Journal(Protocol):
 
     def release(self, key: str, *, owner: str) -> None:
         """Give the lease up, leaving the intent pending."""
+        ...
+
+    def reconciled(
+        self,
+        key: str,
+        *,
+        owner: str,
+        now: float,
+        outcome: str,
+        detail: str,
+        status_code: int | None,
+        state: IntentState,
+        response: StoredResponse | None = None,
+    ) -> IntentRecord:
+        """Journal one reconciliation and the state it leads to, and release the lease."""
+        ...
+
+    def reconciliations(self, key: str) -> Sequence[ReconciliationRecord]: ...
+
+    def abandon(self, key: str, *, reason: str, now: float) -> IntentRecord:
+        """Close a pending or unknown intent for good: kept, never resent."""
+        ...
+
+    def acknowledge(self, key: str, *, now: float) -> IntentRecord:
+        """The caller has recorded this settled outcome on its side (client-side outbox)."""
+        ...
+
+    def pending(
+        self, *, account: str, provider: str, limit: int | None = None
+    ) -> list[IntentRecord]:
+        """Pending intents of this account and provider, oldest first, leased or not."""
+        ...
+
+    def unacknowledged(self, *, account: str | None = None) -> list[IntentRecord]:
+        """Settled intents whose outcome the caller has not acknowledged yet."""
         ...
 
     def get(self, key: str) -> IntentRecord | None: ...

@@ -8,7 +8,15 @@ import attrs
 
 from .._intent import IntentState
 
-__all__ = ["AttemptRecord", "Claim", "ClaimKind", "IntentDraft", "IntentRecord", "StoredResponse"]
+__all__ = [
+    "AttemptRecord",
+    "Claim",
+    "ClaimKind",
+    "IntentDraft",
+    "IntentRecord",
+    "ReconciliationRecord",
+    "StoredResponse",
+]
 
 
 @attrs.frozen
@@ -82,6 +90,26 @@ class IntentRecord:
     response: StoredResponse | None
     acknowledged_at: float | None
     attempt_count: int
+    abandon_reason: str | None = None
+
+    def lease_live(self, now: float) -> bool:
+        return (
+            self.lease_owner is not None
+            and self.lease_expires_at is not None
+            and self.lease_expires_at > now
+        )
+
+
+@attrs.frozen
+class ReconciliationRecord:
+    """One look-up of an intent at the provider, and what payonce concluded from it."""
+
+    key: str
+    at: float
+    outcome: str
+    """``found``, ``not_found``, ``still_unknown`` or ``error``."""
+    detail: str
+    status_code: int | None
 
 
 class ClaimKind(enum.Enum):

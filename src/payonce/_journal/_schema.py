@@ -51,8 +51,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )
         """,
     ),
-    # 2: unknown reasons, outbox acknowledgement, provenance of stored responses,
-    #    per-attempt ambiguity, and an index for listing by state.
+    # 2: unknown and abandon reasons, outbox acknowledgement, provenance of stored
+    #    responses, per-attempt ambiguity, reconciliations, and indexes for listing.
     (
         "ALTER TABLE intents ADD COLUMN unknown_reason TEXT",
         "ALTER TABLE intents ADD COLUMN acknowledged_at REAL",
@@ -62,6 +62,17 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE attempts ADD COLUMN ambiguous INTEGER",
         "CREATE INDEX intents_state_created ON intents (state, created_at)",
         "CREATE INDEX intents_created ON intents (created_at)",
+        "ALTER TABLE intents ADD COLUMN abandon_reason TEXT",
+        """
+        CREATE TABLE reconciliations (
+            key TEXT NOT NULL REFERENCES intents (key) ON DELETE CASCADE,
+            at REAL NOT NULL,
+            outcome TEXT NOT NULL,
+            detail TEXT NOT NULL,
+            status_code INTEGER
+        )
+        """,
+        "CREATE INDEX reconciliations_key ON reconciliations (key, at)",
     ),
 )
 

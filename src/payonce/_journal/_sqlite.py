@@ -18,15 +18,17 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from .._crash import crash_point
 from .._intent import IntentState
 from .._version import __version__
-from ..errors import IntentInFlight, JournalBusy, JournalError
+from ..errors import IntentInFlight, IntentStateError, JournalBusy, JournalError
 from ._records import (
     AttemptRecord,
     Claim,
     ClaimKind,
     IntentDraft,
     IntentRecord,
+    ReconciliationRecord,
     StoredResponse,
 )
 from ._schema import APPLICATION, MIGRATIONS, SCHEMA_VERSION
@@ -40,7 +42,7 @@ _INTENT_COLUMNS = (
     "request_body, state, created_at, updated_at, first_sent_at, lease_owner, "
     "lease_expires_at, unknown_reason, response_status, response_headers, response_body, "
     "response_body_stored, response_stored_by, response_schema, acknowledged_at, "
-    "(SELECT count(*) FROM attempts a WHERE a.key = intents.key)"
+    "(SELECT count(*) FROM attempts a WHERE a.key = intents.key), abandon_reason"
 )
 
 
@@ -81,6 +83,7 @@ def _intent_from_row(row: Sequence[Any]) -> IntentRecord:
         response_schema,
         acknowledged_at,
         attempt_count,
+        abandon_reason,
     ) = row
     response = None
     if response_status is not None:
@@ -113,6 +116,7 @@ def _intent_from_row(row: Sequence[Any]) -> IntentRecord:
         response=response,
         acknowledged_at=acknowledged_at,
         attempt_count=int(attempt_count),
+        abandon_reason=abandon_reason,
     )
 
 
@@ -323,7 +327,15 @@ class SQLiteJournal:
             )
         return record
 
-    def claim(self, draft: IntentDraft, *, owner: str, now: float, lease_seconds: float) -> Claim:
+    def claim(
+        self,
+        draft: IntentDraft,
+        *,
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        stale_owner: str | None = None,
+    ) -> Claim:
         with self._write(durable=True) as cur:
             record = None
             if draft.reference is not None:
@@ -371,21 +383,67 @@ class SQLiteJournal:
                 or (draft.key_supplied and record.key != draft.key)
             ):
                 return Claim(ClaimKind.MISMATCH, record)
-            if record.state.is_final:
-                return Claim(ClaimKind.FINAL, record)
-            if record.state is IntentState.UNKNOWN:
-                return Claim(ClaimKind.UNKNOWN, record)
-            lease_live = record.lease_expires_at is not None and record.lease_expires_at > now
-            if record.lease_owner not in (None, owner) and lease_live:
-                return Claim(ClaimKind.LEASED, record)
-            cur.execute(
-                "UPDATE intents SET lease_owner = ?, lease_expires_at = ?, updated_at = ?"
-                " WHERE key = ?",
-                (owner, now + lease_seconds, now, record.key),
+            return self._claim_existing(
+                cur, record, owner, now, lease_seconds, unknown=False, stale_owner=stale_owner
             )
-            claimed = self._select(cur, "key = ?", (record.key,))
-            assert claimed is not None
-            return Claim(ClaimKind.CLAIMED, claimed)
+
+    def _claim_existing(
+        self,
+        cur: sqlite3.Cursor,
+        record: IntentRecord,
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        *,
+        unknown: bool,
+        stale_owner: str | None,
+    ) -> Claim:
+        if record.state.is_final:
+            return Claim(ClaimKind.FINAL, record)
+        if record.state is IntentState.UNKNOWN and not unknown:
+            return Claim(ClaimKind.UNKNOWN, record)
+        breakable = stale_owner is not None and record.lease_owner == stale_owner
+        if record.lease_owner != owner and record.lease_live(now) and not breakable:
+            return Claim(ClaimKind.LEASED, record)
+        # The conditional UPDATE repeats the test, so the claim holds even if this method is
+        # ever called outside BEGIN IMMEDIATE.
+        cur.execute(
+            "UPDATE intents SET lease_owner = ?, lease_expires_at = ?, updated_at = ?"
+            " WHERE key = ? AND (lease_owner IS NULL OR lease_owner = ? OR lease_expires_at <= ?"
+            " OR lease_owner = ?)",
+            (owner, now + lease_seconds, now, record.key, owner, now, stale_owner),
+        )
+        claimed = self._select(cur, "key = ?", (record.key,))
+        assert claimed is not None
+        if claimed.lease_owner != owner:
+            return Claim(ClaimKind.LEASED, claimed)
+        return Claim(ClaimKind.CLAIMED, claimed)
+
+    def claim_key(
+        self,
+        key: str,
+        *,
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        unknown: bool = False,
+        stale_owner: str | None = None,
+    ) -> Claim | None:
+        with self._write(durable=True) as cur:
+            record = self._select(cur, "key = ?", (key,))
+            if record is None:
+                return None
+            return self._claim_existing(
+                cur, record, owner, now, lease_seconds, unknown=unknown, stale_owner=stale_owner
+            )
+
+    def renew_lease(self, key: str, *, owner: str, now: float, lease_seconds: float) -> bool:
+        with self._write(durable=False) as cur:
+            cur.execute(
+                "UPDATE intents SET lease_expires_at = ? WHERE key = ? AND lease_owner = ?",
+                (now + lease_seconds, key, owner),
+            )
+            return cur.rowcount == 1
 
     def start_attempt(self, key: str, *, owner: str, now: float, lease_seconds: float) -> int:
         with self._write(durable=True) as cur:
@@ -449,26 +507,33 @@ class SQLiteJournal:
         with self._write(durable=False) as cur:
             self._held_by(cur, key, owner)
             self._end_attempt(cur, key, attempt, now, response.status, None, False)
+            self._store_response(cur, key, response)
+            crash_point("during_settle")
             cur.execute(
                 "UPDATE intents SET state = ?, updated_at = ?, lease_owner = NULL,"
-                " lease_expires_at = NULL, unknown_reason = NULL, response_status = ?,"
-                " response_headers = ?, response_body = ?, response_body_stored = ?,"
-                " response_stored_by = ?, response_schema = ? WHERE key = ?",
-                (
-                    state.value,
-                    now,
-                    response.status,
-                    _headers_to_json(response.headers),
-                    response.body,
-                    int(response.body_stored),
-                    __version__,
-                    SCHEMA_VERSION,
-                    key,
-                ),
+                " lease_expires_at = NULL, unknown_reason = NULL WHERE key = ?",
+                (state.value, now, key),
             )
             settled = self._select(cur, "key = ?", (key,))
             assert settled is not None
             return settled
+
+    @staticmethod
+    def _store_response(cur: sqlite3.Cursor, key: str, response: StoredResponse) -> None:
+        cur.execute(
+            "UPDATE intents SET response_status = ?, response_headers = ?, response_body = ?,"
+            " response_body_stored = ?, response_stored_by = ?, response_schema = ?"
+            " WHERE key = ?",
+            (
+                response.status,
+                _headers_to_json(response.headers),
+                response.body,
+                int(response.body_stored),
+                __version__,
+                SCHEMA_VERSION,
+                key,
+            ),
+        )
 
     def mark_unknown(self, key: str, *, owner: str, now: float, reason: str) -> IntentRecord:
         with self._write(durable=False) as cur:
@@ -490,7 +555,129 @@ class SQLiteJournal:
                 (key, owner),
             )
 
+    def reconciled(
+        self,
+        key: str,
+        *,
+        owner: str,
+        now: float,
+        outcome: str,
+        detail: str,
+        status_code: int | None,
+        state: IntentState,
+        response: StoredResponse | None = None,
+    ) -> IntentRecord:
+        with self._write(durable=False) as cur:
+            self._held_by(cur, key, owner)
+            cur.execute(
+                "INSERT INTO reconciliations (key, at, outcome, detail, status_code)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (key, now, outcome, detail, status_code),
+            )
+            if response is not None:
+                self._store_response(cur, key, response)
+            cur.execute(
+                "UPDATE intents SET state = ?, unknown_reason = ?, updated_at = ?,"
+                " lease_owner = NULL, lease_expires_at = NULL WHERE key = ?",
+                (
+                    state.value,
+                    detail if state is IntentState.UNKNOWN else None,
+                    now,
+                    key,
+                ),
+            )
+            record = self._select(cur, "key = ?", (key,))
+            assert record is not None
+            return record
+
+    def reconciliations(self, key: str) -> list[ReconciliationRecord]:
+        with self._read() as cur:
+            rows = cur.execute(
+                "SELECT key, at, outcome, detail, status_code FROM reconciliations"
+                " WHERE key = ? ORDER BY at, rowid",
+                (key,),
+            ).fetchall()
+        return [ReconciliationRecord(*row) for row in rows]
+
+    def abandon(self, key: str, *, reason: str, now: float) -> IntentRecord:
+        with self._write(durable=False) as cur:
+            record = self._select(cur, "key = ?", (key,))
+            if record is None:
+                raise self._error(f"no intent with key {key!r}")
+            if record.state.is_final:
+                raise IntentStateError(
+                    f"intent {key} is already {record.state.value}; only pending or unknown "
+                    "intents can be abandoned",
+                    key=key,
+                    reference=record.reference,
+                )
+            if record.lease_live(now):
+                raise IntentInFlight(
+                    f"intent {key} is being sent by {record.lease_owner} right now; abandon "
+                    "it once that attempt has ended",
+                    key=key,
+                    reference=record.reference,
+                )
+            cur.execute(
+                "UPDATE intents SET state = ?, abandon_reason = ?, updated_at = ?,"
+                " lease_owner = NULL, lease_expires_at = NULL WHERE key = ?",
+                (IntentState.ABANDONED.value, reason, now, key),
+            )
+            abandoned = self._select(cur, "key = ?", (key,))
+            assert abandoned is not None
+            return abandoned
+
+    def acknowledge(self, key: str, *, now: float) -> IntentRecord:
+        with self._write(durable=False) as cur:
+            record = self._select(cur, "key = ?", (key,))
+            if record is None:
+                raise self._error(f"no intent with key {key!r}")
+            if not record.state.is_final:
+                raise IntentStateError(
+                    f"intent {key} is {record.state.value}: only a settled intent can be "
+                    "acknowledged",
+                    key=key,
+                    reference=record.reference,
+                )
+            cur.execute(
+                "UPDATE intents SET acknowledged_at = coalesce(acknowledged_at, ?) WHERE key = ?",
+                (now, key),
+            )
+            acknowledged = self._select(cur, "key = ?", (key,))
+            assert acknowledged is not None
+            return acknowledged
+
     # -- reading ---------------------------------------------------------------------------
+
+    def pending(
+        self, *, account: str, provider: str, limit: int | None = None
+    ) -> list[IntentRecord]:
+        """Pending intents of this account and provider, oldest first, leased or not."""
+        sql = (
+            f"SELECT {_INTENT_COLUMNS} FROM intents WHERE state = ? AND account = ?"
+            " AND provider = ? ORDER BY created_at, key"
+        )
+        params: list[Any] = [IntentState.PENDING.value, account, provider]
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        with self._read() as cur:
+            rows = cur.execute(sql, params).fetchall()
+        return [_intent_from_row(row) for row in rows]
+
+    def unacknowledged(self, *, account: str | None = None) -> list[IntentRecord]:
+        sql = (
+            f"SELECT {_INTENT_COLUMNS} FROM intents WHERE state IN (?, ?)"
+            " AND acknowledged_at IS NULL"
+        )
+        params: list[Any] = [IntentState.SUCCEEDED.value, IntentState.FAILED.value]
+        if account is not None:
+            sql += " AND account = ?"
+            params.append(account)
+        sql += " ORDER BY created_at, key"
+        with self._read() as cur:
+            rows = cur.execute(sql, params).fetchall()
+        return [_intent_from_row(row) for row in rows]
 
     def get(self, key: str) -> IntentRecord | None:
         with self._read() as cur:

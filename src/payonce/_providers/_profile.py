@@ -25,6 +25,10 @@ class Lookup:
     by: Literal["key", "reference"] = "key"
     param: str = "idempotency_key"
     list_field: str = "data"
+    status_field: str = "status"
+    succeeded: frozenset[str] = frozenset({"succeeded", "paid", "authorised", "authorized"})
+    failed: frozenset[str] = frozenset({"failed", "declined", "refused", "canceled"})
+    """Values of ``status_field`` that settle the intent; any other leaves it unknown."""
 
 
 def _no_hint(response: httpx.Response) -> bool | None:

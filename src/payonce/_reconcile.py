@@ -1,0 +1,171 @@
+"""Settling ``unknown`` intents by asking the provider, never by guessing.
+
+Per intent: ask the profile's status endpoint (by key, or by the caller's reference), then
+write the conclusion once, with the look-up journaled beside it:
+
+- the provider has a record with a definitive status: store it, settle succeeded/failed;
+- it has none and the key is still within its lifetime: back to ``pending`` (a resend under
+  the same key cannot execute twice);
+- it has none and the key may have expired: stays ``unknown`` with the reason; only an
+  operator may close it (``abandon``);
+- anything else (a record still processing, an unreadable answer): stays ``unknown``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import attrs
+import httpx
+
+from ._core import KEY_LIFETIME_MARGIN, IntentCore, RetryExhausted
+from ._intent import IntentState
+from ._journal import IntentRecord, StoredResponse
+from ._retry import Outcome, Verdict, classify_error
+from .errors import ConfigurationError, ProviderError
+
+__all__ = ["ReconcileResult", "conclude", "give_up", "lookup_request"]
+
+logger = logging.getLogger("payonce")
+
+
+@attrs.frozen
+class ReconcileResult:
+    """What one reconciliation found and what it did."""
+
+    key: str
+    reference: str | None
+    before: IntentState
+    after: IntentState
+    outcome: str
+    """``found``, ``not_found``, ``still_unknown``, ``error`` or ``skipped``."""
+    detail: str
+
+
+def skipped(record: IntentRecord, detail: str) -> ReconcileResult:
+    return ReconcileResult(
+        record.key, record.reference, record.state, record.state, "skipped", detail
+    )
+
+
+def lookup_request(
+    core: IntentCore, record: IntentRecord, client: httpx.Client | httpx.AsyncClient
+) -> httpx.Request:
+    lookup = core.profile.lookup
+    if lookup is None:
+        raise ConfigurationError(
+            f"provider profile {core.profile.name!r} has no status look-up, so intent "
+            f"{record.key} cannot be reconciled automatically: check it at the provider, "
+            "then `payonce abandon` it or give the profile a Lookup"
+        )
+    value = record.key if lookup.by == "key" else record.reference
+    if value is None:
+        raise ConfigurationError(
+            f"provider {core.profile.name!r} looks intents up by reference, and intent "
+            f"{record.key} has none: check it at the provider by hand"
+        )
+    return client.build_request(
+        "GET",
+        core.base_url + lookup.path,
+        params={lookup.param: value},
+        headers=core.auth_headers(),
+    )
+
+
+def transport_failure(error: Exception) -> RetryExhausted:
+    """A look-up is a GET: every transport failure is worth retrying."""
+    verdict = classify_error(error) or Verdict(Outcome.RETRY, False, reason=type(error).__name__)
+    return RetryExhausted(verdict)
+
+
+def conclude(
+    core: IntentCore, record: IntentRecord, owner: str, response: httpx.Response
+) -> ReconcileResult:
+    """Journal what the provider's answer means for the intent."""
+    status = response.status_code
+    if status == 429 or status >= 500:
+        raise RetryExhausted(Verdict(Outcome.RETRY, False, reason=f"HTTP {status}"))
+    lookup = core.profile.lookup
+    assert lookup is not None
+    if status == 404:
+        return _not_found(core, record, owner, status)
+    if not 200 <= status < 300:
+        _journal(core, record, owner, "error", f"status look-up refused: HTTP {status}", status)
+        raise ProviderError(
+            f"the provider refused the status look-up of intent {record.key} with HTTP "
+            f"{status}; it stays unknown",
+            key=record.key,
+            reference=record.reference,
+            response=response,
+        )
+    try:
+        items = json.loads(response.content)[lookup.list_field]
+    except (ValueError, KeyError, TypeError) as exc:
+        items = f"{type(exc).__name__}"
+    if not isinstance(items, list):
+        detail = f"unreadable status look-up answer ({items!s:.40}); still unknown"
+        return _journal(core, record, owner, "error", detail, status)
+    if not items:
+        return _not_found(core, record, owner, status)
+    if len(items) > 1:
+        detail = f"the provider has {len(items)} records for this intent; check them by hand"
+        return _journal(core, record, owner, "still_unknown", detail, status)
+    (item,) = items
+    provider_status = str(item.get(lookup.status_field)) if isinstance(item, dict) else None
+    if provider_status in lookup.succeeded:
+        state = IntentState.SUCCEEDED
+    elif provider_status in lookup.failed:
+        state = IntentState.FAILED
+    else:
+        detail = f"the provider's record is {provider_status!r}, not final yet; still unknown"
+        return _journal(core, record, owner, "still_unknown", detail, status)
+    stored = StoredResponse(
+        status=status,
+        headers=(("content-type", "application/json"),),
+        body=json.dumps(item, separators=(",", ":")).encode(),
+    )
+    detail = f"the provider has the record, status {provider_status!r}"
+    return _journal(core, record, owner, "found", detail, status, state=state, response=stored)
+
+
+def _not_found(core: IntentCore, record: IntentRecord, owner: str, status: int) -> ReconcileResult:
+    lifetime = core.profile.key_lifetime * (1 - KEY_LIFETIME_MARGIN)
+    if record.first_sent_at is None or core.clock() - record.first_sent_at < lifetime:
+        detail = "the provider has no record and the key is still valid: safe to resend"
+        return _journal(core, record, owner, "not_found", detail, status, state=IntentState.PENDING)
+    detail = (
+        "the provider has no record, but the key may have expired there: a resend could "
+        "execute twice. Check by hand, then abandon it or pay again under a new reference"
+    )
+    return _journal(core, record, owner, "not_found", detail, status)
+
+
+def give_up(core: IntentCore, record: IntentRecord, owner: str, reason: str) -> ReconcileResult:
+    return _journal(core, record, owner, "error", f"status look-up failed: {reason}", None)
+
+
+def _journal(
+    core: IntentCore,
+    record: IntentRecord,
+    owner: str,
+    outcome: str,
+    detail: str,
+    status_code: int | None,
+    *,
+    state: IntentState | None = None,
+    response: StoredResponse | None = None,
+) -> ReconcileResult:
+    after = state or record.state
+    core.journal.reconciled(
+        record.key,
+        owner=owner,
+        now=core.clock(),
+        outcome=outcome,
+        detail=detail,
+        status_code=status_code,
+        state=after,
+        response=response,
+    )
+    logger.info("intent %s reconciled: %s (%s)", record.key, outcome, detail)
+    return ReconcileResult(record.key, record.reference, record.state, after, outcome, detail)

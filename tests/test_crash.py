@@ -1,0 +1,248 @@
+"""Exactly once, proven by crashing.
+
+A real child process (tests/_worker.py) pays orders through payonce against the sandbox,
+which runs in this test process and so survives the child. The child is SIGKILLed at a
+named crash point (PAYONCE_CRASH_AT), started again, and so on. The truth is read from the
+sandbox's store (what the provider really executed) and the journal, never from the
+child's output. The harness is itself tested: deliberately broken clients must fail it.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+from payonce._crash import CRASH_POINTS
+from payonce.sandbox import Faults, SandboxServer
+
+WORKER = Path(__file__).with_name("_worker.py")
+SRC = Path(__file__).resolve().parents[1] / "src"
+KILLED = -signal.SIGKILL
+
+
+def run_worker(
+    server: SandboxServer,
+    journal: Path,
+    orders: int,
+    *,
+    crash_at: str | None = None,
+    args: Sequence[str] = (),
+) -> int:
+    env = {k: v for k, v in os.environ.items() if k != "PAYONCE_CRASH_AT"}
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")])
+    if crash_at:
+        env["PAYONCE_CRASH_AT"] = crash_at
+    command = [sys.executable, str(WORKER), "--url", server.url, "--journal", str(journal)]
+    command += ["--orders", str(orders), *args]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode not in (0, KILLED):
+        pytest.fail(f"worker failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return done.returncode
+
+
+def exactly_once_violations(server: SandboxServer, journal: Path, orders: int) -> list[str]:
+    """Everything that breaks "each order executed exactly once, and its state known"."""
+    problems = []
+    by_reference = collections.Counter(p["reference"] for p in server.store.payments())
+    for reference, count in sorted(by_reference.items()):
+        if count > 1:
+            problems.append(f"{reference} executed {count} times")
+    for key, count in server.store.executions().items():
+        if count > 1:
+            problems.append(f"key {key} executed {count} times")
+    intents: dict[str, tuple[str, str, str | None]] = {}
+    if journal.exists():
+        with sqlite3.connect(journal) as conn:
+            rows = conn.execute("SELECT reference, key, state, unknown_reason FROM intents")
+            intents = {ref: (key, state, reason) for ref, key, state, reason in rows}
+    executed_keys = set(server.store.executions())
+    for n in range(orders):
+        reference = f"order-{n:04d}"
+        if reference not in intents:
+            problems.append(f"{reference} lost: not in the journal")
+            continue
+        key, state, reason = intents[reference]
+        if state == "succeeded" and key not in executed_keys:
+            problems.append(f"{reference} succeeded in the journal but never executed")
+        if state == "pending" or (state == "unknown" and not reason):
+            problems.append(f"{reference} left {state} without a reason")
+        if state in ("succeeded", "unknown") and by_reference[reference] == 0 and key:
+            if state == "succeeded":
+                problems.append(f"{reference} succeeded but the provider has no payment")
+    stray = executed_keys - {key for key, _, _ in intents.values()}
+    if stray:
+        problems.append(f"{len(stray)} execution(s) under keys the journal does not know")
+    return problems
+
+
+def settled_states(journal: Path) -> collections.Counter[str]:
+    with sqlite3.connect(journal) as conn:
+        return collections.Counter(state for (state,) in conn.execute("SELECT state FROM intents"))
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> Path:
+    return tmp_path / "journal.db"
+
+
+@pytest.fixture
+def provider(make_sandbox: Callable[..., SandboxServer]) -> SandboxServer:
+    return make_sandbox()
+
+
+# -- one kill at each named point -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("point", CRASH_POINTS)
+def test_a_kill_at_each_crash_point_still_executes_every_order_once(
+    provider: SandboxServer, journal: Path, point: str
+) -> None:
+    assert run_worker(provider, journal, 6, crash_at=f"{point}:3") == KILLED
+    assert run_worker(provider, journal, 6) == 0
+
+    assert exactly_once_violations(provider, journal, 6) == []
+    assert settled_states(journal) == {"succeeded": 6}
+    assert provider.store.total_executions() == 6
+
+
+def test_repeated_kills_at_the_same_point_converge(provider: SandboxServer, journal: Path) -> None:
+    for _ in range(4):
+        assert run_worker(provider, journal, 5, crash_at="after_send:1") == KILLED
+    assert run_worker(provider, journal, 5) == 0
+    assert exactly_once_violations(provider, journal, 5) == []
+    assert provider.store.total_executions() == 5
+
+
+def test_keys_expiring_between_the_crash_and_the_restart_are_reconciled_not_resent(
+    make_sandbox: Callable[..., SandboxServer], journal: Path
+) -> None:
+    provider = make_sandbox(key_lifetime=60.0)
+    short = ["--key-lifetime", "60"]
+    assert run_worker(provider, journal, 4, crash_at="after_send:2", args=short) == KILLED
+    provider.advance_clock(120)  # the provider has forgotten every key by now
+
+    assert run_worker(provider, journal, 4, args=[*short, "--clock-offset", "120"]) == 0
+
+    assert exactly_once_violations(provider, journal, 4) == []
+    assert provider.store.total_executions() == 4
+    with sqlite3.connect(journal) as conn:
+        outcomes = [o for (o,) in conn.execute("SELECT outcome FROM reconciliations")]
+    assert outcomes == ["found"], "the in-flight order was settled by asking the provider"
+
+
+# -- the harness catches broken clients -----------------------------------------------------
+
+
+def test_the_harness_catches_a_client_that_mints_a_key_per_process(
+    provider: SandboxServer, journal: Path
+) -> None:
+    broken = ["--broken", "fresh-key"]
+    assert run_worker(provider, journal, 4, crash_at="after_send:2", args=broken) == KILLED
+    assert run_worker(provider, journal, 4, args=broken) == 0
+
+    problems = exactly_once_violations(provider, journal, 4)
+    assert any("executed 2 times" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("broken", [True, False])
+def test_the_harness_catches_a_client_that_resends_unknown_intents_blindly(
+    make_sandbox: Callable[..., SandboxServer], journal: Path, broken: bool
+) -> None:
+    provider = make_sandbox(key_lifetime=60.0)
+    provider.script(["drop_after"])  # order 1 executes, its answer is lost: unknown
+    assert run_worker(provider, journal, 3, args=["--attempts", "1"]) == 0
+    assert settled_states(journal)["unknown"] == 1
+    provider.advance_clock(120)  # the provider forgets the key, keeps the payment
+
+    assert run_worker(provider, journal, 3, args=["--broken", "no-reconcile"] if broken else []) == 0
+
+    problems = exactly_once_violations(provider, journal, 3)
+    if broken:
+        assert any("executed 2 times" in p for p in problems), problems
+    else:
+        assert problems == []
+        assert provider.store.total_executions() == 3
+
+
+# -- a randomised soak ----------------------------------------------------------------------
+
+
+def test_randomised_soak_of_kills_at_random_points(
+    make_sandbox: Callable[..., SandboxServer], journal: Path
+) -> None:
+    long_run = os.environ.get("PAYONCE_SOAK") == "long"
+    orders, most_visits, time_budget = (1000, 4, 1800.0) if long_run else (300, 7, 240.0)
+    seed = int(os.environ.get("PAYONCE_SOAK_SEED", random.randrange(2**32)))
+    print(f"soak seed {seed} (replay with PAYONCE_SOAK_SEED={seed})")
+    rng = random.Random(seed)
+    provider = make_sandbox(
+        faults=Faults(seed=seed, fail_before_rate=0.05, fail_after_rate=0.05, drop_after_rate=0.05)
+    )
+    kills = runs = 0
+    deadline = time.monotonic() + time_budget
+    while time.monotonic() < deadline:
+        point = rng.choice(CRASH_POINTS)
+        crash_at = f"{point}:{rng.randint(1, most_visits)}"
+        runs += 1
+        code = run_worker(provider, journal, orders, crash_at=crash_at, args=["--seed", str(runs)])
+        if code == 0:
+            break  # an incarnation finished every order without reaching its crash point
+        kills += 1
+    assert run_worker(provider, journal, orders) == 0
+
+    print(f"soak: {kills} kills over {runs} runs, {orders} orders")
+    assert exactly_once_violations(provider, journal, orders) == [], f"seed {seed}"
+    assert provider.store.total_executions() == orders, f"seed {seed}"
+    assert kills >= orders // (2 * most_visits), "the soak must really kill"
+
+
+# -- many processes, one journal ------------------------------------------------------------
+
+
+def test_eight_processes_race_on_one_journal_and_each_order_executes_once(
+    make_sandbox: Callable[..., SandboxServer], journal: Path, tmp_path: Path
+) -> None:
+    provider = make_sandbox(
+        faults=Faults(seed=8, fail_before_rate=0.07, fail_after_rate=0.07, drop_after_rate=0.06)
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PAYONCE_CRASH_AT"}
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")])
+    reports = [tmp_path / f"report-{n}.json" for n in range(8)]
+    workers = [
+        subprocess.Popen(
+            [
+                *(sys.executable, str(WORKER), "--url", provider.url, "--journal", str(journal)),
+                *("--orders", "200", "--seed", str(n), "--report", str(report)),
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n, report in enumerate(reports)
+    ]
+    for worker in workers:
+        _, stderr = worker.communicate(timeout=300)
+        assert worker.returncode == 0, stderr[-3000:]
+    assert run_worker(provider, journal, 200) == 0  # settles what ended unknown
+
+    assert exactly_once_violations(provider, journal, 200) == []
+    assert provider.store.total_executions() == 200
+    errors = collections.Counter[str]()
+    for report in reports:
+        errors.update(json.loads(report.read_text())["errors"])
+    assert not [name for name in errors if "locked" in name or "Journal" in name], errors
+    with sqlite3.connect(journal) as conn:
+        conflicts = conn.execute("SELECT count(*) FROM attempts WHERE status_code = 409")
+        assert conflicts.fetchone()[0] == 0, "two of our workers had one key in flight"

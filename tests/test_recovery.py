@@ -1,0 +1,349 @@
+"""After something went wrong: resume, reconcile, abandon, the outbox, and lease renewal.
+
+Everything runs against the real sandbox over loopback and a real journal file. The
+crash-by-SIGKILL scenarios live in test_crash.py; here a worker "dies" by a transport that
+really sends the request and then fails, leaving the intent pending exactly as a crash
+after sending would.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+import payonce
+from payonce.sandbox import SandboxServer
+
+PAYMENT = {"amount": 4200, "currency": "eur"}
+DAY = 24 * 3600.0
+
+MakeClient = Callable[..., payonce.Client]
+
+
+class _DiesAfterSending(httpx.HTTPTransport):
+    """Really sends the request, then fails as if the worker died before reading the answer."""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        super().handle_request(request).close()
+        raise RuntimeError("worker died after sending")
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _leave_pending(make_client: MakeClient, reference: str) -> payonce.IntentRecord:
+    dying = make_client(transport=_DiesAfterSending())
+    with pytest.raises(RuntimeError, match="worker died"):
+        dying.post("/v1/payments", json=PAYMENT, reference=reference)
+    (record,) = dying.journal.find(reference)
+    assert record.state is payonce.IntentState.PENDING
+    return record
+
+
+def _make_unknown(
+    make_client: MakeClient, sandbox: SandboxServer, reference: str, faults: list[str]
+) -> payonce.IntentRecord:
+    client = make_client(retry=payonce.RetryPolicy(max_attempts=len(faults), initial_wait=0))
+    sandbox.script(faults)
+    with pytest.raises(payonce.OutcomeUnknown):
+        client.post("/v1/payments", json=PAYMENT, reference=reference)
+    (record,) = client.journal.find(reference)
+    assert record.state is payonce.IntentState.UNKNOWN
+    return record
+
+
+# -- resume ---------------------------------------------------------------------------------
+
+
+def test_resume_finishes_what_a_dead_worker_left_pending_under_the_same_key(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    left = [_leave_pending(make_client, f"order-{n}") for n in range(3)]
+    assert sandbox.store.total_executions() == 3
+
+    results = make_client().resume()
+
+    assert [r.key for r in results] == [r.key for r in left]
+    assert {r.state for r in results} == {payonce.IntentState.SUCCEEDED}
+    assert sandbox.store.executions() == {r.key: 1 for r in left}
+
+
+def test_resume_leaves_intents_held_by_a_live_worker_alone(
+    make_sandbox: Callable[..., SandboxServer], make_client: MakeClient
+) -> None:
+    slow = make_sandbox(processing_seconds=0.8)
+    busy = make_client(base_url=slow.url)
+    started = threading.Event()
+    busy._http.event_hooks["request"].append(lambda request: started.set())
+    worker = threading.Thread(
+        target=busy.post, args=("/v1/payments",), kwargs={"json": PAYMENT, "reference": "o-1"}
+    )
+    worker.start()
+    started.wait(5)
+    try:
+        assert make_client(base_url=slow.url).resume() == []
+    finally:
+        worker.join()
+    assert slow.store.total_executions() == 1
+
+
+def test_resume_does_not_resend_past_the_key_lifetime(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    record = _leave_pending(make_client, "order-old")
+
+    (result,) = make_client(clock=lambda: time.time() + DAY).resume()
+
+    assert result.key == record.key
+    assert result.state is payonce.IntentState.UNKNOWN
+    assert "key lifetime" in result.detail
+    assert sandbox.store.total_executions() == 1
+
+
+def test_one_failing_intent_does_not_stop_the_others(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    first = _leave_pending(make_client, "order-a")
+    second = _leave_pending(make_client, "order-b")
+    sandbox.script(["fail_before"] * 5)  # the first resend sees nothing but 503s
+
+    results = make_client(retry=payonce.RetryPolicy(max_attempts=5, initial_wait=0)).resume()
+
+    assert [(r.key, r.state) for r in results] == [
+        (first.key, payonce.IntentState.UNKNOWN),
+        (second.key, payonce.IntentState.SUCCEEDED),
+    ]
+    assert sandbox.store.executions() == {first.key: 1, second.key: 1}
+
+
+# -- reconcile ------------------------------------------------------------------------------
+
+
+def test_an_unknown_intent_the_provider_never_saw_goes_back_to_pending_and_is_paid_once(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    record = _make_unknown(make_client, sandbox, "order-1", ["fail_before"] * 2)
+    client = make_client()
+
+    (result,) = client.reconcile("order-1")
+
+    assert (result.outcome, result.after) == ("not_found", payonce.IntentState.PENDING)
+    (resumed,) = client.resume()
+    assert resumed.state is payonce.IntentState.SUCCEEDED
+    assert sandbox.store.executions() == {record.key: 1}
+    outcomes = [r.outcome for r in client.journal.reconciliations(record.key)]
+    assert outcomes == ["not_found"]
+
+
+def test_an_unknown_intent_the_provider_executed_is_settled_from_its_record(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    record = _make_unknown(make_client, sandbox, "order-2", ["drop_after"])
+    assert sandbox.store.executions() == {record.key: 1}
+    client = make_client()
+
+    (result,) = client.reconcile(record.key)
+
+    assert (result.outcome, result.after) == ("found", payonce.IntentState.SUCCEEDED)
+    with client.intent("order-2") as op:
+        replay = op.post("/v1/payments", json=PAYMENT)
+    assert replay.json()["idempotency_key"] == record.key
+    assert replay.json()["status"] == "succeeded"
+    assert payonce.response_info(replay).replayed  # type: ignore[union-attr]
+    assert sandbox.store.executions() == {record.key: 1}
+
+
+def test_an_unknown_intent_whose_key_expired_stays_unknown_and_is_never_resent(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    record = _make_unknown(make_client, sandbox, "order-3", ["fail_before"])
+    later = make_client(clock=lambda: time.time() + 2 * DAY)
+
+    (result,) = later.reconcile("order-3")
+
+    assert (result.outcome, result.after) == ("not_found", payonce.IntentState.UNKNOWN)
+    assert "expired" in result.detail
+    assert later.resume() == []
+    with pytest.raises(payonce.OutcomeUnknown, match="expired"):
+        later.post("/v1/payments", json=PAYMENT, reference="order-3")
+    assert sandbox.store.total_executions() == 0
+    assert later.journal.get(record.key).unknown_reason == result.detail  # type: ignore[union-attr]
+
+
+def test_reconciliation_is_idempotent(make_client: MakeClient, sandbox: SandboxServer) -> None:
+    record = _make_unknown(make_client, sandbox, "order-4", ["drop_after"])
+    client = make_client()
+    client.reconcile_all()
+
+    (again,) = client.reconcile(record.key)
+
+    assert again.outcome == "skipped"
+    assert again.after is payonce.IntentState.SUCCEEDED
+    assert len(client.journal.reconciliations(record.key)) == 1
+
+
+def test_an_unreachable_provider_leaves_the_intent_unknown_with_the_attempt_journaled(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    record = _make_unknown(make_client, sandbox, "order-5", ["fail_before"])
+    offline = make_client(
+        base_url=f"http://127.0.0.1:{_closed_port()}",
+        retry=payonce.RetryPolicy(max_attempts=2, initial_wait=0),
+    )
+
+    (result,) = offline.reconcile("order-5")
+
+    assert (result.outcome, result.after) == ("error", payonce.IntentState.UNKNOWN)
+    assert "ConnectError" in result.detail
+    journaled = offline.journal.reconciliations(record.key)
+    assert [(r.outcome, r.status_code) for r in journaled] == [("error", None)]
+    assert offline.journal.get(record.key).lease_owner is None  # type: ignore[union-attr]
+
+
+def test_a_malformed_status_answer_is_an_error_and_changes_nothing_else(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    record = _make_unknown(make_client, sandbox, "order-6", ["drop_after"])
+    odd = payonce.ProviderProfile(
+        name="odd", lookup=payonce.Lookup(path="/_sandbox/executions", list_field="data")
+    )
+    client = make_client(provider=odd)
+
+    (result,) = client.reconcile("order-6")
+
+    assert (result.outcome, result.after) == ("error", payonce.IntentState.UNKNOWN)
+    assert "unreadable" in result.detail
+    after = client.journal.get(record.key)
+    assert after is not None
+    assert (after.state, after.response, after.attempt_count) == (
+        record.state,
+        record.response,
+        record.attempt_count,
+    )
+
+
+def test_a_profile_without_a_status_lookup_says_so(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    _make_unknown(make_client, sandbox, "order-7", ["fail_before"])
+    generic = make_client(provider="generic")
+    with pytest.raises(payonce.ConfigurationError, match="no status look-up"):
+        generic.reconcile("order-7")
+
+
+# -- abandon --------------------------------------------------------------------------------
+
+
+def test_an_operator_can_abandon_an_unknown_intent_for_good(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    record = _make_unknown(make_client, sandbox, "order-8", ["fail_before"])
+    client = make_client()
+
+    abandoned = client.abandon(record.key, reason="refunded by hand, ticket OPS-12")
+
+    assert abandoned.state is payonce.IntentState.ABANDONED
+    assert abandoned.abandon_reason == "refunded by hand, ticket OPS-12"
+    with pytest.raises(payonce.IntentStateError, match="abandoned by an operator"):
+        client.post("/v1/payments", json=PAYMENT, reference="order-8")
+    assert client.resume() == []
+    assert client.reconcile("order-8")[0].outcome == "skipped"
+    assert sandbox.store.total_executions() == 0
+
+
+def test_a_settled_intent_cannot_be_abandoned(client: payonce.Client) -> None:
+    with client.intent("order-9") as op:
+        op.post("/v1/payments", json=PAYMENT)
+    with pytest.raises(payonce.IntentStateError, match="already succeeded"):
+        client.abandon(op.key, reason="oops")  # type: ignore[arg-type]
+    assert op.state is payonce.IntentState.SUCCEEDED
+
+
+# -- the client-side outbox -----------------------------------------------------------------
+
+
+def test_an_outcome_the_caller_never_recorded_is_found_again_instead_of_paying_twice(
+    make_client: MakeClient, sandbox: SandboxServer, journal_path: Path
+) -> None:
+    class CallerCrashed(Exception):
+        pass
+
+    before = make_client()
+    with pytest.raises(CallerCrashed), before.intent("order-10") as op:
+        op.post("/v1/payments", json=PAYMENT)
+        raise CallerCrashed  # e.g. its own database write failed
+
+    after = make_client()  # the restarted caller
+    (pending,) = after.unacknowledged()
+    assert (pending.key, pending.reference) == (op.key, "order-10")
+    with after.intent(pending.reference) as again:
+        response = again.post("/v1/payments", json=PAYMENT)
+    assert payonce.response_info(response).replayed  # type: ignore[union-attr]
+    assert after.unacknowledged() == []
+    assert sandbox.store.total_executions() == 1
+
+
+def test_acknowledgement_can_be_left_to_the_caller(client: payonce.Client) -> None:
+    with client.intent("order-11", acknowledge=False) as op:
+        op.post("/v1/payments", json=PAYMENT)
+    assert [r.key for r in client.unacknowledged()] == [op.key]
+
+    op.acknowledge()
+
+    assert client.unacknowledged() == []
+    assert client.journal.get(op.key).acknowledged_at is not None  # type: ignore[arg-type, union-attr]
+
+
+# -- leases ---------------------------------------------------------------------------------
+
+
+def test_a_slow_attempt_keeps_its_lease_alive_so_no_one_takes_the_intent_over(
+    make_sandbox: Callable[..., SandboxServer], make_client: MakeClient
+) -> None:
+    slow = make_sandbox(processing_seconds=1.5)
+    holder = make_client(base_url=slow.url, lease_seconds=0.3)
+    started = threading.Event()
+    holder._http.event_hooks["request"].append(lambda request: started.set())
+    worker = threading.Thread(
+        target=holder.post, args=("/v1/payments",), kwargs={"json": PAYMENT, "reference": "o"}
+    )
+    worker.start()
+    started.wait(5)
+    time.sleep(0.9)  # three lease lengths: without renewal the lease would have expired
+    try:
+        other = make_client(base_url=slow.url, lease_seconds=0.3, in_flight_wait=0.0)
+        with pytest.raises(payonce.IntentInFlight):
+            other.post("/v1/payments", json=PAYMENT, reference="o")
+        assert other.resume() == []
+    finally:
+        worker.join()
+    (record,) = holder.journal.find("o")
+    assert record.state is payonce.IntentState.SUCCEEDED
+    assert record.attempt_count == 1
+    assert slow.store.total_executions() == 1
+
+
+def test_the_lease_of_a_dead_worker_is_taken_over_once_it_expires(
+    make_client: MakeClient, sandbox: SandboxServer, journal_path: Path
+) -> None:
+    journal = payonce.SQLiteJournal(journal_path)
+    client = make_client(journal=journal)
+    record = _leave_pending(make_client, "order-12")
+    # The dead worker had re-claimed it just before dying: its lease is still live.
+    journal.claim_key(record.key, owner="dead-host:1:x", now=time.time(), lease_seconds=60)
+    assert client.resume() == []
+
+    (result,) = make_client(clock=lambda: time.time() + 61).resume()
+
+    assert result.state is payonce.IntentState.SUCCEEDED
+    assert sandbox.store.executions() == {record.key: 1}
+    journal.close()
