@@ -14,6 +14,7 @@ from ._records import (
     ClaimKind,
     IntentDraft,
     IntentRecord,
+    JournalReport,
     ReconciliationRecord,
     StoredResponse,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "IntentDraft",
     "IntentRecord",
     "Journal",
+    "JournalReport",
     "ReconciliationRecord",
     "SQLiteJournal",
     "StoredResponse",

@@ -14,6 +14,7 @@ __all__ = [
     "ClaimKind",
     "IntentDraft",
     "IntentRecord",
+    "JournalReport",
     "ReconciliationRecord",
     "StoredResponse",
 ]
@@ -110,6 +111,19 @@ class ReconciliationRecord:
     """``found``, ``not_found``, ``still_unknown`` or ``error``."""
     detail: str
     status_code: int | None
+
+
+@attrs.frozen
+class JournalReport:
+    """The result of ``journal.check()``: integrity, schema, and what it holds."""
+
+    location: str
+    ok: bool
+    problems: tuple[str, ...]
+    schema_version: int
+    intents_by_state: dict[str, int]
+    unacknowledged: int
+    size_bytes: int
 
 
 class ClaimKind(enum.Enum):

@@ -28,6 +28,7 @@ from ._records import (
     ClaimKind,
     IntentDraft,
     IntentRecord,
+    JournalReport,
     ReconciliationRecord,
     StoredResponse,
 )
@@ -728,6 +729,59 @@ class SQLiteJournal:
             )
             for row in rows
         ]
+
+    # -- operating --------------------------------------------------------------------------
+
+    def check(self) -> JournalReport:
+        """A full integrity check (reads only: writers are not blocked in WAL mode)."""
+        with self._read() as cur:
+            problems = [str(row[0]) for row in cur.execute("PRAGMA integrity_check")]
+            problems += [
+                f"foreign key violation in {row[0]} (row {row[1]})"
+                for row in cur.execute("PRAGMA foreign_key_check")
+            ]
+            meta = dict(cur.execute("SELECT name, value FROM payonce_meta").fetchall())
+            by_state = dict(cur.execute("SELECT state, count(*) FROM intents GROUP BY state"))
+            (unacknowledged,) = cur.execute(
+                "SELECT count(*) FROM intents WHERE state IN (?, ?) AND acknowledged_at IS NULL",
+                (IntentState.SUCCEEDED.value, IntentState.FAILED.value),
+            ).fetchone()
+        problems = [p for p in problems if p != "ok"]
+        size = sum(
+            path.stat().st_size
+            for path in (self._path, self._path.with_name(self._path.name + "-wal"))
+            if path.exists()
+        )
+        return JournalReport(
+            location=self.location,
+            ok=not problems,
+            problems=tuple(problems),
+            schema_version=int(meta.get("schema_version", 0)),
+            intents_by_state={str(k): int(v) for k, v in by_state.items()},
+            unacknowledged=int(unacknowledged),
+            size_bytes=size,
+        )
+
+    def backup(self, destination: str | os.PathLike[str]) -> Path:
+        """A consistent copy through SQLite's backup API, committed WAL content included.
+
+        Copying the .db file alone is not a backup: committed rows may still live only in
+        the -wal file beside it.
+        """
+        target = Path(destination).expanduser().absolute()
+        if target.exists():
+            raise self._error(f"backup destination {target} exists; payonce will not overwrite it")
+        if not target.parent.is_dir():
+            raise self._error(f"backup directory {target.parent} does not exist")
+        fd = os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        os.close(fd)
+        try:
+            with contextlib.closing(sqlite3.connect(target)) as copy, self._lock:
+                self._conn.backup(copy)
+        except sqlite3.Error as exc:
+            target.unlink(missing_ok=True)
+            raise self._translate(exc) from exc
+        return target
 
     def close(self) -> None:
         with self._lock:
