@@ -277,10 +277,14 @@ def test_an_outcome_the_caller_never_recorded_is_found_again_instead_of_paying_t
     class CallerCrashed(Exception):
         pass
 
-    before = make_client()
-    with pytest.raises(CallerCrashed), before.intent("order-10") as op:
-        op.post("/v1/payments", json=PAYMENT)
-        raise CallerCrashed  # e.g. its own database write failed
+    def pay_then_crash(client: payonce.Client) -> payonce.Operation:
+        with client.intent("order-10") as op:
+            op.post("/v1/payments", json=PAYMENT)
+            raise CallerCrashed(op)  # e.g. its own database write failed
+
+    with pytest.raises(CallerCrashed) as crashed:
+        pay_then_crash(make_client())
+    op = crashed.value.args[0]
 
     after = make_client()  # the restarted caller
     (pending,) = after.unacknowledged()

@@ -4,6 +4,7 @@ One idempotency key per business intent, journaled before anything is sent, retr
 that key, replayed once answered, and reconciled when the outcome cannot be known.
 """
 
+from ._async_client import AsyncClient, AsyncOperation
 from ._client import Client, Operation
 from ._core import ResponseInfo, ResumeResult, RetryEvent, response_info
 from ._intent import IntentState, KeyFormat
@@ -35,6 +36,8 @@ from .errors import (
 )
 
 __all__ = [
+    "AsyncClient",
+    "AsyncOperation",
     "AttemptRecord",
     "Client",
     "ConfigurationError",

@@ -1,7 +1,8 @@
 """``payonce.Client`` and the per-operation context manager.
 
-The client only moves bytes and sleeps; ``IntentCore`` decides everything else, so the
-async client added later repeats nothing but this short send chain.
+``IntentCore`` decides everything; ``_BaseClient`` holds the configuration and everything
+that needs no I/O. ``Client`` and ``AsyncClient`` (``_async_client.py``) repeat only the
+short chains that send bytes, sleep and wait.
 """
 
 from __future__ import annotations
@@ -37,34 +38,31 @@ from ._journal import IntentDraft, IntentRecord, Journal, open_journal
 from ._providers import ProviderProfile, get_profile
 from ._reconcile import ReconcileResult
 from ._retry import RetryPolicy
-from .errors import IntentStateError, PayonceError, ProviderError
+from .errors import IntentStateError, PayonceError
 
 __all__ = ["Client", "Operation"]
 
 logger = logging.getLogger("payonce")
 
-_IN_FLIGHT_POLL = 0.05
+IN_FLIGHT_POLL = 0.05
+"""Seconds between looks at an intent another worker is sending."""
 
 
-class Operation:
-    """One business intent: every request made through it is the same intent, sent once.
-
-    Created by ``client.intent(reference)``. ``key`` is known once the first request has
-    been journaled (or at once, when the caller supplied it).
-    """
+class _OperationBase:
+    """What both operation flavours share: identity, drafting, acknowledgement."""
 
     def __init__(
-        self, client: Client, reference: str | None, key: str | None, acknowledge: bool
+        self, client: _BaseClient, reference: str | None, key: str | None, acknowledge: bool
     ) -> None:
-        self._client = client
+        self._base = client
         self.reference = reference
         self._acknowledge = acknowledge
         self._key = key
         self._key_supplied = key is not None
-        self._record: IntentRecord | None = None
 
     @property
     def key(self) -> str | None:
+        """The idempotency key, once the intent is journaled (or supplied by the caller)."""
         return self._key
 
     @property
@@ -72,15 +70,14 @@ class Operation:
         """The intent's state in the journal, or None before the first request."""
         if self._key is None:
             return None
-        record = self._client.journal.get(self._key)
+        record = self._base.journal.get(self._key)
         return record.state if record else None
 
     def _bind(self, record: IntentRecord) -> None:
         self._key = record.key
         self._key_supplied = True
-        self._record = record
 
-    def request(
+    def _draft(
         self,
         method: str,
         path: str,
@@ -90,7 +87,7 @@ class Operation:
         content: bytes | None = None,
         params: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
-    ) -> httpx.Response:
+    ) -> IntentDraft:
         canonical = canonical_request(
             method,
             path,
@@ -100,14 +97,54 @@ class Operation:
             content=content,
             content_type=_content_type(headers),
         )
-        draft = self._client._core.draft(
+        return self._base._core.draft(
             canonical,
             reference=self.reference,
             key=self._key,
             key_supplied=self._key_supplied,
             headers=headers,
         )
-        return self._client._drive(self, draft)
+
+    def _acknowledge_on_exit(self, exc_type: type[BaseException] | None) -> bool:
+        # Leaving the block normally means the caller has dealt with the outcome; one that
+        # crashed or raised finds it in client.unacknowledged() instead of paying again.
+        return exc_type is None and self._acknowledge and self._key is not None
+
+    def _acknowledge_quietly(self) -> None:
+        assert self._key is not None
+        with contextlib.suppress(IntentStateError):
+            self._base.journal.acknowledge(self._key, now=self._base._core.clock())
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} key={self._key!r} reference={self.reference!r}>"
+
+
+def _content_type(headers: Mapping[str, str] | None) -> str | None:
+    for name, value in (headers or {}).items():
+        if name.lower() == "content-type":
+            return value
+    return None
+
+
+class Operation(_OperationBase):
+    """One business intent: every request made through it is the same intent, sent once.
+
+    Created by ``client.intent(reference)``. ``key`` is known once the first request has
+    been journaled (or at once, when the caller supplied it).
+    """
+
+    def __init__(
+        self, client: Client, reference: str | None, key: str | None, acknowledge: bool
+    ) -> None:
+        super().__init__(client, reference, key, acknowledge)
+        self._client = client
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """Send the intent's request (once), or replay its journaled outcome.
+
+        Takes ``json=``, ``data=`` (form), ``content=``, ``params=`` and ``headers=``.
+        """
+        return self._client._drive(self, self._draft(method, path, **kwargs))
 
     def post(self, path: str, **kwargs: Any) -> httpx.Response:
         return self.request("POST", path, **kwargs)
@@ -121,6 +158,11 @@ class Operation:
     def delete(self, path: str, **kwargs: Any) -> httpx.Response:
         return self.request("DELETE", path, **kwargs)
 
+    def acknowledge(self) -> None:
+        """Mark the settled outcome as recorded on the caller's side."""
+        if self._key is not None:
+            self._client.acknowledge(self._key)
+
     def __enter__(self) -> Operation:
         return self
 
@@ -130,35 +172,12 @@ class Operation:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        # Leaving the block normally means the caller has dealt with the outcome; one that
-        # crashed or raised finds it in client.unacknowledged() instead of paying again.
-        if exc_type is None and self._acknowledge and self._key is not None:
-            with contextlib.suppress(IntentStateError):
-                self._client.journal.acknowledge(self._key, now=self._client._core.clock())
-
-    def acknowledge(self) -> None:
-        """Mark the settled outcome as recorded on the caller's side."""
-        if self._key is not None:
-            self._client.acknowledge(self._key)
-
-    def __repr__(self) -> str:
-        return f"<Operation key={self._key!r} reference={self.reference!r}>"
+        if self._acknowledge_on_exit(exc_type):
+            self._acknowledge_quietly()
 
 
-def _content_type(headers: Mapping[str, str] | None) -> str | None:
-    for name, value in (headers or {}).items():
-        if name.lower() == "content-type":
-            return value
-    return None
-
-
-class Client:
-    """A payment-provider client whose every operation takes effect exactly once.
-
-    ``api_key`` defaults to ``PAYONCE_API_KEY``, then to the OS keyring (service
-    ``payonce``, user = ``account``). ``journal`` is a path, a ``Journal``, or None for
-    ``PAYONCE_JOURNAL`` / the user data directory.
-    """
+class _BaseClient:
+    """Configuration, credentials and the journal: everything that is not I/O."""
 
     def __init__(
         self,
@@ -178,7 +197,6 @@ class Client:
         allow_plaintext_keyring: bool | None = None,
         on_retry: Callable[[RetryEvent], None] | None = None,
         clock: Callable[[], float] = time.time,
-        transport: httpx.BaseTransport | None = None,
     ) -> None:
         profile = get_profile(provider)
         new_key(key_format)  # validates the format before anything is opened
@@ -186,13 +204,14 @@ class Client:
             api_key, account=account, allow_plaintext_keyring=allow_plaintext_keyring
         )
         retry = retry or RetryPolicy()
-        http_timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
+        self._timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
         if lease_seconds is None:
-            # Renewed at every attempt: it must outlast one attempt and the wait before it.
+            # Renewed while an attempt runs; it must still outlast a stall of the renewer.
             slowest = max(
-                t or 0.0 for t in (http_timeout.connect, http_timeout.read, http_timeout.write)
+                t or 0.0 for t in (self._timeout.connect, self._timeout.read, self._timeout.write)
             )
             lease_seconds = 2 * slowest + max(retry.max_wait, retry.max_retry_after) + 30.0
+        self._verify = verify
         if not verify:
             logger.warning(
                 "TLS certificate verification is OFF for %s: only ever do this against a "
@@ -215,13 +234,6 @@ class Client:
             on_retry=on_retry,
         )
         self._in_flight_wait = in_flight_wait
-        self._renewer = _LeaseRenewer(self._core)
-        self._http = httpx.Client(
-            timeout=http_timeout,
-            verify=verify,
-            transport=transport,
-            headers={"User-Agent": USER_AGENT},
-        )
 
     @property
     def account(self) -> str:
@@ -230,6 +242,27 @@ class Client:
     @property
     def provider(self) -> ProviderProfile:
         return self._core.profile
+
+    def _http_options(self) -> dict[str, Any]:
+        return {
+            "timeout": self._timeout,
+            "verify": self._verify,
+            "headers": {"User-Agent": USER_AGENT},
+        }
+
+
+class Client(_BaseClient):
+    """A payment-provider client whose every operation takes effect exactly once.
+
+    ``api_key`` defaults to ``PAYONCE_API_KEY``, then to the OS keyring (service
+    ``payonce``, user = ``account``). ``journal`` is a path, a ``Journal``, or None for
+    ``PAYONCE_JOURNAL`` / the user data directory.
+    """
+
+    def __init__(self, *, transport: httpx.BaseTransport | None = None, **options: Any) -> None:
+        super().__init__(**options)
+        self._http = httpx.Client(transport=transport, **self._http_options())
+        self._renewer = _ThreadLeaseRenewer(self._core)
 
     def intent(
         self, reference: str | None = None, *, key: str | None = None, acknowledge: bool = True
@@ -271,57 +304,42 @@ class Client:
         core = self._core
         results = []
         for record in core.resumable():
+            response, error = None, None
             try:
                 run = core.begin_resume(record, new_owner())
                 if run is None:
                     continue
                 response = self._send(run)
-                state, detail = IntentState.SUCCEEDED, f"HTTP {response.status_code}"
-            except ProviderError as exc:
-                state, detail = IntentState.FAILED, f"HTTP {exc.status_code}"
             except PayonceError as exc:
-                current = core.journal.get(record.key)
-                state = current.state if current else record.state
-                detail = f"{type(exc).__name__}: {exc}"
-            logger.info("resumed intent %s: %s (%s)", record.key, state.value, detail)
-            results.append(ResumeResult(record.key, record.reference, state, detail))
+                error = exc
+            results.append(core.resume_result(record, response, error))
         return results
 
     def reconcile(self, key_or_reference: str) -> list[ReconcileResult]:
         """Ask the provider about the unknown intent(s) with this key or reference."""
-        records = [r for r in self.journal.find(key_or_reference) if r.account == self.account]
-        return [self._reconcile(record) for record in records]
+        return [self._reconcile(r) for r in _reconcile.targets(self._core, key_or_reference)]
 
     def reconcile_all(self) -> list[ReconcileResult]:
-        """Reconcile every unknown intent of this account."""
-        unknown = self.journal.list_intents(states=[IntentState.UNKNOWN])
-        return [self._reconcile(r) for r in reversed(unknown) if r.account == self.account]
+        """Reconcile every unknown intent of this account, oldest first."""
+        return [self._reconcile(r) for r in _reconcile.targets(self._core, None)]
 
     def _reconcile(self, record: IntentRecord) -> ReconcileResult:
         core = self._core
-        if record.state is not IntentState.UNKNOWN:
-            return _reconcile.skipped(record, f"{record.state.value}: nothing to reconcile")
         owner = new_owner()
-        claim = core.journal.claim_key(
-            record.key,
-            owner=owner,
-            now=core.clock(),
-            lease_seconds=core.lease_seconds,
-            unknown=True,
-        )
-        if claim is None or claim.record.lease_owner != owner:
-            return _reconcile.skipped(record, "another worker holds it right now")
+        claimed = _reconcile.begin(core, record, owner)
+        if isinstance(claimed, ReconcileResult):
+            return claimed
         try:
             for attempt in tenacity.Retrying(**core.retrying_kwargs(None)):
                 with attempt:
-                    request = _reconcile.lookup_request(core, claim.record, self._http)
+                    request = _reconcile.lookup_request(core, claimed, self._http)
                     try:
                         response = self._http.send(request)
                     except httpx.TransportError as exc:
                         raise _reconcile.transport_failure(exc) from exc
-                    return _reconcile.conclude(core, claim.record, owner, response)
+                    return _reconcile.conclude(core, claimed, owner, response)
         except RetryExhausted as exc:
-            return _reconcile.give_up(core, claim.record, owner, str(exc))
+            return _reconcile.give_up(core, claimed, owner, str(exc))
         finally:
             core.journal.release(record.key, owner=owner)
         raise AssertionError("unreachable: tenacity either returns or raises")
@@ -331,6 +349,7 @@ class Client:
         return self.journal.abandon(key, reason=reason, now=self._core.clock())
 
     def acknowledge(self, key: str) -> IntentRecord:
+        """The caller has recorded this intent's settled outcome on its side."""
         return self.journal.acknowledge(key, now=self._core.clock())
 
     def unacknowledged(self) -> list[IntentRecord]:
@@ -347,7 +366,7 @@ class Client:
         while isinstance(step, Wait):
             if time.monotonic() >= deadline:
                 raise core.in_flight(step.record)
-            time.sleep(_IN_FLIGHT_POLL)
+            time.sleep(IN_FLIGHT_POLL)
             step = core.begin(draft, owner)
         op._bind(step.record)
         if isinstance(step, Replay):
@@ -355,12 +374,11 @@ class Client:
         return self._send(step)
 
     def _send(self, run: Run) -> httpx.Response:
-        core = self._core
         try:
             with self._renewer.holding(run):
                 return self._attempts(run)
         except RetryExhausted:
-            raise core.give_up(run) from None
+            raise self._core.give_up(run) from None
 
     def _attempts(self, run: Run) -> httpx.Response:
         core = self._core
@@ -389,16 +407,39 @@ class Client:
         self.close()
 
 
-class _LeaseRenewer:
-    """One thread per client keeps the leases of its slow attempts alive.
+class LeaseRenewer:
+    """Keeps the leases of a client's attempts in flight alive.
 
     A lease must outlast the slowest attempt, or another worker could take the intent over
-    and send it while this one is still waiting for the answer.
+    and send it while this one still waits for the answer. The flavours differ only in
+    what ticks: a thread, or an asyncio task.
     """
 
     def __init__(self, core: IntentCore) -> None:
         self._core = core
         self._runs: set[Run] = set()
+        self.interval = core.lease_seconds / 3
+
+    def track(self, run: Run) -> None:
+        self._runs.add(run)
+
+    def untrack(self, run: Run) -> None:
+        self._runs.discard(run)
+
+    def _snapshot(self) -> list[Run]:
+        return list(self._runs)
+
+    def renew_all(self) -> None:
+        for run in self._snapshot():
+            try:
+                self._core.renew(run)
+            except PayonceError as exc:
+                logger.warning("intent %s: lease renewal failed: %s", run.key, exc)
+
+
+class _ThreadLeaseRenewer(LeaseRenewer):
+    def __init__(self, core: IntentCore) -> None:
+        super().__init__(core)
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
@@ -406,27 +447,25 @@ class _LeaseRenewer:
     @contextlib.contextmanager
     def holding(self, run: Run) -> Iterator[None]:
         with self._lock:
-            self._runs.add(run)
+            self.track(run)
             if self._thread is None:
                 self._thread = threading.Thread(
-                    target=self._renew_forever, name="payonce-lease-renewer", daemon=True
+                    target=self._tick, name="payonce-lease-renewer", daemon=True
                 )
                 self._thread.start()
         try:
             yield
         finally:
             with self._lock:
-                self._runs.discard(run)
+                self.untrack(run)
 
-    def _renew_forever(self) -> None:
-        while not self._stopped.wait(self._core.lease_seconds / 3):
-            with self._lock:
-                runs = list(self._runs)
-            for run in runs:
-                try:
-                    self._core.renew(run)
-                except PayonceError as exc:
-                    logger.warning("intent %s: lease renewal failed: %s", run.key, exc)
+    def _snapshot(self) -> list[Run]:
+        with self._lock:
+            return list(self._runs)
+
+    def _tick(self) -> None:
+        while not self._stopped.wait(self.interval):
+            self.renew_all()
 
     def close(self) -> None:
         self._stopped.set()

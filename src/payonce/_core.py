@@ -14,7 +14,7 @@ import attrs
 import httpx
 import tenacity
 
-from ._crash import crash_armed, crash_point, crash_trace
+from ._crash import crash_armed, crash_atrace, crash_point, crash_trace
 from ._intent import CanonicalRequest, IntentState, KeyFormat, make_scope, new_key, validate_key
 from ._journal import (
     Claim,
@@ -298,6 +298,21 @@ class IntentCore:
             if not record.lease_live(now) or owner_is_dead(record.lease_owner)
         ]
 
+    def resume_result(
+        self, record: IntentRecord, response: httpx.Response | None, error: Exception | None
+    ) -> ResumeResult:
+        """How one resumed intent ended, for the caller and the log."""
+        if response is not None:
+            state, detail = IntentState.SUCCEEDED, f"HTTP {response.status_code}"
+        elif isinstance(error, ProviderError):
+            state, detail = IntentState.FAILED, f"HTTP {error.status_code}"
+        else:
+            current = self.journal.get(record.key)
+            state = current.state if current else record.state
+            detail = f"{type(error).__name__}: {error}"
+        logger.info("resumed intent %s: %s (%s)", record.key, state.value, detail)
+        return ResumeResult(record.key, record.reference, state, detail)
+
     def start_attempt(self, run: Run) -> None:
         if run.started:
             return
@@ -328,13 +343,20 @@ class IntentCore:
         # The path comes from the journal, the host from this client: after a failover or a
         # move to another endpoint, the intent is resent where the provider now answers.
         target = httpx.URL(record.url).raw_path.decode("ascii")
+        content_type = dict(record.request_headers).get("content-type")
         return client.build_request(
             record.method,
             self.base_url + target,
-            content=record.body,
+            content=self.profile.prepare_body(record.body, content_type, record.key),
             headers=headers,
-            extensions={"trace": crash_trace} if crash_armed() else None,
+            extensions=self._crash_extensions(client),
         )
+
+    @staticmethod
+    def _crash_extensions(client: httpx.Client | httpx.AsyncClient) -> dict[str, Any] | None:
+        if not crash_armed():
+            return None
+        return {"trace": crash_atrace if isinstance(client, httpx.AsyncClient) else crash_trace}
 
     def on_response(self, run: Run, response: httpx.Response) -> httpx.Response:
         """Settle a definitive answer, or raise ``_Retry`` for a transient one."""

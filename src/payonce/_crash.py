@@ -20,7 +20,7 @@ import signal
 import threading
 from typing import Any
 
-__all__ = ["CRASH_POINTS", "crash_armed", "crash_point", "crash_trace"]
+__all__ = ["CRASH_POINTS", "crash_armed", "crash_atrace", "crash_point", "crash_trace"]
 
 CRASH_POINTS = ("after_write_ahead", "after_send", "after_response", "during_settle")
 
@@ -49,3 +49,8 @@ def crash_trace(event: str, info: dict[str, Any]) -> None:
     """An httpcore trace hook: the moment the request body is fully written is after_send."""
     if event.endswith("send_request_body.complete"):
         crash_point("after_send")
+
+
+async def crash_atrace(event: str, info: dict[str, Any]) -> None:
+    """The same hook for httpx.AsyncClient, whose trace callbacks must be awaitable."""
+    crash_trace(event, info)

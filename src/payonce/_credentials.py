@@ -58,6 +58,20 @@ def keyring_problem(
     return None
 
 
+def usable_backends(
+    backend: keyring.backend.KeyringBackend, *, allow_plaintext: bool
+) -> list[keyring.backend.KeyringBackend]:
+    """The links of a (possibly chained) backend that may be read, in the chain's order."""
+    children = getattr(backend, "backends", None)
+    if children is None:
+        return [] if keyring_problem(backend, allow_plaintext=allow_plaintext) else [backend]
+    return [
+        usable
+        for child in children
+        for usable in usable_backends(child, allow_plaintext=allow_plaintext)
+    ]
+
+
 def plaintext_allowed(explicit: bool | None) -> bool:
     if explicit is not None:
         return explicit
@@ -74,11 +88,18 @@ def resolve_api_key(
         return from_env
     how = _HOW_TO.format(account=account)
     backend = keyring.get_keyring()
-    problem = keyring_problem(backend, allow_plaintext=plaintext_allowed(allow_plaintext_keyring))
+    allow_plaintext = plaintext_allowed(allow_plaintext_keyring)
+    problem = keyring_problem(backend, allow_plaintext=allow_plaintext)
     if problem is not None:
         raise ConfigurationError(f"no API key for account {account!r}: {problem}. To fix: {how}")
+    secret = None
     try:
-        secret = backend.get_password(KEYRING_SERVICE, account)
+        # Never get_password on a whole chain: it would also read the refused links (a
+        # plaintext file without opt-in, an encrypted file that prompts).
+        for usable in usable_backends(backend, allow_plaintext=allow_plaintext):
+            secret = usable.get_password(KEYRING_SERVICE, account)
+            if secret:
+                break
     except (keyring.errors.KeyringError, RuntimeError, EOFError, OSError) as exc:
         raise ConfigurationError(
             f"no API key for account {account!r}: the keyring failed "

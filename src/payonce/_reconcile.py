@@ -25,7 +25,7 @@ from ._journal import IntentRecord, StoredResponse
 from ._retry import Outcome, Verdict, classify_error
 from .errors import ConfigurationError, ProviderError
 
-__all__ = ["ReconcileResult", "conclude", "give_up", "lookup_request"]
+__all__ = ["ReconcileResult", "begin", "conclude", "give_up", "lookup_request", "targets"]
 
 logger = logging.getLogger("payonce")
 
@@ -47,6 +47,27 @@ def skipped(record: IntentRecord, detail: str) -> ReconcileResult:
     return ReconcileResult(
         record.key, record.reference, record.state, record.state, "skipped", detail
     )
+
+
+def targets(core: IntentCore, key_or_reference: str | None) -> list[IntentRecord]:
+    """The intents of this client's account to reconcile: one key/reference, or all unknown."""
+    if key_or_reference is None:
+        records = list(reversed(core.journal.list_intents(states=[IntentState.UNKNOWN])))
+    else:
+        records = core.journal.find(key_or_reference)
+    return [r for r in records if r.account == core.account]
+
+
+def begin(core: IntentCore, record: IntentRecord, owner: str) -> IntentRecord | ReconcileResult:
+    """Take the intent's lease for the look-up, or say why it is skipped."""
+    if record.state is not IntentState.UNKNOWN:
+        return skipped(record, f"{record.state.value}: nothing to reconcile")
+    claim = core.journal.claim_key(
+        record.key, owner=owner, now=core.clock(), lease_seconds=core.lease_seconds, unknown=True
+    )
+    if claim is None or claim.record.lease_owner != owner:
+        return skipped(record, "another worker holds it right now")
+    return claim.record
 
 
 def lookup_request(

@@ -1,0 +1,188 @@
+"""AsyncClient: the sync scenarios, awaited, over real HTTP and a real journal."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import payonce
+from payonce.sandbox import DEFAULT_API_KEY, Faults, SandboxServer
+
+PAYMENT = {"amount": 4200, "currency": "eur"}
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+MakeAsyncClient = Callable[..., payonce.AsyncClient]
+
+
+@pytest.fixture
+async def make_async_client(
+    sandbox: SandboxServer, journal_path: Path
+) -> AsyncIterator[MakeAsyncClient]:
+    clients: list[payonce.AsyncClient] = []
+
+    def make(**overrides: Any) -> payonce.AsyncClient:
+        options: dict[str, Any] = {
+            "base_url": sandbox.url,
+            "provider": "sandbox",
+            "account": "acct_demo",
+            "api_key": DEFAULT_API_KEY,
+            "journal": journal_path,
+            "retry": payonce.RetryPolicy(initial_wait=0.001, max_wait=0.01),
+            "timeout": 5.0,
+        }
+        options.update(overrides)
+        client = payonce.AsyncClient(**options)
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        await client.aclose()
+
+
+async def test_a_payment_is_sent_once_and_replayed_from_the_journal(
+    make_async_client: MakeAsyncClient, sandbox: SandboxServer
+) -> None:
+    client = make_async_client()
+    async with client.intent("order-1") as op:
+        first = await op.post("/v1/payments", json=PAYMENT)
+    sandbox.stop()  # the replay must not need the network
+
+    again = await client.post("/v1/payments", json=PAYMENT, reference="order-1")
+
+    assert first.status_code == 201
+    assert again.json() == first.json()
+    info = payonce.response_info(again)
+    assert info is not None
+    assert info.replayed
+    assert op.state is payonce.IntentState.SUCCEEDED
+
+
+@pytest.mark.parametrize("faults", [["fail_before"], ["fail_after"], ["drop_after", "rate_limit"]])
+async def test_transient_failures_are_retried_under_one_key(
+    make_async_client: MakeAsyncClient, sandbox: SandboxServer, faults: list[str]
+) -> None:
+    sandbox.set_faults(Faults(retry_after_seconds=0))
+    sandbox.script(faults)
+    client = make_async_client()
+    async with client.intent("order-r") as op:
+        response = await op.post("/v1/payments", json=PAYMENT)
+    assert response.status_code == 201
+    assert sandbox.store.executions() == {op.key: 1}
+
+
+async def test_a_different_body_for_the_same_intent_is_refused_before_sending(
+    make_async_client: MakeAsyncClient, sandbox: SandboxServer
+) -> None:
+    client = make_async_client()
+    await client.post("/v1/payments", json=PAYMENT, reference="order-m")
+    with pytest.raises(payonce.IntentMismatch):
+        await client.post(
+            "/v1/payments", json={"amount": 1, "currency": "eur"}, reference="order-m"
+        )
+    assert sandbox.store.total_executions() == 1
+
+
+async def test_exhausted_ambiguous_retries_end_unknown_and_reconcile_settles_them(
+    make_async_client: MakeAsyncClient, sandbox: SandboxServer
+) -> None:
+    client = make_async_client(retry=payonce.RetryPolicy(max_attempts=1))
+    sandbox.script(["drop_after"])
+    with pytest.raises(payonce.OutcomeUnknown) as caught:
+        await client.post("/v1/payments", json=PAYMENT, reference="order-u")
+
+    (result,) = await client.reconcile("order-u")
+
+    assert (result.outcome, result.after) == ("found", payonce.IntentState.SUCCEEDED)
+    assert sandbox.store.executions() == {caught.value.key: 1}
+    assert [r.key for r in await client.unacknowledged()] == [caught.value.key]
+
+
+async def test_many_concurrent_intents_each_execute_once(
+    make_async_client: MakeAsyncClient, sandbox: SandboxServer
+) -> None:
+    sandbox.set_faults(Faults(seed=3, fail_before_rate=0.1, fail_after_rate=0.1))
+    client = make_async_client()
+    responses = await asyncio.gather(
+        *(client.post("/v1/payments", json=PAYMENT, reference=f"order-{n}") for n in range(64))
+    )
+    assert {r.status_code for r in responses} == {201}
+    assert sandbox.store.total_executions() == 64
+    assert set(sandbox.store.executions().values()) == {1}
+
+
+async def test_two_tasks_on_one_intent_never_send_it_twice(
+    make_sandbox: Callable[..., SandboxServer], make_async_client: MakeAsyncClient
+) -> None:
+    slow = make_sandbox(processing_seconds=0.4)
+    client = make_async_client(base_url=slow.url)
+    first, second = await asyncio.gather(
+        client.post("/v1/payments", json=PAYMENT, reference="order-t"),
+        client.post("/v1/payments", json=PAYMENT, reference="order-t"),
+    )
+    assert first.json()["id"] == second.json()["id"]
+    assert slow.store.total_executions() == 1
+
+
+async def test_resume_finishes_pending_intents(
+    make_client: Callable[..., payonce.Client],
+    make_async_client: MakeAsyncClient,
+    sandbox: SandboxServer,
+    tmp_path: Path,
+) -> None:
+    unreachable = make_client(
+        base_url="http://127.0.0.1:9", retry=payonce.RetryPolicy(max_attempts=1)
+    )
+    with pytest.raises(payonce.ProviderUnavailable):
+        unreachable.post("/v1/payments", json=PAYMENT, reference="order-p")
+
+    (result,) = await make_async_client().resume()
+
+    assert result.state is payonce.IntentState.SUCCEEDED
+    assert sandbox.store.total_executions() == 1
+
+
+class _ThreadRecordingJournal:
+    """Wraps the real journal and notes which thread each call ran on."""
+
+    def __init__(self, journal: payonce.Journal) -> None:
+        self._journal = journal
+        self.threads: set[int] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self._journal, name)
+        if not callable(target):
+            return target
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.threads.add(threading.get_ident())
+            return target(*args, **kwargs)
+
+        return call
+
+
+async def test_journal_writes_never_run_on_the_event_loop_thread(
+    make_async_client: MakeAsyncClient, sandbox: SandboxServer, journal_path: Path
+) -> None:
+    recording = _ThreadRecordingJournal(payonce.SQLiteJournal(journal_path))
+    client = make_async_client(journal=recording)
+    sandbox.script(["fail_after"])
+
+    async with client.intent("order-j") as op:
+        await op.post("/v1/payments", json=PAYMENT)
+
+    assert recording.threads, "the journal was used"
+    assert threading.get_ident() not in recording.threads, "an fsync would block the loop"
+    recording.close()
