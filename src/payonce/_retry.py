@@ -94,6 +94,9 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
 
 
 def classify_response(response: httpx.Response, profile: ProviderProfile) -> Verdict:
+    refined = profile.refine(response)
+    if refined is not None:
+        return refined
     status = response.status_code
     hint = profile.should_retry_hint(response)
     if 200 <= status < 300:

@@ -8,6 +8,7 @@ from typing import Literal
 import attrs
 import httpx
 
+from .._retry import Verdict
 from ..errors import ConfigurationError
 
 __all__ = ["GENERIC", "SANDBOX", "Lookup", "ProviderProfile", "get_profile", "register_profile"]
@@ -33,6 +34,14 @@ class Lookup:
 
 def _no_hint(response: httpx.Response) -> bool | None:
     return None
+
+
+def _no_verdict(response: httpx.Response) -> Verdict | None:
+    return None
+
+
+def _body_as_is(body: bytes, content_type: str | None, key: str) -> bytes:
+    return body
 
 
 @attrs.frozen
@@ -64,6 +73,13 @@ class ProviderProfile:
     lookup: Lookup | None = None
     should_retry_hint: Callable[[httpx.Response], bool | None] = _no_hint
     """A provider's explicit retry hint (Stripe-Should-Retry): True/False wins over status."""
+    refine: Callable[[httpx.Response], Verdict | None] = _no_verdict
+    """A provider-specific verdict that wins over everything else (None: no opinion), e.g.
+    telling a 409 "key in use, retry" from a 409 "key reused with another body"."""
+    prepare_body: Callable[[bytes, str | None, str], bytes] = _body_as_is
+    """Derive the bytes sent from the journaled body, content type and key, e.g. to tag the
+    key into the object's metadata for reconciliation. Must be deterministic: every
+    attempt sends the same bytes. The fingerprint covers the journaled body only."""
 
     def key_header_value(self, key: str) -> str:
         return f'"{key}"' if self.quote_key else key
