@@ -33,6 +33,8 @@ from .errors import (
     PayonceError,
     ProviderError,
     ProviderUnavailable,
+    WebhookError,
+    WebhookSignatureError,
 )
 
 __all__ = [
@@ -66,6 +68,8 @@ __all__ = [
     "RetryEvent",
     "RetryPolicy",
     "SQLiteJournal",
+    "WebhookError",
+    "WebhookSignatureError",
     "__version__",
     "open_journal",
     "register_profile",

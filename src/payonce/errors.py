@@ -12,6 +12,8 @@ PayonceError
 │   ├── OutcomeUnknown      the provider may or may not have executed it: reconcile
 │   ├── ProviderUnavailable the request provably never reached the provider
 │   └── ProviderError       the provider answered with a definitive refusal (4xx)
+└── WebhookError            a webhook could not be accepted
+    └── WebhookSignatureError  missing, stale, forged or unverifiable signature
 ```
 
 Each message says what happened, to which intent, and what to do next. None of them
@@ -34,6 +36,8 @@ __all__ = [
     "PayonceError",
     "ProviderError",
     "ProviderUnavailable",
+    "WebhookError",
+    "WebhookSignatureError",
 ]
 
 
@@ -138,3 +142,14 @@ class ProviderError(IntentError):
     @property
     def status_code(self) -> int:
         return self.response.status_code
+
+
+class WebhookError(PayonceError):
+    """A webhook delivery could not be accepted; the provider will redeliver it."""
+
+
+class WebhookSignatureError(WebhookError, ValueError):
+    """The delivery's signature is missing, stale, forged, or made with an unknown secret.
+
+    Answer it with 400: never hand an unverified event to a handler.
+    """
