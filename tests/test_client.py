@@ -437,3 +437,13 @@ def test_turning_tls_verification_off_is_explicit_and_logged(
 def test_an_unknown_provider_is_a_configuration_error(sandbox: SandboxServer) -> None:
     with pytest.raises(payonce.ConfigurationError, match="known profiles"):
         payonce.Client(base_url=sandbox.url, provider="nope", api_key=DEFAULT_API_KEY)
+
+
+def test_credentials_in_the_base_url_are_refused_before_anything_is_stored(
+    journal_path: Path,
+) -> None:
+    with pytest.raises(payonce.ConfigurationError, match="must not carry credentials"):
+        payonce.Client(
+            base_url="http://sk_live_x:pw@127.0.0.1:1", api_key="k", journal=journal_path
+        )
+    assert not journal_path.exists()

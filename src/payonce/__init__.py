@@ -15,6 +15,7 @@ from ._journal import (
     JournalReport,
     ReconciliationRecord,
     SQLiteJournal,
+    default_journal_path,
     open_journal,
 )
 from ._providers import Lookup, ProviderProfile, register_profile
@@ -71,6 +72,7 @@ __all__ = [
     "WebhookError",
     "WebhookSignatureError",
     "__version__",
+    "default_journal_path",
     "open_journal",
     "register_profile",
     "response_info",

@@ -38,7 +38,7 @@ from ._journal import IntentDraft, IntentRecord, Journal, open_journal
 from ._providers import ProviderProfile, get_profile
 from ._reconcile import ReconcileResult
 from ._retry import RetryPolicy
-from .errors import IntentStateError, PayonceError
+from .errors import ConfigurationError, IntentStateError, PayonceError
 
 __all__ = ["Client", "Operation"]
 
@@ -198,6 +198,10 @@ class _BaseClient:
         on_retry: Callable[[RetryEvent], None] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        if httpx.URL(base_url).userinfo:
+            raise ConfigurationError(
+                "base_url must not carry credentials (user:password@): pass api_key= instead"
+            )
         profile = get_profile(provider)
         new_key(key_format)  # validates the format before anything is opened
         secret = resolve_api_key(

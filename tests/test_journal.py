@@ -1,0 +1,703 @@
+"""The SQLite journal on real files: durable before sending, never damaging what it finds.
+
+No mocks: every journal here is a real SQLite file, every "other process" a real one, and
+every provider the real sandbox on loopback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import random
+import shutil
+import sqlite3
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import payonce
+from payonce._intent import canonical_request, make_scope
+from payonce._journal import SCHEMA_VERSION, ClaimKind, IntentDraft, StoredResponse
+from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
+
+PAYMENT = {"amount": 4200, "currency": "eur"}
+DATA = Path(__file__).parent / "data"
+
+SQLITE_SYNCHRONOUS_FULL = 2
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def draft_for(number: int, *, account: str = "acct_demo", padding: int = 0) -> IntentDraft:
+    """The draft a client would journal for payment number ``number``."""
+    body: dict[str, Any] = {"amount": 1000 + number, "currency": "eur"}
+    if padding:
+        body["metadata"] = {"note": "x" * padding}
+    canonical = canonical_request("POST", "/v1/payments", json_body=body)
+    return IntentDraft(
+        key=f"key-{number:05d}",
+        key_supplied=False,
+        scope=make_scope(account, "POST", "/v1/payments"),
+        reference=f"order-{number:05d}",
+        account=account,
+        provider="sandbox",
+        method="POST",
+        url="http://127.0.0.1:9/v1/payments",
+        fingerprint=canonical.fingerprint,
+        request_headers=(("content-type", "application/json"),),
+        body=canonical.body,
+    )
+
+
+def write_real_journal(path: Path, *, intents: int) -> None:
+    """A journal as payonce itself leaves it: intents claimed, answered and settled."""
+    with payonce.SQLiteJournal(path) as journal:
+        for number in range(intents):
+            claim = journal.claim(
+                draft_for(number, padding=250),
+                owner="writer",
+                now=1000.0 + number,
+                lease_seconds=30,
+            )
+            journal.settle(
+                claim.record.key,
+                owner="writer",
+                now=1000.5 + number,
+                state=payonce.IntentState.SUCCEEDED,
+                response=StoredResponse(
+                    status=201,
+                    headers=(("content-type", "application/json"),),
+                    body=b'{"id":"pay_%05d","status":"succeeded"}' % number,
+                ),
+                attempt=1,
+            )
+
+
+def snapshot(directory: Path) -> dict[str, str | None]:
+    """Every file (by SHA-256) and directory (None) under ``directory``."""
+    found: dict[str, str | None] = {}
+    for entry in sorted(directory.rglob("*")):
+        name = str(entry.relative_to(directory))
+        found[name] = hashlib.sha256(entry.read_bytes()).hexdigest() if entry.is_file() else None
+    return found
+
+
+def read_rows(path: Path, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Read the journal through a connection of its own, as another process would."""
+    with contextlib.closing(sqlite3.connect(path)) as connection:
+        return connection.execute(sql, params).fetchall()
+
+
+def sandbox_client(sandbox: SandboxServer, journal: Any, **overrides: Any) -> payonce.Client:
+    options: dict[str, Any] = {
+        "base_url": sandbox.url,
+        "provider": "sandbox",
+        "account": "acct_demo",
+        "api_key": DEFAULT_API_KEY,
+        "journal": journal,
+        "retry": payonce.RetryPolicy(initial_wait=0.001, max_wait=0.01, max_attempts=5),
+        "timeout": 5.0,
+    }
+    options.update(overrides)
+    return payonce.Client(**options)
+
+
+# -- a new journal ---------------------------------------------------------------------------
+
+
+def test_a_new_journal_file_and_its_wal_files_are_readable_by_the_owner_only(
+    journal_path: Path,
+) -> None:
+    with payonce.SQLiteJournal(journal_path) as journal:
+        journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
+        for suffix in ("", "-wal", "-shm"):
+            mode = stat.S_IMODE(os.stat(f"{journal_path}{suffix}").st_mode)
+            assert mode == 0o600, f"{journal_path.name}{suffix} has mode {oct(mode)}"
+
+
+@pytest.fixture
+def shared_directory() -> Iterator[Path]:
+    """A directory every local user may enter (pytest's own tmp dirs are root-only)."""
+    directory = Path(tempfile.mkdtemp(prefix="payonce-journal-"))
+    directory.chmod(0o755)
+    yield directory
+    shutil.rmtree(directory)
+
+
+def test_another_local_user_can_read_neither_the_journal_nor_its_wal_files(
+    shared_directory: Path,
+) -> None:
+    """Checked as ``nobody``: root reads any file whatever its mode."""
+    path = shared_directory / "journal.db"
+    control = shared_directory / "notes.txt"
+    control.write_text("world-readable\n")
+    control.chmod(0o644)
+
+    def readable_by_nobody(target: Path) -> bool:
+        done = subprocess.run(["cat", str(target)], user="nobody", capture_output=True, check=False)
+        return done.returncode == 0
+
+    assert readable_by_nobody(control), (
+        "the control file must be readable: else this proves nothing"
+    )
+    with payonce.SQLiteJournal(path) as journal:
+        journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
+        for suffix in ("", "-wal", "-shm"):
+            assert not readable_by_nobody(Path(f"{path}{suffix}")), f"journal.db{suffix}"
+
+
+def test_the_default_journal_directory_is_created_private(tmp_path: Path) -> None:
+    """Only the default location's directory is created on demand, and only for its owner."""
+    journal = payonce.open_journal()
+    try:
+        location = Path(journal.location)
+        assert location.is_relative_to(tmp_path / "home"), "must honour the isolated XDG dirs"
+        assert stat.S_IMODE(location.parent.stat().st_mode) == 0o700
+        assert stat.S_IMODE(location.stat().st_mode) == 0o600
+    finally:
+        journal.close()
+
+
+def test_the_journal_runs_in_wal_mode(journal_path: Path) -> None:
+    with payonce.SQLiteJournal(journal_path) as journal:
+        (own,) = journal._conn.execute("PRAGMA journal_mode").fetchone()
+        assert own == "wal"
+        # WAL is a property of the file: any other process opening it sees it too.
+        assert read_rows(journal_path, "PRAGMA journal_mode") == [("wal",)]
+
+
+def test_write_ahead_records_commit_with_synchronous_full(journal_path: Path) -> None:
+    """The claim and every later attempt start are fsynced, even right after a lighter write."""
+    with payonce.SQLiteJournal(journal_path) as journal:
+        first = journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
+        assert journal._conn.execute("PRAGMA synchronous").fetchone() == (SQLITE_SYNCHRONOUS_FULL,)
+
+        journal.end_attempt(
+            first.record.key, 1, owner="w", now=1001.0, status_code=503, error=None, ambiguous=True
+        )
+        journal.start_attempt(first.record.key, owner="w", now=1002.0, lease_seconds=30)
+        assert journal._conn.execute("PRAGMA synchronous").fetchone() == (SQLITE_SYNCHRONOUS_FULL,)
+
+        journal.end_attempt(
+            first.record.key, 2, owner="w", now=1003.0, status_code=503, error=None, ambiguous=True
+        )
+        journal.claim(draft_for(2), owner="w", now=1004.0, lease_seconds=30)
+        assert journal._conn.execute("PRAGMA synchronous").fetchone() == (SQLITE_SYNCHRONOUS_FULL,)
+
+
+# -- write-ahead -----------------------------------------------------------------------------
+
+
+def test_a_created_intent_is_already_pending_with_attempt_one_started_for_other_readers(
+    journal_path: Path,
+) -> None:
+    with payonce.SQLiteJournal(journal_path) as journal:
+        claim = journal.claim(draft_for(7), owner="worker-1", now=1000.0, lease_seconds=30)
+        assert claim.kind is ClaimKind.CREATED
+        assert claim.attempt_number == 1
+
+        # Another connection, as a crashed process's successor would see the file.
+        assert read_rows(
+            journal_path,
+            "SELECT state, reference, lease_owner, first_sent_at FROM intents WHERE key = ?",
+            ("key-00007",),
+        ) == [("pending", "order-00007", "worker-1", 1000.0)]
+        assert read_rows(
+            journal_path,
+            "SELECT number, started_at, ended_at FROM attempts WHERE key = ?",
+            ("key-00007",),
+        ) == [(1, 1000.0, None)]
+
+        # And a second payonce journal on the same file.
+        with payonce.SQLiteJournal(journal_path) as other:
+            record = other.get("key-00007")
+            assert record is not None
+            assert record.state is payonce.IntentState.PENDING
+            assert [(a.number, a.in_flight) for a in other.attempts("key-00007")] == [(1, True)]
+
+
+class JournalWitness(httpx.HTTPTransport):
+    """A real HTTP transport that reads the journal, from its own connection, as each
+    request leaves: what it sees is what a crash at that instant would leave behind."""
+
+    def __init__(self, journal_path: Path) -> None:
+        super().__init__()
+        self.journal_path = journal_path
+        self.seen: list[tuple[str, list[tuple[Any, ...]], list[tuple[Any, ...]]]] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        key = request.headers["Idempotency-Key"]
+        intent = read_rows(self.journal_path, "SELECT state FROM intents WHERE key = ?", (key,))
+        attempts = read_rows(
+            self.journal_path,
+            "SELECT number, ended_at IS NULL FROM attempts WHERE key = ? ORDER BY number",
+            (key,),
+        )
+        self.seen.append((key, intent, attempts))
+        return super().handle_request(request)
+
+
+def test_every_attempt_is_journaled_before_its_request_leaves(
+    sandbox: SandboxServer, journal_path: Path
+) -> None:
+    witness = JournalWitness(journal_path)
+    sandbox.script(["fail_before"])  # a 503 first, so there is a second attempt to watch
+    with sandbox_client(sandbox, journal_path, transport=witness) as client:
+        response = client.post("/v1/payments", json=PAYMENT, reference="order-wa")
+    assert response.status_code == 201
+    key = response.json()["idempotency_key"]
+
+    assert witness.seen == [
+        (key, [("pending",)], [(1, True)]),
+        (key, [("pending",)], [(1, False), (2, True)]),
+    ]
+
+
+# -- journals payonce must refuse, untouched -------------------------------------------------
+
+
+def _damaged_page(path: Path) -> None:
+    """A real journal of ~40 pages whose fullest table leaf page is overwritten mid-page."""
+    write_real_journal(path, intents=200)
+    data = bytearray(path.read_bytes())
+    page_size = int.from_bytes(data[16:18], "big")
+    assert len(data) // page_size > 10, "the journal must span several pages"
+
+    def cells(page: int) -> int:
+        header = page * page_size + (100 if page == 0 else 0)
+        is_table_leaf = data[header] == 0x0D
+        return int.from_bytes(data[header + 3 : header + 5], "big") if is_table_leaf else -1
+
+    page = max(range(1, len(data) // page_size), key=cells)
+    assert cells(page) > 5
+    start = page * page_size
+    data[start + page_size // 4 : start + 3 * page_size // 4] = b"\xa5" * (page_size // 2)
+    path.write_bytes(bytes(data))
+
+
+def _truncated(path: Path) -> None:
+    write_real_journal(path, intents=200)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _random_bytes(path: Path) -> None:
+    path.write_bytes(random.Random(7).randbytes(8192))
+
+
+def _text_file(path: Path) -> None:
+    path.write_text("payments to make on monday:\n- cmd_9182 42.00 EUR\n")
+
+
+def _foreign_database(path: Path) -> None:
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)")
+        db.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, customer INTEGER, total REAL)")
+        db.execute("INSERT INTO customers (name) VALUES ('Ada'), ('Grace')")
+
+
+def _newer_schema(path: Path) -> None:
+    write_real_journal(path, intents=3)
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.execute("UPDATE payonce_meta SET value = '99' WHERE name = 'schema_version'")
+
+
+def _missing_directory(path: Path) -> None:
+    pass  # the journal path is under a directory that does not exist
+
+
+UNUSABLE = [
+    pytest.param(_damaged_page, "journal.db", r"restore it from a backup", id="damaged-page"),
+    pytest.param(_truncated, "journal.db", r"restore it from a backup", id="truncated"),
+    pytest.param(_random_bytes, "journal.db", r"move it away", id="random-bytes"),
+    pytest.param(_text_file, "journal.db", r"move it away", id="text-file"),
+    pytest.param(_foreign_database, "journal.db", r"choose another journal path", id="foreign-db"),
+    pytest.param(_newer_schema, "journal.db", r"schema 99.*upgrade payonce", id="newer-schema"),
+    pytest.param(_missing_directory, "no-such-dir/journal.db", r"create it", id="missing-dir"),
+]
+
+
+@pytest.mark.parametrize(("make", "name", "hint"), UNUSABLE)
+def test_an_unusable_journal_raises_journal_error_and_is_left_exactly_as_found(
+    tmp_path: Path, make: Callable[[Path], None], name: str, hint: str
+) -> None:
+    path = tmp_path / "journals" / name
+    (tmp_path / "journals").mkdir()
+    make(path)
+    before = snapshot(tmp_path / "journals")
+
+    with pytest.raises(payonce.JournalError, match=hint) as caught:
+        payonce.SQLiteJournal(path)
+
+    assert str(path) in str(caught.value)
+    assert caught.value.location == str(path)
+    assert not isinstance(caught.value, payonce.JournalBusy)
+    # Same bytes, no -wal/-shm/-journal left behind, no directory or file created.
+    assert snapshot(tmp_path / "journals") == before
+
+
+@pytest.mark.parametrize(("make", "name", "hint"), UNUSABLE)
+def test_a_client_on_an_unusable_journal_sends_nothing(
+    tmp_path: Path,
+    sandbox: SandboxServer,
+    make: Callable[[Path], None],
+    name: str,
+    hint: str,
+) -> None:
+    path = tmp_path / "journals" / name
+    (tmp_path / "journals").mkdir()
+    make(path)
+    before = snapshot(tmp_path / "journals")
+
+    with pytest.raises(payonce.JournalError, match=hint) as caught:
+        sandbox_client(sandbox, path)
+
+    assert str(path) in str(caught.value)
+    assert sandbox.store.total_executions() == 0
+    assert snapshot(tmp_path / "journals") == before
+
+
+def test_a_journal_directory_from_the_environment_is_not_created_either(
+    tmp_path: Path, sandbox: SandboxServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the built-in default location is created on demand; a configured one is a typo."""
+    path = tmp_path / "typo-dir" / "journal.db"
+    monkeypatch.setenv("PAYONCE_JOURNAL", str(path))
+    with pytest.raises(payonce.JournalError, match="create it") as caught:
+        sandbox_client(sandbox, None)
+    assert str(path) in str(caught.value)
+    assert not path.parent.exists()
+    assert sandbox.store.total_executions() == 0
+
+
+# -- a journal written by schema version 1 ---------------------------------------------------
+
+V1_SUCCEEDED_KEY = "01JGFJJZ0000000000000000A1"
+V1_PENDING_KEY = "01JGFJJZ0000000000000000B2"
+V1_RESPONSE_BODY = (
+    b'{"id":"pay_v1fixture00000000000001","object":"payment","account":"acct_demo",'
+    b'"amount":4200,"currency":"eur","reference":null,"status":"succeeded",'
+    b'"description":"caf\xc3\xa9 \xe2\x82\xac","metadata":{}}\n'
+)
+
+
+@pytest.fixture
+def v1_journal(journal_path: Path) -> Path:
+    """A journal file built by running tests/data/journal_v1.sql with sqlite3."""
+    script = (DATA / "journal_v1.sql").read_text(encoding="utf-8")
+    with contextlib.closing(sqlite3.connect(journal_path)) as db:
+        db.executescript(script)
+    return journal_path
+
+
+def _schema_of(path: Path) -> dict[str, Any]:
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        objects = db.execute(
+            "SELECT type, name, tbl_name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"
+            " ORDER BY type, name"
+        ).fetchall()
+        tables = [name for kind, name, _ in objects if kind == "table"]
+        columns = {t: db.execute(f"PRAGMA table_info({t})").fetchall() for t in tables}
+    return {"objects": objects, "columns": columns}
+
+
+def test_a_version_1_journal_migrates_to_the_current_schema_on_open(
+    v1_journal: Path, tmp_path: Path
+) -> None:
+    assert read_rows(v1_journal, "SELECT value FROM payonce_meta WHERE name='schema_version'") == [
+        ("1",)
+    ]
+    payonce.SQLiteJournal(v1_journal).close()
+
+    meta = dict(read_rows(v1_journal, "SELECT name, value FROM payonce_meta"))
+    assert meta["application"] == "payonce"
+    assert meta["schema_version"] == str(SCHEMA_VERSION)
+    assert meta["migrated_by"] == payonce.__version__
+
+    # Migrated, it has exactly the tables, columns and indexes of a journal made today.
+    fresh = tmp_path / "fresh.db"
+    payonce.SQLiteJournal(fresh).close()
+    assert _schema_of(v1_journal) == _schema_of(fresh)
+
+    # Opening it again is a no-op: nothing migrates twice, no row is lost.
+    payonce.SQLiteJournal(v1_journal).close()
+    assert read_rows(v1_journal, "SELECT count(*) FROM intents") == [(2,)]
+    assert read_rows(v1_journal, "SELECT count(*) FROM attempts") == [(3,)]
+
+
+def test_rows_written_by_version_1_read_back_intact(v1_journal: Path) -> None:
+    with payonce.SQLiteJournal(v1_journal) as journal:
+        succeeded = journal.get(V1_SUCCEEDED_KEY)
+        assert succeeded is not None
+        assert succeeded.state is payonce.IntentState.SUCCEEDED
+        assert succeeded.reference == "order-v1-0001"
+        assert succeeded.scope == "acct_demo POST /v1/payments"
+        assert succeeded.body == b'{"amount":4200,"currency":"eur"}'
+        assert succeeded.request_headers == (("content-type", "application/json"),)
+        assert succeeded.attempt_count == 2
+        assert succeeded.unknown_reason is None
+        assert succeeded.acknowledged_at is None
+        stored = succeeded.response
+        assert stored is not None
+        assert stored.status == 201
+        assert stored.headers == (
+            ("content-type", "application/json"),
+            ("request-id", "req_v1fixture"),
+        )
+        assert stored.body == V1_RESPONSE_BODY
+        assert stored.body_stored is True
+        assert stored.stored_by is None
+        assert stored.schema_version == 1
+        assert [
+            (a.number, a.status_code, a.in_flight) for a in journal.attempts(succeeded.key)
+        ] == [
+            (1, 503, False),
+            (2, 201, False),
+        ]
+
+        pending = journal.get(V1_PENDING_KEY)
+        assert pending is not None
+        assert pending.state is payonce.IntentState.PENDING
+        assert pending.response is None
+        assert [(a.number, a.in_flight, a.ambiguous) for a in journal.attempts(pending.key)] == [
+            (1, True, None)
+        ]
+        assert [r.key for r in journal.list_intents(states=["pending"])] == [V1_PENDING_KEY]
+        assert [r.key for r in journal.find("order-v1-0001")] == [V1_SUCCEEDED_KEY]
+
+
+class CountingTransport(httpx.HTTPTransport):
+    """A real HTTP transport that counts what it sends."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[httpx.Request] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.sent.append(request)
+        return super().handle_request(request)
+
+
+def test_a_client_replays_a_version_1_stored_response_byte_for_byte_without_the_network(
+    v1_journal: Path, sandbox: SandboxServer
+) -> None:
+    # As if that old payonce had talked to this very sandbox: a wrongful resend would
+    # reach it and be counted.
+    with contextlib.closing(sqlite3.connect(v1_journal)) as db, db:
+        db.execute("UPDATE intents SET url = ?", (f"{sandbox.url}/v1/payments",))
+    transport = CountingTransport()
+
+    with sandbox_client(sandbox, v1_journal, transport=transport) as client:
+        response = client.post("/v1/payments", json=PAYMENT, reference="order-v1-0001")
+
+    info = payonce.response_info(response)
+    assert info is not None
+    assert info.replayed is True
+    assert info.key == V1_SUCCEEDED_KEY
+    assert info.attempts == 2
+    assert response.status_code == 201
+    assert response.content == V1_RESPONSE_BODY
+    assert response.json()["description"] == "café €"
+    assert response.headers["request-id"] == "req_v1fixture"
+    assert transport.sent == []
+    assert sandbox.store.total_executions() == 0
+
+
+# -- a journal held locked by another process ------------------------------------------------
+
+_LOCKER = """
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN EXCLUSIVE")
+print("locked", flush=True)
+sys.stdin.readline()
+db.execute("ROLLBACK")
+db.close()
+"""
+
+
+@contextlib.contextmanager
+def held_exclusively(path: Path) -> Iterator[None]:
+    """Another process holds the journal with BEGIN EXCLUSIVE until the block ends."""
+    locker = subprocess.Popen(
+        [sys.executable, "-c", _LOCKER, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert locker.stdout is not None
+        assert locker.stdout.readline() == "locked\n"
+        yield
+    finally:
+        assert locker.stdin is not None
+        with contextlib.suppress(BrokenPipeError):
+            locker.stdin.write("go\n")
+            locker.stdin.close()
+        try:
+            locker.wait(timeout=30)
+        finally:
+            if locker.poll() is None:
+                locker.kill()
+                locker.wait()
+            if locker.stdout is not None:
+                locker.stdout.close()
+    assert locker.returncode == 0
+
+
+def test_a_post_on_a_journal_locked_by_another_process_raises_busy_and_sends_nothing(
+    sandbox: SandboxServer, journal_path: Path
+) -> None:
+    journal = payonce.SQLiteJournal(journal_path, busy_timeout=0.2)
+    with sandbox_client(sandbox, journal) as client:
+        with held_exclusively(journal_path), pytest.raises(payonce.JournalBusy) as caught:
+            client.post("/v1/payments", json=PAYMENT, reference="order-locked")
+        assert str(journal_path) in str(caught.value)
+        assert "nothing was sent" in str(caught.value)
+        assert sandbox.store.total_executions() == 0
+        assert journal.list_intents() == []
+
+        # The lock gone, the same call goes through once.
+        response = client.post("/v1/payments", json=PAYMENT, reference="order-locked")
+        assert response.status_code == 201
+    journal.close()
+    assert sandbox.store.total_executions() == 1
+
+
+def test_a_pending_intent_is_unchanged_by_a_post_that_found_the_journal_locked(
+    sandbox: SandboxServer, journal_path: Path
+) -> None:
+    journal = payonce.SQLiteJournal(journal_path, busy_timeout=0.2)
+    with sandbox_client(sandbox, journal, retry=payonce.RetryPolicy(max_attempts=1)) as client:
+        sandbox.script(["rate_limit"])  # a 429: provably not executed, the intent stays pending
+        with pytest.raises(payonce.ProviderUnavailable) as unavailable:
+            client.post("/v1/payments", json=PAYMENT, reference="order-pending")
+        key = unavailable.value.key
+        assert key is not None
+        before = (journal.get(key), journal.attempts(key))
+        assert before[0] is not None
+        assert before[0].state is payonce.IntentState.PENDING
+
+        with held_exclusively(journal_path), pytest.raises(payonce.JournalBusy):
+            client.post("/v1/payments", json=PAYMENT, reference="order-pending")
+
+        assert (journal.get(key), journal.attempts(key)) == before
+        assert len(journal.list_intents()) == 1
+        assert sandbox.store.total_executions() == 0
+    journal.close()
+
+
+def test_opening_a_journal_another_process_holds_locked_raises_busy_and_changes_nothing(
+    tmp_path: Path, sandbox: SandboxServer
+) -> None:
+    directory = tmp_path / "journals"
+    directory.mkdir()
+    path = directory / "journal.db"
+    write_real_journal(path, intents=3)
+    before = snapshot(directory)
+
+    with held_exclusively(path):
+        with pytest.raises(payonce.JournalBusy) as caught:
+            payonce.SQLiteJournal(path, busy_timeout=0.2)
+        assert str(path) in str(caught.value)
+        with pytest.raises(payonce.JournalBusy):
+            payonce.open_journal(path, busy_timeout=0.2)
+
+    assert snapshot(directory) == before
+    assert sandbox.store.total_executions() == 0
+    with payonce.SQLiteJournal(path) as journal:
+        assert len(journal.list_intents()) == 3
+
+
+def test_a_journal_locked_right_after_the_request_left_does_not_say_nothing_was_sent(
+    sandbox: SandboxServer, journal_path: Path
+) -> None:
+    """The provider executed the payment, then the journal could not record its answer.
+
+    The intent stays pending with its attempt in flight, and a later call settles it
+    without a second execution; but the error must not tell the caller "nothing was
+    sent": that is exactly the belief that makes a caller retry under a new reference.
+    """
+    later = contextlib.ExitStack()
+
+    class LockedAfterSending(httpx.HTTPTransport):
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            response = super().handle_request(request)
+            response.read()
+            later.enter_context(held_exclusively(journal_path))
+            return response
+
+    now = [1_000_000.0]
+    journal = payonce.SQLiteJournal(journal_path, busy_timeout=0.2)
+    try:
+        with (
+            sandbox_client(
+                sandbox, journal, transport=LockedAfterSending(), clock=lambda: now[0]
+            ) as client,
+            later,
+            pytest.raises(payonce.JournalBusy) as caught,
+        ):
+            client.post("/v1/payments", json=PAYMENT, reference="order-late-lock")
+        assert sandbox.store.total_executions() == 1
+
+        (record,) = journal.list_intents()
+        assert record.state is payonce.IntentState.PENDING
+        assert [a.in_flight for a in journal.attempts(record.key)] == [True]
+
+        now[0] += 3600  # past the dead worker's lease, well inside the key's lifetime
+        with sandbox_client(sandbox, journal, clock=lambda: now[0]) as client:
+            again = client.post("/v1/payments", json=PAYMENT, reference="order-late-lock")
+        assert again.status_code == 201
+        assert sandbox.store.total_executions() == 1
+    finally:
+        journal.close()
+
+    message = str(caught.value)
+    assert str(journal_path) in message
+    assert "nothing was sent" not in message, message
+
+
+# -- concurrency -----------------------------------------------------------------------------
+
+
+def test_four_threads_sending_twenty_five_intents_each_execute_each_exactly_once(
+    sandbox: SandboxServer, journal_path: Path
+) -> None:
+    start = threading.Barrier(4)
+
+    def worker(thread: int) -> list[int]:
+        start.wait()
+        statuses = []
+        for n in range(25):
+            response = client.post(
+                "/v1/payments",
+                json={"amount": 100 + n, "currency": "eur"},
+                reference=f"order-t{thread}-{n:02d}",
+            )
+            statuses.append(response.status_code)
+        return statuses
+
+    with sandbox_client(sandbox, journal_path) as client:
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            results = list(pool.map(worker, range(4)))
+        intents = client.journal.list_intents()
+
+    assert [status for statuses in results for status in statuses] == [201] * 100
+    assert sandbox.store.total_executions() == 100
+    assert len(intents) == 100
+    assert {i.state for i in intents} == {payonce.IntentState.SUCCEEDED}
+    assert {i.reference for i in intents} == {
+        f"order-t{t}-{n:02d}" for t in range(4) for n in range(25)
+    }
+    assert sandbox.store.executions() == {i.key: 1 for i in intents}
