@@ -494,3 +494,266 @@ def test_module_entry_point(tmp_path: Path) -> None:
     assert process.returncode == 0, stderr
     assert stdout == f"payonce sandbox listening on {url}\n"
     assert "Traceback" not in stderr
+
+
+# -- switches that make the sandbox answer like a real provider -----------------------------
+
+
+@pytest.fixture
+def start() -> Iterator[Any]:
+    servers: list[SandboxServer] = []
+
+    def make(config: SandboxConfig) -> SandboxServer:
+        server = SandboxServer(config).start()
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+def _form(http: httpx.Client, key: str, body: str, **headers: str) -> httpx.Response:
+    headers = {
+        "Idempotency-Key": key,
+        "Content-Type": "application/x-www-form-urlencoded",
+    } | headers
+    return http.post("/v1/payments", content=body.encode(), headers=headers)
+
+
+def test_form_bodies_with_metadata_brackets_when_switched_on(start: Any) -> None:
+    server = start(SandboxConfig(form_bodies=True))
+    key = _key()
+    body = "amount=1250&currency=EUR&reference=order-1&metadata%5Bcart%5D=42&metadata[x]=y"
+    with _client(server.url) as http:
+        paid = _form(http, key, body)
+        # The same parameters as JSON are the same request: a replay, not a mismatch.
+        as_json = _pay(http, key, 1250, reference="order-1", metadata={"cart": "42", "x": "y"})
+
+    assert paid.status_code == 201
+    assert (paid.json()["amount"], paid.json()["metadata"]) == (1250, {"cart": "42", "x": "y"})
+    assert as_json.headers["Idempotent-Replayed"] == "true"
+    assert server.store.executions() == {key: 1}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "amount=12.5&currency=EUR",
+        "amount=%C2%B2&currency=EUR",  # a digit, but not an ASCII one
+        "amount=1&amount=2&currency=EUR",
+        "amount=1&currency=EUR&metadata=x&metadata[a]=b",
+        "amount=1&currency=EUR&metadata[a]=b&metadata[a]=c",
+        "amount=1&currency=EUR&nickname=x",
+        "amount=1&currency=EUR&&",
+        "amount=%FF&currency=EUR",
+    ],
+)
+def test_invalid_form_bodies_record_nothing(start: Any, body: str) -> None:
+    server = start(SandboxConfig(form_bodies=True))
+    with _client(server.url) as http:
+        response = _form(http, _key(), body)
+
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "invalid_request"
+    assert server.store.total_executions() == 0
+
+
+def test_form_bodies_are_refused_by_default(provider: SandboxServer, http: httpx.Client) -> None:
+    response = _form(http, _key(), "amount=1&currency=EUR")
+
+    assert response.status_code == 400
+    assert "JSON" in response.json()["error"]["message"]
+
+
+def test_x_api_key_auth_mode(start: Any) -> None:
+    server = start(SandboxConfig(auth="x-api-key"))
+    key = _key()
+    with httpx.Client(base_url=server.url) as anonymous:
+        paid = _pay(anonymous, key, headers={"X-API-Key": DEFAULT_API_KEY})
+        lookup = anonymous.get(
+            "/v1/payments", params={"idempotency_key": key}, headers={"X-API-Key": DEFAULT_API_KEY}
+        )
+        bearer = _pay(anonymous, _key(), headers={"Authorization": f"Bearer {DEFAULT_API_KEY}"})
+
+    assert paid.status_code == 201
+    assert [p["id"] for p in lookup.json()["data"]] == [paid.json()["id"]]
+    assert bearer.status_code == 401
+    assert "WWW-Authenticate" not in bearer.headers
+    assert server.store.total_executions() == 1
+
+
+def test_a_custom_key_header(start: Any) -> None:
+    server = start(SandboxConfig(key_header="X-Request-Id"))
+    with _client(server.url) as http:
+        missing = _pay(http, _key())  # sent as Idempotency-Key: not the header it reads
+        paid = _pay(http, None, headers={"X-Request-Id": "req-key-1"})
+
+    assert missing.status_code == 400
+    assert "X-Request-Id" in missing.json()["error"]["message"]
+    assert paid.status_code == 201
+    assert server.store.executions() == {"req-key-1": 1}
+
+
+def test_retry_hints_by_status_on_api_routes_only(start: Any) -> None:
+    config = SandboxConfig(
+        retry_hint_header="Stripe-Should-Retry", retry_hints={402: False, 503: True, 400: True}
+    )
+    server = start(config)
+    key = _key()
+    server.script(["fail_before"])
+    with _client(server.url) as http:
+        unavailable = _pay(http, _key())
+        declined = _pay(http, key, 40200)
+        replayed = _pay(http, key, 40200)
+        paid = _pay(http, _key())
+        control = http.post("/_sandbox/script", json={"faults": "not a list"})
+
+    assert unavailable.headers["Stripe-Should-Retry"] == "true"
+    assert declined.headers["Stripe-Should-Retry"] == "false"
+    assert replayed.headers["Stripe-Should-Retry"] == "false"
+    assert "Stripe-Should-Retry" not in paid.headers
+    assert control.status_code == 400
+    assert "Stripe-Should-Retry" not in control.headers
+
+
+def test_no_retry_hint_by_default(provider: SandboxServer, http: httpx.Client) -> None:
+    assert not any("retry" in name.lower() for name in _pay(http, _key(), 40200).headers)
+
+
+def test_the_lock_timeout_fault_answers_409_before_executing(
+    provider: SandboxServer, http: httpx.Client
+) -> None:
+    key = _key()
+    provider.script(["lock_timeout"])
+
+    locked = _pay(http, key)
+    retry = _pay(http, key)
+
+    assert locked.status_code == 409
+    assert locked.json()["error"]["type"] == "lock_timeout"
+    assert retry.status_code == 201
+    assert "Idempotent-Replayed" not in retry.headers
+    assert provider.store.execution_count(key) == 1
+
+
+def _race(server: SandboxServer, key: str, **headers: str) -> list[httpx.Response]:
+    """Two requests with one key at once: one executes, the other finds the key in use."""
+    barrier = threading.Barrier(2)
+
+    def attempt(_: int) -> httpx.Response:
+        with httpx.Client(base_url=server.url, timeout=10) as client:
+            barrier.wait()
+            return _pay(client, key, headers={"Authorization": f"Bearer {DEFAULT_API_KEY}"})
+
+    with ThreadPoolExecutor(2) as pool:
+        return sorted(pool.map(attempt, range(2)), key=lambda r: r.status_code)
+
+
+@pytest.mark.parametrize(("status", "expected"), [(None, 400), (409, 409)])
+def test_stripe_dialect_errors(start: Any, status: int | None, expected: int) -> None:
+    server = start(SandboxConfig(dialect="stripe", mismatch_status=status, processing_seconds=0.3))
+    key = _key()
+    with _client(server.url) as http:
+        assert _pay(http, key, 1000).status_code == 201
+        mismatch = _pay(http, key, 2000)
+        server.script(["lock_timeout", "fail_before", "rate_limit"])
+        locked, unavailable, limited = (_pay(http, _key()) for _ in range(3))
+    in_use = _race(server, _key())[1]
+
+    assert mismatch.status_code == expected
+    error = mismatch.json()["error"]
+    assert error["type"] == "idempotency_error"
+    assert "code" not in error
+    assert error["message"].startswith("Keys for idempotent requests can only be used with")
+    assert key in error["message"]
+    assert locked.status_code == 409
+    assert locked.json()["error"] == {
+        "type": "invalid_request_error",
+        "code": "lock_timeout",
+        "message": "another request is using this payment's objects",
+    }
+    assert in_use.status_code == 409
+    assert in_use.json()["error"]["code"] == "idempotency_key_in_use"
+    assert "in-progress" in in_use.json()["error"]["message"]
+    assert unavailable.json()["error"]["type"] == "api_error"
+    assert limited.json()["error"]["code"] == "rate_limit"
+    assert server.store.total_executions() == 2
+
+
+def test_adyen_dialect_answers_with_result_codes_and_error_codes(start: Any) -> None:
+    server = start(SandboxConfig(dialect="adyen", processing_seconds=0.3))
+    key = _key()
+    with _client(server.url) as http:
+        authorised = _pay(http, _key(), reference="order-1")
+        refused = _pay(http, key, 40200, reference="order-2")
+        replayed = _pay(http, key, 40200, reference="order-2")
+        invalid = http.post("/v1/payments", json={"amount": 1}, headers={"Idempotency-Key": key})
+    with httpx.Client(base_url=server.url) as anonymous:
+        unauthorised = _pay(anonymous, _key())
+    in_use = _race(server, _key())[1]
+
+    assert (authorised.status_code, authorised.json()["resultCode"]) == (200, "Authorised")
+    assert authorised.json()["pspReference"] == authorised.json()["id"]
+    assert authorised.json()["merchantReference"] == "order-1"
+    assert (refused.status_code, refused.json()["resultCode"]) == (200, "Refused")
+    assert replayed.content == refused.content
+    assert replayed.headers["Idempotent-Replayed"] == "true"
+    assert invalid.status_code == 400
+    assert invalid.json() == {
+        "status": 400,
+        "errorCode": "invalid_request",
+        "message": "currency must be a 3-letter code",
+        "errorType": "validation",
+    }
+    assert (unauthorised.status_code, unauthorised.json()["errorType"]) == (401, "security")
+    assert in_use.status_code == 409
+    assert in_use.json()["errorCode"] == "704"
+    assert in_use.json()["message"] == "request already processed or in progress"
+    assert server.store.total_executions() == 3
+
+
+def test_metadata_search(provider: SandboxServer, http: httpx.Client) -> None:
+    tagged = _pay(http, _key(), metadata={"payonce_idempotency_key": "k'1\\x", "cart": "9"}).json()
+    _pay(http, _key(), metadata={"payonce_idempotency_key": "k2"})
+
+    def search(query: str, client: httpx.Client = http) -> httpx.Response:
+        return client.get("/v1/payments/search", params={"query": query})
+
+    found = search("metadata['payonce_idempotency_key']:'k\\'1\\\\x'")
+    with _client(provider.url, OTHER_API_KEY) as other:
+        elsewhere = search("metadata['cart']:'9'", other)
+
+    assert found.status_code == 200
+    assert found.json() == {
+        "object": "search_result",
+        "data": [tagged],
+        "has_more": False,
+        "url": "/v1/payments/search",
+    }
+    assert search("metadata['cart']:'9'").json()["data"] == [tagged]
+    assert search("metadata['cart']:'10'").json()["data"] == []
+    assert elsewhere.json()["data"] == []
+    for bad in ["", "status:'succeeded'", "metadata['cart']:9", "metadata['cart']:'9' AND x"]:
+        assert search(bad).status_code == 400
+    with httpx.Client(base_url=provider.url) as anonymous:
+        assert anonymous.get("/v1/payments/search").status_code == 401
+
+
+def test_provider_presets() -> None:
+    stripe = SandboxConfig.like("stripe", processing_seconds=1.0)
+    adyen = SandboxConfig.like("adyen")
+    mollie = SandboxConfig.like("mollie")
+
+    assert (stripe.dialect, stripe.form_bodies, stripe.key_lifetime) == ("stripe", True, DAY)
+    assert stripe.retry_hint_header == "Stripe-Should-Retry"
+    assert stripe.retry_hints == {402: False, 409: True, 503: True}
+    assert stripe.processing_seconds == 1.0
+    assert (adyen.dialect, adyen.auth, adyen.key_lifetime) == ("adyen", "x-api-key", 31 * DAY)
+    assert (mollie.dialect, mollie.key_lifetime) == ("sandbox", 3600.0)
+    with pytest.raises(ValueError, match="no preset for 'paypal'"):
+        SandboxConfig.like("paypal")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="4xx"):
+        SandboxConfig(mismatch_status=200)
+    with pytest.raises(ValueError, match="dialect"):
+        SandboxConfig(dialect="paypal")  # type: ignore[arg-type]

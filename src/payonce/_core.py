@@ -524,7 +524,9 @@ class IntentCore:
     def _deliver(self, record: IntentRecord, response: httpx.Response) -> httpx.Response:
         if record.state is IntentState.SUCCEEDED:
             return response
-        if response.status_code in self.profile.mismatch_statuses:
+        # The profile's verdict, not the bare status: Stripe's mismatch is a 400 that only
+        # its body tells apart, and a Mollie or Adyen 422 is a validation error.
+        if classify_response(response, self.profile).outcome is Outcome.MISMATCH:
             raise IntentMismatch(
                 f"the provider refused intent {record.key}{_ref(record.reference)}: it holds "
                 f"this key for a different request (HTTP {response.status_code}). Use a new "

@@ -89,7 +89,7 @@ def lookup_request(
     return client.build_request(
         "GET",
         core.base_url + lookup.path,
-        params={lookup.param: value},
+        params=lookup.params(value),
         headers=core.auth_headers(),
     )
 

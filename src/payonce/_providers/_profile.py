@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 import httpx
@@ -11,15 +12,27 @@ import httpx
 from .._retry import Verdict
 from ..errors import ConfigurationError
 
-__all__ = ["GENERIC", "SANDBOX", "Lookup", "ProviderProfile", "get_profile", "register_profile"]
+__all__ = [
+    "GENERIC",
+    "SANDBOX",
+    "Lookup",
+    "ProviderProfile",
+    "get_profile",
+    "json_object",
+    "register_profile",
+]
+
+
+def _value_as_is(value: str) -> str:
+    return value
 
 
 @attrs.frozen
 class Lookup:
     """How to ask the provider whether it executed an intent (used by reconciliation).
 
-    ``GET {path}?{param}=<key or reference>`` answers a list of matching objects under
-    ``list_field``; an empty list means the provider has no record.
+    ``GET {path}?{param}=<format_value(key or reference)>`` answers a list of matching
+    objects under ``list_field``; an empty list means the provider has no record.
     """
 
     path: str
@@ -30,6 +43,22 @@ class Lookup:
     succeeded: frozenset[str] = frozenset({"succeeded", "paid", "authorised", "authorized"})
     failed: frozenset[str] = frozenset({"failed", "declined", "refused", "canceled"})
     """Values of ``status_field`` that settle the intent; any other leaves it unknown."""
+    format_value: Callable[[str], str] = _value_as_is
+    """Turns the key or reference into the query value, e.g. a search expression such as
+    Stripe's ``metadata['payonce_idempotency_key']:'KEY'``."""
+
+    def params(self, value: str) -> dict[str, str]:
+        """The query parameters that look up the intent whose key or reference is ``value``."""
+        return {self.param: self.format_value(value)}
+
+
+def json_object(response: httpx.Response) -> dict[str, Any] | None:
+    """The response body as a JSON object, or None when it is anything else."""
+    try:
+        data = json.loads(response.content)
+    except (ValueError, httpx.ResponseNotRead):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _no_hint(response: httpx.Response) -> bool | None:
@@ -99,9 +128,13 @@ class ProviderProfile:
 GENERIC = ProviderProfile(
     name="generic",
     quote_key=True,
+    in_flight_statuses=frozenset({409}),
+    mismatch_statuses=frozenset({422}),
     lookup=None,
 )
-"""The IETF Idempotency-Key draft: quoted key, 409 while in flight, 422 on mismatch."""
+"""The IETF Idempotency-Key draft: the key an RFC 8941 string, 409 while a request with it
+is outstanding, 422 when it was used for another request. The draft leaves the key lifetime
+to each server; 24 h is assumed, and a server that keeps keys for less needs its own profile."""
 
 SANDBOX = ProviderProfile(
     name="sandbox",

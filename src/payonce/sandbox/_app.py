@@ -6,10 +6,12 @@ import asyncio
 import hashlib
 import json
 import logging
+import re
 import secrets
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, Final, TypeGuard
+from typing import Any, Final, Literal, TypeGuard
+from urllib.parse import parse_qsl
 
 import attrs
 from starlette.applications import Starlette
@@ -51,13 +53,78 @@ def _non_negative(instance: object, attribute: attrs.Attribute[float], value: fl
         raise ValueError(f"{attribute.name} must be non-negative, got {value!r}")
 
 
+Dialect = Literal["sandbox", "stripe", "adyen"]
+AuthMode = Literal["bearer", "x-api-key"]
+ProviderLike = Literal["stripe", "adyen", "mollie"]
+
+
+def _client_error_status(
+    instance: object, attribute: attrs.Attribute[int | None], value: int | None
+) -> None:
+    if value is not None and not 400 <= value < 500:
+        raise ValueError(f"{attribute.name} must be a 4xx status, got {value!r}")
+
+
 @attrs.frozen
 class SandboxConfig:
+    """How the sandbox behaves. Every switch defaults to the sandbox's own contract; the
+    others make it answer the way a real provider does (``SandboxConfig.like("stripe")``)."""
+
     api_keys: Mapping[str, str] = attrs.field(factory=_default_api_keys)
     key_lifetime: float = attrs.field(default=24 * 3600.0, validator=_non_negative)
     processing_seconds: float = attrs.field(default=0.0, validator=_non_negative)
     faults: Faults = attrs.field(factory=Faults)
     store_path: str | None = None
+    dialect: Dialect = attrs.field(
+        default="sandbox", validator=attrs.validators.in_(("sandbox", "stripe", "adyen"))
+    )
+    """Shape of error bodies: the sandbox's, Stripe's (``type``/``code``, idempotency_error)
+    or Adyen's (``errorCode``, 704 while in progress; payments answer 200 with a
+    ``resultCode``, ``Refused`` for a decline)."""
+    form_bodies: bool = False
+    """Also accept ``application/x-www-form-urlencoded`` payments, with Stripe's
+    ``metadata[name]=value`` keys."""
+    auth: AuthMode = attrs.field(
+        default="bearer", validator=attrs.validators.in_(("bearer", "x-api-key"))
+    )
+    """``Authorization: Bearer <key>``, or Adyen's ``X-API-Key: <key>``."""
+    key_header: str = "Idempotency-Key"
+    """The request header that carries the idempotency key."""
+    retry_hint_header: str | None = None
+    """A response header telling clients whether to retry, e.g. ``Stripe-Should-Retry``."""
+    retry_hints: Mapping[int, bool] = attrs.field(factory=dict)
+    """Its value per response status (API routes only); statuses not listed get none."""
+    mismatch_status: int | None = attrs.field(default=None, validator=_client_error_status)
+    """Status for a key reused with other parameters; None: 400 for Stripe, else 422."""
+
+    @classmethod
+    def like(cls, provider: ProviderLike, **overrides: Any) -> SandboxConfig:
+        """A sandbox that answers the way ``provider`` documents (its payonce profile's peer)."""
+        try:
+            preset = _PRESETS[provider]
+        except KeyError:
+            known = ", ".join(sorted(_PRESETS))
+            raise ValueError(f"no preset for {provider!r}; known: {known}") from None
+        return cls(**{**preset, **overrides})
+
+
+_PRESETS: Final[Mapping[str, Mapping[str, Any]]] = {
+    "stripe": {
+        "dialect": "stripe",
+        "form_bodies": True,
+        "key_lifetime": 24 * 3600.0,
+        "retry_hint_header": "Stripe-Should-Retry",
+        # A decline is final; a lost answer (503) or a busy key/object (409) is worth a retry.
+        "retry_hints": {402: False, 409: True, 503: True},
+    },
+    "adyen": {
+        "dialect": "adyen",
+        "auth": "x-api-key",
+        # Adyen keeps keys "a minimum of 31 days"; payonce's profile assumes only 7.
+        "key_lifetime": 31 * 24 * 3600.0,
+    },
+    "mollie": {"key_lifetime": 3600.0},
+}
 
 
 class ApiError(Exception):
@@ -93,8 +160,48 @@ def _dumps(content: Any) -> bytes:
     return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
 
-def _error(status: int, type_: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"type": type_, "message": message}}, status)
+def _error(status: int, type_: str, message: str, dialect: Dialect = "sandbox") -> JSONResponse:
+    return JSONResponse(_error_body(dialect, status, type_, message), status)
+
+
+# The sandbox's error types under Stripe's names: (type, code).
+_STRIPE_ERRORS: Final[Mapping[str, tuple[str, str | None]]] = {
+    "idempotency_key_mismatch": ("idempotency_error", None),
+    "idempotency_key_in_use": ("invalid_request_error", "idempotency_key_in_use"),
+    "lock_timeout": ("invalid_request_error", "lock_timeout"),
+    "rate_limit": ("invalid_request_error", "rate_limit"),
+    "service_unavailable": ("api_error", None),
+    "not_found": ("invalid_request_error", "resource_missing"),
+}
+# Adyen numbers its errors; 704 is "request already processed or in progress". Other
+# errors keep the sandbox's type as their code.
+_ADYEN_CODES: Final[Mapping[str, str]] = {"idempotency_key_in_use": "704"}
+_DIALECT_MESSAGES: Final[Mapping[tuple[str, str], str]] = {
+    ("stripe", "idempotency_key_mismatch"): (
+        "Keys for idempotent requests can only be used with the same parameters they were "
+        "first used with. Try using a key other than '{key}' if you meant to execute a "
+        "different request."
+    ),
+    ("stripe", "idempotency_key_in_use"): (
+        "There is currently another in-progress request using this idempotency key ({key}). "
+        "Please try again later."
+    ),
+    ("adyen", "idempotency_key_in_use"): "request already processed or in progress",
+}
+
+
+def _error_body(dialect: Dialect, status: int, type_: str, message: str) -> dict[str, Any]:
+    if dialect == "stripe":
+        kind, code = _STRIPE_ERRORS.get(type_, ("invalid_request_error", None))
+        error = {"type": kind, "message": message}
+        if code is not None:
+            error["code"] = code
+        return {"error": error}
+    if dialect == "adyen":
+        kind = "security" if status in (401, 403) else "internal" if status >= 500 else "validation"
+        code = _ADYEN_CODES.get(type_, type_)
+        return {"status": status, "errorCode": code, "message": message, "errorType": kind}
+    return {"error": {"type": type_, "message": message}}
 
 
 def _retry_after(seconds: float) -> str:
@@ -137,6 +244,30 @@ class _RequestIdMiddleware:
         await self.app(scope, receive, send_with_id)
 
 
+class _RetryHintMiddleware:
+    """Adds a provider's "should the client retry?" header to API answers, by status."""
+
+    def __init__(self, app: ASGIApp, header: str | None, hints: Mapping[int, bool]) -> None:
+        self.app = app
+        self.header = header
+        self.hints = dict(hints)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        header = self.header
+        if scope["type"] != "http" or header is None or not scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_hint(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                hint = self.hints.get(message["status"])
+                if hint is not None:
+                    MutableHeaders(scope=message)[header] = "true" if hint else "false"
+            await send(message)
+
+        await self.app(scope, receive, send_with_hint)
+
+
 def _json_object(body: bytes) -> dict[str, Any]:
     try:
         data = json.loads(body)
@@ -145,6 +276,47 @@ def _json_object(body: bytes) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ApiError(400, "invalid_request", "request body must be a JSON object")
     return data
+
+
+_METADATA_PAIR: Final = re.compile(r"metadata\[([^\[\]]+)\]")
+
+
+def _form_object(body: bytes) -> dict[str, Any]:
+    """A Stripe-style form body as the JSON object it stands for."""
+    try:
+        pairs = parse_qsl(body.decode(), keep_blank_values=True, strict_parsing=True)
+    except ValueError:  # UnicodeDecodeError included
+        raise ApiError(400, "invalid_request", "request body is not valid form data") from None
+    data: dict[str, Any] = {}
+    metadata: dict[str, str] = {}
+    for name, value in pairs:
+        match = _METADATA_PAIR.fullmatch(name)
+        target, field = (metadata, match.group(1)) if match else (data, name)
+        if field in target:
+            raise ApiError(400, "invalid_request", f"{name} is given more than once")
+        target[field] = value
+    if metadata:
+        if "metadata" in data:
+            raise ApiError(400, "invalid_request", "metadata is given more than once")
+        data["metadata"] = metadata
+    amount = data.get("amount")
+    # Form values are strings; Stripe reads integer parameters from their digits.
+    if isinstance(amount, str) and amount.isascii() and amount.isdigit():
+        data["amount"] = int(amount)
+    return data
+
+
+def _is_form(request: Request) -> bool:
+    content_type = request.headers.get("content-type", "")
+    return content_type.split(";")[0].strip().lower() == "application/x-www-form-urlencoded"
+
+
+# One clause of Stripe's search language: metadata['name']:'value', quotes escaped by "\".
+_METADATA_QUERY: Final = re.compile(r"metadata\['((?:[^'\\]|\\.)+)'\]:'((?:[^'\\]|\\.)*)'")
+
+
+def _unescape(value: str) -> str:
+    return re.sub(r"\\(.)", r"\1", value)
 
 
 def _is_currency(value: object) -> TypeGuard[str]:
@@ -159,8 +331,8 @@ class PaymentRequest:
     metadata: Mapping[str, Any]
 
     @classmethod
-    def parse(cls, body: bytes) -> PaymentRequest:
-        data = _json_object(body)
+    def parse(cls, body: bytes, *, form: bool = False) -> PaymentRequest:
+        data = _form_object(body) if form else _json_object(body)
         unknown = set(data) - _PAYMENT_FIELDS
         if unknown:
             raise ApiError(400, "invalid_request", f"unknown fields: {', '.join(sorted(unknown))}")
@@ -188,15 +360,15 @@ class PaymentRequest:
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _idempotency_key(request: Request) -> str:
-    key = request.headers.get("idempotency-key", "")
+def _idempotency_key(request: Request, header: str = "Idempotency-Key") -> str:
+    key = request.headers.get(header, "")
     # Accept the RFC 8941 sf-string form ("abc") as well as the bare value.
     if len(key) >= 2 and key[0] == key[-1] == '"':
         key = key[1:-1]
     if not key:
-        raise ApiError(400, "idempotency_key_missing", "an Idempotency-Key header is required")
+        raise ApiError(400, "idempotency_key_missing", f"an {header} header is required")
     if len(key) > MAX_KEY_LENGTH:
-        raise ApiError(400, "invalid_request", f"Idempotency-Key exceeds {MAX_KEY_LENGTH} chars")
+        raise ApiError(400, "invalid_request", f"{header} exceeds {MAX_KEY_LENGTH} chars")
     return key
 
 
@@ -227,6 +399,7 @@ class Sandbox:
             routes=[
                 Route("/v1/payments", self._create_payment, methods=["POST"]),
                 Route("/v1/payments", self._list_payments, methods=["GET"]),
+                Route("/v1/payments/search", self._search_payments, methods=["GET"]),
                 Route("/v1/payments/{payment_id}", self._get_payment, methods=["GET"]),
                 Route("/_sandbox/executions", self._executions, methods=["GET"]),
                 Route("/_sandbox/script", self._script, methods=["POST"]),
@@ -234,8 +407,13 @@ class Sandbox:
                 Route("/_sandbox/clock", self._clock, methods=["POST"]),
                 Route("/_sandbox/reset", self._reset, methods=["POST"]),
             ],
-            middleware=[Middleware(_RequestIdMiddleware)],
-            exception_handlers={ApiError: _api_error, HTTPException: _http_error},
+            middleware=[
+                Middleware(_RequestIdMiddleware),
+                Middleware(
+                    _RetryHintMiddleware, header=config.retry_hint_header, hints=config.retry_hints
+                ),
+            ],
+            exception_handlers={ApiError: self._api_error, HTTPException: _http_error},
             lifespan=self._lifespan,
         )
 
@@ -250,6 +428,11 @@ class Sandbox:
         self.injector.reset(self.config.faults)
 
     def _authenticate(self, request: Request) -> str:
+        if self.config.auth == "x-api-key":
+            account = self.config.api_keys.get(request.headers.get("x-api-key", "").strip())
+            if account is None:
+                raise ApiError(401, "authentication_error", "invalid API key")
+            return account
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         account = self.config.api_keys.get(token.strip()) if scheme.lower() == "bearer" else None
         if account is None:
@@ -258,11 +441,22 @@ class Sandbox:
             )
         return account
 
+    def _key_error(self, status: int, type_: str, message: str, key: str) -> ApiError:
+        template = _DIALECT_MESSAGES.get((self.config.dialect, type_))
+        return ApiError(status, type_, template.format(key=key) if template else message)
+
+    async def _api_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        response = _error(exc.status, exc.type, exc.message, self.config.dialect)
+        response.headers.update(exc.headers)
+        return response
+
     async def _create_payment(self, request: Request) -> Response:
         account = self._authenticate(request)
-        key = _idempotency_key(request)
+        key = _idempotency_key(request, self.config.key_header)
         forced = _forced_fault(request)
-        params = PaymentRequest.parse(await request.body())
+        form = self.config.form_bodies and _is_form(request)
+        params = PaymentRequest.parse(await request.body(), form=form)
         # Only well-formed requests draw faults, so a 400 never shifts a seeded run.
         plan = self.injector.plan(forced)
         faults = self.injector.faults
@@ -271,6 +465,8 @@ class Sandbox:
             raise ApiError(429, "rate_limit", "too many requests", {"Retry-After": retry_after})
         if plan.fail_before:
             raise ApiError(503, "service_unavailable", "the service is unavailable")
+        if plan.lock_timeout:
+            raise ApiError(409, "lock_timeout", "another request is using this payment's objects")
         if plan.delay and faults.delay_seconds > 0:
             await asyncio.sleep(faults.delay_seconds)
 
@@ -280,11 +476,14 @@ class Sandbox:
         if isinstance(claim, Replay):
             return _stored(claim.response, replayed=True)
         if isinstance(claim, Mismatch):
-            raise ApiError(
-                422, "idempotency_key_mismatch", "this key was used with different parameters"
+            status = self.config.mismatch_status or (
+                400 if self.config.dialect == "stripe" else 422
             )
+            message = "this key was used with different parameters"
+            raise self._key_error(status, "idempotency_key_mismatch", message, key)
         if isinstance(claim, InProgress):
-            raise ApiError(409, "idempotency_key_in_use", "a request with this key is in flight")
+            message = "a request with this key is in flight"
+            raise self._key_error(409, "idempotency_key_in_use", message, key)
 
         stored = await self._execute(account, key, claim, params)
         if plan.fail_after:
@@ -320,7 +519,16 @@ class Sandbox:
             metadata=params.metadata,
             created=self.store.clock.now(),
         )
-        if declined:
+        if self.config.dialect == "adyen":
+            # Adyen answers a refusal with 200 too: the outcome is in resultCode.
+            body = {
+                **payment.to_json(),
+                "pspReference": payment.id,
+                "merchantReference": payment.reference,
+                "resultCode": "Refused" if declined else "Authorised",
+            }
+            response = StoredResponse(200, _dumps(body))
+        elif declined:
             body = {
                 "error": {
                     "type": "card_error",
@@ -354,6 +562,22 @@ class Sandbox:
         )
         return JSONResponse({"object": "list", "data": [p.to_json() for p in found]})
 
+    async def _search_payments(self, request: Request) -> Response:
+        account = self._authenticate(request)
+        match = _METADATA_QUERY.fullmatch(request.query_params.get("query", "").strip())
+        if match is None:
+            raise ApiError(400, "invalid_request", "query must be metadata['name']:'value'")
+        name, value = _unescape(match.group(1)), _unescape(match.group(2))
+        found = await run_in_threadpool(self.store.search_metadata, account, name, value)
+        return JSONResponse(
+            {
+                "object": "search_result",
+                "data": [p.to_json() for p in found],
+                "has_more": False,
+                "url": "/v1/payments/search",
+            }
+        )
+
     async def _executions(self, request: Request) -> Response:
         executions = await run_in_threadpool(self.store.executions)
         return JSONResponse({"executions": executions, "total": sum(executions.values())})
@@ -386,13 +610,6 @@ class Sandbox:
     async def _reset(self, request: Request) -> Response:
         await run_in_threadpool(self.reset)
         return JSONResponse({"reset": True})
-
-
-async def _api_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ApiError)
-    response = _error(exc.status, exc.type, exc.message)
-    response.headers.update(exc.headers)
-    return response
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -10,7 +10,9 @@ from typing import Any, Final, Literal, TypeGuard, get_args
 
 import attrs
 
-FaultName = Literal["rate_limit", "fail_before", "fail_after", "drop_after", "delay", "none"]
+FaultName = Literal[
+    "rate_limit", "fail_before", "fail_after", "drop_after", "delay", "lock_timeout", "none"
+]
 FAULT_NAMES: Final[frozenset[str]] = frozenset(get_args(FaultName))
 
 
@@ -69,6 +71,9 @@ class FaultPlan:
     delay: bool = False
     fail_after: bool = False
     drop_after: bool = False
+    lock_timeout: bool = False
+    """409 before executing, as when another request holds the object (scripted only: a
+    random rate would change every seeded sequence)."""
 
     @classmethod
     def single(cls, name: FaultName) -> FaultPlan:

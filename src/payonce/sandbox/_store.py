@@ -281,6 +281,11 @@ class SandboxStore:
             params.append(reference)
         return self._select_payments(" AND ".join(where), tuple(params))
 
+    def search_metadata(self, account: str, name: str, value: str) -> list[Payment]:
+        """Payments whose metadata maps ``name`` to ``value``, oldest first."""
+        payments = self._select_payments("account = ?", (account,))
+        return [p for p in payments if p.metadata.get(name) == value]
+
     def _select_payments(self, where: str, params: tuple[str, ...]) -> list[Payment]:
         with self._lock:
             rows = self._db.execute(

@@ -1,0 +1,102 @@
+"""Adyen: ``X-API-Key`` auth, 64-character keys kept for days, error 704 while in progress.
+
+What Adyen documents and payonce relies on:
+
+- ``Idempotency-Key`` on POST, at most 64 characters (a UUID is recommended), scoped to
+  the company account and kept for a *minimum* period after first submission. Adyen's
+  page has said 7 days and now says 31; payonce takes the shorter one, since resending
+  too early is harmless and resending too late is not.
+- The API key goes in ``X-API-Key``.
+- A request whose key is already being processed is refused with ``errorCode`` 704
+  ("request already processed or in progress"); retrying under the key gets the stored
+  answer once the first request ends.
+- Timeouts and 5xx are retried under the same key. A ``Transient-Error: true`` response
+  header marks an answer worth retrying. Validation errors (422) are definitive.
+- A refused payment is not an HTTP error: ``/payments`` answers 200 with
+  ``resultCode: Refused``. payonce stores and replays it like any 2xx; read ``resultCode``.
+- Adyen has no API to look a payment up by merchant reference (it reports outcomes by
+  webhook), so the ``adyen`` profile has no look-up; give it one with
+  ``adyen_profile(lookup=adyen_reference_lookup(...))`` when you run a status endpoint.
+"""
+
+from __future__ import annotations
+
+import httpx
+
+from .._retry import Outcome, Verdict, parse_retry_after
+from ._profile import Lookup, ProviderProfile, json_object
+
+__all__ = ["ADYEN", "adyen_profile", "adyen_reference_lookup"]
+
+ADYEN_KEY_LIFETIME = 7 * 24 * 3600.0
+ADYEN_KEY_MAX_LENGTH = 64
+_IN_PROGRESS = "704"
+
+
+def adyen_transient(response: httpx.Response) -> bool | None:
+    # Only a positive hint: the absence of the header says nothing about a 5xx.
+    value = response.headers.get("transient-error", "").strip().lower()
+    return True if value == "true" else None
+
+
+def adyen_refine(response: httpx.Response) -> Verdict | None:
+    if not 400 <= response.status_code < 500:
+        return None
+    body = json_object(response) or {}
+    if str(body.get("errorCode")) != _IN_PROGRESS:
+        return None
+    # The first request with this key is still running and may well succeed: ambiguous.
+    return Verdict(
+        Outcome.RETRY,
+        ambiguous=True,
+        retry_after=parse_retry_after(response.headers.get("retry-after")),
+        reason=f"HTTP {response.status_code} errorCode 704 (in progress)",
+    )
+
+
+def adyen_reference_lookup(
+    path: str, *, param: str = "reference", status_field: str = "status"
+) -> Lookup:
+    """A look-up by merchant reference at a status endpoint you provide.
+
+    ``GET {path}?{param}=<reference>`` must answer ``{"data": [...]}``; each item's
+    ``status_field`` holds an Adyen ``resultCode`` (or the sandbox's status).
+    """
+    return Lookup(
+        path=path,
+        by="reference",
+        param=param,
+        status_field=status_field,
+        succeeded=frozenset({"Authorised", "authorised", "succeeded"}),
+        failed=frozenset({"Refused", "refused", "Cancelled", "cancelled", "Error", "failed"}),
+    )
+
+
+def adyen_profile(
+    *,
+    lookup: Lookup | None = None,
+    key_lifetime: float = ADYEN_KEY_LIFETIME,
+    name: str = "adyen",
+) -> ProviderProfile:
+    """An Adyen profile; ``key_lifetime`` may be raised to the 31 days Adyen now promises."""
+    return ProviderProfile(
+        name=name,
+        key_header="Idempotency-Key",
+        key_max_length=ADYEN_KEY_MAX_LENGTH,
+        quote_key=False,
+        key_lifetime=key_lifetime,
+        retryable_statuses=frozenset({500, 502, 503, 504}),
+        not_executed_statuses=frozenset({429}),
+        in_flight_statuses=frozenset({409}),
+        # 422 is Adyen's validation error: definitive, but not a key mismatch.
+        mismatch_statuses=frozenset(),
+        auth_header="X-API-Key",
+        auth_scheme=None,
+        lookup=lookup,
+        should_retry_hint=adyen_transient,
+        refine=adyen_refine,
+    )
+
+
+ADYEN = adyen_profile()
+"""Adyen without automatic reconciliation (Adyen has no look-up by reference)."""

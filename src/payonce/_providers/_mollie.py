@@ -1,0 +1,47 @@
+"""Mollie: ``Idempotency-Key`` kept for one hour, Bearer auth.
+
+What Mollie documents and payonce relies on:
+
+- An ``Idempotency-Key`` header on write requests: a second request with the same key is
+  a duplicate and gets the first one's answer. Keys are kept for **one hour**: past it, a
+  resend is a new request, so payonce stops resending an intent that may have reached
+  Mollie after 54 minutes (90% of the hour) and reconciles it instead.
+- ``Authorization: Bearer <live_… or test_… key>``.
+- Validation errors are 422, so a 422 is a definitive refusal here, not a key mismatch.
+- Without a key, Mollie's advice is to inspect its list endpoints; they cannot filter by
+  key or metadata, so the profile has no look-up: an ``unknown`` Mollie intent is checked
+  in the dashboard, then abandoned or paid again under a new reference.
+
+payonce's own rules apply to the rest: timeouts and 5xx are retried under the same key, a
+429 after its Retry-After, a 409 as "still in flight".
+"""
+
+from __future__ import annotations
+
+from ._profile import Lookup, ProviderProfile
+
+__all__ = ["MOLLIE", "MOLLIE_KEY_LIFETIME", "mollie_profile"]
+
+MOLLIE_KEY_LIFETIME = 3600.0
+
+
+def mollie_profile(*, lookup: Lookup | None = None, name: str = "mollie") -> ProviderProfile:
+    """A Mollie profile; pass a ``lookup`` if you run a status endpoint of your own."""
+    return ProviderProfile(
+        name=name,
+        key_header="Idempotency-Key",
+        key_max_length=255,
+        quote_key=False,
+        key_lifetime=MOLLIE_KEY_LIFETIME,
+        retryable_statuses=frozenset({500, 502, 503, 504}),
+        not_executed_statuses=frozenset({429}),
+        in_flight_statuses=frozenset({409}),
+        mismatch_statuses=frozenset(),
+        auth_header="Authorization",
+        auth_scheme="Bearer",
+        lookup=lookup,
+    )
+
+
+MOLLIE = mollie_profile()
+"""Mollie: one-hour keys, no automatic reconciliation."""

@@ -1,0 +1,164 @@
+"""Stripe: form-encoded bodies, ``Stripe-Should-Retry``, and reconciliation by metadata search.
+
+What Stripe documents and payonce relies on:
+
+- ``Idempotency-Key``, raw, up to 255 characters; keys are kept at least 24 hours.
+- Stripe stores the status and body of the first request that *began executing* and replays
+  it for the same key, 500s included; a replay carries ``Idempotent-Replayed: true``.
+- ``Stripe-Should-Retry: true|false`` tells a client whether a retry can help; it wins over
+  the status, as in stripe-python.
+- Reusing a key with other parameters is an error of type ``idempotency_error`` (HTTP 400
+  in practice); a request that runs into another one holding the same key or object gets a
+  409 (``idempotency_key_in_use``, ``lock_timeout``) and may be retried.
+- There is no look-up by idempotency key; the Search API finds objects by metadata
+  (``metadata['k']:'v'``), so payonce tags the key into the object's metadata.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from urllib.parse import parse_qsl, urlencode
+
+import attrs
+import httpx
+
+from .._retry import Outcome, Verdict, parse_retry_after
+from ._profile import Lookup, ProviderProfile, json_object
+
+__all__ = ["STRIPE", "STRIPE_METADATA_KEY", "stripe_profile"]
+
+STRIPE_METADATA_KEY = "payonce_idempotency_key"
+STRIPE_SEARCH_PATH = "/v1/payment_intents/search"
+_FORM = "application/x-www-form-urlencoded"
+_CONCURRENT_CODES = frozenset({"idempotency_key_in_use", "lock_timeout"})
+# Stripe's wording for a key reused with other parameters, or on another endpoint; older
+# API versions sent it as an invalid_request_error, before the idempotency_error type.
+_MISMATCH_WORDING = "keys for idempotent requests can only be used"
+
+
+def stripe_should_retry(response: httpx.Response) -> bool | None:
+    value = response.headers.get("stripe-should-retry", "").strip().lower()
+    return {"true": True, "false": False}.get(value)
+
+
+def stripe_refine(response: httpx.Response) -> Verdict | None:
+    """Tell a key reused for other parameters (definitive) from a key or object busy (retry)."""
+    status = response.status_code
+    if status not in (400, 404, 409):
+        return None
+    body = json_object(response) or {}
+    error = body.get("error")
+    if not isinstance(error, dict):
+        error = {}
+    code = error.get("code") if isinstance(error.get("code"), str) else None
+    kind = error.get("type")
+    message = str(error.get("message") or "").lower()
+    concurrent = code in _CONCURRENT_CODES or "in-progress" in message or "in progress" in message
+    worded = _MISMATCH_WORDING in message
+    # A 409 idempotency_error without the mismatch wording could be the "key in use" conflict
+    # under another name: calling that a mismatch would report a payment that may still go
+    # through as refused, so on a 409 only the explicit wording counts.
+    mismatch = worded or (kind == "idempotency_error" and status != 409)
+    if mismatch and not concurrent:
+        return Verdict(Outcome.MISMATCH, ambiguous=False, reason=f"HTTP {status} idempotency_error")
+    if status != 409:
+        return None
+    if stripe_should_retry(response) is False:
+        return None  # the generic rules turn an explicit "do not retry" into a failure
+    # Another request holds our key (it may well execute) or the object we touch: stripe-python
+    # retries every 409, and so does payonce, under the same key.
+    return Verdict(
+        Outcome.RETRY,
+        ambiguous=True,
+        retry_after=parse_retry_after(response.headers.get("retry-after")),
+        reason=f"HTTP 409 {code or 'conflict'}",
+    )
+
+
+def _search_expression(field: str) -> Callable[[str], str]:
+    def expression(key: str) -> str:
+        # The Search query language quotes values in single quotes, escaped by a backslash.
+        quoted = key.replace("\\", "\\\\").replace("'", "\\'")
+        return f"metadata['{field}']:'{quoted}'"
+
+    return expression
+
+
+@attrs.frozen
+class _TagMetadata:
+    """Adds ``metadata[<field>]=<key>`` to a form body, the same way on every attempt."""
+
+    field: str
+
+    def __call__(self, body: bytes, content_type: str | None, key: str) -> bytes:
+        if (content_type or "").split(";")[0].strip().lower() != _FORM:
+            return body
+        name = f"metadata[{self.field}]"
+        # latin-1 maps every byte to one character, so foreign bytes survive the round trip.
+        if any(
+            pair[0] == name for pair in parse_qsl(body.decode("latin-1"), keep_blank_values=True)
+        ):
+            return body  # the caller tagged it already; their value is what Stripe sees
+        tag = urlencode([(name, key)]).encode()
+        return body + b"&" + tag if body else tag
+
+
+def _body_as_is(body: bytes, content_type: str | None, key: str) -> bytes:
+    return body
+
+
+def stripe_profile(
+    *,
+    tag_metadata: bool = True,
+    metadata_key: str = STRIPE_METADATA_KEY,
+    search_path: str = STRIPE_SEARCH_PATH,
+    name: str = "stripe",
+) -> ProviderProfile:
+    """A Stripe profile.
+
+    With ``tag_metadata`` (the default), every form-encoded request carries
+    ``metadata[<metadata_key>]=<idempotency key>``, and an ``unknown`` intent is looked up
+    with the Search API at ``search_path`` (``/v1/payment_intents/search``; use
+    ``/v1/charges/search``, ``/v1/customers/search``… for other objects). Without it, the
+    body is sent untouched and intents cannot be reconciled automatically.
+    """
+    lookup = None
+    if tag_metadata:
+        lookup = Lookup(
+            path=search_path,
+            by="key",
+            param="query",
+            format_value=_search_expression(metadata_key),
+            list_field="data",
+            status_field="status",
+            # requires_capture: authorised and held, i.e. the request did what it asked.
+            # requires_payment_method is also a fresh, unconfirmed intent's status, so it
+            # settles nothing: such an intent stays unknown for an operator to judge.
+            succeeded=frozenset({"succeeded", "requires_capture"}),
+            failed=frozenset({"canceled", "failed"}),
+        )
+    return ProviderProfile(
+        name=name,
+        key_header="Idempotency-Key",
+        key_max_length=255,
+        quote_key=False,
+        key_lifetime=24 * 3600.0,
+        retryable_statuses=frozenset({500, 502, 503, 504}),
+        not_executed_statuses=frozenset({429}),
+        in_flight_statuses=frozenset({409}),
+        # Only consulted for a settled answer, to raise IntentMismatch: stripe_refine classifies
+        # every 409 first, so the 409s that settle are idempotency_errors (and the rare 409
+        # with Stripe-Should-Retry: false).
+        mismatch_statuses=frozenset({409}),
+        replay_headers=("Idempotent-Replayed",),
+        auth_header="Authorization",
+        auth_scheme="Bearer",
+        lookup=lookup,
+        should_retry_hint=stripe_should_retry,
+        refine=stripe_refine,
+        prepare_body=_TagMetadata(metadata_key) if tag_metadata else _body_as_is,
+    )
+
+
+STRIPE = stripe_profile()
+"""Stripe with metadata tagging and reconciliation through ``/v1/payment_intents/search``."""

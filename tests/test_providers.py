@@ -1,0 +1,755 @@
+"""The real provider profiles, each over real HTTP against the sandbox answering like it.
+
+Every profile pays once, retries a 503 under one key, stores and replays a definitive
+decline, and sends the key and the API key the way its provider expects. Then what is
+particular to each: Stripe's form bodies, metadata tag, Stripe-Should-Retry and 409s and
+its reconciliation by metadata search; Adyen's X-API-Key, 704 and reconciliation by
+merchant reference; Mollie's one-hour keys; and a profile a user defines in a few lines.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, unquote
+
+import httpx
+import pytest
+
+import payonce
+from payonce import _reconcile
+from payonce._providers import (
+    ADYEN,
+    GENERIC,
+    MOLLIE,
+    STRIPE,
+    Lookup,
+    adyen_profile,
+    adyen_reference_lookup,
+    get_profile,
+    stripe_profile,
+)
+from payonce._providers import _profile as profile_module
+from payonce._retry import Outcome, classify_response
+from payonce.sandbox import DEFAULT_API_KEY, SandboxConfig, SandboxServer
+
+PAYMENT = {"amount": 4200, "currency": "eur"}
+DECLINED = {"amount": 40200, "currency": "eur"}
+PROFILES = ["generic", "stripe", "adyen", "mollie"]
+TAG = "metadata[payonce_idempotency_key]"
+
+MakeClient = Callable[..., payonce.Client]
+Start = Callable[..., SandboxServer]
+
+
+@pytest.fixture
+def start() -> Iterator[Start]:
+    """A sandbox answering like the named provider (``generic``: the sandbox's own rules)."""
+    started: list[SandboxServer] = []
+
+    def make(provider: str, **overrides: Any) -> SandboxServer:
+        if provider in ("stripe", "adyen", "mollie"):
+            config = SandboxConfig.like(provider, **overrides)  # type: ignore[arg-type]
+        else:
+            config = SandboxConfig(**overrides)
+        server = SandboxServer(config).start()
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        server.stop()
+
+
+def _body(provider: str, payment: dict[str, Any] = PAYMENT) -> dict[str, Any]:
+    # Stripe takes form-encoded parameters; the others JSON.
+    return {"data": payment} if provider == "stripe" else {"json": payment}
+
+
+def _requests(client: payonce.Client) -> list[httpx.Request]:
+    seen: list[httpx.Request] = []
+    client._http.event_hooks["request"].append(seen.append)
+    return seen
+
+
+def _info(response: httpx.Response) -> payonce.ResponseInfo:
+    info = payonce.response_info(response)
+    assert info is not None
+    return info
+
+
+def _response(
+    status: int, body: object = None, headers: dict[str, str] | None = None
+) -> httpx.Response:
+    content = b"" if body is None else json.dumps(body).encode()
+    return httpx.Response(status, headers=headers, content=content)
+
+
+class _CrashAfterSend(httpx.HTTPTransport):
+    """Really sends the request, then fails as if the process died before reading the answer."""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        super().handle_request(request).close()
+        raise RuntimeError("simulated crash after send")
+
+
+# -- every profile ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("provider", PROFILES)
+def test_a_payment_succeeds_once_and_replays_from_the_journal(
+    provider: str, start: Start, make_client: MakeClient
+) -> None:
+    server = start(provider)
+    client = make_client(base_url=server.url, provider=provider)
+    sent = _requests(client)
+
+    with client.intent(f"order-{provider}") as op:
+        paid = op.post("/v1/payments", **_body(provider))
+    again = client.post("/v1/payments", reference=f"order-{provider}", **_body(provider))
+
+    assert paid.status_code == (200 if provider == "adyen" else 201)
+    assert server.store.executions() == {op.key: 1}
+    assert len(sent) == 1, "the second call is answered by the journal"
+    assert _info(again).replayed
+    assert again.content == paid.content
+
+
+@pytest.mark.parametrize("provider", PROFILES)
+@pytest.mark.parametrize("fault", ["fail_before", "fail_after"])
+def test_a_retried_503_executes_once(
+    provider: str, fault: str, start: Start, make_client: MakeClient
+) -> None:
+    server = start(provider)
+    client = make_client(base_url=server.url, provider=provider)
+    server.script([fault])
+
+    with client.intent("order-503") as op:
+        paid = op.post("/v1/payments", **_body(provider))
+
+    assert paid.status_code in (200, 201)
+    assert _info(paid).attempts == 2
+    # After fail_after the provider had executed the first attempt and replays it.
+    assert _info(paid).provider_replayed is (fault == "fail_after")
+    assert server.store.executions() == {op.key: 1}
+
+
+@pytest.mark.parametrize("provider", ["generic", "stripe", "mollie"])
+def test_a_definitive_decline_is_stored_and_replayed(
+    provider: str, start: Start, make_client: MakeClient
+) -> None:
+    server = start(provider)
+    client = make_client(base_url=server.url, provider=provider)
+    sent = _requests(client)
+
+    with pytest.raises(payonce.ProviderError) as first:
+        client.post("/v1/payments", reference="order-d", **_body(provider, DECLINED))
+    with pytest.raises(payonce.ProviderError) as again:
+        client.post("/v1/payments", reference="order-d", **_body(provider, DECLINED))
+
+    assert first.value.status_code == again.value.status_code == 402
+    assert _info(first.value.response).attempts == 1
+    assert _info(again.value.response).replayed
+    assert again.value.response.content == first.value.response.content
+    assert len(sent) == 1
+    (record,) = client.journal.find("order-d")
+    assert record.state is payonce.IntentState.FAILED
+    assert server.store.executions() == {record.key: 1}
+
+
+def test_an_adyen_refusal_is_a_200_stored_and_replayed(
+    start: Start, make_client: MakeClient
+) -> None:
+    server = start("adyen")
+    client = make_client(base_url=server.url, provider="adyen")
+    sent = _requests(client)
+
+    refused = client.post("/v1/payments", reference="order-r", json=DECLINED)
+    again = client.post("/v1/payments", reference="order-r", json=DECLINED)
+
+    # Adyen reports a refusal in the body: the HTTP request itself succeeded, once.
+    assert (refused.status_code, refused.json()["resultCode"]) == (200, "Refused")
+    assert _info(again).replayed
+    assert again.json() == refused.json()
+    assert len(sent) == 1
+    assert server.store.total_executions() == 1
+
+
+@pytest.mark.parametrize(
+    ("provider", "quoted", "auth_header", "auth_value"),
+    [
+        ("generic", True, "Authorization", f"Bearer {DEFAULT_API_KEY}"),
+        ("stripe", False, "Authorization", f"Bearer {DEFAULT_API_KEY}"),
+        ("adyen", False, "X-API-Key", DEFAULT_API_KEY),
+        ("mollie", False, "Authorization", f"Bearer {DEFAULT_API_KEY}"),
+    ],
+)
+def test_the_key_and_the_api_key_go_where_the_provider_expects_them(
+    provider: str,
+    quoted: bool,
+    auth_header: str,
+    auth_value: str,
+    start: Start,
+    make_client: MakeClient,
+) -> None:
+    server = start(provider)
+    client = make_client(base_url=server.url, provider=provider)
+    sent = _requests(client)
+    server.script(["fail_before"])
+
+    with client.intent("order-h") as op:
+        op.post("/v1/payments", **_body(provider))
+
+    assert op.key is not None
+    expected_key = f'"{op.key}"' if quoted else op.key
+    assert [r.headers["Idempotency-Key"] for r in sent] == [expected_key] * 2
+    assert {r.headers[auth_header] for r in sent} == {auth_value}
+    if auth_header != "Authorization":
+        assert all("Authorization" not in r.headers for r in sent)
+    assert server.store.executions() == {op.key: 1}
+
+
+# -- Stripe ----------------------------------------------------------------------------------
+
+
+def test_stripe_sends_the_same_form_bytes_with_the_metadata_tag_on_every_attempt(
+    start: Start, make_client: MakeClient
+) -> None:
+    server = start("stripe")
+    client = make_client(base_url=server.url, provider="stripe")
+    sent = _requests(client)
+    server.script(["fail_before", "fail_after"])
+    form = {"amount": 4200, "currency": "eur", "metadata[order]": "cmd_9182"}
+
+    with client.intent("order-f") as op:
+        paid = op.post("/v1/payments", data=form)
+
+    assert op.key is not None
+    bodies = [r.content for r in sent]
+    assert len(bodies) == 3
+    assert len(set(bodies)) == 1, "every attempt carries the same bytes"
+    assert {r.headers["Content-Type"] for r in sent} == {"application/x-www-form-urlencoded"}
+    assert parse_qsl(bodies[0].decode()) == [
+        ("amount", "4200"),
+        ("currency", "eur"),
+        ("metadata[order]", "cmd_9182"),
+        (TAG, op.key),
+    ]
+    assert paid.json()["metadata"] == {"order": "cmd_9182", "payonce_idempotency_key": op.key}
+    assert server.store.executions() == {op.key: 1}
+    # The journal keeps the caller's body: the tag is derived from the key at send time.
+    record = client.journal.get(op.key)
+    assert record is not None
+    assert b"payonce_idempotency_key" not in record.body
+
+
+def test_stripe_without_metadata_tagging_sends_the_body_untouched(
+    start: Start, make_client: MakeClient
+) -> None:
+    server = start("stripe")
+    client = make_client(base_url=server.url, provider=stripe_profile(tag_metadata=False))
+    sent = _requests(client)
+
+    paid = client.post("/v1/payments", data=PAYMENT, reference="order-u")
+
+    assert sent[0].content == b"amount=4200&currency=eur"
+    assert paid.json()["metadata"] == {}
+    assert client.provider.lookup is None
+
+
+def test_stripe_should_retry_false_on_a_5xx_is_definitive(
+    start: Start, make_client: MakeClient
+) -> None:
+    # Stripe replays a stored 500 and says so: retrying could only get it again.
+    server = start("stripe", retry_hints={503: False})
+    client = make_client(base_url=server.url, provider="stripe")
+    sent = _requests(client)
+    server.script(["fail_before"])
+
+    with pytest.raises(payonce.ProviderError) as refused:
+        client.post("/v1/payments", data=PAYMENT, reference="order-5xx")
+    with pytest.raises(payonce.ProviderError) as replayed:
+        client.post("/v1/payments", data=PAYMENT, reference="order-5xx")
+
+    assert refused.value.status_code == 503
+    assert refused.value.response.headers["Stripe-Should-Retry"] == "false"
+    assert _info(refused.value.response).attempts == 1
+    assert _info(replayed.value.response).replayed
+    assert client.journal.find("order-5xx")[0].state is payonce.IntentState.FAILED
+    assert len(sent) == 1, "never resent"
+    assert server.store.total_executions() == 0
+
+
+def test_stripe_should_retry_true_on_a_4xx_retries(start: Start, make_client: MakeClient) -> None:
+    # A 402 the provider calls retryable: payonce retries it under the key until it gives up,
+    # and the provider keeps replaying its one execution.
+    server = start("stripe", retry_hints={402: True})
+    client = make_client(base_url=server.url, provider="stripe")
+    sent = _requests(client)
+
+    with pytest.raises(payonce.OutcomeUnknown):
+        client.post("/v1/payments", data=DECLINED, reference="order-t")
+
+    assert len(sent) == 5  # FAST_RETRY.max_attempts
+    (record,) = client.journal.find("order-t")
+    assert record.state is payonce.IntentState.UNKNOWN
+    assert server.store.executions() == {record.key: 1}
+
+
+@pytest.mark.parametrize("status", [409, 400])
+def test_stripe_idempotency_error_is_an_intent_mismatch(
+    status: int, start: Start, make_client: MakeClient, tmp_path: Path
+) -> None:
+    # Another journal (another service, a lost file) already used this key for another body.
+    server = start("stripe", mismatch_status=status)
+    other = make_client(base_url=server.url, provider="stripe", journal=tmp_path / "other.db")
+    other.post("/v1/payments", data={"amount": 1, "currency": "eur"}, key="shared-key-1")
+    ours = make_client(base_url=server.url, provider="stripe")
+    sent = _requests(ours)
+
+    with pytest.raises(payonce.IntentError) as caught:
+        ours.post("/v1/payments", data=PAYMENT, key="shared-key-1")
+
+    assert len(sent) == 1, "a mismatch is definitive: never retried"
+    assert ours.journal.get("shared-key-1").state is payonce.IntentState.FAILED  # type: ignore[union-attr]
+    assert server.store.total_executions() == 1
+    assert isinstance(caught.value, payonce.IntentMismatch)
+
+
+def test_a_stripe_lock_conflict_is_retried(start: Start, make_client: MakeClient) -> None:
+    server = start("stripe")
+    client = make_client(base_url=server.url, provider="stripe")
+    server.script(["lock_timeout"])
+
+    with client.intent("order-l") as op:
+        paid = op.post("/v1/payments", data=PAYMENT)
+
+    assert paid.status_code == 201
+    assert _info(paid).attempts == 2
+    assert server.store.executions() == {op.key: 1}
+
+
+def test_a_stripe_key_in_use_by_another_worker_is_waited_out(
+    start: Start, make_client: MakeClient, tmp_path: Path
+) -> None:
+    # Two journals, one key, two workers at once: the second gets 409 idempotency_key_in_use,
+    # retries under the key, and receives the first one's payment.
+    server = start("stripe", processing_seconds=0.3)
+    slow_retry = payonce.RetryPolicy(initial_wait=0.2, max_wait=0.2, jitter=False)
+    first = make_client(base_url=server.url, provider="stripe", journal=tmp_path / "a.db")
+    second = make_client(
+        base_url=server.url, provider="stripe", journal=tmp_path / "b.db", retry=slow_retry
+    )
+    seen: list[int] = []
+    second._http.event_hooks["response"].append(lambda r: seen.append(r.status_code))
+    results: dict[str, httpx.Response] = {}
+
+    def pay(name: str, client: payonce.Client) -> None:
+        results[name] = client.post("/v1/payments", data=PAYMENT, key="busy-key-1")
+
+    worker = threading.Thread(target=pay, args=("first", first))
+    worker.start()
+    time.sleep(0.1)
+    pay("second", second)
+    worker.join()
+
+    assert seen[0] == 409
+    assert results["second"].json()["id"] == results["first"].json()["id"]
+    assert _info(results["second"]).provider_replayed
+    assert server.store.executions() == {"busy-key-1": 1}
+
+
+def _unknown(
+    make_client: MakeClient, server: SandboxServer, provider: object, faults: list[str], **kw: Any
+) -> tuple[payonce.Client, payonce.IntentRecord]:
+    client = make_client(
+        base_url=server.url,
+        provider=provider,
+        retry=payonce.RetryPolicy(max_attempts=len(faults), initial_wait=0),
+    )
+    server.script(faults)
+    with pytest.raises(payonce.OutcomeUnknown):
+        client.post("/v1/payments", **kw)
+    (record,) = client.journal.find(kw["reference"])
+    assert record.state is payonce.IntentState.UNKNOWN
+    return client, record
+
+
+def _require_query_lookups(client: payonce.Client, record: payonce.IntentRecord) -> None:
+    request = _reconcile.lookup_request(client._core, record, client._http)
+    assert "metadata[" in unquote(request.url.query.decode())
+
+
+# The sandbox's search lives at /v1/payments/search; Stripe's at /v1/payment_intents/search.
+SANDBOX_STRIPE = stripe_profile(search_path="/v1/payments/search")
+
+
+def test_a_stripe_intent_that_executed_is_reconciled_by_metadata_search(
+    start: Start, make_client: MakeClient
+) -> None:
+    server = start("stripe")
+    client, record = _unknown(
+        make_client, server, SANDBOX_STRIPE, ["drop_after"], data=PAYMENT, reference="order-s"
+    )
+    assert server.store.executions() == {record.key: 1}
+    _require_query_lookups(client, record)
+
+    (result,) = client.reconcile("order-s")
+
+    assert (result.outcome, result.after) == ("found", payonce.IntentState.SUCCEEDED)
+    replay = client.post("/v1/payments", data=PAYMENT, reference="order-s")
+    assert _info(replay).replayed
+    assert replay.json()["metadata"] == {"payonce_idempotency_key": record.key}
+    assert server.store.executions() == {record.key: 1}
+
+
+def test_a_stripe_intent_that_never_executed_goes_back_to_pending_and_pays_once(
+    start: Start, make_client: MakeClient
+) -> None:
+    server = start("stripe")
+    client, record = _unknown(
+        make_client, server, SANDBOX_STRIPE, ["lock_timeout"] * 2, data=PAYMENT, reference="o-n"
+    )
+    assert server.store.total_executions() == 0
+    _require_query_lookups(client, record)
+
+    (result,) = client.reconcile(record.key)
+
+    assert (result.outcome, result.after) == ("not_found", payonce.IntentState.PENDING)
+    paid = client.post("/v1/payments", data=PAYMENT, reference="o-n")
+    assert paid.status_code == 201
+    assert server.store.executions() == {record.key: 1}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_the_async_client_uses_the_same_stripe_hooks(
+    start: Start, journal_path: Path
+) -> None:
+    server = start("stripe")
+    server.script(["lock_timeout", "fail_after"])
+    sent: list[httpx.Request] = []
+
+    async def record(request: httpx.Request) -> None:
+        sent.append(request)
+
+    async with payonce.AsyncClient(
+        base_url=server.url,
+        provider="stripe",
+        api_key=DEFAULT_API_KEY,
+        journal=journal_path,
+        retry=payonce.RetryPolicy(initial_wait=0.001, max_wait=0.01),
+    ) as client:
+        client._http.event_hooks["request"].append(record)
+        async with client.intent("order-async") as op:
+            paid = await op.post("/v1/payments", data=PAYMENT)
+
+    assert op.key is not None
+    assert len(sent) == 3
+    assert {r.content for r in sent} == {
+        f"amount=4200&currency=eur&metadata%5Bpayonce_idempotency_key%5D={op.key}".encode()
+    }
+    assert paid.json()["metadata"] == {"payonce_idempotency_key": op.key}
+    assert server.store.executions() == {op.key: 1}
+
+
+# -- Adyen -----------------------------------------------------------------------------------
+
+
+def test_adyen_refuses_a_key_longer_than_64_characters_before_sending(
+    start: Start, make_client: MakeClient
+) -> None:
+    server = start("adyen")
+    client = make_client(base_url=server.url, provider="adyen")
+
+    with pytest.raises(payonce.ConfigurationError, match="at most 64"):
+        client.post("/v1/payments", json=PAYMENT, key="k" * 65)
+    assert client.post("/v1/payments", json=PAYMENT, key="k" * 64).status_code == 200
+    assert server.store.total_executions() == 1
+
+
+def test_the_adyen_sandbox_refuses_a_bearer_token(start: Start, make_client: MakeClient) -> None:
+    server = start("adyen")
+    bearer = make_client(base_url=server.url, provider="mollie")  # Authorization: Bearer
+
+    with pytest.raises(payonce.ProviderError) as refused:
+        bearer.post("/v1/payments", json=PAYMENT, reference="order-b")
+
+    assert refused.value.status_code == 401
+    assert refused.value.response.json()["errorType"] == "security"
+    assert server.store.total_executions() == 0
+
+
+def test_an_adyen_704_in_progress_is_waited_out(
+    start: Start, make_client: MakeClient, tmp_path: Path
+) -> None:
+    server = start("adyen", processing_seconds=0.3)
+    slow_retry = payonce.RetryPolicy(initial_wait=0.2, max_wait=0.2, jitter=False)
+    first = make_client(base_url=server.url, provider="adyen", journal=tmp_path / "a.db")
+    second = make_client(
+        base_url=server.url, provider="adyen", journal=tmp_path / "b.db", retry=slow_retry
+    )
+    answers: list[httpx.Response] = []
+    second._http.event_hooks["response"].append(lambda r: answers.append(r))
+    results: dict[str, httpx.Response] = {}
+
+    def pay(name: str, client: payonce.Client) -> None:
+        results[name] = client.post("/v1/payments", json=PAYMENT, key="busy-key-2")
+
+    worker = threading.Thread(target=pay, args=("first", first))
+    worker.start()
+    time.sleep(0.1)
+    pay("second", second)
+    worker.join()
+
+    answers[0].read()
+    assert answers[0].json()["errorCode"] == "704"
+    assert results["second"].json()["pspReference"] == results["first"].json()["pspReference"]
+    assert server.store.executions() == {"busy-key-2": 1}
+
+
+def test_an_adyen_intent_is_reconciled_by_its_merchant_reference(
+    start: Start, make_client: MakeClient
+) -> None:
+    server = start("adyen")
+    profile = adyen_profile(lookup=adyen_reference_lookup("/v1/payments"))
+    body = {**PAYMENT, "reference": "order-a1"}  # the merchant reference is the intent's
+    client, record = _unknown(
+        make_client, server, profile, ["drop_after"], json=body, reference="order-a1"
+    )
+    sent = _requests(client)
+
+    (result,) = client.reconcile("order-a1")
+
+    assert (result.outcome, result.after) == ("found", payonce.IntentState.SUCCEEDED)
+    assert dict(httpx.QueryParams(sent[0].url.query)) == {"reference": "order-a1"}
+    assert sent[0].headers["X-API-Key"] == DEFAULT_API_KEY
+    replay = client.post("/v1/payments", json=body, reference="order-a1")
+    assert replay.json()["reference"] == "order-a1"
+    assert server.store.executions() == {record.key: 1}
+
+
+def test_the_registered_adyen_profile_does_not_pretend_to_reconcile(
+    start: Start, make_client: MakeClient
+) -> None:
+    server = start("adyen")
+    client, _ = _unknown(
+        make_client, server, "adyen", ["drop_after"], json=PAYMENT, reference="order-a2"
+    )
+
+    with pytest.raises(payonce.ConfigurationError, match="no status look-up"):
+        client.reconcile("order-a2")
+
+
+# -- Mollie ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("minutes_later", "resent"), [(30, True), (120, False)])
+def test_mollie_resends_an_intent_that_may_have_executed_only_within_one_hour(
+    minutes_later: int, resent: bool, start: Start, make_client: MakeClient
+) -> None:
+    server = start("mollie")
+    crashing = make_client(base_url=server.url, provider="mollie", transport=_CrashAfterSend())
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        crashing.post("/v1/payments", json=PAYMENT, reference="order-m")
+    (record,) = crashing.journal.find("order-m")
+    assert record.state is payonce.IntentState.PENDING
+    assert server.store.executions() == {record.key: 1}
+
+    later = make_client(
+        base_url=server.url, provider="mollie", clock=lambda: time.time() + minutes_later * 60
+    )
+    sent = _requests(later)
+    if resent:
+        paid = later.post("/v1/payments", json=PAYMENT, reference="order-m")
+        assert _info(paid).provider_replayed
+        assert len(sent) == 1
+    else:
+        with pytest.raises(payonce.OutcomeUnknown, match="key lifetime of 3600s"):
+            later.post("/v1/payments", json=PAYMENT, reference="order-m")
+        assert sent == [], "nothing was resent"
+        assert later.journal.get(record.key).state is payonce.IntentState.UNKNOWN  # type: ignore[union-attr]
+    assert server.store.executions() == {record.key: 1}
+
+
+# -- a user-defined profile ------------------------------------------------------------------
+
+
+@pytest.fixture
+def registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Profiles registered by a test are forgotten after it."""
+    monkeypatch.setattr(profile_module, "_REGISTRY", dict(profile_module._REGISTRY))
+
+
+@pytest.mark.usefixtures("registry")
+def test_a_user_defined_profile_is_registered_and_used_by_name(
+    start: Start, make_client: MakeClient
+) -> None:
+    server = start("generic", key_header="X-Acme-Request-Id", key_lifetime=6 * 3600.0)
+    acme = payonce.ProviderProfile(
+        name="acme",
+        key_header="X-Acme-Request-Id",
+        key_max_length=40,
+        key_lifetime=6 * 3600.0,
+        lookup=payonce.Lookup(path="/v1/payments", by="reference", param="reference"),
+    )
+    payonce.register_profile(acme)
+    client = make_client(base_url=server.url, provider="acme")
+    sent = _requests(client)
+    server.script(["fail_after"])
+
+    with client.intent("order-acme") as op:
+        paid = op.post("/v1/payments", json={**PAYMENT, "reference": "order-acme"})
+
+    assert client.provider is acme
+    assert [r.headers["X-Acme-Request-Id"] for r in sent] == [op.key, op.key]
+    assert all("Idempotency-Key" not in r.headers for r in sent)
+    assert _info(paid).provider_replayed
+    assert server.store.executions() == {op.key: 1}
+    with pytest.raises(payonce.ConfigurationError, match="at most 40"):
+        client.post("/v1/payments", json=PAYMENT, key="k" * 41)
+
+
+def test_the_built_in_profiles_are_registered_by_name() -> None:
+    assert [get_profile(name) for name in ("generic", "stripe", "adyen", "mollie")] == [
+        GENERIC,
+        STRIPE,
+        ADYEN,
+        MOLLIE,
+    ]
+    assert (STRIPE.key_lifetime, ADYEN.key_lifetime, MOLLIE.key_lifetime) == (
+        24 * 3600.0,
+        7 * 24 * 3600.0,
+        3600.0,
+    )
+    assert (STRIPE.key_max_length, ADYEN.key_max_length, MOLLIE.key_max_length) == (255, 64, 255)
+    assert GENERIC.quote_key
+    assert not any(p.quote_key for p in (STRIPE, ADYEN, MOLLIE))
+    assert ADYEN.auth_headers("k") == {"X-API-Key": "k"}
+    assert "x-api-key" in ADYEN.secret_headers()
+
+
+# -- the hooks on their own ------------------------------------------------------------------
+
+
+def _stripe_error(type_: str, code: str | None = None, message: str = "") -> dict[str, Any]:
+    error = {"type": type_, "message": message}
+    if code is not None:
+        error["code"] = code
+    return {"error": error}
+
+
+MISMATCH_TEXT = (
+    "Keys for idempotent requests can only be used with the same parameters they were first "
+    "used with. Try using a key other than 'k1' if you meant to execute a different request."
+)
+IDEMPOTENCY = _stripe_error("idempotency_error")
+IDEMPOTENCY_WORDED = _stripe_error("idempotency_error", message=MISMATCH_TEXT)
+# The wording of older API versions, before the idempotency_error type existed.
+OLD_MISMATCH = _stripe_error("invalid_request_error", message=MISMATCH_TEXT)
+IN_USE = _stripe_error("invalid_request_error", "idempotency_key_in_use")
+LOCKED = _stripe_error("invalid_request_error", "lock_timeout")
+INVALID = _stripe_error("invalid_request_error", message="amount is invalid")
+NO = {"Stripe-Should-Retry": "false"}
+YES = {"Stripe-Should-Retry": "true"}
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "headers", "outcome", "ambiguous"),
+    [
+        (400, IDEMPOTENCY, {}, Outcome.MISMATCH, False),
+        (404, IDEMPOTENCY, {}, Outcome.MISMATCH, False),
+        (409, IDEMPOTENCY_WORDED, {}, Outcome.MISMATCH, False),
+        (400, OLD_MISMATCH, {}, Outcome.MISMATCH, False),
+        # A 409 idempotency_error that does not say "other parameters" may be "key in use".
+        (409, IDEMPOTENCY, {}, Outcome.RETRY, True),
+        (409, IN_USE, {}, Outcome.RETRY, True),
+        (409, LOCKED, {}, Outcome.RETRY, True),
+        (409, None, {}, Outcome.RETRY, True),
+        (409, INVALID, NO, Outcome.FAILED, False),
+        (400, INVALID, {}, Outcome.FAILED, False),
+        (400, INVALID, YES, Outcome.RETRY, True),
+        (402, _stripe_error("card_error", "card_declined"), NO, Outcome.FAILED, False),
+        (500, _stripe_error("api_error"), NO, Outcome.FAILED, False),
+        (500, _stripe_error("api_error"), {}, Outcome.RETRY, True),
+        (429, _stripe_error("invalid_request_error", "rate_limit"), {}, Outcome.RETRY, False),
+        (200, {"id": "pi_1"}, NO, Outcome.SUCCEEDED, False),
+    ],
+)
+def test_stripe_verdicts(
+    status: int,
+    body: object,
+    headers: dict[str, str],
+    outcome: Outcome,
+    ambiguous: bool,
+) -> None:
+    verdict = classify_response(_response(status, body, headers), STRIPE)
+    assert (verdict.outcome, verdict.ambiguous) == (outcome, ambiguous)
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "headers", "outcome"),
+    [
+        (409, {"status": 409, "errorCode": "704", "errorType": "validation"}, {}, Outcome.RETRY),
+        (422, {"status": 422, "errorCode": "704", "errorType": "validation"}, {}, Outcome.RETRY),
+        # Validation errors are definitive, not key mismatches.
+        (422, {"status": 422, "errorCode": "101", "errorType": "validation"}, {}, Outcome.FAILED),
+        (422, {"status": 422, "errorCode": "101"}, {"Transient-Error": "true"}, Outcome.RETRY),
+        (500, {"status": 500, "errorCode": "905"}, {}, Outcome.RETRY),
+        (200, {"resultCode": "Refused"}, {}, Outcome.SUCCEEDED),
+    ],
+)
+def test_adyen_verdicts(
+    status: int, body: object, headers: dict[str, str], outcome: Outcome
+) -> None:
+    assert classify_response(_response(status, body, headers), ADYEN).outcome is outcome
+
+
+def test_mollie_treats_422_as_a_definitive_refusal_not_a_mismatch() -> None:
+    verdict = classify_response(_response(422, {"status": 422, "field": "amount"}), MOLLIE)
+    assert verdict.outcome is Outcome.FAILED
+    assert classify_response(_response(409), MOLLIE).outcome is Outcome.RETRY
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "sent"),
+    [
+        (b"amount=4200", "application/x-www-form-urlencoded", b"amount=4200&" + b"%s=K-1"),
+        (b"", "application/x-www-form-urlencoded; charset=utf-8", b"%s=K-1"),
+        # Already tagged by the caller: their value is what Stripe sees.
+        (b"metadata%5Bpayonce_idempotency_key%5D=mine", "application/x-www-form-urlencoded", None),
+        (b'{"amount":4200}', "application/json", None),
+        (b"raw", None, None),
+    ],
+)
+def test_stripe_tags_form_bodies_only(
+    body: bytes, content_type: str | None, sent: bytes | None
+) -> None:
+    tag = b"metadata%5Bpayonce_idempotency_key%5D"
+    expected = body if sent is None else sent.replace(b"%s", tag)
+    assert STRIPE.prepare_body(body, content_type, "K-1") == expected
+
+
+def test_stripe_search_quotes_the_key() -> None:
+    lookup = STRIPE.lookup
+    assert isinstance(lookup, Lookup)
+    assert lookup.path == "/v1/payment_intents/search"
+    assert lookup.params("01J'x\\y") == {
+        "query": "metadata['payonce_idempotency_key']:'01J\\'x\\\\y'"
+    }
+
+
+@pytest.mark.parametrize(
+    "body", [b"not json", b"[1]", b'{"error": "boom"}', b'{"error": {"code": ["x"]}}']
+)
+def test_stripe_reads_unexpected_409_bodies_as_a_conflict(body: bytes) -> None:
+    verdict = classify_response(httpx.Response(409, content=body), STRIPE)
+    assert (verdict.outcome, verdict.ambiguous) == (Outcome.RETRY, True)
