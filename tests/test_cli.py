@@ -241,6 +241,40 @@ def test_list_shows_the_lease_of_an_intent_in_flight(
     assert settled["lease_owner"] is None
 
 
+def test_narrow_terminal_still_shows_leases_and_unknown_reasons(
+    sandbox: SandboxServer, make_client: Callable[..., payonce.Client], journal_path: Path
+) -> None:
+    sandbox.script(["fail_before"] * 5)
+    with pytest.raises(payonce.OutcomeUnknown):
+        make_client().post("/v1/payments", json=_payment("order-u"), reference="order-u")
+    transport = GatedTransport()
+    client = make_client(transport=transport)
+    sender = threading.Thread(
+        target=client.post,
+        args=("/v1/payments",),
+        kwargs={"json": _payment("order-slow"), "reference": "order-slow"},
+    )
+    sender.start()
+    try:
+        assert transport.entered.wait(30)
+        (held,) = [
+            item
+            for item in _json(_run(["intents", "list", "--json", "--journal", str(journal_path)]))
+            if item["reference"] == "order-slow"
+        ]
+        narrow = CliRunner().invoke(
+            cli, ["intents", "list", "--journal", str(journal_path)], env={"COLUMNS": "80"}
+        )
+    finally:
+        transport.gate.set()
+        sender.join()
+    assert narrow.exit_code == 0, narrow.output
+    assert all(len(line) <= 80 for line in narrow.stdout.splitlines())
+    squeezed = "".join(narrow.stdout.split())  # values fold anywhere on a narrow terminal
+    assert f"lease:{held['lease_owner']}until20" in squeezed
+    assert "unknown:retriesexhausted;lastfailure:HTTP503" in squeezed
+
+
 def test_narrow_terminal_still_shows_every_value(populated: Populated) -> None:
     result = CliRunner().invoke(
         cli, ["intents", "list", "--journal", str(populated.path)], env={"COLUMNS": "80"}

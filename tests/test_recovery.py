@@ -50,9 +50,15 @@ def _leave_pending(make_client: MakeClient, reference: str) -> payonce.IntentRec
 
 
 def _make_unknown(
-    make_client: MakeClient, sandbox: SandboxServer, reference: str, faults: list[str]
+    make_client: MakeClient,
+    sandbox: SandboxServer,
+    reference: str,
+    faults: list[str],
+    provider: str | payonce.ProviderProfile = "sandbox",
 ) -> payonce.IntentRecord:
-    client = make_client(retry=payonce.RetryPolicy(max_attempts=len(faults), initial_wait=0))
+    client = make_client(
+        retry=payonce.RetryPolicy(max_attempts=len(faults), initial_wait=0), provider=provider
+    )
     sandbox.script(faults)
     with pytest.raises(payonce.OutcomeUnknown):
         client.post("/v1/payments", json=PAYMENT, reference=reference)
@@ -212,10 +218,10 @@ def test_an_unreachable_provider_leaves_the_intent_unknown_with_the_attempt_jour
 def test_a_malformed_status_answer_is_an_error_and_changes_nothing_else(
     make_client: MakeClient, sandbox: SandboxServer
 ) -> None:
-    record = _make_unknown(make_client, sandbox, "order-6", ["drop_after"])
     odd = payonce.ProviderProfile(
         name="odd", lookup=payonce.Lookup(path="/_sandbox/executions", list_field="data")
     )
+    record = _make_unknown(make_client, sandbox, "order-6", ["drop_after"], provider=odd)
     client = make_client(provider=odd)
 
     (result,) = client.reconcile("order-6")
@@ -234,10 +240,26 @@ def test_a_malformed_status_answer_is_an_error_and_changes_nothing_else(
 def test_a_profile_without_a_status_lookup_says_so(
     make_client: MakeClient, sandbox: SandboxServer
 ) -> None:
-    _make_unknown(make_client, sandbox, "order-7", ["fail_before"])
-    generic = make_client(provider="generic")
+    generic = make_client(provider="generic", retry=payonce.RetryPolicy(max_attempts=1))
+    sandbox.script(["fail_before"])
+    with pytest.raises(payonce.OutcomeUnknown):
+        generic.post("/v1/payments", json=PAYMENT, reference="order-7")
     with pytest.raises(payonce.ConfigurationError, match="no status look-up"):
         generic.reconcile("order-7")
+
+
+def test_intents_of_another_provider_are_left_to_a_client_for_that_provider(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    record = _make_unknown(make_client, sandbox, "order-7b", ["fail_before"])
+    other = make_client(provider="generic")
+
+    assert other.reconcile_all() == []
+    (named,) = other.reconcile("order-7b")
+
+    assert (named.outcome, named.after) == ("skipped", payonce.IntentState.UNKNOWN)
+    assert "provider profile 'sandbox'" in named.detail
+    assert other.journal.reconciliations(record.key) == []
 
 
 # -- abandon --------------------------------------------------------------------------------

@@ -3,11 +3,19 @@
 A headless host rarely has a real keyring. keyring then picks its ``fail`` backend, or,
 with keyrings.alt installed, silently a plaintext file. payonce refuses backends that store
 nothing, store in plaintext (unless the user opts in), or would prompt for a password.
+
+Keys are stored under service ``payonce``, one entry per account. keyring cannot list the
+entries of a service, so payonce keeps an index beside them: the entry ``__accounts__`` of
+the same service holds a JSON array of the account names (never a secret). That name is
+reserved. Writes go to the first usable link of a chained keyring, never to a refused one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+from collections.abc import Iterator
 
 import keyring
 import keyring.backend
@@ -15,9 +23,19 @@ import keyring.errors
 
 from .errors import ConfigurationError
 
-__all__ = ["KEYRING_SERVICE", "keyring_problem", "resolve_api_key"]
+__all__ = [
+    "ACCOUNT_INDEX",
+    "KEYRING_SERVICE",
+    "delete_api_key",
+    "keyring_problem",
+    "resolve_api_key",
+    "store_api_key",
+    "stored_accounts",
+]
 
 KEYRING_SERVICE = "payonce"
+ACCOUNT_INDEX = "__accounts__"
+"""The reserved keyring username under which payonce keeps the list of its accounts."""
 API_KEY_ENV = "PAYONCE_API_KEY"
 ALLOW_PLAINTEXT_ENV = "PAYONCE_ALLOW_PLAINTEXT_KEYRING"
 
@@ -87,6 +105,11 @@ def resolve_api_key(
     if from_env:
         return from_env
     how = _HOW_TO.format(account=account)
+    if account == ACCOUNT_INDEX:
+        raise ConfigurationError(
+            f"no API key for account {account!r}: that keyring entry is payonce's index of "
+            f"accounts, not a key. To fix: {how}"
+        )
     backend = keyring.get_keyring()
     allow_plaintext = plaintext_allowed(allow_plaintext_keyring)
     problem = keyring_problem(backend, allow_plaintext=allow_plaintext)
@@ -110,3 +133,148 @@ def resolve_api_key(
             f"no API key for account {account!r} in the keyring. To fix: {how}"
         )
     return secret
+
+
+# -- managing stored keys ----------------------------------------------------------------------
+
+_KEYRING_ERRORS = (keyring.errors.KeyringError, RuntimeError, EOFError, OSError)
+
+_INSTALL_HOW_TO = (
+    "use the OS keyring (Secret Service or KWallet on Linux, Keychain on macOS, Credential "
+    "Manager on Windows); on a headless host, pip install keyrings.alt and opt in to its "
+    "plaintext file with PAYONCE_ALLOW_PLAINTEXT_KEYRING=1; or store no key at all and set "
+    "PAYONCE_API_KEY in the environment of the process that pays"
+)
+
+
+def _check_account(account: str) -> None:
+    if not account or account != account.strip() or not account.isprintable():
+        raise ConfigurationError(
+            f"invalid account name {account!r}: it must be non-empty, printable, and have no "
+            "leading or trailing spaces"
+        )
+    if account == ACCOUNT_INDEX:
+        raise ConfigurationError(
+            f"the account name {ACCOUNT_INDEX!r} is reserved: payonce keeps its index of "
+            "accounts in that keyring entry"
+        )
+
+
+def _check_secret(secret: str) -> None:
+    if not secret:
+        raise ConfigurationError("the API key is empty")
+    if any(char.isspace() or not char.isprintable() for char in secret):
+        # Never quote the secret, not even in part.
+        raise ConfigurationError(
+            "the API key must be one line of printable characters without spaces"
+        )
+
+
+def _describe(backend: keyring.backend.KeyringBackend) -> str:
+    """The backend's name, and its file when it keeps one (keyrings.alt)."""
+    path = getattr(backend, "file_path", None)
+    return f"{_names(backend)} ({path})" if isinstance(path, str) else _names(backend)
+
+
+def _usable(
+    doing: str, allow_plaintext_keyring: bool | None
+) -> list[keyring.backend.KeyringBackend]:
+    """The usable links of the configured keyring, or a ConfigurationError saying how to get one."""
+    backend = keyring.get_keyring()
+    allow_plaintext = plaintext_allowed(allow_plaintext_keyring)
+    usable = usable_backends(backend, allow_plaintext=allow_plaintext)
+    if not usable:
+        problem = keyring_problem(backend, allow_plaintext=allow_plaintext)
+        raise ConfigurationError(
+            f"cannot {doing}: {problem or 'no usable keyring backend'}. To fix: {_INSTALL_HOW_TO}"
+        )
+    return usable
+
+
+@contextlib.contextmanager
+def _keyring_failures(doing: str, backend: keyring.backend.KeyringBackend) -> Iterator[None]:
+    try:
+        yield
+    except _KEYRING_ERRORS as exc:
+        # The exception's own text is left out: a backend could quote what it was given.
+        raise ConfigurationError(
+            f"cannot {doing}: the keyring {_describe(backend)} failed ({type(exc).__name__})"
+        ) from None
+
+
+def _read_index(backend: keyring.backend.KeyringBackend) -> set[str]:
+    raw = backend.get_password(KEYRING_SERVICE, ACCOUNT_INDEX)
+    if raw is None:
+        return set()
+    try:
+        names = json.loads(raw)
+    except ValueError:
+        names = None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ConfigurationError(
+            f"payonce's index of accounts in the keyring {_describe(backend)} (service "
+            f"{KEYRING_SERVICE!r}, entry {ACCOUNT_INDEX!r}) is not a JSON list of names: "
+            f"delete that entry (keyring del {KEYRING_SERVICE} {ACCOUNT_INDEX}); the next "
+            "`payonce keys set` starts a new one"
+        )
+    return set(names)
+
+
+def _write_index(backend: keyring.backend.KeyringBackend, accounts: set[str]) -> None:
+    if accounts:
+        backend.set_password(KEYRING_SERVICE, ACCOUNT_INDEX, json.dumps(sorted(accounts)))
+    elif backend.get_password(KEYRING_SERVICE, ACCOUNT_INDEX) is not None:
+        backend.delete_password(KEYRING_SERVICE, ACCOUNT_INDEX)
+
+
+def store_api_key(account: str, secret: str, *, allow_plaintext_keyring: bool | None = None) -> str:
+    """Store (or replace) the API key of ``account`` in the OS keyring; returns where it went.
+
+    It goes to the first usable link of the configured keyring: never to a backend that
+    stores nothing, would prompt for a password, or keeps a plaintext file without opt-in
+    (``allow_plaintext_keyring=True`` or ``PAYONCE_ALLOW_PLAINTEXT_KEYRING=1``). The account
+    is added to payonce's index of accounts in the same backend.
+    """
+    _check_account(account)
+    _check_secret(secret)
+    doing = f"store the API key of account {account!r}"
+    target = _usable(doing, allow_plaintext_keyring)[0]
+    with _keyring_failures(doing, target):
+        accounts = _read_index(target)
+        target.set_password(KEYRING_SERVICE, account, secret)
+        if account not in accounts:
+            _write_index(target, accounts | {account})
+    return _describe(target)
+
+
+def delete_api_key(account: str, *, allow_plaintext_keyring: bool | None = None) -> bool:
+    """Delete the API key of ``account`` from every usable keyring link that holds one.
+
+    Returns False when none held it. Refused links (see ``store_api_key``) are never touched.
+    """
+    _check_account(account)
+    doing = f"delete the API key of account {account!r}"
+    deleted = False
+    for link in _usable(doing, allow_plaintext_keyring):
+        with _keyring_failures(doing, link):
+            if link.get_password(KEYRING_SERVICE, account) is not None:
+                link.delete_password(KEYRING_SERVICE, account)
+                deleted = True
+            accounts = _read_index(link)
+            if account in accounts:
+                _write_index(link, accounts - {account})
+    return deleted
+
+
+def stored_accounts(*, allow_plaintext_keyring: bool | None = None) -> list[str]:
+    """The accounts whose API key payonce stored in the keyring, sorted. Never a secret.
+
+    Read from payonce's index in every usable keyring link; a key stored by other means
+    (``keyring set payonce ACCOUNT``) is used by clients but not listed.
+    """
+    doing = "list the accounts with a stored API key"
+    accounts: set[str] = set()
+    for link in _usable(doing, allow_plaintext_keyring):
+        with _keyring_failures(doing, link):
+            accounts |= _read_index(link)
+    return sorted(accounts)

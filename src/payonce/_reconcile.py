@@ -50,9 +50,15 @@ def skipped(record: IntentRecord, detail: str) -> ReconcileResult:
 
 
 def targets(core: IntentCore, key_or_reference: str | None) -> list[IntentRecord]:
-    """The intents of this client's account to reconcile: one key/reference, or all unknown."""
+    """The intents of this client's account to reconcile: one key/reference, or all unknown.
+
+    ``--all`` takes only this client's provider: another provider's intents must be looked
+    up at that provider, with its key lifetime. A named one is returned whatever its
+    provider, and ``begin`` says why it is skipped.
+    """
     if key_or_reference is None:
         records = list(reversed(core.journal.list_intents(states=[IntentState.UNKNOWN])))
+        records = [r for r in records if r.provider == core.profile.name]
     else:
         records = core.journal.find(key_or_reference)
     return [r for r in records if r.account == core.account]
@@ -62,6 +68,12 @@ def begin(core: IntentCore, record: IntentRecord, owner: str) -> IntentRecord | 
     """Take the intent's lease for the look-up, or say why it is skipped."""
     if record.state is not IntentState.UNKNOWN:
         return skipped(record, f"{record.state.value}: nothing to reconcile")
+    if record.provider != core.profile.name:
+        return skipped(
+            record,
+            f"sent through provider profile {record.provider!r}: reconcile it with a client "
+            "for that provider",
+        )
     claim = core.journal.claim_key(
         record.key, owner=owner, now=core.clock(), lease_seconds=core.lease_seconds, unknown=True
     )

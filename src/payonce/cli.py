@@ -1,66 +1,78 @@
-"""The ``payonce`` command: inspect the journal, run the sandbox provider, run the demo.
+"""The ``payonce`` command: inspect and repair the journal, manage API keys in the OS
+keyring, run the sandbox provider, run the demo.
 
-A thin client of the public API. It never prints an API key, and prints stored request
-and response payloads only when asked to (``--body``).
+A thin client of the public API (its formatting lives in ``payonce._cli``). It never prints
+an API key and never takes one on the command line; it prints stored request and response
+payloads only when asked to (``--body``).
+
+Exit status: 0 when everything went well; 1 when something needs attention (not found, not
+allowed in the intent's state, intents still unknown or unsent after ``resume`` or
+``reconcile``, a damaged journal); 2 when the configuration, the journal or the command
+line needs fixing.
 """
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import json
 import os
-import textwrap
+import sys
 import time
-from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any, Protocol, TypeVar, runtime_checkable
+from urllib.parse import urlsplit
 
 import click
-from rich import box
-from rich.console import Console, Group
-from rich.table import Table
 from rich.text import Text
 
 import payonce
 
-if TYPE_CHECKING:
-    from payonce.sandbox import Faults
+from ._cli._common import (
+    JOURNAL_ENV,
+    CliError,
+    Damaged,
+    JournalLocation,
+    NotFound,
+    Refused,
+    echo_json,
+    existing_journal,
+    existing_journal_target,
+    journal_option,
+)
+from ._cli._common import console as _console
+from ._cli._intents import (
+    STATES,
+    attempt_json,
+    intent_detail,
+    intent_json,
+    intents_table,
+    payload_json,
+    reconciliation_json,
+)
+from ._cli._recovery import (
+    Row,
+    progress,
+    reconcile_row,
+    resume_row,
+    rows_table,
+    summary,
+    watching,
+)
+from ._cli._report import report_json, report_view
+from ._cli._sandbox import demo, sandbox
 
-__all__ = ["CliError", "NotFound", "cli", "main"]
+__all__ = ["JOURNAL_ENV", "CliError", "NotFound", "Refused", "cli", "main"]
 
-JOURNAL_ENV = "PAYONCE_JOURNAL"
-STATES = tuple(state.value for state in payonce.IntentState)
+F = TypeVar("F", bound=Callable[..., Any])
 
-# Rows of intents that need an operator's eye stand out; the rest only colour their state.
-_ROW_STYLES = {payonce.IntentState.PENDING: "yellow", payonce.IntentState.UNKNOWN: "bold red"}
-_STATE_STYLES = {
-    payonce.IntentState.PENDING: "yellow",
-    payonce.IntentState.SUCCEEDED: "green",
-    payonce.IntentState.FAILED: "magenta",
-    payonce.IntentState.UNKNOWN: "bold red",
-    payonce.IntentState.ABANDONED: "dim",
-}
-
-
-class CliError(click.ClickException):
-    """A user-facing failure: one ``error: ...`` line on stderr, no traceback.
-
-    Exit status 2: the journal or the configuration needs fixing.
-    """
-
-    exit_code = 2
-
-    def show(self, file: IO[Any] | None = None) -> None:
-        click.echo(f"error: {self.format_message()}", err=True, file=file)
-
-
-class NotFound(CliError):
-    """What was asked for is not there: exit status 1."""
-
-    exit_code = 1
+_json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+_results_json_option = click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print a JSON array of results instead of a table; no progress bar, and the summary "
+    "line goes to stderr.",
+)
 
 
 class _Cli(click.Group):
@@ -74,156 +86,13 @@ class _Cli(click.Group):
             raise CliError(str(exc)) from exc
 
 
-# -- the journal ------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _existing_journal(path: Path | None) -> Iterator[payonce.Journal]:
-    """Open a journal for reading; a missing one is reported, never created."""
-    target = (path if path is not None else payonce.default_journal_path()).expanduser()
-    if not target.exists():
-        raise CliError(f"no journal at {target}")
-    journal = payonce.open_journal(target)
-    try:
-        yield journal
-    finally:
-        journal.close()
-
-
-_journal_option = click.option(
-    "--journal",
-    "journal_path",
-    type=click.Path(path_type=Path),
-    envvar=JOURNAL_ENV,
-    show_envvar=True,
-    help="The journal file (default: payonce's journal in the user data directory).",
-)
-
-
-# -- formatting -------------------------------------------------------------------------------
-
-
-def _iso(timestamp: float | None, *, precise: bool = True) -> str | None:
-    """ISO 8601 in UTC: with milliseconds and offset for JSON, short for tables."""
-    if timestamp is None:
-        return None
-    moment = datetime.fromtimestamp(timestamp, UTC)
-    if precise:
-        return moment.isoformat(timespec="milliseconds")
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _redacted(url: str) -> str:
-    """The URL without any user:password part: a base URL may carry credentials."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"***@{host}"))
-
-
-def _request_target(record: payonce.IntentRecord) -> str:
-    parts = urlsplit(record.url)
-    target = f"{parts.path}?{parts.query}" if parts.query else parts.path
-    return f"{record.method} {target}"
-
-
-def _lease(record: payonce.IntentRecord, now: float) -> str | None:
-    if record.lease_owner is None:
-        return None
-    if record.lease_expires_at is None:
-        return record.lease_owner
-    expired = "" if record.lease_live(now) else " (expired)"
-    return f"{record.lease_owner} until {_iso(record.lease_expires_at, precise=False)}{expired}"
-
-
-def _decoded(data: bytes) -> dict[str, str]:
-    try:
-        return {"body": data.decode("utf-8"), "body_encoding": "utf-8"}
-    except UnicodeDecodeError:
-        return {"body": base64.b64encode(data).decode("ascii"), "body_encoding": "base64"}
-
-
-def _intent_json(record: payonce.IntentRecord) -> dict[str, Any]:
-    return {
-        "key": record.key,
-        "reference": record.reference,
-        "state": record.state.value,
-        "scope": record.scope,
-        "account": record.account,
-        "provider": record.provider,
-        "method": record.method,
-        "url": _redacted(record.url),
-        "path": urlsplit(record.url).path,
-        "fingerprint": record.fingerprint,
-        "attempt_count": record.attempt_count,
-        "created_at": _iso(record.created_at),
-        "updated_at": _iso(record.updated_at),
-        "first_sent_at": _iso(record.first_sent_at),
-        "lease_owner": record.lease_owner,
-        "lease_expires_at": _iso(record.lease_expires_at),
-        "unknown_reason": record.unknown_reason,
-        "abandon_reason": record.abandon_reason,
-        "response_status": record.response.status if record.response else None,
-        "acknowledged_at": _iso(record.acknowledged_at),
-    }
-
-
-def _attempt_json(attempt: payonce.AttemptRecord) -> dict[str, Any]:
-    return {
-        "number": attempt.number,
-        "started_at": _iso(attempt.started_at),
-        "ended_at": _iso(attempt.ended_at),
-        "status_code": attempt.status_code,
-        "error": attempt.error,
-        "ambiguous": attempt.ambiguous,
-        "in_flight": attempt.in_flight,
-    }
-
-
-def _reconciliation_json(entry: payonce.ReconciliationRecord) -> dict[str, Any]:
-    return {
-        "at": _iso(entry.at),
-        "outcome": entry.outcome,
-        "detail": entry.detail,
-        "status_code": entry.status_code,
-    }
-
-
-def _payload_json(record: payonce.IntentRecord) -> dict[str, Any]:
-    request = {"headers": [list(pair) for pair in record.request_headers], **_decoded(record.body)}
-    response: dict[str, Any] | None = None
-    if record.response is not None:
-        stored = record.response
-        response = {
-            "status": stored.status,
-            "headers": [list(pair) for pair in stored.headers],
-            "body_stored": stored.body_stored,
-            **_decoded(stored.body),
-        }
-    return {"request": request, "response": response}
-
-
-def _echo_json(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2, ensure_ascii=False))
-
-
-def _state_text(state: payonce.IntentState) -> Text:
-    return Text(state.value, style=_STATE_STYLES.get(state, ""))
-
-
-def _console() -> Console:
-    # Created per command so it writes to whatever stdout is current (CliRunner swaps it).
-    return Console(highlight=False)
-
-
-# -- the command group ------------------------------------------------------------------------
-
-
 @click.group(cls=_Cli)
 @click.version_option(payonce.__version__, prog_name="payonce")
 def cli() -> None:
     """payonce: payments that take effect exactly once over an at-least-once network."""
+
+
+# -- intents ----------------------------------------------------------------------------------
 
 
 @cli.group()
@@ -240,102 +109,31 @@ def intents() -> None:
     help=f"Only intents in this state (repeatable): {', '.join(STATES)}.",
 )
 @click.option("--limit", type=click.IntRange(min=1), help="At most this many intents.")
-@_journal_option
+@journal_option
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array instead of a table.")
 def list_intents(
-    states: Sequence[str], limit: int | None, journal_path: Path | None, as_json: bool
+    states: Sequence[str], limit: int | None, journal_path: JournalLocation | None, as_json: bool
 ) -> None:
-    """List intents, newest first.
+    """List intents, newest first, with their leases and why unknown ones are unknown.
 
     Pending and unknown intents are highlighted: unknown ones need reconciliation.
     """
     wanted = [payonce.IntentState(s.lower()) for s in states] or None
-    with _existing_journal(journal_path) as journal:
+    with existing_journal(journal_path) as journal:
         records = journal.list_intents(states=wanted, limit=limit)
     if as_json:
-        _echo_json([_intent_json(r) for r in records])
+        echo_json([intent_json(r) for r in records])
         return
     console = _console()
     if not records:
         console.print("no intents" + (f" in state {', '.join(states)}" if states else ""))
         return
-    console.print(_intents_table(records, width=console.width))
-
-
-_WIDE_TABLE = 120
-"""Below this console width, intents are listed on several lines each."""
-
-
-def _intents_table(records: Sequence[payonce.IntentRecord], *, width: int) -> Table:
-    now = time.time()
-    table = Table(
-        title=f"{len(records)} intent(s), newest first",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-    )
-    if width < _WIDE_TABLE:
-        _compact_rows(table, records, now)
-    else:
-        _wide_rows(table, records, now)
-    return table
-
-
-def _wide_rows(table: Table, records: Sequence[payonce.IntentRecord], now: float) -> None:
-    with_lease = any(r.lease_owner for r in records)
-    with_reason = any(r.unknown_reason for r in records)
-    table.add_column("key", no_wrap=True)
-    table.add_column("reference", overflow="fold")
-    table.add_column("state", no_wrap=True)
-    table.add_column("request", overflow="fold")
-    table.add_column("attempts", justify="right")
-    table.add_column("created (UTC)", no_wrap=True)
-    if with_lease:
-        table.add_column("lease", overflow="fold", min_width=10)
-    if with_reason:
-        table.add_column("unknown reason", overflow="fold", min_width=10)
-    for record in records:
-        # Text, not str: a reference such as "[red]" must not be taken for rich markup.
-        cells = [
-            Text(record.key),
-            Text(record.reference or ""),
-            _state_text(record.state),
-            Text(_request_target(record)),
-            Text(str(record.attempt_count)),
-            Text(_iso(record.created_at, precise=False) or ""),
-        ]
-        if with_lease:
-            cells.append(Text(_lease(record, now) or ""))
-        if with_reason:
-            cells.append(Text(record.unknown_reason or ""))
-        table.add_row(*cells, style=_ROW_STYLES.get(record.state))
-
-
-def _compact_rows(table: Table, records: Sequence[payonce.IntentRecord], now: float) -> None:
-    # Two or more lines per intent, so a narrow terminal folds values instead of cropping.
-    table.add_column("key / reference", overflow="fold", min_width=max(len(r.key) for r in records))
-    table.add_column("state", no_wrap=True)
-    table.add_column("attempts", justify="right")
-    table.add_column("request / created (UTC)", overflow="fold", min_width=20)
-    for record in records:
-        details = [_request_target(record), _iso(record.created_at, precise=False) or ""]
-        lease = _lease(record, now)
-        if lease:
-            details.append(f"lease: {lease}")
-        if record.unknown_reason:
-            details.append(f"unknown: {record.unknown_reason}")
-        table.add_row(
-            Text("\n").join([Text(record.key), Text(record.reference or "")]),
-            _state_text(record.state),
-            Text(str(record.attempt_count)),
-            Text("\n".join(details)),
-            style=_ROW_STYLES.get(record.state),
-        )
+    console.print(intents_table(records, width=console.width))
 
 
 @intents.command("show")
 @click.argument("key_or_reference")
-@_journal_option
+@journal_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 @click.option(
     "--body",
@@ -344,10 +142,10 @@ def _compact_rows(table: Table, records: Sequence[payonce.IntentRecord], now: fl
     help="Also print the stored request and response (headers and bodies).",
 )
 def show_intent(
-    key_or_reference: str, journal_path: Path | None, as_json: bool, with_body: bool
+    key_or_reference: str, journal_path: JournalLocation | None, as_json: bool, with_body: bool
 ) -> None:
     """Show the intent(s) with this key or reference, with their attempts."""
-    with _existing_journal(journal_path) as journal:
+    with existing_journal(journal_path) as journal:
         records = journal.find(key_or_reference)
         attempts = {r.key: list(journal.attempts(r.key)) for r in records}
         reconciliations = {r.key: list(journal.reconciliations(r.key)) for r in records}
@@ -356,263 +154,503 @@ def show_intent(
     if as_json:
         documents = []
         for record in records:
-            document = _intent_json(record)
-            document["attempts"] = [_attempt_json(a) for a in attempts[record.key]]
+            document = intent_json(record)
+            document["attempts"] = [attempt_json(a) for a in attempts[record.key]]
             document["reconciliations"] = [
-                _reconciliation_json(entry) for entry in reconciliations[record.key]
+                reconciliation_json(entry) for entry in reconciliations[record.key]
             ]
             if with_body:
-                document |= _payload_json(record)
+                document |= payload_json(record)
             documents.append(document)
-        _echo_json(documents)
+        echo_json(documents)
         return
     console = _console()
     for record in records:
         console.print(
-            _intent_detail(
-                record,
-                attempts[record.key],
-                reconciliations[record.key],
-                with_body=with_body,
+            intent_detail(
+                record, attempts[record.key], reconciliations[record.key], with_body=with_body
             )
         )
 
 
-def _intent_detail(
-    record: payonce.IntentRecord,
-    attempts: Sequence[payonce.AttemptRecord],
-    reconciliations: Sequence[payonce.ReconciliationRecord],
-    *,
-    with_body: bool,
-) -> Group:
-    fields = Table.grid(padding=(0, 2))
-    fields.add_column(style="bold", no_wrap=True)
-    fields.add_column(overflow="fold")
-    stored = record.response
-    rows: list[tuple[str, Text | str | None]] = [
-        ("key", record.key),
-        ("reference", record.reference),
-        ("state", _state_text(record.state)),
-        ("unknown reason", record.unknown_reason),
-        ("abandon reason", record.abandon_reason),
-        ("request", _request_target(record)),
-        ("url", _redacted(record.url)),
-        ("scope", record.scope),
-        ("provider", record.provider),
-        ("fingerprint", record.fingerprint),
-        ("created", _iso(record.created_at)),
-        ("updated", _iso(record.updated_at)),
-        ("first sent", _iso(record.first_sent_at)),
-        ("lease", _lease(record, time.time())),
-        ("response", f"HTTP {stored.status}" if stored else None),
-        ("acknowledged", _iso(record.acknowledged_at)),
+# -- after a crash: resume and reconcile ------------------------------------------------------
+
+
+def _client_options(command: F) -> F:
+    """What a command that talks to the provider needs. The API key is never an option:
+    it comes from PAYONCE_API_KEY or the OS keyring (``payonce keys set``)."""
+    options = [
+        click.option(
+            "--base-url",
+            envvar="PAYONCE_BASE_URL",
+            show_envvar=True,
+            required=True,
+            help="The provider's API root, e.g. https://api.stripe.com.",
+        ),
+        click.option(
+            "--provider",
+            envvar="PAYONCE_PROVIDER",
+            show_envvar=True,
+            default="generic",
+            show_default=True,
+            help="The provider profile the intents were sent with (stripe, adyen, mollie, "
+            "sandbox, generic, or one your code registered).",
+        ),
+        click.option(
+            "--account",
+            envvar="PAYONCE_ACCOUNT",
+            show_envvar=True,
+            default="default",
+            show_default=True,
+            help="The account whose intents to drive; also picks its key in the keyring.",
+        ),
+        journal_option,
     ]
-    for name, value in rows:
-        if value is not None:
-            fields.add_row(name, value if isinstance(value, Text) else Text(value))
-    parts: list[Table | Text] = [fields, _attempts_table(attempts)]
-    if reconciliations:
-        parts.append(_reconciliations_table(reconciliations))
-    if with_body:
-        parts.extend(_payload_texts(record))
-    parts.append(Text(""))
-    return Group(*parts)
+    for option in reversed(options):
+        command = option(command)
+    return command
 
 
-def _attempts_table(attempts: Sequence[payonce.AttemptRecord]) -> Table:
-    table = Table(title=f"{len(attempts)} attempt(s)", title_justify="left", box=box.SIMPLE_HEAD)
-    table.add_column("#", justify="right")
-    table.add_column("started (UTC)", no_wrap=True)
-    table.add_column("duration", justify="right", no_wrap=True)
-    table.add_column("status")
-    table.add_column("error", overflow="fold")
-    table.add_column("may have executed", overflow="fold")
-    for attempt in attempts:
-        if attempt.ended_at is None:
-            duration, verdict = "", Text("in flight", style="yellow")
-        else:
-            duration = f"{(attempt.ended_at - attempt.started_at) * 1000:.0f} ms"
-            verdict = Text("yes", style="yellow") if attempt.ambiguous else Text("no")
-        table.add_row(
-            Text(str(attempt.number)),
-            Text(_iso(attempt.started_at) or ""),
-            Text(duration),
-            Text("" if attempt.status_code is None else str(attempt.status_code)),
-            Text(attempt.error or ""),
-            verdict,
-        )
-    return table
+@contextmanager
+def _client(
+    base_url: str, provider: str, account: str, journal_path: JournalLocation | None
+) -> Iterator[payonce.Client]:
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        # Not quoted back: whatever was pasted there by mistake may be a secret.
+        raise CliError("--base-url must be an http(s) URL")
+    journal = existing_journal_target(journal_path)  # never create one to resume from
+    with payonce.Client(
+        base_url=base_url, provider=provider, account=account, journal=journal
+    ) as client:
+        yield client
 
 
-def _reconciliations_table(entries: Sequence[payonce.ReconciliationRecord]) -> Table:
-    table = Table(
-        title=f"{len(entries)} reconciliation(s)", title_justify="left", box=box.SIMPLE_HEAD
+def _show_progress(as_json: bool) -> bool:
+    return not as_json and _console().is_terminal
+
+
+def _finish(rows: Sequence[Row], *, verb: str, title: str, nothing: str, as_json: bool) -> None:
+    """Print the results and the summary line; exit 1 if an intent still needs attention."""
+    line = summary(verb, rows) if rows else nothing
+    if as_json:
+        echo_json([row.to_json() for row in rows])
+        click.echo(line, err=True)  # stdout stays pure JSON
+    else:
+        console = _console()
+        if rows:
+            console.print(rows_table(rows, title=title))
+        console.print(Text(line))
+    if any(row.needs_attention for row in rows):
+        raise click.exceptions.Exit(1)
+
+
+@cli.command(short_help="Resend the pending intents dead workers left behind.")
+@_client_options
+@_results_json_option
+def resume(
+    base_url: str,
+    provider: str,
+    account: str,
+    journal_path: JournalLocation | None,
+    as_json: bool,
+) -> None:
+    """Finish the pending intents that crashed or killed workers left behind.
+
+    Each pending intent of the account and provider that no live worker holds is resent
+    with its journaled bytes under its own key: the provider executes it at most once. One
+    that may have reached the provider longer ago than the provider keeps keys is not
+    resent: it goes unknown, for `payonce reconcile`.
+
+    Exits 1 if an intent is still pending (the provider was unreachable) or unknown.
+    """
+    show = _show_progress(as_json)
+    with _client(base_url, provider, account, journal_path) as client:
+        journal, profile = client.journal, client.provider.name
+
+        def pending() -> int:
+            return len(journal.pending(account=client.account, provider=profile))
+
+        total = pending()
+        with (
+            progress(_console(), "resuming", total, enabled=show) as update,
+            watching(lambda: total - pending(), update, enabled=show),
+        ):
+            results = client.resume()
+        rows = [resume_row(result, journal) for result in results]
+    _finish(
+        rows,
+        verb="resumed",
+        title=f"{len(rows)} resumed intent(s)",
+        nothing=f"nothing to resume: no pending intent of account {account!r} "
+        f"(provider {provider!r})",
+        as_json=as_json,
     )
-    table.add_column("at (UTC)", no_wrap=True)
-    table.add_column("outcome", no_wrap=True)
-    table.add_column("status")
-    table.add_column("detail", overflow="fold")
-    for entry in entries:
-        table.add_row(
-            Text(_iso(entry.at) or ""),
-            Text(entry.outcome),
-            Text("" if entry.status_code is None else str(entry.status_code)),
-            Text(entry.detail),
+
+
+def _reconcile_one(client: payonce.Client, record: payonce.IntentRecord) -> list[Row]:
+    """Reconcile one intent; a provider refusing the look-up stops only this one."""
+    started = time.time()
+    try:
+        return [reconcile_row(result) for result in client.reconcile(record.key)]
+    except payonce.IntentError as exc:
+        journal = client.journal
+        now = journal.get(record.key)
+        # What the journal wrote down names no key, so the same cause groups in the summary.
+        written = [e.detail for e in journal.reconciliations(record.key) if e.at >= started]
+        detail = written[-1] if written else f"{type(exc).__name__}: {exc}"
+        result = payonce.ReconcileResult(
+            record.key,
+            record.reference,
+            record.state,
+            now.state if now else record.state,
+            "error",
+            detail,
         )
-    return table
+        return [reconcile_row(result)]
 
 
-def _body_text(data: bytes) -> Text:
-    decoded = _decoded(data)
-    if decoded["body_encoding"] != "utf-8":
-        return Text(f"  <{len(data)} bytes, not UTF-8: use --json for base64>", style="dim")
-    text = decoded["body"]
-    if not text:
-        return Text("  <empty body>", style="dim")
-    with contextlib.suppress(ValueError):  # not JSON: shown as stored
-        text = json.dumps(json.loads(text), indent=2, ensure_ascii=False)
-    return Text(textwrap.indent(text, "  "))
+def _reconcile_targets(
+    client: payonce.Client, key_or_reference: str | None
+) -> list[payonce.IntentRecord]:
+    """Unknown intents of the client's account and provider (oldest first), or the named ones."""
+    journal, profile = client.journal, client.provider.name
+
+    def ours(record: payonce.IntentRecord) -> bool:
+        return record.account == client.account and record.provider == profile
+
+    if key_or_reference is None:
+        unknown = journal.list_intents(states=[payonce.IntentState.UNKNOWN])
+        return [record for record in reversed(unknown) if ours(record)]
+    found = journal.find(key_or_reference)
+    if not found:
+        raise NotFound(f"no intent with key or reference {key_or_reference!r}")
+    mine = [record for record in found if ours(record)]
+    if not mine:
+        others = ", ".join(
+            sorted({f"--account {r.account} --provider {r.provider}" for r in found})
+        )
+        raise NotFound(
+            f"no intent with key or reference {key_or_reference!r} for account "
+            f"{client.account!r} and provider {profile!r}; it was sent with: {others}"
+        )
+    return mine
 
 
-def _payload_texts(record: payonce.IntentRecord) -> list[Text]:
-    texts = [Text("request", style="bold")]
-    texts.extend(Text(f"  {name}: {value}") for name, value in record.request_headers)
-    texts.append(_body_text(record.body))
-    stored = record.response
-    if stored is not None:
-        texts.append(Text(f"response HTTP {stored.status}", style="bold"))
-        texts.extend(Text(f"  {name}: {value}") for name, value in stored.headers)
-        if stored.body_stored:
-            texts.append(_body_text(stored.body))
-        else:
-            texts.append(Text("<body not stored: it exceeded the size cap>", style="dim"))
-    return texts
+@cli.command(short_help="Ask the provider what became of unknown intents.")
+@click.argument("key_or_reference", required=False)
+@click.option(
+    "--all", "every", is_flag=True, help="Every unknown intent of the account and provider."
+)
+@_client_options
+@_results_json_option
+def reconcile(
+    key_or_reference: str | None,
+    every: bool,
+    base_url: str,
+    provider: str,
+    account: str,
+    journal_path: JournalLocation | None,
+    as_json: bool,
+) -> None:
+    """Ask the provider what became of unknown intents, instead of guessing.
+
+    Give one KEY_OR_REFERENCE, or --all for every unknown intent of the account and
+    provider, oldest first. Per intent: the provider has it (settled: succeeded or
+    failed); it has not and the key is still valid (back to pending: `payonce resume`
+    sends it once); or it cannot tell (still unknown, with the reason: check by hand,
+    then `payonce abandon`). Intents in other states are skipped.
+
+    Exits 1 if an intent is still unknown.
+    """
+    if (key_or_reference is None) == (not every):
+        raise click.UsageError("give either one KEY_OR_REFERENCE or --all")
+    show = every and _show_progress(as_json)
+    rows: list[Row] = []
+    with _client(base_url, provider, account, journal_path) as client:
+        targets = _reconcile_targets(client, key_or_reference)
+        with progress(_console(), "reconciling", len(targets), enabled=show) as update:
+            for done, record in enumerate(targets, start=1):
+                rows += _reconcile_one(client, record)
+                update(done)
+    _finish(
+        rows,
+        verb="reconciled",
+        title=f"{len(rows)} reconciled intent(s)",
+        nothing=f"nothing to reconcile: no unknown intent of account {account!r} "
+        f"(provider {provider!r})",
+        as_json=as_json,
+    )
+
+
+# -- operator decisions: abandon, acknowledge -------------------------------------------------
+
+
+def _by_key(journal: payonce.Journal, key: str) -> payonce.IntentRecord:
+    record = journal.get(key)
+    if record is not None:
+        return record
+    named = journal.find(key)
+    if named:
+        keys = ", ".join(r.key for r in named)
+        raise NotFound(f"{key!r} is a reference, not a key; its intent(s): {keys}")
+    raise NotFound(f"no intent with key {key!r}")
+
+
+def _reference(record: payonce.IntentRecord) -> str:
+    return f" (reference {record.reference})" if record.reference else ""
+
+
+@cli.command(short_help="Close a pending or unknown intent for good.")
+@click.argument("key")
+@click.option(
+    "--reason",
+    required=True,
+    help="Why, kept in the journal with the intent: e.g. the ticket of the manual check.",
+)
+@journal_option
+def abandon(key: str, reason: str, journal_path: JournalLocation | None) -> None:
+    """Close a pending or unknown intent for good: kept, and never sent again.
+
+    An operator's decision, once the payment has been checked at the provider by hand.
+    Only pending and unknown intents can be abandoned: succeeded, failed and abandoned
+    ones are final. Exits 1 if the intent is not there, is final, or is being sent.
+    """
+    reason = reason.strip()
+    if not reason:
+        raise click.BadParameter("must not be empty", param_hint="--reason")
+    with existing_journal(journal_path) as journal:
+        record = _by_key(journal, key)
+        try:
+            journal.abandon(key, reason=reason, now=time.time())
+        except (payonce.IntentStateError, payonce.IntentInFlight) as exc:
+            raise Refused(str(exc)) from exc
+    click.echo(f"abandoned intent {key}{_reference(record)}: it will never be sent again")
+
+
+@cli.command(short_help="Acknowledge settled intents, or list those not acknowledged.")
+@click.argument("keys", nargs=-1)
+@click.option(
+    "--list", "listing", is_flag=True, help="List the settled intents not acknowledged yet."
+)
+@click.option("--account", help="With --list: only this account's intents.")
+@journal_option
+@click.option("--json", "as_json", is_flag=True, help="With --list: print a JSON array.")
+def ack(
+    keys: Sequence[str],
+    listing: bool,
+    account: str | None,
+    journal_path: JournalLocation | None,
+    as_json: bool,
+) -> None:
+    """Acknowledge settled intents: the caller has recorded their outcome.
+
+    A succeeded or failed intent stays unacknowledged until the caller confirms it has
+    recorded the outcome on its side (a client-side outbox): after a crash, `payonce ack
+    --list` shows what it may have missed. Only succeeded and failed intents can be
+    acknowledged. Exits 1 if a KEY is not there or not settled.
+    """
+    if listing == bool(keys):
+        raise click.UsageError("give the KEYs to acknowledge, or --list")
+    if not listing and (as_json or account is not None):
+        raise click.UsageError("--json and --account go with --list")
+    with existing_journal(journal_path) as journal:
+        if listing:
+            _list_unacknowledged(journal, account, as_json=as_json)
+            return
+        failed = False
+        for key in keys:
+            try:
+                record = _by_key(journal, key)
+                done = journal.acknowledge(key, now=time.time())
+            except (NotFound, payonce.IntentStateError) as exc:
+                click.echo(f"error: {exc}", err=True)
+                failed = True
+                continue
+            already = record.acknowledged_at is not None
+            click.echo(
+                f"{'already acknowledged' if already else 'acknowledged'}: intent {key}"
+                f"{_reference(done)}, {done.state.value}"
+            )
+    if failed:
+        raise click.exceptions.Exit(1)
+
+
+def _list_unacknowledged(journal: payonce.Journal, account: str | None, *, as_json: bool) -> None:
+    records = journal.unacknowledged(account=account)
+    if as_json:
+        echo_json([intent_json(r) for r in records])
+        return
+    console = _console()
+    if not records:
+        console.print("no unacknowledged intents" + (f" of account {account}" if account else ""))
+        return
+    title = f"{len(records)} settled intent(s) not acknowledged yet, oldest first"
+    console.print(intents_table(records, width=console.width, title=title))
+
+
+# -- the journal itself -----------------------------------------------------------------------
+
+
+@runtime_checkable
+class _Checkable(Protocol):
+    def check(self) -> payonce.JournalReport: ...
+
+
+@cli.group("journal")
+def journal_group() -> None:
+    """Check the journal's integrity and back it up."""
+
+
+@journal_group.command("check")
+@journal_option
+@_json_option
+def check_journal(journal_path: JournalLocation | None, as_json: bool) -> None:
+    """Read the whole journal through and report its health and what it holds.
+
+    Integrity, schema version, intents by state, unacknowledged intents, size on disk.
+    Exits 1 if the journal is damaged.
+    """
+    with existing_journal(journal_path) as journal:
+        if not isinstance(journal, _Checkable):
+            raise CliError(f"the journal at {journal.location} cannot be checked by payonce")
+        try:
+            report = journal.check()
+        except payonce.JournalBusy:
+            raise
+        except payonce.JournalError as exc:
+            raise Damaged(f"the journal is damaged: {exc}") from exc
+    if as_json:
+        echo_json(report_json(report))
+    else:
+        _console().print(report_view(report))
+    if not report.ok:
+        raise click.exceptions.Exit(1)
+
+
+def _is_postgres(location: JournalLocation | None) -> bool:
+    return isinstance(location, str) and urlsplit(location).scheme in ("postgresql", "postgres")
+
+
+_PG_DUMP = "back a PostgreSQL journal up with pg_dump (e.g. pg_dump -Fc -f payonce.dump DBNAME)"
+
+
+@journal_group.command("backup")
+@click.argument("destination", type=click.Path(path_type=Path))
+@journal_option
+def backup_journal(destination: Path, journal_path: JournalLocation | None) -> None:
+    """Copy the SQLite journal to DESTINATION, a new file, while payonce keeps running.
+
+    Through SQLite's backup API: the copy is consistent and holds every committed row,
+    also those still only in the -wal file beside the journal (a copy of the .db file
+    alone can miss them). DESTINATION must not exist: a backup never overwrites anything.
+    """
+    if _is_postgres(journal_path):
+        raise CliError(_PG_DUMP)
+    with existing_journal(journal_path) as journal:
+        if not isinstance(journal, payonce.SQLiteJournal):
+            raise CliError(f"the journal at {journal.location} is not a SQLite file: {_PG_DUMP}")
+        target = journal.backup(destination)
+    size = target.stat().st_size
+    click.echo(f"backed up {journal.location} to {target} ({size} bytes)")
+
+
+# -- API keys in the OS keyring ---------------------------------------------------------------
+
+_KEYS_NOTE = (
+    "note: PAYONCE_API_KEY is set in this environment, and takes precedence over the "
+    "keyring for every account"
+)
+
+
+def _note_environment_key() -> None:
+    if os.environ.get("PAYONCE_API_KEY"):
+        click.echo(_KEYS_NOTE, err=True)
+
+
+@cli.group(short_help="Store, list and delete API keys in the OS keyring.")
+def keys() -> None:
+    """Manage the API keys payonce keeps in the OS keyring (service "payonce").
+
+    A client without an explicit key uses PAYONCE_API_KEY if set, else its account's entry
+    in the keyring. Backends that store nothing or would prompt are refused; a plaintext
+    file (keyrings.alt) only with PAYONCE_ALLOW_PLAINTEXT_KEYRING=1.
+    """
+
+
+def _read_secret(account: str) -> str:
+    stdin = sys.stdin
+    if stdin is None:  # e.g. started by a service manager with no standard input at all
+        raise CliError("no API key on standard input")
+    if stdin.isatty():
+        secret: str = click.prompt(
+            f"API key for account {account}",
+            hide_input=True,
+            confirmation_prompt=True,
+            err=True,
+        )
+        return secret.strip()
+    lines = stdin.read().splitlines()
+    if not lines or not lines[0].strip():
+        raise CliError("no API key on standard input")
+    if len(lines) > 1:
+        raise CliError("standard input holds more than one line: give just the API key")
+    return lines[0].strip()
+
+
+@keys.command("set", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.argument("account")
+@click.pass_context
+def set_key(ctx: click.Context, account: str) -> None:
+    """Store (or replace) the API key of ACCOUNT in the OS keyring.
+
+    The key is prompted for with hidden input, twice; when standard input is not a
+    terminal it is read from there instead (echo "$KEY" | payonce keys set ACCOUNT). It is
+    never taken from the command line, where shell history and ps would show it.
+    """
+    if ctx.args:
+        # Not click's usual message: it would quote the arguments, perhaps a key.
+        raise click.UsageError(
+            "keys set takes only ACCOUNT: an API key is never accepted on the command line "
+            "(shell history and ps would show it); it is prompted for, or read from stdin",
+            ctx,
+        )
+    secret = _read_secret(account)
+    where = payonce.store_api_key(account, secret)
+    click.echo(f"stored the API key of account {account!r} in {where}")
+    if "Plaintext" in where:
+        click.echo("warning: that keyring is a plaintext file, as you opted in to", err=True)
+    _note_environment_key()
+
+
+@keys.command("delete")
+@click.argument("account")
+def delete_key(account: str) -> None:
+    """Delete the API key of ACCOUNT from the OS keyring. Exits 1 if there is none."""
+    if not payonce.delete_api_key(account):
+        raise NotFound(f"no API key stored in the keyring for account {account!r}")
+    click.echo(f"deleted the API key of account {account!r}")
+
+
+@keys.command("list")
+@_json_option
+def list_keys(as_json: bool) -> None:
+    """List the accounts with an API key stored by payonce: names only, never a key."""
+    accounts = payonce.stored_accounts()
+    if as_json:
+        echo_json([{"account": account} for account in accounts])
+    elif accounts:
+        for account in accounts:
+            click.echo(account)
+    else:
+        click.echo("no API keys stored by payonce in the keyring")
+    _note_environment_key()
 
 
 # -- the sandbox provider and the demo --------------------------------------------------------
 
-_RATE = click.FloatRange(0.0, 1.0)
-_SECONDS = click.FloatRange(min=0.0)
-
-
-def _describe_faults(faults: Faults) -> str:
-    rates = [
-        ("fail before", faults.fail_before_rate),
-        ("fail after", faults.fail_after_rate),
-        ("drop after", faults.drop_after_rate),
-        ("rate limit", faults.rate_limit_rate),
-        (f"delay {faults.delay_seconds:g}s", faults.delay_rate),
-    ]
-    active = ", ".join(f"{name} {rate:.0%}" for name, rate in rates if rate > 0)
-    return f"{active} (seed {faults.seed})" if active else ""
-
-
-def _sandbox_missing(exc: ImportError) -> CliError:
-    return CliError(
-        f"the sandbox provider needs payonce's sandbox extra ({exc}): "
-        "pip install 'payonce[sandbox]'"
-    )
-
-
-@cli.command()
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option(
-    "--port",
-    type=click.IntRange(0, 65535),
-    default=8765,
-    show_default=True,
-    help="0 picks a free port.",
-)
-@click.option(
-    "--key-lifetime",
-    type=_SECONDS,
-    default=86400.0,
-    show_default=True,
-    metavar="S",
-    help="Seconds the provider remembers an idempotency key.",
-)
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random faults.")
-@click.option("--fail-before", type=_RATE, default=0.0, help="Rate of 503 before executing.")
-@click.option("--fail-after", type=_RATE, default=0.0, help="Rate of 503 after executing.")
-@click.option("--drop-after", type=_RATE, default=0.0, help="Rate of dropped connections.")
-@click.option("--rate-limit", type=_RATE, default=0.0, help="Rate of 429 answers.")
-@click.option("--delay-rate", type=_RATE, default=0.0, help="Rate of slow answers.")
-@click.option("--delay", type=_SECONDS, default=0.0, metavar="S", help="How slow they are.")
-@click.option(
-    "--store",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="Keep the provider's state in this file (default: a temporary one).",
-)
-def sandbox(
-    host: str,
-    port: int,
-    key_lifetime: float,
-    seed: int,
-    fail_before: float,
-    fail_after: float,
-    drop_after: float,
-    rate_limit: float,
-    delay_rate: float,
-    delay: float,
-    store: Path | None,
-) -> None:
-    """Run the sandbox payment provider in the foreground until Ctrl-C."""
-    try:
-        from payonce.sandbox import DEFAULT_ACCOUNT, DEFAULT_API_KEY, Faults, SandboxConfig, serve
-    except ImportError as exc:
-        raise _sandbox_missing(exc) from exc
-    faults = Faults(
-        seed=seed,
-        fail_before_rate=fail_before,
-        fail_after_rate=fail_after,
-        drop_after_rate=drop_after,
-        rate_limit_rate=rate_limit,
-        delay_rate=delay_rate,
-        delay_seconds=delay,
-    )
-    config = SandboxConfig(
-        key_lifetime=key_lifetime,
-        faults=faults,
-        store_path=None if store is None else os.fspath(store),
-    )
-    console = _console()
-
-    def ready(url: str) -> None:
-        console.print(Text.assemble("payonce sandbox provider listening on ", (url, "bold")))
-        # The sandbox's fixed, public test key: not a secret, and clients need it.
-        console.print(f"test API key: {DEFAULT_API_KEY} (account {DEFAULT_ACCOUNT})")
-        active = _describe_faults(faults)
-        console.print(f"faults: {active}" if active else "faults: none")
-        console.print("press Ctrl-C to stop")
-
-    try:
-        serve(config, host=host, port=port, ready=ready)
-    except OSError as exc:
-        raise CliError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from exc
-    console.print("sandbox provider stopped")
-
-
-@cli.command()
-@click.option("--payments", type=click.IntRange(min=1), default=300, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the faults.")
-@click.option(
-    "--journal",
-    "journal_path",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="Keep the demo's journal in this new file (default: a temporary directory).",
-)
-def demo(payments: int, seed: int, journal_path: Path | None) -> None:
-    """Send payments through payonce and through a naive client over a faulty network.
-
-    Exits non-zero if payonce ever executed a payment twice.
-    """
-    try:
-        from payonce._demo import run_demo
-    except ImportError as exc:
-        raise _sandbox_missing(exc) from exc
-    result = run_demo(payments, seed, journal_path, _console())
-    if not result.ok:
-        raise click.exceptions.Exit(1)
+cli.add_command(sandbox)
+cli.add_command(demo)
 
 
 def main() -> None:

@@ -1,0 +1,141 @@
+"""What every command shares: errors and exit codes, the journal option, output helpers."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import urlsplit, urlunsplit
+
+import click
+from rich.console import Console
+
+import payonce
+
+__all__ = [
+    "JOURNAL_ENV",
+    "CliError",
+    "Damaged",
+    "JournalLocation",
+    "NotFound",
+    "Refused",
+    "console",
+    "echo_json",
+    "existing_journal",
+    "existing_journal_target",
+    "iso",
+    "journal_option",
+    "redacted",
+]
+
+JOURNAL_ENV = "PAYONCE_JOURNAL"
+
+
+class CliError(click.ClickException):
+    """A user-facing failure: one ``error: ...`` line on stderr, no traceback.
+
+    Exit status 2: the journal or the configuration needs fixing.
+    """
+
+    exit_code = 2
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True, file=file)
+
+
+class NotFound(CliError):
+    """What was asked for is not there: exit status 1."""
+
+    exit_code = 1
+
+
+class Refused(CliError):
+    """The intent's state does not allow what was asked (or another worker holds it): 1."""
+
+    exit_code = 1
+
+
+class Damaged(CliError):
+    """The journal opened, but reading it through found damage: exit status 1."""
+
+    exit_code = 1
+
+
+# -- the journal ------------------------------------------------------------------------------
+
+JournalLocation = Path | str
+"""A journal file, or the URL of a journal server (kept as a string: a Path would mangle it)."""
+
+
+def _journal_location(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> JournalLocation | None:
+    if value is None:
+        return None
+    return value if "://" in value else Path(value)
+
+
+journal_option = click.option(
+    "--journal",
+    "journal_path",
+    metavar="PATH|URL",
+    callback=_journal_location,
+    envvar=JOURNAL_ENV,
+    show_envvar=True,
+    help="The journal file, or a journal URL such as postgresql://… "
+    "(default: payonce's journal in the user data directory).",
+)
+
+
+def existing_journal_target(location: JournalLocation | None) -> JournalLocation:
+    """The journal to open; a missing journal file is reported, never created."""
+    if isinstance(location, str):
+        return location
+    target = (location if location is not None else payonce.default_journal_path()).expanduser()
+    if not target.exists():
+        raise CliError(f"no journal at {target}")
+    return target
+
+
+@contextlib.contextmanager
+def existing_journal(location: JournalLocation | None) -> Iterator[payonce.Journal]:
+    """Open an existing journal; closed on the way out."""
+    journal = payonce.open_journal(existing_journal_target(location))
+    try:
+        yield journal
+    finally:
+        journal.close()
+
+
+# -- output -----------------------------------------------------------------------------------
+
+
+def iso(timestamp: float | None, *, precise: bool = True) -> str | None:
+    """ISO 8601 in UTC: with milliseconds and offset for JSON, short for tables."""
+    if timestamp is None:
+        return None
+    moment = datetime.fromtimestamp(timestamp, UTC)
+    if precise:
+        return moment.isoformat(timespec="milliseconds")
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def redacted(url: str) -> str:
+    """The URL without any user:password part: a base URL may carry credentials."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"***@{host}"))
+
+
+def echo_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def console() -> Console:
+    # Created per command so it writes to whatever stdout is current (CliRunner swaps it).
+    return Console(highlight=False)

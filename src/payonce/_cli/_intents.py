@@ -1,0 +1,323 @@
+"""How intents look on the command line: JSON documents and rich tables."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import textwrap
+import time
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from rich import box
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+import payonce
+
+from ._common import iso, redacted
+
+__all__ = [
+    "STATES",
+    "attempt_json",
+    "intent_detail",
+    "intent_json",
+    "intents_table",
+    "payload_json",
+    "reconciliation_json",
+    "request_target",
+    "state_text",
+]
+
+STATES = tuple(state.value for state in payonce.IntentState)
+
+# Rows of intents that need an operator's eye stand out; the rest only colour their state.
+_ROW_STYLES = {payonce.IntentState.PENDING: "yellow", payonce.IntentState.UNKNOWN: "bold red"}
+_STATE_STYLES = {
+    payonce.IntentState.PENDING: "yellow",
+    payonce.IntentState.SUCCEEDED: "green",
+    payonce.IntentState.FAILED: "magenta",
+    payonce.IntentState.UNKNOWN: "bold red",
+    payonce.IntentState.ABANDONED: "dim",
+}
+
+_WIDE_TABLE = 120
+"""Below this console width, intents are listed on several lines each."""
+
+
+def state_text(state: payonce.IntentState) -> Text:
+    return Text(state.value, style=_STATE_STYLES.get(state, ""))
+
+
+def request_target(record: payonce.IntentRecord) -> str:
+    parts = urlsplit(record.url)
+    target = f"{parts.path}?{parts.query}" if parts.query else parts.path
+    return f"{record.method} {target}"
+
+
+def _lease(record: payonce.IntentRecord, now: float) -> str | None:
+    if record.lease_owner is None:
+        return None
+    if record.lease_expires_at is None:
+        return record.lease_owner
+    expired = "" if record.lease_live(now) else " (expired)"
+    return f"{record.lease_owner} until {iso(record.lease_expires_at, precise=False)}{expired}"
+
+
+def _decoded(data: bytes) -> dict[str, str]:
+    try:
+        return {"body": data.decode("utf-8"), "body_encoding": "utf-8"}
+    except UnicodeDecodeError:
+        return {"body": base64.b64encode(data).decode("ascii"), "body_encoding": "base64"}
+
+
+# -- JSON -------------------------------------------------------------------------------------
+
+
+def intent_json(record: payonce.IntentRecord) -> dict[str, Any]:
+    return {
+        "key": record.key,
+        "reference": record.reference,
+        "state": record.state.value,
+        "scope": record.scope,
+        "account": record.account,
+        "provider": record.provider,
+        "method": record.method,
+        "url": redacted(record.url),
+        "path": urlsplit(record.url).path,
+        "fingerprint": record.fingerprint,
+        "attempt_count": record.attempt_count,
+        "created_at": iso(record.created_at),
+        "updated_at": iso(record.updated_at),
+        "first_sent_at": iso(record.first_sent_at),
+        "lease_owner": record.lease_owner,
+        "lease_expires_at": iso(record.lease_expires_at),
+        "unknown_reason": record.unknown_reason,
+        "abandon_reason": record.abandon_reason,
+        "response_status": record.response.status if record.response else None,
+        "acknowledged_at": iso(record.acknowledged_at),
+    }
+
+
+def attempt_json(attempt: payonce.AttemptRecord) -> dict[str, Any]:
+    return {
+        "number": attempt.number,
+        "started_at": iso(attempt.started_at),
+        "ended_at": iso(attempt.ended_at),
+        "status_code": attempt.status_code,
+        "error": attempt.error,
+        "ambiguous": attempt.ambiguous,
+        "in_flight": attempt.in_flight,
+    }
+
+
+def reconciliation_json(entry: payonce.ReconciliationRecord) -> dict[str, Any]:
+    return {
+        "at": iso(entry.at),
+        "outcome": entry.outcome,
+        "detail": entry.detail,
+        "status_code": entry.status_code,
+    }
+
+
+def payload_json(record: payonce.IntentRecord) -> dict[str, Any]:
+    request = {"headers": [list(pair) for pair in record.request_headers], **_decoded(record.body)}
+    response: dict[str, Any] | None = None
+    if record.response is not None:
+        stored = record.response
+        response = {
+            "status": stored.status,
+            "headers": [list(pair) for pair in stored.headers],
+            "body_stored": stored.body_stored,
+            **_decoded(stored.body),
+        }
+    return {"request": request, "response": response}
+
+
+# -- the list ---------------------------------------------------------------------------------
+
+
+def intents_table(
+    records: Sequence[payonce.IntentRecord], *, width: int, title: str | None = None
+) -> Table:
+    now = time.time()
+    table = Table(
+        title=title or f"{len(records)} intent(s), newest first",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    if width < _WIDE_TABLE:
+        _compact_rows(table, records, now)
+    else:
+        _wide_rows(table, records, now)
+    return table
+
+
+def _wide_rows(table: Table, records: Sequence[payonce.IntentRecord], now: float) -> None:
+    with_lease = any(r.lease_owner for r in records)
+    with_reason = any(r.unknown_reason for r in records)
+    table.add_column("key", no_wrap=True)
+    table.add_column("reference", overflow="fold")
+    table.add_column("state", no_wrap=True)
+    table.add_column("request", overflow="fold")
+    table.add_column("attempts", justify="right")
+    table.add_column("created (UTC)", no_wrap=True)
+    if with_lease:
+        table.add_column("lease", overflow="fold", min_width=10)
+    if with_reason:
+        table.add_column("unknown reason", overflow="fold", min_width=10)
+    for record in records:
+        # Text, not str: a reference such as "[red]" must not be taken for rich markup.
+        cells = [
+            Text(record.key),
+            Text(record.reference or ""),
+            state_text(record.state),
+            Text(request_target(record)),
+            Text(str(record.attempt_count)),
+            Text(iso(record.created_at, precise=False) or ""),
+        ]
+        if with_lease:
+            cells.append(Text(_lease(record, now) or ""))
+        if with_reason:
+            cells.append(Text(record.unknown_reason or ""))
+        table.add_row(*cells, style=_ROW_STYLES.get(record.state))
+
+
+def _compact_rows(table: Table, records: Sequence[payonce.IntentRecord], now: float) -> None:
+    # Two or more lines per intent, so a narrow terminal folds values instead of cropping.
+    table.add_column("key / reference", overflow="fold", min_width=max(len(r.key) for r in records))
+    table.add_column("state", no_wrap=True)
+    table.add_column("attempts", justify="right")
+    table.add_column("request / created (UTC)", overflow="fold", min_width=20)
+    for record in records:
+        details = [request_target(record), iso(record.created_at, precise=False) or ""]
+        lease = _lease(record, now)
+        if lease:
+            details.append(f"lease: {lease}")
+        if record.unknown_reason:
+            details.append(f"unknown: {record.unknown_reason}")
+        table.add_row(
+            Text("\n").join([Text(record.key), Text(record.reference or "")]),
+            state_text(record.state),
+            Text(str(record.attempt_count)),
+            Text("\n".join(details)),
+            style=_ROW_STYLES.get(record.state),
+        )
+
+
+# -- one intent in detail ---------------------------------------------------------------------
+
+
+def intent_detail(
+    record: payonce.IntentRecord,
+    attempts: Sequence[payonce.AttemptRecord],
+    reconciliations: Sequence[payonce.ReconciliationRecord],
+    *,
+    with_body: bool,
+) -> Group:
+    fields = Table.grid(padding=(0, 2))
+    fields.add_column(style="bold", no_wrap=True)
+    fields.add_column(overflow="fold")
+    stored = record.response
+    rows: list[tuple[str, Text | str | None]] = [
+        ("key", record.key),
+        ("reference", record.reference),
+        ("state", state_text(record.state)),
+        ("unknown reason", record.unknown_reason),
+        ("abandon reason", record.abandon_reason),
+        ("request", request_target(record)),
+        ("url", redacted(record.url)),
+        ("scope", record.scope),
+        ("provider", record.provider),
+        ("fingerprint", record.fingerprint),
+        ("created", iso(record.created_at)),
+        ("updated", iso(record.updated_at)),
+        ("first sent", iso(record.first_sent_at)),
+        ("lease", _lease(record, time.time())),
+        ("response", f"HTTP {stored.status}" if stored else None),
+        ("acknowledged", iso(record.acknowledged_at)),
+    ]
+    for name, value in rows:
+        if value is not None:
+            fields.add_row(name, value if isinstance(value, Text) else Text(value))
+    parts: list[Table | Text] = [fields, _attempts_table(attempts)]
+    if reconciliations:
+        parts.append(_reconciliations_table(reconciliations))
+    if with_body:
+        parts.extend(_payload_texts(record))
+    parts.append(Text(""))
+    return Group(*parts)
+
+
+def _attempts_table(attempts: Sequence[payonce.AttemptRecord]) -> Table:
+    table = Table(title=f"{len(attempts)} attempt(s)", title_justify="left", box=box.SIMPLE_HEAD)
+    table.add_column("#", justify="right")
+    table.add_column("started (UTC)", no_wrap=True)
+    table.add_column("duration", justify="right", no_wrap=True)
+    table.add_column("status")
+    table.add_column("error", overflow="fold")
+    table.add_column("may have executed", overflow="fold")
+    for attempt in attempts:
+        if attempt.ended_at is None:
+            duration, verdict = "", Text("in flight", style="yellow")
+        else:
+            duration = f"{(attempt.ended_at - attempt.started_at) * 1000:.0f} ms"
+            verdict = Text("yes", style="yellow") if attempt.ambiguous else Text("no")
+        table.add_row(
+            Text(str(attempt.number)),
+            Text(iso(attempt.started_at) or ""),
+            Text(duration),
+            Text("" if attempt.status_code is None else str(attempt.status_code)),
+            Text(attempt.error or ""),
+            verdict,
+        )
+    return table
+
+
+def _reconciliations_table(entries: Sequence[payonce.ReconciliationRecord]) -> Table:
+    table = Table(
+        title=f"{len(entries)} reconciliation(s)", title_justify="left", box=box.SIMPLE_HEAD
+    )
+    table.add_column("at (UTC)", no_wrap=True)
+    table.add_column("outcome", no_wrap=True)
+    table.add_column("status")
+    table.add_column("detail", overflow="fold")
+    for entry in entries:
+        table.add_row(
+            Text(iso(entry.at) or ""),
+            Text(entry.outcome),
+            Text("" if entry.status_code is None else str(entry.status_code)),
+            Text(entry.detail),
+        )
+    return table
+
+
+def _body_text(data: bytes) -> Text:
+    decoded = _decoded(data)
+    if decoded["body_encoding"] != "utf-8":
+        return Text(f"  <{len(data)} bytes, not UTF-8: use --json for base64>", style="dim")
+    text = decoded["body"]
+    if not text:
+        return Text("  <empty body>", style="dim")
+    with contextlib.suppress(ValueError):  # not JSON: shown as stored
+        text = json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+    return Text(textwrap.indent(text, "  "))
+
+
+def _payload_texts(record: payonce.IntentRecord) -> list[Text]:
+    texts = [Text("request", style="bold")]
+    texts.extend(Text(f"  {name}: {value}") for name, value in record.request_headers)
+    texts.append(_body_text(record.body))
+    stored = record.response
+    if stored is not None:
+        texts.append(Text(f"response HTTP {stored.status}", style="bold"))
+        texts.extend(Text(f"  {name}: {value}") for name, value in stored.headers)
+        if stored.body_stored:
+            texts.append(_body_text(stored.body))
+        else:
+            texts.append(Text("<body not stored: it exceeded the size cap>", style="dim"))
+    return texts

@@ -1,0 +1,203 @@
+"""After a crash: how resume and reconcile results are shown, summed up and watched."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Literal
+
+import attrs
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+import payonce
+
+from ._intents import state_text
+
+__all__ = [
+    "Row",
+    "progress",
+    "reconcile_row",
+    "resume_row",
+    "rows_table",
+    "summary",
+    "watching",
+]
+
+Category = Literal["settled", "pending", "unknown", "skipped"]
+
+_SETTLED = (payonce.IntentState.SUCCEEDED, payonce.IntentState.FAILED)
+
+
+@attrs.frozen
+class Row:
+    """One resumed or reconciled intent, as the command reports it."""
+
+    key: str
+    reference: str | None
+    before: payonce.IntentState | None
+    """None for resume: every resumed intent was pending."""
+    after: payonce.IntentState
+    outcome: str | None
+    """The reconciliation's outcome; None for resume."""
+    detail: str
+    reason: str | None
+    """Why the intent is still unknown (grouped in the summary), else None."""
+
+    @property
+    def category(self) -> Category:
+        if self.outcome == "skipped" and self.after is not payonce.IntentState.UNKNOWN:
+            return "skipped"
+        if self.after in _SETTLED:
+            return "settled"
+        if self.after is payonce.IntentState.PENDING:
+            return "pending"
+        if self.after is payonce.IntentState.UNKNOWN:
+            return "unknown"
+        return "skipped"
+
+    @property
+    def needs_attention(self) -> bool:
+        """Still unknown, or (after resume) still not sent: the run did not go well."""
+        if self.after is payonce.IntentState.UNKNOWN:
+            return True
+        return self.outcome is None and self.after is payonce.IntentState.PENDING
+
+    def to_json(self) -> dict[str, Any]:
+        document: dict[str, Any] = {"key": self.key, "reference": self.reference}
+        if self.before is None:
+            document["state"] = self.after.value
+        else:
+            document |= {
+                "before": self.before.value,
+                "after": self.after.value,
+                "outcome": self.outcome,
+            }
+        document |= {"detail": self.detail, "unknown_reason": self.reason}
+        return document
+
+
+def resume_row(result: payonce.ResumeResult, journal: payonce.Journal) -> Row:
+    reason = None
+    if result.state is payonce.IntentState.UNKNOWN:
+        # The journal's reason names no key, so the same cause groups in the summary.
+        record = journal.get(result.key)
+        reason = (record.unknown_reason if record else None) or result.detail
+    return Row(result.key, result.reference, None, result.state, None, result.detail, reason)
+
+
+def reconcile_row(result: payonce.ReconcileResult) -> Row:
+    reason = result.detail if result.after is payonce.IntentState.UNKNOWN else None
+    return Row(
+        result.key,
+        result.reference,
+        result.before,
+        result.after,
+        result.outcome,
+        result.detail,
+        reason,
+    )
+
+
+def rows_table(rows: Sequence[Row], *, title: str) -> Table:
+    reconciled = any(row.before is not None for row in rows)
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("key", overflow="fold", min_width=12)
+    table.add_column("reference", overflow="fold")
+    if reconciled:
+        table.add_column("before → after", no_wrap=True)
+        table.add_column("outcome", no_wrap=True)
+    else:
+        table.add_column("state", no_wrap=True)
+    table.add_column("detail", overflow="fold", min_width=20)
+    for row in rows:
+        cells = [Text(row.key), Text(row.reference or "")]
+        if row.before is not None:
+            cells += [
+                Text.assemble(state_text(row.before), " → ", state_text(row.after)),
+                Text(row.outcome or ""),
+            ]
+        else:
+            cells.append(state_text(row.after))
+        cells.append(Text(row.detail))
+        table.add_row(*cells)
+    return table
+
+
+def summary(verb: str, rows: Sequence[Row]) -> str:
+    """One line: how many settled, went (or stayed) pending, stayed unknown and why."""
+    by_category = Counter(row.category for row in rows)
+    by_state = Counter(row.after for row in rows if row.category == "settled")
+    settled = ", ".join(f"{by_state[state]} {state.value}" for state in _SETTLED if by_state[state])
+    parts = [f"{by_category['settled']} settled" + (f" ({settled})" if settled else "")]
+    resumed = all(row.before is None for row in rows)
+    parts.append(f"{by_category['pending']} {'still' if resumed else 'back to'} pending")
+    unknown = f"{by_category['unknown']} still unknown"
+    reasons = Counter(row.reason or row.detail for row in rows if row.category == "unknown")
+    if reasons:
+        unknown += " (" + " | ".join(f"{n}x {why}" for why, n in reasons.most_common()) + ")"
+    parts.append(unknown)
+    if by_category["skipped"]:
+        parts.append(f"{by_category['skipped']} skipped (nothing to reconcile)")
+    return f"{verb} {len(rows)} intent(s): " + ", ".join(parts)
+
+
+@contextlib.contextmanager
+def progress(
+    console: Console, label: str, total: int, *, enabled: bool
+) -> Iterator[Callable[[int], None]]:
+    """A progress bar on a terminal (gone once done); elsewhere, nothing at all.
+
+    Yields ``update(completed)``.
+    """
+    if not enabled or total == 0:
+        yield lambda completed: None
+        return
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda completed: bar.update(task, completed=min(completed, total))
+        bar.update(task, completed=total)
+
+
+@contextlib.contextmanager
+def watching(
+    count_done: Callable[[], int],
+    update: Callable[[int], None],
+    *,
+    enabled: bool,
+    interval: float = 0.25,
+) -> Iterator[None]:
+    """Poll ``count_done`` on a thread of its own while the block runs, feeding ``update``.
+
+    For work the public API does in one call (``Client.resume``): the journal tells how
+    far it got.
+    """
+    if not enabled:
+        yield
+        return
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(interval):
+            with contextlib.suppress(payonce.PayonceError):
+                update(count_done())
+
+    watcher = threading.Thread(target=watch, name="payonce-cli-progress", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        watcher.join()

@@ -1,0 +1,393 @@
+"""``payonce keys set/list/delete`` with real keyring backends.
+
+Every test sets its backend explicitly with ``keyring.set_keyring`` and the fixture puts
+the previous one back; file backends write under the isolated HOME/XDG dirs of conftest.
+The secret is typed into the command (``input=``, or a real pseudo-terminal) and must never
+come back out: not on stdout, not on stderr, not in an error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import keyring
+import keyring.backend
+import keyring.backends.chainer
+import keyring.backends.fail
+import keyring.backends.null
+import pytest
+from click.testing import CliRunner, Result
+from keyrings.alt.file import PlaintextKeyring
+
+import payonce
+from payonce.cli import cli
+from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
+
+SECRET = "sk_test_4eC39HqLyjWDarjtT1zdp7dc"
+OTHER_SECRET = "sk_test_rotated_51HxYz0000000000"
+INDEX = ("payonce", "__accounts__")
+
+UseKeyring = Callable[[Any], None]
+
+
+@pytest.fixture
+def use_keyring(monkeypatch: pytest.MonkeyPatch) -> Iterator[UseKeyring]:
+    """Set the process's keyring backend for one test; the previous one comes back after."""
+    monkeypatch.delenv("PYTHON_KEYRING_BACKEND", raising=False)
+    # Discover the installed backends now (keyring caches the list once), so that no
+    # backend class a test defines can ever be picked up by keyring's auto-detection.
+    keyring.backend.get_all_keyring()
+    previous = keyring.get_keyring()
+    yield keyring.set_keyring
+    keyring.set_keyring(previous)
+
+
+@pytest.fixture
+def plaintext(use_keyring: UseKeyring) -> PlaintextKeyring:
+    backend = PlaintextKeyring()
+    use_keyring(backend)
+    return backend
+
+
+OPT_IN = {"PAYONCE_ALLOW_PLAINTEXT_KEYRING": "1"}
+
+
+def _run(args: Sequence[str], *, input: str | None = None, **env: str) -> Result:
+    result = CliRunner().invoke(cli, list(args), input=input, env=env)
+    output = result.stdout + result.stderr
+    assert "Traceback" not in output, output
+    assert result.exception is None or isinstance(result.exception, SystemExit), output
+    for secret in (SECRET, OTHER_SECRET):
+        assert secret not in output, "a secret was printed"
+    return result
+
+
+class SessionKeyring(keyring.backend.KeyringBackend):
+    """Stands in for an OS keyring (Secret Service, Keychain): none runs on this host."""
+
+    priority = 5
+    viable = False  # never auto-detected by keyring outside these tests
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entries: dict[tuple[str, str], str] = {}
+
+    def get_password(self, service: str, username: str) -> str | None:
+        return self.entries.get((service, username))
+
+    def set_password(self, service: str, username: str, password: str) -> None:
+        self.entries[(service, username)] = password
+
+    def delete_password(self, service: str, username: str) -> None:
+        del self.entries[(service, username)]
+
+
+# -- a working (opted-in) plaintext keyring ---------------------------------------------------
+
+
+def test_set_list_delete_round_trip(plaintext: PlaintextKeyring) -> None:
+    stored = _run(["keys", "set", "acct_a"], input=SECRET + "\n", **OPT_IN)
+    assert stored.exit_code == 0, stored.output
+    assert stored.stdout == (
+        f"stored the API key of account 'acct_a' in "
+        f"keyrings.alt.file.PlaintextKeyring ({plaintext.file_path})\n"
+    )
+    assert "plaintext file" in stored.stderr
+    assert plaintext.get_password("payonce", "acct_a") == SECRET
+    assert _run(["keys", "set", "acct_b"], input=OTHER_SECRET, **OPT_IN).exit_code == 0
+
+    listed = _run(["keys", "list"], **OPT_IN)
+    assert listed.exit_code == 0
+    assert listed.stdout == "acct_a\nacct_b\n"
+    as_json = _run(["keys", "list", "--json"], **OPT_IN)
+    assert json.loads(as_json.stdout) == [{"account": "acct_a"}, {"account": "acct_b"}]
+    assert plaintext.get_password(*INDEX) == '["acct_a", "acct_b"]'  # names, never secrets
+
+    # Setting again replaces the key; the account is listed once.
+    assert _run(["keys", "set", "acct_a"], input=OTHER_SECRET, **OPT_IN).exit_code == 0
+    assert plaintext.get_password("payonce", "acct_a") == OTHER_SECRET
+    assert _run(["keys", "list"], **OPT_IN).stdout == "acct_a\nacct_b\n"
+
+    deleted = _run(["keys", "delete", "acct_a"], **OPT_IN)
+    assert deleted.exit_code == 0
+    assert deleted.stdout == "deleted the API key of account 'acct_a'\n"
+    assert plaintext.get_password("payonce", "acct_a") is None
+    assert _run(["keys", "list"], **OPT_IN).stdout == "acct_b\n"
+
+    again = _run(["keys", "delete", "acct_a"], **OPT_IN)
+    assert again.exit_code == 1
+    assert again.stderr == "error: no API key stored in the keyring for account 'acct_a'\n"
+
+    assert _run(["keys", "delete", "acct_b"], **OPT_IN).exit_code == 0
+    assert plaintext.get_password(*INDEX) is None  # no index left behind either
+    empty = _run(["keys", "list"], **OPT_IN)
+    assert empty.stdout == "no API keys stored by payonce in the keyring\n"
+    assert json.loads(_run(["keys", "list", "--json"], **OPT_IN).stdout) == []
+
+
+def test_the_public_functions_behind_the_commands(plaintext: PlaintextKeyring) -> None:
+    where = payonce.store_api_key("acct_p", SECRET, allow_plaintext_keyring=True)
+    assert where.startswith("keyrings.alt.file.PlaintextKeyring (")
+    assert payonce.stored_accounts(allow_plaintext_keyring=True) == ["acct_p"]
+    assert payonce.delete_api_key("acct_p", allow_plaintext_keyring=True) is True
+    assert payonce.delete_api_key("acct_p", allow_plaintext_keyring=True) is False
+    with pytest.raises(payonce.ConfigurationError, match="plaintext"):
+        payonce.stored_accounts(allow_plaintext_keyring=False)
+
+
+def test_a_key_set_with_the_cli_is_used_by_a_client(
+    plaintext: PlaintextKeyring,
+    sandbox: SandboxServer,
+    journal_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert _run(["keys", "set", "acct_demo"], input=DEFAULT_API_KEY + "\n", **OPT_IN).exit_code == 0
+    monkeypatch.setenv("PAYONCE_ALLOW_PLAINTEXT_KEYRING", "1")
+    assert "PAYONCE_API_KEY" not in os.environ
+
+    with payonce.Client(
+        base_url=sandbox.url, provider="sandbox", account="acct_demo", journal=journal_path
+    ) as client:
+        response = client.post("/v1/payments", json={"amount": 4200, "currency": "eur"})
+    assert response.status_code == 201
+    assert response.json()["account"] == "acct_demo"  # the provider took the stored key
+
+    # The command line's own client finds it the same way.
+    resumed = _run(
+        ["resume", "--base-url", sandbox.url, "--provider", "sandbox", "--account", "acct_demo"],
+        PAYONCE_JOURNAL=str(journal_path),
+    )
+    assert resumed.exit_code == 0, resumed.output
+    assert "nothing to resume" in resumed.stdout
+    assert DEFAULT_API_KEY not in resumed.stdout + resumed.stderr
+
+
+def test_a_set_key_is_only_a_fallback_to_the_environment(plaintext: PlaintextKeyring) -> None:
+    result = _run(["keys", "set", "acct_e"], input=SECRET, PAYONCE_API_KEY=OTHER_SECRET, **OPT_IN)
+    assert result.exit_code == 0
+    assert "PAYONCE_API_KEY is set" in result.stderr
+
+
+# -- what is typed in -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("typed", "message"),
+    [
+        ("", "no API key on standard input"),
+        ("\n\n", "no API key on standard input"),
+        (f"{SECRET}\n{OTHER_SECRET}\n", "more than one line"),
+        ("sk_test_with space", "without spaces"),
+        ("sk_test_\x07bell", "without spaces"),
+    ],
+)
+def test_unusable_input_is_refused_and_nothing_is_written(
+    plaintext: PlaintextKeyring, typed: str, message: str
+) -> None:
+    result = _run(["keys", "set", "acct_x"], input=typed, **OPT_IN)
+    assert result.exit_code == 2
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: ")
+    assert message in line
+    assert "sk_test_" not in line
+    assert not Path(plaintext.file_path).exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["keys", "set", "acct_x", SECRET],
+        ["keys", "set", "acct_x", f"--key={SECRET}"],
+        ["keys", "set", f"--api-key={SECRET}", "acct_x"],
+    ],
+)
+def test_a_key_is_never_taken_from_the_command_line(
+    plaintext: PlaintextKeyring, args: list[str]
+) -> None:
+    result = _run(args, input=SECRET, **OPT_IN)  # _run: the secret is never echoed back
+    assert result.exit_code == 2
+    assert "never accepted on the command line" in result.stderr
+    assert not Path(plaintext.file_path).exists()
+
+
+def test_the_index_entry_is_not_an_account(plaintext: PlaintextKeyring) -> None:
+    result = _run(["keys", "set", "__accounts__"], input=SECRET, **OPT_IN)
+    assert result.exit_code == 2
+    assert "reserved" in result.stderr
+    assert not Path(plaintext.file_path).exists()
+    for bad in ("", " acct", "acct\n"):
+        assert _run(["keys", "set", bad], input=SECRET, **OPT_IN).exit_code == 2
+
+
+def test_the_index_is_never_sent_as_a_key(
+    plaintext: PlaintextKeyring, sandbox: SandboxServer, journal_path: Path
+) -> None:
+    assert _run(["keys", "set", "acct_i"], input=SECRET, **OPT_IN).exit_code == 0
+    with pytest.raises(payonce.ConfigurationError, match="index of accounts"):
+        payonce.Client(
+            base_url=sandbox.url,
+            account="__accounts__",
+            journal=journal_path,
+            allow_plaintext_keyring=True,
+        )
+    assert sandbox.store.total_executions() == 0
+
+
+def test_a_damaged_index_is_reported_not_overwritten(plaintext: PlaintextKeyring) -> None:
+    plaintext.set_password(*INDEX, "not json")
+    result = _run(["keys", "list"], **OPT_IN)
+    assert result.exit_code == 2
+    assert "keyring del payonce __accounts__" in result.stderr
+    assert _run(["keys", "set", "acct_y"], input=SECRET, **OPT_IN).exit_code == 2
+    assert plaintext.get_password("payonce", "acct_y") is None
+    assert plaintext.get_password(*INDEX) == "not json"
+
+
+# -- keyrings that must be refused ------------------------------------------------------------
+
+
+def test_a_plaintext_keyring_is_refused_without_opt_in_and_nothing_is_written(
+    plaintext: PlaintextKeyring,
+) -> None:
+    result = _run(["keys", "set", "acct_z"], input=SECRET)
+    assert result.exit_code == 2
+    (line,) = result.stderr.splitlines()
+    assert "plaintext file" in line
+    assert "PAYONCE_ALLOW_PLAINTEXT_KEYRING=1" in line
+    assert "PAYONCE_API_KEY" in line
+    for command in (["keys", "list"], ["keys", "delete", "acct_z"]):
+        assert _run(command).exit_code == 2
+    assert not Path(plaintext.file_path).exists()
+
+
+def test_the_fail_backend_says_how_to_get_a_keyring(use_keyring: UseKeyring) -> None:
+    use_keyring(keyring.backends.fail.Keyring())
+    for command in (["keys", "set", "acct_f"], ["keys", "list"], ["keys", "delete", "acct_f"]):
+        result = _run(command, input=SECRET, **OPT_IN)
+        assert result.exit_code == 2
+        (line,) = result.stderr.splitlines()
+        assert "no usable keyring backend" in line
+        assert "pip install keyrings.alt" in line
+        assert "PAYONCE_ALLOW_PLAINTEXT_KEYRING=1" in line
+        assert "PAYONCE_API_KEY" in line
+
+
+def test_the_null_backend_is_refused(use_keyring: UseKeyring) -> None:
+    use_keyring(keyring.backends.null.Keyring())
+    result = _run(["keys", "set", "acct_n"], input=SECRET, **OPT_IN)
+    assert result.exit_code == 2
+    assert "stores nothing" in result.stderr
+
+
+def test_a_chain_writes_to_its_first_usable_link_never_to_a_refused_one(
+    use_keyring: UseKeyring,
+) -> None:
+    session = SessionKeyring()
+    plaintext = PlaintextKeyring()
+
+    class DesktopChain(keyring.backends.chainer.ChainerBackend):
+        viable = False
+        backends = (plaintext, session)  # the plaintext file comes first in the chain
+
+    use_keyring(DesktopChain())
+
+    result = _run(["keys", "set", "acct_c"], input=SECRET)
+    assert result.exit_code == 0, result.output
+    assert "SessionKeyring" in result.stdout
+    assert session.entries[("payonce", "acct_c")] == SECRET
+    assert not Path(plaintext.file_path).exists()  # refused without opt-in: never touched
+    assert _run(["keys", "list"]).stdout == "acct_c\n"
+
+    opted_in = _run(["keys", "set", "acct_c2"], input=OTHER_SECRET, **OPT_IN)
+    assert "PlaintextKeyring" in opted_in.stdout  # now the first usable link
+    assert plaintext.get_password("payonce", "acct_c2") == OTHER_SECRET
+    assert _run(["keys", "list"], **OPT_IN).stdout == "acct_c\nacct_c2\n"
+    assert _run(["keys", "list"]).stdout == "acct_c\n"  # the file is not read without opt-in
+
+    assert _run(["keys", "delete", "acct_c"]).exit_code == 0
+    assert ("payonce", "acct_c") not in session.entries
+
+
+# -- a real terminal --------------------------------------------------------------------------
+
+
+class _Terminal:
+    """The user's side of a pseudo-terminal: what was shown, and what is typed."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.seen = ""
+        self._position = 0
+
+    def expect(self, wanted: str, timeout: float = 30.0) -> None:
+        """Wait until ``wanted`` shows after what was expected last."""
+        deadline = time.monotonic() + timeout
+        while (found := self.seen.find(wanted, self._position)) < 0:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"no {wanted!r} in {self.seen!r}"
+            ready, _, _ = select.select([self.fd], [], [], remaining)
+            if not ready:
+                continue
+            try:
+                chunk = os.read(self.fd, 4096)
+            except OSError:  # EIO: the command closed the terminal
+                chunk = b""
+            assert chunk, f"no {wanted!r} in {self.seen!r} before the end"
+            self.seen += chunk.decode(errors="replace")
+        self._position = found + len(wanted)
+
+    def type(self, line: str) -> None:
+        os.write(self.fd, line.encode() + b"\n")
+
+
+def test_on_a_terminal_the_key_is_prompted_for_twice_and_never_echoed(
+    plaintext: PlaintextKeyring,
+) -> None:
+    """In a process of its own on a pseudo-terminal: what the user sees is all there is."""
+    src = str(Path(payonce.__file__).resolve().parent.parent)
+    env = {
+        **os.environ,
+        **OPT_IN,
+        "PYTHON_KEYRING_BACKEND": "keyrings.alt.file.PlaintextKeyring",
+        "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p),
+    }
+    controller, terminal = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "payonce.cli", "keys", "set", "acct_tty"],
+        stdin=terminal,
+        stdout=terminal,
+        stderr=terminal,
+        env=env,
+        start_new_session=True,  # not the test runner's terminal
+    )
+    os.close(terminal)
+    user = _Terminal(controller)
+    try:
+        user.expect("API key for account acct_tty: ")
+        user.type("typo")
+        user.expect("Repeat for confirmation: ")
+        user.type(SECRET)
+        user.expect("do not match")
+        user.expect("API key for account acct_tty: ")  # asked again, from the start
+        user.type(SECRET)
+        user.expect("Repeat for confirmation: ")
+        user.type(SECRET)
+        user.expect("stored the API key of account 'acct_tty'")
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        os.close(controller)
+    assert SECRET not in user.seen
+    assert "typo" not in user.seen
+    assert plaintext.get_password("payonce", "acct_tty") == SECRET

@@ -1,0 +1,799 @@
+"""``payonce resume``, ``reconcile``, ``abandon``, ``ack`` and ``journal check/backup``.
+
+All of it for real: a real journal file, filled by a real ``payonce.Client`` talking to the
+real sandbox provider over loopback, then driven by the command as an operator (or a cron
+job) would. A worker "dies" by a transport that really sends the request and then fails,
+leaving the intent pending exactly as a crash after sending would.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import keyring
+import keyring.backend
+import keyring.backends.fail
+import pytest
+from click.testing import CliRunner, Result
+
+import payonce
+from payonce.cli import cli
+from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
+
+PAYMENT = {"amount": 4200, "currency": "eur"}
+ACCOUNT = "acct_demo"  # the sandbox's account for DEFAULT_API_KEY, as in conftest
+
+MakeClient = Callable[..., payonce.Client]
+
+
+class _DiesAfterSending(httpx.HTTPTransport):
+    """Really sends the request, then fails as if the worker died before reading the answer."""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        super().handle_request(request).close()
+        raise RuntimeError("worker died after sending")
+
+
+def _leave_pending(make_client: MakeClient, reference: str) -> payonce.IntentRecord:
+    dying = make_client(transport=_DiesAfterSending())
+    with pytest.raises(RuntimeError, match="worker died"):
+        dying.post("/v1/payments", json=PAYMENT, reference=reference)
+    (record,) = dying.journal.find(reference)
+    assert record.state is payonce.IntentState.PENDING
+    return record
+
+
+def _make_unknown(
+    make_client: MakeClient, sandbox: SandboxServer, reference: str, fault: str, **options: Any
+) -> payonce.IntentRecord:
+    client = make_client(retry=payonce.RetryPolicy(max_attempts=1, initial_wait=0), **options)
+    sandbox.script([fault])
+    with pytest.raises(payonce.OutcomeUnknown):
+        client.post("/v1/payments", json=PAYMENT, reference=reference)
+    (record,) = client.journal.find(reference)
+    assert record.state is payonce.IntentState.UNKNOWN
+    return record
+
+
+def _pay(client: payonce.Client, reference: str, *, acknowledge: bool = True) -> str:
+    with client.intent(reference, acknowledge=acknowledge) as op:
+        assert op.post("/v1/payments", json=PAYMENT).status_code == 201
+    assert op.key is not None
+    return op.key
+
+
+def _state(journal_path: Path, key: str) -> payonce.IntentRecord:
+    journal = payonce.open_journal(journal_path)
+    try:
+        record = journal.get(key)
+    finally:
+        journal.close()
+    assert record is not None
+    return record
+
+
+@pytest.fixture
+def env(sandbox: SandboxServer, journal_path: Path) -> dict[str, str]:
+    """What an operator's shell (or a cron job) would export."""
+    return {
+        "PAYONCE_API_KEY": DEFAULT_API_KEY,
+        "PAYONCE_BASE_URL": sandbox.url,
+        "PAYONCE_PROVIDER": "sandbox",
+        "PAYONCE_ACCOUNT": ACCOUNT,
+        "PAYONCE_JOURNAL": str(journal_path),
+        "COLUMNS": "200",
+    }
+
+
+def _run(args: Sequence[str], env: dict[str, str] | None = None) -> Result:
+    result = CliRunner().invoke(cli, list(args), env={"COLUMNS": "200", **(env or {})})
+    output = result.stdout + result.stderr
+    assert "Traceback" not in output, output
+    assert DEFAULT_API_KEY not in output, output
+    # A crash shows as a SystemExit-less exception: only click's own exits are expected.
+    assert result.exception is None or isinstance(result.exception, SystemExit), output
+    return result
+
+
+def _json(result: Result) -> Any:
+    return json.loads(result.stdout)
+
+
+def _summary(result: Result) -> str:
+    return result.stdout.strip().splitlines()[-1]
+
+
+# -- resume -----------------------------------------------------------------------------------
+
+
+def test_resume_finishes_what_a_dead_worker_left_pending_under_the_same_key(
+    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str], journal_path: Path
+) -> None:
+    left = [_leave_pending(make_client, f"order-{n}") for n in range(3)]
+    assert sandbox.store.total_executions() == 3  # the dead worker's requests did arrive
+
+    result = _run(["resume"], env)
+
+    assert result.exit_code == 0, result.output
+    for record in left:
+        assert record.key in result.stdout
+        assert _state(journal_path, record.key).state is payonce.IntentState.SUCCEEDED
+    assert _summary(result) == (
+        "resumed 3 intent(s): 3 settled (3 succeeded), 0 still pending, 0 still unknown"
+    )
+    assert sandbox.store.executions() == {r.key: 1 for r in left}  # resent, never re-executed
+
+    again = _run(["resume"], env)
+    assert again.exit_code == 0
+    assert "nothing to resume" in again.stdout
+
+
+def test_resume_json_is_a_list_of_results_and_the_summary_goes_to_stderr(
+    make_client: MakeClient, env: dict[str, str]
+) -> None:
+    record = _leave_pending(make_client, "order-j")
+
+    result = _run(["resume", "--json"], env)
+
+    assert result.exit_code == 0, result.output
+    assert _json(result) == [
+        {
+            "key": record.key,
+            "reference": "order-j",
+            "state": "succeeded",
+            "detail": "HTTP 201",
+            "unknown_reason": None,
+        }
+    ]
+    assert result.stderr.startswith("resumed 1 intent(s): 1 settled")
+    assert _json(_run(["resume", "--json"], env)) == []
+
+
+def test_resume_exits_1_when_an_intent_ends_unknown_and_says_why(
+    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str]
+) -> None:
+    first = _leave_pending(make_client, "order-a")
+    second = _leave_pending(make_client, "order-b")
+    sandbox.script(["fail_before"] * 5)  # every resend of the first sees a 503
+
+    result = _run(["resume", "--json"], env)
+
+    assert result.exit_code == 1, result.output
+    by_key = {item["key"]: item for item in _json(result)}
+    assert by_key[first.key]["state"] == "unknown"
+    assert by_key[first.key]["unknown_reason"] == "retries exhausted; last failure: HTTP 503"
+    assert by_key[second.key]["state"] == "succeeded"
+    assert result.stderr.strip() == (
+        "resumed 2 intent(s): 1 settled (1 succeeded), 0 still pending, "
+        "1 still unknown (1x retries exhausted; last failure: HTTP 503)"
+    )
+    assert sandbox.store.executions() == {first.key: 1, second.key: 1}
+
+
+def test_resume_only_touches_its_account(
+    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str]
+) -> None:
+    _leave_pending(make_client, "order-x")
+    result = _run(["resume", "--account", "acct_other"], env)
+    assert result.exit_code == 0
+    assert "nothing to resume: no pending intent of account 'acct_other'" in result.stdout
+    assert sandbox.store.total_executions() == 1
+
+
+# -- reconcile --------------------------------------------------------------------------------
+
+
+def test_reconcile_settles_an_unknown_intent_the_provider_executed(
+    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str], journal_path: Path
+) -> None:
+    record = _make_unknown(make_client, sandbox, "order-1", "drop_after")
+    assert sandbox.store.executions() == {record.key: 1}
+
+    result = _run(["reconcile", "order-1"], env)
+
+    assert result.exit_code == 0, result.output
+    assert "found" in result.stdout
+    assert "unknown → succeeded" in result.stdout
+    assert _summary(result) == (
+        "reconciled 1 intent(s): 1 settled (1 succeeded), 0 back to pending, 0 still unknown"
+    )
+    assert _state(journal_path, record.key).state is payonce.IntentState.SUCCEEDED
+    assert sandbox.store.executions() == {record.key: 1}
+
+    (again,) = _json(_run(["reconcile", record.key, "--json"], env))  # by key, now settled
+    assert (again["outcome"], again["before"], again["after"]) == (
+        "skipped",
+        "succeeded",
+        "succeeded",
+    )
+
+
+def test_reconcile_json(
+    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str]
+) -> None:
+    record = _make_unknown(make_client, sandbox, "order-2", "drop_after")
+
+    result = _run(["reconcile", record.key, "--json"], env)
+
+    assert result.exit_code == 0, result.output
+    assert _json(result) == [
+        {
+            "key": record.key,
+            "reference": "order-2",
+            "before": "unknown",
+            "after": "succeeded",
+            "outcome": "found",
+            "detail": "the provider has the record, status 'succeeded'",
+            "unknown_reason": None,
+        }
+    ]
+
+
+def test_reconcile_all_with_a_mix_groups_what_stays_unknown_and_exits_1(
+    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str], journal_path: Path
+) -> None:
+    executed = _make_unknown(make_client, sandbox, "order-executed", "drop_after")
+    never_arrived = _make_unknown(make_client, sandbox, "order-never", "fail_before")
+    held = _make_unknown(make_client, sandbox, "order-held", "fail_before")
+    pending = _leave_pending(make_client, "order-pending")
+    settled = _pay(make_client(), "order-paid")
+    # Another worker is reconciling this one right now: its lease is live.
+    other = payonce.open_journal(journal_path)
+    other.claim_key(
+        held.key, owner="other-host:4242:w", now=time.time(), lease_seconds=60, unknown=True
+    )
+    other.close()
+
+    result = _run(["reconcile", "--all", "--json"], env)
+
+    assert result.exit_code == 1, result.output
+    items = _json(result)
+    assert [item["key"] for item in items] == [executed.key, never_arrived.key, held.key]
+    outcomes = {item["reference"]: (item["outcome"], item["after"]) for item in items}
+    assert outcomes == {
+        "order-executed": ("found", "succeeded"),
+        "order-never": ("not_found", "pending"),
+        "order-held": ("skipped", "unknown"),
+    }
+    assert result.stderr.strip() == (
+        "reconciled 3 intent(s): 1 settled (1 succeeded), 1 back to pending, "
+        "1 still unknown (1x another worker holds it right now)"
+    )
+    assert _state(journal_path, pending.key).state is payonce.IntentState.PENDING
+    assert _state(journal_path, settled).state is payonce.IntentState.SUCCEEDED
+
+    # The one the provider never saw is resent once by resume; nothing ran twice.
+    resumed = _run(["resume", "--json"], env)
+    assert {i["key"]: i["state"] for i in _json(resumed)} == {
+        never_arrived.key: "succeeded",
+        pending.key: "succeeded",
+    }
+    assert sandbox.store.executions() == {
+        executed.key: 1,
+        never_arrived.key: 1,
+        pending.key: 1,
+        settled: 1,
+    }
+
+
+def test_reconcile_table_and_summary(
+    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str]
+) -> None:
+    _make_unknown(make_client, sandbox, "order-t1", "drop_after")
+    _make_unknown(make_client, sandbox, "order-t2", "fail_before")
+
+    result = _run(["reconcile", "--all"], env)
+
+    assert result.exit_code == 0, result.output
+    assert "2 reconciled intent(s)" in result.stdout
+    assert "unknown → pending" in result.stdout
+    assert "\x1b" not in result.stdout  # not a terminal: no styling and no progress bar
+    assert _summary(result) == (
+        "reconciled 2 intent(s): 1 settled (1 succeeded), 1 back to pending, 0 still unknown"
+    )
+    nothing = _run(["reconcile", "--all"], env)
+    assert nothing.exit_code == 0
+    assert nothing.stdout.startswith("nothing to reconcile: no unknown intent")
+
+
+def test_a_progress_bar_only_on_a_terminal_and_never_in_json(
+    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str]
+) -> None:
+    terminal = {**env, "TTY_COMPATIBLE": "1"}  # rich: treat stdout as a terminal
+    _make_unknown(make_client, sandbox, "order-p1", "drop_after")
+    _leave_pending(make_client, "order-p2")
+    _leave_pending(make_client, "order-p3")
+
+    reconciled = _run(["reconcile", "--all"], terminal)
+    assert reconciled.exit_code == 0, reconciled.output
+    assert "reconciling" in reconciled.stdout
+    assert "1/1" in reconciled.stdout
+
+    resumed = _run(["resume"], terminal)
+    assert resumed.exit_code == 0, resumed.output
+    assert "resuming" in resumed.stdout
+    assert "2/2" in resumed.stdout
+
+    _make_unknown(make_client, sandbox, "order-p4", "drop_after")
+    as_json = _run(["reconcile", "--all", "--json"], terminal)
+    assert as_json.exit_code == 0
+    assert [item["reference"] for item in _json(as_json)] == ["order-p4"]  # JSON only
+
+
+def test_a_refused_status_lookup_stops_only_that_intent_and_exits_1(
+    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str], journal_path: Path
+) -> None:
+    first = _make_unknown(make_client, sandbox, "order-r1", "drop_after")
+    second = _make_unknown(make_client, sandbox, "order-r2", "drop_after")
+    wrong_key = "sk_test_revoked_0000"
+
+    result = _run(["reconcile", "--all", "--json"], {**env, "PAYONCE_API_KEY": wrong_key})
+
+    assert result.exit_code == 1, result.output
+    assert [(i["key"], i["outcome"], i["after"]) for i in _json(result)] == [
+        (first.key, "error", "unknown"),
+        (second.key, "error", "unknown"),
+    ]
+    assert result.stderr.strip() == (
+        "reconciled 2 intent(s): 0 settled, 0 back to pending, "
+        "2 still unknown (2x status look-up refused: HTTP 401)"
+    )
+    assert wrong_key not in result.stdout + result.stderr
+    assert _state(journal_path, first.key).lease_owner is None
+    assert _json(_run(["reconcile", "--all", "--json"], env))[0]["outcome"] == "found"
+
+
+def test_reconcile_needs_exactly_one_target(env: dict[str, str]) -> None:
+    for args in (["reconcile"], ["reconcile", "order-1", "--all"]):
+        result = _run(args, env)
+        assert result.exit_code == 2
+        assert "KEY_OR_REFERENCE or --all" in result.stderr
+
+
+def test_reconcile_of_an_intent_that_is_not_there_or_not_ours(
+    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str], journal_path: Path
+) -> None:
+    record = _make_unknown(make_client, sandbox, "order-3", "drop_after")
+
+    missing = _run(["reconcile", "order-404"], env)
+    assert missing.exit_code == 1
+    assert missing.stderr == "error: no intent with key or reference 'order-404'\n"
+
+    elsewhere = _run(["reconcile", "order-3", "--account", "acct_other"], env)
+    assert elsewhere.exit_code == 1
+    assert "--account acct_demo --provider sandbox" in elsewhere.stderr
+    assert _state(journal_path, record.key).state is payonce.IntentState.UNKNOWN
+
+
+def test_only_intents_of_the_given_provider_are_reconciled(
+    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str], journal_path: Path
+) -> None:
+    record = _make_unknown(make_client, sandbox, "order-s", "drop_after")
+
+    other = _run(["reconcile", "--all", "--provider", "generic"], env)
+    assert other.exit_code == 0
+    assert "no unknown intent of account 'acct_demo' (provider 'generic')" in other.stdout
+    named = _run(["reconcile", "order-s", "--provider", "generic"], env)
+    assert named.exit_code == 1
+    assert "--account acct_demo --provider sandbox" in named.stderr
+
+    unknown_profile = _run(["reconcile", "--all", "--provider", "acme"], env)
+    assert unknown_profile.exit_code == 2
+    assert "unknown provider 'acme'" in unknown_profile.stderr
+    assert _state(journal_path, record.key).state is payonce.IntentState.UNKNOWN
+
+
+def test_a_provider_without_a_status_lookup_is_a_configuration_error(
+    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str], journal_path: Path
+) -> None:
+    record = _make_unknown(make_client, sandbox, "order-g", "fail_before", provider="generic")
+
+    result = _run(["reconcile", "--all", "--provider", "generic"], env)
+
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert "has no status look-up" in line
+    assert "payonce abandon" in line
+    after = _state(journal_path, record.key)
+    assert (after.state, after.lease_owner) == (payonce.IntentState.UNKNOWN, None)
+
+
+def test_bad_base_url_and_missing_journal_are_configuration_errors(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    bad = _run(["resume", "--base-url", "sk_live_not_a_url"], env)
+    assert bad.exit_code == 2
+    assert bad.stderr == "error: --base-url must be an http(s) URL\n"
+
+    with_credentials = _run(["resume", "--base-url", "https://user:hunter2@api.example"], env)
+    assert with_credentials.exit_code == 2
+    assert "hunter2" not in with_credentials.stderr
+
+    nowhere = tmp_path / "nowhere.db"
+    missing = _run(["reconcile", "--all", "--journal", str(nowhere)], env)
+    assert missing.exit_code == 2
+    assert missing.stderr == f"error: no journal at {nowhere}\n"
+    assert not nowhere.exists()
+
+    no_url = _run(["resume"], {k: v for k, v in env.items() if k != "PAYONCE_BASE_URL"})
+    assert no_url.exit_code == 2
+    assert "--base-url" in no_url.stderr
+
+
+# -- no API key: a clear error, and nothing touched --------------------------------------------
+
+
+@pytest.fixture
+def no_keyring(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A host with no usable keyring backend; the previous backend comes back after."""
+    monkeypatch.delenv("PYTHON_KEYRING_BACKEND", raising=False)
+    keyring.backend.get_all_keyring()
+    previous = keyring.get_keyring()
+    keyring.set_keyring(keyring.backends.fail.Keyring())
+    yield
+    keyring.set_keyring(previous)
+
+
+def _files(journal_path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(journal_path.parent.glob("journal.db*"))}
+
+
+@pytest.mark.usefixtures("no_keyring")
+@pytest.mark.parametrize("command", [["resume"], ["reconcile", "--all"], ["reconcile", "o-u"]])
+def test_without_an_api_key_nothing_is_sent_and_the_journal_is_left_alone(
+    make_client: MakeClient,
+    sandbox: SandboxServer,
+    env: dict[str, str],
+    journal_path: Path,
+    command: list[str],
+) -> None:
+    unknown = _make_unknown(make_client, sandbox, "o-u", "fail_before")
+    pending = _leave_pending(make_client, "o-p")
+    executed = sandbox.store.executions()
+    before = _files(journal_path)
+    assert journal_path.name + "-wal" in before
+
+    result = _run(command, {k: v for k, v in env.items() if k != "PAYONCE_API_KEY"})
+
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: no API key for account 'acct_demo'")
+    assert "PAYONCE_API_KEY" in line
+    assert "payonce keys set acct_demo" in line
+    assert _files(journal_path) == before
+    assert sandbox.store.executions() == executed
+    assert _state(journal_path, unknown.key).state is payonce.IntentState.UNKNOWN
+    assert _state(journal_path, pending.key).state is payonce.IntentState.PENDING
+
+
+# -- abandon ----------------------------------------------------------------------------------
+
+
+def test_abandon_closes_an_unknown_intent_for_good(
+    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str], journal_path: Path
+) -> None:
+    record = _make_unknown(make_client, sandbox, "order-8", "fail_before")
+    where = ["--journal", str(journal_path)]  # the journal only: no API key needed
+
+    result = _run(["abandon", record.key, "--reason", "refunded by hand, ticket OPS-12", *where])
+
+    assert result.exit_code == 0, result.output
+    assert f"abandoned intent {record.key} (reference order-8)" in result.stdout
+    after = _state(journal_path, record.key)
+    assert after.state is payonce.IntentState.ABANDONED
+    assert after.abandon_reason == "refunded by hand, ticket OPS-12"
+    # Never sent again, by anything.
+    assert _json(_run(["resume", "--json"], env)) == []
+    assert _json(_run(["reconcile", "--all", "--json"], env)) == []
+    assert sandbox.store.total_executions() == 0
+
+
+def test_abandoning_a_pending_intent_works_and_a_settled_one_is_refused(
+    make_client: MakeClient, journal_path: Path
+) -> None:
+    pending = _leave_pending(make_client, "order-9")
+    paid = _pay(make_client(), "order-10")
+    where = ["--journal", str(journal_path)]
+
+    assert _run(["abandon", pending.key, "--reason", "duplicate order", *where]).exit_code == 0
+
+    refused = _run(["abandon", paid, "--reason", "oops", *where])
+    assert refused.exit_code == 1
+    (line,) = refused.stderr.splitlines()
+    assert line.startswith("error: ")
+    assert "already succeeded" in line
+    assert "only pending or unknown" in line
+    assert refused.stdout == ""
+    assert _state(journal_path, paid).state is payonce.IntentState.SUCCEEDED
+
+    again = _run(["abandon", pending.key, "--reason", "twice", *where])
+    assert again.exit_code == 1
+    assert "already abandoned" in again.stderr
+
+
+def test_an_intent_being_sent_cannot_be_abandoned(
+    make_client: MakeClient, journal_path: Path
+) -> None:
+    record = _leave_pending(make_client, "order-12")
+    worker = payonce.open_journal(journal_path)
+    worker.claim_key(record.key, owner="other-host:7:w", now=time.time(), lease_seconds=60)
+    worker.close()
+
+    result = _run(["abandon", record.key, "--reason", "x", "--journal", str(journal_path)])
+
+    assert result.exit_code == 1
+    assert "is being sent by other-host:7:w right now" in result.stderr
+    assert _state(journal_path, record.key).state is payonce.IntentState.PENDING
+
+
+def test_abandon_needs_a_reason_and_an_existing_key(
+    make_client: MakeClient, journal_path: Path
+) -> None:
+    record = _leave_pending(make_client, "order-11")
+    where = ["--journal", str(journal_path)]
+
+    no_reason = _run(["abandon", record.key, *where])
+    assert no_reason.exit_code == 2
+    assert "--reason" in no_reason.stderr
+    blank = _run(["abandon", record.key, "--reason", "  ", *where])
+    assert blank.exit_code == 2
+
+    by_reference = _run(["abandon", "order-11", "--reason", "x", *where])
+    assert by_reference.exit_code == 1
+    assert f"'order-11' is a reference, not a key; its intent(s): {record.key}" in (
+        by_reference.stderr
+    )
+    missing = _run(["abandon", "01NOSUCHKEY", "--reason", "x", *where])
+    assert missing.exit_code == 1
+    assert missing.stderr == "error: no intent with key '01NOSUCHKEY'\n"
+    assert _state(journal_path, record.key).state is payonce.IntentState.PENDING
+
+
+def test_abandon_help_names_the_states_it_accepts() -> None:
+    text = " ".join(_run(["abandon", "--help"]).stdout.split())
+    assert "Only pending and unknown intents can be abandoned" in text
+    assert "succeeded, failed and abandoned ones are final" in text
+
+
+# -- ack --------------------------------------------------------------------------------------
+
+
+def test_ack_lists_and_acknowledges_settled_outcomes(
+    make_client: MakeClient, journal_path: Path
+) -> None:
+    client = make_client()
+    first = _pay(client, "order-20", acknowledge=False)
+    second = _pay(client, "order-21", acknowledge=False)
+    _pay(client, "order-22")  # acknowledged on leaving the block
+    where = ["--journal", str(journal_path)]
+
+    listed = _run(["ack", "--list", "--json", *where])
+    assert listed.exit_code == 0
+    assert [(i["key"], i["state"]) for i in _json(listed)] == [
+        (first, "succeeded"),
+        (second, "succeeded"),
+    ]
+    table = _run(["ack", "--list", *where])
+    assert "2 settled intent(s) not acknowledged yet" in table.stdout
+    assert first in table.stdout
+
+    acked = _run(["ack", first, *where])
+    assert acked.exit_code == 0, acked.output
+    assert acked.stdout == f"acknowledged: intent {first} (reference order-20), succeeded\n"
+    assert [r.key for r in client.unacknowledged()] == [second]
+    assert _run(["ack", first, *where]).stdout.startswith("already acknowledged: ")
+
+    assert _json(_run(["ack", "--list", "--json", "--account", "acct_other", *where])) == []
+    assert _run(["ack", second, *where]).exit_code == 0
+    assert _run(["ack", "--list", *where]).stdout == "no unacknowledged intents\n"
+
+
+def test_ack_refuses_what_is_not_settled_and_goes_on_with_the_rest(
+    make_client: MakeClient, journal_path: Path
+) -> None:
+    pending = _leave_pending(make_client, "order-30")
+    paid = _pay(make_client(), "order-31", acknowledge=False)
+
+    result = _run(["ack", pending.key, "nope", paid, "--journal", str(journal_path)])
+
+    assert result.exit_code == 1
+    errors = result.stderr.splitlines()
+    assert len(errors) == 2
+    assert errors[0].startswith(f"error: intent {pending.key} is pending")
+    assert errors[1] == "error: no intent with key 'nope'"
+    assert f"acknowledged: intent {paid}" in result.stdout
+    assert _state(journal_path, paid).acknowledged_at is not None
+    assert _state(journal_path, pending.key).acknowledged_at is None
+
+
+def test_ack_usage(journal_path: Path, make_client: MakeClient) -> None:
+    key = _pay(make_client(), "order-40", acknowledge=False)
+    where = ["--journal", str(journal_path)]
+    for args in (["ack"], ["ack", key, "--list"], ["ack", key, "--json"]):
+        result = _run([*args, *where])
+        assert result.exit_code == 2, args
+        assert "Traceback" not in result.output
+    text = " ".join(_run(["ack", "--help"]).stdout.split())
+    assert "Only succeeded and failed intents can be acknowledged" in text
+
+
+# -- journal check ----------------------------------------------------------------------------
+
+
+def test_journal_check_on_a_good_journal(
+    make_client: MakeClient, sandbox: SandboxServer, journal_path: Path
+) -> None:
+    _pay(make_client(), "order-50", acknowledge=False)
+    _pay(make_client(), "order-51")
+    _make_unknown(make_client, sandbox, "order-52", "fail_before")
+    _leave_pending(make_client, "order-53")
+    where = ["--journal", str(journal_path)]
+
+    report = _run(["journal", "check", "--json", *where])
+
+    assert report.exit_code == 0, report.output
+    document = _json(report)
+    assert document["ok"] is True
+    assert document["problems"] == []
+    assert document["location"] == str(journal_path)
+    assert document["schema_version"] >= 1
+    assert document["intents_by_state"] == {
+        "pending": 1,
+        "succeeded": 2,
+        "failed": 0,
+        "unknown": 1,
+        "abandoned": 0,
+    }
+    assert document["intents"] == 4
+    assert document["unacknowledged"] == 1
+    assert document["size_bytes"] > 0
+
+    table = _run(["journal", "check", *where])
+    assert table.exit_code == 0
+    for expected in ("integrity", "ok", "schema version", "4 (1 pending, 2 succeeded, 1 unknown)"):
+        assert expected in table.stdout
+
+
+def _settled_copy(journal_path: Path, make_client: MakeClient, tmp_path: Path) -> Path:
+    """A closed copy of a journal with a few intents (no -wal file beside it)."""
+    for n in range(3):
+        _pay(make_client(), f"order-{n}")
+    copy = tmp_path / "copy.db"
+    source = sqlite3.connect(journal_path)
+    target = sqlite3.connect(copy)
+    source.backup(target)
+    source.close()
+    target.execute("PRAGMA journal_mode = DELETE")
+    target.close()
+    return copy
+
+
+def _flip_in_index(path: Path, index: str, needle: bytes) -> None:
+    """Damage one byte of an index entry: the table and the index disagree."""
+    with sqlite3.connect(path) as probe:
+        (page_size,) = probe.execute("PRAGMA page_size").fetchone()
+        (root,) = probe.execute(
+            "SELECT rootpage FROM sqlite_master WHERE name = ?", (index,)
+        ).fetchone()
+    probe.close()
+    data = bytearray(path.read_bytes())
+    start = (root - 1) * page_size
+    offset = data.index(needle, start, start + page_size)
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_journal_check_finds_a_damaged_index(
+    make_client: MakeClient, journal_path: Path, tmp_path: Path
+) -> None:
+    damaged = _settled_copy(journal_path, make_client, tmp_path)
+    _flip_in_index(damaged, "intents_scope_reference", b"order-1")
+
+    result = _run(["journal", "check", "--journal", str(damaged)])
+
+    assert result.exit_code == 1, result.output
+    assert "problem(s) found" in result.stdout
+    assert "intents_scope_reference" in result.stdout
+    document = _json(_run(["journal", "check", "--json", "--journal", str(damaged)]))
+    assert document["ok"] is False
+    assert any("intents_scope_reference" in problem for problem in document["problems"])
+
+
+def test_journal_check_finds_rows_that_point_nowhere(
+    make_client: MakeClient, journal_path: Path, tmp_path: Path
+) -> None:
+    damaged = _settled_copy(journal_path, make_client, tmp_path)
+    with sqlite3.connect(damaged) as raw:  # a hand edit with foreign keys off
+        raw.execute("INSERT INTO attempts (key, number, started_at) VALUES ('ghost', 1, 0)")
+    raw.close()
+
+    result = _run(["journal", "check", "--json", "--journal", str(damaged)])
+
+    assert result.exit_code == 1
+    (problem,) = _json(result)["problems"]
+    assert problem.startswith("foreign key violation in attempts")
+
+
+def test_journal_check_on_a_file_that_cannot_be_a_journal(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    content = b"SQLite format 3\x00" + bytes(range(256)) * 16
+    path.write_bytes(content)
+
+    result = _run(["journal", "check", "--journal", str(path)])
+
+    assert result.exit_code == 2
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: ")
+    assert path.read_bytes() == content
+
+
+# -- journal backup ---------------------------------------------------------------------------
+
+
+def test_backup_holds_rows_still_only_in_the_wal_and_never_overwrites(
+    make_client: MakeClient, journal_path: Path, tmp_path: Path
+) -> None:
+    client = make_client()  # stays open: its committed rows are not checkpointed yet
+    keys = [_pay(client, f"order-{n}") for n in range(3)]
+    wal = journal_path.with_name(journal_path.name + "-wal")
+    assert wal.stat().st_size > 0
+    naive = tmp_path / "naive-copy.db"  # what copying the .db file alone would keep
+    shutil.copyfile(journal_path, naive)
+    with sqlite3.connect(naive) as raw:
+        tables = raw.execute("SELECT name FROM sqlite_master WHERE name = 'intents'").fetchall()
+        assert tables == [] or raw.execute("SELECT count(*) FROM intents").fetchone() == (0,)
+    raw.close()
+    destination = tmp_path / "backups" / "journal-1.db"
+    destination.parent.mkdir()
+
+    result = _run(["journal", "backup", str(destination), "--journal", str(journal_path)])
+
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(f"backed up {journal_path} to {destination} (")
+    copy = payonce.open_journal(destination)
+    try:
+        assert [r.key for r in copy.find("order-1")] == [keys[1]]
+        assert {r.key for r in copy.list_intents()} == set(keys)
+    finally:
+        copy.close()
+    content = destination.read_bytes()
+
+    again = _run(["journal", "backup", str(destination), "--journal", str(journal_path)])
+    assert again.exit_code == 2
+    assert "will not overwrite" in again.stderr
+    assert destination.read_bytes() == content
+
+
+def test_backup_into_a_missing_directory_or_of_a_missing_journal(
+    make_client: MakeClient, journal_path: Path, tmp_path: Path
+) -> None:
+    _pay(make_client(), "order-1")
+    where = ["--journal", str(journal_path)]
+
+    no_dir = _run(["journal", "backup", str(tmp_path / "no" / "such.db"), *where])
+    assert no_dir.exit_code == 2
+    assert "does not exist" in no_dir.stderr
+
+    no_journal = _run(
+        ["journal", "backup", str(tmp_path / "b.db"), "--journal", str(tmp_path / "x.db")]
+    )
+    assert no_journal.exit_code == 2
+    assert not (tmp_path / "x.db").exists()
+    assert not (tmp_path / "b.db").exists()
+
+
+def test_a_postgresql_journal_is_backed_up_with_pg_dump(tmp_path: Path) -> None:
+    url = "postgresql://payonce@db.invalid/payonce"
+    result = _run(["journal", "backup", str(tmp_path / "b.db"), "--journal", url])
+    assert result.exit_code == 2
+    assert "pg_dump" in result.stderr
+    assert not (tmp_path / "b.db").exists()
