@@ -11,6 +11,9 @@ import pytest
 import payonce
 from payonce.sandbox import DEFAULT_API_KEY, SandboxConfig, SandboxServer
 
+# A PostgreSQL server of the session's own, started on first use, and a database per test.
+from pgserver import postgres_server, postgres_url  # noqa: F401
+
 FAST_RETRY = payonce.RetryPolicy(initial_wait=0.001, max_wait=0.01, max_attempts=5)
 
 

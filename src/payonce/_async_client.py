@@ -114,18 +114,22 @@ class AsyncClient(_BaseClient):
     async def resume(self) -> list[ResumeResult]:
         """See ``Client.resume``."""
         core = self._core
-        results = []
-        for record in await _off_loop(core.resumable):
+        results: list[ResumeResult] = []
+        after: tuple[float, str] | None = None
+        while True:
+            owner = new_owner()
+            claim = await _off_loop(core.claim_next_resumable, owner, after)
+            if claim is None:
+                return results
+            record = claim.record
+            after = (record.created_at, record.key)
             response, error = None, None
             try:
-                run = await _off_loop(core.begin_resume, record, new_owner())
-                if run is None:
-                    continue
+                run = await _off_loop(core.resume_claimed, claim, owner)
                 response = await self._send(run)
             except PayonceError as exc:
                 error = exc
             results.append(await _off_loop(core.resume_result, record, response, error))
-        return results
 
     async def reconcile(self, key_or_reference: str) -> list[ReconcileResult]:
         records = await _off_loop(_reconcile.targets, self._core, key_or_reference)

@@ -306,18 +306,21 @@ class Client(_BaseClient):
         One intent's failure never stops the rest.
         """
         core = self._core
-        results = []
-        for record in core.resumable():
+        results: list[ResumeResult] = []
+        after: tuple[float, str] | None = None
+        while True:
+            owner = new_owner()
+            claim = core.claim_next_resumable(owner, after)
+            if claim is None:
+                return results
+            record = claim.record
+            after = (record.created_at, record.key)
             response, error = None, None
             try:
-                run = core.begin_resume(record, new_owner())
-                if run is None:
-                    continue
-                response = self._send(run)
+                response = self._send(core.resume_claimed(claim, owner))
             except PayonceError as exc:
                 error = exc
             results.append(core.resume_result(record, response, error))
-        return results
 
     def reconcile(self, key_or_reference: str) -> list[ReconcileResult]:
         """Ask the provider about the unknown intent(s) with this key or reference."""

@@ -276,27 +276,25 @@ class IntentCore:
                 raise self._unknown(attrs.evolve(record, unknown_reason=reason))
         return run
 
-    def begin_resume(self, record: IntentRecord, owner: str) -> Run | None:
-        """Claim a pending intent left by another (dead) worker; None if someone holds it."""
-        claim = self.journal.claim_key(
-            record.key,
+    def claim_next_resumable(self, owner: str, after: tuple[float, str] | None) -> Claim | None:
+        """Lease the next pending intent of this account that no live worker holds.
+
+        ``after`` is the (created_at, key) of the intent this pass handled last. Hosts
+        resuming at once skip the rows the others are claiming instead of queueing on them.
+        """
+        return self.journal.claim_next_pending(
+            account=self.account,
+            provider=self.profile.name,
             owner=owner,
             now=self.clock(),
             lease_seconds=self.lease_seconds,
-            stale_owner=record.lease_owner if owner_is_dead(record.lease_owner) else None,
+            after=after,
+            is_stale=owner_is_dead,
         )
-        if claim is None or claim.kind is not ClaimKind.CLAIMED:
-            return None
-        return self._resume(claim, owner)
 
-    def resumable(self) -> list[IntentRecord]:
-        """Pending intents of this account that no live worker holds."""
-        now = self.clock()
-        return [
-            record
-            for record in self.journal.pending(account=self.account, provider=self.profile.name)
-            if not record.lease_live(now) or owner_is_dead(record.lease_owner)
-        ]
+    def resume_claimed(self, claim: Claim, owner: str) -> Run:
+        """The run of an intent ``claim_next_resumable`` leased to ``owner``."""
+        return self._resume(claim, owner)
 
     def resume_result(
         self, record: IntentRecord, response: httpx.Response | None, error: Exception | None

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import platformdirs
 
+from ..errors import ConfigurationError
 from ._base import Journal
 from ._records import (
     AttemptRecord,
@@ -19,7 +21,11 @@ from ._records import (
     StoredResponse,
 )
 from ._schema import SCHEMA_VERSION
+from ._sql import is_postgres_url
 from ._sqlite import SQLiteJournal
+
+if TYPE_CHECKING:
+    from ._postgres import PostgresJournal
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -30,6 +36,7 @@ __all__ = [
     "IntentRecord",
     "Journal",
     "JournalReport",
+    "PostgresJournal",
     "ReconciliationRecord",
     "SQLiteJournal",
     "StoredResponse",
@@ -38,6 +45,25 @@ __all__ = [
 ]
 
 JOURNAL_ENV = "PAYONCE_JOURNAL"
+
+_POSTGRES_EXTRA = (
+    "a postgresql:// journal needs the postgres extra: pip install 'payonce[postgres]'"
+)
+
+
+def __getattr__(name: str) -> Any:
+    # psycopg is imported only by those who use PostgreSQL, never by ``import payonce``.
+    if name == "PostgresJournal":
+        return _postgres_journal_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _postgres_journal_class() -> type[PostgresJournal]:
+    try:
+        from ._postgres import PostgresJournal
+    except ImportError as exc:
+        raise ConfigurationError(f"{_POSTGRES_EXTRA} ({exc})") from None
+    return PostgresJournal
 
 
 def default_journal_path() -> Path:
@@ -51,13 +77,18 @@ def default_journal_path() -> Path:
 def open_journal(
     journal: Journal | str | os.PathLike[str] | None = None, *, busy_timeout: float = 5.0
 ) -> Journal:
-    """A journal from an instance, a path, or the default location.
+    """A journal from an instance, a path, a ``postgresql://`` URL, or the default location.
 
-    Only the default location's directory is created on demand: an explicit path whose
-    directory is missing is far more likely a typo than a wish.
+    ``$PAYONCE_JOURNAL`` may hold a path or a URL. Only the default location's directory
+    is created on demand: an explicit path whose directory is missing is far more likely a
+    typo than a wish.
     """
     if journal is not None and not isinstance(journal, str | os.PathLike):
         return journal
+    if journal is None and is_postgres_url(os.environ.get(JOURNAL_ENV, "")):
+        journal = os.environ[JOURNAL_ENV]
+    if isinstance(journal, str) and is_postgres_url(journal):
+        return _postgres_journal_class()(journal, busy_timeout=busy_timeout)
     if journal is None:
         from_env = bool(os.environ.get(JOURNAL_ENV))
         return SQLiteJournal(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
 from .._intent import IntentState
@@ -11,6 +11,7 @@ from ._records import (
     Claim,
     IntentDraft,
     IntentRecord,
+    JournalReport,
     ReconciliationRecord,
     StoredResponse,
 )
@@ -64,6 +65,26 @@ class Journal(Protocol):
         """Take the lease of an existing intent by key (None if there is none).
 
         ``unknown=True`` lets reconciliation claim an ``unknown`` intent too.
+        """
+        ...
+
+    def claim_next_pending(
+        self,
+        *,
+        account: str,
+        provider: str,
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        after: tuple[float, str] | None = None,
+        is_stale: Callable[[str], bool] | None = None,
+    ) -> Claim | None:
+        """Lease the oldest pending intent of this account and provider no live worker holds.
+
+        For resume workers on many hosts: rows another worker is claiming at this instant
+        are skipped, not waited for. ``after`` is the ``(created_at, key)`` of the intent
+        handled last, so a pass meets each intent once even when it leaves it pending. A
+        lease whose owner ``is_stale`` judges dead counts as free. None when none is left.
         """
         ...
 
@@ -154,5 +175,9 @@ class Journal(Protocol):
         ...
 
     def attempts(self, key: str) -> Sequence[AttemptRecord]: ...
+
+    def check(self) -> JournalReport:
+        """Integrity, schema version and what the journal holds, read at one instant."""
+        ...
 
     def close(self) -> None: ...

@@ -1,12 +1,18 @@
-"""The journal schema and its forward migrations, in one place.
+"""The journal schema and its forward migrations, in one place, for every backend.
 
 Migration N takes a journal from schema N-1 to N. They only ever add: a journal written by
 an older payonce opens, migrates, and replays its stored responses byte for byte.
+
+The statements are written once, in the SQL both SQLite and PostgreSQL accept, with the
+two column types they spell differently left as ``{BLOB}`` and ``{REAL}``: each dialect
+renders them (SQLite keeps the names its journals have always had on disk).
 """
 
 from __future__ import annotations
 
-__all__ = ["APPLICATION", "MIGRATIONS", "SCHEMA_VERSION"]
+from collections.abc import Mapping
+
+__all__ = ["APPLICATION", "MIGRATIONS", "SCHEMA_VERSION", "render_migrations"]
 
 APPLICATION = "payonce"
 
@@ -25,16 +31,16 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             url TEXT NOT NULL,
             fingerprint TEXT NOT NULL,
             request_headers TEXT NOT NULL,
-            request_body BLOB NOT NULL,
+            request_body {BLOB} NOT NULL,
             state TEXT NOT NULL,
-            created_at REAL NOT NULL,
-            updated_at REAL NOT NULL,
-            first_sent_at REAL,
+            created_at {REAL} NOT NULL,
+            updated_at {REAL} NOT NULL,
+            first_sent_at {REAL},
             lease_owner TEXT,
-            lease_expires_at REAL,
+            lease_expires_at {REAL},
             response_status INTEGER,
             response_headers TEXT,
-            response_body BLOB
+            response_body {BLOB}
         )
         """,
         "CREATE UNIQUE INDEX intents_scope_reference ON intents (scope, reference) "
@@ -43,8 +49,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         CREATE TABLE attempts (
             key TEXT NOT NULL REFERENCES intents (key) ON DELETE CASCADE,
             number INTEGER NOT NULL,
-            started_at REAL NOT NULL,
-            ended_at REAL,
+            started_at {REAL} NOT NULL,
+            ended_at {REAL},
             status_code INTEGER,
             error TEXT,
             PRIMARY KEY (key, number)
@@ -55,7 +61,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     #    responses, per-attempt ambiguity, reconciliations, and indexes for listing.
     (
         "ALTER TABLE intents ADD COLUMN unknown_reason TEXT",
-        "ALTER TABLE intents ADD COLUMN acknowledged_at REAL",
+        "ALTER TABLE intents ADD COLUMN acknowledged_at {REAL}",
         "ALTER TABLE intents ADD COLUMN response_body_stored INTEGER",
         "ALTER TABLE intents ADD COLUMN response_stored_by TEXT",
         "ALTER TABLE intents ADD COLUMN response_schema INTEGER",
@@ -66,7 +72,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         """
         CREATE TABLE reconciliations (
             key TEXT NOT NULL REFERENCES intents (key) ON DELETE CASCADE,
-            at REAL NOT NULL,
+            at {REAL} NOT NULL,
             outcome TEXT NOT NULL,
             detail TEXT NOT NULL,
             status_code INTEGER
@@ -77,3 +83,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def render_migrations(types: Mapping[str, str]) -> tuple[tuple[str, ...], ...]:
+    """The migrations with ``{BLOB}`` and ``{REAL}`` spelled as one dialect spells them."""
+    return tuple(tuple(statement.format_map(types) for statement in step) for step in MIGRATIONS)

@@ -1,0 +1,426 @@
+"""The PostgreSQL journal: one journal shared by every host of a service.
+
+Needs the ``postgres`` extra (psycopg 3 and psycopg-pool). Everything but connecting,
+transactions, durability settings and error translation lives in ``_engine`` and ``_sql``,
+shared with the SQLite journal.
+
+Durability budget, the same as SQLite's (see docs/postgres.md): the write-ahead record of
+a new intent, every lease taken and every attempt start commit with the server's
+``synchronous_commit`` (``on`` unless the DBA asked for more; a server default of ``off``
+is raised to ``on`` for these sessions): the WAL is flushed before the request is sent.
+Attempt ends, settlements, releases, renewals, reconciliations, acknowledgements and
+abandonments commit with ``SET LOCAL synchronous_commit = off``: they are visible to every
+host at once and survive a crash of the client, and a crash of the database server may
+roll back only the last few, each of which leaves a state payonce already handles safely.
+
+Concurrency between hosts: every row a transaction reads to decide on is locked
+``FOR UPDATE`` until it commits; two hosts creating the same intent at once are arbitrated
+by the unique (scope, reference) index and ``INSERT … ON CONFLICT DO NOTHING``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import urllib.parse
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import TransactionStatus
+from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
+
+from ..errors import ConfigurationError, JournalError
+from . import _sql as sql
+from ._engine import BEFORE_SEND, NO_SEND, SQLJournal, Tx, migrate
+
+__all__ = ["PostgresJournal"]
+
+T = TypeVar("T")
+
+logger = logging.getLogger("payonce")
+
+_SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+_SECRET_PARAMETERS = ("password", "sslpassword")
+# The advisory-lock class of payonce's migrations ("pyon"); the second key is the schema.
+_MIGRATION_LOCK = 0x70796F6E
+# Transactions that found their connection dead before committing are rolled back by the
+# server, so they are run again on a fresh connection, as are deadlock victims.
+_ROUNDS = 3
+_BUSY = (pg_errors.LockNotAvailable, pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
+_RETRYABLE = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
+
+
+class _Target:
+    """A journal URL taken apart: what libpq gets, what may be shown, what must not be."""
+
+    def __init__(self, url: str) -> None:
+        if not sql.is_postgres_url(url):
+            raise ConfigurationError(
+                "a PostgreSQL journal needs a postgresql:// (or postgres://) URL, e.g. "
+                "postgresql://payonce@db.internal:5432/payments"
+            )
+        self._secrets = _secrets_of(url)
+        try:
+            parts = urllib.parse.urlsplit(url)
+        except ValueError as exc:
+            raise self.invalid(str(exc)) from None
+        rest = url.partition("://")[2]
+        authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+        if authority.rpartition("@")[0] != rest.rpartition("@")[0]:
+            raise self.ambiguous()
+        # Query segments are kept as written: decoding and re-encoding them could change
+        # what libpq reads (it decodes %XX only, not "+").
+        self.schema: str | None = None
+        passed, shown = [], []
+        for segment in filter(None, parts.query.split("&")):
+            raw_name, _, raw_value = segment.partition("=")
+            name = urllib.parse.unquote(raw_name)
+            if name == "schema":
+                self.schema = urllib.parse.unquote(raw_value)
+                continue
+            passed.append(segment)
+            if name not in _SECRET_PARAMETERS:
+                shown.append(segment)
+        # By hand: urlunsplit drops the "//" of a URL with no host (a unix socket in ?host=).
+        self.conninfo = f"{parts.scheme}://{parts.netloc}{parts.path}" + _query(passed)
+        try:
+            self.parameters = conninfo_to_dict(self.conninfo)
+        except psycopg.Error as exc:
+            raise self.invalid(str(exc)) from None
+        # Unless the query overrides them, libpq must read the user and password Python did.
+        overridden = {urllib.parse.unquote(p.partition("=")[0]) for p in passed}
+        user = urllib.parse.unquote(parts.username) if parts.username else None
+        password = urllib.parse.unquote(parts.password) if parts.password is not None else None
+        if ("user" not in overridden and user != self.parameters.get("user")) or (
+            "password" not in overridden
+            and password is not None
+            and password != self.parameters.get("password")
+        ):
+            raise self.ambiguous()
+        self._secrets = sorted(
+            {*self._secrets, *_forms(str(self.parameters.get("password") or ""))},
+            key=len,
+            reverse=True,
+        )
+        hosts = parts.netloc.rpartition("@")[2]
+        shown_user = urllib.parse.quote(user, safe="") + "@" if user else ""
+        self._shown = f"{parts.scheme}://{shown_user}{hosts}{parts.path}"
+        self._shown_query = shown
+
+    def ambiguous(self) -> ConfigurationError:
+        # Python and libpq would read another user or password out of it, and what is
+        # shown as the location could then hold (part of) the password.
+        return ConfigurationError(
+            "the PostgreSQL journal URL's user name or password holds a character that "
+            "must be percent-encoded (/ ? # @ : as %2F %3F %23 %40 %3A)"
+        )
+
+    def location(self, schema: str | None) -> str:
+        """The URL without its password, naming the schema the journal really uses."""
+        schema_segment = [f"schema={schema}"] if schema is not None else []
+        return self._shown + _query([*self._shown_query, *schema_segment])
+
+    def invalid(self, why: str) -> ConfigurationError:
+        return ConfigurationError(f"the PostgreSQL journal URL is not valid: {self.redact(why)}")
+
+    def redact(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+
+def _secrets_of(url: str) -> list[str]:
+    """The password, as written and decoded, even from a URL too broken to parse.
+
+    Over-redacting a message is harmless; missing one form of the password is not, so the
+    user-info is cut both at the authority's end and at the URL's last "@".
+    """
+    found = []
+    rest = url.partition("://")[2]
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    for userinfo in (authority.rpartition("@")[0], rest.rpartition("@")[0]):
+        if ":" in userinfo:
+            found.append(userinfo.partition(":")[2])
+    for match in re.finditer(r"(?:^|[?&])(?:ssl)?password=([^&#]*)", url.partition("?")[2]):
+        found.append(match.group(1))
+    return sorted({form for secret in found for form in _forms(secret)}, key=len, reverse=True)
+
+
+def _query(segments: list[str]) -> str:
+    return "?" + "&".join(segments) if segments else ""
+
+
+def _forms(secret: str) -> set[str]:
+    """A secret as it may appear in a message: as written, decoded, or encoded."""
+    forms = {secret, urllib.parse.unquote(secret), urllib.parse.quote(secret, safe="")}
+    return {form for form in forms if form}
+
+
+class PostgresJournal(SQLJournal):
+    """A journal in a PostgreSQL database, shared by every host and thread that opens it.
+
+    ``url`` is a libpq URL, ``postgresql://user:password@host:5432/dbname?sslmode=…``.
+    ``schema`` (or ``?schema=name`` in the URL) keeps the journal's tables in a schema of
+    their own, created on first open; by default they go where unqualified names resolve
+    (usually ``public``). ``busy_timeout`` bounds every wait for a row lock or a pooled
+    connection; ``pool_size`` is the most connections this journal holds at once.
+
+    ``location`` is the URL without its password, which appears in no message or log.
+    """
+
+    _dialect = sql.POSTGRES
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        busy_timeout: float = 5.0,
+        schema: str | None = None,
+        pool_size: int = 10,
+        connect_timeout: float = 10.0,
+        check_integrity: bool = True,
+    ) -> None:
+        target = _Target(url)
+        self._target = target
+        self._schema = schema if schema is not None else target.schema
+        if self._schema is not None and not _SCHEMA_NAME.fullmatch(self._schema):
+            raise ConfigurationError(
+                f"journal schema {self._schema!r} must be a plain SQL name: letters, digits "
+                "and underscores, not starting with a digit, at most 63 characters"
+            )
+        self._location = target.location(self._schema)
+        if pool_size < 1:
+            raise ConfigurationError("pool_size must be at least 1")
+        self._busy_timeout = busy_timeout
+        # A stuck statement or an abandoned open transaction (a host frozen mid-write)
+        # would hold its row locks forever; the server ends both long after any honest wait.
+        self._safety_timeout = max(30.0, 4 * busy_timeout)
+        self._fsync_off_warned = False
+        connect: dict[str, Any] = {"autocommit": True}
+        if "application_name" not in target.parameters:
+            connect["application_name"] = "payonce"
+        if "connect_timeout" not in target.parameters:
+            connect["connect_timeout"] = max(1, round(connect_timeout))
+        self._pool: ConnectionPool[psycopg.Connection[tuple[Any, ...]]] = ConnectionPool(
+            target.conninfo,
+            kwargs=connect,
+            min_size=1,
+            max_size=pool_size,
+            open=False,
+            configure=self._configure,
+            timeout=busy_timeout,
+            name="payonce-journal",
+        )
+        try:
+            self._open(connect, connect_timeout, check_integrity)
+        except BaseException:
+            self._pool.close()
+            raise
+
+    @property
+    def location(self) -> str:
+        return self._location
+
+    def __repr__(self) -> str:
+        return f"PostgresJournal({self.location!r})"
+
+    # -- opening ---------------------------------------------------------------------------
+
+    def _open(self, connect: dict[str, Any], connect_timeout: float, check: bool) -> None:
+        # One connection of its own first: a refused password or an unknown database is
+        # reported as such, rather than as a pool that never filled up.
+        try:
+            conn = psycopg.connect(self._target.conninfo, **connect)
+        except psycopg.Error as exc:
+            raise self._error(
+                f"cannot connect to the journal database: {self._describe(exc)}"
+            ) from None
+        with conn:
+            try:
+                self._configure(conn)
+                self._run(conn, self._migrate, begin="BEGIN", busy=BEFORE_SEND)
+                if check:
+                    self._run(conn, self._verify, begin=None, busy=NO_SEND)
+            except psycopg.Error as exc:
+                raise self._translate(exc, BEFORE_SEND) from None
+        try:
+            self._pool.open(wait=True, timeout=connect_timeout)
+        except PoolTimeout:
+            raise self._error(
+                f"the journal database accepted one connection but the pool could not "
+                f"open one within {connect_timeout:g}s"
+            ) from None
+
+    def _migrate(self, tx: Tx) -> None:
+        # Hosts starting together would otherwise race to create the same tables.
+        tx.one(
+            "SELECT pg_advisory_xact_lock(?, hashtext(coalesce(?, current_schema(), '')))",
+            (_MIGRATION_LOCK, self._schema),
+        )
+        if self._schema is not None and not tx.one(
+            "SELECT 1 FROM pg_namespace WHERE nspname = ?", (self._schema,)
+        ):
+            tx.execute(f'CREATE SCHEMA "{self._schema}"')
+        kind = f"PostgreSQL schema {self._schema}" if self._schema else "PostgreSQL database"
+        try:
+            migrate(tx, refuse=self._refuse(kind))
+        except pg_errors.DuplicateTable as exc:
+            raise self._error(
+                f"the database already has a table or index payonce needs the name of "
+                f"({self._describe(exc)}); nothing was changed. Give the journal a schema of "
+                "its own: ?schema=payonce in the URL"
+            ) from None
+
+    def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        """Session settings of every connection, in one round trip."""
+        ms = f"{round(self._busy_timeout * 1000)}ms"
+        safety = f"{round(self._safety_timeout * 1000)}ms"
+        row = conn.execute(
+            "SELECT current_setting('synchronous_commit'), current_setting('fsync'),"
+            " set_config('lock_timeout', %s, false),"
+            " set_config('statement_timeout', %s, false),"
+            " set_config('idle_in_transaction_session_timeout', %s, false),"
+            " set_config('search_path', coalesce(%s, current_setting('search_path')), false)",
+            (ms, safety, safety, f'"{self._schema}"' if self._schema else None),
+        ).fetchone()
+        assert row is not None
+        synchronous_commit, fsync = row[0], row[1]
+        if synchronous_commit == "off":
+            # The write-ahead record must be flushed before the request leaves.
+            conn.execute("SET synchronous_commit = on")
+        if fsync == "off" and not self._fsync_off_warned:
+            self._fsync_off_warned = True
+            logger.warning(
+                "the journal database %s runs with fsync=off: a crash of the database "
+                "host can lose journaled intents, and a resend under a new key could pay "
+                "twice. Never run a payment journal so in production",
+                self.location,
+            )
+
+    # -- transactions ----------------------------------------------------------------------
+
+    def _write(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T:
+        begin = "BEGIN" if durable else "BEGIN; SET LOCAL synchronous_commit = off"
+        return self._transact(work, begin=begin, busy=busy)
+
+    def _read(self, work: Callable[[Tx], T], *, snapshot: bool = False) -> T:
+        # A full check may scan every row: no statement timeout for it.
+        begin = (
+            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET LOCAL statement_timeout = 0"
+            if snapshot
+            else None
+        )
+        return self._transact(work, begin=begin, busy=NO_SEND)
+
+    def _transact(self, work: Callable[[Tx], T], *, begin: str | None, busy: str) -> T:
+        for round_ in range(1, _ROUNDS + 1):
+            try:
+                conn = self._pool.getconn()
+            except PoolClosed:
+                raise self._error("this journal was closed; open it again to use it") from None
+            except PoolTimeout:
+                raise self._error(
+                    f"no connection to the journal database became free within "
+                    f"{self._busy_timeout:g}s (all in use, or the database is unreachable); "
+                    f"{busy}",
+                    busy=True,
+                ) from None
+            try:
+                return self._run(conn, work, begin=begin, busy=busy)
+            except psycopg.Error as exc:
+                lost = isinstance(exc, psycopg.OperationalError) and conn.broken
+                if round_ < _ROUNDS and (lost or isinstance(exc, _RETRYABLE)):
+                    logger.debug("journal transaction retried: %s", self._describe(exc))
+                    continue
+                raise self._translate(exc, busy) from None
+            finally:
+                self._pool.putconn(conn)
+        raise AssertionError("unreachable: the last round returns or raises")
+
+    def _run(
+        self,
+        conn: psycopg.Connection[Any],
+        work: Callable[[Tx], T],
+        *,
+        begin: str | None,
+        busy: str,
+    ) -> T:
+        cur = conn.cursor()
+        try:
+            if begin is not None:
+                cur.execute(begin)
+            result = work(Tx(cur, self._dialect))
+        except BaseException:
+            if not conn.broken and conn.info.transaction_status != TransactionStatus.IDLE:
+                try:
+                    conn.execute("ROLLBACK")
+                except psycopg.Error:
+                    conn.close()  # the pool replaces it
+            raise
+        if begin is not None:
+            try:
+                cur.execute("COMMIT")
+            except psycopg.Error as exc:
+                raise self._error(
+                    f"the journal database failed while committing "
+                    f"({self._describe(exc)}), so whether this write was recorded is "
+                    f"unknown; {busy}"
+                ) from None
+        return result
+
+    def _describe(self, exc: BaseException) -> str:
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        return self._target.redact(text)
+
+    def _translate(self, exc: psycopg.Error, busy: str) -> JournalError:
+        if isinstance(exc, pg_errors.QueryCanceled):
+            return self._error(
+                f"a journal statement ran for more than {self._safety_timeout:g}s and was "
+                f"cancelled; {busy}",
+                busy=True,
+            )
+        if isinstance(exc, _BUSY):
+            return self._error(
+                f"the journal's rows stayed locked by another worker for more than "
+                f"{self._busy_timeout:g}s; {busy}",
+                busy=True,
+            )
+        if isinstance(exc, pg_errors.InsufficientPrivilege):
+            return self._error(
+                f"the database role lacks a privilege the journal needs "
+                f"({self._describe(exc)}): grant it, or give the journal a schema it may "
+                "create tables in (?schema=payonce)"
+            )
+        if isinstance(exc, psycopg.OperationalError):
+            return self._error(f"lost the journal database ({self._describe(exc)}); {busy}")
+        return self._error(f"journal operation failed ({self._describe(exc)}); {busy}")
+
+    # -- operating --------------------------------------------------------------------------
+
+    def _storage_problems(self, tx: Tx) -> list[str]:
+        row = tx.one("SELECT current_setting('fsync')")
+        if row is not None and row[0] == "off":
+            return ["the database server runs with fsync=off: committed intents can be lost"]
+        return []
+
+    def _present_columns(self, tx: Tx, table: str) -> set[str]:
+        rows = tx.all(
+            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(?)"
+            " AND attnum > 0 AND NOT attisdropped",
+            (table,),
+        )
+        return {str(row[0]) for row in rows}
+
+    def _size_bytes(self, tx: Tx) -> int:
+        row = tx.one(
+            "SELECT coalesce(sum(pg_total_relation_size(to_regclass(t))), 0)"
+            " FROM unnest(?::text[]) AS t",
+            (list(sql.needed_columns()),),
+        )
+        return int(row[0]) if row else 0
+
+    def close(self) -> None:
+        self._pool.close()

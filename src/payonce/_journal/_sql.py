@@ -1,0 +1,362 @@
+"""What every SQL journal says and decides, written once for all dialects.
+
+The statements are written with ``?`` placeholders in the SQL that SQLite (3.24 and later)
+and PostgreSQL both accept: ``INSERT … ON CONFLICT``, ``coalesce``, ``LIMIT``. A
+``Dialect`` carries the few things that differ: the placeholder, the row-locking clauses
+(PostgreSQL locks rows; SQLite's ``BEGIN IMMEDIATE`` already serialises every writer), the
+two column types of the schema, and how to ask whether the meta table exists.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from .._intent import IntentState
+from ._records import (
+    AttemptRecord,
+    ClaimKind,
+    IntentDraft,
+    IntentRecord,
+    ReconciliationRecord,
+    StoredResponse,
+)
+from ._schema import render_migrations
+
+__all__ = [
+    "ATTEMPT_COLUMNS",
+    "INTENT_COLUMNS",
+    "POSTGRES",
+    "RECONCILIATION_COLUMNS",
+    "SQLITE",
+    "Dialect",
+    "attempt_from_row",
+    "decide_claim",
+    "headers_to_json",
+    "intent_from_row",
+    "is_mismatch",
+    "is_postgres_url",
+    "NEEDED_INDEXES",
+    "needed_columns",
+    "reconciliation_from_row",
+]
+
+
+@attrs.frozen
+class Dialect:
+    name: str
+    placeholder: str
+    lock_rows: str
+    """Appended to a SELECT inside a write transaction: lock what was read until commit."""
+    skip_locked: str
+    """Appended to a queue SELECT: skip rows another worker has locked instead of waiting."""
+    tiebreak: str
+    """An insertion-order column for rows with no key of their own (reconciliations)."""
+    has_relation: str
+    """Takes a name; returns a row when a table or index of that name exists where the
+    journal's unqualified names resolve."""
+    types: Mapping[str, str]
+    _cache: dict[str, str] = attrs.field(factory=dict, init=False, eq=False, repr=False)
+
+    def sql(self, statement: str) -> str:
+        """``statement`` with its ``?`` placeholders in this dialect's style."""
+        if self.placeholder == "?":
+            return statement
+        translated = self._cache.get(statement)
+        if translated is None:
+            # No statement here holds a literal "?" or "%": the swap is exact.
+            translated = statement.replace("?", self.placeholder)
+            self._cache[statement] = translated
+        return translated
+
+    @property
+    def migrations(self) -> tuple[tuple[str, ...], ...]:
+        return render_migrations(self.types)
+
+
+SQLITE = Dialect(
+    name="sqlite",
+    placeholder="?",
+    lock_rows="",
+    skip_locked="",
+    tiebreak="rowid",
+    has_relation="SELECT 1 FROM sqlite_master WHERE name = ?",
+    types={"BLOB": "BLOB", "REAL": "REAL"},
+)
+
+POSTGRES = Dialect(
+    name="postgresql",
+    placeholder="%s",
+    lock_rows=" FOR UPDATE",
+    skip_locked=" FOR UPDATE SKIP LOCKED",
+    # Reconciliations are never updated, so their physical order is their insertion order;
+    # it only breaks ties between look-ups journaled at the very same clock reading.
+    tiebreak="ctid",
+    has_relation="SELECT 1 WHERE to_regclass(?) IS NOT NULL",
+    types={"BLOB": "BYTEA", "REAL": "DOUBLE PRECISION"},
+)
+
+
+def is_postgres_url(text: str) -> bool:
+    """Whether a journal argument names a PostgreSQL database rather than a file."""
+    scheme, sep, _ = text.partition("://")
+    return bool(sep) and scheme.lower() in ("postgresql", "postgres")
+
+
+# -- columns and rows ----------------------------------------------------------------------
+
+_INTENT_FIELDS = (
+    "key",
+    "scope",
+    "reference",
+    "account",
+    "provider",
+    "method",
+    "url",
+    "fingerprint",
+    "request_headers",
+    "request_body",
+    "state",
+    "created_at",
+    "updated_at",
+    "first_sent_at",
+    "lease_owner",
+    "lease_expires_at",
+    "unknown_reason",
+    "response_status",
+    "response_headers",
+    "response_body",
+    "response_body_stored",
+    "response_stored_by",
+    "response_schema",
+    "acknowledged_at",
+    "abandon_reason",
+)
+_ATTEMPT_FIELDS = ("key", "number", "started_at", "ended_at", "status_code", "error", "ambiguous")
+_RECONCILIATION_FIELDS = ("key", "at", "outcome", "detail", "status_code")
+
+INTENT_COLUMNS = (
+    ", ".join(_INTENT_FIELDS)
+    + ", (SELECT count(*) FROM attempts a WHERE a.key = intents.key) AS attempt_count"
+)
+ATTEMPT_COLUMNS = ", ".join(_ATTEMPT_FIELDS)
+RECONCILIATION_COLUMNS = ", ".join(_RECONCILIATION_FIELDS)
+
+
+def needed_columns() -> dict[str, tuple[str, ...]]:
+    """Every column the statements here read, by table: what a journal must have."""
+    return {
+        "payonce_meta": ("name", "value"),
+        "intents": _INTENT_FIELDS,
+        "attempts": _ATTEMPT_FIELDS,
+        "reconciliations": _RECONCILIATION_FIELDS,
+    }
+
+
+NEEDED_INDEXES = ("intents_scope_reference",)
+"""Indexes correctness depends on: the unique (scope, reference) index is what lets only
+one of two workers create the same intent."""
+
+
+def headers_to_json(headers: Sequence[tuple[str, str]]) -> str:
+    return json.dumps([list(pair) for pair in headers])
+
+
+def _headers_from_json(text: str | None) -> tuple[tuple[str, str], ...]:
+    if not text:
+        return ()
+    return tuple((str(name), str(value)) for name, value in json.loads(text))
+
+
+def _real(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def intent_from_row(row: Sequence[Any]) -> IntentRecord:
+    fields = dict(zip((*_INTENT_FIELDS, "attempt_count"), row, strict=True))
+    response = None
+    if fields["response_status"] is not None:
+        body_stored = fields["response_body_stored"]
+        schema = fields["response_schema"]
+        response = StoredResponse(
+            status=int(fields["response_status"]),
+            headers=_headers_from_json(fields["response_headers"]),
+            body=bytes(fields["response_body"] or b""),
+            # Rows stored by schema 1 predate the size cap: their bodies are whole.
+            body_stored=body_stored is None or bool(body_stored),
+            stored_by=fields["response_stored_by"],
+            schema_version=int(schema) if schema is not None else 1,
+        )
+    return IntentRecord(
+        key=fields["key"],
+        scope=fields["scope"],
+        reference=fields["reference"],
+        account=fields["account"],
+        provider=fields["provider"],
+        method=fields["method"],
+        url=fields["url"],
+        fingerprint=fields["fingerprint"],
+        request_headers=_headers_from_json(fields["request_headers"]),
+        body=bytes(fields["request_body"]),
+        state=IntentState(fields["state"]),
+        created_at=float(fields["created_at"]),
+        updated_at=float(fields["updated_at"]),
+        first_sent_at=_real(fields["first_sent_at"]),
+        lease_owner=fields["lease_owner"],
+        lease_expires_at=_real(fields["lease_expires_at"]),
+        unknown_reason=fields["unknown_reason"],
+        response=response,
+        acknowledged_at=_real(fields["acknowledged_at"]),
+        attempt_count=int(fields["attempt_count"]),
+        abandon_reason=fields["abandon_reason"],
+    )
+
+
+def attempt_from_row(row: Sequence[Any]) -> AttemptRecord:
+    key, number, started_at, ended_at, status_code, error, ambiguous = row
+    return AttemptRecord(
+        key=key,
+        number=int(number),
+        started_at=float(started_at),
+        ended_at=_real(ended_at),
+        status_code=None if status_code is None else int(status_code),
+        error=error,
+        ambiguous=None if ambiguous is None else bool(ambiguous),
+    )
+
+
+def reconciliation_from_row(row: Sequence[Any]) -> ReconciliationRecord:
+    key, at, outcome, detail, status_code = row
+    return ReconciliationRecord(
+        key=key,
+        at=float(at),
+        outcome=outcome,
+        detail=detail,
+        status_code=None if status_code is None else int(status_code),
+    )
+
+
+# -- decisions -----------------------------------------------------------------------------
+
+
+def is_mismatch(record: IntentRecord, draft: IntentDraft) -> bool:
+    """The stored intent is not the one the draft describes: refuse before sending."""
+    return (
+        record.fingerprint != draft.fingerprint
+        or record.scope != draft.scope
+        or (draft.key_supplied and record.key != draft.key)
+    )
+
+
+def decide_claim(
+    record: IntentRecord,
+    *,
+    owner: str,
+    now: float,
+    unknown: bool,
+    stale_owner: str | None,
+) -> ClaimKind | None:
+    """What a claim of an existing intent amounts to; None when the lease may be taken."""
+    if record.state.is_final:
+        return ClaimKind.FINAL
+    if record.state is IntentState.UNKNOWN and not unknown:
+        return ClaimKind.UNKNOWN
+    breakable = stale_owner is not None and record.lease_owner == stale_owner
+    if record.lease_owner != owner and record.lease_live(now) and not breakable:
+        return ClaimKind.LEASED
+    return None
+
+
+# -- statements ----------------------------------------------------------------------------
+
+SELECT_INTENT = f"SELECT {INTENT_COLUMNS} FROM intents WHERE "
+BY_KEY = "key = ?"
+BY_REFERENCE = "scope = ? AND reference = ?"
+
+INSERT_INTENT = (
+    "INSERT INTO intents (key, scope, reference, account, provider, method, url, fingerprint,"
+    " request_headers, request_body, state, created_at, updated_at, first_sent_at,"
+    " lease_owner, lease_expires_at)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    # Two hosts creating the same intent at once: the unique key and (scope, reference)
+    # let exactly one insert win; the other inserts nothing and reads the winner's row.
+    " ON CONFLICT DO NOTHING"
+)
+INSERT_ATTEMPT = "INSERT INTO attempts (key, number, started_at) VALUES (?, ?, ?)"
+LAST_ATTEMPT = "SELECT coalesce(max(number), 0) FROM attempts WHERE key = ?"
+
+# The WHERE repeats the lease test the caller made, so a claim stays atomic even where the
+# row was read without a lock.
+TAKE_LEASE = (
+    "UPDATE intents SET lease_owner = ?, lease_expires_at = ?, updated_at = ?"
+    " WHERE key = ? AND (lease_owner IS NULL OR lease_owner = ? OR lease_expires_at <= ?"
+    " OR lease_owner = ?)"
+)
+RENEW_LEASE = "UPDATE intents SET lease_expires_at = ? WHERE key = ? AND lease_owner = ?"
+RELEASE_LEASE = (
+    "UPDATE intents SET lease_owner = NULL, lease_expires_at = NULL"
+    " WHERE key = ? AND lease_owner = ?"
+)
+ATTEMPT_STARTED = (
+    "UPDATE intents SET first_sent_at = coalesce(first_sent_at, ?), lease_expires_at = ?,"
+    " updated_at = ? WHERE key = ?"
+)
+END_ATTEMPT = (
+    "UPDATE attempts SET ended_at = ?, status_code = ?, error = ?, ambiguous = ?"
+    " WHERE key = ? AND number = ?"
+)
+STORE_RESPONSE = (
+    "UPDATE intents SET response_status = ?, response_headers = ?, response_body = ?,"
+    " response_body_stored = ?, response_stored_by = ?, response_schema = ? WHERE key = ?"
+)
+SETTLE = (
+    "UPDATE intents SET state = ?, updated_at = ?, lease_owner = NULL,"
+    " lease_expires_at = NULL, unknown_reason = NULL WHERE key = ?"
+)
+SET_STATE = (
+    "UPDATE intents SET state = ?, unknown_reason = ?, updated_at = ?,"
+    " lease_owner = NULL, lease_expires_at = NULL WHERE key = ?"
+)
+ABANDON = (
+    "UPDATE intents SET state = ?, abandon_reason = ?, updated_at = ?,"
+    " lease_owner = NULL, lease_expires_at = NULL WHERE key = ?"
+)
+ACKNOWLEDGE = "UPDATE intents SET acknowledged_at = coalesce(acknowledged_at, ?) WHERE key = ?"
+INSERT_RECONCILIATION = (
+    "INSERT INTO reconciliations (key, at, outcome, detail, status_code) VALUES (?, ?, ?, ?, ?)"
+)
+
+PENDING = (
+    f"SELECT {INTENT_COLUMNS} FROM intents WHERE state = ? AND account = ? AND provider = ?"
+    " ORDER BY created_at, key"
+)
+# Keyset pagination in (created_at, key) order, so a queue pass never meets a row twice.
+NEXT_PENDING = (
+    f"SELECT {INTENT_COLUMNS} FROM intents WHERE state = ? AND account = ? AND provider = ?"
+    " AND (created_at > ? OR (created_at = ? AND key > ?))"
+    " ORDER BY created_at, key LIMIT ?"
+)
+UNACKNOWLEDGED = (
+    f"SELECT {INTENT_COLUMNS} FROM intents WHERE state IN (?, ?) AND acknowledged_at IS NULL"
+)
+FIND = (
+    f"SELECT {INTENT_COLUMNS} FROM intents WHERE key = ? OR reference = ? ORDER BY created_at DESC"
+)
+LIST = f"SELECT {INTENT_COLUMNS} FROM intents"
+ATTEMPTS = f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE key = ? ORDER BY number"
+RECONCILIATIONS = (
+    f"SELECT {RECONCILIATION_COLUMNS} FROM reconciliations WHERE key = ? ORDER BY at, "
+)
+
+META = "SELECT name, value FROM payonce_meta"
+UPSERT_META = (
+    "INSERT INTO payonce_meta (name, value) VALUES (?, ?)"
+    " ON CONFLICT (name) DO UPDATE SET value = excluded.value"
+)
+COUNT_BY_STATE = "SELECT state, count(*) FROM intents GROUP BY state"
+COUNT_UNACKNOWLEDGED = (
+    "SELECT count(*) FROM intents WHERE state IN (?, ?) AND acknowledged_at IS NULL"
+)

@@ -1,0 +1,1243 @@
+"""The journal contract, once, against both backends; then PostgreSQL end to end.
+
+Every ``backend``-parametrised test runs on a real SQLite file and on a real PostgreSQL
+database of its own (tests/pgserver.py starts the server). Another "host" is another
+journal instance on the same store: its own connection (SQLite) or its own pool
+(PostgreSQL). No mocks: the end-to-end tests drive ``payonce.Client`` against the real
+sandbox provider on loopback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import psycopg
+import pytest
+
+import payonce
+from payonce._intent import canonical_request, make_scope
+from payonce._journal import (
+    SCHEMA_VERSION,
+    ClaimKind,
+    IntentDraft,
+    Journal,
+    PostgresJournal,
+    StoredResponse,
+)
+from payonce._journal import _sql as sql
+from payonce._journal._engine import Tx, migrate
+from payonce.sandbox import SandboxServer
+from pgserver import PostgresServer
+
+PAYMENT = {"amount": 4200, "currency": "eur"}
+SUCCEEDED = payonce.IntentState.SUCCEEDED
+PENDING = payonce.IntentState.PENDING
+UNKNOWN = payonce.IntentState.UNKNOWN
+
+OpenJournal = Callable[..., Journal]
+MakeClient = Callable[..., payonce.Client]
+
+
+def draft_for(
+    number: int,
+    *,
+    account: str = "acct_demo",
+    reference: str | None = "",
+    key: str | None = None,
+    key_supplied: bool = False,
+    amount: int | None = None,
+    path: str = "/v1/payments",
+) -> IntentDraft:
+    """The draft a client would journal for payment number ``number``."""
+    body = {"amount": amount if amount is not None else 1000 + number, "currency": "eur"}
+    canonical = canonical_request("POST", path, json_body=body)
+    return IntentDraft(
+        key=key or f"key-{number:05d}",
+        key_supplied=key_supplied,
+        scope=make_scope(account, "POST", path),
+        reference=f"order-{number:05d}" if reference == "" else reference,
+        account=account,
+        provider="sandbox",
+        method="POST",
+        url=f"http://127.0.0.1:9{path}",
+        fingerprint=canonical.fingerprint,
+        request_headers=(("content-type", "application/json"),),
+        body=canonical.body,
+    )
+
+
+RESPONSE = StoredResponse(
+    status=201,
+    headers=(("content-type", "application/json"), ("request-id", "req_1")),
+    body=b'{"id":"pay_1","description":"caf\xc3\xa9"}\n\x00\xff',
+)
+
+
+# -- one journal store per test, on either backend ------------------------------------------
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def location(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where this test's journal lives: a file, or a fresh PostgreSQL database's URL."""
+    if backend == "sqlite":
+        return str(tmp_path / "journal.db")
+    return str(request.getfixturevalue("postgres_url"))
+
+
+@pytest.fixture
+def open_journal(location: str) -> Iterator[OpenJournal]:
+    """Opens journals on the test's store, one per "host"; all closed at the end."""
+    opened: list[Journal] = []
+
+    def open_(**options: Any) -> Journal:
+        journal = payonce.open_journal(location, **options)
+        opened.append(journal)
+        return journal
+
+    yield open_
+    for journal in opened:
+        journal.close()
+
+
+@pytest.fixture
+def journal(open_journal: OpenJournal) -> Journal:
+    return open_journal()
+
+
+@contextlib.contextmanager
+def raw_transaction(location: str) -> Iterator[Tx]:
+    """A transaction on the store through a connection of its own, not through payonce."""
+    if sql.is_postgres_url(location):
+        with psycopg.connect(location, autocommit=True) as conn:
+            cur = conn.cursor()
+            cur.execute("BEGIN")
+            yield Tx(cur, sql.POSTGRES)
+            cur.execute("COMMIT")
+    else:
+        with contextlib.closing(sqlite3.connect(location, isolation_level=None)) as db:
+            db.execute("BEGIN IMMEDIATE")
+            yield Tx(db.cursor(), sql.SQLITE)
+            db.execute("COMMIT")
+
+
+def rows(location: str, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    with raw_transaction(location) as tx:
+        return tx.all(statement, params)
+
+
+def settle(journal: Journal, key: str, owner: str, now: float, attempt: int = 1) -> None:
+    journal.settle(key, owner=owner, now=now, state=SUCCEEDED, response=RESPONSE, attempt=attempt)
+
+
+def test_a_closed_journal_raises_journal_error(open_journal: OpenJournal) -> None:
+    journal = open_journal()
+    journal.close()
+    with pytest.raises(payonce.JournalError):
+        journal.get("key-00001")
+    with pytest.raises(payonce.JournalError):
+        journal.claim(draft_for(1), owner="w", now=1.0, lease_seconds=30)
+    journal.close()  # closing twice is fine
+
+
+# -- claim: create, replay, refuse ---------------------------------------------------------
+
+
+def test_a_claim_creates_the_intent_with_its_first_attempt_started_for_every_reader(
+    journal: Journal, open_journal: OpenJournal
+) -> None:
+    claim = journal.claim(draft_for(7), owner="w1", now=1000.0, lease_seconds=30)
+
+    assert (claim.kind, claim.attempt_number) == (ClaimKind.CREATED, 1)
+    record = claim.record
+    assert (record.key, record.reference, record.state) == ("key-00007", "order-00007", PENDING)
+    assert (record.lease_owner, record.lease_expires_at) == ("w1", 1030.0)
+    assert (record.created_at, record.first_sent_at, record.attempt_count) == (1000.0, 1000.0, 1)
+    assert record.body == b'{"amount":1007,"currency":"eur"}'
+    assert record.request_headers == (("content-type", "application/json"),)
+    # Another host sees the write-ahead record at once.
+    other = open_journal()
+    assert other.get("key-00007") == record
+    assert [(a.number, a.in_flight) for a in other.attempts("key-00007")] == [(1, True)]
+
+
+def test_a_settled_intent_is_replayed_byte_for_byte(
+    journal: Journal, open_journal: OpenJournal
+) -> None:
+    created = journal.claim(draft_for(1), owner="w1", now=1000.0, lease_seconds=30)
+    settle(journal, created.record.key, "w1", 1001.0)
+
+    claim = open_journal().claim(
+        draft_for(1, key="another"), owner="w2", now=1002.0, lease_seconds=30
+    )
+
+    assert claim.kind is ClaimKind.FINAL
+    stored = claim.record.response
+    assert stored is not None
+    assert (stored.status, stored.headers, stored.body) == (201, RESPONSE.headers, RESPONSE.body)
+    assert (stored.body_stored, stored.stored_by, stored.schema_version) == (
+        True,
+        payonce.__version__,
+        SCHEMA_VERSION,
+    )
+    assert (claim.record.state, claim.record.lease_owner) == (SUCCEEDED, None)
+    assert [(a.number, a.status_code, a.ambiguous) for a in journal.attempts("key-00001")] == [
+        (1, 201, False)
+    ]
+
+
+def test_a_body_over_the_cap_is_stored_as_not_kept(journal: Journal) -> None:
+    created = journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
+    partial = StoredResponse(status=201, headers=(), body=b"", body_stored=False)
+    record = journal.settle(
+        created.record.key, owner="w", now=1001.0, state=SUCCEEDED, response=partial, attempt=1
+    )
+    assert record.response is not None
+    assert record.response.body_stored is False
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        pytest.param(lambda: draft_for(1, amount=999), id="other-body"),
+        pytest.param(
+            lambda: draft_for(1, key="key-99999", key_supplied=True), id="reference-bound-to-key"
+        ),
+        pytest.param(lambda: draft_for(1, reference=None, path="/v1/refunds"), id="other-scope"),
+    ],
+)
+def test_the_same_intent_asked_for_differently_is_a_mismatch_and_changes_nothing(
+    journal: Journal, changed: Callable[[], IntentDraft]
+) -> None:
+    journal.claim(draft_for(1), owner="w1", now=1000.0, lease_seconds=30)
+    journal.release("key-00001", owner="w1")
+    before = journal.get("key-00001")
+
+    claim = journal.claim(changed(), owner="w2", now=2000.0, lease_seconds=30)
+
+    assert claim.kind is ClaimKind.MISMATCH
+    assert claim.record.key == "key-00001"
+    assert journal.get("key-00001") == before
+    assert len(journal.list_intents()) == 1
+
+
+def test_a_supplied_key_finds_its_intent_without_a_reference(journal: Journal) -> None:
+    journal.claim(
+        draft_for(1, reference=None, key="k-1", key_supplied=True),
+        owner="w",
+        now=1.0,
+        lease_seconds=30,
+    )
+    settle(journal, "k-1", "w", 2.0)
+    again = journal.claim(
+        draft_for(1, reference=None, key="k-1", key_supplied=True),
+        owner="x",
+        now=3.0,
+        lease_seconds=30,
+    )
+    assert (again.kind, again.record.key) == (ClaimKind.FINAL, "k-1")
+
+
+# -- leases ---------------------------------------------------------------------------------
+
+
+def test_a_live_lease_is_respected_by_another_host_until_it_expires(
+    journal: Journal, open_journal: OpenJournal
+) -> None:
+    journal.claim(draft_for(1), owner="host-a", now=1000.0, lease_seconds=30)
+    other = open_journal()
+
+    assert other.claim(draft_for(1), owner="host-b", now=1029.0, lease_seconds=30).kind is (
+        ClaimKind.LEASED
+    )
+    assert other.claim_key("key-00001", owner="host-b", now=1029.0, lease_seconds=30).kind is (  # type: ignore[union-attr]
+        ClaimKind.LEASED
+    )
+    # The holder itself may claim again (a retry in the same worker).
+    assert journal.claim(draft_for(1), owner="host-a", now=1029.0, lease_seconds=30).kind is (
+        ClaimKind.CLAIMED
+    )
+    taken = other.claim(draft_for(1), owner="host-b", now=1060.0, lease_seconds=30)
+    assert (taken.kind, taken.record.lease_owner, taken.record.lease_expires_at) == (
+        ClaimKind.CLAIMED,
+        "host-b",
+        1090.0,
+    )
+
+
+def test_a_worker_whose_lease_was_taken_over_can_neither_write_nor_renew(
+    journal: Journal, open_journal: OpenJournal
+) -> None:
+    journal.claim(draft_for(1), owner="old", now=1000.0, lease_seconds=30)
+    other = open_journal()
+    assert other.claim_key("key-00001", owner="new", now=1031.0, lease_seconds=30) is not None
+
+    assert journal.renew_lease("key-00001", owner="old", now=1032.0, lease_seconds=30) is False
+    with pytest.raises(payonce.IntentInFlight, match="no longer held"):
+        journal.start_attempt("key-00001", owner="old", now=1032.0, lease_seconds=30)
+    with pytest.raises(payonce.IntentInFlight):
+        journal.end_attempt(
+            "key-00001", 1, owner="old", now=1032.0, status_code=503, error=None, ambiguous=True
+        )
+    with pytest.raises(payonce.IntentInFlight):
+        settle(journal, "key-00001", "old", 1032.0)
+    with pytest.raises(payonce.IntentInFlight):
+        journal.mark_unknown("key-00001", owner="old", now=1032.0, reason="x")
+    journal.release("key-00001", owner="old")  # a no-op: not the holder
+
+    record = other.get("key-00001")
+    assert record is not None
+    assert (record.state, record.lease_owner) == (PENDING, "new")
+    assert other.renew_lease("key-00001", owner="new", now=1040.0, lease_seconds=30) is True
+    assert other.get("key-00001").lease_expires_at == 1070.0  # type: ignore[union-attr]
+
+
+def test_a_stale_owner_s_live_lease_is_broken_and_no_one_else_s(journal: Journal) -> None:
+    journal.claim(draft_for(1), owner="dead", now=1000.0, lease_seconds=60)
+
+    refused = journal.claim(
+        draft_for(1), owner="me", now=1001.0, lease_seconds=60, stale_owner="someone-else"
+    )
+    taken = journal.claim(
+        draft_for(1), owner="me", now=1001.0, lease_seconds=60, stale_owner="dead"
+    )
+
+    assert refused.kind is ClaimKind.LEASED
+    assert (taken.kind, taken.record.lease_owner) == (ClaimKind.CLAIMED, "me")
+
+
+def test_release_leaves_the_intent_pending_and_free(journal: Journal) -> None:
+    journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=60)
+    journal.release("key-00001", owner="w")
+    record = journal.get("key-00001")
+    assert record is not None
+    assert (record.state, record.lease_owner, record.lease_expires_at) == (PENDING, None, None)
+    assert journal.claim(draft_for(1), owner="x", now=1001.0, lease_seconds=60).kind is (
+        ClaimKind.CLAIMED
+    )
+
+
+# -- attempts -------------------------------------------------------------------------------
+
+
+def test_attempts_are_numbered_in_order_and_record_how_they_ended(journal: Journal) -> None:
+    journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
+    journal.end_attempt(
+        "key-00001", 1, owner="w", now=1001.0, status_code=503, error=None, ambiguous=False
+    )
+    assert journal.start_attempt("key-00001", owner="w", now=1002.0, lease_seconds=30) == 2
+    journal.end_attempt(
+        "key-00001", 2, owner="w", now=1003.0, status_code=None, error="ReadTimeout", ambiguous=True
+    )
+    assert journal.start_attempt("key-00001", owner="w", now=1004.0, lease_seconds=45) == 3
+
+    record = journal.get("key-00001")
+    assert record is not None
+    assert (record.first_sent_at, record.lease_expires_at, record.attempt_count) == (
+        1000.0,
+        1049.0,
+        3,
+    )
+    assert [
+        (a.number, a.started_at, a.ended_at, a.status_code, a.error, a.ambiguous)
+        for a in journal.attempts("key-00001")
+    ] == [
+        (1, 1000.0, 1001.0, 503, None, False),
+        (2, 1002.0, 1003.0, None, "ReadTimeout", True),
+        (3, 1004.0, None, None, None, None),
+    ]
+
+
+# -- unknown, reconciliation, abandon, acknowledge ------------------------------------------
+
+
+def test_an_unknown_intent_is_never_claimed_for_sending_but_can_be_reconciled(
+    journal: Journal,
+) -> None:
+    journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
+    marked = journal.mark_unknown("key-00001", owner="w", now=1001.0, reason="retries exhausted")
+    assert (marked.state, marked.unknown_reason, marked.lease_owner) == (
+        UNKNOWN,
+        "retries exhausted",
+        None,
+    )
+
+    assert journal.claim(draft_for(1), owner="x", now=1002.0, lease_seconds=30).kind is (
+        ClaimKind.UNKNOWN
+    )
+    assert journal.claim_key("key-00001", owner="x", now=1002.0, lease_seconds=30).kind is (  # type: ignore[union-attr]
+        ClaimKind.UNKNOWN
+    )
+    claim = journal.claim_key("key-00001", owner="r", now=1002.0, lease_seconds=30, unknown=True)
+    assert claim is not None
+    assert claim.kind is ClaimKind.CLAIMED
+
+    still = journal.reconciled(
+        "key-00001",
+        owner="r",
+        now=1003.0,
+        outcome="still_unknown",
+        detail="provider says processing",
+        status_code=200,
+        state=UNKNOWN,
+    )
+    assert (still.state, still.unknown_reason, still.lease_owner) == (
+        UNKNOWN,
+        "provider says processing",
+        None,
+    )
+    journal.claim_key("key-00001", owner="r", now=1003.0, lease_seconds=30, unknown=True)
+    found = journal.reconciled(
+        "key-00001",
+        owner="r",
+        now=1003.0,
+        outcome="found",
+        detail="paid",
+        status_code=200,
+        state=SUCCEEDED,
+        response=RESPONSE,
+    )
+    assert (found.state, found.unknown_reason, found.response.body) == (  # type: ignore[union-attr]
+        SUCCEEDED,
+        None,
+        RESPONSE.body,
+    )
+    assert [(r.at, r.outcome, r.status_code) for r in journal.reconciliations("key-00001")] == [
+        (1003.0, "still_unknown", 200),
+        (1003.0, "found", 200),
+    ]
+    assert journal.claim_key("no-such-key", owner="r", now=1.0, lease_seconds=30) is None
+
+
+def test_abandon_closes_pending_or_unknown_intents_only(journal: Journal) -> None:
+    journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
+    with pytest.raises(payonce.IntentInFlight, match="right now"):
+        journal.abandon("key-00001", reason="ops", now=1001.0)
+
+    abandoned = journal.abandon("key-00001", reason="refunded by hand", now=1031.0)
+
+    assert (abandoned.state, abandoned.abandon_reason, abandoned.lease_owner) == (
+        payonce.IntentState.ABANDONED,
+        "refunded by hand",
+        None,
+    )
+    assert journal.claim(draft_for(1), owner="x", now=1032.0, lease_seconds=30).kind is (
+        ClaimKind.FINAL
+    )
+    with pytest.raises(payonce.IntentStateError, match="already abandoned"):
+        journal.abandon("key-00001", reason="again", now=1033.0)
+    with pytest.raises(payonce.JournalError, match="no intent"):
+        journal.abandon("key-nope", reason="x", now=1.0)
+
+
+def test_acknowledge_takes_settled_intents_off_the_outbox_once(journal: Journal) -> None:
+    for number, account in ((1, "acct_a"), (2, "acct_b"), (3, "acct_a")):
+        draft = draft_for(number, account=account)
+        journal.claim(draft, owner="w", now=1000.0 + number, lease_seconds=30)
+        settle(journal, draft.key, "w", 1010.0)
+    journal.claim(draft_for(4), owner="w", now=1004.0, lease_seconds=30)
+    with pytest.raises(payonce.IntentStateError, match="only a settled intent"):
+        journal.acknowledge("key-00004", now=1.0)
+
+    assert [r.key for r in journal.unacknowledged()] == ["key-00001", "key-00002", "key-00003"]
+    assert [r.key for r in journal.unacknowledged(account="acct_a")] == ["key-00001", "key-00003"]
+    first = journal.acknowledge("key-00001", now=2000.0)
+    again = journal.acknowledge("key-00001", now=3000.0)
+    assert first.acknowledged_at == again.acknowledged_at == 2000.0
+    assert [r.key for r in journal.unacknowledged(account="acct_a")] == ["key-00003"]
+
+
+# -- listing --------------------------------------------------------------------------------
+
+
+def test_pending_lists_oldest_first_leased_or_not_for_one_account_and_provider(
+    journal: Journal,
+) -> None:
+    for number, now in ((1, 1003.0), (2, 1001.0), (3, 1002.0)):
+        journal.claim(draft_for(number), owner="w", now=now, lease_seconds=30)
+    journal.claim(draft_for(4, account="acct_other"), owner="w", now=1000.0, lease_seconds=30)
+    settle(journal, "key-00003", "w", 1005.0)
+    journal.release("key-00002", owner="w")
+
+    pending = journal.pending(account="acct_demo", provider="sandbox")
+
+    assert [r.key for r in pending] == ["key-00002", "key-00001"]
+    assert [r.lease_owner for r in pending] == [None, "w"]
+    assert [r.key for r in journal.pending(account="acct_demo", provider="sandbox", limit=1)] == [
+        "key-00002"
+    ]
+    assert journal.pending(account="acct_demo", provider="stripe") == []
+
+
+def test_list_and_find_order_and_filter(journal: Journal) -> None:
+    for number, now in ((1, 1000.0), (2, 1002.0), (3, 1001.0), (4, 1002.0)):
+        journal.claim(draft_for(number), owner="w", now=now, lease_seconds=30)
+    settle(journal, "key-00001", "w", 1010.0)
+
+    assert [r.key for r in journal.list_intents()] == [
+        "key-00004",
+        "key-00002",
+        "key-00003",
+        "key-00001",
+    ]
+    assert [r.key for r in journal.list_intents(limit=2)] == ["key-00004", "key-00002"]
+    assert [r.key for r in journal.list_intents(states=[SUCCEEDED])] == ["key-00001"]
+    assert [r.key for r in journal.list_intents(states=[PENDING], limit=1)] == ["key-00004"]
+    assert journal.list_intents(states=[]) == []
+    assert [r.key for r in journal.find("order-00003")] == ["key-00003"]
+    assert [r.key for r in journal.find("key-00002")] == ["key-00002"]
+    assert journal.find("nothing") == []
+    assert journal.get("nothing") is None
+
+
+# -- the resume queue -----------------------------------------------------------------------
+
+
+def test_claim_next_pending_takes_free_expired_and_stale_leases_in_order_once_per_pass(
+    journal: Journal,
+) -> None:
+    for number in range(1, 6):
+        journal.claim(draft_for(number), owner="w", now=1000.0 + number, lease_seconds=30)
+    journal.release("key-00001", owner="w")  # free
+    journal.claim_key("key-00002", owner="alive", now=1040.0, lease_seconds=30)  # live
+    journal.claim_key("key-00003", owner="dead", now=1040.0, lease_seconds=30)  # live, stale
+    journal.release("key-00004", owner="w")
+    journal.claim_key("key-00004", owner="alive", now=1000.0, lease_seconds=30)  # expired
+    settle(journal, "key-00005", "w", 1006.0)  # not pending
+
+    taken, after = [], None
+    while claim := journal.claim_next_pending(
+        account="acct_demo",
+        provider="sandbox",
+        owner="resumer",
+        now=1050.0,
+        lease_seconds=30,
+        after=after,
+        is_stale=lambda owner: owner == "dead",
+    ):
+        assert (claim.kind, claim.record.lease_owner) == (ClaimKind.CLAIMED, "resumer")
+        taken.append(claim.record.key)
+        after = (claim.record.created_at, claim.record.key)
+        journal.release(claim.record.key, owner="resumer")  # left pending: not met again
+
+    assert taken == ["key-00001", "key-00003", "key-00004"]
+    assert journal.get("key-00002").lease_owner == "alive"  # type: ignore[union-attr]
+
+
+def test_resume_workers_on_two_hosts_drain_the_queue_each_intent_once(
+    journal: Journal, open_journal: OpenJournal
+) -> None:
+    for number in range(60):
+        journal.claim(draft_for(number), owner="crashed", now=1000.0 + number, lease_seconds=1)
+    hosts = [journal, open_journal()]
+    start = threading.Barrier(8)
+
+    def worker(index: int) -> list[str]:
+        host, owner, taken = hosts[index % 2], f"resumer-{index}", []
+        start.wait()
+        while claim := host.claim_next_pending(
+            account="acct_demo", provider="sandbox", owner=owner, now=5000.0, lease_seconds=30
+        ):
+            taken.append(claim.record.key)
+            settle(host, claim.record.key, owner, 5001.0, attempt=1)
+        return taken
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(worker, range(8)))
+
+    taken = [key for keys in results for key in keys]
+    assert sorted(taken) == [f"key-{n:05d}" for n in range(60)]
+    assert {r.state for r in journal.list_intents()} == {SUCCEEDED}
+
+
+# -- two hosts creating the same intents at once ---------------------------------------------
+
+
+def test_two_hosts_racing_to_create_the_same_intents_create_each_once(
+    journal: Journal, open_journal: OpenJournal
+) -> None:
+    hosts = [journal, open_journal()]
+    start = threading.Barrier(16)
+    drafts = [draft_for(n, key=None) for n in range(50)]
+
+    def worker(index: int) -> Counter[ClaimKind]:
+        host, kinds = hosts[index % 2], Counter[ClaimKind]()
+        order = random.Random(index).sample(drafts, len(drafts))
+        start.wait()
+        for number, draft in enumerate(order):
+            # Every worker proposes a key of its own: only one may ever be journaled.
+            mine = attrs.evolve(draft, key=f"k-{index}-{number}")
+            owner = f"w{index}"
+            claim = host.claim(mine, owner=owner, now=time.time(), lease_seconds=60)
+            kinds[claim.kind] += 1
+            if claim.kind is ClaimKind.CREATED:
+                settle(host, claim.record.key, owner, time.time())
+        return kinds
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        totals = sum(pool.map(worker, range(16)), Counter[ClaimKind]())
+
+    assert totals[ClaimKind.CREATED] == 50
+    assert set(totals) <= {ClaimKind.CREATED, ClaimKind.LEASED, ClaimKind.FINAL}
+    intents = journal.list_intents()
+    assert sorted(i.reference for i in intents) == sorted(d.reference for d in drafts)  # type: ignore[type-var]
+    assert {(i.state, i.attempt_count) for i in intents} == {(SUCCEEDED, 1)}
+
+
+# -- busy -----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def locked(location: str) -> Iterator[None]:
+    """Another connection holds the journal's intents locked until the block ends."""
+    if sql.is_postgres_url(location):
+        with psycopg.connect(location, autocommit=True) as conn:
+            conn.execute("BEGIN")
+            conn.execute("LOCK TABLE intents IN EXCLUSIVE MODE")
+            yield
+            conn.execute("ROLLBACK")
+    else:
+        with contextlib.closing(sqlite3.connect(location, isolation_level=None)) as db:
+            db.execute("BEGIN EXCLUSIVE")
+            yield
+            db.execute("ROLLBACK")
+
+
+def test_a_journal_locked_past_the_busy_timeout_raises_busy_and_says_what_happened(
+    open_journal: OpenJournal, location: str
+) -> None:
+    journal = open_journal(busy_timeout=0.3)
+    journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
+
+    with locked(location):
+        began = time.monotonic()
+        with pytest.raises(payonce.JournalBusy) as before_sending:
+            journal.claim(draft_for(2), owner="w", now=1001.0, lease_seconds=30)
+        waited = time.monotonic() - began
+        with pytest.raises(payonce.JournalBusy) as after_sending:
+            settle(journal, "key-00001", "w", 1002.0)
+
+    assert 0.25 <= waited < 5
+    assert "nothing was sent" in str(before_sending.value)
+    assert "nothing was sent" not in str(after_sending.value)
+    assert "stays pending under its key" in str(after_sending.value)
+    assert before_sending.value.location == journal.location
+    assert [r.key for r in journal.list_intents()] == ["key-00001"]
+    assert journal.get("key-00001").state is PENDING  # type: ignore[union-attr]
+
+
+# -- schema: migrations, refusals, damage ----------------------------------------------------
+
+V1_SUCCEEDED, V1_PENDING = "01JGFJJZ0000000000000000A1", "01JGFJJZ0000000000000000B2"
+
+
+def _refuse(message: str) -> payonce.JournalError:
+    return payonce.JournalError(message, location="test")
+
+
+def write_version_1_journal(location: str) -> None:
+    """Migration 1 only, through payonce's own migration function, and rows as 0.1 wrote them."""
+    scope = make_scope("acct_demo", "POST", "/v1/payments")
+    with raw_transaction(location) as tx:
+        assert migrate(tx, target=1, refuse=_refuse) == 0
+        for key, reference, state, status, body in (
+            (V1_SUCCEEDED, "order-v1-1", "succeeded", 201, RESPONSE.body),
+            (V1_PENDING, "order-v1-2", "pending", None, None),
+        ):
+            tx.execute(
+                "INSERT INTO intents (key, scope, reference, account, provider, method, url,"
+                " fingerprint, request_headers, request_body, state, created_at, updated_at,"
+                " first_sent_at, lease_owner, lease_expires_at, response_status,"
+                " response_headers, response_body)"
+                " VALUES (?, ?, ?, 'acct_demo', 'sandbox', 'POST', 'http://127.0.0.1:9/v1/payments',"
+                " 'f', '[[\"content-type\", \"application/json\"]]', ?, ?, 1000.0, 1001.0, 1000.0,"
+                " NULL, NULL, ?, ?, ?)",
+                (
+                    key,
+                    scope,
+                    reference,
+                    b'{"amount":4200}',
+                    state,
+                    status,
+                    '[["content-type", "application/json"]]' if status else None,
+                    body,
+                ),
+            )
+        tx.execute(
+            "INSERT INTO attempts (key, number, started_at, ended_at, status_code)"
+            " VALUES (?, 1, 1000.0, 1000.5, 503), (?, 2, 1000.6, 1001.0, 201),"
+            " (?, 1, 1000.0, NULL, NULL)",
+            (V1_SUCCEEDED, V1_SUCCEEDED, V1_PENDING),
+        )
+
+
+def test_a_version_1_journal_migrates_on_open_and_its_rows_read_back_intact(
+    location: str, open_journal: OpenJournal
+) -> None:
+    write_version_1_journal(location)
+    assert dict(rows(location, sql.META))["schema_version"] == "1"
+
+    journal = open_journal()
+
+    meta = dict(rows(location, sql.META))
+    assert meta == {
+        "application": "payonce",
+        "schema_version": str(SCHEMA_VERSION),
+        "migrated_by": payonce.__version__,
+    }
+    succeeded = journal.get(V1_SUCCEEDED)
+    assert succeeded is not None
+    assert (succeeded.state, succeeded.attempt_count, succeeded.acknowledged_at) == (
+        SUCCEEDED,
+        2,
+        None,
+    )
+    stored = succeeded.response
+    assert stored is not None
+    assert (stored.status, stored.body, stored.body_stored) == (201, RESPONSE.body, True)
+    assert (stored.stored_by, stored.schema_version) == (None, 1)
+    assert [(a.number, a.ambiguous, a.in_flight) for a in journal.attempts(V1_PENDING)] == [
+        (1, None, True)
+    ]
+    assert journal.check().ok
+    # Opening again migrates nothing and loses nothing.
+    open_journal()
+    assert rows(location, "SELECT count(*) FROM intents") == [(2,)]
+    assert rows(location, "SELECT count(*) FROM attempts") == [(3,)]
+
+
+def test_hosts_opening_a_new_journal_at_once_migrate_it_once(
+    location: str, open_journal: OpenJournal
+) -> None:
+    start = threading.Barrier(6)
+
+    def open_at_once(_: int) -> Journal:
+        start.wait()
+        return open_journal()
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        journals = list(pool.map(open_at_once, range(6)))
+
+    assert {j.check().schema_version for j in journals} == {SCHEMA_VERSION}
+    assert len(rows(location, sql.META)) == 3
+
+
+@pytest.mark.parametrize(
+    ("change", "hint"),
+    [
+        pytest.param(
+            "UPDATE payonce_meta SET value = '99' WHERE name = 'schema_version'",
+            r"schema 99.*upgrade payonce",
+            id="newer-schema",
+        ),
+        pytest.param(
+            "UPDATE payonce_meta SET value = 'ledgerly' WHERE name = 'application'",
+            r"belongs to another application",
+            id="foreign-meta",
+        ),
+        pytest.param("DROP INDEX intents_scope_reference", r"damaged.*index", id="lost-index"),
+    ],
+)
+def test_a_journal_payonce_cannot_trust_is_refused_and_left_as_found(
+    location: str, open_journal: OpenJournal, change: str, hint: str
+) -> None:
+    journal = open_journal()
+    journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
+    journal.close()
+    with raw_transaction(location) as tx:
+        tx.execute(change)
+    before = rows(location, "SELECT key, state, updated_at FROM intents")
+    meta = rows(location, sql.META + " ORDER BY name")
+
+    with pytest.raises(payonce.JournalError, match=hint) as caught:
+        payonce.open_journal(location)
+
+    assert not isinstance(caught.value, payonce.JournalBusy)
+    assert rows(location, "SELECT key, state, updated_at FROM intents") == before
+    assert rows(location, sql.META + " ORDER BY name") == meta
+
+
+def test_check_reports_an_intact_journal_and_what_it_holds(journal: Journal) -> None:
+    journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
+    settle(journal, "key-00001", "w", 1001.0)
+    journal.claim(draft_for(2), owner="w", now=1002.0, lease_seconds=30)
+
+    report = journal.check()
+
+    assert (report.ok, report.problems, report.schema_version) == (True, (), SCHEMA_VERSION)
+    assert report.intents_by_state == {"succeeded": 1, "pending": 1}
+    assert report.unacknowledged == 1
+    assert report.size_bytes > 0
+    assert report.location == journal.location
+
+
+# == PostgreSQL only =========================================================================
+
+
+@pytest.fixture
+def pg_url(postgres_url: str) -> str:
+    return postgres_url
+
+
+def admin_execute(server: PostgresServer, url: str, statement: str) -> list[tuple[Any, ...]]:
+    dbname = url.rsplit("/", 1)[1].partition("?")[0]
+    with server.admin(dbname) as conn:
+        cur = conn.execute(statement)
+        return cur.fetchall() if cur.description else []
+
+
+def test_a_postgres_url_opens_a_postgres_journal_whose_location_hides_the_password(
+    pg_url: str, postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for url in (pg_url, pg_url.replace("postgresql://", "postgres://", 1)):
+        with payonce.open_journal(url) as journal:  # type: ignore[attr-defined]
+            assert isinstance(journal, PostgresJournal)
+            assert postgres_server.password not in journal.location
+            assert postgres_server.password not in repr(journal)
+            user = postgres_server.user
+            assert journal.location.startswith((f"postgresql://{user}@", f"postgres://{user}@"))
+    monkeypatch.setenv("PAYONCE_JOURNAL", pg_url)
+    with payonce.open_journal() as journal:  # type: ignore[attr-defined]
+        assert isinstance(journal, PostgresJournal)
+    assert payonce.PostgresJournal is PostgresJournal
+
+
+def test_the_password_appears_in_no_location_error_or_log(
+    postgres_server: PostgresServer, pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    secret = "p@ss:w/rd&q=1%x?"
+    admin_execute(postgres_server, pg_url, f"CREATE ROLE spicy LOGIN PASSWORD '{secret}'")
+    admin_execute(postgres_server, pg_url, "GRANT CREATE, USAGE ON SCHEMA public TO spicy")
+    dbname = pg_url.rsplit("/", 1)[1]
+    good = postgres_server.url(dbname, user="spicy", password=secret)
+    wrong = postgres_server.url(dbname, user="spicy", password=secret + "!")
+    closed = good.replace(f":{postgres_server.port}/", ":1/", 1)
+    seen: list[str] = []
+    caplog.set_level(logging.DEBUG)
+    caplog.set_level(logging.DEBUG, logger="psycopg")  # psycopg pins its loggers at WARNING
+
+    with payonce.open_journal(good) as journal:  # type: ignore[attr-defined]
+        journal.claim(draft_for(1), owner="w", now=1.0, lease_seconds=30)
+        seen += [journal.location, repr(journal), str(journal.check())]
+    for url, error in (
+        (wrong, r"password authentication failed"),
+        (closed, r"cannot connect"),
+        (good.replace(f"@{postgres_server.host}", f"@[{postgres_server.host}", 1), r"not valid"),
+        (good + "?nonsense=1", r"not valid"),
+    ):
+        with pytest.raises(payonce.PayonceError, match=error) as caught:
+            payonce.open_journal(url)
+        chain: BaseException | None = caught.value
+        while chain is not None:
+            seen.append(f"{chain!s} {chain!r}")
+            chain = chain.__cause__ or chain.__context__
+
+    assert seen[0] == f"postgresql://spicy@{postgres_server.host}:{postgres_server.port}/{dbname}"
+    assert caplog.records, "the journal and its pool did log"
+    for text in [*seen, caplog.text]:
+        for form in (secret, secret.replace("@", "%40"), "w/rd&q"):
+            assert form not in text
+
+
+@pytest.mark.parametrize(
+    ("url", "location"),
+    [
+        ("postgresql://u:s3cret@db:5432/pay", "postgresql://u@db:5432/pay"),
+        ("postgres://u:p%40ss%2F@db/pay?sslmode=require", "postgres://u@db/pay?sslmode=require"),
+        (
+            "postgresql://u@db/pay?password=s3cret&connect_timeout=3",
+            "postgresql://u@db/pay?connect_timeout=3",
+        ),
+        (
+            "postgresql://u:s3cret@h1:5,h2:6/pay?schema=payonce",
+            "postgresql://u@h1:5,h2:6/pay?schema=payonce",
+        ),
+        (
+            "postgresql:///pay?host=/run/postgresql&user=u",
+            "postgresql:///pay?host=/run/postgresql&user=u",
+        ),
+        ("postgresql://u%40corp:s3cret@[::1]:5/pay", "postgresql://u%40corp@[::1]:5/pay"),
+    ],
+)
+def test_the_location_is_the_url_without_its_password(url: str, location: str) -> None:
+    from payonce._journal._postgres import _Target
+
+    target = _Target(url)
+    assert target.location(target.schema) == location
+    assert "schema" not in target.conninfo
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u:pa/ss@db/pay",
+        "postgresql://u:p@ss@db/pay",
+        "postgresql://u:pa?ss@db/pay",
+        "postgresql://u:s3cret@[db/pay",
+        "postgresql://u:s3cret@db/pay?bogus=1",
+    ],
+)
+def test_a_url_that_cannot_be_read_unambiguously_is_refused_without_echoing_it(url: str) -> None:
+    with pytest.raises(payonce.ConfigurationError) as caught:
+        payonce.open_journal(url)
+    for secret in ("pa/ss", "p@ss", "pa?ss", "s3cret", "ss@db"):
+        assert secret not in str(caught.value)
+
+
+def test_a_unix_socket_url_opens_the_same_journal(
+    postgres_server: PostgresServer, pg_url: str
+) -> None:
+    if postgres_server.directory is None:
+        pytest.skip("an external server's unix socket is not known")
+    dbname = pg_url.rsplit("/", 1)[1]
+    socket_url = (
+        f"postgresql:///{dbname}?host={postgres_server.directory}&port={postgres_server.port}"
+        f"&user={postgres_server.user}"
+    )
+    with payonce.open_journal(pg_url) as tcp, payonce.open_journal(socket_url) as local:  # type: ignore[attr-defined]
+        tcp.claim(draft_for(1), owner="w", now=1.0, lease_seconds=30)
+        assert local.get("key-00001") == tcp.get("key-00001")
+        assert local.location == socket_url
+
+
+def test_without_psycopg_a_postgres_url_says_which_extra_to_install(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    monkeypatch.delitem(sys.modules, "payonce._journal._postgres")
+    with pytest.raises(payonce.ConfigurationError, match=r"pip install 'payonce\[postgres\]'"):
+        payonce.open_journal(pg_url)
+
+
+def test_importing_payonce_does_not_import_psycopg() -> None:
+    code = "import sys, payonce; print(sorted(m for m in sys.modules if 'psycopg' in m))"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"
+
+
+def test_a_shared_database_with_other_tables_is_fine_and_left_alone(
+    postgres_server: PostgresServer, pg_url: str
+) -> None:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE customers (id SERIAL PRIMARY KEY, name TEXT)")
+        conn.execute("INSERT INTO customers (name) VALUES ('Ada'), ('Grace')")
+
+    with payonce.open_journal(pg_url) as journal:  # type: ignore[attr-defined]
+        journal.claim(draft_for(1), owner="w", now=1.0, lease_seconds=30)
+        assert journal.check().ok
+
+    assert rows(pg_url, "SELECT name FROM customers ORDER BY id") == [("Ada",), ("Grace",)]
+
+
+def test_a_foreign_table_of_the_same_name_is_refused_and_a_schema_of_its_own_works(
+    pg_url: str,
+) -> None:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE attempts (id SERIAL PRIMARY KEY, score INTEGER)")
+
+    with pytest.raises(payonce.JournalError, match=r"schema=payonce") as caught:
+        payonce.open_journal(pg_url)
+    assert "nothing was changed" in str(caught.value)
+    assert rows(pg_url, "SELECT to_regclass('payonce_meta') IS NULL") == [(True,)]
+
+    with payonce.open_journal(pg_url + "?schema=payonce") as journal:  # type: ignore[attr-defined]
+        assert journal.location.endswith("?schema=payonce")
+        journal.claim(draft_for(1), owner="w", now=1.0, lease_seconds=30)
+        assert journal.check().ok
+    assert rows(pg_url, "SELECT count(*) FROM payonce.intents") == [(1,)]
+    assert rows(pg_url, "SELECT count(*) FROM public.attempts") == [(0,)]
+
+
+def test_a_role_that_may_not_create_tables_is_told_so_not_to_retry(
+    postgres_server: PostgresServer, pg_url: str
+) -> None:
+    # Since PostgreSQL 15 only the database owner may create tables in public.
+    admin_execute(postgres_server, pg_url, "CREATE ROLE visitor LOGIN PASSWORD 'visitor-pw'")
+    visitor = pg_url.replace(
+        f"{postgres_server.user}:{postgres_server.password}@", "visitor:visitor-pw@"
+    )
+
+    with pytest.raises(payonce.JournalError, match="lacks a privilege") as caught:
+        payonce.open_journal(visitor)
+
+    assert "Retry later" not in str(caught.value)
+    assert "visitor-pw" not in str(caught.value)
+
+
+def test_two_schemas_are_two_journals(pg_url: str) -> None:
+    with (
+        PostgresJournal(pg_url, schema="team_a") as a,
+        PostgresJournal(pg_url, schema="team_b") as b,
+    ):
+        a.claim(draft_for(1), owner="w", now=1.0, lease_seconds=30)
+        assert b.get("key-00001") is None
+        assert [r.key for r in a.list_intents()] == ["key-00001"]
+    with pytest.raises(payonce.ConfigurationError, match="plain SQL name"):
+        PostgresJournal(pg_url, schema='x"; DROP TABLE intents; --')
+
+
+def test_write_ahead_commits_are_synchronous_and_the_rest_are_not(
+    postgres_server: PostgresServer, pg_url: str
+) -> None:
+    # A server default of off must not weaken the write-ahead record.
+    admin_execute(
+        postgres_server,
+        pg_url,
+        f"ALTER DATABASE {pg_url.rsplit('/', 1)[1]} SET synchronous_commit = off",
+    )
+    journal = payonce.open_journal(pg_url)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE commit_log (at_table TEXT, op TEXT, setting TEXT)")
+        conn.execute(
+            "CREATE FUNCTION log_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+            " INSERT INTO commit_log VALUES (TG_TABLE_NAME, TG_OP,"
+            " current_setting('synchronous_commit')); RETURN NULL; END $$"
+        )
+        for table in ("intents", "attempts"):
+            conn.execute(
+                f"CREATE TRIGGER log_{table} AFTER INSERT OR UPDATE ON {table}"
+                " FOR EACH ROW EXECUTE FUNCTION log_commit()"
+            )
+
+    def settings_of(write: Callable[[], object]) -> set[str]:
+        with raw_transaction(pg_url) as tx:
+            tx.execute("DELETE FROM commit_log")
+        write()
+        return {setting for (setting,) in rows(pg_url, "SELECT setting FROM commit_log")}
+
+    key = "key-00001"
+    assert settings_of(
+        lambda: journal.claim(draft_for(1), owner="w", now=1.0, lease_seconds=30)
+    ) == {"on"}
+    assert settings_of(
+        lambda: journal.end_attempt(
+            key, 1, owner="w", now=2.0, status_code=503, error=None, ambiguous=False
+        )
+    ) == {"off"}
+    assert settings_of(
+        lambda: journal.start_attempt(key, owner="w", now=3.0, lease_seconds=30)
+    ) == {"on"}
+    assert settings_of(lambda: journal.renew_lease(key, owner="w", now=4.0, lease_seconds=30)) == {
+        "off"
+    }
+    assert settings_of(lambda: settle(journal, key, "w", 5.0, attempt=2)) == {"off"}
+    journal.close()
+
+
+def test_a_replay_is_answered_without_a_row_lock_and_a_lease_is_not(pg_url: str) -> None:
+    with payonce.open_journal(pg_url, busy_timeout=1.0) as journal:  # type: ignore[attr-defined]
+        journal.claim(draft_for(1), owner="w", now=1.0, lease_seconds=30)
+        settle(journal, "key-00001", "w", 2.0)
+        journal.claim(draft_for(2), owner="w", now=3.0, lease_seconds=30)
+        with psycopg.connect(pg_url, autocommit=True) as other:
+            other.execute("BEGIN")
+            other.execute("SELECT key FROM intents FOR UPDATE")  # another worker mid-write
+
+            began = time.monotonic()
+            replay = journal.claim(draft_for(1), owner="x", now=4.0, lease_seconds=30)
+            waiting = journal.claim(draft_for(2), owner="x", now=5.0, lease_seconds=30)
+            answered_in = time.monotonic() - began
+            with pytest.raises(payonce.JournalBusy):
+                journal.claim(draft_for(2), owner="x", now=100.0, lease_seconds=30)
+            other.execute("ROLLBACK")
+
+        assert (replay.kind, waiting.kind) == (ClaimKind.FINAL, ClaimKind.LEASED)
+        assert answered_in < 0.5
+        taken = journal.claim(draft_for(2), owner="x", now=100.0, lease_seconds=30)
+        assert taken.kind is ClaimKind.CLAIMED
+
+
+def test_a_lost_connection_is_replaced_without_the_caller_noticing(
+    postgres_server: PostgresServer, pg_url: str
+) -> None:
+    with payonce.open_journal(pg_url) as journal:  # type: ignore[attr-defined]
+        journal.claim(draft_for(1), owner="w", now=1.0, lease_seconds=30)
+        killed = admin_execute(
+            postgres_server,
+            pg_url,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name = 'payonce'",
+        )
+        assert killed
+        assert all(ok for (ok,) in killed)
+
+        assert journal.get("key-00001") is not None
+        assert journal.claim(draft_for(2), owner="w", now=2.0, lease_seconds=30).kind is (
+            ClaimKind.CREATED
+        )
+
+
+# -- PostgreSQL end to end: payonce.Client against the sandbox ------------------------------
+
+
+class _DiesAfterSending(httpx.HTTPTransport):
+    """Really sends the request, then fails as if the worker died before reading the answer."""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        super().handle_request(request).close()
+        raise RuntimeError("worker died after sending")
+
+
+@pytest.fixture
+def host(make_client: MakeClient, pg_url: str) -> MakeClient:
+    """A client on "another host": its own PostgresJournal and pool on the shared database."""
+    return lambda **overrides: make_client(journal=pg_url, **overrides)
+
+
+def test_a_payment_is_journaled_in_postgres_sent_once_and_replayed_without_the_network(
+    host: MakeClient, sandbox: SandboxServer, postgres_server: PostgresServer
+) -> None:
+    client = host()
+    assert isinstance(client.journal, PostgresJournal)
+    with client.intent("order-1") as op:
+        first = op.post("/v1/payments", json=PAYMENT)
+    assert sandbox.store.executions() == {op.key: 1}
+    sandbox.stop()  # from here on, any network call would fail
+
+    again = host().post("/v1/payments", json=PAYMENT, reference="order-1")
+
+    assert first.status_code == again.status_code == 201
+    assert again.content == first.content
+    info = payonce.response_info(again)
+    assert info is not None
+    assert (info.key, info.replayed, info.attempts) == (op.key, True, 1)
+    assert client.unacknowledged() == []
+    assert postgres_server.password not in client.journal.location
+
+
+def test_another_host_resumes_what_a_dead_host_left_pending_under_the_same_key(
+    host: MakeClient, sandbox: SandboxServer
+) -> None:
+    dying = host(transport=_DiesAfterSending())
+    with pytest.raises(RuntimeError, match="worker died"):
+        dying.post("/v1/payments", json=PAYMENT, reference="order-2")
+    (left,) = dying.journal.find("order-2")
+    assert left.state is PENDING
+    assert sandbox.store.executions() == {left.key: 1}
+
+    (result,) = host().resume()
+
+    assert (result.key, result.state) == (left.key, SUCCEEDED)
+    assert sandbox.store.executions() == {left.key: 1}
+    assert [a.ambiguous for a in dying.journal.attempts(left.key)] == [True, False]
+
+
+def test_two_hosts_resuming_at_once_finish_each_pending_intent_once(
+    host: MakeClient, sandbox: SandboxServer
+) -> None:
+    dying = host(transport=_DiesAfterSending())
+    for n in range(20):
+        with pytest.raises(RuntimeError, match="worker died"):
+            dying.post("/v1/payments", json=PAYMENT, reference=f"order-r{n:02d}")
+    resumers = [host(), host()]
+    start = threading.Barrier(2)
+
+    def resume(client: payonce.Client) -> list[payonce.ResumeResult]:
+        start.wait()
+        return client.resume()
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = [r for rs in pool.map(resume, resumers) for r in rs]
+
+    keys = [r.key for r in results]
+    assert len(keys) == len(set(keys)) == 20
+    assert {r.state for r in results} == {SUCCEEDED}
+    assert sandbox.store.executions() == dict.fromkeys(keys, 1)
+
+
+def test_another_host_reconciles_an_unknown_intent_from_the_provider_s_record(
+    host: MakeClient, sandbox: SandboxServer
+) -> None:
+    sandbox.script(["drop_after"])
+    with pytest.raises(payonce.OutcomeUnknown):
+        host(retry=payonce.RetryPolicy(max_attempts=1)).post(
+            "/v1/payments", json=PAYMENT, reference="order-3"
+        )
+    other = host()
+
+    (result,) = other.reconcile("order-3")
+
+    assert (result.outcome, result.after) == ("found", SUCCEEDED)
+    replay = other.post("/v1/payments", json=PAYMENT, reference="order-3")
+    assert payonce.response_info(replay).replayed  # type: ignore[union-attr]
+    assert sandbox.store.total_executions() == 1
+    (record,) = other.journal.find("order-3")
+    assert [r.outcome for r in other.journal.reconciliations(record.key)] == ["found"]
+
+
+def test_two_hosts_of_eight_threads_racing_on_the_same_fifty_references_pay_each_once(
+    host: MakeClient, sandbox: SandboxServer
+) -> None:
+    hosts = [host(), host()]
+    references = [f"order-{n:02d}" for n in range(50)]
+    start = threading.Barrier(16)
+
+    def worker(index: int) -> list[int]:
+        client = hosts[index % 2]
+        order = random.Random(index).sample(references, len(references))
+        start.wait()
+        return [
+            client.post(
+                "/v1/payments",
+                json={"amount": 100 + int(ref[-2:]), "currency": "eur"},
+                reference=ref,
+            ).status_code
+            for ref in order
+        ]
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        statuses = [s for result in pool.map(worker, range(16)) for s in result]
+
+    assert statuses == [201] * 800
+    intents = hosts[0].journal.list_intents()
+    assert sorted(i.reference for i in intents) == references  # type: ignore[type-var]
+    assert {(i.state, i.attempt_count) for i in intents} == {(SUCCEEDED, 1)}
+    assert sandbox.store.executions() == {i.key: 1 for i in intents}
+
+
+def test_a_lease_held_by_one_host_is_respected_by_the_other(
+    host: MakeClient, make_sandbox: Callable[..., SandboxServer]
+) -> None:
+    slow = make_sandbox(processing_seconds=1.0)
+    holder = host(base_url=slow.url)
+    started = threading.Event()
+    holder._http.event_hooks["request"].append(lambda request: started.set())
+    worker = threading.Thread(
+        target=holder.post, args=("/v1/payments",), kwargs={"json": PAYMENT, "reference": "o"}
+    )
+    worker.start()
+    try:
+        assert started.wait(5)
+        impatient = host(base_url=slow.url, in_flight_wait=0.0)
+        with pytest.raises(payonce.IntentInFlight):
+            impatient.post("/v1/payments", json=PAYMENT, reference="o")
+        assert impatient.resume() == []
+        patient = host(base_url=slow.url, in_flight_wait=10.0)
+        waited = patient.post("/v1/payments", json=PAYMENT, reference="o")
+    finally:
+        worker.join()
+
+    assert payonce.response_info(waited).replayed  # type: ignore[union-attr]
+    (record,) = holder.journal.find("o")
+    assert (record.state, record.attempt_count) == (SUCCEEDED, 1)
+    assert slow.store.total_executions() == 1
