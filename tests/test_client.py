@@ -304,7 +304,9 @@ def test_a_request_that_never_left_stays_pending_and_is_sent_later_under_the_sam
     make_client: MakeClient, sandbox: SandboxServer
 ) -> None:
     unreachable = make_client(base_url=f"http://127.0.0.1:{_closed_port()}")
-    with pytest.raises(payonce.ProviderUnavailable, match="nothing was executed") as caught:
+    with pytest.raises(
+        payonce.ProviderUnavailable, match="never executed by the provider"
+    ) as caught:
         unreachable.post("/v1/payments", json=PAYMENT, reference="order-p")
     key = caught.value.key
     assert unreachable.journal.get(key).state is payonce.IntentState.PENDING  # type: ignore[arg-type, union-attr]
@@ -447,3 +449,41 @@ def test_credentials_in_the_base_url_are_refused_before_anything_is_stored(
             base_url="http://sk_live_x:pw@127.0.0.1:1", api_key="k", journal=journal_path
         )
     assert not journal_path.exists()
+
+
+def test_extra_headers_are_part_of_the_intent(
+    client: payonce.Client, sandbox: SandboxServer
+) -> None:
+    connected = {"X-Connected-Account": "acct_child_1"}
+    client.post("/v1/payments", json=PAYMENT, reference="order-h", headers=connected)
+
+    with pytest.raises(payonce.IntentMismatch):
+        client.post(
+            "/v1/payments",
+            json=PAYMENT,
+            reference="order-h",
+            headers={"X-Connected-Account": "acct_child_2"},
+        )
+    replay = client.post("/v1/payments", json=PAYMENT, reference="order-h", headers=connected)
+    assert payonce.response_info(replay).replayed  # type: ignore[union-attr]
+    assert sandbox.store.total_executions() == 1
+
+
+def test_an_interrupted_attempt_gives_its_lease_back(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    class Interrupting(httpx.HTTPTransport):
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            super().handle_request(request).close()
+            raise KeyboardInterrupt
+
+    interrupted = make_client(transport=Interrupting())
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.post("/v1/payments", json=PAYMENT, reference="order-i")
+    (record,) = interrupted.journal.find("order-i")
+    assert record.lease_owner is None
+    assert record.state is payonce.IntentState.PENDING
+
+    again = make_client(in_flight_wait=0.0).post("/v1/payments", json=PAYMENT, reference="order-i")
+    assert payonce.response_info(again).provider_replayed  # type: ignore[union-attr]
+    assert sandbox.store.total_executions() == 1

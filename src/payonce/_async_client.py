@@ -204,6 +204,11 @@ class AsyncClient(_BaseClient):
                 except Exception as exc:
                     await _off_loop(core.on_error, run, exc)
                     raise
+                except BaseException as exc:
+                    # Cancelled mid-attempt (a timeout, a caller that went away): journal the
+                    # attempt as ambiguous and give the lease back now, without awaiting.
+                    core.on_error(run, exc)
+                    raise
                 return await _off_loop(core.on_response, run, response)
         raise AssertionError("unreachable: tenacity either returns or raises")
 

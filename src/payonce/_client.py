@@ -395,7 +395,7 @@ class Client(_BaseClient):
                 request = core.build_request(run, self._http)
                 try:
                     response = self._http.send(request)
-                except Exception as exc:
+                except BaseException as exc:  # KeyboardInterrupt too: give the lease back
                     core.on_error(run, exc)
                     raise
                 return core.on_response(run, response)

@@ -6,6 +6,7 @@ decision (what to journal when, what to retry, what to replay, what to raise) li
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -206,6 +207,15 @@ class IntentCore:
             for name, value in (headers or {}).items()
             if name.lower() not in secret and name.lower() != "content-type"
         )
+        fingerprint = canonical.fingerprint
+        if kept:
+            # Headers such as Stripe-Account change what the request does: the same intent
+            # with other headers is another request. Without any, fingerprints stay as the
+            # body alone makes them, so journals written before stay valid.
+            digest = hashlib.sha256(fingerprint.encode())
+            for name, value in kept:
+                digest.update(f"\x00{name}:{value}".encode())
+            fingerprint = digest.hexdigest()
         if canonical.content_type:
             kept.append(("content-type", canonical.content_type))
         return IntentDraft(
@@ -217,7 +227,7 @@ class IntentCore:
             provider=self.profile.name,
             method=canonical.method,
             url=self.base_url + canonical.target,
-            fingerprint=canonical.fingerprint,
+            fingerprint=fingerprint,
             request_headers=tuple(kept),
             body=canonical.body,
         )
@@ -371,7 +381,7 @@ class IntentCore:
             self._retryable(run, verdict, status_code=response.status_code, error=None)
         return self._settle(run, response, verdict)
 
-    def on_error(self, run: Run, error: Exception) -> None:
+    def on_error(self, run: Run, error: BaseException) -> None:
         """An attempt raised: retry transport failures, journal anything else and re-raise."""
         verdict = classify_error(error)
         logger.debug("intent %s attempt %d: %s", run.key, run.attempt, type(error).__name__)
@@ -474,9 +484,9 @@ class IntentCore:
             return self._unknown(record)
         self.journal.release(run.key, owner=run.owner)
         return ProviderUnavailable(
-            f"intent {run.key}{_ref(run.record.reference)} never reached the provider "
-            f"({run.last_reason}); nothing was executed. It stays pending under its key: "
-            "calling again later is safe",
+            f"intent {run.key}{_ref(run.record.reference)} was never executed by the "
+            f"provider ({run.last_reason}); it stays pending under its key: calling again "
+            "later is safe",
             key=run.key,
             reference=run.record.reference,
         )

@@ -9,14 +9,28 @@ Owners on other hosts are never judged: their leases run to expiry.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import socket
 import uuid
+from pathlib import Path
 
 __all__ = ["new_owner", "owner_is_dead"]
 
-_HOST = socket.gethostname().replace(":", "_")
+
+def _host_identity() -> str:
+    """The hostname, plus what makes two pids comparable: the same boot and the same PID
+    namespace. Containers sharing the host's network share its hostname, not its pids."""
+    parts = [socket.gethostname()]
+    with contextlib.suppress(OSError):
+        parts.append(Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8])
+    with contextlib.suppress(OSError):
+        parts.append(str(os.stat("/proc/self/ns/pid").st_ino))
+    return "/".join(parts).replace(":", "_")
+
+
+_HOST = _host_identity()
 
 
 @functools.lru_cache(maxsize=64)

@@ -141,7 +141,7 @@ _AMBIGUOUS: tuple[type[Exception], ...] = (
 )
 
 
-def classify_error(error: Exception) -> Verdict | None:
+def classify_error(error: BaseException) -> Verdict | None:
     """A verdict for a transport error, or None when it is not a transport failure."""
     name = type(error).__name__
     if isinstance(error, _NEVER_SENT):

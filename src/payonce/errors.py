@@ -10,7 +10,7 @@ PayonceError
 │   ├── IntentInFlight      another worker is sending this intent right now
 │   ├── IntentStateError    the intent's state does not allow what was asked
 │   ├── OutcomeUnknown      the provider may or may not have executed it: reconcile
-│   ├── ProviderUnavailable the request provably never reached the provider
+│   ├── ProviderUnavailable the provider provably never executed the request
 │   └── ProviderError       the provider answered with a definitive refusal (4xx)
 └── WebhookError            a webhook could not be accepted
     └── WebhookSignatureError  missing, stale, forged or unverifiable signature
@@ -116,7 +116,8 @@ class OutcomeUnknown(IntentError):
 
 
 class ProviderUnavailable(IntentError):
-    """Every attempt failed before a byte reached the provider; nothing was executed.
+    """No attempt was executed: each failed before reaching the provider, or was refused
+    with an answer that proves it was not executed (429 rate limiting).
 
     The intent stays ``pending`` under its key: calling again later is safe.
     """
