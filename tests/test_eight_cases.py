@@ -149,3 +149,25 @@ def test_case_7_outcomes_stored_by_an_older_schema_still_replay_byte_for_byte(
     assert response.content == bytes(stored_body)
     assert payonce.response_info(response).replayed  # type: ignore[union-attr]
     assert sandbox.store.total_executions() == 0
+
+
+def test_case_8_a_retry_after_region_failover_reuses_the_key_from_the_shared_journal(
+    make_client: MakeClient, sandbox: SandboxServer, postgres_url: str
+) -> None:
+    # Region A's host sends the payment and dies before the answer is journaled.
+    region_a = make_client(
+        journal=postgres_url, base_url=sandbox.url, transport=_DiesAfterSending()
+    )
+    with pytest.raises(RuntimeError):
+        region_a.post("/v1/payments", json=PAYMENT, reference="order-8")
+
+    # Region B's host, another process with its own connection and its own route to the
+    # provider, takes over from the journal both regions share.
+    region_b = make_client(
+        journal=postgres_url, base_url=sandbox.url.replace("127.0.0.1", "localhost")
+    )
+    (result,) = region_b.resume()
+
+    assert result.state is payonce.IntentState.SUCCEEDED
+    (record,) = region_b.journal.find("order-8")
+    assert sandbox.store.executions() == {record.key: 1}, "same key: the provider replayed it"
