@@ -1,11 +1,13 @@
 # Two commands do all the set-up on a fresh machine with only Python and pip:
 #   make demo   - the demo against the embedded sandbox provider
 #   make test   - lint, type check and the whole test suite
+# and one more builds the documentation site into site/:
+#   make docs   - mkdocs build --strict (CI runs it after make test)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint docs bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +21,10 @@ $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@ $(VENV)/.sandbox-installed
 
+$(VENV)/.docs-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[docs]'
+	touch $@
+
 demo: $(VENV)/.sandbox-installed
 	$(BIN)/payonce demo
 
@@ -31,8 +37,13 @@ lint: $(VENV)/.dev-installed
 test: lint
 	$(BIN)/python -m pytest
 
+# --strict turns every warning into a failure: a broken link or anchor, a page left out of
+# the nav, an API name mkdocstrings cannot find. Nothing is fetched from the network.
+docs: $(VENV)/.docs-installed
+	$(BIN)/mkdocs build --strict --site-dir site
+
 bench: $(VENV)/.sandbox-installed
 	$(BIN)/python bench/sequential.py
 
 clean:
-	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist site .pytest_cache .mypy_cache .ruff_cache

@@ -49,6 +49,7 @@ from .errors import (
     WebhookError,
     WebhookSignatureError,
 )
+from .webhooks import WebhookInbox
 
 __all__ = [
     "AsyncClient",
@@ -83,6 +84,7 @@ __all__ = [
     "RetryPolicy",
     "SQLiteJournal",
     "WebhookError",
+    "WebhookInbox",
     "WebhookSignatureError",
     "__version__",
     "adyen_profile",

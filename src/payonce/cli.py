@@ -49,6 +49,7 @@ from ._cli._intents import (
     payload_json,
     reconciliation_json,
 )
+from ._cli._prune import prune
 from ._cli._recovery import (
     Row,
     progress,
@@ -651,6 +652,7 @@ def list_keys(as_json: bool) -> None:
 
 cli.add_command(sandbox)
 cli.add_command(demo)
+cli.add_command(prune)
 
 
 def main() -> None:

@@ -14,14 +14,18 @@ UPDATE``), so a lease tested here cannot change hands before the write that reli
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol, Self, TypeVar
+
+import attrs
 
 from .._crash import crash_point
 from .._intent import IntentState
 from .._version import __version__
 from ..errors import IntentInFlight, IntentStateError, JournalBusy, JournalError
 from . import _sql as sql
+from ._inbox import InboxMixin
 from ._records import (
     AttemptRecord,
     Claim,
@@ -129,7 +133,47 @@ def migrate(tx: Tx, *, target: int = SCHEMA_VERSION, refuse: Callable[[str], Jou
     return version
 
 
-class SQLJournal(abc.ABC):
+def _response_values(response: StoredResponse) -> tuple[Any, ...]:
+    """The response columns' values, in STORE_RESPONSE's order."""
+    return (
+        response.status,
+        sql.headers_to_json(response.headers),
+        response.body,
+        int(response.body_stored),
+        __version__,
+        SCHEMA_VERSION,
+    )
+
+
+def _created_record(
+    draft: IntentDraft, owner: str, now: float, lease_seconds: float
+) -> IntentRecord:
+    """The row ``_create`` has just inserted, as reading it back would return it."""
+    return IntentRecord(
+        key=draft.key,
+        scope=draft.scope,
+        reference=draft.reference,
+        account=draft.account,
+        provider=draft.provider,
+        method=draft.method,
+        url=draft.url,
+        fingerprint=draft.fingerprint,
+        request_headers=tuple((str(n), str(v)) for n, v in draft.request_headers),
+        body=bytes(draft.body),
+        state=IntentState.PENDING,
+        created_at=now,
+        updated_at=now,
+        first_sent_at=now,
+        lease_owner=owner,
+        lease_expires_at=now + lease_seconds,
+        unknown_reason=None,
+        response=None,
+        acknowledged_at=None,
+        attempt_count=1,
+    )
+
+
+class SQLJournal(InboxMixin, abc.ABC):
     """Every ``Journal`` method, for any backend that can run a ``Tx``."""
 
     _dialect: sql.Dialect
@@ -225,7 +269,19 @@ class SQLJournal(abc.ABC):
                 )
             return record or self._select(tx, sql.BY_KEY, (draft.key,), lock=lock)
 
+        def created() -> Claim:
+            return Claim(
+                ClaimKind.CREATED,
+                _created_record(draft, owner, now, lease_seconds),
+                attempt_number=1,
+            )
+
         def work(tx: Tx) -> Claim:
+            if not tx.dialect.lock_rows and self._create(tx, draft, owner, now, lease_seconds):
+                # Writers are serialised (SQLite holds the whole journal), so an insert the
+                # unique key and (scope, reference) let through is exactly a look-up that
+                # found nothing: a new intent costs no look-ups. Any other answer needs them.
+                return created()
             for _ in range(_CLAIM_ROUNDS):
                 claim = self._claim_row(
                     tx, find, draft, owner, now, lease_seconds, False, stale_owner
@@ -233,7 +289,7 @@ class SQLJournal(abc.ABC):
                 if claim is not None:
                     return claim
                 if self._create(tx, draft, owner, now, lease_seconds):
-                    return Claim(ClaimKind.CREATED, self._reread(tx, draft.key), attempt_number=1)
+                    return created()
                 # Another worker created it between the look-up and the insert, and has
                 # committed: the next look-up finds its row.
             raise self._error(
@@ -450,18 +506,7 @@ class SQLJournal(abc.ABC):
 
     @staticmethod
     def _store_response(tx: Tx, key: str, response: StoredResponse) -> None:
-        tx.execute(
-            sql.STORE_RESPONSE,
-            (
-                response.status,
-                sql.headers_to_json(response.headers),
-                response.body,
-                int(response.body_stored),
-                __version__,
-                SCHEMA_VERSION,
-                key,
-            ),
-        )
+        tx.execute(sql.STORE_RESPONSE, (*_response_values(response), key))
 
     def settle(
         self,
@@ -474,12 +519,30 @@ class SQLJournal(abc.ABC):
         attempt: int,
     ) -> IntentRecord:
         def work(tx: Tx) -> IntentRecord:
-            self._held_by(tx, key, owner)
+            held = self._held_by(tx, key, owner)
             self._end_attempt(tx, key, attempt, now, response.status, None, False)
-            self._store_response(tx, key, response)
+            tx.execute(
+                sql.SETTLE_WITH_RESPONSE,
+                (*_response_values(response), state.value, now, key),
+            )
             crash_point("during_settle")
-            tx.execute(sql.SETTLE, (state.value, now, key))
-            return self._reread(tx, key)
+            # The row as these statements left it, without reading it back: the lease was
+            # held, so no one else wrote it in between.
+            return attrs.evolve(
+                held,
+                state=state,
+                updated_at=now,
+                lease_owner=None,
+                lease_expires_at=None,
+                unknown_reason=None,
+                response=attrs.evolve(
+                    response,
+                    headers=tuple((str(n), str(v)) for n, v in response.headers),
+                    body=bytes(response.body),
+                    stored_by=__version__,
+                    schema_version=SCHEMA_VERSION,
+                ),
+            )
 
         return self._write(work, durable=False, busy=AFTER_SEND)
 
@@ -545,7 +608,9 @@ class SQLJournal(abc.ABC):
             tx.execute(sql.ABANDON, (IntentState.ABANDONED.value, reason, now, key))
             return self._reread(tx, key)
 
-        return self._write(work, durable=False, busy=NO_SEND)
+        # Durable: an abandonment rolled back by an OS crash would let resume() send an
+        # intent the operator closed (and perhaps paid again under a new reference).
+        return self._write(work, durable=True, busy=NO_SEND)
 
     def acknowledge(self, key: str, *, now: float) -> IntentRecord:
         def work(tx: Tx) -> IntentRecord:
@@ -557,8 +622,10 @@ class SQLJournal(abc.ABC):
                     key=key,
                     reference=record.reference,
                 )
+            if record.acknowledged_at is not None:
+                return record  # acknowledged once: the first time stands
             tx.execute(sql.ACKNOWLEDGE, (now, key))
-            return self._reread(tx, key)
+            return attrs.evolve(record, acknowledged_at=now)
 
         return self._write(work, durable=False, busy=NO_SEND)
 
@@ -614,6 +681,58 @@ class SQLJournal(abc.ABC):
     def attempts(self, key: str) -> list[AttemptRecord]:
         rows = self._read(lambda tx: tx.all(sql.ATTEMPTS, (key,)))
         return [sql.attempt_from_row(row) for row in rows]
+
+    # -- pruning ----------------------------------------------------------------------------
+
+    def prune(
+        self,
+        *,
+        older_than: float,
+        batch_size: int = 1000,
+        dry_run: bool = False,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> int:
+        """Delete final intents nothing has touched since ``older_than`` (a timestamp).
+
+        Only succeeded and failed intents the caller has acknowledged, and abandoned ones
+        (they have no outcome to hand over), with their attempts and reconciliations.
+        Pending and unknown intents, and unacknowledged outcomes, are never pruned. Runs
+        in batches of ``batch_size``, each its own short transaction, so writers wait for
+        one batch at most; ``on_batch`` gets the running total after each. Returns how
+        many intents were deleted (with ``dry_run``: would be, and nothing is deleted).
+
+        A pruned intent is forgotten: the same reference used again is a new intent with
+        a new key. Keep the cut-off well beyond any retry of a business operation.
+        """
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        params = (*sql.PRUNABLE_STATES, older_than, IntentState.ABANDONED.value, older_than)
+        if dry_run:
+            row = self._read(lambda tx: tx.one(sql.COUNT_PRUNABLE, params))
+            return int(row[0]) if row else 0
+
+        def batch(tx: Tx) -> int:
+            statement = sql.PRUNE_BATCH.format(skip_locked=tx.dialect.skip_locked)
+            return tx.execute(statement, (*params, batch_size))
+
+        total = 0
+        while True:
+            busy = (
+                f"{total} intent(s) were pruned before it; prune again to go on"
+                if total
+                else NO_SEND
+            )
+            began = time.monotonic()
+            deleted = self._write(batch, durable=False, busy=busy)
+            if deleted <= 0:
+                return total
+            total += deleted
+            if on_batch is not None:
+                on_batch(total)
+            self._between_batches(time.monotonic() - began)
+
+    def _between_batches(self, seconds: float) -> None:
+        """After a prune batch that held the journal ``seconds``: let writers in."""
 
     # -- operating --------------------------------------------------------------------------
 

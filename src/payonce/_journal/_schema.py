@@ -80,6 +80,30 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         """,
         "CREATE INDEX reconciliations_key ON reconciliations (key, at)",
     ),
+    # 3: the webhook inbox: one row per (endpoint, event id), leased while a handler runs.
+    (
+        """
+        CREATE TABLE webhook_events (
+            endpoint TEXT NOT NULL,
+            event_id TEXT NOT NULL,
+            type TEXT NOT NULL,
+            payload_hash TEXT NOT NULL,
+            received_at {REAL} NOT NULL,
+            updated_at {REAL} NOT NULL,
+            processed_at {REAL},
+            lease_owner TEXT,
+            lease_expires_at {REAL},
+            deliveries INTEGER NOT NULL,
+            handler_runs INTEGER NOT NULL,
+            last_error TEXT,
+            PRIMARY KEY (endpoint, event_id)
+        )
+        """,
+        "CREATE INDEX webhook_events_processed ON webhook_events (processed_at, received_at)",
+    ),
+    # 4: pruning finds the settled intents untouched since a cut-off through an index, in
+    #    bounded batches, however big the journal has grown.
+    ("CREATE INDEX intents_state_updated ON intents (state, updated_at)",),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 
 from .._intent import IntentState
+from ._inbox import EVENT_FIELDS
 from ._records import (
     AttemptRecord,
     ClaimKind,
@@ -153,6 +154,7 @@ def needed_columns() -> dict[str, tuple[str, ...]]:
         "intents": _INTENT_FIELDS,
         "attempts": _ATTEMPT_FIELDS,
         "reconciliations": _RECONCILIATION_FIELDS,
+        "webhook_events": EVENT_FIELDS,
     }
 
 
@@ -316,6 +318,13 @@ SETTLE = (
     "UPDATE intents SET state = ?, updated_at = ?, lease_owner = NULL,"
     " lease_expires_at = NULL, unknown_reason = NULL WHERE key = ?"
 )
+SETTLE_WITH_RESPONSE = (
+    "UPDATE intents SET response_status = ?, response_headers = ?, response_body = ?,"
+    " response_body_stored = ?, response_stored_by = ?, response_schema = ?,"
+    " state = ?, updated_at = ?, lease_owner = NULL, lease_expires_at = NULL,"
+    " unknown_reason = NULL WHERE key = ?"
+)
+"""STORE_RESPONSE and SETTLE in one statement: what settling a held intent writes."""
 SET_STATE = (
     "UPDATE intents SET state = ?, unknown_reason = ?, updated_at = ?,"
     " lease_owner = NULL, lease_expires_at = NULL WHERE key = ?"
@@ -359,4 +368,28 @@ UPSERT_META = (
 COUNT_BY_STATE = "SELECT state, count(*) FROM intents GROUP BY state"
 COUNT_UNACKNOWLEDGED = (
     "SELECT count(*) FROM intents WHERE state IN (?, ?) AND acknowledged_at IS NULL"
+)
+
+# -- pruning -------------------------------------------------------------------------------
+
+PRUNABLE_STATES = (
+    IntentState.SUCCEEDED.value,
+    IntentState.FAILED.value,
+    IntentState.ABANDONED.value,
+)
+# Final, untouched since the cut-off, and (unless abandoned, which has no outcome to hand
+# over) acknowledged by the caller before it: parameters are the three final states, the
+# cut-off, the abandoned state and the cut-off again.
+_PRUNABLE = (
+    "state IN (?, ?, ?) AND updated_at < ?"
+    " AND (state = ? OR (acknowledged_at IS NOT NULL AND acknowledged_at < ?))"
+)
+COUNT_PRUNABLE = f"SELECT count(*) FROM intents WHERE {_PRUNABLE}"
+# One bounded batch; its attempts and reconciliations go with it (ON DELETE CASCADE). The
+# dialect appends SKIP LOCKED to the inner SELECT where rows are locked one by one, so a
+# batch never waits for a writer: a row being written is not prunable anyway.
+PRUNE_BATCH = (
+    "DELETE FROM intents WHERE key IN (SELECT key FROM intents WHERE "
+    + _PRUNABLE
+    + " LIMIT ?{skip_locked})"
 )

@@ -8,6 +8,7 @@ from payonce.sandbox._app import DEFAULT_ACCOUNT, DEFAULT_API_KEY, SandboxConfig
 from payonce.sandbox._faults import Faults
 from payonce.sandbox._server import SandboxServer, serve
 from payonce.sandbox._store import SandboxStore
+from payonce.sandbox._webhooks import WebhookAttempt, WebhookConfig, event_id_for
 
 __all__ = [
     "DEFAULT_ACCOUNT",
@@ -16,6 +17,9 @@ __all__ = [
     "SandboxConfig",
     "SandboxServer",
     "SandboxStore",
+    "WebhookAttempt",
+    "WebhookConfig",
     "create_app",
+    "event_id_for",
     "serve",
 ]

@@ -12,6 +12,7 @@ from pathlib import Path
 from payonce.sandbox._app import SandboxConfig
 from payonce.sandbox._faults import Faults
 from payonce.sandbox._server import serve
+from payonce.sandbox._webhooks import WebhookConfig
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,6 +34,15 @@ def _parser() -> argparse.ArgumentParser:
     add("--delay-rate", type=float, default=0.0, metavar="RATE")
     add("--delay", type=float, default=0.0, metavar="SECONDS")
     add("--ready-file", type=Path, metavar="PATH", help="write the base URL here once listening")
+    add("--webhook-url", metavar="URL", help="deliver a signed event per settled payment here")
+    add(
+        "--webhook-secret",
+        action="append",
+        default=[],
+        metavar="SECRET",
+        help="signing secret (repeat it to sign with two during a rotation)",
+    )
+    add("--webhook-redeliver-rate", type=float, default=0.0, metavar="RATE")
     return parser
 
 
@@ -47,6 +57,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
+        webhooks = None
+        if args.webhook_url:
+            if not args.webhook_secret:
+                parser.error("--webhook-url needs at least one --webhook-secret")
+            webhooks = WebhookConfig(
+                url=args.webhook_url,
+                secrets=args.webhook_secret,
+                redeliver_rate=args.webhook_redeliver_rate,
+                seed=args.seed,
+            )
         config = SandboxConfig(
             key_lifetime=args.key_lifetime,
             processing_seconds=args.processing,
@@ -60,6 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 delay_seconds=args.delay,
             ),
             store_path=args.store,
+            webhooks=webhooks,
         )
     except ValueError as exc:
         parser.error(str(exc))

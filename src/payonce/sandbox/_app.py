@@ -35,6 +35,7 @@ from payonce.sandbox._store import (
     StoredResponse,
     new_payment_id,
 )
+from payonce.sandbox._webhooks import WebhookConfig, WebhookSender
 
 DEFAULT_API_KEY: Final = "sk_test_payonce"
 DEFAULT_ACCOUNT: Final = "acct_demo"
@@ -96,6 +97,8 @@ class SandboxConfig:
     """Its value per response status (API routes only); statuses not listed get none."""
     mismatch_status: int | None = attrs.field(default=None, validator=_client_error_status)
     """Status for a key reused with other parameters; None: 400 for Stripe, else 422."""
+    webhooks: WebhookConfig | None = None
+    """Where to deliver a signed event for every settled payment (None: no webhooks)."""
 
     @classmethod
     def like(cls, provider: ProviderLike, **overrides: Any) -> SandboxConfig:
@@ -393,6 +396,7 @@ class Sandbox:
         self.config = config
         self.store = store
         self.injector = FaultInjector(config.faults)
+        self.webhooks = WebhookSender(config.webhooks) if config.webhooks is not None else None
         self._owns_store = owns_store
         _silence_injected_drops()
         self.app = Starlette(
@@ -406,6 +410,7 @@ class Sandbox:
                 Route("/_sandbox/faults", self._faults, methods=["POST"]),
                 Route("/_sandbox/clock", self._clock, methods=["POST"]),
                 Route("/_sandbox/reset", self._reset, methods=["POST"]),
+                Route("/_sandbox/webhooks", self._webhook_attempts, methods=["GET"]),
             ],
             middleware=[
                 Middleware(_RequestIdMiddleware),
@@ -420,12 +425,16 @@ class Sandbox:
     @asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
         yield
+        if self.webhooks is not None:
+            self.webhooks.close()
         if self._owns_store:
             self.store.close()
 
     def reset(self) -> None:
         self.store.reset()
         self.injector.reset(self.config.faults)
+        if self.webhooks is not None:
+            self.webhooks.reset()
 
     def _authenticate(self, request: Request) -> str:
         if self.config.auth == "x-api-key":
@@ -541,6 +550,8 @@ class Sandbox:
         else:
             response = StoredResponse(201, _dumps(payment.to_json()))
         self.store.record_execution(claim.token, payment, response)
+        if self.webhooks is not None:
+            self.webhooks.enqueue(payment)
         return response
 
     async def _get_payment(self, request: Request) -> Response:
@@ -606,6 +617,17 @@ class Sandbox:
             raise ApiError(400, "invalid_request", "advance must be a number of seconds")
         await run_in_threadpool(self.store.clock.advance, seconds)
         return JSONResponse({"now": self.store.clock.now()})
+
+    async def _webhook_attempts(self, request: Request) -> Response:
+        if self.webhooks is None:
+            raise ApiError(404, "not_found", "this sandbox sends no webhooks")
+        return JSONResponse(
+            {
+                "config": self.webhooks.config.to_json(),
+                "attempts": [attempt.to_json() for attempt in self.webhooks.attempts()],
+                "pending": self.webhooks.pending(),
+            }
+        )
 
     async def _reset(self, request: Request) -> Response:
         await run_in_threadpool(self.reset)

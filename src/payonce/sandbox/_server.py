@@ -17,6 +17,7 @@ from starlette.types import ASGIApp
 from payonce.sandbox._app import Sandbox, SandboxConfig
 from payonce.sandbox._faults import Faults
 from payonce.sandbox._store import SandboxStore
+from payonce.sandbox._webhooks import WebhookAttempt
 
 _START_TIMEOUT = 10.0
 _STOP_TIMEOUT = 10.0
@@ -119,6 +120,8 @@ class SandboxServer:
             if self._thread.is_alive():
                 self._server.force_exit = True
                 self._thread.join(_STOP_TIMEOUT)
+        if self._sandbox.webhooks is not None:
+            self._sandbox.webhooks.close()
         self.store.close()
 
     def __enter__(self) -> SandboxServer:
@@ -145,6 +148,18 @@ class SandboxServer:
     def reset(self) -> None:
         """Forget all keys, payments and executions; back to the configured faults."""
         self._sandbox.reset()
+
+    def webhook_attempts(self) -> list[WebhookAttempt]:
+        """Every webhook delivery attempt so far, in the order they ended."""
+        if self._sandbox.webhooks is None:
+            raise RuntimeError("this sandbox is configured without webhooks")
+        return self._sandbox.webhooks.attempts()
+
+    def wait_for_webhooks(self, timeout: float = 10.0) -> bool:
+        """Wait until every webhook delivery, retry and redelivery scheduled has ended."""
+        if self._sandbox.webhooks is None:
+            raise RuntimeError("this sandbox is configured without webhooks")
+        return self._sandbox.webhooks.wait_idle(timeout)
 
 
 @contextmanager

@@ -1,0 +1,398 @@
+"""The webhook inbox's journal methods, once, for every SQL backend.
+
+A received event is a row of ``webhook_events`` keyed by (endpoint, event id). Handling it
+works like sending an intent: the worker that will run the handler first takes the row's
+lease, renews it while the handler runs, and either marks the event processed (it is then
+a duplicate forever after) or releases it unprocessed (the provider's redelivery is handled
+again). A lease whose owner died is taken over at once when ``is_stale`` says so (same
+host, process gone), otherwise when it expires.
+
+``InboxMixin`` is a base class of ``SQLJournal``: it relies only on the backend's
+``_write``/``_read`` transaction runners, so SQLite and PostgreSQL both get it.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+
+import attrs
+
+from ..errors import JournalError
+
+if TYPE_CHECKING:
+    from ._engine import Tx
+
+__all__ = [
+    "EVENT_FIELDS",
+    "EventClaim",
+    "EventClaimKind",
+    "EventJournal",
+    "EventRecord",
+    "InboxMixin",
+]
+
+T = TypeVar("T")
+
+# What a caller may conclude when the journal stayed locked past the busy timeout.
+_NOT_RECORDED = (
+    "the delivery was not recorded and its handler did not run: answer it with a non-2xx "
+    "status so the provider redelivers it"
+)
+_HANDLED_NOT_RECORDED = (
+    "the handler has run but the event could not be marked processed: a redelivery may run it again"
+)
+_NOTHING_CHANGED = "nothing was changed. Retry later"
+
+_CLAIM_ROUNDS = 3
+_ERROR_CHARS = 500
+
+EVENT_FIELDS = (
+    "endpoint",
+    "event_id",
+    "type",
+    "payload_hash",
+    "received_at",
+    "updated_at",
+    "processed_at",
+    "lease_owner",
+    "lease_expires_at",
+    "deliveries",
+    "handler_runs",
+    "last_error",
+)
+"""Every column of ``webhook_events`` the statements read (checked by ``journal.check``)."""
+
+_COLUMNS = ", ".join(EVENT_FIELDS)
+_KEY = " WHERE endpoint = ? AND event_id = ?"
+
+SELECT_EVENT = f"SELECT {_COLUMNS} FROM webhook_events" + _KEY
+INSERT_EVENT = (
+    "INSERT INTO webhook_events (endpoint, event_id, type, payload_hash, received_at,"
+    " updated_at, lease_owner, lease_expires_at, deliveries, handler_runs)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, 1)"
+    # Workers receiving the same event at once: the primary key lets exactly one insert win.
+    " ON CONFLICT DO NOTHING"
+)
+COUNT_DELIVERY = "UPDATE webhook_events SET deliveries = deliveries + 1, updated_at = ?" + _KEY
+TAKE_EVENT = (
+    "UPDATE webhook_events SET lease_owner = ?, lease_expires_at = ?, updated_at = ?,"
+    " handler_runs = handler_runs + 1" + _KEY + " AND processed_at IS NULL"
+)
+RENEW_EVENT = (
+    "UPDATE webhook_events SET lease_expires_at = ?"
+    + _KEY
+    + " AND lease_owner = ? AND processed_at IS NULL"
+)
+RELEASE_EVENT = (
+    "UPDATE webhook_events SET lease_owner = NULL, lease_expires_at = NULL, updated_at = ?,"
+    " last_error = ?" + _KEY + " AND lease_owner = ? AND processed_at IS NULL"
+)
+FINISH_EVENT = (
+    "UPDATE webhook_events SET processed_at = ?, updated_at = ?, lease_owner = NULL,"
+    " lease_expires_at = NULL, last_error = NULL" + _KEY + " AND processed_at IS NULL"
+)
+LIST_EVENTS = f"SELECT {_COLUMNS} FROM webhook_events"
+PRUNE_EVENTS = "DELETE FROM webhook_events WHERE processed_at IS NOT NULL AND processed_at < ?"
+
+
+@attrs.frozen
+class EventRecord:
+    """What the journal knows of one webhook event."""
+
+    endpoint: str
+    event_id: str
+    type: str
+    payload_hash: str
+    """SHA-256 of the first delivery's raw body."""
+    received_at: float
+    """When it was first delivered."""
+    updated_at: float
+    processed_at: float | None
+    """When a handler finished it; None while it still has to be handled."""
+    lease_owner: str | None
+    lease_expires_at: float | None
+    deliveries: int
+    """Deliveries seen, the first included (duplicates are counted too)."""
+    handler_runs: int
+    """Times a handler was started on it (more than 1 after a failure or a crash)."""
+    last_error: str | None
+    """Why the last handler run failed, while the event is unprocessed."""
+
+    @property
+    def processed(self) -> bool:
+        return self.processed_at is not None
+
+    def lease_live(self, now: float) -> bool:
+        return (
+            self.lease_owner is not None
+            and self.lease_expires_at is not None
+            and self.lease_expires_at > now
+        )
+
+
+class EventClaimKind(enum.Enum):
+    NEW = "new"
+    """First delivery: recorded, lease held by the caller: run the handler."""
+    RETRY = "retry"
+    """Seen before but never processed (its handler failed or its worker died): lease now
+    held by the caller: run the handler."""
+    DONE = "done"
+    """Processed already: a duplicate, do not run the handler."""
+    LEASED = "leased"
+    """Another live worker is running the handler right now."""
+
+
+@attrs.frozen
+class EventClaim:
+    kind: EventClaimKind
+    record: EventRecord
+
+    @property
+    def run_handler(self) -> bool:
+        return self.kind in (EventClaimKind.NEW, EventClaimKind.RETRY)
+
+
+def _real(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def event_from_row(row: Sequence[Any]) -> EventRecord:
+    fields = dict(zip(EVENT_FIELDS, row, strict=True))
+    return EventRecord(
+        endpoint=fields["endpoint"],
+        event_id=fields["event_id"],
+        type=fields["type"],
+        payload_hash=fields["payload_hash"],
+        received_at=float(fields["received_at"]),
+        updated_at=float(fields["updated_at"]),
+        processed_at=_real(fields["processed_at"]),
+        lease_owner=fields["lease_owner"],
+        lease_expires_at=_real(fields["lease_expires_at"]),
+        deliveries=int(fields["deliveries"]),
+        handler_runs=int(fields["handler_runs"]),
+        last_error=fields["last_error"],
+    )
+
+
+@runtime_checkable
+class EventJournal(Protocol):
+    """The journal methods the webhook inbox needs (every payonce journal has them)."""
+
+    @property
+    def location(self) -> str: ...
+
+    def claim_event(
+        self,
+        endpoint: str,
+        event_id: str,
+        *,
+        event_type: str,
+        payload_hash: str,
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        is_stale: Callable[[str], bool] | None = None,
+    ) -> EventClaim: ...
+
+    def renew_event_lease(
+        self, endpoint: str, event_id: str, *, owner: str, now: float, lease_seconds: float
+    ) -> bool: ...
+
+    def finish_event(self, endpoint: str, event_id: str, *, owner: str, now: float) -> bool: ...
+
+    def release_event(
+        self, endpoint: str, event_id: str, *, owner: str, now: float, error: str | None = None
+    ) -> None: ...
+
+    def get_event(self, endpoint: str, event_id: str) -> EventRecord | None: ...
+
+    def list_events(
+        self,
+        *,
+        endpoint: str | None = None,
+        unprocessed: bool = False,
+        limit: int | None = None,
+    ) -> list[EventRecord]: ...
+
+    def prune_events(self, *, processed_before: float) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class InboxMixin(abc.ABC):
+    """The inbox methods of every SQL journal, on top of its transaction runners."""
+
+    @abc.abstractmethod
+    def _write(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T: ...
+
+    @abc.abstractmethod
+    def _read(self, work: Callable[[Tx], T], *, snapshot: bool = False) -> T: ...
+
+    @abc.abstractmethod
+    def _error(self, what: str, *, busy: bool = False) -> JournalError: ...
+
+    @staticmethod
+    def _event(tx: Tx, endpoint: str, event_id: str, *, lock: bool) -> EventRecord | None:
+        suffix = tx.dialect.lock_rows if lock else ""
+        row = tx.one(SELECT_EVENT + suffix, (endpoint, event_id))
+        return event_from_row(row) if row else None
+
+    def claim_event(
+        self,
+        endpoint: str,
+        event_id: str,
+        *,
+        event_type: str,
+        payload_hash: str,
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        is_stale: Callable[[str], bool] | None = None,
+    ) -> EventClaim:
+        """Record one delivery of an event and take its lease if its handler should run.
+
+        The first delivery inserts the row with the caller's lease (``NEW``). A later one
+        is counted and finds the event processed (``DONE``), held by a live worker
+        (``LEASED``), or free to be handled again (``RETRY``, lease taken): unprocessed
+        with no lease, an expired one, or one whose owner ``is_stale`` judges dead.
+        """
+
+        def work(tx: Tx) -> EventClaim:
+            for _ in range(_CLAIM_ROUNDS):
+                inserted = tx.execute(
+                    INSERT_EVENT,
+                    (
+                        endpoint,
+                        event_id,
+                        event_type,
+                        payload_hash,
+                        now,
+                        now,
+                        owner,
+                        now + lease_seconds,
+                    ),
+                )
+                if inserted == 1:
+                    record = self._event(tx, endpoint, event_id, lock=False)
+                    assert record is not None, "a row this transaction wrote cannot vanish"
+                    return EventClaim(EventClaimKind.NEW, record)
+                record = self._event(tx, endpoint, event_id, lock=True)
+                if record is None:
+                    continue  # pruned between the insert and the look-up: insert again
+                tx.execute(COUNT_DELIVERY, (now, endpoint, event_id))
+                if record.processed:
+                    kind = EventClaimKind.DONE
+                elif (
+                    record.lease_owner != owner
+                    and record.lease_live(now)
+                    and not (
+                        record.lease_owner is not None
+                        and is_stale is not None
+                        and is_stale(record.lease_owner)
+                    )
+                ):
+                    kind = EventClaimKind.LEASED
+                else:
+                    tx.execute(TAKE_EVENT, (owner, now + lease_seconds, now, endpoint, event_id))
+                    kind = EventClaimKind.RETRY
+                current = self._event(tx, endpoint, event_id, lock=False)
+                assert current is not None, "a row this transaction holds cannot vanish"
+                return EventClaim(kind, current)
+            raise self._error(
+                f"webhook event {event_id}: its row kept appearing and disappearing under "
+                f"concurrent writers; {_NOT_RECORDED}"
+            )
+
+        # Not fsynced: a claim only has to be visible to the other workers at once, which
+        # every commit is. What must survive an operating-system crash is the processed
+        # mark, and ``finish_event`` makes that durable.
+        return self._write(work, durable=False, busy=_NOT_RECORDED)
+
+    def renew_event_lease(
+        self, endpoint: str, event_id: str, *, owner: str, now: float, lease_seconds: float
+    ) -> bool:
+        """Extend the lease of a handler still running; False when it was lost."""
+        return self._write(
+            lambda tx: (
+                tx.execute(RENEW_EVENT, (now + lease_seconds, endpoint, event_id, owner)) == 1
+            ),
+            durable=False,
+            busy=_NOTHING_CHANGED,
+        )
+
+    def finish_event(self, endpoint: str, event_id: str, *, owner: str, now: float) -> bool:
+        """Mark the event processed (durably) and free its lease.
+
+        Returns False when this owner no longer held the lease: another worker took the
+        event over (or finished it first), so the handler may have run twice. The event
+        is marked processed all the same, since it has been.
+        """
+
+        def work(tx: Tx) -> bool:
+            record = self._event(tx, endpoint, event_id, lock=True)
+            if record is None:
+                raise self._error(
+                    f"webhook event {event_id} vanished from the journal while its handler "
+                    f"ran (pruned?); {_HANDLED_NOT_RECORDED}"
+                )
+            if record.processed:
+                return False
+            tx.execute(FINISH_EVENT, (now, now, endpoint, event_id))
+            return record.lease_owner == owner
+
+        return self._write(work, durable=True, busy=_HANDLED_NOT_RECORDED)
+
+    def release_event(
+        self, endpoint: str, event_id: str, *, owner: str, now: float, error: str | None = None
+    ) -> None:
+        """Give the lease up and leave the event unprocessed, noting why the handler failed."""
+        if error is not None and len(error) > _ERROR_CHARS:
+            error = error[: _ERROR_CHARS - 1] + "…"
+        self._write(
+            lambda tx: tx.execute(RELEASE_EVENT, (now, error, endpoint, event_id, owner)),
+            durable=False,
+            busy=_NOTHING_CHANGED,
+        )
+
+    def get_event(self, endpoint: str, event_id: str) -> EventRecord | None:
+        return self._read(lambda tx: self._event(tx, endpoint, event_id, lock=False))
+
+    def list_events(
+        self,
+        *,
+        endpoint: str | None = None,
+        unprocessed: bool = False,
+        limit: int | None = None,
+    ) -> list[EventRecord]:
+        """Events, oldest first received first; ``unprocessed`` keeps those still to handle."""
+        where: list[str] = []
+        params: list[Any] = []
+        if endpoint is not None:
+            where.append("endpoint = ?")
+            params.append(endpoint)
+        if unprocessed:
+            where.append("processed_at IS NULL")
+        statement = LIST_EVENTS
+        if where:
+            statement += " WHERE " + " AND ".join(where)
+        statement += " ORDER BY received_at, endpoint, event_id"
+        if limit is not None:
+            statement += " LIMIT ?"
+            params.append(limit)
+        rows = self._read(lambda tx: tx.all(statement, params))
+        return [event_from_row(row) for row in rows]
+
+    def prune_events(self, *, processed_before: float) -> int:
+        """Forget events processed before this time; returns how many.
+
+        A pruned event's redelivery is handled again: keep events longer than the
+        provider redelivers (Stripe: up to 3 days).
+        """
+        return self._write(
+            lambda tx: tx.execute(PRUNE_EVENTS, (processed_before,)),
+            durable=False,
+            busy=_NOTHING_CHANGED,
+        )

@@ -1,0 +1,219 @@
+"""Pruning: old, final, acknowledged intents go in bounded batches; nothing else ever does.
+
+The journal-level tests run on both backends (the fixtures of test_journal_backends.py);
+the command is run for real on a SQLite journal.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+import payonce
+from payonce._cli._prune import parse_duration
+from payonce._journal import ClaimKind, Journal, SQLiteJournal
+from payonce.cli import cli
+from test_journal_backends import RESPONSE, OpenJournal, draft_for, rows
+
+DAY = 86400.0
+NOW = 1_800_000_000.0
+SUCCEEDED = payonce.IntentState.SUCCEEDED
+FAILED = payonce.IntentState.FAILED
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A SQLite file, or a fresh PostgreSQL database's URL."""
+    if request.param == "sqlite":
+        return str(tmp_path / "journal.db")
+    return str(request.getfixturevalue("postgres_url"))
+
+
+@pytest.fixture
+def open_journal(location: str) -> Iterator[OpenJournal]:
+    opened: list[Journal] = []
+
+    def open_(**options: Any) -> Journal:
+        opened.append(payonce.open_journal(location, **options))
+        return opened[-1]
+
+    yield open_
+    for journal in opened:
+        journal.close()
+
+
+@pytest.fixture
+def journal(open_journal: OpenJournal) -> Journal:
+    return open_journal()
+
+
+def settle(journal: Journal, number: int, at: float, state: payonce.IntentState) -> None:
+    journal.settle(
+        f"key-{number:05d}", owner="w", now=at, state=state, response=RESPONSE, attempt=1
+    )
+
+
+def fill(journal: Journal) -> dict[str, str]:
+    """Intents in every situation pruning must tell apart, 40 and 10 days old."""
+    what = {}
+    old, recent = NOW - 40 * DAY, NOW - 10 * DAY
+    cases = [
+        ("old succeeded, acknowledged", old, SUCCEEDED, old, True),
+        ("old failed, acknowledged", old, FAILED, old, True),
+        ("old succeeded, not acknowledged", old, SUCCEEDED, None, True),
+        ("old abandoned", old, None, None, False),
+        ("old pending", old, None, None, True),
+        ("old unknown", old, None, None, True),
+        ("recent succeeded, acknowledged", recent, SUCCEEDED, recent, True),
+        ("old, acknowledged recently", old, SUCCEEDED, recent, True),
+        ("old, settled recently", old, "late", None, True),
+        ("old reconciled, acknowledged", old, "reconciled", old + 5, True),
+    ]
+    for number, (name, created, state, acknowledged, _) in enumerate(cases):
+        journal.claim(draft_for(number), owner="w", now=created, lease_seconds=30)
+        key = f"key-{number:05d}"
+        what[key] = name
+        if state == "reconciled":
+            journal.mark_unknown(key, owner="w", now=created + 2, reason="timed out")
+            journal.claim_key(key, owner="r", now=created + 3, lease_seconds=30, unknown=True)
+            journal.reconciled(
+                key,
+                owner="r",
+                now=created + 4,
+                outcome="found",
+                detail="the provider has it",
+                status_code=200,
+                state=SUCCEEDED,
+                response=RESPONSE,
+            )
+        elif state == "late":
+            settle(journal, number, recent, SUCCEEDED)
+            journal.acknowledge(key, now=recent)
+        elif state is not None:
+            settle(journal, number, created + 1, state)
+        if acknowledged is not None:
+            journal.acknowledge(key, now=acknowledged)
+        if name == "old abandoned":
+            journal.release(key, owner="w")
+            journal.abandon(key, reason="checked by hand", now=created + 2)
+        if name == "old unknown":
+            journal.mark_unknown(key, owner="w", now=created + 2, reason="timed out")
+    return what
+
+
+def test_only_final_acknowledged_intents_untouched_since_the_cut_off_are_pruned(
+    journal: Journal, location: str
+) -> None:
+    names = fill(journal)
+    cutoff = NOW - 30 * DAY
+
+    assert journal.prune(older_than=cutoff, dry_run=True) == 4  # type: ignore[attr-defined]
+    assert len(journal.list_intents()) == len(names), "a dry run deletes nothing"
+    assert journal.prune(older_than=cutoff) == 4  # type: ignore[attr-defined]
+
+    left = {names[r.key] for r in journal.list_intents()}
+    assert left == set(names.values()) - {
+        "old succeeded, acknowledged",
+        "old failed, acknowledged",
+        "old abandoned",
+        "old reconciled, acknowledged",
+    }
+    keys = {r.key for r in journal.list_intents()}
+    attempt_keys = {key for (key,) in rows(location, "SELECT DISTINCT key FROM attempts")}
+    assert attempt_keys == keys, "the attempts of pruned intents went with them"
+    assert rows(location, "SELECT count(*) FROM reconciliations") == [(0,)]
+    assert journal.prune(older_than=cutoff) == 0  # type: ignore[attr-defined]
+
+
+def test_pruning_goes_in_batches_and_writers_get_in_between(
+    journal: Journal, open_journal: OpenJournal
+) -> None:
+    for number in range(25):
+        journal.claim(draft_for(number), owner="w", now=NOW - 40 * DAY, lease_seconds=30)
+        settle(journal, number, NOW - 40 * DAY, SUCCEEDED)
+        journal.acknowledge(f"key-{number:05d}", now=NOW - 40 * DAY)
+    other_host = open_journal(busy_timeout=0.5)
+    progress: list[int] = []
+
+    def between_batches(total: int) -> None:
+        progress.append(total)
+        # Another writer is not locked out: the batch before has committed.
+        claim = other_host.claim(draft_for(100 + total), owner="x", now=NOW, lease_seconds=30)
+        assert claim.kind is ClaimKind.CREATED
+
+    pruned = journal.prune(  # type: ignore[attr-defined]
+        older_than=NOW - 30 * DAY, batch_size=10, on_batch=between_batches
+    )
+
+    assert pruned == 25
+    assert progress == [10, 20, 25]
+    assert len(journal.list_intents()) == 3  # what the other host wrote meanwhile
+
+
+def test_a_batch_size_below_one_is_refused(journal: Journal) -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        journal.prune(older_than=NOW, batch_size=0)  # type: ignore[attr-defined]
+
+
+def test_the_journal_has_the_index_pruning_reads_through(tmp_path: Path) -> None:
+    with SQLiteJournal(tmp_path / "journal.db") as journal:
+        plan = journal._conn.execute(
+            "EXPLAIN QUERY PLAN SELECT key FROM intents WHERE state IN (?, ?, ?)"
+            " AND updated_at < ? LIMIT 10",
+            ("succeeded", "failed", "abandoned", NOW),
+        ).fetchall()
+    assert "intents_state_updated" in " ".join(str(step) for step in plan)
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("30d", 30 * DAY), ("12h", 43200.0), ("90m", 5400.0), ("1d12h", 1.5 * DAY), ("2w", 14 * DAY)],
+)
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "30", "d", "30x", "-1d", "0d", "1d 2q"])
+def test_durations_that_are_not(text: str) -> None:
+    with pytest.raises(ValueError, match=r"duration|no time"):
+        parse_duration(text)
+
+
+def test_the_command_prunes_and_reports(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    now = time.time()
+    with SQLiteJournal(path) as journal:
+        for number in range(4):
+            at = now - (40 if number < 3 else 10) * DAY
+            journal.claim(draft_for(number), owner="w", now=at, lease_seconds=30)
+            settle(journal, number, at, SUCCEEDED)
+            journal.acknowledge(f"key-{number:05d}", now=at)
+    runner = CliRunner()
+    base = ["prune", "--journal", str(path), "--older-than", "30d"]
+
+    dry = runner.invoke(cli, [*base, "--dry-run", "--json"])
+    assert dry.exit_code == 0, dry.output
+    report = json.loads(dry.output)
+    assert (report["intents"], report["dry_run"]) == (3, True)
+
+    done = runner.invoke(cli, base)
+    assert done.exit_code == 0, done.output
+    assert done.output.startswith("pruned 3 intent(s)")
+
+    again = runner.invoke(cli, [*base, "--json"])
+    assert json.loads(again.output)["intents"] == 0
+    with SQLiteJournal(path) as journal:
+        assert [r.key for r in journal.list_intents()] == ["key-00003"]
+
+    wrong = runner.invoke(cli, ["prune", "--journal", str(path), "--older-than", "30"])
+    assert wrong.exit_code == 2
+    assert "not a duration" in wrong.output
