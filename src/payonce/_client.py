@@ -258,9 +258,26 @@ class _BaseClient:
 class Client(_BaseClient):
     """A payment-provider client whose every operation takes effect exactly once.
 
-    ``api_key`` defaults to ``PAYONCE_API_KEY``, then to the OS keyring (service
-    ``payonce``, user = ``account``). ``journal`` is a path, a ``Journal``, or None for
-    ``PAYONCE_JOURNAL`` / the user data directory.
+    Keyword options (shared with ``AsyncClient``):
+
+    - ``base_url``: the provider's API root (no credentials in it).
+    - ``provider``: a profile name (``generic``, ``sandbox``, ``stripe``, ``adyen``,
+      ``mollie``) or a ``ProviderProfile``.
+    - ``account``: whose API key and whose intents; part of every intent's scope.
+    - ``api_key``: defaults to ``PAYONCE_API_KEY``, then the OS keyring (service
+      ``payonce``, user = ``account``).
+    - ``journal``: a path, a ``postgresql://`` URL, a ``Journal``, or None for
+      ``PAYONCE_JOURNAL`` / the user data directory.
+    - ``retry``: a ``RetryPolicy``. ``timeout``: seconds or an ``httpx.Timeout``.
+    - ``key_format``: ``"ulid"`` (default) or ``"uuid4"``.
+    - ``verify``: TLS verification, on unless turned off explicitly (logged).
+    - ``max_stored_response_bytes``: larger answers settle from status and headers only.
+    - ``in_flight_wait``: seconds to wait for another worker's attempt before
+      ``IntentInFlight``. ``lease_seconds``: the lease length (renewed while sending).
+    - ``allow_plaintext_keyring``: accept a plaintext keyring file (off by default).
+    - ``on_retry``: a hook receiving a ``RetryEvent`` before each wait.
+    - ``clock``: a time source (tests move it instead of sleeping).
+    - ``transport``: an httpx transport (a seam for tests and custom networking).
     """
 
     def __init__(self, *, transport: httpx.BaseTransport | None = None, **options: Any) -> None:

@@ -77,10 +77,12 @@ def _body_as_is(body: bytes, content_type: str | None, key: str) -> bytes:
 class ProviderProfile:
     """What payonce needs to know about one provider's idempotency contract.
 
-    A user-defined profile is a few lines::
+    A user-defined profile is a few lines:
 
-        acme = ProviderProfile(name="acme", key_header="X-Request-Id", key_lifetime=3600)
-        payonce.register_profile(acme)
+    ```python
+    acme = payonce.ProviderProfile(name="acme", key_header="X-Request-Id", key_lifetime=3600)
+    payonce.register_profile(acme)
+    ```
     """
 
     name: str
