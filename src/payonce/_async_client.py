@@ -197,7 +197,8 @@ class AsyncClient(_BaseClient):
         core = self._core
         async for attempt in tenacity.AsyncRetrying(**core.retrying_kwargs(run)):
             with attempt:
-                await _off_loop(core.start_attempt, run)
+                if not run.started:  # the claim journaled the first attempt's start
+                    await _off_loop(core.start_attempt, run)
                 request = core.build_request(run, self._http)
                 try:
                     response = await self._http.send(request)

@@ -120,7 +120,7 @@ def list_intents(
     Pending and unknown intents are highlighted: unknown ones need reconciliation.
     """
     wanted = [payonce.IntentState(s.lower()) for s in states] or None
-    with existing_journal(journal_path) as journal:
+    with existing_journal(journal_path, read_only=True) as journal:
         records = journal.list_intents(states=wanted, limit=limit)
     if as_json:
         echo_json([intent_json(r) for r in records])
@@ -146,7 +146,7 @@ def show_intent(
     key_or_reference: str, journal_path: JournalLocation | None, as_json: bool, with_body: bool
 ) -> None:
     """Show the intent(s) with this key or reference, with their attempts."""
-    with existing_journal(journal_path) as journal:
+    with existing_journal(journal_path, read_only=True) as journal:
         records = journal.find(key_or_reference)
         attempts = {r.key: list(journal.attempts(r.key)) for r in records}
         reconciliations = {r.key: list(journal.reconciliations(r.key)) for r in records}

@@ -75,23 +75,32 @@ def default_journal_path() -> Path:
 
 
 def open_journal(
-    journal: Journal | str | os.PathLike[str] | None = None, *, busy_timeout: float = 5.0
+    journal: Journal | str | os.PathLike[str] | None = None,
+    *,
+    busy_timeout: float = 5.0,
+    check_integrity: bool = True,
 ) -> Journal:
     """A journal from an instance, a path, a ``postgresql://`` URL, or the default location.
 
     ``$PAYONCE_JOURNAL`` may hold a path or a URL. Only the default location's directory
     is created on demand: an explicit path whose directory is missing is far more likely a
-    typo than a wish.
+    typo than a wish. ``check_integrity=False`` skips the check on open (SQLite's
+    ``PRAGMA quick_check`` reads the whole file: 1.5 s at a million intents): for readers.
     """
     if journal is not None and not isinstance(journal, str | os.PathLike):
         return journal
     if journal is None and is_postgres_url(os.environ.get(JOURNAL_ENV, "")):
         journal = os.environ[JOURNAL_ENV]
     if isinstance(journal, str) and is_postgres_url(journal):
-        return _postgres_journal_class()(journal, busy_timeout=busy_timeout)
+        return _postgres_journal_class()(
+            journal, busy_timeout=busy_timeout, check_integrity=check_integrity
+        )
     if journal is None:
         from_env = bool(os.environ.get(JOURNAL_ENV))
         return SQLiteJournal(
-            default_journal_path(), busy_timeout=busy_timeout, create_directories=not from_env
+            default_journal_path(),
+            busy_timeout=busy_timeout,
+            create_directories=not from_env,
+            check_integrity=check_integrity,
         )
-    return SQLiteJournal(journal, busy_timeout=busy_timeout)
+    return SQLiteJournal(journal, busy_timeout=busy_timeout, check_integrity=check_integrity)
