@@ -380,3 +380,18 @@ def test_an_opted_in_plaintext_keyring_without_an_entry_for_the_account_names_it
     error = refused(connect, provider, journal_path, "in the keyring", allow_plaintext_keyring=True)
     assert repr(ACCOUNT) in str(error)
     assert "acct_other" not in str(error)
+
+
+def test_secret_service_without_a_session_bus_is_a_clear_error(
+    use_keyring: Callable[[Any], None],
+    connect: Callable[..., payonce.Client],
+    provider: SandboxServer,
+    journal_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import keyring.backends.SecretService
+
+    monkeypatch.delenv("DBUS_SESSION_BUS_ADDRESS", raising=False)
+    use_keyring(keyring.backends.SecretService.Keyring())
+    error = refused(connect, provider, journal_path, "the keyring failed")
+    assert "SecretService" in str(error) or "SecretStorage" in str(error)

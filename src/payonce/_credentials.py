@@ -123,7 +123,9 @@ def resolve_api_key(
             secret = usable.get_password(KEYRING_SERVICE, account)
             if secret:
                 break
-    except (keyring.errors.KeyringError, RuntimeError, EOFError, OSError) as exc:
+    # Backends raise anything (secretstorage without D-Bus raises its own exceptions):
+    # whatever it is, it is a keyring that does not work here.
+    except Exception as exc:
         raise ConfigurationError(
             f"no API key for account {account!r}: the keyring failed "
             f"({type(exc).__name__}). To fix: {how}"
