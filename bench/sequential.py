@@ -10,6 +10,8 @@ them alike. Reports the median over ``--rounds``:
     naive journal      + a plain sqlite3 journal: two fsynced commits per request
                          (insert pending, then update settled, both synchronous=FULL)
     payonce            payonce.Client on a fresh journal file, one reference per request
+    payonce/PostgreSQL the same on a PostgreSQL journal (a local server started by the
+                         script, as the tests do; skipped with --no-postgres)
 
 plus the fsync cost of the journal's filesystem and the ceiling that implies for one fsync
 per intent. ``--profile`` then breaks one payonce run down by where its time goes.
@@ -238,9 +240,12 @@ class Payonce:
             provider="sandbox",
             account=ACCOUNT,
             api_key=API_KEY,
-            journal=workdir / f"payonce-{tag}.db",
+            journal=self.journal(workdir, tag),
         )
         self._tag = tag
+
+    def journal(self, workdir: Path, tag: str) -> str | Path:
+        return workdir / f"payonce-{tag}.db"
 
     def pay(self, number: int) -> None:
         response = self.client.post(PATH, json=PAYMENT, reference=f"bench-{self._tag}-{number}")
@@ -253,13 +258,51 @@ class Payonce:
         self.client.close()
 
 
+class PayoncePostgres(Payonce):
+    """payonce.Client on a PostgreSQL journal; the references keep each run's intents apart."""
+
+    name = "payonce/PostgreSQL"
+    url: str | None = None
+
+    def journal(self, workdir: Path, tag: str) -> str | Path:
+        assert self.url is not None, "start_postgres() first"
+        return self.url
+
+
 VARIANTS: tuple[Callable[[str, Path, str], Variant], ...] = (
     RawHttpx,
     StripePattern,
     NaiveJournal,
     Payonce,
+    PayoncePostgres,
 )
-NAMES: tuple[str, ...] = tuple(v.name for v in (RawHttpx, StripePattern, NaiveJournal, Payonce))
+NAMES: tuple[str, ...] = tuple(
+    v.name for v in (RawHttpx, StripePattern, NaiveJournal, Payonce, PayoncePostgres)
+)
+
+
+@contextlib.contextmanager
+def postgres_journal(enabled: bool) -> Iterator[None]:
+    """A throwaway PostgreSQL server for the payonce/PostgreSQL variant, or drop it."""
+    global VARIANTS, NAMES
+    if enabled:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        try:
+            from pgserver import PostgresServer, find_bindir
+
+            server = PostgresServer(find_bindir()).start()
+        except Exception as exc:  # no binaries, no postgres user: bench without it
+            console.print(f"PostgreSQL variant skipped: {exc}")
+        else:
+            try:
+                PayoncePostgres.url = server.url(server.create_database())
+                yield
+            finally:
+                server.stop()
+            return
+    VARIANTS = VARIANTS[:-1]
+    NAMES = NAMES[:-1]
+    yield
 
 
 # -- measuring ---------------------------------------------------------------------------------
@@ -580,6 +623,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--quick", action="store_true", help="smoke run: 200 requests, 1 round, 20 warm-up"
     )
     parser.add_argument(
+        "--no-postgres", action="store_true", help="leave out the payonce/PostgreSQL variant"
+    )
+    parser.add_argument(
         "--journal-dir",
         type=Path,
         default=None,
@@ -622,7 +668,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             journals.mkdir()
         args.journal_dir = journals
         try:
-            with sandbox_process(workdir) as url:
+            with sandbox_process(workdir) as url, postgres_journal(not args.no_postgres):
                 before = sandbox_executions(url)
                 results, fsyncs = benchmark(args, url, journals)
                 executed = sandbox_executions(url) - before
