@@ -55,3 +55,17 @@ def test_check_reports_states_and_an_intact_journal(client: payonce.Client) -> N
     assert report.unacknowledged == 1
     assert report.schema_version >= 2
     assert report.size_bytes > 0
+
+
+def test_finding_an_intent_by_reference_uses_an_index(client: payonce.Client) -> None:
+    client.post("/v1/payments", json=PAYMENT, reference="order-1")
+    journal = client.journal
+    assert isinstance(journal, payonce.SQLiteJournal)
+    with sqlite3.connect(journal.location) as conn:
+        plan = conn.execute(
+            "EXPLAIN QUERY PLAN SELECT key FROM intents WHERE key = ? OR reference = ?",
+            ("x", "order-1"),
+        ).fetchall()
+    details = " | ".join(str(row[-1]) for row in plan)
+    assert "intents_reference" in details, details
+    assert "SCAN intents" not in details, details

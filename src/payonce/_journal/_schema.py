@@ -104,6 +104,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 4: pruning finds the settled intents untouched since a cut-off through an index, in
     #    bounded batches, however big the journal has grown.
     ("CREATE INDEX intents_state_updated ON intents (state, updated_at)",),
+    # 5: `payonce intents show REF` and `reconcile REF` find intents by the caller's
+    #    reference alone (any scope); without this they scanned the whole table.
+    ("CREATE INDEX intents_reference ON intents (reference) WHERE reference IS NOT NULL",),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
