@@ -487,3 +487,14 @@ def test_an_interrupted_attempt_gives_its_lease_back(
     again = make_client(in_flight_wait=0.0).post("/v1/payments", json=PAYMENT, reference="order-i")
     assert payonce.response_info(again).provider_replayed  # type: ignore[union-attr]
     assert sandbox.store.total_executions() == 1
+
+
+@pytest.mark.parametrize(
+    ("journal", "complaint"), [(42, "not int"), ("mysql://db/payments", "unsupported journal URL")]
+)
+def test_a_journal_option_payonce_cannot_use_is_a_clear_error(
+    sandbox: SandboxServer, journal: object, complaint: str
+) -> None:
+    with pytest.raises(payonce.ConfigurationError, match=complaint):
+        payonce.Client(base_url=sandbox.url, api_key="k", journal=journal)  # type: ignore[arg-type]
+    assert sandbox.store.total_executions() == 0

@@ -88,7 +88,17 @@ def open_journal(
     ``PRAGMA quick_check`` reads the whole file: 1.5 s at a million intents): for readers.
     """
     if journal is not None and not isinstance(journal, str | os.PathLike):
+        if not isinstance(journal, Journal):
+            raise ConfigurationError(
+                f"journal= takes a path, a postgresql:// URL or a payonce Journal, not "
+                f"{type(journal).__name__}"
+            )
         return journal
+    if isinstance(journal, str) and "://" in journal and not is_postgres_url(journal):
+        scheme = journal.split("://", 1)[0]
+        raise ConfigurationError(
+            f"unsupported journal URL scheme {scheme!r}: use a file path or postgresql://…"
+        )
     if journal is None and is_postgres_url(os.environ.get(JOURNAL_ENV, "")):
         journal = os.environ[JOURNAL_ENV]
     if isinstance(journal, str) and is_postgres_url(journal):
