@@ -8,7 +8,7 @@ import pytest
 from ulid import ULID
 
 import payonce
-from payonce._intent import canonical_request, make_scope, new_key, validate_key
+from payonce._lifecycle import canonical_request, make_scope, new_key, validate_key
 
 
 def test_default_keys_are_ulids_and_unique() -> None:

@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from payonce import ProviderProfile, RetryPolicy
+from payonce._lifecycle import Outcome, classify_error, classify_response, parse_retry_after
 from payonce._providers._profile import GENERIC
-from payonce._retry import Outcome, classify_error, classify_response, parse_retry_after
 
 REQUEST = httpx.Request("POST", "http://provider.test/v1/payments")
 

@@ -6,7 +6,6 @@ decision (what to journal when, what to retry, what to replay, what to raise) li
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -16,7 +15,6 @@ import httpx
 import tenacity
 
 from ._crash import crash_armed, crash_atrace, crash_point, crash_trace
-from ._intent import CanonicalRequest, IntentState, KeyFormat, make_scope, new_key, validate_key
 from ._journal import (
     Claim,
     ClaimKind,
@@ -25,9 +23,24 @@ from ._journal import (
     Journal,
     StoredResponse,
 )
-from ._lease import new_owner, owner_is_dead
+from ._lifecycle import (
+    CanonicalRequest,
+    IntentState,
+    KeyFormat,
+    Outcome,
+    Verdict,
+    classify_error,
+    classify_response,
+    make_scope,
+    may_have_executed,
+    new_key,
+    new_owner,
+    owner_is_dead,
+    resend_refusal,
+    validate_key,
+)
 from ._providers import ProviderProfile
-from ._retry import Outcome, RetryPolicy, Verdict, classify_error, classify_response
+from ._retry import RetryPolicy
 from ._version import __version__
 from .errors import (
     IntentInFlight,
@@ -54,8 +67,6 @@ __all__ = [
 logger = logging.getLogger("payonce")
 
 DEFAULT_MAX_STORED_BYTES = 1024 * 1024
-KEY_LIFETIME_MARGIN = 0.1
-"""Resend only while the first attempt is younger than 90% of the provider's key lifetime."""
 
 # Response headers never worth replaying: hop-by-hop, cookies, and encodings that described
 # the bytes on the wire rather than the decoded body payonce stores.
@@ -207,15 +218,9 @@ class IntentCore:
             for name, value in (headers or {}).items()
             if name.lower() not in secret and name.lower() != "content-type"
         )
-        fingerprint = canonical.fingerprint
-        if kept:
-            # Headers such as Stripe-Account change what the request does: the same intent
-            # with other headers is another request. Without any, fingerprints stay as the
-            # body alone makes them, so journals written before stay valid.
-            digest = hashlib.sha256(fingerprint.encode())
-            for name, value in kept:
-                digest.update(f"\x00{name}:{value}".encode())
-            fingerprint = digest.hexdigest()
+        # Headers such as Stripe-Account change what the request does: the same intent
+        # with other headers is another request.
+        fingerprint = canonical.fingerprint_with(kept)
         if canonical.content_type:
             kept.append(("content-type", canonical.content_type))
         return IntentDraft(
@@ -270,20 +275,16 @@ class IntentCore:
     def _resume(self, claim: Claim, owner: str) -> Run:
         """An existing pending intent: resend under its key unless that key may be gone."""
         record = claim.record
-        attempts = self.journal.attempts(record.key)
-        ambiguous = any(a.in_flight or a.ambiguous for a in attempts)
+        ambiguous = may_have_executed(self.journal.attempts(record.key))
         run = Run(record, owner, attempt=0, ambiguous=ambiguous, started=False)
-        if ambiguous and record.first_sent_at is not None:
-            age = self.clock() - record.first_sent_at
-            if age > self.profile.key_lifetime * (1 - KEY_LIFETIME_MARGIN):
-                reason = (
-                    f"first sent {age:.0f}s ago, beyond the provider's key lifetime of "
-                    f"{self.profile.key_lifetime:.0f}s; a resend could execute twice"
-                )
-                self.journal.mark_unknown(
-                    record.key, owner=run.owner, now=self.clock(), reason=reason
-                )
-                raise self._unknown(attrs.evolve(record, unknown_reason=reason))
+        refusal = (
+            resend_refusal(record.first_sent_at, self.clock(), self.profile.key_lifetime)
+            if ambiguous
+            else None
+        )
+        if refusal is not None:
+            self.journal.mark_unknown(record.key, owner=run.owner, now=self.clock(), reason=refusal)
+            raise self._unknown(attrs.evolve(record, unknown_reason=refusal))
         return run
 
     def claim_next_resumable(self, owner: str, after: tuple[float, str] | None) -> Claim | None:

@@ -1,21 +1,18 @@
-"""Intents: their states, their keys, and the fingerprint of the request they stand for."""
+"""Moved to ``payonce._lifecycle``: kept while the journal modules are reorganised."""
 
-from __future__ import annotations
-
-import enum
-import hashlib
-import json
-import uuid
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal
-from urllib.parse import parse_qsl, urlencode
-
-import attrs
-from ulid import ULID
-
-from .errors import ConfigurationError
+from ._lifecycle import (
+    MAX_KEY_LENGTH,
+    CanonicalRequest,
+    IntentState,
+    KeyFormat,
+    canonical_request,
+    make_scope,
+    new_key,
+    validate_key,
+)
 
 __all__ = [
+    "MAX_KEY_LENGTH",
     "CanonicalRequest",
     "IntentState",
     "KeyFormat",
@@ -24,153 +21,3 @@ __all__ = [
     "new_key",
     "validate_key",
 ]
-
-KeyFormat = Literal["ulid", "uuid4"]
-
-MAX_KEY_LENGTH = 255
-
-
-class IntentState(enum.StrEnum):
-    """Where an intent stands. ``succeeded`` and ``failed`` are final and replayable."""
-
-    PENDING = "pending"
-    """Journaled; not yet answered definitively. Safe to send under its key."""
-    SUCCEEDED = "succeeded"
-    """The provider answered 2xx; the answer is stored and replayed."""
-    FAILED = "failed"
-    """The provider refused definitively (non-retryable 4xx); stored and replayed."""
-    UNKNOWN = "unknown"
-    """The provider may or may not have executed it. Only reconciliation moves it."""
-    ABANDONED = "abandoned"
-    """Closed by an operator; kept, never resent."""
-
-    @property
-    def is_final(self) -> bool:
-        return self in (IntentState.SUCCEEDED, IntentState.FAILED, IntentState.ABANDONED)
-
-
-def new_key(key_format: KeyFormat = "ulid") -> str:
-    """A fresh idempotency key: a ULID (sortable by creation time) or a random UUIDv4."""
-    if key_format == "ulid":
-        return str(ULID())
-    if key_format == "uuid4":
-        return str(uuid.uuid4())
-    raise ConfigurationError(f"key_format must be 'ulid' or 'uuid4', not {key_format!r}")
-
-
-def validate_key(key: str, *, max_length: int = MAX_KEY_LENGTH) -> str:
-    """Check a caller-supplied key: 1..max_length printable ASCII characters."""
-    if not isinstance(key, str) or not key:
-        raise ConfigurationError("an idempotency key must be a non-empty string")
-    if len(key) > max_length:
-        raise ConfigurationError(
-            f"idempotency key is {len(key)} characters long; this provider accepts at most "
-            f"{max_length}"
-        )
-    if not all(0x20 < ord(ch) < 0x7F for ch in key):
-        raise ConfigurationError(
-            "an idempotency key may contain only printable ASCII characters (no spaces, "
-            "no control characters)"
-        )
-    return key
-
-
-def make_scope(account: str, method: str, path: str) -> str:
-    """Keys and references never collide across accounts or endpoints."""
-    return f"{account} {method.upper()} {path}"
-
-
-@attrs.frozen
-class CanonicalRequest:
-    """A request in the one form payonce sends, stores and fingerprints.
-
-    ``body`` holds the exact bytes sent on every attempt; ``fingerprint`` is computed over
-    a canonical form of the body, so dict ordering never makes a retry look different.
-    """
-
-    method: str
-    path: str
-    query: str
-    content_type: str | None
-    body: bytes
-    fingerprint: str
-
-    @property
-    def target(self) -> str:
-        return f"{self.path}?{self.query}" if self.query else self.path
-
-
-def _canonical_json(value: Any) -> bytes:
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode()
-
-
-def _form_pairs(data: Mapping[str, Any] | Sequence[tuple[str, Any]]) -> list[tuple[str, str]]:
-    items = data.items() if isinstance(data, Mapping) else data
-    pairs: list[tuple[str, str]] = []
-    for name, value in items:
-        values = value if isinstance(value, list | tuple) else [value]
-        pairs.extend((str(name), "" if v is None else str(v)) for v in values)
-    return pairs
-
-
-def canonical_request(
-    method: str,
-    path: str,
-    *,
-    params: Mapping[str, Any] | None = None,
-    json_body: Any = None,
-    form: Mapping[str, Any] | Sequence[tuple[str, Any]] | None = None,
-    content: bytes | None = None,
-    content_type: str | None = None,
-) -> CanonicalRequest:
-    """Build the canonical request and its SHA-256 fingerprint.
-
-    JSON is canonicalised with sorted keys and no insignificant whitespace; form bodies and
-    query strings with sorted pairs; raw content is taken as it is.
-    """
-    method = method.upper()
-    if not path.startswith("/"):
-        raise ConfigurationError(f"request path must start with '/', got {path!r}")
-    path, _, inline_query = path.partition("?")
-    query_pairs = parse_qsl(inline_query, keep_blank_values=True)
-    if params:
-        query_pairs.extend(_form_pairs(params))
-    query = urlencode(query_pairs)
-
-    given = sum(x is not None for x in (json_body, form, content))
-    if given > 1:
-        raise ConfigurationError("pass at most one of json=, data= and content=")
-    if json_body is not None:
-        try:
-            body = _canonical_json(json_body)
-        except (TypeError, ValueError) as exc:
-            raise ConfigurationError(f"json= body cannot be encoded as JSON: {exc}") from exc
-        canonical_body = body
-        content_type = content_type or "application/json"
-    elif form is not None:
-        pairs = _form_pairs(form)
-        body = urlencode(pairs).encode()
-        canonical_body = urlencode(sorted(pairs)).encode()
-        content_type = content_type or "application/x-www-form-urlencoded"
-    elif content is not None:
-        body = bytes(content)
-        canonical_body = body
-    else:
-        body = b""
-        canonical_body = b""
-
-    digest = hashlib.sha256()
-    for part in (method, path, urlencode(sorted(query_pairs)), content_type or ""):
-        digest.update(part.encode())
-        digest.update(b"\x00")
-    digest.update(canonical_body)
-    return CanonicalRequest(
-        method=method,
-        path=path,
-        query=query,
-        content_type=content_type,
-        body=body,
-        fingerprint=digest.hexdigest(),
-    )

@@ -19,10 +19,17 @@ import logging
 import attrs
 import httpx
 
-from ._core import KEY_LIFETIME_MARGIN, IntentCore, RetryExhausted
-from ._intent import IntentState
+from ._core import IntentCore, RetryExhausted
 from ._journal import IntentRecord, StoredResponse
-from ._retry import Outcome, Verdict, classify_error
+from ._lifecycle import (
+    IntentState,
+    LookupKind,
+    Outcome,
+    Verdict,
+    classify_lookup,
+    classify_lookup_error,
+    resend_refusal,
+)
 from .errors import ConfigurationError, ProviderError
 
 __all__ = ["ReconcileResult", "begin", "conclude", "give_up", "lookup_request", "targets"]
@@ -108,63 +115,57 @@ def lookup_request(
 
 def transport_failure(error: Exception) -> RetryExhausted:
     """A look-up is a GET: every transport failure is worth retrying."""
-    verdict = classify_error(error) or Verdict(Outcome.RETRY, False, reason=type(error).__name__)
-    return RetryExhausted(verdict)
+    verdict = classify_lookup_error(error)
+    reason = verdict.detail if verdict is not None else type(error).__name__
+    return RetryExhausted(Verdict(Outcome.RETRY, False, reason=reason))
 
 
 def conclude(
     core: IntentCore, record: IntentRecord, owner: str, response: httpx.Response
 ) -> ReconcileResult:
     """Journal what the provider's answer means for the intent."""
-    status = response.status_code
-    if status == 429 or status >= 500:
-        raise RetryExhausted(Verdict(Outcome.RETRY, False, reason=f"HTTP {status}"))
     lookup = core.profile.lookup
     assert lookup is not None
-    if status == 404:
-        return _not_found(core, record, owner, status)
-    if not 200 <= status < 300:
-        _journal(core, record, owner, "error", f"status look-up refused: HTTP {status}", status)
-        raise ProviderError(
-            f"the provider refused the status look-up of intent {record.key} with HTTP "
-            f"{status}; it stays unknown",
-            key=record.key,
-            reference=record.reference,
-            response=response,
-        )
-    try:
-        items = json.loads(response.content)[lookup.list_field]
-    except (ValueError, KeyError, TypeError) as exc:
-        items = f"{type(exc).__name__}"
-    if not isinstance(items, list):
-        detail = f"unreadable status look-up answer ({items!s:.40}); still unknown"
-        return _journal(core, record, owner, "error", detail, status)
-    if not items:
-        return _not_found(core, record, owner, status)
-    if len(items) > 1:
-        detail = f"the provider has {len(items)} records for this intent; check them by hand"
-        return _journal(core, record, owner, "still_unknown", detail, status)
-    (item,) = items
-    provider_status = str(item.get(lookup.status_field)) if isinstance(item, dict) else None
-    if provider_status in lookup.succeeded:
-        state = IntentState.SUCCEEDED
-    elif provider_status in lookup.failed:
-        state = IntentState.FAILED
-    else:
-        detail = f"the provider's record is {provider_status!r}, not final yet; still unknown"
-        return _journal(core, record, owner, "still_unknown", detail, status)
-    stored = StoredResponse(
-        status=status,
-        headers=(("content-type", "application/json"),),
-        body=json.dumps(item, separators=(",", ":")).encode(),
-    )
-    detail = f"the provider has the record, status {provider_status!r}"
-    return _journal(core, record, owner, "found", detail, status, state=state, response=stored)
+    verdict = classify_lookup(response, lookup)
+    status = response.status_code
+    match verdict.kind:
+        case LookupKind.RETRY:
+            raise RetryExhausted(Verdict(Outcome.RETRY, False, reason=verdict.detail))
+        case LookupKind.ABSENT:
+            return _not_found(core, record, owner, status)
+        case LookupKind.REFUSED:
+            _journal(core, record, owner, "error", verdict.detail, status)
+            raise ProviderError(
+                f"the provider refused the status look-up of intent {record.key} with HTTP "
+                f"{status}; it stays unknown",
+                key=record.key,
+                reference=record.reference,
+                response=response,
+            )
+        case LookupKind.FOUND:
+            assert verdict.record is not None
+            stored = StoredResponse(
+                status=status,
+                headers=(("content-type", "application/json"),),
+                body=json.dumps(verdict.record, separators=(",", ":")).encode(),
+            )
+            return _journal(
+                core,
+                record,
+                owner,
+                "found",
+                verdict.detail,
+                status,
+                state=verdict.state,
+                response=stored,
+            )
+        case LookupKind.UNDECIDED | LookupKind.UNREADABLE:
+            return _journal(core, record, owner, verdict.kind.value, verdict.detail, status)
 
 
 def _not_found(core: IntentCore, record: IntentRecord, owner: str, status: int) -> ReconcileResult:
-    lifetime = core.profile.key_lifetime * (1 - KEY_LIFETIME_MARGIN)
-    if record.first_sent_at is None or core.clock() - record.first_sent_at < lifetime:
+    refusal = resend_refusal(record.first_sent_at, core.clock(), core.profile.key_lifetime)
+    if refusal is None:
         detail = "the provider has no record and the key is still valid: safe to resend"
         return _journal(core, record, owner, "not_found", detail, status, state=IntentState.PENDING)
     detail = (

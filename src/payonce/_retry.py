@@ -1,24 +1,25 @@
-"""Which outcomes are retried, how long to wait, and when to stop.
+"""How long to wait between attempts, and when to stop.
 
-tenacity drives the loop; this module holds the decisions, free of I/O, so the sync and
-async clients share them.
+tenacity drives the loop; which outcomes are retried is decided in ``_lifecycle``.
 """
 
 from __future__ import annotations
 
-import email.utils
-import enum
 import random
-import time
-from typing import TYPE_CHECKING
 
 import attrs
-import httpx
 
-if TYPE_CHECKING:
-    from ._providers import ProviderProfile
+# Re-exported while the journal and profile modules are reorganised.
+from ._lifecycle import Outcome, Verdict, classify_error, classify_response, parse_retry_after
 
-__all__ = ["Outcome", "RetryPolicy", "Verdict", "classify_error", "classify_response"]
+__all__ = [
+    "Outcome",
+    "RetryPolicy",
+    "Verdict",
+    "classify_error",
+    "classify_response",
+    "parse_retry_after",
+]
 
 
 @attrs.frozen
@@ -51,101 +52,3 @@ class RetryPolicy:
         if retry_after is not None:
             return min(max(retry_after, 0.0), self.max_retry_after)
         return self.backoff(retry_number)
-
-
-class Outcome(enum.Enum):
-    SUCCEEDED = "succeeded"
-    """2xx: definitive; stored and replayed."""
-    FAILED = "failed"
-    """Non-retryable 4xx: definitive; stored and replayed."""
-    MISMATCH = "mismatch"
-    """The provider says this key was used with another request: definitive."""
-    RETRY = "retry"
-    """Transient; try again under the same key."""
-
-
-@attrs.frozen
-class Verdict:
-    outcome: Outcome
-    ambiguous: bool
-    """True when the provider may have executed the request despite the failure."""
-    retry_after: float | None = None
-    reason: str = ""
-
-
-def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
-    """Seconds to wait from a Retry-After header: delta-seconds or an HTTP-date."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        if when.tzinfo is None:
-            return None
-        seconds = when.timestamp() - (time.time() if now is None else now)
-    if seconds != seconds:  # NaN
-        return None
-    return max(seconds, 0.0)
-
-
-def classify_response(response: httpx.Response, profile: ProviderProfile) -> Verdict:
-    refined = profile.refine(response)
-    if refined is not None:
-        return refined
-    status = response.status_code
-    hint = profile.should_retry_hint(response)
-    if 200 <= status < 300:
-        return Verdict(Outcome.SUCCEEDED, ambiguous=False, reason=f"HTTP {status}")
-    if hint is False:
-        return Verdict(Outcome.FAILED, ambiguous=False, reason=f"HTTP {status} (do not retry)")
-    if status in profile.mismatch_statuses:
-        return Verdict(Outcome.MISMATCH, ambiguous=False, reason=f"HTTP {status} key mismatch")
-    retry_after = parse_retry_after(response.headers.get("retry-after"))
-    if status in profile.in_flight_statuses:
-        # Another request with our key is executing at the provider: it may well succeed.
-        return Verdict(
-            Outcome.RETRY,
-            ambiguous=True,
-            retry_after=retry_after,
-            reason=f"HTTP {status} in flight",
-        )
-    if status in profile.not_executed_statuses:
-        return Verdict(
-            Outcome.RETRY, ambiguous=False, retry_after=retry_after, reason=f"HTTP {status}"
-        )
-    if status in profile.retryable_statuses or hint is True:
-        # A 5xx may come after the provider executed the payment (a lost success).
-        return Verdict(
-            Outcome.RETRY, ambiguous=True, retry_after=retry_after, reason=f"HTTP {status}"
-        )
-    if 300 <= status < 500:
-        return Verdict(Outcome.FAILED, ambiguous=False, reason=f"HTTP {status}")
-    return Verdict(Outcome.RETRY, ambiguous=True, retry_after=retry_after, reason=f"HTTP {status}")
-
-
-# Failures that happen before a byte of the request is written: the request never left.
-_NEVER_SENT: tuple[type[Exception], ...] = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpx.PoolTimeout,
-)
-_AMBIGUOUS: tuple[type[Exception], ...] = (
-    httpx.TimeoutException,
-    httpx.NetworkError,
-    httpx.RemoteProtocolError,
-)
-
-
-def classify_error(error: BaseException) -> Verdict | None:
-    """A verdict for a transport error, or None when it is not a transport failure."""
-    name = type(error).__name__
-    if isinstance(error, _NEVER_SENT):
-        return Verdict(Outcome.RETRY, ambiguous=False, reason=f"{name} (request not sent)")
-    if isinstance(error, _AMBIGUOUS):
-        return Verdict(Outcome.RETRY, ambiguous=True, reason=name)
-    return None

@@ -1,0 +1,69 @@
+"""Every decision about an intent, and no I/O.
+
+States and the transition table (``_states``), identity: key, scope and the one
+fingerprint (``_identity``), verdicts on answers and look-ups (``_verdicts``), key age
+(``_key_age``), leases and owner liveness (``_leases``), and what a claim amounts to
+(``_claims``). The clients and the journal drive these; they decide nothing themselves.
+"""
+
+from ._claims import ClaimKind, decide_claim, is_mismatch
+from ._identity import (
+    MAX_KEY_LENGTH,
+    CanonicalRequest,
+    KeyFormat,
+    canonical_request,
+    fingerprint,
+    make_scope,
+    new_key,
+    validate_key,
+)
+from ._key_age import KEY_LIFETIME_MARGIN, may_have_executed, resend_refusal
+from ._leases import lease_blocks, lease_live, new_owner, owner_is_dead
+from ._states import RULES, IntentState, Rule, Transition, contract_table, target
+from ._verdicts import (
+    LookupKind,
+    LookupVerdict,
+    Outcome,
+    Verdict,
+    classify_error,
+    classify_lookup,
+    classify_lookup_error,
+    classify_response,
+    parse_retry_after,
+)
+
+__all__ = [
+    "KEY_LIFETIME_MARGIN",
+    "MAX_KEY_LENGTH",
+    "RULES",
+    "CanonicalRequest",
+    "ClaimKind",
+    "IntentState",
+    "KeyFormat",
+    "LookupKind",
+    "LookupVerdict",
+    "Outcome",
+    "Rule",
+    "Transition",
+    "Verdict",
+    "canonical_request",
+    "classify_error",
+    "classify_lookup",
+    "classify_lookup_error",
+    "classify_response",
+    "contract_table",
+    "decide_claim",
+    "fingerprint",
+    "is_mismatch",
+    "lease_blocks",
+    "lease_live",
+    "make_scope",
+    "may_have_executed",
+    "new_key",
+    "new_owner",
+    "owner_is_dead",
+    "parse_retry_after",
+    "resend_refusal",
+    "target",
+    "validate_key",
+]

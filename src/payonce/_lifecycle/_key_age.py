@@ -1,0 +1,44 @@
+"""Whether a resend under an intent's key can still not execute twice.
+
+A provider remembers a key for its profile's ``key_lifetime``; past it the same key is a
+new request. payonce stops resending at 90% of that lifetime, so a clock a little off or a
+provider a little early never turns a retry into a second payment. An intent none of whose
+attempts may have reached the provider may be sent at any age: the provider never saw it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+__all__ = ["KEY_LIFETIME_MARGIN", "AttemptLike", "may_have_executed", "resend_refusal"]
+
+KEY_LIFETIME_MARGIN = 0.1
+"""Resend only while the first attempt is younger than 90% of the provider's key lifetime."""
+
+
+class AttemptLike(Protocol):
+    @property
+    def in_flight(self) -> bool: ...
+
+    @property
+    def ambiguous(self) -> bool | None: ...
+
+
+def may_have_executed(attempts: Iterable[AttemptLike]) -> bool:
+    """Whether any attempt may have reached the provider: ambiguous, or still in flight
+    (its worker died before journaling how it ended)."""
+    return any(attempt.in_flight or attempt.ambiguous for attempt in attempts)
+
+
+def resend_refusal(first_sent_at: float | None, now: float, key_lifetime: float) -> str | None:
+    """Why a resend under the key is no longer safe, or None while it still is."""
+    if first_sent_at is None:
+        return None
+    age = now - first_sent_at
+    if age < key_lifetime * (1 - KEY_LIFETIME_MARGIN):
+        return None
+    return (
+        f"first sent {age:.0f}s ago, beyond the provider's key lifetime of "
+        f"{key_lifetime:.0f}s; a resend could execute twice"
+    )

@@ -1,0 +1,192 @@
+"""The states of an intent and every move between them, as one table.
+
+The journal applies a named ``Transition``; it never decides one. Which transition an
+event amounts to is decided by the rest of this package (verdicts, key age, leases,
+claims); this module only says, for each transition, from which states it may start and
+where it leads. ``docs/contract.md`` shows the same table, and a test keeps them equal.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+__all__ = ["RULES", "IntentState", "Rule", "Transition", "contract_table", "target"]
+
+
+class IntentState(enum.StrEnum):
+    """Where an intent stands. ``succeeded`` and ``failed`` are final and replayable."""
+
+    PENDING = "pending"
+    """Journaled; not yet answered definitively. Safe to send under its key."""
+    SUCCEEDED = "succeeded"
+    """The provider answered 2xx; the answer is stored and replayed."""
+    FAILED = "failed"
+    """The provider refused definitively (non-retryable 4xx); stored and replayed."""
+    UNKNOWN = "unknown"
+    """The provider may or may not have executed it. Only reconciliation moves it."""
+    ABANDONED = "abandoned"
+    """Closed by an operator; kept, never resent."""
+
+    @property
+    def is_final(self) -> bool:
+        return self in _FINAL
+
+
+_FINAL = frozenset({IntentState.SUCCEEDED, IntentState.FAILED, IntentState.ABANDONED})
+
+
+class Transition(enum.Enum):
+    """Every event that moves (or keeps) an intent, by the name the journal applies."""
+
+    WRITE_AHEAD = "write-ahead"
+    ATTEMPT_STARTED = "attempt started"
+    ATTEMPT_AMBIGUOUS = "attempt ended, ambiguous"
+    ATTEMPT_NOT_EXECUTED = "attempt ended, not executed"
+    ATTEMPT_INTERRUPTED = "attempt interrupted"
+    SUCCEEDED = "settled, succeeded"
+    FAILED = "settled, failed"
+    EXHAUSTED = "exhausted, ambiguous"
+    EXHAUSTED_UNSENT = "exhausted, never executed"
+    KEY_WINDOW_PASSED = "key window passed"
+    RECONCILED_SUCCEEDED = "reconciled, found succeeded"
+    RECONCILED_FAILED = "reconciled, found failed"
+    RECONCILED_ABSENT = "reconciled, absent"
+    RECONCILED_AMBIGUOUS = "reconciled, ambiguous"
+    ABANDONED = "abandoned"
+    ACKNOWLEDGED = "acknowledged"
+
+
+@attrs.frozen
+class Rule:
+    transition: Transition
+    sources: tuple[IntentState | None, ...]
+    """The states it may start from; None is an intent not journaled yet."""
+    to: IntentState | None
+    """Where it leads; None keeps the state it started from."""
+    guard: str
+    """When it applies, in the words of the contract."""
+
+
+_P, _U = IntentState.PENDING, IntentState.UNKNOWN
+_SETTLED = (IntentState.SUCCEEDED, IntentState.FAILED)
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        Transition.WRITE_AHEAD,
+        (None,),
+        _P,
+        "the intent, its request, its key and the start of attempt 1 are committed (fsynced) "
+        "before a byte is sent",
+    ),
+    Rule(
+        Transition.ATTEMPT_STARTED,
+        (_P,),
+        None,
+        "a later attempt's start is committed (fsynced) before it is sent, under the same key",
+    ),
+    Rule(
+        Transition.ATTEMPT_AMBIGUOUS,
+        (_P,),
+        None,
+        "the attempt ended in a retryable way that may have executed (timeout, dropped "
+        "connection, 5xx, in-flight 409): retried under the same key",
+    ),
+    Rule(
+        Transition.ATTEMPT_NOT_EXECUTED,
+        (_P,),
+        None,
+        "the attempt provably never executed (connection not established, 429): retried",
+    ),
+    Rule(
+        Transition.ATTEMPT_INTERRUPTED,
+        (_P,),
+        None,
+        "the call raised something that is not a transport failure, or was interrupted: "
+        "journaled as ambiguous, lease released, the error goes through",
+    ),
+    Rule(Transition.SUCCEEDED, (_P,), IntentState.SUCCEEDED, "a 2xx answer, stored"),
+    Rule(
+        Transition.FAILED,
+        (_P,),
+        IntentState.FAILED,
+        "a definitive refusal (non-retryable 4xx, a do-not-retry hint), stored",
+    ),
+    Rule(
+        Transition.EXHAUSTED,
+        (_P,),
+        _U,
+        "attempts ran out and at least one may have reached the provider",
+    ),
+    Rule(
+        Transition.EXHAUSTED_UNSENT,
+        (_P,),
+        None,
+        "attempts ran out and none executed: stays pending, lease released (ProviderUnavailable)",
+    ),
+    Rule(
+        Transition.KEY_WINDOW_PASSED,
+        (_P,),
+        _U,
+        "picked up again after an attempt that may have executed, at 90% of the key "
+        "lifetime or later: never resent",
+    ),
+    Rule(
+        Transition.RECONCILED_SUCCEEDED,
+        (_U,),
+        IntentState.SUCCEEDED,
+        "the provider has one record, in a succeeded status",
+    ),
+    Rule(
+        Transition.RECONCILED_FAILED,
+        (_U,),
+        IntentState.FAILED,
+        "the provider has one record, in a failed status",
+    ),
+    Rule(
+        Transition.RECONCILED_ABSENT,
+        (_U,),
+        _P,
+        "the provider has no record and the key is still within 90% of its lifetime",
+    ),
+    Rule(
+        Transition.RECONCILED_AMBIGUOUS,
+        (_U,),
+        None,
+        "no record past the key window, a record not final yet, several records, an "
+        "unreadable or refused look-up: stays unknown with the reason",
+    ),
+    Rule(
+        Transition.ABANDONED,
+        (_P, _U),
+        IntentState.ABANDONED,
+        "an operator's decision, while no worker holds a live lease on it",
+    ),
+    Rule(
+        Transition.ACKNOWLEDGED,
+        _SETTLED,
+        None,
+        "the caller has recorded the settled outcome (client-side outbox)",
+    ),
+)
+
+_BY_TRANSITION = {rule.transition: rule for rule in RULES}
+
+
+def target(transition: Transition, state: IntentState | None) -> IntentState | None:
+    """Where ``transition`` takes an intent in ``state``; None when it may not start there."""
+    rule = _BY_TRANSITION[transition]
+    if state not in rule.sources:
+        return None
+    return rule.to if rule.to is not None else state
+
+
+def contract_table() -> str:
+    """The transition table as docs/contract.md shows it (Markdown)."""
+    lines = ["| transition | from | to | when |", "| --- | --- | --- | --- |"]
+    for rule in RULES:
+        sources = ", ".join("(new)" if s is None else f"`{s.value}`" for s in rule.sources)
+        to = f"`{rule.to.value}`" if rule.to is not None else "unchanged"
+        lines.append(f"| {rule.transition.value} | {sources} | {to} | {rule.guard} |")
+    return "\n".join(lines)

@@ -1,0 +1,203 @@
+"""What an answer means: every classification of a response, a transport error or a
+status look-up's answer, in one place.
+
+A provider profile plugs into it (``refine``, ``should_retry_hint``, its status sets, its
+``Lookup``); nothing else in payonce classifies.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import enum
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import httpx
+
+from ._states import IntentState
+
+if TYPE_CHECKING:
+    from .._providers import Lookup, ProviderProfile
+
+__all__ = [
+    "LookupKind",
+    "LookupVerdict",
+    "Outcome",
+    "Verdict",
+    "classify_error",
+    "classify_lookup",
+    "classify_lookup_error",
+    "classify_response",
+    "parse_retry_after",
+]
+
+
+class Outcome(enum.Enum):
+    SUCCEEDED = "succeeded"
+    """2xx: definitive; stored and replayed."""
+    FAILED = "failed"
+    """Non-retryable 4xx: definitive; stored and replayed."""
+    MISMATCH = "mismatch"
+    """The provider says this key was used with another request: definitive."""
+    RETRY = "retry"
+    """Transient; try again under the same key."""
+
+
+@attrs.frozen
+class Verdict:
+    outcome: Outcome
+    ambiguous: bool
+    """True when the provider may have executed the request despite the failure."""
+    retry_after: float | None = None
+    reason: str = ""
+
+
+def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header: delta-seconds or an HTTP-date."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            return None
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    if seconds != seconds:  # NaN
+        return None
+    return max(seconds, 0.0)
+
+
+def classify_response(response: httpx.Response, profile: ProviderProfile) -> Verdict:
+    """The verdict on one attempt's answer: settle it, or retry under the same key."""
+    refined = profile.refine(response)
+    if refined is not None:
+        return refined
+    status = response.status_code
+    hint = profile.should_retry_hint(response)
+    if 200 <= status < 300:
+        return Verdict(Outcome.SUCCEEDED, ambiguous=False, reason=f"HTTP {status}")
+    if hint is False:
+        return Verdict(Outcome.FAILED, ambiguous=False, reason=f"HTTP {status} (do not retry)")
+    if status in profile.mismatch_statuses:
+        return Verdict(Outcome.MISMATCH, ambiguous=False, reason=f"HTTP {status} key mismatch")
+    retry_after = parse_retry_after(response.headers.get("retry-after"))
+    if status in profile.in_flight_statuses:
+        # Another request with our key is executing at the provider: it may well succeed.
+        return Verdict(
+            Outcome.RETRY,
+            ambiguous=True,
+            retry_after=retry_after,
+            reason=f"HTTP {status} in flight",
+        )
+    if status in profile.not_executed_statuses:
+        return Verdict(
+            Outcome.RETRY, ambiguous=False, retry_after=retry_after, reason=f"HTTP {status}"
+        )
+    if status in profile.retryable_statuses or hint is True:
+        # A 5xx may come after the provider executed the payment (a lost success).
+        return Verdict(
+            Outcome.RETRY, ambiguous=True, retry_after=retry_after, reason=f"HTTP {status}"
+        )
+    if 300 <= status < 500:
+        return Verdict(Outcome.FAILED, ambiguous=False, reason=f"HTTP {status}")
+    return Verdict(Outcome.RETRY, ambiguous=True, retry_after=retry_after, reason=f"HTTP {status}")
+
+
+# Failures that happen before a byte of the request is written: the request never left.
+_NEVER_SENT: tuple[type[Exception], ...] = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+)
+_AMBIGUOUS: tuple[type[Exception], ...] = (
+    httpx.TimeoutException,
+    httpx.NetworkError,
+    httpx.RemoteProtocolError,
+)
+
+
+def classify_error(error: BaseException) -> Verdict | None:
+    """A verdict for a transport error, or None when it is not a transport failure."""
+    name = type(error).__name__
+    if isinstance(error, _NEVER_SENT):
+        return Verdict(Outcome.RETRY, ambiguous=False, reason=f"{name} (request not sent)")
+    if isinstance(error, _AMBIGUOUS):
+        return Verdict(Outcome.RETRY, ambiguous=True, reason=name)
+    return None
+
+
+# -- status look-ups (reconciliation) ----------------------------------------------------
+
+
+class LookupKind(enum.Enum):
+    FOUND = "found"
+    """One record in a final status: settles the intent."""
+    ABSENT = "absent"
+    """The provider has no record of the intent."""
+    UNDECIDED = "still_unknown"
+    """A record that settles nothing (not final yet, several records)."""
+    UNREADABLE = "error"
+    """An answer payonce cannot read: nothing is concluded."""
+    REFUSED = "refused"
+    """The provider refused the look-up itself (a 4xx other than 404)."""
+    RETRY = "retry"
+    """Transient (429, 5xx, a transport failure): ask again."""
+
+
+@attrs.frozen
+class LookupVerdict:
+    kind: LookupKind
+    detail: str
+    state: IntentState | None = None
+    """For ``FOUND``: succeeded or failed."""
+    record: dict[str, Any] | None = None
+    """For ``FOUND``: the provider's record, stored as the intent's response."""
+
+
+def classify_lookup(response: httpx.Response, lookup: Lookup) -> LookupVerdict:
+    """The verdict on a status look-up's answer."""
+    status = response.status_code
+    if status == 429 or status >= 500:
+        return LookupVerdict(LookupKind.RETRY, f"HTTP {status}")
+    if status == 404:
+        return LookupVerdict(LookupKind.ABSENT, "the provider has no record")
+    if not 200 <= status < 300:
+        return LookupVerdict(LookupKind.REFUSED, f"status look-up refused: HTTP {status}")
+    try:
+        items = json.loads(response.content)[lookup.list_field]
+    except (ValueError, KeyError, TypeError) as exc:
+        items = f"{type(exc).__name__}"
+    if not isinstance(items, list):
+        detail = f"unreadable status look-up answer ({items!s:.40}); still unknown"
+        return LookupVerdict(LookupKind.UNREADABLE, detail)
+    if not items:
+        return LookupVerdict(LookupKind.ABSENT, "the provider has no record")
+    if len(items) > 1:
+        detail = f"the provider has {len(items)} records for this intent; check them by hand"
+        return LookupVerdict(LookupKind.UNDECIDED, detail)
+    (item,) = items
+    provider_status = str(item.get(lookup.status_field)) if isinstance(item, dict) else None
+    if isinstance(item, dict) and provider_status in lookup.succeeded:
+        state = IntentState.SUCCEEDED
+    elif isinstance(item, dict) and provider_status in lookup.failed:
+        state = IntentState.FAILED
+    else:
+        detail = f"the provider's record is {provider_status!r}, not final yet; still unknown"
+        return LookupVerdict(LookupKind.UNDECIDED, detail)
+    detail = f"the provider has the record, status {provider_status!r}"
+    return LookupVerdict(LookupKind.FOUND, detail, state=state, record=item)
+
+
+def classify_lookup_error(error: BaseException) -> LookupVerdict | None:
+    """A look-up is a GET that executes nothing: every transport failure is worth asking
+    again. None for what is not a transport failure."""
+    if isinstance(error, httpx.TransportError):
+        return LookupVerdict(LookupKind.RETRY, type(error).__name__)
+    return None
