@@ -24,8 +24,8 @@ from rich.console import Console
 from rich.table import Table
 
 import payonce
-from payonce._intent import canonical_request, make_scope
 from payonce._journal import IntentDraft, StoredResponse
+from payonce._lifecycle import canonical_request, make_scope
 
 API_KEY = "sk_test_payonce"
 ACCOUNT = "acct_demo"

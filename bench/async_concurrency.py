@@ -60,8 +60,8 @@ from _harness import (
 from _transports import Bounded, Spread, pool
 
 import payonce
-from payonce import _async_client
 from payonce._journal import SQLiteJournal
+from payonce._runtime import _async as _async_client
 
 P = ParamSpec("P")
 T = TypeVar("T")

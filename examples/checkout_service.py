@@ -85,7 +85,7 @@ def recover(client: payonce.Client) -> None:
     ``pending`` (the provider has no record, and the key is still valid), hence the
     second ``resume``.
     """
-    results: list[payonce.ResumeResult | payonce.ReconcileResult] = []
+    results: list[payonce.records.ResumeResult | payonce.records.ReconcileResult] = []
     results += client.resume()
     if client.provider.lookup is not None:
         results += client.reconcile_all()

@@ -57,7 +57,7 @@ def make_client() -> payonce.Client:
     if not journal.startswith(("postgresql://", "postgres://")):
         # A worker pointed at the wrong path would find an empty new journal and report
         # that all is well: only ever resume from a journal that exists.
-        path = payonce.default_journal_path()
+        path = payonce.journal.default_journal_path()
         if not path.exists():
             raise SetupError(f"no journal at {path}: set PAYONCE_JOURNAL to the service's")
     try:

@@ -34,7 +34,7 @@ def _client(args: argparse.Namespace) -> payonce.Client:
     profile = payonce.ProviderProfile(
         name="sandbox-short" if args.key_lifetime else "sandbox",
         key_lifetime=args.key_lifetime or 24 * 3600.0,
-        lookup=payonce.Lookup(path="/v1/payments"),
+        lookup=payonce.providers.Lookup(path="/v1/payments"),
     )
     offset = args.clock_offset
     return payonce.Client(

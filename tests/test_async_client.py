@@ -176,7 +176,7 @@ class _ThreadRecordingJournal:
 async def test_journal_writes_never_run_on_the_event_loop_thread(
     make_async_client: MakeAsyncClient, sandbox: SandboxServer, journal_path: Path
 ) -> None:
-    recording = _ThreadRecordingJournal(payonce.SQLiteJournal(journal_path))
+    recording = _ThreadRecordingJournal(payonce.journal.SQLiteJournal(journal_path))
     client = make_async_client(journal=recording)
     sandbox.script(["fail_after"])
 

@@ -135,13 +135,13 @@ def test_set_list_delete_round_trip(plaintext: PlaintextKeyring) -> None:
 
 
 def test_the_public_functions_behind_the_commands(plaintext: PlaintextKeyring) -> None:
-    where = payonce.store_api_key("acct_p", SECRET, allow_plaintext_keyring=True)
+    where = payonce.credentials.store_api_key("acct_p", SECRET, allow_plaintext_keyring=True)
     assert where.startswith("keyrings.alt.file.PlaintextKeyring (")
-    assert payonce.stored_accounts(allow_plaintext_keyring=True) == ["acct_p"]
-    assert payonce.delete_api_key("acct_p", allow_plaintext_keyring=True) is True
-    assert payonce.delete_api_key("acct_p", allow_plaintext_keyring=True) is False
+    assert payonce.credentials.stored_accounts(allow_plaintext_keyring=True) == ["acct_p"]
+    assert payonce.credentials.delete_api_key("acct_p", allow_plaintext_keyring=True) is True
+    assert payonce.credentials.delete_api_key("acct_p", allow_plaintext_keyring=True) is False
     with pytest.raises(payonce.ConfigurationError, match="plaintext"):
-        payonce.stored_accounts(allow_plaintext_keyring=False)
+        payonce.credentials.stored_accounts(allow_plaintext_keyring=False)
 
 
 def test_a_key_set_with_the_cli_is_used_by_a_client(

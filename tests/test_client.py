@@ -205,7 +205,7 @@ def test_a_provider_mismatch_answer_maps_to_intent_mismatch(
 def test_transient_failures_are_retried_under_one_key_and_execute_once(
     make_client: MakeClient, sandbox: SandboxServer, faults: list[str]
 ) -> None:
-    retries: list[payonce.RetryEvent] = []
+    retries: list[payonce.records.RetryEvent] = []
     client = make_client(on_retry=retries.append)
     sandbox.set_faults(Faults(retry_after_seconds=0))
     sandbox.script(faults)
@@ -226,7 +226,7 @@ def test_a_timed_out_request_is_retried_and_the_provider_executes_it_once(
 ) -> None:
     slow = make_sandbox(faults=Faults(delay_seconds=1.0))
     slow.script(["delay"])
-    retries: list[payonce.RetryEvent] = []
+    retries: list[payonce.records.RetryEvent] = []
     retry = payonce.RetryPolicy(initial_wait=0.2, max_wait=0.5, max_attempts=10)
     client = make_client(base_url=slow.url, timeout=0.3, retry=retry, on_retry=retries.append)
 

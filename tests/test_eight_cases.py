@@ -111,7 +111,7 @@ def test_case_6_a_retry_after_the_key_expired_is_reconciled_instead_of_resent(
 ) -> None:
     provider = make_sandbox(key_lifetime=3600.0)
     profile = payonce.ProviderProfile(
-        name="hourly", key_lifetime=3600.0, lookup=payonce.Lookup(path="/v1/payments")
+        name="hourly", key_lifetime=3600.0, lookup=payonce.providers.Lookup(path="/v1/payments")
     )
     dying = make_client(base_url=provider.url, provider=profile, transport=_DiesAfterSending())
     with pytest.raises(RuntimeError):

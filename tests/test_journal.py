@@ -62,7 +62,7 @@ def draft_for(number: int, *, account: str = "acct_demo", padding: int = 0) -> I
 
 def write_real_journal(path: Path, *, intents: int) -> None:
     """A journal as payonce itself leaves it: intents claimed, answered and settled."""
-    with payonce.SQLiteJournal(path) as journal:
+    with payonce.journal.SQLiteJournal(path) as journal:
         for number in range(intents):
             claim = journal.claim(
                 draft_for(number, padding=250),
@@ -119,7 +119,7 @@ def sandbox_client(sandbox: SandboxServer, journal: Any, **overrides: Any) -> pa
 def test_a_new_journal_file_and_its_wal_files_are_readable_by_the_owner_only(
     journal_path: Path,
 ) -> None:
-    with payonce.SQLiteJournal(journal_path) as journal:
+    with payonce.journal.SQLiteJournal(journal_path) as journal:
         journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
         for suffix in ("", "-wal", "-shm"):
             mode = stat.S_IMODE(os.stat(f"{journal_path}{suffix}").st_mode)
@@ -151,7 +151,7 @@ def test_another_local_user_can_read_neither_the_journal_nor_its_wal_files(
     assert readable_by_nobody(control), (
         "the control file must be readable: else this proves nothing"
     )
-    with payonce.SQLiteJournal(path) as journal:
+    with payonce.journal.SQLiteJournal(path) as journal:
         journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
         for suffix in ("", "-wal", "-shm"):
             assert not readable_by_nobody(Path(f"{path}{suffix}")), f"journal.db{suffix}"
@@ -170,7 +170,7 @@ def test_the_default_journal_directory_is_created_private(tmp_path: Path) -> Non
 
 
 def test_the_journal_runs_in_wal_mode(journal_path: Path) -> None:
-    with payonce.SQLiteJournal(journal_path) as journal:
+    with payonce.journal.SQLiteJournal(journal_path) as journal:
         (own,) = journal._conn.execute("PRAGMA journal_mode").fetchone()
         assert own == "wal"
         # WAL is a property of the file: any other process opening it sees it too.
@@ -179,7 +179,7 @@ def test_the_journal_runs_in_wal_mode(journal_path: Path) -> None:
 
 def test_write_ahead_records_commit_with_synchronous_full(journal_path: Path) -> None:
     """The claim and every later attempt start are fsynced, even right after a lighter write."""
-    with payonce.SQLiteJournal(journal_path) as journal:
+    with payonce.journal.SQLiteJournal(journal_path) as journal:
         first = journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
         assert journal._conn.execute("PRAGMA synchronous").fetchone() == (SQLITE_SYNCHRONOUS_FULL,)
 
@@ -202,7 +202,7 @@ def test_write_ahead_records_commit_with_synchronous_full(journal_path: Path) ->
 def test_a_created_intent_is_already_pending_with_attempt_one_started_for_other_readers(
     journal_path: Path,
 ) -> None:
-    with payonce.SQLiteJournal(journal_path) as journal:
+    with payonce.journal.SQLiteJournal(journal_path) as journal:
         claim = journal.claim(draft_for(7), owner="worker-1", now=1000.0, lease_seconds=30)
         assert claim.kind is ClaimKind.CREATED
         assert claim.attempt_number == 1
@@ -220,7 +220,7 @@ def test_a_created_intent_is_already_pending_with_attempt_one_started_for_other_
         ) == [(1, 1000.0, None)]
 
         # And a second payonce journal on the same file.
-        with payonce.SQLiteJournal(journal_path) as other:
+        with payonce.journal.SQLiteJournal(journal_path) as other:
             record = other.get("key-00007")
             assert record is not None
             assert record.state is payonce.IntentState.PENDING
@@ -338,7 +338,7 @@ def test_an_unusable_journal_raises_journal_error_and_is_left_exactly_as_found(
     before = snapshot(tmp_path / "journals")
 
     with pytest.raises(payonce.JournalError, match=hint) as caught:
-        payonce.SQLiteJournal(path)
+        payonce.journal.SQLiteJournal(path)
 
     assert str(path) in str(caught.value)
     assert caught.value.location == str(path)
@@ -418,7 +418,7 @@ def test_a_version_1_journal_migrates_to_the_current_schema_on_open(
     assert read_rows(v1_journal, "SELECT value FROM payonce_meta WHERE name='schema_version'") == [
         ("1",)
     ]
-    payonce.SQLiteJournal(v1_journal).close()
+    payonce.journal.SQLiteJournal(v1_journal).close()
 
     meta = dict(read_rows(v1_journal, "SELECT name, value FROM payonce_meta"))
     assert meta["application"] == "payonce"
@@ -427,17 +427,17 @@ def test_a_version_1_journal_migrates_to_the_current_schema_on_open(
 
     # Migrated, it has exactly the tables, columns and indexes of a journal made today.
     fresh = tmp_path / "fresh.db"
-    payonce.SQLiteJournal(fresh).close()
+    payonce.journal.SQLiteJournal(fresh).close()
     assert _schema_of(v1_journal) == _schema_of(fresh)
 
     # Opening it again is a no-op: nothing migrates twice, no row is lost.
-    payonce.SQLiteJournal(v1_journal).close()
+    payonce.journal.SQLiteJournal(v1_journal).close()
     assert read_rows(v1_journal, "SELECT count(*) FROM intents") == [(2,)]
     assert read_rows(v1_journal, "SELECT count(*) FROM attempts") == [(3,)]
 
 
 def test_rows_written_by_version_1_read_back_intact(v1_journal: Path) -> None:
-    with payonce.SQLiteJournal(v1_journal) as journal:
+    with payonce.journal.SQLiteJournal(v1_journal) as journal:
         succeeded = journal.get(V1_SUCCEEDED_KEY)
         assert succeeded is not None
         assert succeeded.state is payonce.IntentState.SUCCEEDED
@@ -559,7 +559,7 @@ def held_exclusively(path: Path) -> Iterator[None]:
 def test_a_post_on_a_journal_locked_by_another_process_raises_busy_and_sends_nothing(
     sandbox: SandboxServer, journal_path: Path
 ) -> None:
-    journal = payonce.SQLiteJournal(journal_path, busy_timeout=0.2)
+    journal = payonce.journal.SQLiteJournal(journal_path, busy_timeout=0.2)
     with sandbox_client(sandbox, journal) as client:
         with held_exclusively(journal_path), pytest.raises(payonce.JournalBusy) as caught:
             client.post("/v1/payments", json=PAYMENT, reference="order-locked")
@@ -578,7 +578,7 @@ def test_a_post_on_a_journal_locked_by_another_process_raises_busy_and_sends_not
 def test_a_pending_intent_is_unchanged_by_a_post_that_found_the_journal_locked(
     sandbox: SandboxServer, journal_path: Path
 ) -> None:
-    journal = payonce.SQLiteJournal(journal_path, busy_timeout=0.2)
+    journal = payonce.journal.SQLiteJournal(journal_path, busy_timeout=0.2)
     with sandbox_client(sandbox, journal, retry=payonce.RetryPolicy(max_attempts=1)) as client:
         sandbox.script(["rate_limit"])  # a 429: provably not executed, the intent stays pending
         with pytest.raises(payonce.ProviderUnavailable) as unavailable:
@@ -609,14 +609,14 @@ def test_opening_a_journal_another_process_holds_locked_raises_busy_and_changes_
 
     with held_exclusively(path):
         with pytest.raises(payonce.JournalBusy) as caught:
-            payonce.SQLiteJournal(path, busy_timeout=0.2)
+            payonce.journal.SQLiteJournal(path, busy_timeout=0.2)
         assert str(path) in str(caught.value)
         with pytest.raises(payonce.JournalBusy):
             payonce.open_journal(path, busy_timeout=0.2)
 
     assert snapshot(directory) == before
     assert sandbox.store.total_executions() == 0
-    with payonce.SQLiteJournal(path) as journal:
+    with payonce.journal.SQLiteJournal(path) as journal:
         assert len(journal.list_intents()) == 3
 
 
@@ -639,7 +639,7 @@ def test_a_journal_locked_right_after_the_request_left_does_not_say_nothing_was_
             return response
 
     now = [1_000_000.0]
-    journal = payonce.SQLiteJournal(journal_path, busy_timeout=0.2)
+    journal = payonce.journal.SQLiteJournal(journal_path, busy_timeout=0.2)
     try:
         with (
             sandbox_client(

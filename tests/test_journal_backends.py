@@ -817,7 +817,7 @@ def test_a_postgres_url_opens_a_postgres_journal_whose_location_hides_the_passwo
     monkeypatch.setenv("PAYONCE_JOURNAL", pg_url)
     with payonce.open_journal() as journal:  # type: ignore[attr-defined]
         assert isinstance(journal, PostgresJournal)
-    assert payonce.PostgresJournal is PostgresJournal
+    assert payonce.journal.PostgresJournal is PostgresJournal
 
 
 def test_the_password_appears_in_no_location_error_or_log(
@@ -1152,7 +1152,7 @@ def test_two_hosts_resuming_at_once_finish_each_pending_intent_once(
     resumers = [host(), host()]
     start = threading.Barrier(2)
 
-    def resume(client: payonce.Client) -> list[payonce.ResumeResult]:
+    def resume(client: payonce.Client) -> list[payonce.records.ResumeResult]:
         start.wait()
         return client.resume()
 

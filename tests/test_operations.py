@@ -16,7 +16,7 @@ def test_a_backup_holds_rows_still_in_the_wal_file(client: payonce.Client, tmp_p
     for n in range(5):
         client.post("/v1/payments", json=PAYMENT, reference=f"order-{n}")
     journal = client.journal
-    assert isinstance(journal, payonce.SQLiteJournal)
+    assert isinstance(journal, payonce.journal.SQLiteJournal)
     assert Path(journal.location + "-wal").stat().st_size > 0, "rows are still in the WAL"
 
     copy = journal.backup(tmp_path / "backup.db")
@@ -24,7 +24,7 @@ def test_a_backup_holds_rows_still_in_the_wal_file(client: payonce.Client, tmp_p
     with sqlite3.connect(copy) as conn:
         states = [state for (state,) in conn.execute("SELECT state FROM intents")]
     assert states == ["succeeded"] * 5
-    restored = payonce.SQLiteJournal(copy)
+    restored = payonce.journal.SQLiteJournal(copy)
     assert len(restored.list_intents()) == 5
     assert copy.stat().st_mode & 0o777 == 0o600
     restored.close()
@@ -34,7 +34,7 @@ def test_a_backup_never_overwrites_an_existing_file(client: payonce.Client, tmp_
     existing = tmp_path / "precious.db"
     existing.write_bytes(b"keep me")
     journal = client.journal
-    assert isinstance(journal, payonce.SQLiteJournal)
+    assert isinstance(journal, payonce.journal.SQLiteJournal)
     with pytest.raises(payonce.JournalError, match="will not overwrite"):
         journal.backup(existing)
     assert existing.read_bytes() == b"keep me"
@@ -45,7 +45,7 @@ def test_check_reports_states_and_an_intact_journal(client: payonce.Client) -> N
     with client.intent("order-2", acknowledge=False) as op:
         op.post("/v1/payments", json=PAYMENT)
     journal = client.journal
-    assert isinstance(journal, payonce.SQLiteJournal)
+    assert isinstance(journal, payonce.journal.SQLiteJournal)
 
     report = journal.check()
 
@@ -60,7 +60,7 @@ def test_check_reports_states_and_an_intact_journal(client: payonce.Client) -> N
 def test_finding_an_intent_by_reference_uses_an_index(client: payonce.Client) -> None:
     client.post("/v1/payments", json=PAYMENT, reference="order-1")
     journal = client.journal
-    assert isinstance(journal, payonce.SQLiteJournal)
+    assert isinstance(journal, payonce.journal.SQLiteJournal)
     with sqlite3.connect(journal.location) as conn:
         plan = conn.execute(
             "EXPLAIN QUERY PLAN SELECT key FROM intents WHERE key = ? OR reference = ?",

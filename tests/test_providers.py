@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 import payonce
-from payonce import _reconcile
+from payonce._lifecycle import Outcome, classify_response
 from payonce._providers import (
     ADYEN,
     GENERIC,
@@ -34,7 +34,7 @@ from payonce._providers import (
     stripe_profile,
 )
 from payonce._providers import _profile as profile_module
-from payonce._retry import Outcome, classify_response
+from payonce._runtime import _reconcile
 from payonce.sandbox import DEFAULT_API_KEY, SandboxConfig, SandboxServer
 
 PAYMENT = {"amount": 4200, "currency": "eur"}
@@ -76,7 +76,7 @@ def _requests(client: payonce.Client) -> list[httpx.Request]:
     return seen
 
 
-def _info(response: httpx.Response) -> payonce.ResponseInfo:
+def _info(response: httpx.Response) -> payonce.records.ResponseInfo:
     info = payonce.response_info(response)
     assert info is not None
     return info
@@ -599,7 +599,7 @@ def test_a_user_defined_profile_is_registered_and_used_by_name(
         key_header="X-Acme-Request-Id",
         key_max_length=40,
         key_lifetime=6 * 3600.0,
-        lookup=payonce.Lookup(path="/v1/payments", by="reference", param="reference"),
+        lookup=payonce.providers.Lookup(path="/v1/payments", by="reference", param="reference"),
     )
     payonce.register_profile(acme)
     client = make_client(base_url=server.url, provider="acme")

@@ -219,7 +219,7 @@ def test_a_malformed_status_answer_is_an_error_and_changes_nothing_else(
     make_client: MakeClient, sandbox: SandboxServer
 ) -> None:
     odd = payonce.ProviderProfile(
-        name="odd", lookup=payonce.Lookup(path="/_sandbox/executions", list_field="data")
+        name="odd", lookup=payonce.providers.Lookup(path="/_sandbox/executions", list_field="data")
     )
     record = _make_unknown(make_client, sandbox, "order-6", ["drop_after"], provider=odd)
     client = make_client(provider=odd)
@@ -361,7 +361,7 @@ def test_a_slow_attempt_keeps_its_lease_alive_so_no_one_takes_the_intent_over(
 def test_the_lease_of_a_dead_worker_is_taken_over_once_it_expires(
     make_client: MakeClient, sandbox: SandboxServer, journal_path: Path
 ) -> None:
-    journal = payonce.SQLiteJournal(journal_path)
+    journal = payonce.journal.SQLiteJournal(journal_path)
     client = make_client(journal=journal)
     record = _leave_pending(make_client, "order-12")
     # The dead worker had re-claimed it just before dying: its lease is still live.

@@ -328,7 +328,7 @@ def _payment(reference: str) -> dict[str, Any]:
 
 
 def _states(journal: Path) -> dict[str, payonce.IntentState]:
-    with payonce.SQLiteJournal(journal) as opened:
+    with payonce.journal.SQLiteJournal(journal) as opened:
         return {r.reference or r.key: r.state for r in opened.list_intents()}
 
 

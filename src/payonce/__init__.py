@@ -2,37 +2,26 @@
 
 One idempotency key per business intent, journaled before anything is sent, retried under
 that key, replayed once answered, and reconciled when the outcome cannot be known.
+
+The names here are what most code needs. Records and hooks for advanced use live in the
+public modules ``payonce.journal``, ``payonce.providers``, ``payonce.records``,
+``payonce.credentials``, ``payonce.errors``, ``payonce.webhooks`` and ``payonce.sandbox``.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import Any as _Any
 
-from ._async_client import AsyncClient, AsyncOperation
-from ._client import Client, Operation
-from ._core import ResponseInfo, ResumeResult, RetryEvent, response_info
-from ._credentials import delete_api_key, store_api_key, stored_accounts
-from ._intent import IntentState, KeyFormat
-from ._journal import (
-    AttemptRecord,
-    IntentRecord,
-    Journal,
-    JournalReport,
-    ReconciliationRecord,
-    SQLiteJournal,
-    default_journal_path,
-    open_journal,
-)
-from ._providers import (
-    Lookup,
-    ProviderProfile,
-    adyen_profile,
-    adyen_reference_lookup,
-    get_profile,
-    mollie_profile,
-    register_profile,
-    stripe_profile,
-)
-from ._reconcile import ReconcileResult
-from ._retry import RetryPolicy
+# The public modules, so that ``import payonce`` is enough to reach their names.
+from . import credentials as credentials
+from . import journal as journal
+from . import providers as providers
+from . import records as records
+from ._journal import IntentRecord, Journal, open_journal
+from ._lifecycle import IntentState
+from ._providers import ProviderProfile, register_profile
+from ._runtime._async import AsyncClient, AsyncOperation
+from ._runtime._responses import response_info
+from ._runtime._retrying import RetryPolicy
+from ._runtime._sync import Client, Operation
 from ._version import __version__
 from .errors import (
     ConfigurationError,
@@ -54,7 +43,6 @@ from .webhooks import WebhookInbox
 __all__ = [
     "AsyncClient",
     "AsyncOperation",
-    "AttemptRecord",
     "Client",
     "ConfigurationError",
     "IntentError",
@@ -66,49 +54,57 @@ __all__ = [
     "Journal",
     "JournalBusy",
     "JournalError",
-    "JournalReport",
-    "KeyFormat",
-    "Lookup",
     "Operation",
     "OutcomeUnknown",
     "PayonceError",
-    "PostgresJournal",
     "ProviderError",
     "ProviderProfile",
     "ProviderUnavailable",
-    "ReconcileResult",
-    "ReconciliationRecord",
-    "ResponseInfo",
-    "ResumeResult",
-    "RetryEvent",
     "RetryPolicy",
-    "SQLiteJournal",
     "WebhookError",
     "WebhookInbox",
     "WebhookSignatureError",
     "__version__",
-    "adyen_profile",
-    "adyen_reference_lookup",
-    "default_journal_path",
-    "delete_api_key",
-    "get_profile",
-    "mollie_profile",
     "open_journal",
     "register_profile",
     "response_info",
-    "store_api_key",
-    "stored_accounts",
-    "stripe_profile",
 ]
 
-if TYPE_CHECKING:
-    from ._journal import PostgresJournal
+# Names that were top-level before 0.1.0 and now live in a public module: still found, with
+# a DeprecationWarning saying where, until they are removed.
+_MOVED = {
+    "AttemptRecord": "journal",
+    "JournalReport": "journal",
+    "PostgresJournal": "journal",
+    "ReconciliationRecord": "journal",
+    "SQLiteJournal": "journal",
+    "default_journal_path": "journal",
+    "Lookup": "providers",
+    "adyen_profile": "providers",
+    "adyen_reference_lookup": "providers",
+    "get_profile": "providers",
+    "mollie_profile": "providers",
+    "stripe_profile": "providers",
+    "ReconcileResult": "records",
+    "ResponseInfo": "records",
+    "ResumeResult": "records",
+    "RetryEvent": "records",
+    "delete_api_key": "credentials",
+    "store_api_key": "credentials",
+    "stored_accounts": "credentials",
+}
 
 
-def __getattr__(name: str) -> Any:
-    # PostgresJournal imports psycopg: only for those who ask for it.
-    if name == "PostgresJournal":
-        from . import _journal
+def __getattr__(name: str) -> _Any:
+    module = _MOVED.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    import warnings
 
-        return _journal.PostgresJournal
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        f"payonce.{name} has moved to payonce.{module}.{name}; the old name will be removed",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

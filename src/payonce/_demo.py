@@ -194,7 +194,7 @@ def run_demo(
 def _run_payonce(
     plan: Sequence[_Payment], faults: Faults, journal: Path, console: Console
 ) -> PayonceStats:
-    retries: list[payonce.RetryEvent] = []
+    retries: list[payonce.records.RetryEvent] = []
     provider_replays = journal_replays = 0
     started = time.monotonic()
     with ExitStack() as stack:
@@ -235,7 +235,7 @@ def _run_payonce(
         )
 
 
-def _pay(client: payonce.Client, payment: _Payment) -> payonce.ResponseInfo | None:
+def _pay(client: payonce.Client, payment: _Payment) -> payonce.records.ResponseInfo | None:
     try:
         response = client.post(PAYMENTS_PATH, json=payment.body, reference=payment.reference)
     except payonce.ProviderError as exc:

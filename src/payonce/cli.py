@@ -300,7 +300,7 @@ def _reconcile_one(client: payonce.Client, record: payonce.IntentRecord) -> list
         # What the journal wrote down names no key, so the same cause groups in the summary.
         written = [e.detail for e in journal.reconciliations(record.key) if e.at >= started]
         detail = written[-1] if written else f"{type(exc).__name__}: {exc}"
-        result = payonce.ReconcileResult(
+        result = payonce.records.ReconcileResult(
             record.key,
             record.reference,
             record.state,
@@ -495,7 +495,7 @@ def _list_unacknowledged(journal: payonce.Journal, account: str | None, *, as_js
 
 @runtime_checkable
 class _Checkable(Protocol):
-    def check(self) -> payonce.JournalReport: ...
+    def check(self) -> payonce.journal.JournalReport: ...
 
 
 @cli.group("journal")
@@ -549,7 +549,7 @@ def backup_journal(destination: Path, journal_path: JournalLocation | None) -> N
     if _is_postgres(journal_path):
         raise CliError(_PG_DUMP)
     with existing_journal(journal_path) as journal:
-        if not isinstance(journal, payonce.SQLiteJournal):
+        if not isinstance(journal, payonce.journal.SQLiteJournal):
             raise CliError(f"the journal at {journal.location} is not a SQLite file: {_PG_DUMP}")
         target = journal.backup(destination)
     size = target.stat().st_size
@@ -617,7 +617,7 @@ def set_key(ctx: click.Context, account: str) -> None:
             ctx,
         )
     secret = _read_secret(account)
-    where = payonce.store_api_key(account, secret)
+    where = payonce.credentials.store_api_key(account, secret)
     click.echo(f"stored the API key of account {account!r} in {where}")
     if "Plaintext" in where:
         click.echo("warning: that keyring is a plaintext file, as you opted in to", err=True)
@@ -628,7 +628,7 @@ def set_key(ctx: click.Context, account: str) -> None:
 @click.argument("account")
 def delete_key(account: str) -> None:
     """Delete the API key of ACCOUNT from the OS keyring. Exits 1 if there is none."""
-    if not payonce.delete_api_key(account):
+    if not payonce.credentials.delete_api_key(account):
         raise NotFound(f"no API key stored in the keyring for account {account!r}")
     click.echo(f"deleted the API key of account {account!r}")
 
@@ -637,7 +637,7 @@ def delete_key(account: str) -> None:
 @_json_option
 def list_keys(as_json: bool) -> None:
     """List the accounts with an API key stored by payonce: names only, never a key."""
-    accounts = payonce.stored_accounts()
+    accounts = payonce.credentials.stored_accounts()
     if as_json:
         echo_json([{"account": account} for account in accounts])
     elif accounts:

@@ -39,17 +39,17 @@ import inspect
 import json
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from types import MappingProxyType, TracebackType
+from types import MappingProxyType
 from typing import Any, Final
 
 import attrs
 
 from ._journal import Journal, open_journal
 from ._journal._inbox import EventClaim, EventClaimKind, EventJournal, EventRecord
-from ._lease import new_owner, owner_is_dead
+from ._lifecycle import new_owner, owner_is_dead
+from ._runtime._lease_keeper import Lease, TaskLeaseKeeper, ThreadLeaseKeeper
 from ._signatures import DEFAULT_TOLERANCE, sign, verify
 from .errors import ConfigurationError, PayonceError, WebhookError
 
@@ -196,47 +196,6 @@ def _call_sync(handler: Callable[[Event], object], event: Event) -> None:
         raise ConfigurationError("the webhook handler is a coroutine function: use areceive")
 
 
-class _Renewal:
-    """Keeps a running handler's lease alive from a daemon thread."""
-
-    def __init__(self, renew: Callable[[], bool], interval: float, event_id: str) -> None:
-        self._renew = renew
-        self._interval = interval
-        self._event_id = event_id
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name=f"payonce-webhook-lease-{event_id}", daemon=True
-        )
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            try:
-                held = self._renew()
-            except PayonceError as exc:
-                logger.warning("webhook event %s: lease renewal failed: %s", self._event_id, exc)
-                continue
-            if not held:
-                logger.warning(
-                    "webhook event %s: lease lost while its handler ran; another worker "
-                    "may handle it too",
-                    self._event_id,
-                )
-                return
-
-    def __enter__(self) -> _Renewal:
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 class WebhookInbox:
     """Receives a provider's webhooks: verifies them, and hands each event over once.
 
@@ -286,6 +245,10 @@ class WebhookInbox:
                 "SQLite or PostgreSQL journal"
             )
         self.journal: EventJournal = opened
+        # Handlers' leases are renewed every third of their length: from a thread for
+        # receive, from a task for areceive.
+        self._keeper = ThreadLeaseKeeper(self.lease_seconds / 3)
+        self._task_keeper = TaskLeaseKeeper(self.lease_seconds / 3)
 
     # -- the steps, shared by receive and areceive -----------------------------------------
 
@@ -408,17 +371,17 @@ class WebhookInbox:
         claim = self._claim(event, owner)
         if not claim.run_handler:
             return self._unhandled(claim, event, signed_at)
-        with self._renewal(event, owner):
-            try:
+        try:
+            with self._keeper.holding(self._lease(event, owner)):
                 _call_sync(handler, event)
-            except BaseException as exc:
-                self._release(event, owner, exc)
-                raise
+        except BaseException as exc:
+            self._release(event, owner, exc)
+            raise
         self._finish(event, owner)
         return self._handled(claim, event, signed_at)
 
-    def _renewal(self, event: Event, owner: str) -> _Renewal:
-        return _Renewal(lambda: self._renew(event, owner), self.lease_seconds / 3, event.id)
+    def _lease(self, event: Event, owner: str) -> Lease:
+        return Lease(f"webhook event {event.id}", lambda: self._renew(event, owner))
 
     # -- async -----------------------------------------------------------------------------
 
@@ -438,41 +401,16 @@ class WebhookInbox:
         claim = await asyncio.to_thread(self._claim, event, owner)
         if not claim.run_handler:
             return self._unhandled(claim, event, signed_at)
-        renewal = asyncio.create_task(self._arenew(event, owner))
         try:
-            result = handler(event)
-            if inspect.isawaitable(result):
-                await result
+            async with self._task_keeper.holding(self._lease(event, owner)):
+                result = handler(event)
+                if inspect.isawaitable(result):
+                    await result
         except BaseException as exc:
-            await self._astop(renewal)
             await asyncio.to_thread(self._release, event, owner, exc)
             raise
-        await self._astop(renewal)
         await asyncio.to_thread(self._finish, event, owner)
         return self._handled(claim, event, signed_at)
-
-    async def _arenew(self, event: Event, owner: str) -> None:
-        while True:
-            await asyncio.sleep(self.lease_seconds / 3)
-            try:
-                held = await asyncio.to_thread(self._renew, event, owner)
-            except PayonceError as exc:
-                logger.warning("webhook event %s: lease renewal failed: %s", event.id, exc)
-                continue
-            if not held:
-                logger.warning(
-                    "webhook event %s: lease lost while its handler ran; another worker "
-                    "may handle it too",
-                    event.id,
-                )
-                return
-
-    @staticmethod
-    async def _astop(renewal: asyncio.Task[None]) -> None:
-        renewal.cancel()
-        # wait() rather than awaiting the task: its CancelledError is not ours to raise,
-        # while a cancellation of this task still is.
-        await asyncio.wait([renewal])
 
     # -- looking and closing ---------------------------------------------------------------
 
@@ -485,7 +423,8 @@ class WebhookInbox:
         return self.journal.list_events(endpoint=self.endpoint, unprocessed=True, limit=limit)
 
     def close(self) -> None:
-        """Close the journal if this inbox opened it."""
+        """Stop keeping leases alive, and close the journal if this inbox opened it."""
+        self._keeper.close()
         if self._owns_journal:
             self.journal.close()
 

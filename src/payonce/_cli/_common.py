@@ -94,7 +94,9 @@ def existing_journal_target(location: JournalLocation | None) -> JournalLocation
     """The journal to open; a missing journal file is reported, never created."""
     if isinstance(location, str):
         return location
-    target = (location if location is not None else payonce.default_journal_path()).expanduser()
+    target = (
+        location if location is not None else payonce.journal.default_journal_path()
+    ).expanduser()
     if not target.exists():
         raise CliError(f"no journal at {target}")
     return target

@@ -102,7 +102,7 @@ def intent_json(record: payonce.IntentRecord) -> dict[str, Any]:
     }
 
 
-def attempt_json(attempt: payonce.AttemptRecord) -> dict[str, Any]:
+def attempt_json(attempt: payonce.journal.AttemptRecord) -> dict[str, Any]:
     return {
         "number": attempt.number,
         "started_at": iso(attempt.started_at),
@@ -114,7 +114,7 @@ def attempt_json(attempt: payonce.AttemptRecord) -> dict[str, Any]:
     }
 
 
-def reconciliation_json(entry: payonce.ReconciliationRecord) -> dict[str, Any]:
+def reconciliation_json(entry: payonce.journal.ReconciliationRecord) -> dict[str, Any]:
     return {
         "at": iso(entry.at),
         "outcome": entry.outcome,
@@ -214,8 +214,8 @@ def _compact_rows(table: Table, records: Sequence[payonce.IntentRecord], now: fl
 
 def intent_detail(
     record: payonce.IntentRecord,
-    attempts: Sequence[payonce.AttemptRecord],
-    reconciliations: Sequence[payonce.ReconciliationRecord],
+    attempts: Sequence[payonce.journal.AttemptRecord],
+    reconciliations: Sequence[payonce.journal.ReconciliationRecord],
     *,
     with_body: bool,
 ) -> Group:
@@ -253,7 +253,7 @@ def intent_detail(
     return Group(*parts)
 
 
-def _attempts_table(attempts: Sequence[payonce.AttemptRecord]) -> Table:
+def _attempts_table(attempts: Sequence[payonce.journal.AttemptRecord]) -> Table:
     table = Table(title=f"{len(attempts)} attempt(s)", title_justify="left", box=box.SIMPLE_HEAD)
     table.add_column("#", justify="right")
     table.add_column("started (UTC)", no_wrap=True)
@@ -278,7 +278,7 @@ def _attempts_table(attempts: Sequence[payonce.AttemptRecord]) -> Table:
     return table
 
 
-def _reconciliations_table(entries: Sequence[payonce.ReconciliationRecord]) -> Table:
+def _reconciliations_table(entries: Sequence[payonce.journal.ReconciliationRecord]) -> Table:
     table = Table(
         title=f"{len(entries)} reconciliation(s)", title_justify="left", box=box.SIMPLE_HEAD
     )

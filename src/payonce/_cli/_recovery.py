@@ -82,7 +82,7 @@ class Row:
         return document
 
 
-def resume_row(result: payonce.ResumeResult, journal: payonce.Journal) -> Row:
+def resume_row(result: payonce.records.ResumeResult, journal: payonce.Journal) -> Row:
     reason = None
     if result.state is payonce.IntentState.UNKNOWN:
         # The journal's reason names no key, so the same cause groups in the summary.
@@ -91,7 +91,7 @@ def resume_row(result: payonce.ResumeResult, journal: payonce.Journal) -> Row:
     return Row(result.key, result.reference, None, result.state, None, result.detail, reason)
 
 
-def reconcile_row(result: payonce.ReconcileResult) -> Row:
+def reconcile_row(result: payonce.records.ReconcileResult) -> Row:
     reason = result.detail if result.after is payonce.IntentState.UNKNOWN else None
     return Row(
         result.key,

@@ -15,13 +15,13 @@ __all__ = ["report_json", "report_view"]
 _STATE_ORDER = [state.value for state in payonce.IntentState]
 
 
-def _by_state(report: payonce.JournalReport) -> dict[str, int]:
+def _by_state(report: payonce.journal.JournalReport) -> dict[str, int]:
     known = {state: report.intents_by_state.get(state, 0) for state in _STATE_ORDER}
     others = {k: v for k, v in sorted(report.intents_by_state.items()) if k not in known}
     return known | others
 
 
-def report_json(report: payonce.JournalReport) -> dict[str, Any]:
+def report_json(report: payonce.journal.JournalReport) -> dict[str, Any]:
     return {
         "location": report.location,
         "ok": report.ok,
@@ -45,7 +45,7 @@ def _size(size: int) -> str:
     return f"{value:.1f} GiB"
 
 
-def report_view(report: payonce.JournalReport) -> Group:
+def report_view(report: payonce.journal.JournalReport) -> Group:
     fields = Table.grid(padding=(0, 2))
     fields.add_column(style="bold", no_wrap=True)
     fields.add_column(overflow="fold")

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import httpx
 
-from .._retry import Outcome, Verdict, parse_retry_after
+from .._lifecycle import Outcome, Verdict, parse_retry_after
 from ._profile import Lookup, ProviderProfile, json_object
 
 __all__ = ["ADYEN", "adyen_profile", "adyen_reference_lookup"]

@@ -9,7 +9,7 @@ from typing import Any, Literal
 import attrs
 import httpx
 
-from .._retry import Verdict
+from .._lifecycle import Verdict
 from ..errors import ConfigurationError
 
 __all__ = [

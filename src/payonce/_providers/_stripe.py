@@ -22,7 +22,7 @@ from urllib.parse import parse_qsl, urlencode
 import attrs
 import httpx
 
-from .._retry import Outcome, Verdict, parse_retry_after
+from .._lifecycle import Outcome, Verdict, parse_retry_after
 from ._profile import Lookup, ProviderProfile, json_object
 
 __all__ = ["STRIPE", "STRIPE_METADATA_KEY", "stripe_profile"]

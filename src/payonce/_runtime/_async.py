@@ -1,41 +1,54 @@
 """``payonce.AsyncClient``: the same decisions as ``Client``, awaited.
 
-Only the I/O edge differs: httpx.AsyncClient sends, asyncio sleeps, and every journal call
-(an fsync may take milliseconds) runs in a worker thread so the event loop never blocks on
-the disk. Runs under asyncio; trio is not supported (the journal hand-off uses
-``asyncio.to_thread``).
+Only the I/O edge differs: httpx.AsyncClient sends, asyncio sleeps, leases are kept alive
+from a task, and every journal call (an fsync may take milliseconds) runs in a worker
+thread so the event loop never blocks on the disk. Runs under asyncio; trio is not
+supported (the journal hand-off uses ``asyncio.to_thread``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable, Coroutine
 from types import TracebackType
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, Unpack
 
 import httpx
 import tenacity
 
+from .._journal import IntentDraft, IntentRecord
+from .._lifecycle import new_owner
 from . import _reconcile
-from ._client import IN_FLIGHT_POLL, LeaseRenewer, _BaseClient, _OperationBase
-from ._core import IntentCore, Replay, ResumeResult, RetryExhausted, Run, Wait, new_owner
-from ._journal import IntentDraft, IntentRecord
+from . import _refusals as refusals
+from ._base import (
+    BaseClient,
+    OneShotOptions,
+    OneShotVerbs,
+    OperationBase,
+    RequestOptions,
+    Verbs,
+    one_shot,
+)
+from ._batch import Claimed, ReconcileBatch, ResumeBatch, ResumeResult, arun_batch
+from ._core import Replay, Run, Wait
+from ._lease_keeper import TaskLeaseKeeper
 from ._reconcile import ReconcileResult
-from .errors import PayonceError
+from ._retrying import Retry
+from ._sync import IN_FLIGHT_POLL
 
 __all__ = ["AsyncClient", "AsyncOperation"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
+Awaited = Coroutine[Any, Any, httpx.Response]
 
 
 async def _off_loop(function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     return await asyncio.to_thread(function, *args, **kwargs)
 
 
-class AsyncOperation(_OperationBase):
+class AsyncOperation(OperationBase, Verbs[Awaited]):
     """``async with client.intent(reference) as op: await op.post(...)``."""
 
     def __init__(
@@ -44,21 +57,11 @@ class AsyncOperation(_OperationBase):
         super().__init__(client, reference, key, acknowledge)
         self._client = client
 
-    async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    async def request(
+        self, method: str, path: str, **options: Unpack[RequestOptions]
+    ) -> httpx.Response:
         """Send the intent's request (once), or replay its journaled outcome."""
-        return await self._client._drive(self, self._draft(method, path, **kwargs))
-
-    async def post(self, path: str, **kwargs: Any) -> httpx.Response:
-        return await self.request("POST", path, **kwargs)
-
-    async def put(self, path: str, **kwargs: Any) -> httpx.Response:
-        return await self.request("PUT", path, **kwargs)
-
-    async def patch(self, path: str, **kwargs: Any) -> httpx.Response:
-        return await self.request("PATCH", path, **kwargs)
-
-    async def delete(self, path: str, **kwargs: Any) -> httpx.Response:
-        return await self.request("DELETE", path, **kwargs)
+        return await self._client._drive(self, self._draft(method, path, options))
 
     async def acknowledge(self) -> None:
         """Mark the settled outcome as recorded on the caller's side."""
@@ -78,15 +81,15 @@ class AsyncOperation(_OperationBase):
             await _off_loop(self._acknowledge_quietly)
 
 
-class AsyncClient(_BaseClient):
+class AsyncClient(BaseClient[httpx.AsyncBaseTransport], OneShotVerbs[Awaited]):
     """The asyncio twin of ``payonce.Client``: same options, same guarantees."""
 
-    def __init__(
-        self, *, transport: httpx.AsyncBaseTransport | None = None, **options: Any
-    ) -> None:
-        super().__init__(**options)
-        self._http = httpx.AsyncClient(transport=transport, **self._http_options())
-        self._renewer = _TaskLeaseRenewer(self._core)
+    _http: httpx.AsyncClient
+    _keeper: TaskLeaseKeeper
+
+    def _connect(self, transport: httpx.AsyncBaseTransport | None, options: dict[str, Any]) -> None:
+        self._http = httpx.AsyncClient(transport=transport, **options)
+        self._keeper = TaskLeaseKeeper(self._core.lease_seconds / 3)
 
     def intent(
         self, reference: str | None = None, *, key: str | None = None, acknowledge: bool = True
@@ -95,49 +98,42 @@ class AsyncClient(_BaseClient):
         return AsyncOperation(self, reference, key, acknowledge)
 
     async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        reference: str | None = None,
-        key: str | None = None,
-        **kwargs: Any,
+        self, method: str, path: str, **options: Unpack[OneShotOptions]
     ) -> httpx.Response:
+        """A one-shot operation (see ``Client.request``)."""
+        reference, key, request = one_shot(options)
         async with self.intent(reference, key=key) as op:
-            return await op.request(method, path, **kwargs)
-
-    async def post(self, path: str, **kwargs: Any) -> httpx.Response:
-        return await self.request("POST", path, **kwargs)
+            return await op.request(method, path, **request)
 
     # -- after a crash -----------------------------------------------------------------------
 
-    async def resume(self) -> list[ResumeResult]:
+    async def resume(
+        self, *, on_result: Callable[[ResumeResult], object] | None = None
+    ) -> list[ResumeResult]:
         """See ``Client.resume``."""
-        core = self._core
-        results: list[ResumeResult] = []
-        after: tuple[float, str] | None = None
-        while True:
-            owner = new_owner()
-            claim = await _off_loop(core.claim_next_resumable, owner, after)
-            if claim is None:
-                return results
-            record = claim.record
-            after = (record.created_at, record.key)
-            response, error = None, None
-            try:
-                run = await _off_loop(core.resume_claimed, claim, owner)
-                response = await self._send(run)
-            except PayonceError as exc:
-                error = exc
-            results.append(await _off_loop(core.resume_result, record, response, error))
+        batch = ResumeBatch(self._core)
 
-    async def reconcile(self, key_or_reference: str) -> list[ReconcileResult]:
-        records = await _off_loop(_reconcile.targets, self._core, key_or_reference)
-        return [await self._reconcile(record) for record in records]
+        async def drive(target: Claimed) -> ResumeResult:
+            run = await _off_loop(batch.run, target)
+            return batch.settled(target, await self._send(run))
 
-    async def reconcile_all(self) -> list[ReconcileResult]:
-        records = await _off_loop(_reconcile.targets, self._core, None)
-        return [await self._reconcile(record) for record in records]
+        return await arun_batch(batch, drive, on_result)
+
+    async def reconcile(
+        self,
+        key_or_reference: str,
+        *,
+        on_result: Callable[[ReconcileResult], object] | None = None,
+    ) -> list[ReconcileResult]:
+        """See ``Client.reconcile``."""
+        batch = ReconcileBatch(self._core, key_or_reference)
+        return await arun_batch(batch, self._reconcile, on_result)
+
+    async def reconcile_all(
+        self, *, on_result: Callable[[ReconcileResult], object] | None = None
+    ) -> list[ReconcileResult]:
+        """See ``Client.reconcile_all``."""
+        return await arun_batch(ReconcileBatch(self._core, None), self._reconcile, on_result)
 
     async def _reconcile(self, record: IntentRecord) -> ReconcileResult:
         core = self._core
@@ -146,7 +142,7 @@ class AsyncClient(_BaseClient):
         if isinstance(claimed, ReconcileResult):
             return claimed
         try:
-            async for attempt in tenacity.AsyncRetrying(**core.retrying_kwargs(None)):
+            async for attempt in tenacity.AsyncRetrying(**core.retrying(None)):
                 with attempt:
                     request = _reconcile.lookup_request(core, claimed, self._http)
                     try:
@@ -154,7 +150,7 @@ class AsyncClient(_BaseClient):
                     except httpx.TransportError as exc:
                         raise _reconcile.transport_failure(exc) from exc
                     return await _off_loop(_reconcile.conclude, core, claimed, owner, response)
-        except RetryExhausted as exc:
+        except Retry as exc:
             return await _off_loop(_reconcile.give_up, core, claimed, owner, str(exc))
         finally:
             await _off_loop(core.journal.release, record.key, owner=owner)
@@ -174,28 +170,31 @@ class AsyncClient(_BaseClient):
     async def _drive(self, op: AsyncOperation, draft: IntentDraft) -> httpx.Response:
         core = self._core
         owner = new_owner()
-        deadline = time.monotonic() + self._in_flight_wait
+        deadline = self._deadline()
         step = await _off_loop(core.begin, draft, owner)
         while isinstance(step, Wait):
             if time.monotonic() >= deadline:
-                raise core.in_flight(step.record)
+                raise refusals.in_flight(step.record)
             await asyncio.sleep(IN_FLIGHT_POLL)
             step = await _off_loop(core.begin, draft, owner)
         op._bind(step.record)
         if isinstance(step, Replay):
             return step.response
-        return await self._send(step)
+        try:
+            return await self._send(step)
+        finally:
+            op._bind(step.record)
 
     async def _send(self, run: Run) -> httpx.Response:
         try:
-            async with self._renewer.holding(run):
+            async with self._keeper.holding(self._core.lease(run)):
                 return await self._attempts(run)
-        except RetryExhausted:
+        except Retry:
             raise await _off_loop(self._core.give_up, run) from None
 
     async def _attempts(self, run: Run) -> httpx.Response:
         core = self._core
-        async for attempt in tenacity.AsyncRetrying(**core.retrying_kwargs(run)):
+        async for attempt in tenacity.AsyncRetrying(**core.retrying(run)):
             with attempt:
                 if not run.started:  # the claim journaled the first attempt's start
                     await _off_loop(core.start_attempt, run)
@@ -214,7 +213,7 @@ class AsyncClient(_BaseClient):
         raise AssertionError("unreachable: tenacity either returns or raises")
 
     async def aclose(self) -> None:
-        await self._renewer.aclose()
+        await self._keeper.aclose()
         await self._http.aclose()
         if self._owns_journal:
             await _off_loop(self.journal.close)
@@ -224,30 +223,3 @@ class AsyncClient(_BaseClient):
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
-
-
-class _TaskLeaseRenewer(LeaseRenewer):
-    def __init__(self, core: IntentCore) -> None:
-        super().__init__(core)
-        self._task: asyncio.Task[None] | None = None
-
-    @contextlib.asynccontextmanager
-    async def holding(self, run: Run) -> AsyncIterator[None]:
-        self.track(run)
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._tick())
-        try:
-            yield
-        finally:
-            self.untrack(run)
-
-    async def _tick(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            await _off_loop(self.renew_all)
-
-    async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task

@@ -19,9 +19,8 @@ import logging
 import attrs
 import httpx
 
-from ._core import IntentCore, RetryExhausted
-from ._journal import IntentRecord, StoredResponse
-from ._lifecycle import (
+from .._journal import IntentRecord, StoredResponse
+from .._lifecycle import (
     IntentState,
     LookupKind,
     Outcome,
@@ -30,7 +29,9 @@ from ._lifecycle import (
     classify_lookup_error,
     resend_refusal,
 )
-from .errors import ConfigurationError, ProviderError
+from ..errors import ConfigurationError, ProviderError
+from ._core import IntentCore
+from ._retrying import Retry
 
 __all__ = ["ReconcileResult", "begin", "conclude", "give_up", "lookup_request", "targets"]
 
@@ -71,16 +72,23 @@ def targets(core: IntentCore, key_or_reference: str | None) -> list[IntentRecord
     return [r for r in records if r.account == core.account]
 
 
+def skip_reason(core: IntentCore, record: IntentRecord) -> str | None:
+    """Why this client does not look the intent up, or None when it does."""
+    if record.state is not IntentState.UNKNOWN:
+        return f"{record.state.value}: nothing to reconcile"
+    if record.provider != core.profile.name:
+        return (
+            f"sent through provider profile {record.provider!r}: reconcile it with a client "
+            "for that provider"
+        )
+    return None
+
+
 def begin(core: IntentCore, record: IntentRecord, owner: str) -> IntentRecord | ReconcileResult:
     """Take the intent's lease for the look-up, or say why it is skipped."""
-    if record.state is not IntentState.UNKNOWN:
-        return skipped(record, f"{record.state.value}: nothing to reconcile")
-    if record.provider != core.profile.name:
-        return skipped(
-            record,
-            f"sent through provider profile {record.provider!r}: reconcile it with a client "
-            "for that provider",
-        )
+    reason = skip_reason(core, record)
+    if reason is not None:
+        return skipped(record, reason)
     claim = core.journal.claim_key(
         record.key, owner=owner, now=core.clock(), lease_seconds=core.lease_seconds, unknown=True
     )
@@ -89,16 +97,22 @@ def begin(core: IntentCore, record: IntentRecord, owner: str) -> IntentRecord | 
     return claim.record
 
 
-def lookup_request(
-    core: IntentCore, record: IntentRecord, client: httpx.Client | httpx.AsyncClient
-) -> httpx.Request:
-    lookup = core.profile.lookup
-    if lookup is None:
+def check_lookup(core: IntentCore, record: IntentRecord) -> None:
+    """Refuse to look ``record`` up with a profile that has no status look-up."""
+    if core.profile.lookup is None:
         raise ConfigurationError(
             f"provider profile {core.profile.name!r} has no status look-up, so intent "
             f"{record.key} cannot be reconciled automatically: check it at the provider, "
             "then `payonce abandon` it or give the profile a Lookup"
         )
+
+
+def lookup_request(
+    core: IntentCore, record: IntentRecord, client: httpx.Client | httpx.AsyncClient
+) -> httpx.Request:
+    check_lookup(core, record)
+    lookup = core.profile.lookup
+    assert lookup is not None
     value = record.key if lookup.by == "key" else record.reference
     if value is None:
         raise ConfigurationError(
@@ -113,11 +127,11 @@ def lookup_request(
     )
 
 
-def transport_failure(error: Exception) -> RetryExhausted:
+def transport_failure(error: Exception) -> Retry:
     """A look-up is a GET: every transport failure is worth retrying."""
     verdict = classify_lookup_error(error)
     reason = verdict.detail if verdict is not None else type(error).__name__
-    return RetryExhausted(Verdict(Outcome.RETRY, False, reason=reason))
+    return Retry(Verdict(Outcome.RETRY, False, reason=reason))
 
 
 def conclude(
@@ -130,7 +144,7 @@ def conclude(
     status = response.status_code
     match verdict.kind:
         case LookupKind.RETRY:
-            raise RetryExhausted(Verdict(Outcome.RETRY, False, reason=verdict.detail))
+            raise Retry(Verdict(Outcome.RETRY, False, reason=verdict.detail))
         case LookupKind.ABSENT:
             return _not_found(core, record, owner, status)
         case LookupKind.REFUSED:

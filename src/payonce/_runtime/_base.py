@@ -1,0 +1,305 @@
+"""What both clients share, without I/O: the options (named, typed, checked at
+construction), the credentials, the journal, and the operation's identity and verbs.
+
+``Client`` and ``AsyncClient`` add only what differs: the HTTP client, the lease keeper's
+flavour, and the short chains that send, sleep and wait.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Generic, TypedDict, TypeVar, Unpack, cast
+
+import httpx
+
+from .._credentials import resolve_api_key
+from .._journal import IntentDraft, IntentRecord, Journal, open_journal
+from .._lifecycle import IntentState, KeyFormat, canonical_request, new_key
+from .._providers import ProviderProfile, get_profile
+from .._version import __version__
+from ..errors import ConfigurationError, IntentStateError
+from ._core import IntentCore
+from ._options import check_base_url, check_count, check_seconds, check_timeout
+from ._responses import DEFAULT_MAX_STORED_BYTES
+from ._retrying import RetryEvent, RetryPolicy
+
+__all__ = [
+    "BaseClient",
+    "OneShotOptions",
+    "OneShotVerbs",
+    "OperationBase",
+    "RequestOptions",
+    "Verbs",
+    "one_shot",
+]
+
+logger = logging.getLogger("payonce")
+
+USER_AGENT = f"payonce/{__version__}"
+
+TransportT = TypeVar("TransportT", httpx.BaseTransport, httpx.AsyncBaseTransport)
+R = TypeVar("R")
+
+
+class RequestOptions(TypedDict, total=False):
+    """What a request of an intent takes besides its method and path."""
+
+    json: Any
+    """A JSON body, canonicalised (sorted keys, no insignificant whitespace)."""
+    data: Mapping[str, Any] | Sequence[tuple[str, Any]]
+    """A form body (``application/x-www-form-urlencoded``)."""
+    content: bytes
+    """Raw body bytes, sent as they are."""
+    params: Mapping[str, Any]
+    """Query parameters."""
+    headers: Mapping[str, str]
+    """Extra request headers; credentials among them are never journaled."""
+
+
+class OneShotOptions(RequestOptions, total=False):
+    """A one-shot call's options: a request's, plus the intent's name."""
+
+    reference: str | None
+    """The caller's name for the intent (an order id): same reference, same key."""
+    key: str | None
+    """The caller's own idempotency key, instead of a fresh one."""
+
+
+def one_shot(options: OneShotOptions) -> tuple[str | None, str | None, RequestOptions]:
+    """A one-shot call's reference, key and the options of its request."""
+    request = {name: value for name, value in options.items() if name not in ("reference", "key")}
+    return options.get("reference"), options.get("key"), cast(RequestOptions, request)
+
+
+class Verbs(Generic[R]):
+    """An operation's ``post``, ``put``, ``patch`` and ``delete``: ``request`` with that
+    method."""
+
+    def request(self, method: str, path: str, **options: Unpack[RequestOptions]) -> R:
+        raise NotImplementedError
+
+    def post(self, path: str, **options: Unpack[RequestOptions]) -> R:
+        return self.request("POST", path, **options)
+
+    def put(self, path: str, **options: Unpack[RequestOptions]) -> R:
+        return self.request("PUT", path, **options)
+
+    def patch(self, path: str, **options: Unpack[RequestOptions]) -> R:
+        return self.request("PATCH", path, **options)
+
+    def delete(self, path: str, **options: Unpack[RequestOptions]) -> R:
+        return self.request("DELETE", path, **options)
+
+
+class OneShotVerbs(Generic[R]):
+    """A client's one-shot ``post``, ``put``, ``patch`` and ``delete``, which also take
+    ``reference=`` and ``key=``."""
+
+    def request(self, method: str, path: str, **options: Unpack[OneShotOptions]) -> R:
+        raise NotImplementedError
+
+    def post(self, path: str, **options: Unpack[OneShotOptions]) -> R:
+        return self.request("POST", path, **options)
+
+    def put(self, path: str, **options: Unpack[OneShotOptions]) -> R:
+        return self.request("PUT", path, **options)
+
+    def patch(self, path: str, **options: Unpack[OneShotOptions]) -> R:
+        return self.request("PATCH", path, **options)
+
+    def delete(self, path: str, **options: Unpack[OneShotOptions]) -> R:
+        return self.request("DELETE", path, **options)
+
+
+class OperationBase:
+    """What both operation flavours share: identity, drafting, acknowledgement."""
+
+    def __init__(
+        self, client: BaseClient[Any], reference: str | None, key: str | None, acknowledge: bool
+    ) -> None:
+        self._core = client._core
+        self.reference = reference
+        self._acknowledge = acknowledge
+        self._key = key
+        self._key_supplied = key is not None
+        self._state: IntentState | None = None
+
+    @property
+    def key(self) -> str | None:
+        """The idempotency key, once the intent is journaled (or supplied by the caller)."""
+        return self._key
+
+    @property
+    def state(self) -> IntentState | None:
+        """The intent's state as this operation last saw it in the journal (after its last
+        request returned or raised), or None before the first request. It does not read the
+        journal, so it is safe on an event loop."""
+        return self._state
+
+    def _bind(self, record: IntentRecord) -> None:
+        self._key = record.key
+        self._key_supplied = True
+        self._state = record.state
+
+    def _draft(self, method: str, path: str, options: RequestOptions) -> IntentDraft:
+        headers = options.get("headers")
+        canonical = canonical_request(
+            method,
+            path,
+            params=options.get("params"),
+            json_body=options.get("json"),
+            form=options.get("data"),
+            content=options.get("content"),
+            content_type=_content_type(headers),
+        )
+        return self._core.draft(
+            canonical,
+            reference=self.reference,
+            key=self._key,
+            key_supplied=self._key_supplied,
+            headers=headers,
+        )
+
+    def _acknowledge_on_exit(self, exc_type: type[BaseException] | None) -> bool:
+        # Leaving the block normally means the caller has dealt with the outcome; one that
+        # crashed or raised finds it in client.unacknowledged() instead of paying again.
+        return exc_type is None and self._acknowledge and self._key is not None
+
+    def _acknowledge_quietly(self) -> None:
+        assert self._key is not None
+        with contextlib.suppress(IntentStateError):
+            self._core.journal.acknowledge(self._key, now=self._core.clock())
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} key={self._key!r} reference={self.reference!r}>"
+
+
+def _content_type(headers: Mapping[str, str] | None) -> str | None:
+    for name, value in (headers or {}).items():
+        if name.lower() == "content-type":
+            return value
+    return None
+
+
+class BaseClient(abc.ABC, Generic[TransportT]):
+    """Options, credentials and the journal: everything that is not I/O."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        provider: str | ProviderProfile = "generic",
+        account: str = "default",
+        api_key: str | None = None,
+        journal: Journal | str | os.PathLike[str] | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float | httpx.Timeout = 30.0,
+        key_format: KeyFormat = "ulid",
+        verify: bool = True,
+        max_stored_response_bytes: int = DEFAULT_MAX_STORED_BYTES,
+        in_flight_wait: float = 30.0,
+        lease_seconds: float | None = None,
+        allow_plaintext_keyring: bool | None = None,
+        on_retry: Callable[[RetryEvent], None] | None = None,
+        clock: Callable[[], float] = time.time,
+        transport: TransportT | None = None,
+    ) -> None:
+        """Every option is checked here: a wrong one is a ``ConfigurationError`` now, not
+        a surprise inside an attempt.
+
+        Args:
+            base_url: The provider's API root, ``http://`` or ``https://`` with a host and
+                no credentials in it.
+            provider: A profile name (``generic``, ``sandbox``, ``stripe``, ``adyen``,
+                ``mollie``, or one registered with ``register_profile``) or a
+                ``ProviderProfile``.
+            account: Whose API key and whose intents; part of every intent's scope.
+            api_key: Defaults to ``PAYONCE_API_KEY``, then the OS keyring (service
+                ``payonce``, user = ``account``).
+            journal: A path, a ``postgresql://`` URL, a payonce ``Journal``, or None for
+                ``PAYONCE_JOURNAL`` or the default file in the user data directory.
+            retry: How hard to retry (``RetryPolicy()`` by default).
+            timeout: Seconds, or an ``httpx.Timeout``; every part finite and positive.
+            key_format: ``"ulid"`` (default) or ``"uuid4"`` for new keys.
+            verify: TLS certificate verification; turning it off is logged.
+            max_stored_response_bytes: Larger answers settle from status and headers only.
+            in_flight_wait: Seconds to wait for another worker's attempt on the same intent
+                before ``IntentInFlight``.
+            lease_seconds: How long a worker's claim on an intent lasts (renewed while an
+                attempt runs); by default long enough to outlast the slowest attempt.
+            allow_plaintext_keyring: Accept a plaintext keyring file (off by default).
+            on_retry: Called with a ``RetryEvent`` before each wait between attempts.
+            clock: The time source (tests move it instead of sleeping).
+            transport: An httpx transport: a seam for tests and custom networking
+                (``httpx.BaseTransport`` for ``Client``, ``httpx.AsyncBaseTransport`` for
+                ``AsyncClient``).
+        """
+        base_url = check_base_url(base_url)
+        profile = get_profile(provider)
+        new_key(key_format)  # checks the format before anything is opened
+        if retry is None:
+            retry = RetryPolicy()
+        elif not isinstance(retry, RetryPolicy):
+            raise ConfigurationError(f"retry must be a payonce.RetryPolicy, not {retry!r}")
+        timeouts = check_timeout(timeout)
+        max_stored = check_count("max_stored_response_bytes", max_stored_response_bytes, minimum=0)
+        self._in_flight_wait = check_seconds("in_flight_wait", in_flight_wait)
+        if lease_seconds is None:
+            # Renewed while an attempt runs; it must still outlast a stall of the renewer.
+            slowest = max(t or 0.0 for t in (timeouts.connect, timeouts.read, timeouts.write))
+            lease_seconds = 2 * slowest + max(retry.max_wait, retry.max_retry_after) + 30.0
+        lease_seconds = check_seconds("lease_seconds", lease_seconds, positive=True)
+        for name, hook in (("on_retry", on_retry), ("clock", clock)):
+            if hook is not None and not callable(hook):
+                raise ConfigurationError(f"{name} must be callable, not {hook!r}")
+        secret = resolve_api_key(
+            api_key, account=account, allow_plaintext_keyring=allow_plaintext_keyring
+        )
+        if not verify:
+            logger.warning(
+                "TLS certificate verification is OFF for %s: only ever do this against a "
+                "test provider",
+                base_url,
+            )
+        self._owns_journal = not isinstance(journal, Journal)
+        self.journal: Journal = open_journal(journal)
+        self._core = IntentCore(
+            base_url=base_url,
+            profile=profile,
+            account=account,
+            api_key=secret,
+            journal=self.journal,
+            retry=retry,
+            key_format=key_format,
+            max_stored_bytes=max_stored,
+            lease_seconds=lease_seconds,
+            clock=clock,
+            on_retry=on_retry,
+        )
+        http_options: dict[str, Any] = {
+            "timeout": timeouts,
+            "verify": verify,
+            "headers": {"User-Agent": USER_AGENT},
+        }
+        self._connect(transport, http_options)
+
+    @abc.abstractmethod
+    def _connect(self, transport: TransportT | None, options: dict[str, Any]) -> None:
+        """Open the HTTP client and the lease keeper of this flavour."""
+
+    @property
+    def account(self) -> str:
+        return self._core.account
+
+    @property
+    def provider(self) -> ProviderProfile:
+        return self._core.profile
+
+    def _deadline(self) -> float:
+        """When a wait for another worker's attempt on an intent gives up."""
+        return time.monotonic() + self._in_flight_wait

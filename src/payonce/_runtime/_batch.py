@@ -1,0 +1,205 @@
+"""One batch runner behind ``resume()`` and ``reconcile_all()``, sync and async.
+
+A batch names its targets one at a time and says what a failure of one means; the runner
+drives each target and isolates it: whatever one intent raises (a refused look-up, an
+undecodable answer, a bug) is logged with its key and reported in that intent's result,
+and the pass goes on with the next. Only an interrupt (``KeyboardInterrupt``, a
+cancellation) stops a pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar
+
+import attrs
+import httpx
+
+from .._journal import Claim, IntentRecord
+from .._lifecycle import IntentState, new_owner
+from ..errors import PayonceError, ProviderError
+from . import _reconcile
+from ._core import IntentCore, Run
+from ._reconcile import ReconcileResult
+
+__all__ = [
+    "Claimed",
+    "ReconcileBatch",
+    "ResumeBatch",
+    "ResumeResult",
+    "arun_batch",
+    "run_batch",
+]
+
+logger = logging.getLogger("payonce")
+
+T = TypeVar("T")
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+
+class Batch(Protocol[T, R_co]):
+    def next(self) -> T | None:
+        """The next target, or None when the pass is over (may read the journal)."""
+        ...
+
+    def key(self, target: T) -> str: ...
+
+    def failed(self, target: T, error: Exception) -> R_co:
+        """The result of a target whose drive raised (may read and write the journal)."""
+        ...
+
+
+def _log_failure(key: str, error: Exception) -> None:
+    if isinstance(error, PayonceError):
+        logger.warning("intent %s: %s: %s", key, type(error).__name__, error)
+    else:
+        logger.error(
+            "intent %s: unexpected %s; the pass goes on with the next intent",
+            key,
+            type(error).__name__,
+            exc_info=error,
+        )
+
+
+def run_batch(
+    batch: Batch[T, R], drive: Callable[[T], R], on_result: Callable[[R], object] | None
+) -> list[R]:
+    results: list[R] = []
+    while (target := batch.next()) is not None:
+        try:
+            result = drive(target)
+        except Exception as exc:
+            _log_failure(batch.key(target), exc)
+            result = batch.failed(target, exc)
+        results.append(result)
+        if on_result is not None:
+            on_result(result)
+    return results
+
+
+async def arun_batch(
+    batch: Batch[T, R],
+    drive: Callable[[T], Awaitable[R]],
+    on_result: Callable[[R], object] | None,
+) -> list[R]:
+    results: list[R] = []
+    while (target := await asyncio.to_thread(batch.next)) is not None:
+        try:
+            result = await drive(target)
+        except Exception as exc:
+            _log_failure(batch.key(target), exc)
+            result = await asyncio.to_thread(batch.failed, target, exc)
+        results.append(result)
+        if on_result is not None:
+            on_result(result)
+    return results
+
+
+# -- resume ----------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class ResumeResult:
+    """What ``resume`` did with one pending intent."""
+
+    key: str
+    reference: str | None
+    state: IntentState
+    """The intent's state once this pass was done with it."""
+    detail: str
+
+
+@attrs.frozen
+class Claimed:
+    claim: Claim
+    owner: str
+
+    @property
+    def record(self) -> IntentRecord:
+        return self.claim.record
+
+
+class ResumeBatch:
+    """Every pending intent of the client's account and provider no live worker holds,
+    oldest first, each leased as it is named."""
+
+    def __init__(self, core: IntentCore) -> None:
+        self._core = core
+        self._after: tuple[float, str] | None = None
+
+    def next(self) -> Claimed | None:
+        owner = new_owner()
+        claim = self._core.claim_next_resumable(owner, self._after)
+        if claim is None:
+            return None
+        self._after = (claim.record.created_at, claim.record.key)
+        return Claimed(claim, owner)
+
+    def key(self, target: Claimed) -> str:
+        return target.record.key
+
+    def run(self, target: Claimed) -> Run:
+        return self._core.resumed(target.claim, target.owner)
+
+    def settled(self, target: Claimed, response: httpx.Response) -> ResumeResult:
+        record = target.record
+        detail = f"HTTP {response.status_code}"
+        logger.info("resumed intent %s: succeeded (%s)", record.key, detail)
+        return ResumeResult(record.key, record.reference, IntentState.SUCCEEDED, detail)
+
+    def failed(self, target: Claimed, error: Exception) -> ResumeResult:
+        record = target.record
+        # Whatever went wrong, the lease is given back (a no-op when the drive did).
+        self._core.journal.release(record.key, owner=target.owner)
+        if isinstance(error, ProviderError):
+            state, detail = IntentState.FAILED, f"HTTP {error.status_code}"
+        else:
+            current = self._core.journal.get(record.key)
+            state = current.state if current else record.state
+            detail = f"{type(error).__name__}: {error}"
+        logger.info("resumed intent %s: %s (%s)", record.key, state.value, detail)
+        return ResumeResult(record.key, record.reference, state, detail)
+
+
+# -- reconcile -------------------------------------------------------------------------------
+
+
+class ReconcileBatch:
+    """The unknown intents of the client's account and provider, oldest first, or the ones
+    with one key or reference."""
+
+    def __init__(self, core: IntentCore, key_or_reference: str | None) -> None:
+        self._core = core
+        self._named = key_or_reference
+        self._targets: deque[IntentRecord] | None = None
+        self._started = 0.0
+
+    def next(self) -> IntentRecord | None:
+        if self._targets is None:
+            self._targets = deque(_reconcile.targets(self._core, self._named))
+            # A profile without a status look-up is the client's configuration, not one
+            # intent's problem: said once, up front, rather than as every intent's failure.
+            for record in self._targets:
+                if _reconcile.skip_reason(self._core, record) is None:
+                    _reconcile.check_lookup(self._core, record)
+                    break
+        if not self._targets:
+            return None
+        self._started = self._core.clock()
+        return self._targets.popleft()
+
+    def key(self, target: IntentRecord) -> str:
+        return target.key
+
+    def failed(self, target: IntentRecord, error: Exception) -> ReconcileResult:
+        journal = self._core.journal
+        now = journal.get(target.key)
+        # What the journal wrote down names no key, so the same cause groups in a summary.
+        written = [e.detail for e in journal.reconciliations(target.key) if e.at >= self._started]
+        detail = written[-1] if written else f"{type(error).__name__}: {error}"
+        after = now.state if now else target.state
+        return ReconcileResult(target.key, target.reference, target.state, after, "error", detail)

@@ -1,0 +1,381 @@
+"""Everything the clients decide per intent, doing no I/O but journal calls.
+
+``Client`` and ``AsyncClient`` differ only in how they send bytes, sleep and wait; they
+call these steps in the same order. Which state an answer leads to is decided in
+``payonce._lifecycle``; the words of each error are in ``_refusals``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+import httpx
+
+from .._crash import crash_armed, crash_atrace, crash_point, crash_trace
+from .._journal import Claim, ClaimKind, IntentDraft, IntentRecord, Journal
+from .._lifecycle import (
+    CanonicalRequest,
+    IntentState,
+    KeyFormat,
+    Outcome,
+    Verdict,
+    classify_error,
+    classify_response,
+    make_scope,
+    may_have_executed,
+    new_key,
+    owner_is_dead,
+    resend_refusal,
+    validate_key,
+)
+from .._providers import ProviderProfile
+from ..errors import PayonceError
+from . import _refusals as refusals
+from ._lease_keeper import Lease
+from ._responses import replayed, stored, tagged
+from ._retrying import Retry, RetryEvent, RetryPolicy, retrying_kwargs
+
+__all__ = ["IntentCore", "Replay", "Run", "Step", "Wait"]
+
+logger = logging.getLogger("payonce")
+
+
+@attrs.define(eq=False)
+class Run:
+    """One drive of one intent by one worker: holds the lease while it lasts."""
+
+    record: IntentRecord
+    """The intent as the last journal write of this run left it."""
+    owner: str
+    attempt: int
+    ambiguous: bool
+    """True once any attempt of this intent may have reached the provider."""
+    started: bool = True
+    """False until the current attempt's start is journaled (the first one is, by claim)."""
+    last_reason: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.record.key
+
+
+@attrs.frozen
+class Replay:
+    record: IntentRecord
+    response: httpx.Response
+
+
+@attrs.frozen
+class Wait:
+    record: IntentRecord
+
+
+Step = Run | Replay | Wait
+
+
+class IntentCore:
+    """The decisions shared by Client and AsyncClient."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        profile: ProviderProfile,
+        account: str,
+        api_key: str,
+        journal: Journal,
+        retry: RetryPolicy,
+        key_format: KeyFormat,
+        max_stored_bytes: int,
+        lease_seconds: float,
+        clock: Callable[[], float],
+        on_retry: Callable[[RetryEvent], None] | None,
+    ) -> None:
+        self.base_url = base_url
+        self.profile = profile
+        self.account = account
+        self._api_key = api_key
+        self.journal = journal
+        self.retry = retry
+        self.key_format = key_format
+        self.max_stored_bytes = max_stored_bytes
+        self.lease_seconds = lease_seconds
+        self.clock = clock
+        self.on_retry = on_retry
+
+    # -- the intent --------------------------------------------------------------------------
+
+    def draft(
+        self,
+        canonical: CanonicalRequest,
+        *,
+        reference: str | None,
+        key: str | None,
+        key_supplied: bool,
+        headers: Mapping[str, str] | None,
+    ) -> IntentDraft:
+        if key is not None:
+            validate_key(key, max_length=self.profile.key_max_length)
+        secret = self.profile.secret_headers() | {self.profile.key_header.lower()}
+        kept = sorted(
+            (name.lower(), value)
+            for name, value in (headers or {}).items()
+            if name.lower() not in secret and name.lower() != "content-type"
+        )
+        # Headers such as Stripe-Account change what the request does: the same intent
+        # with other headers is another request.
+        fingerprint = canonical.fingerprint_with(kept)
+        if canonical.content_type:
+            kept.append(("content-type", canonical.content_type))
+        return IntentDraft(
+            key=key or new_key(self.key_format),
+            key_supplied=key_supplied,
+            scope=make_scope(self.account, canonical.method, canonical.path),
+            reference=reference,
+            account=self.account,
+            provider=self.profile.name,
+            method=canonical.method,
+            url=self.base_url + canonical.target,
+            fingerprint=fingerprint,
+            request_headers=tuple(kept),
+            body=canonical.body,
+        )
+
+    def begin(self, draft: IntentDraft, owner: str) -> Step:
+        """Claim the intent; decide whether to send, replay, wait, or refuse."""
+        claim = self.journal.claim(
+            draft, owner=owner, now=self.clock(), lease_seconds=self.lease_seconds
+        )
+        if claim.kind is ClaimKind.LEASED and owner_is_dead(claim.record.lease_owner):
+            logger.info(
+                "intent %s: taking over the lease of dead worker %s",
+                claim.record.key,
+                claim.record.lease_owner,
+            )
+            claim = self.journal.claim(
+                draft,
+                owner=owner,
+                now=self.clock(),
+                lease_seconds=self.lease_seconds,
+                stale_owner=claim.record.lease_owner,
+            )
+        record = claim.record
+        match claim.kind:
+            case ClaimKind.CREATED:
+                assert claim.attempt_number is not None
+                crash_point("after_write_ahead")
+                return Run(record, owner, attempt=claim.attempt_number, ambiguous=False)
+            case ClaimKind.MISMATCH:
+                raise refusals.mismatch(draft, record)
+            case ClaimKind.FINAL:
+                return Replay(record, self.replay(record))
+            case ClaimKind.UNKNOWN:
+                raise refusals.unknown(record)
+            case ClaimKind.LEASED:
+                return Wait(record)
+            case ClaimKind.CLAIMED:
+                return self.resumed(claim, owner)
+
+    def resumed(self, claim: Claim, owner: str) -> Run:
+        """An existing pending intent ``owner`` has claimed: resend under its key, unless an
+        attempt may have executed and the key may be gone at the provider by now."""
+        record = claim.record
+        ambiguous = may_have_executed(self.journal.attempts(record.key))
+        run = Run(record, owner, attempt=0, ambiguous=ambiguous, started=False)
+        refusal = (
+            resend_refusal(record.first_sent_at, self.clock(), self.profile.key_lifetime)
+            if ambiguous
+            else None
+        )
+        if refusal is not None:
+            run.record = self.journal.mark_unknown(
+                record.key, owner=owner, now=self.clock(), reason=refusal
+            )
+            raise refusals.unknown(run.record)
+        return run
+
+    def claim_next_resumable(self, owner: str, after: tuple[float, str] | None) -> Claim | None:
+        """Lease the next pending intent of this account that no live worker holds.
+
+        ``after`` is the (created_at, key) of the intent this pass handled last. Hosts
+        resuming at once skip the rows the others are claiming instead of queueing on them.
+        """
+        return self.journal.claim_next_pending(
+            account=self.account,
+            provider=self.profile.name,
+            owner=owner,
+            now=self.clock(),
+            lease_seconds=self.lease_seconds,
+            after=after,
+            is_stale=owner_is_dead,
+        )
+
+    def start_attempt(self, run: Run) -> None:
+        if run.started:
+            return
+        run.attempt = self.journal.start_attempt(
+            run.key, owner=run.owner, now=self.clock(), lease_seconds=self.lease_seconds
+        )
+        run.started = True
+        crash_point("after_write_ahead")
+
+    def lease(self, run: Run) -> Lease:
+        """The run's lease, for the lease keeper to renew while an attempt waits."""
+
+        def renew() -> bool:
+            return self.journal.renew_lease(
+                run.key, owner=run.owner, now=self.clock(), lease_seconds=self.lease_seconds
+            )
+
+        return Lease(f"intent {run.key}", renew)
+
+    def auth_headers(self) -> dict[str, str]:
+        return self.profile.auth_headers(self._api_key)
+
+    # -- one attempt -------------------------------------------------------------------------
+
+    def build_request(self, run: Run, client: httpx.Client | httpx.AsyncClient) -> httpx.Request:
+        """The same bytes and the same key on every attempt, taken from the journal."""
+        record = run.record
+        headers = dict(record.request_headers)
+        headers[self.profile.key_header] = self.profile.key_header_value(record.key)
+        headers.update(self.auth_headers())
+        # The path comes from the journal, the host from this client: after a failover or a
+        # move to another endpoint, the intent is resent where the provider now answers.
+        target = httpx.URL(record.url).raw_path.decode("ascii")
+        content_type = dict(record.request_headers).get("content-type")
+        return client.build_request(
+            record.method,
+            self.base_url + target,
+            content=self.profile.prepare_body(record.body, content_type, record.key),
+            headers=headers,
+            extensions=self._crash_extensions(client),
+        )
+
+    @staticmethod
+    def _crash_extensions(client: httpx.Client | httpx.AsyncClient) -> dict[str, Any] | None:
+        if not crash_armed():
+            return None
+        return {"trace": crash_atrace if isinstance(client, httpx.AsyncClient) else crash_trace}
+
+    def on_response(self, run: Run, response: httpx.Response) -> httpx.Response:
+        """Settle a definitive answer, or raise ``Retry`` for a transient one."""
+        crash_point("after_response")
+        verdict = classify_response(response, self.profile)
+        logger.debug(
+            "intent %s attempt %d: HTTP %d (%s)",
+            run.key,
+            run.attempt,
+            response.status_code,
+            verdict.outcome.value,
+        )
+        if verdict.outcome is Outcome.RETRY:
+            self._retryable(run, verdict, status_code=response.status_code, error=None)
+        return self._settle(run, response, verdict)
+
+    def on_error(self, run: Run, error: BaseException) -> None:
+        """An attempt raised: retry transport failures, journal anything else and re-raise."""
+        verdict = classify_error(error)
+        logger.debug("intent %s attempt %d: %s", run.key, run.attempt, type(error).__name__)
+        if verdict is not None:
+            self._retryable(run, verdict, status_code=None, error=type(error).__name__)
+        # Not a transport failure (a bug, an interrupt): the attempt may have left. Leave the
+        # intent pending under its key, so a later call resends it safely within the
+        # provider's key lifetime, and let the error through.
+        self.journal.end_attempt(
+            run.key,
+            run.attempt,
+            owner=run.owner,
+            now=self.clock(),
+            status_code=None,
+            error=type(error).__name__,
+            ambiguous=True,
+        )
+        self.journal.release(run.key, owner=run.owner)
+
+    def _retryable(
+        self, run: Run, verdict: Verdict, *, status_code: int | None, error: str | None
+    ) -> None:
+        run.ambiguous = run.ambiguous or verdict.ambiguous
+        run.last_reason = verdict.reason
+        self.journal.end_attempt(
+            run.key,
+            run.attempt,
+            owner=run.owner,
+            now=self.clock(),
+            status_code=status_code,
+            error=error,
+            ambiguous=verdict.ambiguous,
+        )
+        run.started = False
+        raise Retry(verdict)
+
+    def _settle(self, run: Run, response: httpx.Response, verdict: Verdict) -> httpx.Response:
+        state = (
+            IntentState.SUCCEEDED if verdict.outcome is Outcome.SUCCEEDED else IntentState.FAILED
+        )
+        run.record = record = self.journal.settle(
+            run.key,
+            owner=run.owner,
+            now=self.clock(),
+            state=state,
+            response=stored(response, key=run.key, max_bytes=self.max_stored_bytes),
+            attempt=run.attempt,
+        )
+        logger.info(
+            "intent %s%s %s after %d attempt(s): HTTP %d",
+            record.key,
+            f" ({record.reference})" if record.reference else "",
+            state.value,
+            record.attempt_count,
+            response.status_code,
+        )
+        provider_replayed = self.profile.was_replayed(response)
+        tagged(response, record, replayed=False, provider_replayed=provider_replayed)
+        return self._deliver(record, response)
+
+    # -- giving up, replaying ----------------------------------------------------------------
+
+    def give_up(self, run: Run) -> PayonceError:
+        """Attempts ran out: the error to raise, after journaling what is known."""
+        if run.ambiguous:
+            reason = f"retries exhausted; last failure: {run.last_reason}"
+            run.record = self.journal.mark_unknown(
+                run.key, owner=run.owner, now=self.clock(), reason=reason
+            )
+            return refusals.unknown(run.record)
+        self.journal.release(run.key, owner=run.owner)
+        return refusals.unavailable(run.record, run.last_reason)
+
+    def replay(self, record: IntentRecord) -> httpx.Response:
+        if record.state is IntentState.ABANDONED:
+            raise refusals.abandoned(record)
+        response = replayed(record)
+        if response is None:
+            raise refusals.unknown(record)
+        return self._deliver(record, response)
+
+    def _deliver(self, record: IntentRecord, response: httpx.Response) -> httpx.Response:
+        if record.state is IntentState.SUCCEEDED:
+            return response
+        raise refusals.refused(record, response, classify_response(response, self.profile))
+
+    def retrying(self, run: Run | None) -> dict[str, Any]:
+        """tenacity settings of an intent's attempt loop, or of a look-up's (``run`` None)."""
+        if run is None:
+            return retrying_kwargs(self.retry)
+
+        def event(attempt: int, wait: float, verdict: Verdict) -> RetryEvent:
+            return RetryEvent(
+                key=run.key,
+                reference=run.record.reference,
+                attempt=run.attempt,
+                wait=wait,
+                reason=verdict.reason,
+                ambiguous=verdict.ambiguous,
+            )
+
+        return retrying_kwargs(self.retry, event=event, on_retry=self.on_retry)

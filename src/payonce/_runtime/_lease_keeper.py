@@ -1,0 +1,146 @@
+"""One lease keeper for everything payonce holds a lease on while work runs: the attempts
+of intents (``Client``, ``AsyncClient``) and the handlers of webhook events
+(``WebhookInbox``).
+
+A lease must outlast the slowest piece of work it covers, or another worker could take
+the intent (or event) over while this one still waits. So while a lease is held, the
+keeper renews it every third of its length. The flavours differ only in what ticks: a
+daemon thread for sync code, an asyncio task for async code (the journal writes of a
+tick then run in one worker thread, never on the event loop). Either stops by itself once
+it holds nothing, and starts again with the next lease.
+
+When a lease is lost (its renewal finds another owner, because the lease expired during a
+stall and another worker took it over), the keeper logs one warning, stops renewing it
+and marks it ``lost``. It does not interrupt the work: the holder finds out at its next
+journal write, which the journal refuses (an intent: ``IntentInFlight``; the new holder
+settles it) or reports (a webhook event: ``finish_event`` says it was taken over). A
+renewal that fails for another reason (the journal is busy) is logged and tried again at
+the next tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+
+import attrs
+
+from ..errors import PayonceError
+
+__all__ = ["Lease", "TaskLeaseKeeper", "ThreadLeaseKeeper"]
+
+logger = logging.getLogger("payonce")
+
+
+@attrs.define(eq=False)
+class Lease:
+    """One lease held while work runs. ``renew`` extends it and says whether it is still
+    held; it is called from the keeper's thread."""
+
+    what: str
+    """What it covers, for the log: "intent 01J…", "webhook event evt_…"."""
+    renew: Callable[[], bool]
+    lost: bool = False
+
+
+class _Keeper:
+    """The bookkeeping both flavours share: which leases are held, and one renewal round."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._leases: set[Lease] = set()
+
+    def _renew(self, leases: list[Lease]) -> None:
+        for lease in leases:
+            if lease.lost:
+                continue
+            try:
+                held = lease.renew()
+            except PayonceError as exc:
+                logger.warning("%s: lease renewal failed, trying again: %s", lease.what, exc)
+                continue
+            if not held:
+                lease.lost = True
+                logger.warning(
+                    "%s: lease lost while its work was running (another worker took it over "
+                    "after it expired); its next journal write will be refused",
+                    lease.what,
+                )
+
+
+class ThreadLeaseKeeper(_Keeper):
+    """Renews from a daemon thread; for sync code."""
+
+    def __init__(self, interval: float) -> None:
+        super().__init__(interval)
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @contextlib.contextmanager
+    def holding(self, lease: Lease) -> Iterator[Lease]:
+        with self._lock:
+            self._leases.add(lease)
+            if self._thread is None:
+                self._wake.clear()
+                self._thread = threading.Thread(
+                    target=self._tick, name="payonce-lease-keeper", daemon=True
+                )
+                self._thread.start()
+        try:
+            yield lease
+        finally:
+            with self._lock:
+                self._leases.discard(lease)
+
+    def _tick(self) -> None:
+        while not self._wake.wait(self.interval):
+            with self._lock:
+                if not self._leases:
+                    self._thread = None
+                    return
+                leases = list(self._leases)
+            self._renew(leases)
+
+    def close(self) -> None:
+        with self._lock:
+            thread, self._thread = self._thread, None
+            self._wake.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+
+class TaskLeaseKeeper(_Keeper):
+    """Renews from an asyncio task, each round's journal writes in a worker thread."""
+
+    def __init__(self, interval: float) -> None:
+        super().__init__(interval)
+        self._task: asyncio.Task[None] | None = None
+
+    @contextlib.asynccontextmanager
+    async def holding(self, lease: Lease) -> AsyncIterator[Lease]:
+        self._leases.add(lease)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._tick())
+        try:
+            yield lease
+        finally:
+            self._leases.discard(lease)
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            if not self._leases:
+                return
+            await asyncio.to_thread(self._renew, list(self._leases))
+
+    async def aclose(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            # wait() rather than awaiting the task: its CancelledError is not ours to raise,
+            # while a cancellation of the caller still is.
+            await asyncio.wait([task])

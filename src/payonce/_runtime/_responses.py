@@ -1,0 +1,123 @@
+"""Responses payonce hands back: answers as they arrive, stored, and replayed from the
+journal, each tagged with what payonce knows about it (``payonce.response_info``)."""
+
+from __future__ import annotations
+
+import logging
+
+import attrs
+import httpx
+
+from .._journal import IntentRecord, StoredResponse
+from .._lifecycle import IntentState
+
+__all__ = [
+    "DEFAULT_MAX_STORED_BYTES",
+    "ResponseInfo",
+    "replayed",
+    "response_info",
+    "stored",
+    "tagged",
+]
+
+logger = logging.getLogger("payonce")
+
+DEFAULT_MAX_STORED_BYTES = 1024 * 1024
+"""Answers larger than this are journaled with their status and headers only."""
+
+# Response headers never worth replaying: hop-by-hop, cookies, and encodings that described
+# the bytes on the wire rather than the decoded body payonce stores.
+_DROPPED_RESPONSE_HEADERS = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "content-encoding",
+        "content-length",
+        "set-cookie",
+        "date",
+        "server",
+    }
+)
+
+
+@attrs.frozen
+class ResponseInfo:
+    """What payonce knows about a response it returned (``payonce.response_info(r)``)."""
+
+    key: str
+    reference: str | None
+    state: IntentState
+    replayed: bool
+    """True when served from the journal without a network call."""
+    provider_replayed: bool
+    """True when the provider said it replayed a stored answer for this key."""
+    attempts: int
+    body_stored: bool
+    """False when the body exceeded the size cap and only status and headers were kept."""
+
+
+def response_info(response: httpx.Response) -> ResponseInfo | None:
+    """payonce's record of a response, or None for a response payonce did not produce."""
+    info = response.extensions.get("payonce")
+    return info if isinstance(info, ResponseInfo) else None
+
+
+def stored(response: httpx.Response, *, key: str, max_bytes: int) -> StoredResponse:
+    """A definitive answer as the journal keeps it: status, kept headers, capped body."""
+    body = response.content
+    body_stored = len(body) <= max_bytes
+    if not body_stored:
+        logger.warning(
+            "intent %s: response body of %d bytes exceeds the %d-byte cap; journaled "
+            "status and headers only, a replay will have an empty body",
+            key,
+            len(body),
+            max_bytes,
+        )
+    return StoredResponse(
+        status=response.status_code,
+        headers=tuple(
+            (name, value)
+            for name, value in response.headers.multi_items()
+            if name.lower() not in _DROPPED_RESPONSE_HEADERS
+        ),
+        body=body if body_stored else b"",
+        body_stored=body_stored,
+    )
+
+
+def tagged(
+    response: httpx.Response, record: IntentRecord, *, replayed: bool, provider_replayed: bool
+) -> httpx.Response:
+    """The response, carrying its ``ResponseInfo``."""
+    body_stored = record.response.body_stored if record.response is not None else True
+    response.extensions = {
+        **response.extensions,
+        "payonce": ResponseInfo(
+            key=record.key,
+            reference=record.reference,
+            state=record.state,
+            replayed=replayed,
+            provider_replayed=provider_replayed,
+            attempts=record.attempt_count,
+            body_stored=body_stored,
+        ),
+    }
+    return response
+
+
+def replayed(record: IntentRecord) -> httpx.Response | None:
+    """The journaled answer of a settled intent, as an ``httpx.Response``; None when it has
+    none stored."""
+    answer = record.response
+    if answer is None:
+        return None
+    response = httpx.Response(
+        answer.status,
+        headers=list(answer.headers),
+        content=answer.body,
+        request=httpx.Request(record.method, record.url),
+    )
+    logger.debug("intent %s replayed from the journal: HTTP %d", record.key, answer.status)
+    return tagged(response, record, replayed=True, provider_replayed=False)

@@ -1,0 +1,232 @@
+"""``payonce.Client`` and its per-operation context manager: the sync I/O edge.
+
+Every decision is ``IntentCore``'s; this module sends bytes with httpx, sleeps with
+``time.sleep`` and keeps leases alive from a thread. ``_async`` is its awaited twin.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, Unpack
+
+import httpx
+import tenacity
+
+from .._journal import IntentDraft, IntentRecord
+from .._lifecycle import new_owner
+from . import _reconcile
+from . import _refusals as refusals
+from ._base import (
+    BaseClient,
+    OneShotOptions,
+    OneShotVerbs,
+    OperationBase,
+    RequestOptions,
+    Verbs,
+    one_shot,
+)
+from ._batch import ReconcileBatch, ResumeBatch, ResumeResult, run_batch
+from ._core import Replay, Run, Wait
+from ._lease_keeper import ThreadLeaseKeeper
+from ._reconcile import ReconcileResult
+from ._retrying import Retry
+
+__all__ = ["IN_FLIGHT_POLL", "Client", "Operation"]
+
+IN_FLIGHT_POLL = 0.05
+"""Seconds between looks at an intent another worker is sending."""
+
+
+class Operation(OperationBase, Verbs[httpx.Response]):
+    """One business intent: every request made through it is the same intent, sent once.
+
+    Created by ``client.intent(reference)``. ``key`` is known once the first request has
+    been journaled (or at once, when the caller supplied it).
+    """
+
+    def __init__(
+        self, client: Client, reference: str | None, key: str | None, acknowledge: bool
+    ) -> None:
+        super().__init__(client, reference, key, acknowledge)
+        self._client = client
+
+    def request(self, method: str, path: str, **options: Unpack[RequestOptions]) -> httpx.Response:
+        """Send the intent's request (once), or replay its journaled outcome.
+
+        Takes ``json=``, ``data=`` (form), ``content=``, ``params=`` and ``headers=``.
+        """
+        return self._client._drive(self, self._draft(method, path, options))
+
+    def acknowledge(self) -> None:
+        """Mark the settled outcome as recorded on the caller's side."""
+        if self._key is not None:
+            self._client.acknowledge(self._key)
+
+    def __enter__(self) -> Operation:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._acknowledge_on_exit(exc_type):
+            self._acknowledge_quietly()
+
+
+class Client(BaseClient[httpx.BaseTransport], OneShotVerbs[httpx.Response]):
+    """A payment-provider client whose every operation takes effect exactly once.
+
+    ``AsyncClient`` takes the same options; see ``__init__`` for each of them.
+    """
+
+    _http: httpx.Client
+    _keeper: ThreadLeaseKeeper
+
+    def _connect(self, transport: httpx.BaseTransport | None, options: dict[str, Any]) -> None:
+        self._http = httpx.Client(transport=transport, **options)
+        self._keeper = ThreadLeaseKeeper(self._core.lease_seconds / 3)
+
+    def intent(
+        self, reference: str | None = None, *, key: str | None = None, acknowledge: bool = True
+    ) -> Operation:
+        """The context manager for one business operation.
+
+        The same ``reference`` (for the same account, method and path) is the same intent
+        with the same key, in this process or after a restart. Leaving the block normally
+        acknowledges the outcome; pass ``acknowledge=False`` to acknowledge it yourself
+        once your own database has recorded it.
+        """
+        return Operation(self, reference, key, acknowledge)
+
+    def request(self, method: str, path: str, **options: Unpack[OneShotOptions]) -> httpx.Response:
+        """A one-shot operation: ``client.post(path, json=..., reference="order-42")``.
+
+        Takes ``reference=`` and ``key=`` besides what ``Operation.request`` takes.
+        """
+        reference, key, request = one_shot(options)
+        with self.intent(reference, key=key) as op:
+            return op.request(method, path, **request)
+
+    # -- after a crash: resume, reconcile, abandon, acknowledge -------------------------------
+
+    def resume(
+        self, *, on_result: Callable[[ResumeResult], object] | None = None
+    ) -> list[ResumeResult]:
+        """Drive every pending intent of this account that no live worker holds to an end.
+
+        Each is resent with its stored bytes under its key, unless an attempt may have
+        reached the provider longer ago than the key lifetime allows: then it goes unknown.
+        One intent's failure, whatever it is, never stops the rest: it is logged with its
+        key and reported in its result. ``on_result`` sees each result as it comes.
+        """
+        batch = ResumeBatch(self._core)
+
+        def drive(target: Any) -> ResumeResult:
+            return batch.settled(target, self._send(batch.run(target)))
+
+        return run_batch(batch, drive, on_result)
+
+    def reconcile(
+        self,
+        key_or_reference: str,
+        *,
+        on_result: Callable[[ReconcileResult], object] | None = None,
+    ) -> list[ReconcileResult]:
+        """Ask the provider about the unknown intent(s) with this key or reference."""
+        return run_batch(ReconcileBatch(self._core, key_or_reference), self._reconcile, on_result)
+
+    def reconcile_all(
+        self, *, on_result: Callable[[ReconcileResult], object] | None = None
+    ) -> list[ReconcileResult]:
+        """Reconcile every unknown intent of this account and provider, oldest first; one
+        intent's failure never stops the rest."""
+        return run_batch(ReconcileBatch(self._core, None), self._reconcile, on_result)
+
+    def _reconcile(self, record: IntentRecord) -> ReconcileResult:
+        core = self._core
+        claimed = _reconcile.begin(core, record, owner := new_owner())
+        if isinstance(claimed, ReconcileResult):
+            return claimed
+        try:
+            for attempt in tenacity.Retrying(**core.retrying(None)):
+                with attempt:
+                    request = _reconcile.lookup_request(core, claimed, self._http)
+                    try:
+                        response = self._http.send(request)
+                    except httpx.TransportError as exc:
+                        raise _reconcile.transport_failure(exc) from exc
+                    return _reconcile.conclude(core, claimed, owner, response)
+        except Retry as exc:
+            return _reconcile.give_up(core, claimed, owner, str(exc))
+        finally:
+            core.journal.release(record.key, owner=owner)
+        raise AssertionError("unreachable: tenacity either returns or raises")
+
+    def abandon(self, key: str, *, reason: str) -> IntentRecord:
+        """Close a pending or unknown intent for good, as an operator decision."""
+        return self.journal.abandon(key, reason=reason, now=self._core.clock())
+
+    def acknowledge(self, key: str) -> IntentRecord:
+        """The caller has recorded this intent's settled outcome on its side."""
+        return self.journal.acknowledge(key, now=self._core.clock())
+
+    def unacknowledged(self) -> list[IntentRecord]:
+        """Settled intents of this account whose outcome the caller has not acknowledged."""
+        return self.journal.unacknowledged(account=self.account)
+
+    # -- sending -----------------------------------------------------------------------------
+
+    def _drive(self, op: Operation, draft: IntentDraft) -> httpx.Response:
+        core = self._core
+        owner = new_owner()
+        deadline = self._deadline()
+        step = core.begin(draft, owner)
+        while isinstance(step, Wait):
+            if time.monotonic() >= deadline:
+                raise refusals.in_flight(step.record)
+            time.sleep(IN_FLIGHT_POLL)
+            step = core.begin(draft, owner)
+        op._bind(step.record)
+        if isinstance(step, Replay):
+            return step.response
+        try:
+            return self._send(step)
+        finally:
+            op._bind(step.record)
+
+    def _send(self, run: Run) -> httpx.Response:
+        try:
+            with self._keeper.holding(self._core.lease(run)):
+                return self._attempts(run)
+        except Retry:
+            raise self._core.give_up(run) from None
+
+    def _attempts(self, run: Run) -> httpx.Response:
+        core = self._core
+        for attempt in tenacity.Retrying(**core.retrying(run)):
+            with attempt:
+                core.start_attempt(run)
+                request = core.build_request(run, self._http)
+                try:
+                    response = self._http.send(request)
+                except BaseException as exc:  # KeyboardInterrupt too: give the lease back
+                    core.on_error(run, exc)
+                    raise
+                return core.on_response(run, response)
+        raise AssertionError("unreachable: tenacity either returns or raises")
+
+    def close(self) -> None:
+        self._keeper.close()
+        self._http.close()
+        if self._owns_journal:
+            self.journal.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,30 @@
+"""Provider profiles: what differs between payment providers' idempotency contracts.
+
+A profile of your own is a ``ProviderProfile``; its ``refine`` hook may return a
+``Verdict`` on an answer, built from an ``Outcome``.
+"""
+
+from ._lifecycle import Outcome, Verdict
+from ._providers import (
+    Lookup,
+    ProviderProfile,
+    adyen_profile,
+    adyen_reference_lookup,
+    get_profile,
+    mollie_profile,
+    register_profile,
+    stripe_profile,
+)
+
+__all__ = [
+    "Lookup",
+    "Outcome",
+    "ProviderProfile",
+    "Verdict",
+    "adyen_profile",
+    "adyen_reference_lookup",
+    "get_profile",
+    "mollie_profile",
+    "register_profile",
+    "stripe_profile",
+]

@@ -1,0 +1,10 @@
+"""The frozen records payonce hands back: about a response (``ResponseInfo``), a retry
+(``RetryEvent``, for ``on_retry`` hooks), and each intent of a ``resume`` or a
+``reconcile`` pass. The journal's own records are in ``payonce.journal``."""
+
+from ._runtime._batch import ResumeResult
+from ._runtime._reconcile import ReconcileResult
+from ._runtime._responses import ResponseInfo
+from ._runtime._retrying import RetryEvent
+
+__all__ = ["ReconcileResult", "ResponseInfo", "ResumeResult", "RetryEvent"]
