@@ -30,6 +30,12 @@ def _isolated_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
 
 
 @pytest.fixture
+def anyio_backend() -> str:
+    """Async tests (``pytest.mark.anyio``) run on asyncio: payonce does not support trio."""
+    return "asyncio"
+
+
+@pytest.fixture
 def sandbox() -> Iterator[SandboxServer]:
     with SandboxServer(SandboxConfig()) as server:
         yield server

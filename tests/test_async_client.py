@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 import payonce
@@ -16,11 +17,6 @@ from payonce.sandbox import DEFAULT_API_KEY, Faults, SandboxServer
 PAYMENT = {"amount": 4200, "currency": "eur"}
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 MakeAsyncClient = Callable[..., payonce.AsyncClient]
@@ -154,6 +150,46 @@ async def test_resume_finishes_pending_intents(
     assert sandbox.store.total_executions() == 1
 
 
+class _UndecodableFor(httpx.AsyncHTTPTransport):
+    """Passes everything through to the sandbox but the answers about one key, whose body
+    cannot be decoded."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__()
+        self.key = key
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await super().handle_async_request(request)
+        if request.headers.get("idempotency-key") != self.key:
+            return response
+        await response.aread()
+        return httpx.Response(201, headers={"content-encoding": "gzip"}, content=b"not gzip")
+
+
+async def test_one_intent_failing_in_any_way_does_not_stop_resume(
+    make_client: Callable[..., payonce.Client],
+    make_async_client: MakeAsyncClient,
+    sandbox: SandboxServer,
+) -> None:
+    unreachable = make_client(
+        base_url="http://127.0.0.1:9", retry=payonce.RetryPolicy(max_attempts=1)
+    )
+    keys = []
+    for n in range(3):
+        with pytest.raises(payonce.ProviderUnavailable) as caught:
+            unreachable.post("/v1/payments", json=PAYMENT, reference=f"order-{n}")
+        keys.append(caught.value.key)
+
+    results = await make_async_client(transport=_UndecodableFor(keys[1])).resume()
+
+    assert [(r.key, r.state) for r in results] == [
+        (keys[0], payonce.IntentState.SUCCEEDED),
+        (keys[1], payonce.IntentState.PENDING),
+        (keys[2], payonce.IntentState.SUCCEEDED),
+    ]
+    assert "DecodingError" in results[1].detail
+
+
 class _ThreadRecordingJournal:
     """Wraps the real journal and notes which thread each call ran on."""
 
@@ -182,6 +218,9 @@ async def test_journal_writes_never_run_on_the_event_loop_thread(
 
     async with client.intent("order-j") as op:
         await op.post("/v1/payments", json=PAYMENT)
+    assert op.state is payonce.IntentState.SUCCEEDED  # read without touching the journal
+    assert await client.resume() == []
+    assert await client.reconcile_all() == []
 
     assert recording.threads, "the journal was used"
     assert threading.get_ident() not in recording.threads, "an fsync would block the loop"

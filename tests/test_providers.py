@@ -425,11 +425,6 @@ def test_a_stripe_intent_that_never_executed_goes_back_to_pending_and_pays_once(
     assert server.store.executions() == {record.key: 1}
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.mark.anyio
 async def test_the_async_client_uses_the_same_stripe_hooks(
     start: Start, journal_path: Path

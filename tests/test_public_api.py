@@ -1,15 +1,78 @@
-"""The public namespace is curated: one sorted __all__, every name real, nothing private."""
+"""The public namespace is curated: one sorted __all__, every name real, nothing private,
+and what advanced users need in named public modules."""
 
 from __future__ import annotations
+
+import importlib
+import inspect
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
 
 import payonce
 import payonce.errors
 
+PUBLIC_MODULES = {
+    "cli",
+    "credentials",
+    "errors",
+    "journal",
+    "providers",
+    "records",
+    "sandbox",
+    "webhooks",
+}
 
-def test_all_is_sorted_and_complete() -> None:
-    assert list(payonce.__all__) == sorted(payonce.__all__)
-    for name in payonce.__all__:
-        assert hasattr(payonce, name), name
+
+def test_the_top_level_names_are_exactly_these() -> None:
+    # Pinned: adding or removing a public name is a decision, with a changelog line.
+    assert payonce.__all__ == [
+        "AsyncClient",
+        "AsyncOperation",
+        "Client",
+        "ConfigurationError",
+        "IntentError",
+        "IntentInFlight",
+        "IntentMismatch",
+        "IntentRecord",
+        "IntentState",
+        "IntentStateError",
+        "Journal",
+        "JournalBusy",
+        "JournalError",
+        "Operation",
+        "OutcomeUnknown",
+        "PayonceError",
+        "ProviderError",
+        "ProviderProfile",
+        "ProviderUnavailable",
+        "RetryPolicy",
+        "WebhookError",
+        "WebhookInbox",
+        "WebhookSignatureError",
+        "__version__",
+        "open_journal",
+        "register_profile",
+        "response_info",
+    ]
+    assert len(payonce.__all__) <= 30
+
+
+def test_nothing_private_or_stray_is_in_the_namespace() -> None:
+    public = {name for name in vars(payonce) if not name.startswith("_")}
+    stray = public - set(payonce.__all__) - PUBLIC_MODULES
+    assert not stray, f"names in payonce that are not exported: {sorted(stray)}"
+
+
+@pytest.mark.parametrize("module", sorted(PUBLIC_MODULES - {"cli", "sandbox"}))
+def test_every_public_module_exports_real_sorted_names(module: str) -> None:
+    loaded = importlib.import_module(f"payonce.{module}")
+    assert list(loaded.__all__) == sorted(loaded.__all__)
+    for name in loaded.__all__:
+        assert hasattr(loaded, name), f"payonce.{module}.{name}"
 
 
 def test_every_error_is_exported_and_derives_from_the_one_root() -> None:
@@ -23,3 +86,73 @@ def test_there_is_one_exception_root() -> None:
     assert issubclass(payonce.IntentMismatch, payonce.IntentError)
     assert issubclass(payonce.OutcomeUnknown, payonce.IntentError)
     assert issubclass(payonce.ConfigurationError, ValueError)
+
+
+def test_a_name_that_moved_still_works_with_a_warning_saying_where() -> None:
+    with pytest.warns(DeprecationWarning, match=r"payonce\.journal\.SQLiteJournal"):
+        moved = payonce.SQLiteJournal  # type: ignore[attr-defined]
+    assert moved is payonce.journal.SQLiteJournal
+    with pytest.raises(AttributeError):
+        payonce.NoSuchThing  # type: ignore[attr-defined]  # noqa: B018
+
+
+def test_client_options_are_named_in_the_signature() -> None:
+    expected = {
+        "base_url",
+        "provider",
+        "account",
+        "api_key",
+        "journal",
+        "retry",
+        "timeout",
+        "key_format",
+        "verify",
+        "max_stored_response_bytes",
+        "in_flight_wait",
+        "lease_seconds",
+        "allow_plaintext_keyring",
+        "on_retry",
+        "clock",
+        "transport",
+    }
+    for cls in (payonce.Client, payonce.AsyncClient):
+        parameters = inspect.signature(cls).parameters
+        assert set(parameters) == expected
+        assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in parameters.values())
+
+
+MISTAKES = """
+import httpx
+import payonce
+
+client = payonce.Client(base_url="https://psp.example", provder="stripe")
+client = payonce.Client(base_url="https://psp.example", retry=3)
+client = payonce.Client(base_url="https://psp.example", transport=httpx.AsyncHTTPTransport())
+client.post("/v1/payments", jsn={"amount": 1})
+client.post("/v1/payments", reference=42)
+with client.intent("order-1") as op:
+    op.post("/v1/payments", json={}, reference="order-1")
+    op.patch("/v1/payments/1", params=[1, 2])
+
+
+async def main() -> None:
+    async_client = payonce.AsyncClient(base_url="https://psp.example")
+    await async_client.put("/v1/payments/1", header={})
+"""
+
+
+def test_mypy_strict_rejects_typos_and_wrong_types_in_a_users_script(tmp_path: Path) -> None:
+    script = tmp_path / "pay.py"
+    script.write_text(textwrap.dedent(MISTAKES))
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(script)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    errors = {int(line.split(":")[1]) for line in result.stdout.splitlines() if ": error:" in line}
+    lines = script.read_text().splitlines()
+    wrong = [n for n, line in enumerate(lines, 1) if "payonce.Client(" in line or "post(" in line]
+    wrong += [n for n, line in enumerate(lines, 1) if "patch(" in line or "put(" in line]
+    assert set(wrong) <= errors, result.stdout

@@ -131,6 +131,66 @@ def test_one_failing_intent_does_not_stop_the_others(
     assert sandbox.store.executions() == {first.key: 1, second.key: 1}
 
 
+class _MangledFor(httpx.HTTPTransport):
+    """A proxy that mangles the answers about one key: a body that cannot be decoded, or a
+    refused status look-up. Everything else passes through to the real sandbox."""
+
+    def __init__(self, key: str, how: str) -> None:
+        super().__init__()
+        self.key, self.how = key, how
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        about_key = self.key in str(request.url) or request.headers.get("idempotency-key") == (
+            self.key
+        )
+        if not about_key:
+            return response
+        response.read()
+        if self.how == "undecodable":
+            return httpx.Response(201, headers={"content-encoding": "gzip"}, content=b"not gzip")
+        return httpx.Response(403, json={"error": "forbidden"})
+
+
+def test_an_undecodable_answer_to_one_intent_does_not_stop_resume(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    left = [_leave_pending(make_client, f"order-{n}") for n in range(3)]
+    seen: list[payonce.records.ResumeResult] = []
+
+    results = make_client(transport=_MangledFor(left[0].key, "undecodable")).resume(
+        on_result=seen.append
+    )
+
+    assert seen == results
+    assert [(r.key, r.state) for r in results] == [
+        (left[0].key, payonce.IntentState.PENDING),
+        (left[1].key, payonce.IntentState.SUCCEEDED),
+        (left[2].key, payonce.IntentState.SUCCEEDED),
+    ]
+    assert "DecodingError" in results[0].detail
+    assert sandbox.store.executions() == {record.key: 1 for record in left}
+    held = make_client().journal.get(left[0].key)
+    assert held is not None
+    assert held.lease_owner is None, "the failed intent's lease was given back"
+
+
+def test_a_refused_look_up_of_one_intent_does_not_stop_reconcile_all(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    unknown = [_make_unknown(make_client, sandbox, f"order-{n}", ["drop_after"]) for n in range(3)]
+
+    results = make_client(transport=_MangledFor(unknown[1].key, "refused")).reconcile_all()
+
+    assert [(r.key, r.outcome, r.after) for r in results] == [
+        (unknown[0].key, "found", payonce.IntentState.SUCCEEDED),
+        (unknown[1].key, "error", payonce.IntentState.UNKNOWN),
+        (unknown[2].key, "found", payonce.IntentState.SUCCEEDED),
+    ]
+    assert results[1].detail == "status look-up refused: HTTP 403"
+    assert sandbox.store.executions() == {record.key: 1 for record in unknown}
+
+
 # -- reconcile ------------------------------------------------------------------------------
 
 

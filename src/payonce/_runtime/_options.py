@@ -77,8 +77,9 @@ def check_base_url(base_url: object) -> str:
         raise ConfigurationError(f"base_url must be a string, not {type(base_url).__name__}")
     try:
         url = httpx.URL(base_url)
-    except httpx.InvalidURL as exc:
-        raise ConfigurationError(f"base_url is not a valid URL: {exc}") from None
+    except httpx.InvalidURL:
+        # Not quoted back, nor httpx's message about it: it may hold a pasted secret.
+        raise ConfigurationError("base_url is not a valid URL") from None
     if url.scheme not in ("http", "https") or not url.host:
         # Not quoted back: whatever was pasted there by mistake may be a secret.
         raise ConfigurationError(
