@@ -54,9 +54,7 @@ def test_a_wrong_option_is_refused_at_construction_and_nothing_is_opened(
 
 def test_the_secret_in_a_base_url_is_never_quoted_back(tmp_path: Path) -> None:
     with pytest.raises(payonce.ConfigurationError) as raised:
-        payonce.Client(
-            base_url="https://user:hunter2@[psp", api_key="k", journal=tmp_path / "j.db"
-        )
+        payonce.Client(base_url="https://user:hunter2@[psp", api_key="k", journal=tmp_path / "j.db")
     assert "hunter2" not in str(raised.value)
 
 
