@@ -32,6 +32,7 @@ def test_the_top_level_names_are_exactly_these() -> None:
     assert payonce.__all__ == [
         "AsyncClient",
         "AsyncOperation",
+        "AuthenticationError",
         "Client",
         "ConfigurationError",
         "IntentError",

@@ -24,7 +24,16 @@ def test_2xx_is_a_definitive_success(status: int) -> None:
     assert classify_response(_response(status), GENERIC).outcome is Outcome.SUCCEEDED
 
 
-@pytest.mark.parametrize("status", [400, 401, 402, 403, 404])
+@pytest.mark.parametrize("status", [401, 403])
+def test_an_authentication_refusal_executed_nothing_and_is_not_final(status: int) -> None:
+    for hint in ("true", "false", None):
+        headers = {"Stripe-Should-Retry": hint} if hint else {}
+        verdict = classify_response(_response(status, **headers), GENERIC)
+        assert verdict.outcome is Outcome.REFUSED
+        assert not verdict.ambiguous
+
+
+@pytest.mark.parametrize("status", [400, 402, 404])
 def test_other_4xx_are_definitive_failures(status: int) -> None:
     verdict = classify_response(_response(status), GENERIC)
     assert verdict.outcome is Outcome.FAILED

@@ -24,6 +24,7 @@ from ._runtime._retrying import RetryPolicy
 from ._runtime._sync import Client, Operation
 from ._version import __version__
 from .errors import (
+    AuthenticationError,
     ConfigurationError,
     IntentError,
     IntentInFlight,
@@ -43,6 +44,7 @@ from .webhooks import WebhookInbox
 __all__ = [
     "AsyncClient",
     "AsyncOperation",
+    "AuthenticationError",
     "Client",
     "ConfigurationError",
     "IntentError",

@@ -11,7 +11,8 @@ PayonceError
 │   ├── IntentStateError    the intent's state does not allow what was asked
 │   ├── OutcomeUnknown      the provider may or may not have executed it: reconcile
 │   ├── ProviderUnavailable the provider provably never executed the request
-│   └── ProviderError       the provider answered with a definitive refusal (4xx)
+│   └── ProviderError       the provider answered with a refusal (4xx)
+│       └── AuthenticationError  refused before executing: credentials or permission
 └── WebhookError            a webhook could not be accepted
     └── WebhookSignatureError  missing, stale, forged or unverifiable signature
 ```
@@ -25,6 +26,7 @@ from __future__ import annotations
 import httpx
 
 __all__ = [
+    "AuthenticationError",
     "ConfigurationError",
     "IntentError",
     "IntentInFlight",
@@ -124,9 +126,10 @@ class ProviderUnavailable(IntentError):
 
 
 class ProviderError(IntentError):
-    """The provider refused the request definitively (a non-retryable 4xx).
+    """The provider refused the request (a non-retryable 4xx).
 
-    The refusal is journaled as ``failed`` and replayed on later calls for the same intent.
+    A definitive refusal is journaled as ``failed`` and replayed on later calls for the
+    same intent; an ``AuthenticationError`` is not (nothing was executed).
     """
 
     def __init__(
@@ -143,6 +146,16 @@ class ProviderError(IntentError):
     @property
     def status_code(self) -> int:
         return self.response.status_code
+
+
+class AuthenticationError(ProviderError):
+    """The provider refused the request before executing it (401, 403, or another status
+    the profile lists in ``refused_statuses``): a wrong, revoked or rotated API key, or a
+    missing permission.
+
+    Nothing was executed, so the intent stays ``pending`` under its key and holds no
+    lease: once the key or permission is fixed, calling again sends it under the same key.
+    """
 
 
 class WebhookError(PayonceError):

@@ -45,6 +45,7 @@ class Transition(enum.Enum):
     ATTEMPT_AMBIGUOUS = "attempt ended, ambiguous"
     ATTEMPT_NOT_EXECUTED = "attempt ended, not executed"
     ATTEMPT_INTERRUPTED = "attempt interrupted"
+    ATTEMPT_REFUSED = "attempt refused before execution"
     SUCCEEDED = "settled, succeeded"
     FAILED = "settled, failed"
     EXHAUSTED = "exhausted, ambiguous"
@@ -105,6 +106,13 @@ RULES: tuple[Rule, ...] = (
         None,
         "the call raised something that is not a transport failure, or was interrupted: "
         "journaled as ambiguous, lease released, the error goes through",
+    ),
+    Rule(
+        Transition.ATTEMPT_REFUSED,
+        (_P,),
+        None,
+        "refused before executing (401, 403: credentials or permission): not retried, "
+        "lease released, AuthenticationError; sent under the same key once the key is fixed",
     ),
     Rule(Transition.SUCCEEDED, (_P,), IntentState.SUCCEEDED, "a 2xx answer, stored"),
     Rule(

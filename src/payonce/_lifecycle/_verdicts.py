@@ -43,6 +43,9 @@ class Outcome(enum.Enum):
     """The provider says this key was used with another request: definitive."""
     RETRY = "retry"
     """Transient; try again under the same key."""
+    REFUSED = "refused"
+    """Refused before execution (credentials, permission): not final, not worth retrying
+    until the caller fixes its key."""
 
 
 @attrs.frozen
@@ -80,6 +83,10 @@ def classify_response(response: httpx.Response, profile: ProviderProfile) -> Ver
     if refined is not None:
         return refined
     status = response.status_code
+    if status in profile.refused_statuses:
+        # Whatever hint comes with it: an authentication refusal executed nothing, and the
+        # same request with a working key must still be possible under the same key.
+        return Verdict(Outcome.REFUSED, ambiguous=False, reason=f"HTTP {status} refused")
     hint = profile.should_retry_hint(response)
     if 200 <= status < 300:
         return Verdict(Outcome.SUCCEEDED, ambiguous=False, reason=f"HTTP {status}")

@@ -98,6 +98,10 @@ class ProviderProfile:
     in_flight_statuses: frozenset[int] = frozenset({409})
     """"Same key still being processed": retried, and ambiguous until answered."""
     mismatch_statuses: frozenset[int] = frozenset({422})
+    refused_statuses: frozenset[int] = frozenset({401, 403})
+    """Refusals that prove nothing was executed (credentials, permission): the intent stays
+    pending under its key and ``AuthenticationError`` is raised, so it can be sent once
+    the API key is fixed."""
     replay_headers: tuple[str, ...] = ("Idempotent-Replayed", "Idempotency-Replayed")
     auth_header: str = "Authorization"
     auth_scheme: str | None = "Bearer"

@@ -20,7 +20,7 @@ import httpx
 
 from .._journal import Claim, IntentRecord
 from .._lifecycle import IntentState, new_owner
-from ..errors import PayonceError, ProviderError
+from ..errors import AuthenticationError, PayonceError, ProviderError
 from . import _reconcile
 from ._core import IntentCore, Run
 from ._reconcile import ReconcileResult
@@ -155,11 +155,13 @@ class ResumeBatch:
         record = target.record
         # Whatever went wrong, the lease is given back (a no-op when the drive did).
         self._core.journal.release(record.key, owner=target.owner)
-        if isinstance(error, ProviderError):
-            state, detail = IntentState.FAILED, f"HTTP {error.status_code}"
+        current = self._core.journal.get(record.key)
+        state = current.state if current else record.state
+        if isinstance(error, AuthenticationError):
+            detail = f"HTTP {error.status_code}: refused before execution, fix the API key"
+        elif isinstance(error, ProviderError):
+            detail = f"HTTP {error.status_code}"
         else:
-            current = self._core.journal.get(record.key)
-            state = current.state if current else record.state
             detail = f"{type(error).__name__}: {error}"
         logger.info("resumed intent %s: %s (%s)", record.key, state.value, detail)
         return ResumeResult(record.key, record.reference, state, detail)

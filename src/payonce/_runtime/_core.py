@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 import httpx
@@ -274,7 +274,28 @@ class IntentCore:
         )
         if verdict.outcome is Outcome.RETRY:
             self._retryable(run, verdict, status_code=response.status_code, error=None)
+        if verdict.outcome is Outcome.REFUSED:
+            self._refused(run, response)
         return self._settle(run, response, verdict)
+
+    def _refused(self, run: Run, response: httpx.Response) -> NoReturn:
+        """Refused before execution: the attempt ends, the intent stays pending, no lease."""
+        self.journal.end_attempt(
+            run.key,
+            run.attempt,
+            owner=run.owner,
+            now=self.clock(),
+            status_code=response.status_code,
+            error=None,
+            ambiguous=False,
+        )
+        self.journal.release(run.key, owner=run.owner)
+        logger.warning(
+            "intent %s: refused with HTTP %d before execution; it stays pending",
+            run.key,
+            response.status_code,
+        )
+        raise refusals.authentication(run.record, response)
 
     def on_error(self, run: Run, error: BaseException) -> None:
         """An attempt raised: retry transport failures, journal anything else and re-raise."""

@@ -7,6 +7,7 @@ import httpx
 from .._journal import IntentDraft, IntentRecord
 from .._lifecycle import Outcome, Verdict
 from ..errors import (
+    AuthenticationError,
     IntentError,
     IntentInFlight,
     IntentMismatch,
@@ -16,7 +17,15 @@ from ..errors import (
     ProviderUnavailable,
 )
 
-__all__ = ["abandoned", "in_flight", "mismatch", "refused", "unavailable", "unknown"]
+__all__ = [
+    "abandoned",
+    "authentication",
+    "in_flight",
+    "mismatch",
+    "refused",
+    "unavailable",
+    "unknown",
+]
 
 
 def _ref(reference: str | None) -> str:
@@ -96,6 +105,18 @@ def refused(record: IntentRecord, response: httpx.Response, verdict: Verdict) ->
         f"the provider refused intent {record.key}{_ref(record.reference)} with HTTP "
         f"{response.status_code}; the refusal is journaled and will be replayed for this "
         "intent. Use a new reference to try a different request",
+        key=record.key,
+        reference=record.reference,
+        response=response,
+    )
+
+
+def authentication(record: IntentRecord, response: httpx.Response) -> AuthenticationError:
+    return AuthenticationError(
+        f"the provider refused intent {record.key}{_ref(record.reference)} with HTTP "
+        f"{response.status_code} before executing it: the API key is wrong, revoked or "
+        "lacks a permission. Nothing was executed and the intent stays pending under its "
+        "key: fix the key, then call again (or `payonce resume`)",
         key=record.key,
         reference=record.reference,
         response=response,
