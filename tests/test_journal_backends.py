@@ -878,9 +878,9 @@ def test_the_password_appears_in_no_location_error_or_log(
     ],
 )
 def test_the_location_is_the_url_without_its_password(url: str, location: str) -> None:
-    from payonce._journal._postgres import _Target
+    from payonce._journal._postgres_url import Target
 
-    target = _Target(url)
+    target = Target(url)
     assert target.location(target.schema) == location
     assert "schema" not in target.conninfo
 
