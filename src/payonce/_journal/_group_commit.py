@@ -107,7 +107,8 @@ class GroupCommit(abc.ABC):
         """One write in one transaction of its own."""
 
     @abc.abstractmethod
-    def _set_synchronous(self, level: str) -> None: ...
+    def _begin(self, *, durable: bool) -> sqlite3.Cursor:
+        """A write transaction begun on the connection, at the safety level ``durable`` asks."""
 
     @abc.abstractmethod
     def _translate(self, exc: sqlite3.Error, busy: str) -> JournalError: ...
@@ -195,9 +196,7 @@ class GroupCommit(abc.ABC):
         with self._lock:
             try:
                 # The safety level cannot change inside a transaction: it is the batch's.
-                self._set_synchronous("FULL" if durable else "NORMAL")
-                cur = self._conn.cursor()
-                cur.execute("BEGIN IMMEDIATE")
+                cur = self._begin(durable=durable)
             except sqlite3.Error as exc:
                 # The journal stayed locked (by another process) past the busy timeout, for
                 # every member alike: each is told so, in its own words.

@@ -189,15 +189,19 @@ class SQLiteJournal(GroupCommit, SQLJournal):
             return self._write_alone(work, durable=durable, busy=busy)
         return self._write_together(work, durable=durable, busy=busy)
 
-    def _write_alone(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T:
-        """One write in one transaction of its own (group commit off, or a batch's fallback)."""
+    def _begin(self, *, durable: bool) -> sqlite3.Cursor:
         # BEGIN IMMEDIATE takes the write lock up front, which avoids SQLITE_BUSY_SNAPSHOT
         # under concurrency and makes every read of the transaction a locked read.
+        self._set_synchronous("FULL" if durable else "NORMAL")
+        cur = self._conn.cursor()
+        cur.execute("BEGIN IMMEDIATE")
+        return cur
+
+    def _write_alone(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T:
+        """One write in one transaction of its own (group commit off, or a batch's fallback)."""
         with self._lock:
             try:
-                self._set_synchronous("FULL" if durable else "NORMAL")
-                cur = self._conn.cursor()
-                cur.execute("BEGIN IMMEDIATE")
+                cur = self._begin(durable=durable)
             except sqlite3.Error as exc:
                 raise self._translate(exc, busy) from exc
             try:
