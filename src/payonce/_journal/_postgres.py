@@ -32,8 +32,9 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from ..errors import ConfigurationError, JournalError
 from . import _sql as sql
-from ._engine import BEFORE_SEND, NO_SEND, SQLJournal, Tx, migrate
+from ._engine import BEFORE_SEND, NO_SEND, Tx, migrate
 from ._postgres_url import Target
+from ._sql_journal import SQLJournal
 
 __all__ = ["PostgresJournal"]
 

@@ -26,8 +26,9 @@ from typing import TypeVar
 
 from ..errors import JournalError
 from . import _sql as sql
-from ._engine import BEFORE_SEND, NO_SEND, SQLJournal, Tx, migrate
+from ._engine import BEFORE_SEND, NO_SEND, Tx, migrate
 from ._group_commit import GroupCommit
+from ._sql_journal import SQLJournal
 
 __all__ = ["SQLiteJournal"]
 
