@@ -34,7 +34,7 @@ from ._core import (
 )
 from ._credentials import resolve_api_key
 from ._intent import IntentState, KeyFormat, canonical_request, new_key
-from ._journal import IntentDraft, IntentRecord, Journal, open_journal
+from ._journal import IntentDraft, IntentRecord, IntentStore, Journal, open_store
 from ._providers import ProviderProfile, get_profile
 from ._reconcile import ReconcileResult
 from ._retry import RetryPolicy
@@ -223,7 +223,7 @@ class _BaseClient:
                 base_url,
             )
         self._owns_journal = not isinstance(journal, Journal)
-        self.journal: Journal = open_journal(journal)
+        self.journal: IntentStore = open_store(journal)
         self._core = IntentCore(
             base_url=base_url,
             profile=profile,

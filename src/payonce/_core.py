@@ -22,7 +22,7 @@ from ._journal import (
     ClaimKind,
     IntentDraft,
     IntentRecord,
-    Journal,
+    IntentStore,
     StoredResponse,
 )
 from ._lease import new_owner, owner_is_dead
@@ -168,7 +168,7 @@ class IntentCore:
         profile: ProviderProfile,
         account: str,
         api_key: str,
-        journal: Journal,
+        journal: IntentStore,
         retry: RetryPolicy,
         key_format: KeyFormat,
         max_stored_bytes: int,

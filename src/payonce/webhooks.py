@@ -47,8 +47,8 @@ from typing import Any, Final
 
 import attrs
 
-from ._journal import Journal, open_journal
-from ._journal._inbox import EventClaim, EventClaimKind, EventJournal, EventRecord
+from ._journal import IntentStore, Journal, open_store
+from ._journal._inbox import EventClaim, EventClaimKind, EventRecord
 from ._lease import new_owner, owner_is_dead
 from ._signatures import DEFAULT_TOLERANCE, sign, verify
 from .errors import ConfigurationError, PayonceError, WebhookError
@@ -277,15 +277,7 @@ class WebhookInbox:
         self._clock = clock
         self._parse = parse
         self._owns_journal = not isinstance(journal, Journal)
-        opened = open_journal(journal)
-        if not isinstance(opened, EventJournal):
-            if self._owns_journal:
-                opened.close()
-            raise ConfigurationError(
-                f"the journal {opened!r} has no webhook inbox (claim_event…): use a payonce "
-                "SQLite or PostgreSQL journal"
-            )
-        self.journal: EventJournal = opened
+        self.journal: IntentStore = open_store(journal)
 
     # -- the steps, shared by receive and areceive -----------------------------------------
 

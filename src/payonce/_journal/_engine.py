@@ -16,7 +16,9 @@ UPDATE``), so a lease tested here cannot change hands before the write that reli
 from __future__ import annotations
 
 import abc
+import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Protocol, Self, TypeVar
 
 from .._version import __version__
@@ -151,6 +153,10 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def _present_columns(self, tx: Tx, table: str) -> set[str]:
         """The columns ``table`` has, or an empty set when there is no such table."""
+
+    @abc.abstractmethod
+    def backup(self, destination: str | os.PathLike[str]) -> Path:
+        """A consistent copy of the journal at ``destination``, a new file."""
 
     @abc.abstractmethod
     def close(self) -> None: ...

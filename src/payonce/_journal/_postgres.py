@@ -21,8 +21,10 @@ by the unique (scope, reference) index and ``INSERT … ON CONFLICT DO NOTHING``
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
@@ -314,6 +316,19 @@ class PostgresJournal(SQLJournal):
             (list(sql.needed_columns()),),
         )
         return int(row[0]) if row else 0
+
+    def backup(self, destination: str | os.PathLike[str]) -> Path:
+        """Not payonce's to do: raises ``JournalError`` naming the database's own tools.
+
+        A consistent copy of a live PostgreSQL database is ``pg_dump``'s (or a base backup
+        with WAL archiving, or the provider's point-in-time recovery).
+        """
+        only_schema = f" -n {self._schema}" if self._schema is not None else ""
+        raise self._error(
+            f"payonce does not copy a PostgreSQL journal to {os.fspath(destination)}: back it "
+            f"up with pg_dump (e.g. pg_dump -Fc{only_schema} -f payonce.dump DBNAME), or "
+            "with base backups and WAL archiving"
+        )
 
     def close(self) -> None:
         self._pool.close()
