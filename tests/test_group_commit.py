@@ -31,7 +31,7 @@ import payonce
 from payonce._crash import CRASH_POINTS
 from payonce._journal import ClaimKind, SQLiteJournal
 from payonce._journal._engine import Tx
-from payonce._journal._sqlite import _Member
+from payonce._journal._group_commit import Member
 from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
 from test_crash import KILLED, SRC, exactly_once_violations, run_worker, settled_states
 from test_journal_backends import RESPONSE, draft_for
@@ -61,7 +61,7 @@ def queue_held(journal: SQLiteJournal) -> Iterator[None]:
     first of them leads them all as one batch once the block ends."""
     with journal._queue_lock:
         assert not journal._queue, "the journal must be idle"
-        journal._queue.append(_Member(lambda tx: None, False, ""))
+        journal._queue.append(Member(lambda tx: None, False, ""))
     try:
         yield
     finally:
@@ -252,7 +252,7 @@ def test_an_interrupt_in_the_leader_gives_up_its_own_write_and_the_others_go_on(
         thread.start()
         return thread
 
-    placeholder = _Member(lambda tx: None, False, "")
+    placeholder = Member(lambda tx: None, False, "")
     with journal._queue_lock:
         journal._queue.append(placeholder)
 

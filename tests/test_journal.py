@@ -26,8 +26,8 @@ import httpx
 import pytest
 
 import payonce
-from payonce._intent import canonical_request, make_scope
 from payonce._journal import SCHEMA_VERSION, ClaimKind, IntentDraft, StoredResponse
+from payonce._lifecycle import canonical_request, make_scope
 from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
 
 PAYMENT = {"amount": 4200, "currency": "eur"}

@@ -29,17 +29,18 @@ import psycopg
 import pytest
 
 import payonce
-from payonce._intent import canonical_request, make_scope
 from payonce._journal import (
     SCHEMA_VERSION,
     ClaimKind,
     IntentDraft,
-    Journal,
+    IntentStore,
     PostgresJournal,
     StoredResponse,
+    open_store,
 )
 from payonce._journal import _sql as sql
 from payonce._journal._engine import Tx, migrate
+from payonce._lifecycle import canonical_request, make_scope
 from payonce.sandbox import SandboxServer
 from pgserver import PostgresServer
 
@@ -48,7 +49,7 @@ SUCCEEDED = payonce.IntentState.SUCCEEDED
 PENDING = payonce.IntentState.PENDING
 UNKNOWN = payonce.IntentState.UNKNOWN
 
-OpenJournal = Callable[..., Journal]
+OpenJournal = Callable[..., IntentStore]
 MakeClient = Callable[..., payonce.Client]
 
 
@@ -106,10 +107,10 @@ def location(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> st
 @pytest.fixture
 def open_journal(location: str) -> Iterator[OpenJournal]:
     """Opens journals on the test's store, one per "host"; all closed at the end."""
-    opened: list[Journal] = []
+    opened: list[IntentStore] = []
 
-    def open_(**options: Any) -> Journal:
-        journal = payonce.open_journal(location, **options)
+    def open_(**options: Any) -> IntentStore:
+        journal = open_store(location, **options)
         opened.append(journal)
         return journal
 
@@ -119,7 +120,7 @@ def open_journal(location: str) -> Iterator[OpenJournal]:
 
 
 @pytest.fixture
-def journal(open_journal: OpenJournal) -> Journal:
+def journal(open_journal: OpenJournal) -> IntentStore:
     return open_journal()
 
 
@@ -144,7 +145,7 @@ def rows(location: str, statement: str, params: tuple[Any, ...] = ()) -> list[tu
         return tx.all(statement, params)
 
 
-def settle(journal: Journal, key: str, owner: str, now: float, attempt: int = 1) -> None:
+def settle(journal: IntentStore, key: str, owner: str, now: float, attempt: int = 1) -> None:
     journal.settle(key, owner=owner, now=now, state=SUCCEEDED, response=RESPONSE, attempt=attempt)
 
 
@@ -162,7 +163,7 @@ def test_a_closed_journal_raises_journal_error(open_journal: OpenJournal) -> Non
 
 
 def test_a_claim_creates_the_intent_with_its_first_attempt_started_for_every_reader(
-    journal: Journal, open_journal: OpenJournal
+    journal: IntentStore, open_journal: OpenJournal
 ) -> None:
     claim = journal.claim(draft_for(7), owner="w1", now=1000.0, lease_seconds=30)
 
@@ -180,7 +181,7 @@ def test_a_claim_creates_the_intent_with_its_first_attempt_started_for_every_rea
 
 
 def test_a_settled_intent_is_replayed_byte_for_byte(
-    journal: Journal, open_journal: OpenJournal
+    journal: IntentStore, open_journal: OpenJournal
 ) -> None:
     created = journal.claim(draft_for(1), owner="w1", now=1000.0, lease_seconds=30)
     settle(journal, created.record.key, "w1", 1001.0)
@@ -204,7 +205,7 @@ def test_a_settled_intent_is_replayed_byte_for_byte(
     ]
 
 
-def test_a_body_over_the_cap_is_stored_as_not_kept(journal: Journal) -> None:
+def test_a_body_over_the_cap_is_stored_as_not_kept(journal: IntentStore) -> None:
     created = journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
     partial = StoredResponse(status=201, headers=(), body=b"", body_stored=False)
     record = journal.settle(
@@ -225,7 +226,7 @@ def test_a_body_over_the_cap_is_stored_as_not_kept(journal: Journal) -> None:
     ],
 )
 def test_the_same_intent_asked_for_differently_is_a_mismatch_and_changes_nothing(
-    journal: Journal, changed: Callable[[], IntentDraft]
+    journal: IntentStore, changed: Callable[[], IntentDraft]
 ) -> None:
     journal.claim(draft_for(1), owner="w1", now=1000.0, lease_seconds=30)
     journal.release("key-00001", owner="w1")
@@ -239,7 +240,7 @@ def test_the_same_intent_asked_for_differently_is_a_mismatch_and_changes_nothing
     assert len(journal.list_intents()) == 1
 
 
-def test_a_supplied_key_finds_its_intent_without_a_reference(journal: Journal) -> None:
+def test_a_supplied_key_finds_its_intent_without_a_reference(journal: IntentStore) -> None:
     journal.claim(
         draft_for(1, reference=None, key="k-1", key_supplied=True),
         owner="w",
@@ -260,7 +261,7 @@ def test_a_supplied_key_finds_its_intent_without_a_reference(journal: Journal) -
 
 
 def test_a_live_lease_is_respected_by_another_host_until_it_expires(
-    journal: Journal, open_journal: OpenJournal
+    journal: IntentStore, open_journal: OpenJournal
 ) -> None:
     journal.claim(draft_for(1), owner="host-a", now=1000.0, lease_seconds=30)
     other = open_journal()
@@ -284,7 +285,7 @@ def test_a_live_lease_is_respected_by_another_host_until_it_expires(
 
 
 def test_a_worker_whose_lease_was_taken_over_can_neither_write_nor_renew(
-    journal: Journal, open_journal: OpenJournal
+    journal: IntentStore, open_journal: OpenJournal
 ) -> None:
     journal.claim(draft_for(1), owner="old", now=1000.0, lease_seconds=30)
     other = open_journal()
@@ -310,7 +311,7 @@ def test_a_worker_whose_lease_was_taken_over_can_neither_write_nor_renew(
     assert other.get("key-00001").lease_expires_at == 1070.0  # type: ignore[union-attr]
 
 
-def test_a_stale_owner_s_live_lease_is_broken_and_no_one_else_s(journal: Journal) -> None:
+def test_a_stale_owner_s_live_lease_is_broken_and_no_one_else_s(journal: IntentStore) -> None:
     journal.claim(draft_for(1), owner="dead", now=1000.0, lease_seconds=60)
 
     refused = journal.claim(
@@ -324,7 +325,7 @@ def test_a_stale_owner_s_live_lease_is_broken_and_no_one_else_s(journal: Journal
     assert (taken.kind, taken.record.lease_owner) == (ClaimKind.CLAIMED, "me")
 
 
-def test_release_leaves_the_intent_pending_and_free(journal: Journal) -> None:
+def test_release_leaves_the_intent_pending_and_free(journal: IntentStore) -> None:
     journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=60)
     journal.release("key-00001", owner="w")
     record = journal.get("key-00001")
@@ -338,7 +339,7 @@ def test_release_leaves_the_intent_pending_and_free(journal: Journal) -> None:
 # -- attempts -------------------------------------------------------------------------------
 
 
-def test_attempts_are_numbered_in_order_and_record_how_they_ended(journal: Journal) -> None:
+def test_attempts_are_numbered_in_order_and_record_how_they_ended(journal: IntentStore) -> None:
     journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
     journal.end_attempt(
         "key-00001", 1, owner="w", now=1001.0, status_code=503, error=None, ambiguous=False
@@ -370,7 +371,7 @@ def test_attempts_are_numbered_in_order_and_record_how_they_ended(journal: Journ
 
 
 def test_an_unknown_intent_is_never_claimed_for_sending_but_can_be_reconciled(
-    journal: Journal,
+    journal: IntentStore,
 ) -> None:
     journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
     marked = journal.mark_unknown("key-00001", owner="w", now=1001.0, reason="retries exhausted")
@@ -427,7 +428,7 @@ def test_an_unknown_intent_is_never_claimed_for_sending_but_can_be_reconciled(
     assert journal.claim_key("no-such-key", owner="r", now=1.0, lease_seconds=30) is None
 
 
-def test_abandon_closes_pending_or_unknown_intents_only(journal: Journal) -> None:
+def test_abandon_closes_pending_or_unknown_intents_only(journal: IntentStore) -> None:
     journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
     with pytest.raises(payonce.IntentInFlight, match="right now"):
         journal.abandon("key-00001", reason="ops", now=1001.0)
@@ -448,7 +449,7 @@ def test_abandon_closes_pending_or_unknown_intents_only(journal: Journal) -> Non
         journal.abandon("key-nope", reason="x", now=1.0)
 
 
-def test_acknowledge_takes_settled_intents_off_the_outbox_once(journal: Journal) -> None:
+def test_acknowledge_takes_settled_intents_off_the_outbox_once(journal: IntentStore) -> None:
     for number, account in ((1, "acct_a"), (2, "acct_b"), (3, "acct_a")):
         draft = draft_for(number, account=account)
         journal.claim(draft, owner="w", now=1000.0 + number, lease_seconds=30)
@@ -469,7 +470,7 @@ def test_acknowledge_takes_settled_intents_off_the_outbox_once(journal: Journal)
 
 
 def test_pending_lists_oldest_first_leased_or_not_for_one_account_and_provider(
-    journal: Journal,
+    journal: IntentStore,
 ) -> None:
     for number, now in ((1, 1003.0), (2, 1001.0), (3, 1002.0)):
         journal.claim(draft_for(number), owner="w", now=now, lease_seconds=30)
@@ -487,7 +488,7 @@ def test_pending_lists_oldest_first_leased_or_not_for_one_account_and_provider(
     assert journal.pending(account="acct_demo", provider="stripe") == []
 
 
-def test_list_and_find_order_and_filter(journal: Journal) -> None:
+def test_list_and_find_order_and_filter(journal: IntentStore) -> None:
     for number, now in ((1, 1000.0), (2, 1002.0), (3, 1001.0), (4, 1002.0)):
         journal.claim(draft_for(number), owner="w", now=now, lease_seconds=30)
     settle(journal, "key-00001", "w", 1010.0)
@@ -512,7 +513,7 @@ def test_list_and_find_order_and_filter(journal: Journal) -> None:
 
 
 def test_claim_next_pending_takes_free_expired_and_stale_leases_in_order_once_per_pass(
-    journal: Journal,
+    journal: IntentStore,
 ) -> None:
     for number in range(1, 6):
         journal.claim(draft_for(number), owner="w", now=1000.0 + number, lease_seconds=30)
@@ -543,7 +544,7 @@ def test_claim_next_pending_takes_free_expired_and_stale_leases_in_order_once_pe
 
 
 def test_resume_workers_on_two_hosts_drain_the_queue_each_intent_once(
-    journal: Journal, open_journal: OpenJournal
+    journal: IntentStore, open_journal: OpenJournal
 ) -> None:
     for number in range(60):
         journal.claim(draft_for(number), owner="crashed", now=1000.0 + number, lease_seconds=1)
@@ -572,7 +573,7 @@ def test_resume_workers_on_two_hosts_drain_the_queue_each_intent_once(
 
 
 def test_two_hosts_racing_to_create_the_same_intents_create_each_once(
-    journal: Journal, open_journal: OpenJournal
+    journal: IntentStore, open_journal: OpenJournal
 ) -> None:
     hosts = [journal, open_journal()]
     start = threading.Barrier(16)
@@ -729,7 +730,7 @@ def test_hosts_opening_a_new_journal_at_once_migrate_it_once(
 ) -> None:
     start = threading.Barrier(6)
 
-    def open_at_once(_: int) -> Journal:
+    def open_at_once(_: int) -> IntentStore:
         start.wait()
         return open_journal()
 
@@ -775,7 +776,7 @@ def test_a_journal_payonce_cannot_trust_is_refused_and_left_as_found(
     assert rows(location, sql.META + " ORDER BY name") == meta
 
 
-def test_check_reports_an_intact_journal_and_what_it_holds(journal: Journal) -> None:
+def test_check_reports_an_intact_journal_and_what_it_holds(journal: IntentStore) -> None:
     journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
     settle(journal, "key-00001", "w", 1001.0)
     journal.claim(draft_for(2), owner="w", now=1002.0, lease_seconds=30)
@@ -787,6 +788,87 @@ def test_check_reports_an_intact_journal_and_what_it_holds(journal: Journal) -> 
     assert report.unacknowledged == 1
     assert report.size_bytes > 0
     assert report.location == journal.location
+
+
+# -- the public Journal: reads and operator commands, no writes of intents -----------------
+
+
+def test_prune_through_the_public_journal_deletes_only_what_is_over_and_acknowledged(
+    journal: IntentStore, location: str
+) -> None:
+    for number in (1, 2, 3):
+        journal.claim(draft_for(number), owner="w", now=1000.0, lease_seconds=30)
+    settle(journal, "key-00001", "w", 1001.0)
+    journal.acknowledge("key-00001", now=1002.0)
+    settle(journal, "key-00002", "w", 1001.0)  # its outcome not yet handed over
+
+    operator: payonce.Journal = payonce.open_journal(location)
+    try:
+        assert operator.prune(older_than=2000.0, dry_run=True) == 1
+        assert operator.prune(older_than=2000.0) == 1
+        assert {r.key for r in operator.list_intents()} == {"key-00002", "key-00003"}
+    finally:
+        operator.close()
+
+
+def test_backup_through_the_public_journal_copies_sqlite_and_leaves_postgres_to_pg_dump(
+    backend: str, journal: IntentStore, location: str, tmp_path: Path
+) -> None:
+    journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
+    settle(journal, "key-00001", "w", 1001.0)
+    operator: payonce.Journal = journal
+    destination = tmp_path / "backup.db"
+
+    if backend == "sqlite":
+        copy = operator.backup(destination)
+        with payonce.journal.SQLiteJournal(copy) as restored:
+            assert restored.get("key-00001") == journal.get("key-00001")
+        return
+    with pytest.raises(payonce.JournalError, match=r"pg_dump -Fc -f payonce\.dump") as caught:
+        operator.backup(destination)
+    assert journal.location in str(caught.value), "it names the journal, without its password"
+    with (
+        PostgresJournal(location, schema="payonce") as own_schema,
+        pytest.raises(payonce.JournalError, match=r"pg_dump -Fc -n payonce -f"),
+    ):
+        own_schema.backup(destination)
+    assert not destination.exists(), "nothing was written"
+
+
+PUBLIC_JOURNAL = frozenset(name for name in dir(payonce.Journal) if not name.startswith("_"))
+
+
+class ReadOnlyJournal:
+    """A user's own view of a journal: the public Journal's methods, and nothing else."""
+
+    def __init__(self, journal: payonce.Journal) -> None:
+        self._journal = journal
+
+    def __getattr__(self, name: str) -> Any:
+        if name in PUBLIC_JOURNAL:
+            return getattr(self._journal, name)
+        raise AttributeError(name)
+
+
+def test_a_journal_object_that_cannot_store_intents_is_refused_when_a_client_is_built(
+    journal: IntentStore,
+) -> None:
+    view = ReadOnlyJournal(journal)
+    assert isinstance(view, payonce.Journal), "it reads like any journal"
+    builders: list[Callable[[], object]] = [
+        lambda: payonce.Client(base_url="http://127.0.0.1:9", api_key="k", journal=view),
+        lambda: payonce.AsyncClient(base_url="http://127.0.0.1:9", api_key="k", journal=view),
+        lambda: payonce.WebhookInbox(view, "whsec_test"),
+    ]
+
+    for build in builders:
+        with pytest.raises(
+            payonce.ConfigurationError,
+            match=r"a ReadOnlyJournal can be read but not written through \(it has no claim",
+        ):
+            build()
+
+    assert journal.list_intents() == [], "the caller's journal is still open, and untouched"
 
 
 # == PostgreSQL only =========================================================================
@@ -878,9 +960,9 @@ def test_the_password_appears_in_no_location_error_or_log(
     ],
 )
 def test_the_location_is_the_url_without_its_password(url: str, location: str) -> None:
-    from payonce._journal._postgres import _Target
+    from payonce._journal._postgres_url import Target
 
-    target = _Target(url)
+    target = Target(url)
     assert target.location(target.schema) == location
     assert "schema" not in target.conninfo
 
@@ -1005,7 +1087,7 @@ def test_write_ahead_commits_are_synchronous_and_the_rest_are_not(
         pg_url,
         f"ALTER DATABASE {pg_url.rsplit('/', 1)[1]} SET synchronous_commit = off",
     )
-    journal = payonce.open_journal(pg_url)
+    journal = open_store(pg_url)
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("CREATE TABLE commit_log (at_table TEXT, op TEXT, setting TEXT)")
         conn.execute(

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 import payonce
 from payonce._cli._prune import parse_duration
-from payonce._journal import ClaimKind, Journal, SQLiteJournal
+from payonce._journal import ClaimKind, IntentStore, SQLiteJournal, open_store
 from payonce.cli import cli
 from test_journal_backends import RESPONSE, OpenJournal, draft_for, rows
 
@@ -37,10 +37,10 @@ def location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 @pytest.fixture
 def open_journal(location: str) -> Iterator[OpenJournal]:
-    opened: list[Journal] = []
+    opened: list[IntentStore] = []
 
-    def open_(**options: Any) -> Journal:
-        opened.append(payonce.open_journal(location, **options))
+    def open_(**options: Any) -> IntentStore:
+        opened.append(open_store(location, **options))
         return opened[-1]
 
     yield open_
@@ -49,17 +49,17 @@ def open_journal(location: str) -> Iterator[OpenJournal]:
 
 
 @pytest.fixture
-def journal(open_journal: OpenJournal) -> Journal:
+def journal(open_journal: OpenJournal) -> IntentStore:
     return open_journal()
 
 
-def settle(journal: Journal, number: int, at: float, state: payonce.IntentState) -> None:
+def settle(journal: IntentStore, number: int, at: float, state: payonce.IntentState) -> None:
     journal.settle(
         f"key-{number:05d}", owner="w", now=at, state=state, response=RESPONSE, attempt=1
     )
 
 
-def fill(journal: Journal) -> dict[str, str]:
+def fill(journal: IntentStore) -> dict[str, str]:
     """Intents in every situation pruning must tell apart, 40 and 10 days old."""
     what = {}
     old, recent = NOW - 40 * DAY, NOW - 10 * DAY
@@ -108,14 +108,14 @@ def fill(journal: Journal) -> dict[str, str]:
 
 
 def test_only_final_acknowledged_intents_untouched_since_the_cut_off_are_pruned(
-    journal: Journal, location: str
+    journal: IntentStore, location: str
 ) -> None:
     names = fill(journal)
     cutoff = NOW - 30 * DAY
 
-    assert journal.prune(older_than=cutoff, dry_run=True) == 4  # type: ignore[attr-defined]
+    assert journal.prune(older_than=cutoff, dry_run=True) == 4
     assert len(journal.list_intents()) == len(names), "a dry run deletes nothing"
-    assert journal.prune(older_than=cutoff) == 4  # type: ignore[attr-defined]
+    assert journal.prune(older_than=cutoff) == 4
 
     left = {names[r.key] for r in journal.list_intents()}
     assert left == set(names.values()) - {
@@ -128,11 +128,11 @@ def test_only_final_acknowledged_intents_untouched_since_the_cut_off_are_pruned(
     attempt_keys = {key for (key,) in rows(location, "SELECT DISTINCT key FROM attempts")}
     assert attempt_keys == keys, "the attempts of pruned intents went with them"
     assert rows(location, "SELECT count(*) FROM reconciliations") == [(0,)]
-    assert journal.prune(older_than=cutoff) == 0  # type: ignore[attr-defined]
+    assert journal.prune(older_than=cutoff) == 0
 
 
 def test_pruning_goes_in_batches_and_writers_get_in_between(
-    journal: Journal, open_journal: OpenJournal
+    journal: IntentStore, open_journal: OpenJournal
 ) -> None:
     for number in range(25):
         journal.claim(draft_for(number), owner="w", now=NOW - 40 * DAY, lease_seconds=30)
@@ -147,18 +147,16 @@ def test_pruning_goes_in_batches_and_writers_get_in_between(
         claim = other_host.claim(draft_for(100 + total), owner="x", now=NOW, lease_seconds=30)
         assert claim.kind is ClaimKind.CREATED
 
-    pruned = journal.prune(  # type: ignore[attr-defined]
-        older_than=NOW - 30 * DAY, batch_size=10, on_batch=between_batches
-    )
+    pruned = journal.prune(older_than=NOW - 30 * DAY, batch_size=10, on_batch=between_batches)
 
     assert pruned == 25
     assert progress == [10, 20, 25]
     assert len(journal.list_intents()) == 3  # what the other host wrote meanwhile
 
 
-def test_a_batch_size_below_one_is_refused(journal: Journal) -> None:
+def test_a_batch_size_below_one_is_refused(journal: IntentStore) -> None:
     with pytest.raises(ValueError, match="at least 1"):
-        journal.prune(older_than=NOW, batch_size=0)  # type: ignore[attr-defined]
+        journal.prune(older_than=NOW, batch_size=0)
 
 
 def test_the_journal_has_the_index_pruning_reads_through(tmp_path: Path) -> None:

@@ -90,8 +90,9 @@ def test_there_is_one_exception_root() -> None:
 
 
 def test_a_name_that_moved_still_works_with_a_warning_saying_where() -> None:
+    old_name = "SQLiteJournal"
     with pytest.warns(DeprecationWarning, match=r"payonce\.journal\.SQLiteJournal"):
-        moved = payonce.SQLiteJournal  # type: ignore[attr-defined]
+        moved = getattr(payonce, old_name)
     assert moved is payonce.journal.SQLiteJournal
     with pytest.raises(AttributeError):
         payonce.NoSuchThing  # type: ignore[attr-defined]  # noqa: B018

@@ -46,8 +46,8 @@ from typing import Any, Final
 
 import attrs
 
-from ._journal import Journal, open_journal
-from ._journal._inbox import EventClaim, EventClaimKind, EventJournal, EventRecord
+from ._journal import IntentStore, Journal, open_store
+from ._journal._inbox import EventClaim, EventClaimKind, EventRecord
 from ._lifecycle import new_owner, owner_is_dead
 from ._runtime._lease_keeper import Lease, TaskLeaseKeeper, ThreadLeaseKeeper
 from ._signatures import DEFAULT_TOLERANCE, sign, verify
@@ -236,15 +236,7 @@ class WebhookInbox:
         self._clock = clock
         self._parse = parse
         self._owns_journal = not isinstance(journal, Journal)
-        opened = open_journal(journal)
-        if not isinstance(opened, EventJournal):
-            if self._owns_journal:
-                opened.close()
-            raise ConfigurationError(
-                f"the journal {opened!r} has no webhook inbox (claim_event…): use a payonce "
-                "SQLite or PostgreSQL journal"
-            )
-        self.journal: EventJournal = opened
+        self.journal: IntentStore = open_store(journal)
         # Handlers' leases are renewed every third of their length: from a thread for
         # receive, from a task for areceive.
         self._keeper = ThreadLeaseKeeper(self.lease_seconds / 3)

@@ -8,7 +8,7 @@
 --
 -- Both fingerprints are literals computed once with payonce's own canonical form:
 --
---   from payonce._intent import canonical_request
+--   from payonce._lifecycle import canonical_request
 --   for amount in (4200, 1500):
 --       c = canonical_request("POST", "/v1/payments",
 --                             json_body={"amount": amount, "currency": "eur"})

@@ -23,6 +23,7 @@ from ._records import (
 from ._schema import SCHEMA_VERSION
 from ._sql import is_postgres_url
 from ._sqlite import SQLiteJournal
+from ._store import IntentStore
 
 if TYPE_CHECKING:
     from ._postgres import PostgresJournal
@@ -34,6 +35,7 @@ __all__ = [
     "ClaimKind",
     "IntentDraft",
     "IntentRecord",
+    "IntentStore",
     "Journal",
     "JournalReport",
     "PostgresJournal",
@@ -42,6 +44,7 @@ __all__ = [
     "StoredResponse",
     "default_journal_path",
     "open_journal",
+    "open_store",
 ]
 
 JOURNAL_ENV = "PAYONCE_JOURNAL"
@@ -114,3 +117,30 @@ def open_journal(
             check_integrity=check_integrity,
         )
     return SQLiteJournal(journal, busy_timeout=busy_timeout, check_integrity=check_integrity)
+
+
+def open_store(
+    journal: Journal | str | os.PathLike[str] | None,
+    *,
+    busy_timeout: float = 5.0,
+    check_integrity: bool = True,
+) -> IntentStore:
+    """``open_journal`` for those who write intents: a client, the webhook inbox.
+
+    A journal object given to them must be a payonce journal (``SQLiteJournal``,
+    ``PostgresJournal``), which keeps the clients' writes; a ``Journal`` that only reads
+    is refused with ``ConfigurationError`` before anything is sent.
+    """
+    opened = open_journal(journal, busy_timeout=busy_timeout, check_integrity=check_integrity)
+    if not isinstance(opened, IntentStore):
+        # Only an object the caller gave can fail this (a path always opens a store), so
+        # it is the caller's to close.
+        lacking = [
+            name for name in dir(IntentStore) if name[0] != "_" and not hasattr(opened, name)
+        ]
+        raise ConfigurationError(
+            f"journal= must be a path, a postgresql:// URL, a SQLiteJournal or a "
+            f"PostgresJournal: a {type(opened).__name__} can be read but not written "
+            f"through (it has no {', '.join(lacking[:3])}{', …' if len(lacking) > 3 else ''})"
+        )
+    return opened

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 import attrs
 
 from ..errors import JournalError
+from ._base import Journal
 
 if TYPE_CHECKING:
     from ._engine import Tx
@@ -178,11 +179,9 @@ def event_from_row(row: Sequence[Any]) -> EventRecord:
 
 
 @runtime_checkable
-class EventJournal(Protocol):
-    """The journal methods the webhook inbox needs (every payonce journal has them)."""
-
-    @property
-    def location(self) -> str: ...
+class EventJournal(Journal, Protocol):
+    """The public ``Journal`` and the writes the webhook inbox makes (every payonce journal
+    has them); ``IntentStore`` adds the clients' writes of intents."""
 
     def claim_event(
         self,
@@ -206,20 +205,6 @@ class EventJournal(Protocol):
     def release_event(
         self, endpoint: str, event_id: str, *, owner: str, now: float, error: str | None = None
     ) -> None: ...
-
-    def get_event(self, endpoint: str, event_id: str) -> EventRecord | None: ...
-
-    def list_events(
-        self,
-        *,
-        endpoint: str | None = None,
-        unprocessed: bool = False,
-        limit: int | None = None,
-    ) -> list[EventRecord]: ...
-
-    def prune_events(self, *, processed_before: float) -> int: ...
-
-    def close(self) -> None: ...
 
 
 class InboxMixin(abc.ABC):

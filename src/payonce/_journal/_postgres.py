@@ -2,7 +2,7 @@
 
 Needs the ``postgres`` extra (psycopg 3 and psycopg-pool). Everything but connecting,
 transactions, durability settings and error translation lives in ``_engine`` and ``_sql``,
-shared with the SQLite journal.
+shared with the SQLite journal; the URL and its password are ``_postgres_url``'s.
 
 Durability budget, the same as SQLite's (see docs/postgres.md): the write-ahead record of
 a new intent, every lease taken and every attempt start commit with the server's
@@ -21,20 +21,22 @@ by the unique (scope, reference) index and ``INSERT … ON CONFLICT DO NOTHING``
 from __future__ import annotations
 
 import logging
+import os
 import re
-import urllib.parse
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
-from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from ..errors import ConfigurationError, JournalError
 from . import _sql as sql
-from ._engine import BEFORE_SEND, NO_SEND, SQLJournal, Tx, migrate
+from ._engine import BEFORE_SEND, NO_SEND, Tx, migrate
+from ._postgres_url import Target
+from ._sql_journal import SQLJournal
 
 __all__ = ["PostgresJournal"]
 
@@ -43,7 +45,6 @@ T = TypeVar("T")
 logger = logging.getLogger("payonce")
 
 _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
-_SECRET_PARAMETERS = ("password", "sslpassword")
 # The advisory-lock class of payonce's migrations ("pyon"); the second key is the schema.
 _MIGRATION_LOCK = 0x70796F6E
 # Transactions that found their connection dead before committing are rolled back by the
@@ -51,112 +52,6 @@ _MIGRATION_LOCK = 0x70796F6E
 _ROUNDS = 3
 _BUSY = (pg_errors.LockNotAvailable, pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
 _RETRYABLE = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
-
-
-class _Target:
-    """A journal URL taken apart: what libpq gets, what may be shown, what must not be."""
-
-    def __init__(self, url: str) -> None:
-        if not sql.is_postgres_url(url):
-            raise ConfigurationError(
-                "a PostgreSQL journal needs a postgresql:// (or postgres://) URL, e.g. "
-                "postgresql://payonce@db.internal:5432/payments"
-            )
-        self._secrets = _secrets_of(url)
-        try:
-            parts = urllib.parse.urlsplit(url)
-        except ValueError as exc:
-            raise self.invalid(str(exc)) from None
-        rest = url.partition("://")[2]
-        authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
-        if authority.rpartition("@")[0] != rest.rpartition("@")[0]:
-            raise self.ambiguous()
-        # Query segments are kept as written: decoding and re-encoding them could change
-        # what libpq reads (it decodes %XX only, not "+").
-        self.schema: str | None = None
-        passed, shown = [], []
-        for segment in filter(None, parts.query.split("&")):
-            raw_name, _, raw_value = segment.partition("=")
-            name = urllib.parse.unquote(raw_name)
-            if name == "schema":
-                self.schema = urllib.parse.unquote(raw_value)
-                continue
-            passed.append(segment)
-            if name not in _SECRET_PARAMETERS:
-                shown.append(segment)
-        # By hand: urlunsplit drops the "//" of a URL with no host (a unix socket in ?host=).
-        self.conninfo = f"{parts.scheme}://{parts.netloc}{parts.path}" + _query(passed)
-        try:
-            self.parameters = conninfo_to_dict(self.conninfo)
-        except psycopg.Error as exc:
-            raise self.invalid(str(exc)) from None
-        # Unless the query overrides them, libpq must read the user and password Python did.
-        overridden = {urllib.parse.unquote(p.partition("=")[0]) for p in passed}
-        user = urllib.parse.unquote(parts.username) if parts.username else None
-        password = urllib.parse.unquote(parts.password) if parts.password is not None else None
-        if ("user" not in overridden and user != self.parameters.get("user")) or (
-            "password" not in overridden
-            and password is not None
-            and password != self.parameters.get("password")
-        ):
-            raise self.ambiguous()
-        self._secrets = sorted(
-            {*self._secrets, *_forms(str(self.parameters.get("password") or ""))},
-            key=len,
-            reverse=True,
-        )
-        hosts = parts.netloc.rpartition("@")[2]
-        shown_user = urllib.parse.quote(user, safe="") + "@" if user else ""
-        self._shown = f"{parts.scheme}://{shown_user}{hosts}{parts.path}"
-        self._shown_query = shown
-
-    def ambiguous(self) -> ConfigurationError:
-        # Python and libpq would read another user or password out of it, and what is
-        # shown as the location could then hold (part of) the password.
-        return ConfigurationError(
-            "the PostgreSQL journal URL's user name or password holds a character that "
-            "must be percent-encoded (/ ? # @ : as %2F %3F %23 %40 %3A)"
-        )
-
-    def location(self, schema: str | None) -> str:
-        """The URL without its password, naming the schema the journal really uses."""
-        schema_segment = [f"schema={schema}"] if schema is not None else []
-        return self._shown + _query([*self._shown_query, *schema_segment])
-
-    def invalid(self, why: str) -> ConfigurationError:
-        return ConfigurationError(f"the PostgreSQL journal URL is not valid: {self.redact(why)}")
-
-    def redact(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text
-
-
-def _secrets_of(url: str) -> list[str]:
-    """The password, as written and decoded, even from a URL too broken to parse.
-
-    Over-redacting a message is harmless; missing one form of the password is not, so the
-    user-info is cut both at the authority's end and at the URL's last "@".
-    """
-    found = []
-    rest = url.partition("://")[2]
-    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
-    for userinfo in (authority.rpartition("@")[0], rest.rpartition("@")[0]):
-        if ":" in userinfo:
-            found.append(userinfo.partition(":")[2])
-    for match in re.finditer(r"(?:^|[?&])(?:ssl)?password=([^&#]*)", url.partition("?")[2]):
-        found.append(match.group(1))
-    return sorted({form for secret in found for form in _forms(secret)}, key=len, reverse=True)
-
-
-def _query(segments: list[str]) -> str:
-    return "?" + "&".join(segments) if segments else ""
-
-
-def _forms(secret: str) -> set[str]:
-    """A secret as it may appear in a message: as written, decoded, or encoded."""
-    forms = {secret, urllib.parse.unquote(secret), urllib.parse.quote(secret, safe="")}
-    return {form for form in forms if form}
 
 
 class PostgresJournal(SQLJournal):
@@ -183,7 +78,7 @@ class PostgresJournal(SQLJournal):
         connect_timeout: float = 10.0,
         check_integrity: bool = True,
     ) -> None:
-        target = _Target(url)
+        target = Target(url)
         self._target = target
         self._schema = schema if schema is not None else target.schema
         if self._schema is not None and not _SCHEMA_NAME.fullmatch(self._schema):
@@ -421,6 +316,19 @@ class PostgresJournal(SQLJournal):
             (list(sql.needed_columns()),),
         )
         return int(row[0]) if row else 0
+
+    def backup(self, destination: str | os.PathLike[str]) -> Path:
+        """Not payonce's to do: raises ``JournalError`` naming the database's own tools.
+
+        A consistent copy of a live PostgreSQL database is ``pg_dump``'s (or a base backup
+        with WAL archiving, or the provider's point-in-time recovery).
+        """
+        only_schema = f" -n {self._schema}" if self._schema is not None else ""
+        raise self._error(
+            f"payonce does not copy a PostgreSQL journal to {os.fspath(destination)}: back it "
+            f"up with pg_dump (e.g. pg_dump -Fc{only_schema} -f payonce.dump DBNAME), or "
+            "with base backups and WAL archiving"
+        )
 
     def close(self) -> None:
         self._pool.close()

@@ -6,7 +6,7 @@ import enum
 
 import attrs
 
-from .._intent import IntentState
+from .._lifecycle import IntentState
 
 __all__ = [
     "AttemptRecord",
@@ -14,6 +14,7 @@ __all__ = [
     "ClaimKind",
     "IntentDraft",
     "IntentRecord",
+    "IntentRequest",
     "JournalReport",
     "ReconciliationRecord",
     "StoredResponse",
@@ -21,12 +22,10 @@ __all__ = [
 
 
 @attrs.frozen
-class IntentDraft:
-    """An intent as the client first describes it, before the journal knows it."""
+class IntentRequest:
+    """An intent's identity and the request it sends: what a draft and a record share."""
 
     key: str
-    key_supplied: bool
-    """True when the caller chose the key: then it must match any stored intent's key."""
     scope: str
     reference: str | None
     account: str
@@ -37,6 +36,14 @@ class IntentDraft:
     request_headers: tuple[tuple[str, str], ...]
     """Only headers safe to keep (never credentials)."""
     body: bytes
+
+
+@attrs.frozen
+class IntentDraft(IntentRequest):
+    """An intent as the client first describes it, before the journal knows it."""
+
+    key_supplied: bool
+    """True when the caller chose the key: then it must match any stored intent's key."""
 
 
 @attrs.frozen
@@ -70,17 +77,9 @@ class AttemptRecord:
 
 
 @attrs.frozen
-class IntentRecord:
-    key: str
-    scope: str
-    reference: str | None
-    account: str
-    provider: str
-    method: str
-    url: str
-    fingerprint: str
-    request_headers: tuple[tuple[str, str], ...]
-    body: bytes
+class IntentRecord(IntentRequest):
+    """An intent as the journal holds it: its request, its state, its lease, its outcome."""
+
     state: IntentState
     created_at: float
     updated_at: float

@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from .._intent import IntentState
+from .._lifecycle import IntentState
 from ._inbox import EVENT_FIELDS
 from ._records import (
     AttemptRecord,

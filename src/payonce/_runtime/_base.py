@@ -18,7 +18,7 @@ from typing import Any, Generic, TypedDict, TypeVar, Unpack, cast
 import httpx
 
 from .._credentials import resolve_api_key
-from .._journal import IntentDraft, IntentRecord, Journal, open_journal
+from .._journal import IntentDraft, IntentRecord, IntentStore, Journal, open_store
 from .._lifecycle import IntentState, KeyFormat, canonical_request, new_key
 from .._providers import ProviderProfile, get_profile
 from .._version import __version__
@@ -267,7 +267,7 @@ class BaseClient(abc.ABC, Generic[TransportT]):
                 base_url,
             )
         self._owns_journal = not isinstance(journal, Journal)
-        self.journal: Journal = open_journal(journal)
+        self.journal: IntentStore = open_store(journal)
         self._core = IntentCore(
             base_url=base_url,
             profile=profile,

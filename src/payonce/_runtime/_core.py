@@ -15,7 +15,7 @@ import attrs
 import httpx
 
 from .._crash import crash_armed, crash_atrace, crash_point, crash_trace
-from .._journal import Claim, ClaimKind, IntentDraft, IntentRecord, Journal
+from .._journal import Claim, ClaimKind, IntentDraft, IntentRecord, IntentStore
 from .._lifecycle import (
     CanonicalRequest,
     IntentState,
@@ -86,7 +86,7 @@ class IntentCore:
         profile: ProviderProfile,
         account: str,
         api_key: str,
-        journal: Journal,
+        journal: IntentStore,
         retry: RetryPolicy,
         key_format: KeyFormat,
         max_stored_bytes: int,

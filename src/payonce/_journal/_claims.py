@@ -1,0 +1,409 @@
+"""The private store's writes, once, for every SQL backend: claims, leases, attempts, outcomes.
+
+What each write may do is decided by ``_sql.decide_claim`` and ``_sql.is_mismatch`` (and
+by the client that names the state an intent settles in); here it is applied, atomically,
+in one transaction of the backend's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from .._crash import crash_point
+from .._lifecycle import IntentState
+from .._version import __version__
+from ..errors import IntentInFlight
+from . import _sql as sql
+from ._engine import AFTER_SEND, BEFORE_SEND, Engine, Tx
+from ._records import Claim, ClaimKind, IntentDraft, IntentRecord, IntentRequest, StoredResponse
+from ._schema import SCHEMA_VERSION
+
+__all__ = ["Claims"]
+
+_CLAIM_ROUNDS = 3
+_QUEUE_BATCH = 32
+_REQUEST_FIELDS = tuple(field.name for field in attrs.fields(IntentRequest))
+
+
+def _response_values(response: StoredResponse) -> tuple[Any, ...]:
+    """The response columns' values, in STORE_RESPONSE's order."""
+    return (
+        response.status,
+        sql.headers_to_json(response.headers),
+        response.body,
+        int(response.body_stored),
+        __version__,
+        SCHEMA_VERSION,
+    )
+
+
+def _created_record(
+    draft: IntentDraft, owner: str, now: float, lease_seconds: float
+) -> IntentRecord:
+    """The row ``_create`` has just inserted, as reading it back would return it."""
+    request = {name: getattr(draft, name) for name in _REQUEST_FIELDS}
+    request["request_headers"] = tuple((str(n), str(v)) for n, v in draft.request_headers)
+    request["body"] = bytes(draft.body)
+    return IntentRecord(
+        **request,
+        state=IntentState.PENDING,
+        created_at=now,
+        updated_at=now,
+        first_sent_at=now,
+        lease_owner=owner,
+        lease_expires_at=now + lease_seconds,
+        unknown_reason=None,
+        response=None,
+        acknowledged_at=None,
+        attempt_count=1,
+    )
+
+
+class Claims(Engine):
+    """Every write of the private ``IntentStore`` to an intent, for any backend."""
+
+    def _held_by(self, tx: Tx, key: str, owner: str) -> IntentRecord:
+        record = self._select(tx, sql.BY_KEY, (key,), lock=True)
+        if record is None or record.lease_owner != owner:
+            raise IntentInFlight(
+                f"intent {key} is no longer held by this worker (its lease expired and "
+                "another worker took it over); its outcome will be settled by that worker",
+                key=key,
+                reference=record.reference if record else None,
+            )
+        return record
+
+    def claim(
+        self,
+        draft: IntentDraft,
+        *,
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        stale_owner: str | None = None,
+    ) -> Claim:
+        def find(tx: Tx, lock: bool) -> IntentRecord | None:
+            record = None
+            if draft.reference is not None:
+                record = self._select(
+                    tx, sql.BY_REFERENCE, (draft.scope, draft.reference), lock=lock
+                )
+            return record or self._select(tx, sql.BY_KEY, (draft.key,), lock=lock)
+
+        def created() -> Claim:
+            return Claim(
+                ClaimKind.CREATED,
+                _created_record(draft, owner, now, lease_seconds),
+                attempt_number=1,
+            )
+
+        def work(tx: Tx) -> Claim:
+            if not tx.dialect.lock_rows and self._create(tx, draft, owner, now, lease_seconds):
+                # Writers are serialised (SQLite holds the whole journal), so an insert the
+                # unique key and (scope, reference) let through is exactly a look-up that
+                # found nothing: a new intent costs no look-ups. Any other answer needs them.
+                return created()
+            for _ in range(_CLAIM_ROUNDS):
+                claim = self._claim_row(
+                    tx, find, draft, owner, now, lease_seconds, False, stale_owner
+                )
+                if claim is not None:
+                    return claim
+                if self._create(tx, draft, owner, now, lease_seconds):
+                    return created()
+                # Another worker created it between the look-up and the insert, and has
+                # committed: the next look-up finds its row.
+            raise self._error(
+                f"intent {draft.key}: its row kept appearing and disappearing under "
+                "concurrent writers; nothing was sent. Retry later"
+            )
+
+        return self._write(work, durable=True, busy=BEFORE_SEND)
+
+    def _claim_row(
+        self,
+        tx: Tx,
+        find: Callable[[Tx, bool], IntentRecord | None],
+        draft: IntentDraft | None,
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        unknown: bool,
+        stale_owner: str | None,
+    ) -> Claim | None:
+        """Decide on the intent ``find`` returns and take its lease if it may be taken."""
+
+        def verdict(record: IntentRecord) -> ClaimKind | None:
+            if draft is not None and sql.is_mismatch(record, draft):
+                return ClaimKind.MISMATCH
+            return sql.decide_claim(
+                record, owner=owner, now=now, unknown=unknown, stale_owner=stale_owner
+            )
+
+        record = find(tx, False)
+        kind = verdict(record) if record is not None else None
+        if record is not None and kind is None and tx.dialect.lock_rows:
+            # Only taking the lease writes, so only it needs the row locked: replays,
+            # refusals and waits are answered from the committed row, without a row lock
+            # (and, in PostgreSQL, without the WAL flush a lock's commit would cost).
+            record = find(tx, True)
+            kind = verdict(record) if record is not None else None
+        if record is None:
+            return None
+        if kind is not None:
+            return Claim(kind, record)
+        return self._take(tx, record, owner, now, lease_seconds, stale_owner)
+
+    @staticmethod
+    def _create(tx: Tx, draft: IntentDraft, owner: str, now: float, lease_seconds: float) -> bool:
+        inserted = tx.execute(
+            sql.INSERT_INTENT,
+            (
+                draft.key,
+                draft.scope,
+                draft.reference,
+                draft.account,
+                draft.provider,
+                draft.method,
+                draft.url,
+                draft.fingerprint,
+                sql.headers_to_json(draft.request_headers),
+                draft.body,
+                IntentState.PENDING.value,
+                now,
+                now,
+                now,
+                owner,
+                now + lease_seconds,
+            ),
+        )
+        if inserted != 1:
+            return False
+        tx.execute(sql.INSERT_ATTEMPT, (draft.key, 1, now))
+        return True
+
+    def _take(
+        self,
+        tx: Tx,
+        record: IntentRecord,
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        stale_owner: str | None,
+    ) -> Claim:
+        """Take the lease of a row this transaction holds and found free to take."""
+        tx.execute(
+            sql.TAKE_LEASE,
+            (owner, now + lease_seconds, now, record.key, owner, now, stale_owner),
+        )
+        claimed = self._reread(tx, record.key)
+        if claimed.lease_owner != owner:
+            return Claim(ClaimKind.LEASED, claimed)
+        return Claim(ClaimKind.CLAIMED, claimed)
+
+    def claim_key(
+        self,
+        key: str,
+        *,
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        unknown: bool = False,
+        stale_owner: str | None = None,
+    ) -> Claim | None:
+        def find(tx: Tx, lock: bool) -> IntentRecord | None:
+            return self._select(tx, sql.BY_KEY, (key,), lock=lock)
+
+        return self._write(
+            lambda tx: self._claim_row(
+                tx, find, None, owner, now, lease_seconds, unknown, stale_owner
+            ),
+            durable=True,
+            busy=BEFORE_SEND,
+        )
+
+    def claim_next_pending(
+        self,
+        *,
+        account: str,
+        provider: str,
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        after: tuple[float, str] | None = None,
+        is_stale: Callable[[str], bool] | None = None,
+    ) -> Claim | None:
+        """Lease the oldest pending intent no live worker holds, after ``after``.
+
+        ``after`` is the ``(created_at, key)`` of the intent a queue pass handled last, so
+        one pass meets every intent at most once, even those it leaves pending. A lease
+        held by an owner ``is_stale`` judges dead counts as free. Rows another worker is
+        claiming right now are skipped, not waited for (PostgreSQL ``SKIP LOCKED``).
+        """
+
+        def work(tx: Tx) -> Claim | None:
+            created_at, key = after if after is not None else (float("-inf"), "")
+            while True:
+                rows = tx.all(
+                    sql.NEXT_PENDING + tx.dialect.skip_locked,
+                    (
+                        IntentState.PENDING.value,
+                        account,
+                        provider,
+                        created_at,
+                        created_at,
+                        key,
+                        _QUEUE_BATCH,
+                    ),
+                )
+                for row in rows:
+                    record = sql.intent_from_row(row)
+                    stale = (
+                        record.lease_owner
+                        if record.lease_owner is not None
+                        and is_stale is not None
+                        and is_stale(record.lease_owner)
+                        else None
+                    )
+                    # The row is locked already (or the whole journal is, in SQLite).
+                    kind = sql.decide_claim(
+                        record, owner=owner, now=now, unknown=False, stale_owner=stale
+                    )
+                    if kind is None:
+                        return self._take(tx, record, owner, now, lease_seconds, stale)
+                if len(rows) < _QUEUE_BATCH:
+                    return None
+                last = sql.intent_from_row(rows[-1])
+                created_at, key = last.created_at, last.key
+
+        return self._write(work, durable=True, busy=BEFORE_SEND)
+
+    def renew_lease(self, key: str, *, owner: str, now: float, lease_seconds: float) -> bool:
+        return self._write(
+            lambda tx: tx.execute(sql.RENEW_LEASE, (now + lease_seconds, key, owner)) == 1,
+            durable=False,
+            busy=AFTER_SEND,
+        )
+
+    def start_attempt(self, key: str, *, owner: str, now: float, lease_seconds: float) -> int:
+        def work(tx: Tx) -> int:
+            self._held_by(tx, key, owner)
+            row = tx.one(sql.LAST_ATTEMPT, (key,))
+            number = int(row[0] if row else 0) + 1
+            tx.execute(sql.INSERT_ATTEMPT, (key, number, now))
+            tx.execute(sql.ATTEMPT_STARTED, (now, now + lease_seconds, now, key))
+            return number
+
+        return self._write(work, durable=True, busy=BEFORE_SEND)
+
+    @staticmethod
+    def _end_attempt(
+        tx: Tx,
+        key: str,
+        number: int,
+        now: float,
+        status_code: int | None,
+        error: str | None,
+        ambiguous: bool,
+    ) -> None:
+        tx.execute(sql.END_ATTEMPT, (now, status_code, error, int(ambiguous), key, number))
+
+    def end_attempt(
+        self,
+        key: str,
+        number: int,
+        *,
+        owner: str,
+        now: float,
+        status_code: int | None,
+        error: str | None,
+        ambiguous: bool,
+    ) -> None:
+        def work(tx: Tx) -> None:
+            self._held_by(tx, key, owner)
+            self._end_attempt(tx, key, number, now, status_code, error, ambiguous)
+
+        self._write(work, durable=False, busy=AFTER_SEND)
+
+    @staticmethod
+    def _store_response(tx: Tx, key: str, response: StoredResponse) -> None:
+        tx.execute(sql.STORE_RESPONSE, (*_response_values(response), key))
+
+    def settle(
+        self,
+        key: str,
+        *,
+        owner: str,
+        now: float,
+        state: IntentState,
+        response: StoredResponse,
+        attempt: int,
+    ) -> IntentRecord:
+        def work(tx: Tx) -> IntentRecord:
+            held = self._held_by(tx, key, owner)
+            self._end_attempt(tx, key, attempt, now, response.status, None, False)
+            tx.execute(
+                sql.SETTLE_WITH_RESPONSE,
+                (*_response_values(response), state.value, now, key),
+            )
+            crash_point("during_settle")
+            # The row as these statements left it, without reading it back: the lease was
+            # held, so no one else wrote it in between.
+            return attrs.evolve(
+                held,
+                state=state,
+                updated_at=now,
+                lease_owner=None,
+                lease_expires_at=None,
+                unknown_reason=None,
+                response=attrs.evolve(
+                    response,
+                    headers=tuple((str(n), str(v)) for n, v in response.headers),
+                    body=bytes(response.body),
+                    stored_by=__version__,
+                    schema_version=SCHEMA_VERSION,
+                ),
+            )
+
+        return self._write(work, durable=False, busy=AFTER_SEND)
+
+    def mark_unknown(self, key: str, *, owner: str, now: float, reason: str) -> IntentRecord:
+        def work(tx: Tx) -> IntentRecord:
+            self._held_by(tx, key, owner)
+            tx.execute(sql.SET_STATE, (IntentState.UNKNOWN.value, reason, now, key))
+            return self._reread(tx, key)
+
+        return self._write(work, durable=False, busy=AFTER_SEND)
+
+    def release(self, key: str, *, owner: str) -> None:
+        self._write(
+            lambda tx: tx.execute(sql.RELEASE_LEASE, (key, owner)),
+            durable=False,
+            busy=AFTER_SEND,
+        )
+
+    def reconciled(
+        self,
+        key: str,
+        *,
+        owner: str,
+        now: float,
+        outcome: str,
+        detail: str,
+        status_code: int | None,
+        state: IntentState,
+        response: StoredResponse | None = None,
+    ) -> IntentRecord:
+        def work(tx: Tx) -> IntentRecord:
+            self._held_by(tx, key, owner)
+            tx.execute(sql.INSERT_RECONCILIATION, (key, now, outcome, detail, status_code))
+            if response is not None:
+                self._store_response(tx, key, response)
+            reason = detail if state is IntentState.UNKNOWN else None
+            tx.execute(sql.SET_STATE, (state.value, reason, now, key))
+            return self._reread(tx, key)
+
+        return self._write(work, durable=False, busy=AFTER_SEND)

@@ -1,0 +1,236 @@
+"""The public journal, once, for every SQL backend: reads and operator commands.
+
+Reads, ``abandon`` and ``acknowledge`` (an operator's decisions, refused for an intent they
+do not fit), ``prune`` in short batches, and ``check``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import attrs
+
+from .._lifecycle import IntentState
+from ..errors import IntentInFlight, IntentStateError
+from . import _sql as sql
+from ._engine import NO_SEND, Engine, Tx
+from ._records import AttemptRecord, IntentRecord, JournalReport, ReconciliationRecord
+
+__all__ = ["Reads"]
+
+_SETTLED = (IntentState.SUCCEEDED.value, IntentState.FAILED.value)
+
+
+class Reads(Engine):
+    """Every method of the public ``Journal`` but ``location``, ``backup`` and ``close``."""
+
+    def reconciliations(self, key: str) -> list[ReconciliationRecord]:
+        rows = self._read(lambda tx: tx.all(sql.RECONCILIATIONS + tx.dialect.tiebreak, (key,)))
+        return [sql.reconciliation_from_row(row) for row in rows]
+
+    def abandon(self, key: str, *, reason: str, now: float) -> IntentRecord:
+        def work(tx: Tx) -> IntentRecord:
+            record = self._existing(tx, key)
+            if record.state.is_final:
+                raise IntentStateError(
+                    f"intent {key} is already {record.state.value}; only pending or unknown "
+                    "intents can be abandoned",
+                    key=key,
+                    reference=record.reference,
+                )
+            if record.lease_live(now):
+                raise IntentInFlight(
+                    f"intent {key} is being sent by {record.lease_owner} right now; abandon "
+                    "it once that attempt has ended",
+                    key=key,
+                    reference=record.reference,
+                )
+            tx.execute(sql.ABANDON, (IntentState.ABANDONED.value, reason, now, key))
+            return self._reread(tx, key)
+
+        # Durable: an abandonment rolled back by an OS crash would let resume() send an
+        # intent the operator closed (and perhaps paid again under a new reference).
+        return self._write(work, durable=True, busy=NO_SEND)
+
+    def acknowledge(self, key: str, *, now: float) -> IntentRecord:
+        def work(tx: Tx) -> IntentRecord:
+            record = self._existing(tx, key)
+            if not record.state.is_final:
+                raise IntentStateError(
+                    f"intent {key} is {record.state.value}: only a settled intent can be "
+                    "acknowledged",
+                    key=key,
+                    reference=record.reference,
+                )
+            if record.acknowledged_at is not None:
+                return record  # acknowledged once: the first time stands
+            tx.execute(sql.ACKNOWLEDGE, (now, key))
+            return attrs.evolve(record, acknowledged_at=now)
+
+        return self._write(work, durable=False, busy=NO_SEND)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def _intents(self, statement: str, params: Sequence[Any]) -> list[IntentRecord]:
+        rows = self._read(lambda tx: tx.all(statement, params))
+        return [sql.intent_from_row(row) for row in rows]
+
+    def pending(
+        self, *, account: str, provider: str, limit: int | None = None
+    ) -> list[IntentRecord]:
+        """Pending intents of this account and provider, oldest first, leased or not."""
+        statement = sql.PENDING
+        params: list[Any] = [IntentState.PENDING.value, account, provider]
+        if limit is not None:
+            statement += " LIMIT ?"
+            params.append(limit)
+        return self._intents(statement, params)
+
+    def unacknowledged(self, *, account: str | None = None) -> list[IntentRecord]:
+        statement = sql.UNACKNOWLEDGED
+        params: list[Any] = list(_SETTLED)
+        if account is not None:
+            statement += " AND account = ?"
+            params.append(account)
+        return self._intents(statement + " ORDER BY created_at, key", params)
+
+    def get(self, key: str) -> IntentRecord | None:
+        return self._read(lambda tx: self._select(tx, sql.BY_KEY, (key,)))
+
+    def find(self, key_or_reference: str) -> list[IntentRecord]:
+        return self._intents(sql.FIND, (key_or_reference, key_or_reference))
+
+    def list_intents(
+        self, *, states: Iterable[IntentState] | None = None, limit: int | None = None
+    ) -> list[IntentRecord]:
+        """Newest first."""
+        statement = sql.LIST
+        params: list[Any] = []
+        if states is not None:
+            wanted = [IntentState(s).value for s in states]
+            if not wanted:
+                return []
+            statement += f" WHERE state IN ({', '.join('?' for _ in wanted)})"
+            params.extend(wanted)
+        statement += " ORDER BY created_at DESC, key DESC"
+        if limit is not None:
+            statement += " LIMIT ?"
+            params.append(limit)
+        return self._intents(statement, params)
+
+    def attempts(self, key: str) -> list[AttemptRecord]:
+        rows = self._read(lambda tx: tx.all(sql.ATTEMPTS, (key,)))
+        return [sql.attempt_from_row(row) for row in rows]
+
+    # -- pruning ----------------------------------------------------------------------------
+
+    def prune(
+        self,
+        *,
+        older_than: float,
+        batch_size: int = 1000,
+        dry_run: bool = False,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> int:
+        """Delete final intents nothing has touched since ``older_than`` (a timestamp).
+
+        Only succeeded and failed intents the caller has acknowledged, and abandoned ones
+        (they have no outcome to hand over), with their attempts and reconciliations.
+        Pending and unknown intents, and unacknowledged outcomes, are never pruned. Runs
+        in batches of ``batch_size``, each its own short transaction, so writers wait for
+        one batch at most; ``on_batch`` gets the running total after each. Returns how
+        many intents were deleted (with ``dry_run``: would be, and nothing is deleted).
+
+        A pruned intent is forgotten: the same reference used again is a new intent with
+        a new key. Keep the cut-off well beyond any retry of a business operation.
+        """
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        params = (*sql.PRUNABLE_STATES, older_than, IntentState.ABANDONED.value, older_than)
+        if dry_run:
+            row = self._read(lambda tx: tx.one(sql.COUNT_PRUNABLE, params))
+            return int(row[0]) if row else 0
+
+        def batch(tx: Tx) -> int:
+            statement = sql.PRUNE_BATCH.format(skip_locked=tx.dialect.skip_locked)
+            return tx.execute(statement, (*params, batch_size))
+
+        total = 0
+        while True:
+            busy = (
+                f"{total} intent(s) were pruned before it; prune again to go on"
+                if total
+                else NO_SEND
+            )
+            began = time.monotonic()
+            deleted = self._write(batch, durable=False, busy=busy)
+            if deleted <= 0:
+                return total
+            total += deleted
+            if on_batch is not None:
+                on_batch(total)
+            self._between_batches(time.monotonic() - began)
+
+    def _between_batches(self, seconds: float) -> None:
+        """After a prune batch that held the journal ``seconds``: let writers in."""
+
+    # -- operating --------------------------------------------------------------------------
+
+    def _missing_parts(self, tx: Tx) -> list[str]:
+        """What the statements need and the journal lacks (nothing, for an intact one)."""
+        problems = []
+        for table, needed in sql.needed_columns().items():
+            present = self._present_columns(tx, table)
+            if not present:
+                problems.append(f"table {table} is missing")
+            elif missing := [c for c in needed if c not in present]:
+                problems.append(f"table {table} lacks column(s) {', '.join(missing)}")
+        problems += [
+            f"index {index} is missing"
+            for index in sql.NEEDED_INDEXES
+            if tx.one(tx.dialect.has_relation, (index,)) is None
+        ]
+        return problems
+
+    def _verify(self, tx: Tx) -> None:
+        """Refuse a journal whose schema version promises parts it does not have."""
+        if problems := self._missing_parts(tx):
+            raise self._error(
+                f"the journal is damaged ({'; '.join(problems[:3])}); restore it from a "
+                "backup or move it away to start a new one"
+            )
+
+    def check(self) -> JournalReport:
+        """Integrity, schema and contents, read at one instant (writers are not blocked)."""
+
+        def work(tx: Tx) -> JournalReport:
+            problems = [p for p in self._storage_problems(tx) if p != "ok"]
+            problems += self._missing_parts(tx)
+            if problems:
+                # Counting rows of a journal with missing parts would only fail again.
+                meta: dict[str, str] = {}
+                by_state: dict[str, int] = {}
+                unacknowledged = 0
+            else:
+                meta = dict(tx.all(sql.META))
+                by_state = {str(s): int(n) for s, n in tx.all(sql.COUNT_BY_STATE)}
+                row = tx.one(sql.COUNT_UNACKNOWLEDGED, _SETTLED)
+                unacknowledged = int(row[0]) if row else 0
+            try:
+                version = int(meta.get("schema_version", 0))
+            except ValueError:
+                version = 0
+                problems.append(f"schema version {meta.get('schema_version')!r} is not a number")
+            return JournalReport(
+                location=self.location,
+                ok=not problems,
+                problems=tuple(problems),
+                schema_version=version,
+                intents_by_state=by_state,
+                unacknowledged=unacknowledged,
+                size_bytes=self._size_bytes(tx),
+            )
+
+        return self._read(work, snapshot=True)
