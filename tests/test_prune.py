@@ -16,9 +16,9 @@ import pytest
 from click.testing import CliRunner
 
 import payonce
-from payonce._cli._prune import parse_duration
 from payonce._journal import ClaimKind, IntentStore, SQLiteJournal, open_store
 from payonce.cli import cli
+from payonce.cli._journal import parse_duration
 from test_journal_backends import RESPONSE, OpenJournal, draft_for, rows
 
 DAY = 86400.0

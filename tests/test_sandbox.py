@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +25,6 @@ from payonce.sandbox import (
 OTHER_API_KEY = "sk_test_other"
 OTHER_ACCOUNT = "acct_other"
 DAY = 24 * 3600.0
-SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 def _client(url: str, api_key: str = DEFAULT_API_KEY) -> httpx.Client:
@@ -449,51 +444,6 @@ def test_store_is_shared_through_its_file(tmp_path: Path) -> None:
         finally:
             other.close()
     assert path.exists()
-
-
-def test_module_entry_point(tmp_path: Path) -> None:
-    ready_file = tmp_path / "ready"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")])),
-    }
-    command = [
-        sys.executable,
-        "-W",
-        "error",
-        "-m",
-        "payonce.sandbox",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--store",
-        str(tmp_path / "provider.db"),
-        "--ready-file",
-        str(ready_file),
-    ]
-    process = subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while not ready_file.exists():
-            assert process.poll() is None, process.communicate()
-            assert time.monotonic() < deadline, "the sandbox never became ready"
-            time.sleep(0.02)
-        url = ready_file.read_text()
-        key = _key()
-        with _client(url) as client:
-            assert _pay(client, key).status_code == 201
-            executions = client.get("/_sandbox/executions").json()
-        assert executions == {"executions": {key: 1}, "total": 1}
-    finally:
-        process.terminate()
-        stdout, stderr = process.communicate(timeout=30)
-
-    assert process.returncode == 0, stderr
-    assert stdout == f"payonce sandbox listening on {url}\n"
-    assert "Traceback" not in stderr
 
 
 # -- switches that make the sandbox answer like a real provider -----------------------------

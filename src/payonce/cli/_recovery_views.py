@@ -17,7 +17,7 @@ from rich.text import Text
 
 import payonce
 
-from ._intents import state_text
+from ._intent_views import state_text
 
 __all__ = [
     "Row",

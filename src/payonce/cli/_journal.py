@@ -1,16 +1,78 @@
-"""``payonce prune``: delete old, settled, acknowledged intents in bounded batches."""
+"""``payonce journal check|backup`` and ``payonce prune``: keep the journal healthy and small."""
 
 from __future__ import annotations
 
 import re
 import time
-from typing import Protocol, runtime_checkable
+from pathlib import Path
 
 import click
 
-from ._common import CliError, JournalLocation, echo_json, existing_journal, iso, journal_option
+import payonce
 
-__all__ = ["parse_duration", "prune"]
+from . import _capabilities
+from ._common import (
+    Damaged,
+    JournalLocation,
+    console,
+    echo_json,
+    existing_journal,
+    iso,
+    journal_option,
+    json_option,
+)
+from ._report import report_json, report_view
+
+__all__ = ["journal_group", "parse_duration", "prune"]
+
+
+@click.group("journal")
+def journal_group() -> None:
+    """Check the journal's integrity and back it up."""
+
+
+@journal_group.command("check")
+@journal_option
+@json_option
+def check_journal(journal_path: JournalLocation | None, as_json: bool) -> None:
+    """Read the whole journal through and report its health and what it holds.
+
+    Integrity, schema version, intents by state, unacknowledged intents, size on disk.
+    Exits 1 if the journal is damaged.
+    """
+    with existing_journal(journal_path) as journal:
+        try:
+            report = _capabilities.check(journal)
+        except payonce.JournalBusy:
+            raise
+        except payonce.JournalError as exc:
+            raise Damaged(f"the journal is damaged: {exc}") from exc
+    if as_json:
+        echo_json(report_json(report))
+    else:
+        console().print(report_view(report))
+    if not report.ok:
+        raise click.exceptions.Exit(1)
+
+
+@journal_group.command("backup")
+@click.argument("destination", type=click.Path(path_type=Path))
+@journal_option
+def backup_journal(destination: Path, journal_path: JournalLocation | None) -> None:
+    """Copy the SQLite journal to DESTINATION, a new file, while payonce keeps running.
+
+    Through SQLite's backup API: the copy is consistent and holds every committed row,
+    also those still only in the -wal file beside the journal (a copy of the .db file
+    alone can miss them). DESTINATION must not exist: a backup never overwrites anything.
+    """
+    _capabilities.refuse_server_backup(journal_path)
+    with existing_journal(journal_path) as journal:
+        target = _capabilities.backup(journal, destination)
+    size = target.stat().st_size
+    click.echo(f"backed up {journal.location} to {target} ({size} bytes)")
+
+
+# -- prune ------------------------------------------------------------------------------------
 
 _UNITS = {"w": 7 * 86400.0, "d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)([wdhms])")
@@ -38,11 +100,6 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
         raise click.BadParameter(str(exc), ctx, param) from None
 
 
-@runtime_checkable
-class _Prunable(Protocol):
-    def prune(self, *, older_than: float, batch_size: int = 1000, dry_run: bool = False) -> int: ...
-
-
 @click.command(short_help="Delete old settled and acknowledged intents.")
 @click.option(
     "--older-than",
@@ -61,7 +118,7 @@ class _Prunable(Protocol):
     help="Intents deleted per transaction: writers wait for one batch at most.",
 )
 @journal_option
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@json_option
 def prune(
     older_than: float,
     dry_run: bool,
@@ -82,10 +139,10 @@ def prune(
     """
     cutoff = time.time() - older_than
     with existing_journal(journal_path) as journal:
-        if not isinstance(journal, _Prunable):
-            raise CliError(f"the journal at {journal.location} cannot be pruned by payonce")
         began = time.monotonic()
-        count = journal.prune(older_than=cutoff, batch_size=batch_size, dry_run=dry_run)
+        count = _capabilities.prune(
+            journal, older_than=cutoff, batch_size=batch_size, dry_run=dry_run
+        )
         seconds = time.monotonic() - began
         location = journal.location
     if as_json:

@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Final
 from urllib.parse import urlsplit, urlunsplit
 
 import click
@@ -16,6 +16,7 @@ from rich.console import Console
 import payonce
 
 __all__ = [
+    "CONTEXT_SETTINGS",
     "JOURNAL_ENV",
     "CliError",
     "Damaged",
@@ -28,10 +29,15 @@ __all__ = [
     "existing_journal_target",
     "iso",
     "journal_option",
+    "json_option",
     "redacted",
 ]
 
 JOURNAL_ENV = "PAYONCE_JOURNAL"
+
+CONTEXT_SETTINGS: Final[dict[str, Any]] = {"help_option_names": ["-h", "--help"]}
+"""For the ``payonce`` group (its subcommands inherit it) and for any command that is also
+run on its own, as ``payonce sandbox`` is by ``python -m payonce.sandbox``."""
 
 
 class CliError(click.ClickException):
@@ -138,6 +144,9 @@ def redacted(url: str) -> str:
         return url
     host = parts.netloc.rpartition("@")[2]
     return urlunsplit(parts._replace(netloc=f"***@{host}"))
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 
 
 def echo_json(value: Any) -> None:

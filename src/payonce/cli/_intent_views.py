@@ -18,7 +18,7 @@ from rich.text import Text
 
 import payonce
 
-from ._common import iso, redacted
+from ._common import console, echo_json, iso, redacted
 
 __all__ = [
     "STATES",
@@ -27,6 +27,7 @@ __all__ = [
     "intent_json",
     "intents_table",
     "payload_json",
+    "print_intents",
     "reconciliation_json",
     "request_target",
     "state_text",
@@ -138,6 +139,24 @@ def payload_json(record: payonce.IntentRecord) -> dict[str, Any]:
 
 
 # -- the list ---------------------------------------------------------------------------------
+
+
+def print_intents(
+    records: Sequence[payonce.IntentRecord],
+    *,
+    as_json: bool,
+    nothing: str,
+    title: str | None = None,
+) -> None:
+    """A listing of intents: a JSON array, a table, or the line ``nothing`` if there are none."""
+    if as_json:
+        echo_json([intent_json(r) for r in records])
+        return
+    out = console()
+    if records:
+        out.print(intents_table(records, width=out.width, title=title))
+    else:
+        out.print(nothing)
 
 
 def intents_table(

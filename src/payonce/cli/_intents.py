@@ -1,0 +1,97 @@
+"""``payonce intents list`` and ``payonce intents show``: look into the journal."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import click
+
+import payonce
+
+from ._common import JournalLocation, NotFound, console, echo_json, existing_journal, journal_option
+from ._intent_views import (
+    STATES,
+    attempt_json,
+    intent_detail,
+    intent_json,
+    payload_json,
+    print_intents,
+    reconciliation_json,
+)
+
+__all__ = ["intents"]
+
+
+@click.group()
+def intents() -> None:
+    """Inspect the intents in the journal."""
+
+
+@intents.command("list")
+@click.option(
+    "--state",
+    "states",
+    type=click.Choice(STATES, case_sensitive=False),
+    multiple=True,
+    help=f"Only intents in this state (repeatable): {', '.join(STATES)}.",
+)
+@click.option("--limit", type=click.IntRange(min=1), help="At most this many intents.")
+@journal_option
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array instead of a table.")
+def list_intents(
+    states: Sequence[str], limit: int | None, journal_path: JournalLocation | None, as_json: bool
+) -> None:
+    """List intents, newest first, with their leases and why unknown ones are unknown.
+
+    Pending and unknown intents are highlighted: unknown ones need reconciliation.
+    """
+    wanted = [payonce.IntentState(s.lower()) for s in states] or None
+    with existing_journal(journal_path, read_only=True) as journal:
+        records = journal.list_intents(states=wanted, limit=limit)
+    print_intents(
+        records,
+        as_json=as_json,
+        nothing="no intents" + (f" in state {', '.join(states)}" if states else ""),
+    )
+
+
+@intents.command("show")
+@click.argument("key_or_reference")
+@journal_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@click.option(
+    "--body",
+    "with_body",
+    is_flag=True,
+    help="Also print the stored request and response (headers and bodies).",
+)
+def show_intent(
+    key_or_reference: str, journal_path: JournalLocation | None, as_json: bool, with_body: bool
+) -> None:
+    """Show the intent(s) with this key or reference, with their attempts."""
+    with existing_journal(journal_path, read_only=True) as journal:
+        records = journal.find(key_or_reference)
+        attempts = {r.key: list(journal.attempts(r.key)) for r in records}
+        reconciliations = {r.key: list(journal.reconciliations(r.key)) for r in records}
+    if not records:
+        raise NotFound(f"no intent with key or reference {key_or_reference!r}")
+    if as_json:
+        documents = []
+        for record in records:
+            document = intent_json(record)
+            document["attempts"] = [attempt_json(a) for a in attempts[record.key]]
+            document["reconciliations"] = [
+                reconciliation_json(entry) for entry in reconciliations[record.key]
+            ]
+            if with_body:
+                document |= payload_json(record)
+            documents.append(document)
+        echo_json(documents)
+        return
+    out = console()
+    for record in records:
+        out.print(
+            intent_detail(
+                record, attempts[record.key], reconciliations[record.key], with_body=with_body
+            )
+        )

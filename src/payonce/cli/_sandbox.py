@@ -1,0 +1,233 @@
+"""``payonce sandbox`` and ``payonce demo``: the reference provider, and the proof.
+
+``python -m payonce.sandbox`` runs this same ``sandbox`` command: one set of options, one
+implementation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from ._common import CONTEXT_SETTINGS, CliError, console
+
+if TYPE_CHECKING:
+    from payonce.sandbox import Faults, WebhookConfig
+
+__all__ = ["demo", "sandbox"]
+
+_RATE = click.FloatRange(0.0, 1.0)
+_FILE = click.Path(path_type=Path, dir_okay=False)
+_Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def _rate(flag: str, help: str) -> _Decorator:
+    return click.option(flag, type=_RATE, default=0.0, metavar="RATE", help=help)
+
+
+def _seconds(flag: str, help: str, default: float = 0.0) -> _Decorator:
+    return click.option(
+        flag,
+        type=click.FloatRange(min=0.0),
+        default=default,
+        show_default=bool(default),
+        metavar="SECONDS",
+        help=help,
+    )
+
+
+def _file(flag: str, help: str) -> _Decorator:
+    return click.option(flag, type=_FILE, metavar="PATH", help=help)
+
+
+def _describe_faults(faults: Faults) -> str:
+    rates = [
+        ("fail before", faults.fail_before_rate),
+        ("fail after", faults.fail_after_rate),
+        ("drop after", faults.drop_after_rate),
+        ("rate limit", faults.rate_limit_rate),
+        (f"delay {faults.delay_seconds:g}s", faults.delay_rate),
+    ]
+    active = ", ".join(f"{name} {rate:.0%}" for name, rate in rates if rate > 0)
+    return f"{active} (seed {faults.seed})" if active else ""
+
+
+def _sandbox_missing(exc: ImportError) -> CliError:
+    return CliError(
+        f"the sandbox provider needs payonce's sandbox extra ({exc}): "
+        "pip install 'payonce[sandbox]'"
+    )
+
+
+def _webhooks(
+    url: str | None, secrets: Sequence[str], redeliver_rate: float, seed: int
+) -> WebhookConfig | None:
+    from payonce.sandbox import WebhookConfig
+
+    if url is None:
+        if secrets or redeliver_rate:
+            raise click.UsageError(
+                "--webhook-secret and --webhook-redeliver-rate need --webhook-url"
+            )
+        return None
+    if not secrets:
+        raise click.UsageError("--webhook-url needs at least one --webhook-secret")
+    return WebhookConfig(url=url, secrets=secrets, redeliver_rate=redeliver_rate, seed=seed)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    # A watcher polling for the file must never read it half-written.
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+
+
+@contextlib.contextmanager
+def _warnings_to_stderr() -> Iterator[None]:
+    """Server and webhook warnings reach stderr while serving, unless the program running
+    the command configured logging itself; nothing is left installed afterwards."""
+    root = logging.getLogger()
+    if root.handlers:
+        yield
+        return
+    handler = logging.StreamHandler()
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+
+
+@click.command(
+    short_help="Run the reference payment provider, with faults.", context_settings=CONTEXT_SETTINGS
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="The address to listen on.")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8765,
+    show_default=True,
+    help="0 picks a free port.",
+)
+@_file("--store", "Keep the provider's state in this SQLite file (default: a temporary one).")
+@_seconds("--key-lifetime", "Seconds the provider remembers an idempotency key.", 86400.0)
+@_seconds("--processing", "Work per payment: how long each execution takes.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random faults.")
+@_rate("--fail-before", "Rate of 503 before executing.")
+@_rate("--fail-after", "Rate of 503 after executing.")
+@_rate("--drop-after", "Rate of connections dropped after executing.")
+@_rate("--rate-limit", "Rate of 429 answers.")
+@_rate("--delay-rate", "Rate of slow answers.")
+@_seconds("--delay", "How slow they are.")
+@_file("--ready-file", "Write the base URL to this file once listening (for scripts to wait for).")
+@click.option(
+    "--webhook-url", metavar="URL", help="Deliver a signed event per settled payment here."
+)
+@click.option(
+    "--webhook-secret",
+    "webhook_secrets",
+    multiple=True,
+    metavar="SECRET",
+    help="Signing secret, required with --webhook-url; repeat it to sign with two during a "
+    "rotation.",
+)
+@_rate("--webhook-redeliver-rate", "Share of events delivered a second time, on purpose.")
+def sandbox(
+    host: str,
+    port: int,
+    store: Path | None,
+    key_lifetime: float,
+    processing: float,
+    seed: int,
+    fail_before: float,
+    fail_after: float,
+    drop_after: float,
+    rate_limit: float,
+    delay_rate: float,
+    delay: float,
+    ready_file: Path | None,
+    webhook_url: str | None,
+    webhook_secrets: Sequence[str],
+    webhook_redeliver_rate: float,
+) -> None:
+    """Run the sandbox payment provider in the foreground until Ctrl-C (or SIGTERM).
+
+    The first line printed is "payonce sandbox listening on URL".
+    """
+    try:
+        from payonce.sandbox import DEFAULT_ACCOUNT, DEFAULT_API_KEY, Faults, SandboxConfig, serve
+    except ImportError as exc:
+        raise _sandbox_missing(exc) from exc
+    try:
+        faults = Faults(
+            seed=seed,
+            fail_before_rate=fail_before,
+            fail_after_rate=fail_after,
+            drop_after_rate=drop_after,
+            rate_limit_rate=rate_limit,
+            delay_rate=delay_rate,
+            delay_seconds=delay,
+        )
+        config = SandboxConfig(
+            key_lifetime=key_lifetime,
+            processing_seconds=processing,
+            faults=faults,
+            store_path=None if store is None else os.fspath(store),
+            webhooks=_webhooks(webhook_url, webhook_secrets, webhook_redeliver_rate, seed),
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+    out = console()
+
+    def say(line: str) -> None:
+        # Printed as given, on one line however long: scripts read the first one.
+        out.print(line, markup=False, soft_wrap=True)
+
+    def ready(url: str) -> None:
+        say(f"payonce sandbox listening on {url}")
+        # The sandbox's fixed, public test key: not a secret, and clients need it.
+        say(f"test API key: {DEFAULT_API_KEY} (account {DEFAULT_ACCOUNT})")
+        say(f"faults: {_describe_faults(faults) or 'none'}")
+        if config.webhooks is not None:
+            say(f"webhooks: to {config.webhooks.url}")
+        say("press Ctrl-C to stop")
+        if ready_file is not None:
+            _write_atomically(ready_file, url)
+
+    try:
+        with _warnings_to_stderr():
+            serve(config, host=host, port=port, ready=ready)
+    except OSError as exc:
+        raise CliError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from exc
+    say("sandbox provider stopped")
+
+
+@click.command(short_help="Prove it: payonce and a naive client over a faulty network.")
+@click.option("--payments", type=click.IntRange(min=1), default=300, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the faults.")
+@click.option(
+    "--journal",
+    "journal_path",
+    type=_FILE,
+    help="Keep the demo's journal in this new file (default: a temporary directory).",
+)
+def demo(payments: int, seed: int, journal_path: Path | None) -> None:
+    """Send payments through payonce and through a naive client over a faulty network.
+
+    Exits non-zero if payonce ever executed a payment twice.
+    """
+    try:
+        from payonce.sandbox import run_demo
+    except ImportError as exc:
+        raise _sandbox_missing(exc) from exc
+    if not run_demo(payments, seed=seed, journal=journal_path):
+        raise click.exceptions.Exit(1)
