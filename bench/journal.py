@@ -38,8 +38,8 @@ from _harness import (
     workdir,
 )
 
-from payonce import IntentState
 from payonce._journal import ClaimKind, SQLiteJournal
+from payonce._lifecycle import Transition
 
 TARGET = 8.0
 ARRANGEMENTS = ("per-thread", "inline", "group")
@@ -58,7 +58,7 @@ def one_intent(journal: SQLiteJournal, number: int, tag: str, owner: str) -> Non
             key,
             owner=owner,
             now=time.time(),
-            state=IntentState.SUCCEEDED,
+            transition=Transition.SUCCEEDED,
             response=RESPONSE,
             attempt=1,
         )

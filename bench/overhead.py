@@ -33,8 +33,8 @@ import tenacity
 from _harness import ACCOUNT, API_KEY, PATH, PAYMENT, RESPONSE, draft, header, median, table
 
 import payonce
-from payonce import IntentState
 from payonce._journal import SQLiteJournal
+from payonce._lifecycle import Transition
 
 TARGET_US = 150.0
 TENACITY_REFERENCE_US = {"sync": 13.0, "async": 23.0}
@@ -94,7 +94,7 @@ def measure_sync(directory: Path, count: int, tag: str) -> dict[str, float]:
                 claim.record.key,
                 owner="w",
                 now=time.time(),
-                state=IntentState.SUCCEEDED,
+                transition=Transition.SUCCEEDED,
                 response=RESPONSE,
                 attempt=1,
             )
@@ -152,7 +152,7 @@ def measure_async(directory: Path, count: int, tag: str) -> dict[str, float]:
                 claim.record.key,
                 owner="w",
                 now=time.time(),
-                state=IntentState.SUCCEEDED,
+                transition=Transition.SUCCEEDED,
                 response=RESPONSE,
                 attempt=1,
             )

@@ -32,6 +32,7 @@ from payonce._crash import CRASH_POINTS
 from payonce._journal import ClaimKind, SQLiteJournal
 from payonce._journal._engine import Tx
 from payonce._journal._group_commit import Member
+from payonce._lifecycle import Transition
 from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
 from test_crash import KILLED, SRC, exactly_once_violations, run_worker, settled_states
 from test_journal_backends import RESPONSE, draft_for
@@ -43,7 +44,12 @@ PENDING = payonce.IntentState.PENDING
 
 def settle(journal: SQLiteJournal, key: str, owner: str) -> payonce.IntentRecord:
     return journal.settle(
-        key, owner=owner, now=time.time(), state=SUCCEEDED, response=RESPONSE, attempt=1
+        key,
+        owner=owner,
+        now=time.time(),
+        transition=Transition.SUCCEEDED,
+        response=RESPONSE,
+        attempt=1,
     )
 
 

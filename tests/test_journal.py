@@ -27,7 +27,7 @@ import pytest
 
 import payonce
 from payonce._journal import SCHEMA_VERSION, ClaimKind, IntentDraft, StoredResponse
-from payonce._lifecycle import canonical_request, make_scope
+from payonce._lifecycle import Transition, canonical_request, make_scope
 from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
 
 PAYMENT = {"amount": 4200, "currency": "eur"}
@@ -74,7 +74,7 @@ def write_real_journal(path: Path, *, intents: int) -> None:
                 claim.record.key,
                 owner="writer",
                 now=1000.5 + number,
-                state=payonce.IntentState.SUCCEEDED,
+                transition=Transition.SUCCEEDED,
                 response=StoredResponse(
                     status=201,
                     headers=(("content-type", "application/json"),),
@@ -184,13 +184,25 @@ def test_write_ahead_records_commit_with_synchronous_full(journal_path: Path) ->
         assert journal._conn.execute("PRAGMA synchronous").fetchone() == (SQLITE_SYNCHRONOUS_FULL,)
 
         journal.end_attempt(
-            first.record.key, 1, owner="w", now=1001.0, status_code=503, error=None, ambiguous=True
+            first.record.key,
+            1,
+            owner="w",
+            now=1001.0,
+            status_code=503,
+            error=None,
+            transition=Transition.ATTEMPT_AMBIGUOUS,
         )
         journal.start_attempt(first.record.key, owner="w", now=1002.0, lease_seconds=30)
         assert journal._conn.execute("PRAGMA synchronous").fetchone() == (SQLITE_SYNCHRONOUS_FULL,)
 
         journal.end_attempt(
-            first.record.key, 2, owner="w", now=1003.0, status_code=503, error=None, ambiguous=True
+            first.record.key,
+            2,
+            owner="w",
+            now=1003.0,
+            status_code=503,
+            error=None,
+            transition=Transition.ATTEMPT_AMBIGUOUS,
         )
         journal.claim(draft_for(2), owner="w", now=1004.0, lease_seconds=30)
         assert journal._conn.execute("PRAGMA synchronous").fetchone() == (SQLITE_SYNCHRONOUS_FULL,)

@@ -40,7 +40,7 @@ from payonce._journal import (
 )
 from payonce._journal import _sql as sql
 from payonce._journal._engine import Tx, migrate
-from payonce._lifecycle import canonical_request, make_scope
+from payonce._lifecycle import Transition, canonical_request, make_scope
 from payonce.sandbox import SandboxServer
 from pgserver import PostgresServer
 
@@ -146,7 +146,14 @@ def rows(location: str, statement: str, params: tuple[Any, ...] = ()) -> list[tu
 
 
 def settle(journal: IntentStore, key: str, owner: str, now: float, attempt: int = 1) -> None:
-    journal.settle(key, owner=owner, now=now, state=SUCCEEDED, response=RESPONSE, attempt=attempt)
+    journal.settle(
+        key,
+        owner=owner,
+        now=now,
+        transition=Transition.SUCCEEDED,
+        response=RESPONSE,
+        attempt=attempt,
+    )
 
 
 def test_a_closed_journal_raises_journal_error(open_journal: OpenJournal) -> None:
@@ -209,7 +216,12 @@ def test_a_body_over_the_cap_is_stored_as_not_kept(journal: IntentStore) -> None
     created = journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
     partial = StoredResponse(status=201, headers=(), body=b"", body_stored=False)
     record = journal.settle(
-        created.record.key, owner="w", now=1001.0, state=SUCCEEDED, response=partial, attempt=1
+        created.record.key,
+        owner="w",
+        now=1001.0,
+        transition=Transition.SUCCEEDED,
+        response=partial,
+        attempt=1,
     )
     assert record.response is not None
     assert record.response.body_stored is False
@@ -296,12 +308,20 @@ def test_a_worker_whose_lease_was_taken_over_can_neither_write_nor_renew(
         journal.start_attempt("key-00001", owner="old", now=1032.0, lease_seconds=30)
     with pytest.raises(payonce.IntentInFlight):
         journal.end_attempt(
-            "key-00001", 1, owner="old", now=1032.0, status_code=503, error=None, ambiguous=True
+            "key-00001",
+            1,
+            owner="old",
+            now=1032.0,
+            status_code=503,
+            error=None,
+            transition=Transition.ATTEMPT_AMBIGUOUS,
         )
     with pytest.raises(payonce.IntentInFlight):
         settle(journal, "key-00001", "old", 1032.0)
     with pytest.raises(payonce.IntentInFlight):
-        journal.mark_unknown("key-00001", owner="old", now=1032.0, reason="x")
+        journal.mark_unknown(
+            "key-00001", transition=Transition.EXHAUSTED, owner="old", now=1032.0, reason="x"
+        )
     journal.release("key-00001", owner="old")  # a no-op: not the holder
 
     record = other.get("key-00001")
@@ -311,14 +331,14 @@ def test_a_worker_whose_lease_was_taken_over_can_neither_write_nor_renew(
     assert other.get("key-00001").lease_expires_at == 1070.0  # type: ignore[union-attr]
 
 
-def test_a_stale_owner_s_live_lease_is_broken_and_no_one_else_s(journal: IntentStore) -> None:
+def test_a_dead_owner_s_live_lease_is_broken_and_no_one_else_s(journal: IntentStore) -> None:
     journal.claim(draft_for(1), owner="dead", now=1000.0, lease_seconds=60)
 
     refused = journal.claim(
-        draft_for(1), owner="me", now=1001.0, lease_seconds=60, stale_owner="someone-else"
+        draft_for(1), owner="me", now=1001.0, lease_seconds=60, is_stale=lambda o: o == "x"
     )
     taken = journal.claim(
-        draft_for(1), owner="me", now=1001.0, lease_seconds=60, stale_owner="dead"
+        draft_for(1), owner="me", now=1001.0, lease_seconds=60, is_stale=lambda o: o == "dead"
     )
 
     assert refused.kind is ClaimKind.LEASED
@@ -342,11 +362,23 @@ def test_release_leaves_the_intent_pending_and_free(journal: IntentStore) -> Non
 def test_attempts_are_numbered_in_order_and_record_how_they_ended(journal: IntentStore) -> None:
     journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
     journal.end_attempt(
-        "key-00001", 1, owner="w", now=1001.0, status_code=503, error=None, ambiguous=False
+        "key-00001",
+        1,
+        owner="w",
+        now=1001.0,
+        status_code=503,
+        error=None,
+        transition=Transition.ATTEMPT_NOT_EXECUTED,
     )
     assert journal.start_attempt("key-00001", owner="w", now=1002.0, lease_seconds=30) == 2
     journal.end_attempt(
-        "key-00001", 2, owner="w", now=1003.0, status_code=None, error="ReadTimeout", ambiguous=True
+        "key-00001",
+        2,
+        owner="w",
+        now=1003.0,
+        status_code=None,
+        error="ReadTimeout",
+        transition=Transition.ATTEMPT_AMBIGUOUS,
     )
     assert journal.start_attempt("key-00001", owner="w", now=1004.0, lease_seconds=45) == 3
 
@@ -374,7 +406,13 @@ def test_an_unknown_intent_is_never_claimed_for_sending_but_can_be_reconciled(
     journal: IntentStore,
 ) -> None:
     journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
-    marked = journal.mark_unknown("key-00001", owner="w", now=1001.0, reason="retries exhausted")
+    marked = journal.mark_unknown(
+        "key-00001",
+        transition=Transition.EXHAUSTED,
+        owner="w",
+        now=1001.0,
+        reason="retries exhausted",
+    )
     assert (marked.state, marked.unknown_reason, marked.lease_owner) == (
         UNKNOWN,
         "retries exhausted",
@@ -398,7 +436,7 @@ def test_an_unknown_intent_is_never_claimed_for_sending_but_can_be_reconciled(
         outcome="still_unknown",
         detail="provider says processing",
         status_code=200,
-        state=UNKNOWN,
+        transition=Transition.RECONCILED_AMBIGUOUS,
     )
     assert (still.state, still.unknown_reason, still.lease_owner) == (
         UNKNOWN,
@@ -413,7 +451,7 @@ def test_an_unknown_intent_is_never_claimed_for_sending_but_can_be_reconciled(
         outcome="found",
         detail="paid",
         status_code=200,
-        state=SUCCEEDED,
+        transition=Transition.RECONCILED_SUCCEEDED,
         response=RESPONSE,
     )
     assert (found.state, found.unknown_reason, found.response.body) == (  # type: ignore[union-attr]
@@ -1113,7 +1151,13 @@ def test_write_ahead_commits_are_synchronous_and_the_rest_are_not(
     ) == {"on"}
     assert settings_of(
         lambda: journal.end_attempt(
-            key, 1, owner="w", now=2.0, status_code=503, error=None, ambiguous=False
+            key,
+            1,
+            owner="w",
+            now=2.0,
+            status_code=503,
+            error=None,
+            transition=Transition.ATTEMPT_NOT_EXECUTED,
         )
     ) == {"off"}
     assert settings_of(

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 import payonce
 from payonce._journal import ClaimKind, IntentStore, SQLiteJournal, open_store
+from payonce._lifecycle import Transition
 from payonce.cli import cli
 from payonce.cli._journal import parse_duration
 from test_journal_backends import RESPONSE, OpenJournal, draft_for, rows
@@ -54,8 +55,14 @@ def journal(open_journal: OpenJournal) -> IntentStore:
 
 
 def settle(journal: IntentStore, number: int, at: float, state: payonce.IntentState) -> None:
+    transition = Transition.SUCCEEDED if state is SUCCEEDED else Transition.FAILED
     journal.settle(
-        f"key-{number:05d}", owner="w", now=at, state=state, response=RESPONSE, attempt=1
+        f"key-{number:05d}",
+        transition=transition,
+        owner="w",
+        now=at,
+        response=RESPONSE,
+        attempt=1,
     )
 
 
@@ -80,7 +87,9 @@ def fill(journal: IntentStore) -> dict[str, str]:
         key = f"key-{number:05d}"
         what[key] = name
         if state == "reconciled":
-            journal.mark_unknown(key, owner="w", now=created + 2, reason="timed out")
+            journal.mark_unknown(
+                key, transition=Transition.EXHAUSTED, owner="w", now=created + 2, reason="timed out"
+            )
             journal.claim_key(key, owner="r", now=created + 3, lease_seconds=30, unknown=True)
             journal.reconciled(
                 key,
@@ -89,7 +98,7 @@ def fill(journal: IntentStore) -> dict[str, str]:
                 outcome="found",
                 detail="the provider has it",
                 status_code=200,
-                state=SUCCEEDED,
+                transition=Transition.RECONCILED_SUCCEEDED,
                 response=RESPONSE,
             )
         elif state == "late":
@@ -103,7 +112,9 @@ def fill(journal: IntentStore) -> dict[str, str]:
             journal.release(key, owner="w")
             journal.abandon(key, reason="checked by hand", now=created + 2)
         if name == "old unknown":
-            journal.mark_unknown(key, owner="w", now=created + 2, reason="timed out")
+            journal.mark_unknown(
+                key, transition=Transition.EXHAUSTED, owner="w", now=created + 2, reason="timed out"
+            )
     return what
 
 

@@ -40,6 +40,7 @@ from payonce._journal import SCHEMA_VERSION, Journal
 from payonce._journal import _sql as sql
 from payonce._journal._engine import Tx, migrate
 from payonce._journal._inbox import EventClaim, EventClaimKind, EventJournal
+from payonce._lifecycle import owner_is_dead
 from payonce.sandbox import (
     DEFAULT_ACCOUNT,
     DEFAULT_API_KEY,
@@ -166,7 +167,7 @@ def claim(
     *,
     endpoint: str = "default",
     lease_seconds: float = 30.0,
-    is_stale: Callable[[str], bool] | None = None,
+    is_stale: Callable[[str], bool] = owner_is_dead,
 ) -> EventClaim:
     return journal.claim_event(
         endpoint,

@@ -48,7 +48,7 @@ import attrs
 
 from ._journal import IntentStore, Journal, open_store
 from ._journal._inbox import EventClaim, EventClaimKind, EventRecord
-from ._lifecycle import new_owner, owner_is_dead
+from ._lifecycle import new_owner
 from ._runtime._lease_keeper import Lease, TaskLeaseKeeper, ThreadLeaseKeeper
 from ._signatures import DEFAULT_TOLERANCE, sign, verify
 from .errors import ConfigurationError, PayonceError, WebhookError
@@ -275,7 +275,6 @@ class WebhookInbox:
             owner=owner,
             now=self._clock(),
             lease_seconds=self.lease_seconds,
-            is_stale=owner_is_dead,
         )
         record = claim.record
         if claim.kind is not EventClaimKind.NEW and record.payload_hash != digest:

@@ -1,8 +1,9 @@
 """The private store's writes, once, for every SQL backend: claims, leases, attempts, outcomes.
 
-What each write may do is decided by ``_sql.decide_claim`` and ``_sql.is_mismatch`` (and
-by the client that names the state an intent settles in); here it is applied, atomically,
-in one transaction of the backend's.
+Nothing is decided here. What a claim amounts to is ``_lifecycle.decide_claim``'s answer;
+every other write applies a named ``Transition`` the caller chose, and the transition
+table says from which state it may start, where it leads and whether the lease goes with
+it. Each write is applied atomically, in one transaction of the backend's.
 """
 
 from __future__ import annotations
@@ -13,12 +14,21 @@ from typing import Any
 import attrs
 
 from .._crash import crash_point
-from .._lifecycle import IntentState
+from .._lifecycle import (
+    ClaimKind,
+    IntentState,
+    Transition,
+    decide_claim,
+    is_mismatch,
+    owner_is_dead,
+    rule,
+    target,
+)
 from .._version import __version__
-from ..errors import IntentInFlight
+from ..errors import IntentInFlight, IntentStateError
 from . import _sql as sql
 from ._engine import AFTER_SEND, BEFORE_SEND, Engine, Tx
-from ._records import Claim, ClaimKind, IntentDraft, IntentRecord, IntentRequest, StoredResponse
+from ._records import Claim, IntentDraft, IntentRecord, IntentRequest, StoredResponse
 from ._schema import SCHEMA_VERSION
 
 __all__ = ["Claims"]
@@ -76,6 +86,21 @@ class Claims(Engine):
             )
         return record
 
+    def _apply(
+        self, tx: Tx, key: str, owner: str, transition: Transition
+    ) -> tuple[IntentRecord, IntentState]:
+        """The held intent and the state ``transition`` takes it to; refused when the
+        transition may not start from the intent's state."""
+        record = self._held_by(tx, key, owner)
+        to = target(transition, record.state)
+        if to is None:
+            raise IntentStateError(
+                f"intent {key} is {record.state.value}: '{transition.value}' does not apply to it",
+                key=key,
+                reference=record.reference,
+            )
+        return record, to
+
     def claim(
         self,
         draft: IntentDraft,
@@ -83,7 +108,7 @@ class Claims(Engine):
         owner: str,
         now: float,
         lease_seconds: float,
-        stale_owner: str | None = None,
+        is_stale: Callable[[str], bool] = owner_is_dead,
     ) -> Claim:
         def find(tx: Tx, lock: bool) -> IntentRecord | None:
             record = None
@@ -107,9 +132,7 @@ class Claims(Engine):
                 # found nothing: a new intent costs no look-ups. Any other answer needs them.
                 return created()
             for _ in range(_CLAIM_ROUNDS):
-                claim = self._claim_row(
-                    tx, find, draft, owner, now, lease_seconds, False, stale_owner
-                )
+                claim = self._claim_row(tx, find, draft, owner, now, lease_seconds, False, is_stale)
                 if claim is not None:
                     return claim
                 if self._create(tx, draft, owner, now, lease_seconds):
@@ -132,16 +155,15 @@ class Claims(Engine):
         now: float,
         lease_seconds: float,
         unknown: bool,
-        stale_owner: str | None,
+        is_stale: Callable[[str], bool],
     ) -> Claim | None:
-        """Decide on the intent ``find`` returns and take its lease if it may be taken."""
+        """Ask ``decide_claim`` about the intent ``find`` returns, and take its lease if it
+        may be taken."""
 
         def verdict(record: IntentRecord) -> ClaimKind | None:
-            if draft is not None and sql.is_mismatch(record, draft):
+            if draft is not None and is_mismatch(record, draft):
                 return ClaimKind.MISMATCH
-            return sql.decide_claim(
-                record, owner=owner, now=now, unknown=unknown, stale_owner=stale_owner
-            )
+            return decide_claim(record, owner=owner, now=now, unknown=unknown, is_stale=is_stale)
 
         record = find(tx, False)
         kind = verdict(record) if record is not None else None
@@ -155,7 +177,7 @@ class Claims(Engine):
             return None
         if kind is not None:
             return Claim(kind, record)
-        return self._take(tx, record, owner, now, lease_seconds, stale_owner)
+        return self._take(tx, record, owner, now, lease_seconds)
 
     @staticmethod
     def _create(tx: Tx, draft: IntentDraft, owner: str, now: float, lease_seconds: float) -> bool:
@@ -186,18 +208,15 @@ class Claims(Engine):
         return True
 
     def _take(
-        self,
-        tx: Tx,
-        record: IntentRecord,
-        owner: str,
-        now: float,
-        lease_seconds: float,
-        stale_owner: str | None,
+        self, tx: Tx, record: IntentRecord, owner: str, now: float, lease_seconds: float
     ) -> Claim:
-        """Take the lease of a row this transaction holds and found free to take."""
+        """Take the lease of a row this transaction holds and found free to take.
+
+        The update repeats the test atomically: it takes the lease only if the row still
+        has the holder it was judged on (or none, or an expired one)."""
         tx.execute(
             sql.TAKE_LEASE,
-            (owner, now + lease_seconds, now, record.key, owner, now, stale_owner),
+            (owner, now + lease_seconds, now, record.key, owner, now, record.lease_owner),
         )
         claimed = self._reread(tx, record.key)
         if claimed.lease_owner != owner:
@@ -212,14 +231,14 @@ class Claims(Engine):
         now: float,
         lease_seconds: float,
         unknown: bool = False,
-        stale_owner: str | None = None,
+        is_stale: Callable[[str], bool] = owner_is_dead,
     ) -> Claim | None:
         def find(tx: Tx, lock: bool) -> IntentRecord | None:
             return self._select(tx, sql.BY_KEY, (key,), lock=lock)
 
         return self._write(
             lambda tx: self._claim_row(
-                tx, find, None, owner, now, lease_seconds, unknown, stale_owner
+                tx, find, None, owner, now, lease_seconds, unknown, is_stale
             ),
             durable=True,
             busy=BEFORE_SEND,
@@ -234,7 +253,7 @@ class Claims(Engine):
         now: float,
         lease_seconds: float,
         after: tuple[float, str] | None = None,
-        is_stale: Callable[[str], bool] | None = None,
+        is_stale: Callable[[str], bool] = owner_is_dead,
     ) -> Claim | None:
         """Lease the oldest pending intent no live worker holds, after ``after``.
 
@@ -261,19 +280,9 @@ class Claims(Engine):
                 )
                 for row in rows:
                     record = sql.intent_from_row(row)
-                    stale = (
-                        record.lease_owner
-                        if record.lease_owner is not None
-                        and is_stale is not None
-                        and is_stale(record.lease_owner)
-                        else None
-                    )
                     # The row is locked already (or the whole journal is, in SQLite).
-                    kind = sql.decide_claim(
-                        record, owner=owner, now=now, unknown=False, stale_owner=stale
-                    )
-                    if kind is None:
-                        return self._take(tx, record, owner, now, lease_seconds, stale)
+                    if decide_claim(record, owner=owner, now=now, is_stale=is_stale) is None:
+                        return self._take(tx, record, owner, now, lease_seconds)
                 if len(rows) < _QUEUE_BATCH:
                     return None
                 last = sql.intent_from_row(rows[-1])
@@ -290,7 +299,7 @@ class Claims(Engine):
 
     def start_attempt(self, key: str, *, owner: str, now: float, lease_seconds: float) -> int:
         def work(tx: Tx) -> int:
-            self._held_by(tx, key, owner)
+            self._apply(tx, key, owner, Transition.ATTEMPT_STARTED)
             row = tx.one(sql.LAST_ATTEMPT, (key,))
             number = int(row[0] if row else 0) + 1
             tx.execute(sql.INSERT_ATTEMPT, (key, number, now))
@@ -316,15 +325,22 @@ class Claims(Engine):
         key: str,
         number: int,
         *,
+        transition: Transition,
         owner: str,
         now: float,
         status_code: int | None,
         error: str | None,
-        ambiguous: bool,
     ) -> None:
+        applied = rule(transition)
+        if applied.attempt_ambiguous is None:
+            raise ValueError(f"'{transition.value}' does not end an attempt")
+        ambiguous = applied.attempt_ambiguous
+
         def work(tx: Tx) -> None:
-            self._held_by(tx, key, owner)
+            self._apply(tx, key, owner, transition)
             self._end_attempt(tx, key, number, now, status_code, error, ambiguous)
+            if applied.releases_lease:
+                tx.execute(sql.RELEASE_LEASE, (key, owner))
 
         self._write(work, durable=False, busy=AFTER_SEND)
 
@@ -336,14 +352,14 @@ class Claims(Engine):
         self,
         key: str,
         *,
+        transition: Transition,
         owner: str,
         now: float,
-        state: IntentState,
         response: StoredResponse,
         attempt: int,
     ) -> IntentRecord:
         def work(tx: Tx) -> IntentRecord:
-            held = self._held_by(tx, key, owner)
+            held, state = self._apply(tx, key, owner, transition)
             self._end_attempt(tx, key, attempt, now, response.status, None, False)
             tx.execute(
                 sql.SETTLE_WITH_RESPONSE,
@@ -370,10 +386,12 @@ class Claims(Engine):
 
         return self._write(work, durable=False, busy=AFTER_SEND)
 
-    def mark_unknown(self, key: str, *, owner: str, now: float, reason: str) -> IntentRecord:
+    def mark_unknown(
+        self, key: str, *, transition: Transition, owner: str, now: float, reason: str
+    ) -> IntentRecord:
         def work(tx: Tx) -> IntentRecord:
-            self._held_by(tx, key, owner)
-            tx.execute(sql.SET_STATE, (IntentState.UNKNOWN.value, reason, now, key))
+            _, state = self._apply(tx, key, owner, transition)
+            tx.execute(sql.SET_STATE, (state.value, reason, now, key))
             return self._reread(tx, key)
 
         return self._write(work, durable=False, busy=AFTER_SEND)
@@ -389,16 +407,16 @@ class Claims(Engine):
         self,
         key: str,
         *,
+        transition: Transition,
         owner: str,
         now: float,
         outcome: str,
         detail: str,
         status_code: int | None,
-        state: IntentState,
         response: StoredResponse | None = None,
     ) -> IntentRecord:
         def work(tx: Tx) -> IntentRecord:
-            self._held_by(tx, key, owner)
+            _, state = self._apply(tx, key, owner, transition)
             tx.execute(sql.INSERT_RECONCILIATION, (key, now, outcome, detail, status_code))
             if response is not None:
                 self._store_response(tx, key, response)

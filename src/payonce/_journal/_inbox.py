@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 import attrs
 
+from .._lifecycle import lease_blocks, lease_live, owner_is_dead
 from ..errors import JournalError
 from ._base import Journal
 
@@ -127,11 +128,7 @@ class EventRecord:
         return self.processed_at is not None
 
     def lease_live(self, now: float) -> bool:
-        return (
-            self.lease_owner is not None
-            and self.lease_expires_at is not None
-            and self.lease_expires_at > now
-        )
+        return lease_live(self.lease_owner, self.lease_expires_at, now)
 
 
 class EventClaimKind(enum.Enum):
@@ -193,7 +190,7 @@ class EventJournal(Journal, Protocol):
         owner: str,
         now: float,
         lease_seconds: float,
-        is_stale: Callable[[str], bool] | None = None,
+        is_stale: Callable[[str], bool] = owner_is_dead,
     ) -> EventClaim: ...
 
     def renew_event_lease(
@@ -235,7 +232,7 @@ class InboxMixin(abc.ABC):
         owner: str,
         now: float,
         lease_seconds: float,
-        is_stale: Callable[[str], bool] | None = None,
+        is_stale: Callable[[str], bool] = owner_is_dead,
     ) -> EventClaim:
         """Record one delivery of an event and take its lease if its handler should run.
 
@@ -270,14 +267,12 @@ class InboxMixin(abc.ABC):
                 tx.execute(COUNT_DELIVERY, (now, endpoint, event_id))
                 if record.processed:
                     kind = EventClaimKind.DONE
-                elif (
-                    record.lease_owner != owner
-                    and record.lease_live(now)
-                    and not (
-                        record.lease_owner is not None
-                        and is_stale is not None
-                        and is_stale(record.lease_owner)
-                    )
+                elif lease_blocks(
+                    record.lease_owner,
+                    record.lease_expires_at,
+                    owner=owner,
+                    now=now,
+                    is_stale=is_stale,
                 ):
                     kind = EventClaimKind.LEASED
                 else:

@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from .._lifecycle import IntentState
+from .._lifecycle import IntentState, Transition, lease_blocks, target
 from ..errors import IntentInFlight, IntentStateError
 from . import _sql as sql
 from ._engine import NO_SEND, Engine, Tx
@@ -33,14 +33,14 @@ class Reads(Engine):
     def abandon(self, key: str, *, reason: str, now: float) -> IntentRecord:
         def work(tx: Tx) -> IntentRecord:
             record = self._existing(tx, key)
-            if record.state.is_final:
+            if target(Transition.ABANDONED, record.state) is None:
                 raise IntentStateError(
                     f"intent {key} is already {record.state.value}; only pending or unknown "
                     "intents can be abandoned",
                     key=key,
                     reference=record.reference,
                 )
-            if record.lease_live(now):
+            if lease_blocks(record.lease_owner, record.lease_expires_at, owner="", now=now):
                 raise IntentInFlight(
                     f"intent {key} is being sent by {record.lease_owner} right now; abandon "
                     "it once that attempt has ended",
@@ -57,10 +57,10 @@ class Reads(Engine):
     def acknowledge(self, key: str, *, now: float) -> IntentRecord:
         def work(tx: Tx) -> IntentRecord:
             record = self._existing(tx, key)
-            if not record.state.is_final:
+            if target(Transition.ACKNOWLEDGED, record.state) is None:
                 raise IntentStateError(
-                    f"intent {key} is {record.state.value}: only a settled intent can be "
-                    "acknowledged",
+                    f"intent {key} is {record.state.value}: only a settled intent (succeeded or "
+                    "failed) can be acknowledged",
                     key=key,
                     reference=record.reference,
                 )

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import enum
-
 import attrs
 
-from .._lifecycle import IntentState
+from .._lifecycle import ClaimKind, IntentState, lease_live
 
 __all__ = [
     "AttemptRecord",
@@ -93,11 +91,7 @@ class IntentRecord(IntentRequest):
     abandon_reason: str | None = None
 
     def lease_live(self, now: float) -> bool:
-        return (
-            self.lease_owner is not None
-            and self.lease_expires_at is not None
-            and self.lease_expires_at > now
-        )
+        return lease_live(self.lease_owner, self.lease_expires_at, now)
 
 
 @attrs.frozen
@@ -123,21 +117,6 @@ class JournalReport:
     intents_by_state: dict[str, int]
     unacknowledged: int
     size_bytes: int
-
-
-class ClaimKind(enum.Enum):
-    CREATED = "created"
-    """New intent journaled, lease held, attempt 1 started: send now."""
-    CLAIMED = "claimed"
-    """Existing pending intent, lease now held by the caller."""
-    FINAL = "final"
-    """Already settled: replay the stored outcome."""
-    UNKNOWN = "unknown"
-    """Outcome unknown: must be reconciled, never resent blindly."""
-    LEASED = "leased"
-    """Another worker holds a live lease on it."""
-    MISMATCH = "mismatch"
-    """Same intent, different request (or a supplied key bound to another intent)."""
 
 
 @attrs.frozen

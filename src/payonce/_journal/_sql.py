@@ -19,8 +19,6 @@ from .._lifecycle import IntentState
 from ._inbox import EVENT_FIELDS
 from ._records import (
     AttemptRecord,
-    ClaimKind,
-    IntentDraft,
     IntentRecord,
     ReconciliationRecord,
     StoredResponse,
@@ -35,10 +33,8 @@ __all__ = [
     "SQLITE",
     "Dialect",
     "attempt_from_row",
-    "decide_claim",
     "headers_to_json",
     "intent_from_row",
-    "is_mismatch",
     "is_postgres_url",
     "NEEDED_INDEXES",
     "needed_columns",
@@ -239,37 +235,6 @@ def reconciliation_from_row(row: Sequence[Any]) -> ReconciliationRecord:
         detail=detail,
         status_code=None if status_code is None else int(status_code),
     )
-
-
-# -- decisions -----------------------------------------------------------------------------
-
-
-def is_mismatch(record: IntentRecord, draft: IntentDraft) -> bool:
-    """The stored intent is not the one the draft describes: refuse before sending."""
-    return (
-        record.fingerprint != draft.fingerprint
-        or record.scope != draft.scope
-        or (draft.key_supplied and record.key != draft.key)
-    )
-
-
-def decide_claim(
-    record: IntentRecord,
-    *,
-    owner: str,
-    now: float,
-    unknown: bool,
-    stale_owner: str | None,
-) -> ClaimKind | None:
-    """What a claim of an existing intent amounts to; None when the lease may be taken."""
-    if record.state.is_final:
-        return ClaimKind.FINAL
-    if record.state is IntentState.UNKNOWN and not unknown:
-        return ClaimKind.UNKNOWN
-    breakable = stale_owner is not None and record.lease_owner == stale_owner
-    if record.lease_owner != owner and record.lease_live(now) and not breakable:
-        return ClaimKind.LEASED
-    return None
 
 
 # -- statements ----------------------------------------------------------------------------

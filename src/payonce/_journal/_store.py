@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-from .._lifecycle import IntentState
+from .._lifecycle import Transition
 from ._inbox import EventJournal
 from ._records import Claim, IntentDraft, IntentRecord, StoredResponse
 
@@ -29,12 +29,12 @@ class IntentStore(EventJournal, Protocol):
         owner: str,
         now: float,
         lease_seconds: float,
-        stale_owner: str | None = None,
+        is_stale: Callable[[str], bool] = ...,
     ) -> Claim:
         """Find or create the intent and try to take its lease.
 
-        A live lease is respected unless it belongs to ``stale_owner`` (a worker known to
-        be dead), checked atomically with the take-over.
+        A live lease is respected unless ``is_stale`` judges its owner dead (by default,
+        ``owner_is_dead``); the take-over is atomic with that judgement.
 
         A new intent is written together with its first attempt's start, durably (fsync),
         before this returns: this is the write-ahead record.
@@ -49,7 +49,7 @@ class IntentStore(EventJournal, Protocol):
         now: float,
         lease_seconds: float,
         unknown: bool = False,
-        stale_owner: str | None = None,
+        is_stale: Callable[[str], bool] = ...,
     ) -> Claim | None:
         """Take the lease of an existing intent by key (None if there is none).
 
@@ -66,7 +66,7 @@ class IntentStore(EventJournal, Protocol):
         now: float,
         lease_seconds: float,
         after: tuple[float, str] | None = None,
-        is_stale: Callable[[str], bool] | None = None,
+        is_stale: Callable[[str], bool] = ...,
     ) -> Claim | None:
         """Lease the oldest pending intent of this account and provider no live worker holds.
 
@@ -90,27 +90,31 @@ class IntentStore(EventJournal, Protocol):
         key: str,
         number: int,
         *,
+        transition: Transition,
         owner: str,
         now: float,
         status_code: int | None,
         error: str | None,
-        ambiguous: bool,
-    ) -> None: ...
+    ) -> None:
+        """Apply a transition that ends an attempt (and, for some, releases the lease)."""
+        ...
 
     def settle(
         self,
         key: str,
         *,
+        transition: Transition,
         owner: str,
         now: float,
-        state: IntentState,
         response: StoredResponse,
         attempt: int,
     ) -> IntentRecord:
         """End the attempt, store the definitive answer and release the lease, at once."""
         ...
 
-    def mark_unknown(self, key: str, *, owner: str, now: float, reason: str) -> IntentRecord: ...
+    def mark_unknown(
+        self, key: str, *, transition: Transition, owner: str, now: float, reason: str
+    ) -> IntentRecord: ...
 
     def release(self, key: str, *, owner: str) -> None:
         """Give the lease up, leaving the intent pending."""
@@ -120,12 +124,12 @@ class IntentStore(EventJournal, Protocol):
         self,
         key: str,
         *,
+        transition: Transition,
         owner: str,
         now: float,
         outcome: str,
         detail: str,
         status_code: int | None,
-        state: IntentState,
         response: StoredResponse | None = None,
     ) -> IntentRecord:
         """Journal one reconciliation and the state it leads to, and release the lease."""

@@ -19,7 +19,7 @@ from ._identity import (
 )
 from ._key_age import KEY_LIFETIME_MARGIN, may_have_executed, resend_refusal
 from ._leases import lease_blocks, lease_live, new_owner, owner_is_dead
-from ._states import RULES, IntentState, Rule, Transition, contract_table, target
+from ._states import RULES, IntentState, Rule, Transition, contract_table, rule, target
 from ._verdicts import (
     LookupKind,
     LookupVerdict,
@@ -30,6 +30,7 @@ from ._verdicts import (
     classify_lookup_error,
     classify_response,
     parse_retry_after,
+    transition_for,
 )
 
 __all__ = [
@@ -64,6 +65,8 @@ __all__ = [
     "owner_is_dead",
     "parse_retry_after",
     "resend_refusal",
+    "rule",
     "target",
+    "transition_for",
     "validate_key",
 ]

@@ -12,7 +12,7 @@ import enum
 
 import attrs
 
-__all__ = ["RULES", "IntentState", "Rule", "Transition", "contract_table", "target"]
+__all__ = ["RULES", "IntentState", "Rule", "Transition", "contract_table", "rule", "target"]
 
 
 class IntentState(enum.StrEnum):
@@ -68,6 +68,10 @@ class Rule:
     """Where it leads; None keeps the state it started from."""
     guard: str
     """When it applies, in the words of the contract."""
+    releases_lease: bool = False
+    """Whether the worker gives the intent's lease up with it."""
+    attempt_ambiguous: bool | None = None
+    """For the end of an attempt: whether the provider may have executed it."""
 
 
 _P, _U = IntentState.PENDING, IntentState.UNKNOWN
@@ -93,12 +97,14 @@ RULES: tuple[Rule, ...] = (
         None,
         "the attempt ended in a retryable way that may have executed (timeout, dropped "
         "connection, 5xx, in-flight 409): retried under the same key",
+        attempt_ambiguous=True,
     ),
     Rule(
         Transition.ATTEMPT_NOT_EXECUTED,
         (_P,),
         None,
         "the attempt provably never executed (connection not established, 429): retried",
+        attempt_ambiguous=False,
     ),
     Rule(
         Transition.ATTEMPT_INTERRUPTED,
@@ -106,6 +112,8 @@ RULES: tuple[Rule, ...] = (
         None,
         "the call raised something that is not a transport failure, or was interrupted: "
         "journaled as ambiguous, lease released, the error goes through",
+        releases_lease=True,
+        attempt_ambiguous=True,
     ),
     Rule(
         Transition.ATTEMPT_REFUSED,
@@ -113,25 +121,36 @@ RULES: tuple[Rule, ...] = (
         None,
         "refused before executing (401, 403: credentials or permission): not retried, "
         "lease released, AuthenticationError; sent under the same key once the key is fixed",
+        releases_lease=True,
+        attempt_ambiguous=False,
     ),
-    Rule(Transition.SUCCEEDED, (_P,), IntentState.SUCCEEDED, "a 2xx answer, stored"),
+    Rule(
+        Transition.SUCCEEDED,
+        (_P,),
+        IntentState.SUCCEEDED,
+        "a 2xx answer, stored",
+        releases_lease=True,
+    ),
     Rule(
         Transition.FAILED,
         (_P,),
         IntentState.FAILED,
         "a definitive refusal (non-retryable 4xx, a do-not-retry hint), stored",
+        releases_lease=True,
     ),
     Rule(
         Transition.EXHAUSTED,
         (_P,),
         _U,
         "attempts ran out and at least one may have reached the provider",
+        releases_lease=True,
     ),
     Rule(
         Transition.EXHAUSTED_UNSENT,
         (_P,),
         None,
         "attempts ran out and none executed: stays pending, lease released (ProviderUnavailable)",
+        releases_lease=True,
     ),
     Rule(
         Transition.KEY_WINDOW_PASSED,
@@ -139,24 +158,28 @@ RULES: tuple[Rule, ...] = (
         _U,
         "picked up again after an attempt that may have executed, at 90% of the key "
         "lifetime or later: never resent",
+        releases_lease=True,
     ),
     Rule(
         Transition.RECONCILED_SUCCEEDED,
         (_U,),
         IntentState.SUCCEEDED,
         "the provider has one record, in a succeeded status",
+        releases_lease=True,
     ),
     Rule(
         Transition.RECONCILED_FAILED,
         (_U,),
         IntentState.FAILED,
         "the provider has one record, in a failed status",
+        releases_lease=True,
     ),
     Rule(
         Transition.RECONCILED_ABSENT,
         (_U,),
         _P,
         "the provider has no record and the key is still within 90% of its lifetime",
+        releases_lease=True,
     ),
     Rule(
         Transition.RECONCILED_AMBIGUOUS,
@@ -164,12 +187,14 @@ RULES: tuple[Rule, ...] = (
         None,
         "no record past the key window, a record not final yet, several records, an "
         "unreadable or refused look-up: stays unknown with the reason",
+        releases_lease=True,
     ),
     Rule(
         Transition.ABANDONED,
         (_P, _U),
         IntentState.ABANDONED,
         "an operator's decision, while no worker holds a live lease on it",
+        releases_lease=True,
     ),
     Rule(
         Transition.ACKNOWLEDGED,
@@ -180,6 +205,10 @@ RULES: tuple[Rule, ...] = (
 )
 
 _BY_TRANSITION = {rule.transition: rule for rule in RULES}
+
+
+def rule(transition: Transition) -> Rule:
+    return _BY_TRANSITION[transition]
 
 
 def target(transition: Transition, state: IntentState | None) -> IntentState | None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import httpx
 
-from ._states import IntentState
+from ._states import IntentState, Transition
 
 if TYPE_CHECKING:
     from .._providers import Lookup, ProviderProfile
@@ -31,6 +31,7 @@ __all__ = [
     "classify_lookup_error",
     "classify_response",
     "parse_retry_after",
+    "transition_for",
 ]
 
 
@@ -55,6 +56,23 @@ class Verdict:
     """True when the provider may have executed the request despite the failure."""
     retry_after: float | None = None
     reason: str = ""
+
+
+def transition_for(verdict: Verdict) -> Transition:
+    """The transition an attempt's verdict applies to its intent."""
+    match verdict.outcome:
+        case Outcome.SUCCEEDED:
+            return Transition.SUCCEEDED
+        case Outcome.FAILED | Outcome.MISMATCH:
+            return Transition.FAILED
+        case Outcome.REFUSED:
+            return Transition.ATTEMPT_REFUSED
+        case Outcome.RETRY:
+            return (
+                Transition.ATTEMPT_AMBIGUOUS
+                if verdict.ambiguous
+                else Transition.ATTEMPT_NOT_EXECUTED
+            )
 
 
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:

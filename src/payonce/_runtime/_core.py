@@ -21,14 +21,15 @@ from .._lifecycle import (
     IntentState,
     KeyFormat,
     Outcome,
+    Transition,
     Verdict,
     classify_error,
     classify_response,
     make_scope,
     may_have_executed,
     new_key,
-    owner_is_dead,
     resend_refusal,
+    transition_for,
     validate_key,
 )
 from .._providers import ProviderProfile
@@ -146,22 +147,10 @@ class IntentCore:
 
     def begin(self, draft: IntentDraft, owner: str) -> Step:
         """Claim the intent; decide whether to send, replay, wait, or refuse."""
+        # A lease of a worker that provably died is taken over at once (``owner_is_dead``).
         claim = self.journal.claim(
             draft, owner=owner, now=self.clock(), lease_seconds=self.lease_seconds
         )
-        if claim.kind is ClaimKind.LEASED and owner_is_dead(claim.record.lease_owner):
-            logger.info(
-                "intent %s: taking over the lease of dead worker %s",
-                claim.record.key,
-                claim.record.lease_owner,
-            )
-            claim = self.journal.claim(
-                draft,
-                owner=owner,
-                now=self.clock(),
-                lease_seconds=self.lease_seconds,
-                stale_owner=claim.record.lease_owner,
-            )
         record = claim.record
         match claim.kind:
             case ClaimKind.CREATED:
@@ -192,7 +181,11 @@ class IntentCore:
         )
         if refusal is not None:
             run.record = self.journal.mark_unknown(
-                record.key, owner=owner, now=self.clock(), reason=refusal
+                record.key,
+                transition=Transition.KEY_WINDOW_PASSED,
+                owner=owner,
+                now=self.clock(),
+                reason=refusal,
             )
             raise refusals.unknown(run.record)
         return run
@@ -210,7 +203,6 @@ class IntentCore:
             now=self.clock(),
             lease_seconds=self.lease_seconds,
             after=after,
-            is_stale=owner_is_dead,
         )
 
     def start_attempt(self, run: Run) -> None:
@@ -265,6 +257,7 @@ class IntentCore:
         """Settle a definitive answer, or raise ``Retry`` for a transient one."""
         crash_point("after_response")
         verdict = classify_response(response, self.profile)
+        transition = transition_for(verdict)
         logger.debug(
             "intent %s attempt %d: HTTP %d (%s)",
             run.key,
@@ -273,76 +266,67 @@ class IntentCore:
             verdict.outcome.value,
         )
         if verdict.outcome is Outcome.RETRY:
-            self._retryable(run, verdict, status_code=response.status_code, error=None)
+            self._retryable(run, verdict, transition, status_code=response.status_code)
         if verdict.outcome is Outcome.REFUSED:
-            self._refused(run, response)
-        return self._settle(run, response, verdict)
-
-    def _refused(self, run: Run, response: httpx.Response) -> NoReturn:
-        """Refused before execution: the attempt ends, the intent stays pending, no lease."""
-        self.journal.end_attempt(
-            run.key,
-            run.attempt,
-            owner=run.owner,
-            now=self.clock(),
-            status_code=response.status_code,
-            error=None,
-            ambiguous=False,
-        )
-        self.journal.release(run.key, owner=run.owner)
-        logger.warning(
-            "intent %s: refused with HTTP %d before execution; it stays pending",
-            run.key,
-            response.status_code,
-        )
-        raise refusals.authentication(run.record, response)
+            self._end_attempt(run, transition, status_code=response.status_code)
+            logger.warning(
+                "intent %s: refused with HTTP %d before execution; it stays pending",
+                run.key,
+                response.status_code,
+            )
+            raise refusals.authentication(run.record, response)
+        return self._settle(run, response, transition)
 
     def on_error(self, run: Run, error: BaseException) -> None:
         """An attempt raised: retry transport failures, journal anything else and re-raise."""
         verdict = classify_error(error)
         logger.debug("intent %s attempt %d: %s", run.key, run.attempt, type(error).__name__)
         if verdict is not None:
-            self._retryable(run, verdict, status_code=None, error=type(error).__name__)
+            self._retryable(run, verdict, transition_for(verdict), error=type(error).__name__)
         # Not a transport failure (a bug, an interrupt): the attempt may have left. Leave the
         # intent pending under its key, so a later call resends it safely within the
         # provider's key lifetime, and let the error through.
-        self.journal.end_attempt(
-            run.key,
-            run.attempt,
-            owner=run.owner,
-            now=self.clock(),
-            status_code=None,
-            error=type(error).__name__,
-            ambiguous=True,
-        )
-        self.journal.release(run.key, owner=run.owner)
+        self._end_attempt(run, Transition.ATTEMPT_INTERRUPTED, error=type(error).__name__)
 
-    def _retryable(
-        self, run: Run, verdict: Verdict, *, status_code: int | None, error: str | None
+    def _end_attempt(
+        self,
+        run: Run,
+        transition: Transition,
+        *,
+        status_code: int | None = None,
+        error: str | None = None,
     ) -> None:
-        run.ambiguous = run.ambiguous or verdict.ambiguous
-        run.last_reason = verdict.reason
         self.journal.end_attempt(
             run.key,
             run.attempt,
+            transition=transition,
             owner=run.owner,
             now=self.clock(),
             status_code=status_code,
             error=error,
-            ambiguous=verdict.ambiguous,
         )
+
+    def _retryable(
+        self,
+        run: Run,
+        verdict: Verdict,
+        transition: Transition,
+        *,
+        status_code: int | None = None,
+        error: str | None = None,
+    ) -> NoReturn:
+        run.ambiguous = run.ambiguous or verdict.ambiguous
+        run.last_reason = verdict.reason
+        self._end_attempt(run, transition, status_code=status_code, error=error)
         run.started = False
         raise Retry(verdict)
 
-    def _settle(self, run: Run, response: httpx.Response, verdict: Verdict) -> httpx.Response:
-        state = (
-            IntentState.SUCCEEDED if verdict.outcome is Outcome.SUCCEEDED else IntentState.FAILED
-        )
+    def _settle(self, run: Run, response: httpx.Response, transition: Transition) -> httpx.Response:
         run.record = record = self.journal.settle(
             run.key,
+            transition=transition,
             owner=run.owner,
             now=self.clock(),
-            state=state,
             response=stored(response, key=run.key, max_bytes=self.max_stored_bytes),
             attempt=run.attempt,
         )
@@ -350,7 +334,7 @@ class IntentCore:
             "intent %s%s %s after %d attempt(s): HTTP %d",
             record.key,
             f" ({record.reference})" if record.reference else "",
-            state.value,
+            record.state.value,
             record.attempt_count,
             response.status_code,
         )
@@ -365,9 +349,14 @@ class IntentCore:
         if run.ambiguous:
             reason = f"retries exhausted; last failure: {run.last_reason}"
             run.record = self.journal.mark_unknown(
-                run.key, owner=run.owner, now=self.clock(), reason=reason
+                run.key,
+                transition=Transition.EXHAUSTED,
+                owner=run.owner,
+                now=self.clock(),
+                reason=reason,
             )
             return refusals.unknown(run.record)
+        # Exhausted, never executed: the intent stays pending and the lease goes.
         self.journal.release(run.key, owner=run.owner)
         return refusals.unavailable(run.record, run.last_reason)
 

@@ -24,6 +24,7 @@ from .._lifecycle import (
     IntentState,
     LookupKind,
     Outcome,
+    Transition,
     Verdict,
     classify_lookup,
     classify_lookup_error,
@@ -148,7 +149,7 @@ def conclude(
         case LookupKind.ABSENT:
             return _not_found(core, record, owner, status)
         case LookupKind.REFUSED:
-            _journal(core, record, owner, "error", verdict.detail, status)
+            _journal(core, record, owner, "error", verdict.detail, status, _AMBIGUOUS)
             raise ProviderError(
                 f"the provider refused the status look-up of intent {record.key} with HTTP "
                 f"{status}; it stays unknown",
@@ -163,34 +164,38 @@ def conclude(
                 headers=(("content-type", "application/json"),),
                 body=json.dumps(verdict.record, separators=(",", ":")).encode(),
             )
+            transition = (
+                Transition.RECONCILED_SUCCEEDED
+                if verdict.state is IntentState.SUCCEEDED
+                else Transition.RECONCILED_FAILED
+            )
             return _journal(
-                core,
-                record,
-                owner,
-                "found",
-                verdict.detail,
-                status,
-                state=verdict.state,
-                response=stored,
+                core, record, owner, "found", verdict.detail, status, transition, stored
             )
         case LookupKind.UNDECIDED | LookupKind.UNREADABLE:
-            return _journal(core, record, owner, verdict.kind.value, verdict.detail, status)
+            kind = verdict.kind.value
+            return _journal(core, record, owner, kind, verdict.detail, status, _AMBIGUOUS)
 
 
 def _not_found(core: IntentCore, record: IntentRecord, owner: str, status: int) -> ReconcileResult:
     refusal = resend_refusal(record.first_sent_at, core.clock(), core.profile.key_lifetime)
     if refusal is None:
         detail = "the provider has no record and the key is still valid: safe to resend"
-        return _journal(core, record, owner, "not_found", detail, status, state=IntentState.PENDING)
+        absent = Transition.RECONCILED_ABSENT
+        return _journal(core, record, owner, "not_found", detail, status, absent)
     detail = (
         "the provider has no record, but the key may have expired there: a resend could "
         "execute twice. Check by hand, then abandon it or pay again under a new reference"
     )
-    return _journal(core, record, owner, "not_found", detail, status)
+    return _journal(core, record, owner, "not_found", detail, status, _AMBIGUOUS)
 
 
 def give_up(core: IntentCore, record: IntentRecord, owner: str, reason: str) -> ReconcileResult:
-    return _journal(core, record, owner, "error", f"status look-up failed: {reason}", None)
+    detail = f"status look-up failed: {reason}"
+    return _journal(core, record, owner, "error", detail, None, _AMBIGUOUS)
+
+
+_AMBIGUOUS = Transition.RECONCILED_AMBIGUOUS
 
 
 def _journal(
@@ -200,20 +205,19 @@ def _journal(
     outcome: str,
     detail: str,
     status_code: int | None,
-    *,
-    state: IntentState | None = None,
+    transition: Transition,
     response: StoredResponse | None = None,
 ) -> ReconcileResult:
-    after = state or record.state
-    core.journal.reconciled(
+    """Apply the look-up's transition, with the look-up journaled beside it."""
+    after = core.journal.reconciled(
         record.key,
+        transition=transition,
         owner=owner,
         now=core.clock(),
         outcome=outcome,
         detail=detail,
         status_code=status_code,
-        state=after,
         response=response,
-    )
+    ).state
     logger.info("intent %s reconciled: %s (%s)", record.key, outcome, detail)
     return ReconcileResult(record.key, record.reference, record.state, after, outcome, detail)
