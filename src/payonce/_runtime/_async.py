@@ -162,6 +162,10 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport], OneShotVerbs[Awaited]):
     async def acknowledge(self, key: str) -> IntentRecord:
         return await _off_loop(self.journal.acknowledge, key, now=self._core.clock())
 
+    async def unknown(self) -> list[IntentRecord]:
+        """See ``Client.unknown``."""
+        return await _off_loop(_reconcile.targets, self._core, None)
+
     async def unacknowledged(self) -> list[IntentRecord]:
         return await _off_loop(self.journal.unacknowledged, account=self.account)
 

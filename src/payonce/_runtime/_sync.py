@@ -174,6 +174,11 @@ class Client(BaseClient[httpx.BaseTransport], OneShotVerbs[httpx.Response]):
         """The caller has recorded this intent's settled outcome on its side."""
         return self.journal.acknowledge(key, now=self._core.clock())
 
+    def unknown(self) -> list[IntentRecord]:
+        """The unknown intents of this account and provider, oldest first: what
+        ``reconcile_all()`` drives."""
+        return _reconcile.targets(self._core, None)
+
     def unacknowledged(self) -> list[IntentRecord]:
         """Settled intents of this account whose outcome the caller has not acknowledged."""
         return self.journal.unacknowledged(account=self.account)

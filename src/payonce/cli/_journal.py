@@ -5,13 +5,14 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import click
 
 import payonce
 
-from . import _capabilities
 from ._common import (
+    CliError,
     Damaged,
     JournalLocation,
     console,
@@ -42,7 +43,7 @@ def check_journal(journal_path: JournalLocation | None, as_json: bool) -> None:
     """
     with existing_journal(journal_path) as journal:
         try:
-            report = _capabilities.check(journal)
+            report = journal.check()
         except payonce.JournalBusy:
             raise
         except payonce.JournalError as exc:
@@ -65,9 +66,11 @@ def backup_journal(destination: Path, journal_path: JournalLocation | None) -> N
     also those still only in the -wal file beside the journal (a copy of the .db file
     alone can miss them). DESTINATION must not exist: a backup never overwrites anything.
     """
-    _capabilities.refuse_server_backup(journal_path)
+    if isinstance(journal_path, str) and urlsplit(journal_path).scheme.startswith("postgres"):
+        # Said before connecting: a PostgreSQL journal's backup is the database's own job.
+        raise CliError("back a PostgreSQL journal up with pg_dump (pg_dump -Fc -f payonce.dump DB)")
     with existing_journal(journal_path) as journal:
-        target = _capabilities.backup(journal, destination)
+        target = journal.backup(destination)
     size = target.stat().st_size
     click.echo(f"backed up {journal.location} to {target} ({size} bytes)")
 
@@ -140,9 +143,7 @@ def prune(
     cutoff = time.time() - older_than
     with existing_journal(journal_path) as journal:
         began = time.monotonic()
-        count = _capabilities.prune(
-            journal, older_than=cutoff, batch_size=batch_size, dry_run=dry_run
-        )
+        count = journal.prune(older_than=cutoff, batch_size=batch_size, dry_run=dry_run)
         seconds = time.monotonic() - began
         location = journal.location
     if as_json:

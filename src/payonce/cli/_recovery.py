@@ -1,13 +1,13 @@
 """``payonce resume`` and ``payonce reconcile``: after a crash, finish and settle intents.
 
-The target selection and the per-intent loop here copy what the library does; they go
-once the library has one batch runner the command can call (issue 8, section 3).
+Both drive the library's own batch runner (``Client.resume``, ``Client.reconcile``,
+``Client.reconcile_all``): the same targets, the same isolation of each intent; the
+command only shows the results as they come.
 """
 
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -28,15 +28,7 @@ from ._common import (
     existing_journal_target,
     journal_option,
 )
-from ._recovery_views import (
-    Row,
-    progress,
-    reconcile_row,
-    resume_row,
-    rows_table,
-    summary,
-    watching,
-)
+from ._recovery_views import Row, progress, reconcile_row, resume_row, rows_table, summary
 
 __all__ = ["reconcile", "resume"]
 
@@ -155,22 +147,14 @@ def resume(connection: _Connection, as_json: bool) -> None:
     that may have reached the provider longer ago than the provider keeps keys is not
     resent: it goes unknown, for `payonce reconcile`.
 
-    Exits 1 if an intent is still pending (the provider was unreachable) or unknown.
+    Exits 1 if an intent is still pending (the provider was unreachable, or refused the
+    API key) or unknown.
     """
-    show = _show_progress(as_json)
     with connection.client() as client:
-        journal, profile = client.journal, client.provider.name
-
-        def pending() -> int:
-            return len(journal.pending(account=client.account, provider=profile))
-
-        total = pending()
-        with (
-            progress(console(), "resuming", total, enabled=show) as update,
-            watching(lambda: total - pending(), update, enabled=show),
-        ):
-            results = client.resume()
-        rows = [resume_row(result, journal) for result in results]
+        total = len(client.journal.pending(account=client.account, provider=client.provider.name))
+        with progress(console(), "resuming", total, enabled=_show_progress(as_json)) as advance:
+            results = client.resume(on_result=lambda _: advance())
+        rows = [resume_row(result, client.journal) for result in results]
     _finish(
         rows,
         verb="resumed",
@@ -180,53 +164,18 @@ def resume(connection: _Connection, as_json: bool) -> None:
     )
 
 
-def _reconcile_one(client: payonce.Client, record: payonce.IntentRecord) -> list[Row]:
-    """Reconcile one intent; a provider refusing the look-up stops only this one."""
-    started = time.time()
-    try:
-        return [reconcile_row(result) for result in client.reconcile(record.key)]
-    except payonce.IntentError as exc:
-        journal = client.journal
-        now = journal.get(record.key)
-        # What the journal wrote down names no key, so the same cause groups in the summary.
-        written = [e.detail for e in journal.reconciliations(record.key) if e.at >= started]
-        detail = written[-1] if written else f"{type(exc).__name__}: {exc}"
-        result = payonce.records.ReconcileResult(
-            record.key,
-            record.reference,
-            record.state,
-            now.state if now else record.state,
-            "error",
-            detail,
-        )
-        return [reconcile_row(result)]
-
-
-def _reconcile_targets(
-    client: payonce.Client, key_or_reference: str | None
-) -> list[payonce.IntentRecord]:
-    """Unknown intents of the client's account and provider (oldest first), or the named ones."""
-    journal, profile = client.journal, client.provider.name
-
-    def ours(record: payonce.IntentRecord) -> bool:
-        return record.account == client.account and record.provider == profile
-
-    if key_or_reference is None:
-        unknown = journal.list_intents(states=[payonce.IntentState.UNKNOWN])
-        return [record for record in reversed(unknown) if ours(record)]
-    found = journal.find(key_or_reference)
+def _check_named(client: payonce.Client, key_or_reference: str) -> None:
+    """Say why, when no intent of this account and provider has this key or reference."""
+    found = client.journal.find(key_or_reference)
+    if any(r.account == client.account and r.provider == client.provider.name for r in found):
+        return
     if not found:
         raise NotFound(f"no intent with key or reference {key_or_reference!r}")
-    mine = [record for record in found if ours(record)]
-    if not mine:
-        others = ", ".join(
-            sorted({f"--account {r.account} --provider {r.provider}" for r in found})
-        )
-        raise NotFound(
-            f"no intent with key or reference {key_or_reference!r} for account "
-            f"{client.account!r} and provider {profile!r}; it was sent with: {others}"
-        )
-    return mine
+    others = ", ".join(sorted({f"--account {r.account} --provider {r.provider}" for r in found}))
+    raise NotFound(
+        f"no intent with key or reference {key_or_reference!r} for account "
+        f"{client.account!r} and provider {client.provider.name!r}; it was sent with: {others}"
+    )
 
 
 @click.command(short_help="Ask the provider what became of unknown intents.")
@@ -252,13 +201,15 @@ def reconcile(
     if (key_or_reference is None) == (not every):
         raise click.UsageError("give either one KEY_OR_REFERENCE or --all")
     show = every and _show_progress(as_json)
-    rows: list[Row] = []
     with connection.client() as client:
-        targets = _reconcile_targets(client, key_or_reference)
-        with progress(console(), "reconciling", len(targets), enabled=show) as update:
-            for done, record in enumerate(targets, start=1):
-                rows += _reconcile_one(client, record)
-                update(done)
+        if key_or_reference is not None:
+            _check_named(client, key_or_reference)
+            results = client.reconcile(key_or_reference)
+        else:
+            total = len(client.unknown())
+            with progress(console(), "reconciling", total, enabled=show) as advance:
+                results = client.reconcile_all(on_result=lambda _: advance())
+        rows = [reconcile_row(result) for result in results]
     _finish(
         rows,
         verb="reconciled",

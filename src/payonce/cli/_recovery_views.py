@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
@@ -26,7 +25,6 @@ __all__ = [
     "resume_row",
     "rows_table",
     "summary",
-    "watching",
 ]
 
 Category = Literal["settled", "pending", "unknown", "skipped"]
@@ -149,14 +147,15 @@ def summary(verb: str, rows: Sequence[Row]) -> str:
 
 @contextlib.contextmanager
 def progress(
-    console: Console, label: str, total: int, *, enabled: bool
-) -> Iterator[Callable[[int], None]]:
+    console: Console, label: str, total: int | None, *, enabled: bool
+) -> Iterator[Callable[[], None]]:
     """A progress bar on a terminal (gone once done); elsewhere, nothing at all.
 
-    Yields ``update(completed)``.
+    Yields ``advance()``, called once per intent as its result comes in. ``total`` may be
+    None when it is not known up front: the bar then only counts.
     """
     if not enabled or total == 0:
-        yield lambda completed: None
+        yield lambda: None
         return
     with Progress(
         TextColumn("{task.description}"),
@@ -167,37 +166,4 @@ def progress(
         transient=True,
     ) as bar:
         task = bar.add_task(label, total=total)
-        yield lambda completed: bar.update(task, completed=min(completed, total))
-        bar.update(task, completed=total)
-
-
-@contextlib.contextmanager
-def watching(
-    count_done: Callable[[], int],
-    update: Callable[[int], None],
-    *,
-    enabled: bool,
-    interval: float = 0.25,
-) -> Iterator[None]:
-    """Poll ``count_done`` on a thread of its own while the block runs, feeding ``update``.
-
-    For work the public API does in one call (``Client.resume``): the journal tells how
-    far it got.
-    """
-    if not enabled:
-        yield
-        return
-    stop = threading.Event()
-
-    def watch() -> None:
-        while not stop.wait(interval):
-            with contextlib.suppress(payonce.PayonceError):
-                update(count_done())
-
-    watcher = threading.Thread(target=watch, name="payonce-cli-progress", daemon=True)
-    watcher.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        watcher.join()
+        yield lambda: bar.advance(task)
