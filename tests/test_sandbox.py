@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -24,12 +25,19 @@ from payonce.sandbox import (
     SandboxConfig,
     SandboxServer,
     SandboxStore,
+    WebhookConfig,
 )
 
 OTHER_API_KEY = "sk_test_other"
 OTHER_ACCOUNT = "acct_other"
 DAY = 24 * 3600.0
 SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _client(url: str, api_key: str = DEFAULT_API_KEY) -> httpx.Client:
@@ -431,6 +439,70 @@ def test_control_endpoints(provider: SandboxServer, http: httpx.Client) -> None:
         assert provider.store.clock.now() < before + DAY
         # Reset also restores the configured (fault-free) faults.
         assert _pay(http, _key()).status_code == 201
+
+
+def test_reset_puts_a_used_server_back_as_it_started() -> None:
+    """What one user of a shared server did is gone for the next: payments, keys, counts,
+    the clock, scripted and switched faults, webhook deliveries and their record."""
+    faults = Faults(seed=99, fail_before_rate=0.3, drop_after_rate=0.2)
+    # Deliveries to a closed port fail and wait long for their retry: one stays queued.
+    webhooks = WebhookConfig(
+        url=f"http://127.0.0.1:{_closed_port()}/", secrets="s", retry_wait=60, max_retry_wait=60
+    )
+    with SandboxServer(SandboxConfig(faults=faults, webhooks=webhooks)) as server:
+        fresh = _outcomes(server, "fresh")
+        key = _key()
+        with _client(server.url) as http:
+            assert _pay(http, key, headers={"Sandbox-Fault": "none"}).status_code == 201
+            server.set_faults(Faults(fail_before_rate=1.0))
+            server.script(["rate_limit", "drop_after"])
+            server.advance_clock(DAY)
+            deadline = time.monotonic() + 10
+            while not server.webhook_attempts():
+                assert time.monotonic() < deadline, "no webhook delivery was attempted"
+                time.sleep(0.01)
+
+            server.reset()
+
+            assert server.store.payments() == []
+            assert server.store.executions() == {}
+            assert server.store.clock.now() < time.time() + 60
+            assert server.webhook_attempts() == []
+            assert http.get("/_sandbox/webhooks").json()["pending"] == 0
+            # The key is forgotten: another body under it is a new payment, not a mismatch.
+            assert _pay(http, key, 7, headers={"Sandbox-Fault": "none"}).status_code == 201
+        server.reset()
+        # The configured faults again, drawn from their seed as on the first run.
+        assert _outcomes(server, "fresh") == fresh
+
+
+def _refusal_to_reset_at_once(server: SandboxServer) -> str | None:
+    try:
+        server.reset(timeout=0)
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
+def test_reset_waits_for_the_requests_in_flight() -> None:
+    """A request still being processed would otherwise execute into the fresh state."""
+    with SandboxServer(SandboxConfig(processing_seconds=1.0)) as server:
+        assert server.running
+        with ThreadPoolExecutor(1) as pool, _client(server.url) as http:
+            paying = pool.submit(_pay, http, _key())
+            deadline = time.monotonic() + 10
+            # Until the payment is being processed, a reset that may not wait goes through
+            # (and changes nothing); from then on it is refused.
+            while (refusal := _refusal_to_reset_at_once(server)) is None:
+                assert time.monotonic() < deadline, "the payment never reached the server"
+                time.sleep(0.005)
+            assert "in flight" in refusal
+
+            server.reset()
+
+            assert paying.result().status_code == 201
+        assert server.store.executions() == {}, "the payment executed after the reset"
+    assert not server.running
 
 
 def test_store_is_shared_through_its_file(tmp_path: Path) -> None:
