@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,10 +17,10 @@ import pytest
 from click.testing import CliRunner, Result
 
 import payonce
+from helpers.processes import python_env
 from payonce.cli import cli
 from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
 
-SRC = Path(__file__).resolve().parents[1] / "src"
 DECLINED_AMOUNT = 40200  # the sandbox declines exactly this amount with a 402
 BODY_MARKER = "cart-marker-7781"  # only ever in stored request/response bodies
 NO_RETRY_AFTER = payonce.RetryPolicy(
@@ -468,10 +467,7 @@ def test_version() -> None:
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH")]))
-    env["COLUMNS"] = "200"
-    return env
+    return python_env(COLUMNS="200")
 
 
 def test_real_process_lists_the_journal(populated: Populated) -> None:

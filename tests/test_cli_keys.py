@@ -29,6 +29,8 @@ from click.testing import CliRunner, Result
 from keyrings.alt.file import PlaintextKeyring
 
 import payonce
+from helpers.keyrings import SessionKeyring
+from helpers.processes import python_env
 from payonce.cli import cli
 from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
 
@@ -69,26 +71,6 @@ def _run(args: Sequence[str], *, input: str | None = None, **env: str) -> Result
     for secret in (SECRET, OTHER_SECRET):
         assert secret not in output, "a secret was printed"
     return result
-
-
-class SessionKeyring(keyring.backend.KeyringBackend):
-    """Stands in for an OS keyring (Secret Service, Keychain): none runs on this host."""
-
-    priority = 5
-    viable = False  # never auto-detected by keyring outside these tests
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.entries: dict[tuple[str, str], str] = {}
-
-    def get_password(self, service: str, username: str) -> str | None:
-        return self.entries.get((service, username))
-
-    def set_password(self, service: str, username: str, password: str) -> None:
-        self.entries[(service, username)] = password
-
-    def delete_password(self, service: str, username: str) -> None:
-        del self.entries[(service, username)]
 
 
 # -- a working (opted-in) plaintext keyring ---------------------------------------------------
@@ -353,13 +335,7 @@ def test_on_a_terminal_the_key_is_prompted_for_twice_and_never_echoed(
     plaintext: PlaintextKeyring,
 ) -> None:
     """In a process of its own on a pseudo-terminal: what the user sees is all there is."""
-    src = str(Path(payonce.__file__).resolve().parent.parent)
-    env = {
-        **os.environ,
-        **OPT_IN,
-        "PYTHON_KEYRING_BACKEND": "keyrings.alt.file.PlaintextKeyring",
-        "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p),
-    }
+    env = python_env(**OPT_IN, PYTHON_KEYRING_BACKEND="keyrings.alt.file.PlaintextKeyring")
     controller, terminal = pty.openpty()
     process = subprocess.Popen(
         [sys.executable, "-m", "payonce.cli", "keys", "set", "acct_tty"],

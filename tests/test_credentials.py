@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -30,13 +29,15 @@ import pytest
 from keyrings.alt.file import EncryptedKeyring, PlaintextKeyring
 
 import payonce
+from helpers.keyrings import SessionKeyring
+from helpers.payments import PAYMENT
+from helpers.processes import python_env
 from payonce.sandbox import SandboxServer
 
 ACCOUNT = "acct_demo"
 ARG_KEY = "sk_test_from_argument"
 ENV_KEY = "sk_test_from_environment"
 RING_KEY = "sk_test_from_keyring"
-PAYMENT = {"amount": 4200, "currency": "eur"}
 
 
 @pytest.fixture
@@ -270,25 +271,6 @@ def test_a_chain_with_a_secure_backend_never_falls_back_to_a_plaintext_file_with
     silent read of the plaintext file.
     """
 
-    class SessionKeyring(keyring.backend.KeyringBackend):
-        """Stands in for an OS keyring (Secret Service, Keychain): none runs on this host."""
-
-        priority = 5
-        viable = False  # never auto-detected by keyring outside this test
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.entries: dict[tuple[str, str], str] = {}
-
-        def get_password(self, service: str, username: str) -> str | None:
-            return self.entries.get((service, username))
-
-        def set_password(self, service: str, username: str, password: str) -> None:
-            self.entries[(service, username)] = password
-
-        def delete_password(self, service: str, username: str) -> None:
-            del self.entries[(service, username)]
-
     class DesktopChain(keyring.backends.chainer.ChainerBackend):
         viable = False
         backends = (SessionKeyring(), plaintext_keyring_holding(RING_KEY))
@@ -342,9 +324,7 @@ except BaseException as exc:
     result["control"] = type(exc).__name__
 print(json.dumps(result))
 """
-    env = dict(os.environ)
-    src = str(Path(payonce.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    env = python_env()
     done = subprocess.run(
         [sys.executable, "-c", script, provider.url, str(journal_path), ACCOUNT],
         stdin=subprocess.DEVNULL,

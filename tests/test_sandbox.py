@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +16,8 @@ import attrs
 import httpx
 import pytest
 
+from helpers.payments import free_port
+from helpers.processes import python_env
 from payonce.sandbox import (
     DEFAULT_ACCOUNT,
     DEFAULT_API_KEY,
@@ -31,13 +31,6 @@ from payonce.sandbox import (
 OTHER_API_KEY = "sk_test_other"
 OTHER_ACCOUNT = "acct_other"
 DAY = 24 * 3600.0
-SRC = Path(__file__).resolve().parents[1] / "src"
-
-
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _client(url: str, api_key: str = DEFAULT_API_KEY) -> httpx.Client:
@@ -447,7 +440,7 @@ def test_reset_puts_a_used_server_back_as_it_started() -> None:
     faults = Faults(seed=99, fail_before_rate=0.3, drop_after_rate=0.2)
     # Deliveries to a closed port fail and wait long for their retry: one stays queued.
     webhooks = WebhookConfig(
-        url=f"http://127.0.0.1:{_closed_port()}/", secrets="s", retry_wait=60, max_retry_wait=60
+        url=f"http://127.0.0.1:{free_port()}/", secrets="s", retry_wait=60, max_retry_wait=60
     )
     with SandboxServer(SandboxConfig(faults=faults, webhooks=webhooks)) as server:
         fresh = _outcomes(server, "fresh")
@@ -525,10 +518,7 @@ def test_store_is_shared_through_its_file(tmp_path: Path) -> None:
 
 def test_module_entry_point(tmp_path: Path) -> None:
     ready_file = tmp_path / "ready"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")])),
-    }
+    env = python_env()
     command = [
         sys.executable,
         "-W",
