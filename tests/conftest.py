@@ -10,10 +10,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import keyring
+import keyring.backend
 import pytest
 
 import payonce
 from helpers.journals import OpenJournal
+from helpers.keyrings import UseKeyring
 from helpers.payments import FAST_RETRY
 from helpers.sandboxes import SharedSandboxes
 from payonce.sandbox import DEFAULT_API_KEY, SandboxConfig, SandboxServer
@@ -32,6 +35,18 @@ def _isolated_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "home" / ".local" / "share"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "home" / ".config"))
     (tmp_path / "home").mkdir()
+
+
+@pytest.fixture
+def use_keyring(monkeypatch: pytest.MonkeyPatch) -> Iterator[UseKeyring]:
+    """Set the process's keyring backend for one test; the previous one comes back after."""
+    monkeypatch.delenv("PYTHON_KEYRING_BACKEND", raising=False)
+    # Discover the installed backends now (keyring caches the list once), so that no
+    # backend class a test defines can ever be picked up by keyring's auto-detection.
+    keyring.backend.get_all_keyring()
+    previous = keyring.get_keyring()
+    yield keyring.set_keyring
+    keyring.set_keyring(previous)
 
 
 @pytest.fixture

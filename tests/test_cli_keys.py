@@ -15,9 +15,8 @@ import select
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import keyring
 import keyring.backend
@@ -29,7 +28,7 @@ from click.testing import CliRunner, Result
 from keyrings.alt.file import PlaintextKeyring
 
 import payonce
-from helpers.keyrings import SessionKeyring
+from helpers.keyrings import SessionKeyring, UseKeyring
 from helpers.processes import python_env
 from payonce.cli import cli
 from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
@@ -37,20 +36,6 @@ from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
 SECRET = "sk_test_4eC39HqLyjWDarjtT1zdp7dc"
 OTHER_SECRET = "sk_test_rotated_51HxYz0000000000"
 INDEX = ("payonce", "__accounts__")
-
-UseKeyring = Callable[[Any], None]
-
-
-@pytest.fixture
-def use_keyring(monkeypatch: pytest.MonkeyPatch) -> Iterator[UseKeyring]:
-    """Set the process's keyring backend for one test; the previous one comes back after."""
-    monkeypatch.delenv("PYTHON_KEYRING_BACKEND", raising=False)
-    # Discover the installed backends now (keyring caches the list once), so that no
-    # backend class a test defines can ever be picked up by keyring's auto-detection.
-    keyring.backend.get_all_keyring()
-    previous = keyring.get_keyring()
-    yield keyring.set_keyring
-    keyring.set_keyring(previous)
 
 
 @pytest.fixture

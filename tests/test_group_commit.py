@@ -36,12 +36,11 @@ from helpers.crash import (
     worker_env,
 )
 from helpers.journals import RESPONSE, draft_for
-from helpers.payments import FAST_RETRY
 from payonce._crash import CRASH_POINTS
 from payonce._journal import ClaimKind, SQLiteJournal
 from payonce._journal._engine import Tx
 from payonce._journal._sqlite import _Member
-from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
+from payonce.sandbox import SandboxServer
 
 SUCCEEDED = payonce.IntentState.SUCCEEDED
 PENDING = payonce.IntentState.PENDING
@@ -354,22 +353,14 @@ class StatementLog:
 
 
 def test_sixty_four_threads_each_intent_is_committed_before_its_request_is_sent(
-    sandbox: SandboxServer, tmp_path: Path
+    sandbox: SandboxServer, client_options: dict[str, Any], tmp_path: Path
 ) -> None:
     path = tmp_path / "journal.db"
     journal = SQLiteJournal(path)
     log = StatementLog(journal)
     transport = CommittedBeforeSend(path)
-    client = payonce.Client(
-        base_url=sandbox.url,
-        provider="sandbox",
-        account="acct_demo",
-        api_key=DEFAULT_API_KEY,
-        journal=journal,
-        retry=FAST_RETRY,
-        timeout=10.0,
-        transport=transport,
-    )
+    options = {**client_options, "journal": journal, "timeout": 10.0, "transport": transport}
+    client = payonce.Client(**options)
     threads, per_thread = 64, 4
     start = threading.Barrier(threads)
 
@@ -408,21 +399,14 @@ def test_sixty_four_threads_each_intent_is_committed_before_its_request_is_sent(
 
 
 def test_without_group_commit_every_write_commits_alone(
-    sandbox: SandboxServer, tmp_path: Path
+    client_options: dict[str, Any], tmp_path: Path
 ) -> None:
     path = tmp_path / "journal.db"
     journal = SQLiteJournal(path, group_commit=False)
     log = StatementLog(journal)
+    transport = CommittedBeforeSend(path)
     with (
-        payonce.Client(
-            base_url=sandbox.url,
-            provider="sandbox",
-            account="acct_demo",
-            api_key=DEFAULT_API_KEY,
-            journal=journal,
-            retry=FAST_RETRY,
-            transport=CommittedBeforeSend(path),
-        ) as client,
+        payonce.Client(**{**client_options, "journal": journal, "transport": transport}) as client,
         ThreadPoolExecutor(max_workers=8) as pool,
     ):
         list(

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import pytest
 
 from helpers.payments import free_port
 from helpers.processes import python_env
+from helpers.sandboxes import SharedSandboxes
 from payonce.sandbox import (
     DEFAULT_ACCOUNT,
     DEFAULT_API_KEY,
@@ -31,6 +33,8 @@ from payonce.sandbox import (
 OTHER_API_KEY = "sk_test_other"
 OTHER_ACCOUNT = "acct_other"
 DAY = 24 * 3600.0
+
+Start = Callable[[SandboxConfig], SandboxServer]
 
 
 def _client(url: str, api_key: str = DEFAULT_API_KEY) -> httpx.Client:
@@ -55,19 +59,13 @@ def _pay(
     return http.post("/v1/payments", json=body, headers=all_headers)
 
 
-@pytest.fixture(scope="module")
-def shared_server() -> Iterator[SandboxServer]:
+@pytest.fixture
+def provider(shared_sandboxes: SharedSandboxes) -> SandboxServer:
+    """The session's sandbox with a second account, reset for this test."""
     config = SandboxConfig(
         api_keys={DEFAULT_API_KEY: DEFAULT_ACCOUNT, OTHER_API_KEY: OTHER_ACCOUNT}
     )
-    with SandboxServer(config) as server:
-        yield server
-
-
-@pytest.fixture
-def provider(shared_server: SandboxServer) -> SandboxServer:
-    shared_server.reset()
-    return shared_server
+    return shared_sandboxes.get("two accounts", config)
 
 
 @pytest.fixture
@@ -562,17 +560,9 @@ def test_module_entry_point(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def start() -> Iterator[Any]:
-    servers: list[SandboxServer] = []
-
-    def make(config: SandboxConfig) -> SandboxServer:
-        server = SandboxServer(config).start()
-        servers.append(server)
-        return server
-
-    yield make
-    for server in servers:
-        server.stop()
+def start(closing: contextlib.ExitStack) -> Start:
+    """A sandbox of the test's own in ``config``, stopped at the end of the test."""
+    return lambda config: closing.enter_context(SandboxServer(config))
 
 
 def _form(http: httpx.Client, key: str, body: str, **headers: str) -> httpx.Response:
@@ -583,7 +573,7 @@ def _form(http: httpx.Client, key: str, body: str, **headers: str) -> httpx.Resp
     return http.post("/v1/payments", content=body.encode(), headers=headers)
 
 
-def test_form_bodies_with_metadata_brackets_when_switched_on(start: Any) -> None:
+def test_form_bodies_with_metadata_brackets_when_switched_on(start: Start) -> None:
     server = start(SandboxConfig(form_bodies=True))
     key = _key()
     body = "amount=1250&currency=EUR&reference=order-1&metadata%5Bcart%5D=42&metadata[x]=y"
@@ -611,7 +601,7 @@ def test_form_bodies_with_metadata_brackets_when_switched_on(start: Any) -> None
         "amount=%FF&currency=EUR",
     ],
 )
-def test_invalid_form_bodies_record_nothing(start: Any, body: str) -> None:
+def test_invalid_form_bodies_record_nothing(start: Start, body: str) -> None:
     server = start(SandboxConfig(form_bodies=True))
     with _client(server.url) as http:
         response = _form(http, _key(), body)
@@ -628,7 +618,7 @@ def test_form_bodies_are_refused_by_default(provider: SandboxServer, http: httpx
     assert "JSON" in response.json()["error"]["message"]
 
 
-def test_x_api_key_auth_mode(start: Any) -> None:
+def test_x_api_key_auth_mode(start: Start) -> None:
     server = start(SandboxConfig(auth="x-api-key"))
     key = _key()
     with httpx.Client(base_url=server.url) as anonymous:
@@ -645,7 +635,7 @@ def test_x_api_key_auth_mode(start: Any) -> None:
     assert server.store.total_executions() == 1
 
 
-def test_a_custom_key_header(start: Any) -> None:
+def test_a_custom_key_header(start: Start) -> None:
     server = start(SandboxConfig(key_header="X-Request-Id"))
     with _client(server.url) as http:
         missing = _pay(http, _key())  # sent as Idempotency-Key: not the header it reads
@@ -657,7 +647,7 @@ def test_a_custom_key_header(start: Any) -> None:
     assert server.store.executions() == {"req-key-1": 1}
 
 
-def test_retry_hints_by_status_on_api_routes_only(start: Any) -> None:
+def test_retry_hints_by_status_on_api_routes_only(start: Start) -> None:
     config = SandboxConfig(
         retry_hint_header="Stripe-Should-Retry", retry_hints={402: False, 503: True, 400: True}
     )
@@ -713,7 +703,7 @@ def _race(server: SandboxServer, key: str, **headers: str) -> list[httpx.Respons
 
 
 @pytest.mark.parametrize(("status", "expected"), [(None, 400), (409, 409)])
-def test_stripe_dialect_errors(start: Any, status: int | None, expected: int) -> None:
+def test_stripe_dialect_errors(start: Start, status: int | None, expected: int) -> None:
     server = start(SandboxConfig(dialect="stripe", mismatch_status=status, processing_seconds=0.3))
     key = _key()
     with _client(server.url) as http:
@@ -743,7 +733,7 @@ def test_stripe_dialect_errors(start: Any, status: int | None, expected: int) ->
     assert server.store.total_executions() == 2
 
 
-def test_adyen_dialect_answers_with_result_codes_and_error_codes(start: Any) -> None:
+def test_adyen_dialect_answers_with_result_codes_and_error_codes(start: Start) -> None:
     server = start(SandboxConfig(dialect="adyen", processing_seconds=0.3))
     key = _key()
     with _client(server.url) as http:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import keyring.backend
+
+UseKeyring = Callable[[Any], None]
+"""The ``use_keyring`` fixture: sets the process's keyring backend for one test."""
 
 
 class SessionKeyring(keyring.backend.KeyringBackend):
