@@ -124,6 +124,7 @@ def test_resume_json_is_a_list_of_results_and_the_summary_goes_to_stderr(
     assert _json(_run(["resume", "--json"], env)) == []
 
 
+@pytest.mark.slow
 def test_resume_exits_1_when_an_intent_ends_unknown_and_says_why(
     make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str]
 ) -> None:

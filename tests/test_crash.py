@@ -59,6 +59,7 @@ def test_a_kill_at_each_crash_point_still_executes_every_order_once(
     assert provider.store.total_executions() == 6
 
 
+@pytest.mark.slow
 def test_repeated_kills_at_the_same_point_converge(provider: SandboxServer, journal: Path) -> None:
     for _ in range(4):
         assert run_worker(provider, journal, 5, crash_at="after_send:1") == KILLED
@@ -123,6 +124,7 @@ def test_the_harness_catches_a_client_that_resends_unknown_intents_blindly(
 # -- a randomised soak ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_randomised_soak_of_kills_at_random_points(provider: SandboxServer, journal: Path) -> None:
     long_run = os.environ.get("PAYONCE_SOAK") == "long"
     orders, most_visits, time_budget = (1000, 4, 1800.0) if long_run else (300, 7, 240.0)
@@ -153,6 +155,7 @@ def test_randomised_soak_of_kills_at_random_points(provider: SandboxServer, jour
 # -- many processes, one journal ------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_eight_processes_race_on_one_journal_and_each_order_executes_once(
     provider: SandboxServer, journal: Path, tmp_path: Path
 ) -> None:

@@ -352,6 +352,7 @@ class StatementLog:
         return sum(1 for s in self.statements if s.strip().upper() == "COMMIT")
 
 
+@pytest.mark.slow
 def test_sixty_four_threads_each_intent_is_committed_before_its_request_is_sent(
     sandbox: SandboxServer, client_options: dict[str, Any], tmp_path: Path
 ) -> None:

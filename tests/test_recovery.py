@@ -284,6 +284,7 @@ def test_acknowledgement_can_be_left_to_the_caller(client: payonce.Client) -> No
 # -- leases ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_slow_attempt_keeps_its_lease_alive_so_no_one_takes_the_intent_over(
     make_sandbox: Callable[..., SandboxServer], make_client: MakeClient
 ) -> None:

@@ -238,6 +238,7 @@ def test_the_checkout_service_killed_mid_request_charges_the_order_exactly_once(
     assert "Traceback" not in service.output, service.output
 
 
+@pytest.mark.slow
 def test_the_checkout_service_answers_each_outcome_as_documented(
     sandbox: SandboxServer, service_factory: Callable[[SandboxServer], Service]
 ) -> None:
@@ -352,6 +353,7 @@ def server_executions_by_reference(server: SandboxServer) -> dict[str, int]:
     return counts
 
 
+@pytest.mark.slow
 def test_the_resume_worker_exits_1_while_the_provider_is_unreachable(
     tmp_path: Path,
     sandbox: SandboxServer,

@@ -714,6 +714,7 @@ def handled_lines(tmp_path: Path) -> list[str]:
     return log.read_text().splitlines() if log.exists() else []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_one_event_delivered_5_times_at_once_to_8_processes_is_handled_exactly_once(
     tmp_path: Path, request: pytest.FixtureRequest, backend: str
