@@ -476,18 +476,28 @@ def _refusal_to_reset_at_once(server: SandboxServer) -> str | None:
 
 
 def test_reset_waits_for_the_requests_in_flight() -> None:
-    """A request still being processed would otherwise execute into the fresh state."""
-    with SandboxServer(SandboxConfig(processing_seconds=1.0)) as server:
+    """A request still being handled would otherwise execute into the fresh state."""
+    body_sent = threading.Event()
+
+    def body() -> Iterator[bytes]:
+        # The request stays in flight, its body half sent, until the test lets it go on.
+        yield b'{"amount": 1000, '
+        assert body_sent.wait(10)
+        yield b'"currency": "EUR"}'
+
+    with SandboxServer(SandboxConfig(processing_seconds=0.5)) as server:
         assert server.running
         with ThreadPoolExecutor(1) as pool, _client(server.url) as http:
-            paying = pool.submit(_pay, http, _key())
+            headers = {"Idempotency-Key": _key(), "Content-Type": "application/json"}
+            paying = pool.submit(http.post, "/v1/payments", content=body(), headers=headers)
             deadline = time.monotonic() + 10
-            # Until the payment is being processed, a reset that may not wait goes through
+            # Until the request reaches the server, a reset that may not wait goes through
             # (and changes nothing); from then on it is refused.
             while (refusal := _refusal_to_reset_at_once(server)) is None:
                 assert time.monotonic() < deadline, "the payment never reached the server"
                 time.sleep(0.005)
             assert "in flight" in refusal
+            body_sent.set()  # the payment executes half a second from now
 
             server.reset()
 
