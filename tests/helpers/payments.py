@@ -57,8 +57,8 @@ def make_unknown(
 
 @contextmanager
 def paying_in_background(client: payonce.Client, reference: str) -> Iterator[None]:
-    """The payment is on its way from another thread for the whole block (its request has
-    left when the block starts); the thread is joined at the end."""
+    """The payment is on its way from another thread when the block starts (its request
+    is being sent); the thread is joined at the end of the block."""
     sent = threading.Event()
     client._http.event_hooks["request"].append(lambda request: sent.set())
     worker = threading.Thread(
