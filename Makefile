@@ -1,13 +1,15 @@
 # Two commands do all the set-up on a fresh machine with only Python and pip:
 #   make demo   - the demo against the embedded sandbox provider
 #   make test   - lint, type check and the whole test suite
+# and, while working, the fast lane (the same without the tests marked slow):
+#   make test-fast
 # and one more builds the documentation site into site/:
 #   make docs   - mkdocs build --strict (CI runs it after make test)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint docs bench clean
+.PHONY: demo test test-fast lint docs bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +38,11 @@ lint: $(VENV)/.dev-installed
 # pytest exits 5 when it collected no test; make treats that as a failure, as it should.
 test: lint
 	$(BIN)/python -m pytest
+
+# The inner loop: every test but the long scenarios (the crash soak, the examples run as
+# services, the many-process races), which `make test` and CI still run.
+test-fast: lint
+	$(BIN)/python -m pytest -m "not slow"
 
 # --strict turns every warning into a failure: a broken link or anchor, a page left out of
 # the nav, an API name mkdocstrings cannot find. Nothing is fetched from the network.

@@ -1,20 +1,29 @@
-"""Shared fixtures: a real sandbox provider on loopback and a real journal file."""
+"""Shared fixtures: a real sandbox provider on loopback and a real journal file.
+
+The helpers that are not fixtures live in the ``helpers`` package beside this file.
+"""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import keyring
+import keyring.backend
 import pytest
 
 import payonce
+from helpers.journals import OpenJournal
+from helpers.keyrings import UseKeyring
+from helpers.payments import FAST_RETRY
+from helpers.sandboxes import SharedSandboxes
+from payonce._journal import IntentStore, open_store
 from payonce.sandbox import DEFAULT_API_KEY, SandboxConfig, SandboxServer
 
 # A PostgreSQL server of the session's own, started on first use, and a database per test.
 from pgserver import postgres_server, postgres_url  # noqa: F401
-
-FAST_RETRY = payonce.RetryPolicy(initial_wait=0.001, max_wait=0.01, max_attempts=5)
 
 
 @pytest.fixture(autouse=True)
@@ -36,23 +45,53 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture
-def sandbox() -> Iterator[SandboxServer]:
-    with SandboxServer(SandboxConfig()) as server:
-        yield server
+def use_keyring(monkeypatch: pytest.MonkeyPatch) -> Iterator[UseKeyring]:
+    """Set the process's keyring backend for one test; the previous one comes back after."""
+    monkeypatch.delenv("PYTHON_KEYRING_BACKEND", raising=False)
+    # Discover the installed backends now (keyring caches the list once), so that no
+    # backend class a test defines can ever be picked up by keyring's auto-detection.
+    keyring.backend.get_all_keyring()
+    previous = keyring.get_keyring()
+    yield keyring.set_keyring
+    keyring.set_keyring(previous)
 
 
 @pytest.fixture
-def make_sandbox() -> Iterator[Callable[..., SandboxServer]]:
-    started: list[SandboxServer] = []
+def closing() -> Iterator[contextlib.ExitStack]:
+    """What a test's factories open (servers, clients, journals), closed at its end, last
+    opened first."""
+    with contextlib.ExitStack() as stack:
+        yield stack
+
+
+# -- the sandbox provider --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def shared_sandboxes() -> Iterator[SharedSandboxes]:
+    sandboxes = SharedSandboxes()
+    yield sandboxes
+    sandboxes.close()
+
+
+@pytest.fixture
+def sandbox(shared_sandboxes: SharedSandboxes) -> SandboxServer:
+    """The session's sandbox in its default configuration, reset for this test."""
+    return shared_sandboxes.get("default", SandboxConfig())
+
+
+@pytest.fixture
+def make_sandbox(closing: contextlib.ExitStack) -> Callable[..., SandboxServer]:
+    """A sandbox of the test's own, for a configuration no switch at run time can give
+    (``processing_seconds``, ``key_lifetime``, ``api_keys``, ...)."""
 
     def make(**config: Any) -> SandboxServer:
-        server = SandboxServer(SandboxConfig(**config)).start()
-        started.append(server)
-        return server
+        return closing.enter_context(SandboxServer(SandboxConfig(**config)))
 
-    yield make
-    for server in started:
-        server.stop()
+    return make
+
+
+# -- clients and journals ----------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -61,30 +100,29 @@ def journal_path(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def client_options(sandbox: SandboxServer, journal_path: Path) -> dict[str, Any]:
+    """What a client of the sandbox on the test's journal file is made with."""
+    return {
+        "base_url": sandbox.url,
+        "provider": "sandbox",
+        "account": "acct_demo",
+        "api_key": DEFAULT_API_KEY,
+        "journal": journal_path,
+        "retry": FAST_RETRY,
+        "timeout": 5.0,
+    }
+
+
+@pytest.fixture
 def make_client(
-    sandbox: SandboxServer, journal_path: Path
-) -> Iterator[Callable[..., payonce.Client]]:
+    client_options: dict[str, Any], closing: contextlib.ExitStack
+) -> Callable[..., payonce.Client]:
     """Clients of the sandbox on the test's journal file; closed at the end of the test."""
-    clients: list[payonce.Client] = []
 
     def make(**overrides: Any) -> payonce.Client:
-        options: dict[str, Any] = {
-            "base_url": sandbox.url,
-            "provider": "sandbox",
-            "account": "acct_demo",
-            "api_key": DEFAULT_API_KEY,
-            "journal": journal_path,
-            "retry": FAST_RETRY,
-            "timeout": 5.0,
-        }
-        options.update(overrides)
-        client = payonce.Client(**options)
-        clients.append(client)
-        return client
+        return closing.enter_context(payonce.Client(**{**client_options, **overrides}))
 
-    yield make
-    for client in clients:
-        client.close()
+    return make
 
 
 @pytest.fixture
@@ -92,4 +130,26 @@ def client(make_client: Callable[..., payonce.Client]) -> payonce.Client:
     return make_client()
 
 
-PAYMENT = {"amount": 4200, "currency": "eur"}
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def location(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where this test's journal lives: a file, or a fresh PostgreSQL database's URL."""
+    if backend == "sqlite":
+        return str(tmp_path / "journal.db")
+    return str(request.getfixturevalue("postgres_url"))
+
+
+@pytest.fixture
+def open_journal(location: str, closing: contextlib.ExitStack) -> OpenJournal:
+    """Opens journals on the test's store, one per "host"; all closed at the end."""
+
+    def open_(**options: Any) -> IntentStore:
+        journal = open_store(location, **options)
+        closing.callback(journal.close)
+        return journal
+
+    return open_

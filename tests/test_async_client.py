@@ -12,9 +12,8 @@ import httpx
 import pytest
 
 import payonce
-from payonce.sandbox import DEFAULT_API_KEY, Faults, SandboxServer
-
-PAYMENT = {"amount": 4200, "currency": "eur"}
+from helpers.payments import PAYMENT
+from payonce.sandbox import Faults, SandboxServer
 
 pytestmark = pytest.mark.anyio
 
@@ -23,25 +22,13 @@ MakeAsyncClient = Callable[..., payonce.AsyncClient]
 
 
 @pytest.fixture
-async def make_async_client(
-    sandbox: SandboxServer, journal_path: Path
-) -> AsyncIterator[MakeAsyncClient]:
+async def make_async_client(client_options: dict[str, Any]) -> AsyncIterator[MakeAsyncClient]:
+    """Async clients of the sandbox on the test's journal file, closed at the end."""
     clients: list[payonce.AsyncClient] = []
 
     def make(**overrides: Any) -> payonce.AsyncClient:
-        options: dict[str, Any] = {
-            "base_url": sandbox.url,
-            "provider": "sandbox",
-            "account": "acct_demo",
-            "api_key": DEFAULT_API_KEY,
-            "journal": journal_path,
-            "retry": payonce.RetryPolicy(initial_wait=0.001, max_wait=0.01),
-            "timeout": 5.0,
-        }
-        options.update(overrides)
-        client = payonce.AsyncClient(**options)
-        clients.append(client)
-        return client
+        clients.append(payonce.AsyncClient(**{**client_options, **overrides}))
+        return clients[-1]
 
     yield make
     for client in clients:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,10 +17,10 @@ import pytest
 from click.testing import CliRunner, Result
 
 import payonce
+from helpers.processes import python_env
 from payonce.cli import cli
 from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
 
-SRC = Path(__file__).resolve().parents[1] / "src"
 DECLINED_AMOUNT = 40200  # the sandbox declines exactly this amount with a 402
 BODY_MARKER = "cart-marker-7781"  # only ever in stored request/response bodies
 NO_RETRY_AFTER = payonce.RetryPolicy(
@@ -468,10 +467,7 @@ def test_version() -> None:
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH")]))
-    env["COLUMNS"] = "200"
-    return env
+    return python_env(COLUMNS="200")
 
 
 def test_real_process_lists_the_journal(populated: Populated) -> None:
@@ -521,6 +517,16 @@ def sandbox_process() -> Iterator[tuple[subprocess.Popen[str], str]]:
                 stream.close()
 
 
+def _output_once_exited(process: subprocess.Popen[str], timeout: float = 30) -> tuple[str, str]:
+    """The rest of what the process wrote, once it has exited (it writes a few lines only,
+    so it cannot block on a full pipe). Read through the same buffered streams as the lines
+    read before: communicate() reads the raw pipes and misses what readline() buffered."""
+    process.wait(timeout)
+    assert process.stdout is not None
+    assert process.stderr is not None
+    return process.stdout.read(), process.stderr.read()
+
+
 def test_sandbox_command_serves_until_interrupted(
     sandbox_process: tuple[subprocess.Popen[str], str], journal_path: Path
 ) -> None:
@@ -538,7 +544,7 @@ def test_sandbox_command_serves_until_interrupted(
             response = client.post("/v1/payments", json=_payment(f"o-{n}"), reference=f"o-{n}")
             assert response.status_code == 201
     process.send_signal(signal.SIGINT)
-    out, err = process.communicate(timeout=30)
+    out, err = _output_once_exited(process)
     assert process.returncode == 0, err
     assert f"test API key: {DEFAULT_API_KEY}" in out
     assert "fail after 50%" in out

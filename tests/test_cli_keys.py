@@ -15,9 +15,8 @@ import select
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import keyring
 import keyring.backend
@@ -29,26 +28,14 @@ from click.testing import CliRunner, Result
 from keyrings.alt.file import PlaintextKeyring
 
 import payonce
+from helpers.keyrings import SessionKeyring, UseKeyring
+from helpers.processes import python_env
 from payonce.cli import cli
 from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
 
 SECRET = "sk_test_4eC39HqLyjWDarjtT1zdp7dc"
 OTHER_SECRET = "sk_test_rotated_51HxYz0000000000"
 INDEX = ("payonce", "__accounts__")
-
-UseKeyring = Callable[[Any], None]
-
-
-@pytest.fixture
-def use_keyring(monkeypatch: pytest.MonkeyPatch) -> Iterator[UseKeyring]:
-    """Set the process's keyring backend for one test; the previous one comes back after."""
-    monkeypatch.delenv("PYTHON_KEYRING_BACKEND", raising=False)
-    # Discover the installed backends now (keyring caches the list once), so that no
-    # backend class a test defines can ever be picked up by keyring's auto-detection.
-    keyring.backend.get_all_keyring()
-    previous = keyring.get_keyring()
-    yield keyring.set_keyring
-    keyring.set_keyring(previous)
 
 
 @pytest.fixture
@@ -69,26 +56,6 @@ def _run(args: Sequence[str], *, input: str | None = None, **env: str) -> Result
     for secret in (SECRET, OTHER_SECRET):
         assert secret not in output, "a secret was printed"
     return result
-
-
-class SessionKeyring(keyring.backend.KeyringBackend):
-    """Stands in for an OS keyring (Secret Service, Keychain): none runs on this host."""
-
-    priority = 5
-    viable = False  # never auto-detected by keyring outside these tests
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.entries: dict[tuple[str, str], str] = {}
-
-    def get_password(self, service: str, username: str) -> str | None:
-        return self.entries.get((service, username))
-
-    def set_password(self, service: str, username: str, password: str) -> None:
-        self.entries[(service, username)] = password
-
-    def delete_password(self, service: str, username: str) -> None:
-        del self.entries[(service, username)]
 
 
 # -- a working (opted-in) plaintext keyring ---------------------------------------------------
@@ -353,13 +320,7 @@ def test_on_a_terminal_the_key_is_prompted_for_twice_and_never_echoed(
     plaintext: PlaintextKeyring,
 ) -> None:
     """In a process of its own on a pseudo-terminal: what the user sees is all there is."""
-    src = str(Path(payonce.__file__).resolve().parent.parent)
-    env = {
-        **os.environ,
-        **OPT_IN,
-        "PYTHON_KEYRING_BACKEND": "keyrings.alt.file.PlaintextKeyring",
-        "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p),
-    }
+    env = python_env(**OPT_IN, PYTHON_KEYRING_BACKEND="keyrings.alt.file.PlaintextKeyring")
     controller, terminal = pty.openpty()
     process = subprocess.Popen(
         [sys.executable, "-m", "payonce.cli", "keys", "set", "acct_tty"],

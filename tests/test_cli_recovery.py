@@ -12,11 +12,10 @@ import json
 import shutil
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import httpx
 import keyring
 import keyring.backend
 import keyring.backends.fail
@@ -24,42 +23,11 @@ import pytest
 from click.testing import CliRunner, Result
 
 import payonce
+from helpers.payments import PAYMENT, MakeClient, leave_pending, make_unknown
 from payonce.cli import cli
 from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
 
-PAYMENT = {"amount": 4200, "currency": "eur"}
 ACCOUNT = "acct_demo"  # the sandbox's account for DEFAULT_API_KEY, as in conftest
-
-MakeClient = Callable[..., payonce.Client]
-
-
-class _DiesAfterSending(httpx.HTTPTransport):
-    """Really sends the request, then fails as if the worker died before reading the answer."""
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        super().handle_request(request).close()
-        raise RuntimeError("worker died after sending")
-
-
-def _leave_pending(make_client: MakeClient, reference: str) -> payonce.IntentRecord:
-    dying = make_client(transport=_DiesAfterSending())
-    with pytest.raises(RuntimeError, match="worker died"):
-        dying.post("/v1/payments", json=PAYMENT, reference=reference)
-    (record,) = dying.journal.find(reference)
-    assert record.state is payonce.IntentState.PENDING
-    return record
-
-
-def _make_unknown(
-    make_client: MakeClient, sandbox: SandboxServer, reference: str, fault: str, **options: Any
-) -> payonce.IntentRecord:
-    client = make_client(retry=payonce.RetryPolicy(max_attempts=1, initial_wait=0), **options)
-    sandbox.script([fault])
-    with pytest.raises(payonce.OutcomeUnknown):
-        client.post("/v1/payments", json=PAYMENT, reference=reference)
-    (record,) = client.journal.find(reference)
-    assert record.state is payonce.IntentState.UNKNOWN
-    return record
 
 
 def _pay(client: payonce.Client, reference: str, *, acknowledge: bool = True) -> str:
@@ -116,7 +84,7 @@ def _summary(result: Result) -> str:
 def test_resume_finishes_what_a_dead_worker_left_pending_under_the_same_key(
     make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str], journal_path: Path
 ) -> None:
-    left = [_leave_pending(make_client, f"order-{n}") for n in range(3)]
+    left = [leave_pending(make_client, f"order-{n}") for n in range(3)]
     assert sandbox.store.total_executions() == 3  # the dead worker's requests did arrive
 
     result = _run(["resume"], env)
@@ -138,7 +106,7 @@ def test_resume_finishes_what_a_dead_worker_left_pending_under_the_same_key(
 def test_resume_json_is_a_list_of_results_and_the_summary_goes_to_stderr(
     make_client: MakeClient, env: dict[str, str]
 ) -> None:
-    record = _leave_pending(make_client, "order-j")
+    record = leave_pending(make_client, "order-j")
 
     result = _run(["resume", "--json"], env)
 
@@ -156,11 +124,12 @@ def test_resume_json_is_a_list_of_results_and_the_summary_goes_to_stderr(
     assert _json(_run(["resume", "--json"], env)) == []
 
 
+@pytest.mark.slow
 def test_resume_exits_1_when_an_intent_ends_unknown_and_says_why(
     make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str]
 ) -> None:
-    first = _leave_pending(make_client, "order-a")
-    second = _leave_pending(make_client, "order-b")
+    first = leave_pending(make_client, "order-a")
+    second = leave_pending(make_client, "order-b")
     sandbox.script(["fail_before"] * 5)  # every resend of the first sees a 503
 
     result = _run(["resume", "--json"], env)
@@ -180,7 +149,7 @@ def test_resume_exits_1_when_an_intent_ends_unknown_and_says_why(
 def test_resume_only_touches_its_account(
     make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str]
 ) -> None:
-    _leave_pending(make_client, "order-x")
+    leave_pending(make_client, "order-x")
     result = _run(["resume", "--account", "acct_other"], env)
     assert result.exit_code == 0
     assert "nothing to resume: no pending intent of account 'acct_other'" in result.stdout
@@ -193,7 +162,7 @@ def test_resume_only_touches_its_account(
 def test_reconcile_settles_an_unknown_intent_the_provider_executed(
     make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str], journal_path: Path
 ) -> None:
-    record = _make_unknown(make_client, sandbox, "order-1", "drop_after")
+    record = make_unknown(make_client, sandbox, "order-1", "drop_after")
     assert sandbox.store.executions() == {record.key: 1}
 
     result = _run(["reconcile", "order-1"], env)
@@ -218,7 +187,7 @@ def test_reconcile_settles_an_unknown_intent_the_provider_executed(
 def test_reconcile_json(
     make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str]
 ) -> None:
-    record = _make_unknown(make_client, sandbox, "order-2", "drop_after")
+    record = make_unknown(make_client, sandbox, "order-2", "drop_after")
 
     result = _run(["reconcile", record.key, "--json"], env)
 
@@ -239,10 +208,10 @@ def test_reconcile_json(
 def test_reconcile_all_with_a_mix_groups_what_stays_unknown_and_exits_1(
     make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str], journal_path: Path
 ) -> None:
-    executed = _make_unknown(make_client, sandbox, "order-executed", "drop_after")
-    never_arrived = _make_unknown(make_client, sandbox, "order-never", "fail_before")
-    held = _make_unknown(make_client, sandbox, "order-held", "fail_before")
-    pending = _leave_pending(make_client, "order-pending")
+    executed = make_unknown(make_client, sandbox, "order-executed", "drop_after")
+    never_arrived = make_unknown(make_client, sandbox, "order-never", "fail_before")
+    held = make_unknown(make_client, sandbox, "order-held", "fail_before")
+    pending = leave_pending(make_client, "order-pending")
     settled = _pay(make_client(), "order-paid")
     # Another worker is reconciling this one right now: its lease is live.
     other = payonce.open_journal(journal_path)
@@ -286,8 +255,8 @@ def test_reconcile_all_with_a_mix_groups_what_stays_unknown_and_exits_1(
 def test_reconcile_table_and_summary(
     make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str]
 ) -> None:
-    _make_unknown(make_client, sandbox, "order-t1", "drop_after")
-    _make_unknown(make_client, sandbox, "order-t2", "fail_before")
+    make_unknown(make_client, sandbox, "order-t1", "drop_after")
+    make_unknown(make_client, sandbox, "order-t2", "fail_before")
 
     result = _run(["reconcile", "--all"], env)
 
@@ -307,9 +276,9 @@ def test_a_progress_bar_only_on_a_terminal_and_never_in_json(
     make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str]
 ) -> None:
     terminal = {**env, "TTY_COMPATIBLE": "1"}  # rich: treat stdout as a terminal
-    _make_unknown(make_client, sandbox, "order-p1", "drop_after")
-    _leave_pending(make_client, "order-p2")
-    _leave_pending(make_client, "order-p3")
+    make_unknown(make_client, sandbox, "order-p1", "drop_after")
+    leave_pending(make_client, "order-p2")
+    leave_pending(make_client, "order-p3")
 
     reconciled = _run(["reconcile", "--all"], terminal)
     assert reconciled.exit_code == 0, reconciled.output
@@ -321,7 +290,7 @@ def test_a_progress_bar_only_on_a_terminal_and_never_in_json(
     assert "resuming" in resumed.stdout
     assert "2/2" in resumed.stdout
 
-    _make_unknown(make_client, sandbox, "order-p4", "drop_after")
+    make_unknown(make_client, sandbox, "order-p4", "drop_after")
     as_json = _run(["reconcile", "--all", "--json"], terminal)
     assert as_json.exit_code == 0
     assert [item["reference"] for item in _json(as_json)] == ["order-p4"]  # JSON only
@@ -330,8 +299,8 @@ def test_a_progress_bar_only_on_a_terminal_and_never_in_json(
 def test_a_refused_status_lookup_stops_only_that_intent_and_exits_1(
     make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str], journal_path: Path
 ) -> None:
-    first = _make_unknown(make_client, sandbox, "order-r1", "drop_after")
-    second = _make_unknown(make_client, sandbox, "order-r2", "drop_after")
+    first = make_unknown(make_client, sandbox, "order-r1", "drop_after")
+    second = make_unknown(make_client, sandbox, "order-r2", "drop_after")
     wrong_key = "sk_test_revoked_0000"
 
     result = _run(["reconcile", "--all", "--json"], {**env, "PAYONCE_API_KEY": wrong_key})
@@ -360,7 +329,7 @@ def test_reconcile_needs_exactly_one_target(env: dict[str, str]) -> None:
 def test_reconcile_of_an_intent_that_is_not_there_or_not_ours(
     make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str], journal_path: Path
 ) -> None:
-    record = _make_unknown(make_client, sandbox, "order-3", "drop_after")
+    record = make_unknown(make_client, sandbox, "order-3", "drop_after")
 
     missing = _run(["reconcile", "order-404"], env)
     assert missing.exit_code == 1
@@ -375,7 +344,7 @@ def test_reconcile_of_an_intent_that_is_not_there_or_not_ours(
 def test_only_intents_of_the_given_provider_are_reconciled(
     make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str], journal_path: Path
 ) -> None:
-    record = _make_unknown(make_client, sandbox, "order-s", "drop_after")
+    record = make_unknown(make_client, sandbox, "order-s", "drop_after")
 
     other = _run(["reconcile", "--all", "--provider", "generic"], env)
     assert other.exit_code == 0
@@ -393,7 +362,7 @@ def test_only_intents_of_the_given_provider_are_reconciled(
 def test_a_provider_without_a_status_lookup_is_a_configuration_error(
     make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str], journal_path: Path
 ) -> None:
-    record = _make_unknown(make_client, sandbox, "order-g", "fail_before", provider="generic")
+    record = make_unknown(make_client, sandbox, "order-g", "fail_before", provider="generic")
 
     result = _run(["reconcile", "--all", "--provider", "generic"], env)
 
@@ -455,8 +424,8 @@ def test_without_an_api_key_nothing_is_sent_and_the_journal_is_left_alone(
     journal_path: Path,
     command: list[str],
 ) -> None:
-    unknown = _make_unknown(make_client, sandbox, "o-u", "fail_before")
-    pending = _leave_pending(make_client, "o-p")
+    unknown = make_unknown(make_client, sandbox, "o-u", "fail_before")
+    pending = leave_pending(make_client, "o-p")
     executed = sandbox.store.executions()
     before = _files(journal_path)
     assert journal_path.name + "-wal" in before
@@ -481,7 +450,7 @@ def test_without_an_api_key_nothing_is_sent_and_the_journal_is_left_alone(
 def test_abandon_closes_an_unknown_intent_for_good(
     make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str], journal_path: Path
 ) -> None:
-    record = _make_unknown(make_client, sandbox, "order-8", "fail_before")
+    record = make_unknown(make_client, sandbox, "order-8", "fail_before")
     where = ["--journal", str(journal_path)]  # the journal only: no API key needed
 
     result = _run(["abandon", record.key, "--reason", "refunded by hand, ticket OPS-12", *where])
@@ -500,7 +469,7 @@ def test_abandon_closes_an_unknown_intent_for_good(
 def test_abandoning_a_pending_intent_works_and_a_settled_one_is_refused(
     make_client: MakeClient, journal_path: Path
 ) -> None:
-    pending = _leave_pending(make_client, "order-9")
+    pending = leave_pending(make_client, "order-9")
     paid = _pay(make_client(), "order-10")
     where = ["--journal", str(journal_path)]
 
@@ -523,7 +492,7 @@ def test_abandoning_a_pending_intent_works_and_a_settled_one_is_refused(
 def test_an_intent_being_sent_cannot_be_abandoned(
     make_client: MakeClient, journal_path: Path
 ) -> None:
-    record = _leave_pending(make_client, "order-12")
+    record = leave_pending(make_client, "order-12")
     worker = payonce.open_journal(journal_path)
     worker.claim_key(record.key, owner="other-host:7:w", now=time.time(), lease_seconds=60)
     worker.close()
@@ -538,7 +507,7 @@ def test_an_intent_being_sent_cannot_be_abandoned(
 def test_abandon_needs_a_reason_and_an_existing_key(
     make_client: MakeClient, journal_path: Path
 ) -> None:
-    record = _leave_pending(make_client, "order-11")
+    record = leave_pending(make_client, "order-11")
     where = ["--journal", str(journal_path)]
 
     no_reason = _run(["abandon", record.key, *where])
@@ -600,7 +569,7 @@ def test_ack_lists_and_acknowledges_settled_outcomes(
 def test_ack_refuses_what_is_not_settled_and_goes_on_with_the_rest(
     make_client: MakeClient, journal_path: Path
 ) -> None:
-    pending = _leave_pending(make_client, "order-30")
+    pending = leave_pending(make_client, "order-30")
     paid = _pay(make_client(), "order-31", acknowledge=False)
 
     result = _run(["ack", pending.key, "nope", paid, "--journal", str(journal_path)])
@@ -634,8 +603,8 @@ def test_journal_check_on_a_good_journal(
 ) -> None:
     _pay(make_client(), "order-50", acknowledge=False)
     _pay(make_client(), "order-51")
-    _make_unknown(make_client, sandbox, "order-52", "fail_before")
-    _leave_pending(make_client, "order-53")
+    make_unknown(make_client, sandbox, "order-52", "fail_before")
+    leave_pending(make_client, "order-53")
     where = ["--journal", str(journal_path)]
 
     report = _run(["journal", "check", "--json", *where])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import socket
 import sqlite3
 import threading
 import time
@@ -14,18 +13,15 @@ import httpx
 import pytest
 
 import payonce
+from helpers.payments import (
+    DECLINED,
+    PAYMENT,
+    MakeClient,
+    free_port,
+    leave_pending,
+    paying_in_background,
+)
 from payonce.sandbox import DEFAULT_API_KEY, Faults, SandboxServer
-
-PAYMENT = {"amount": 4200, "currency": "eur"}
-DECLINED = {"amount": 40200, "currency": "eur"}
-
-MakeClient = Callable[..., payonce.Client]
-
-
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _states(journal_path: Path) -> dict[str, str]:
@@ -222,13 +218,13 @@ def test_transient_failures_are_retried_under_one_key_and_execute_once(
 
 
 def test_a_timed_out_request_is_retried_and_the_provider_executes_it_once(
-    make_sandbox: Callable[..., SandboxServer], make_client: MakeClient
+    make_client: MakeClient, sandbox: SandboxServer
 ) -> None:
-    slow = make_sandbox(faults=Faults(delay_seconds=1.0))
-    slow.script(["delay"])
+    sandbox.set_faults(Faults(delay_seconds=1.0))
+    sandbox.script(["delay"])
     retries: list[payonce.records.RetryEvent] = []
     retry = payonce.RetryPolicy(initial_wait=0.2, max_wait=0.5, max_attempts=10)
-    client = make_client(base_url=slow.url, timeout=0.3, retry=retry, on_retry=retries.append)
+    client = make_client(timeout=0.3, retry=retry, on_retry=retries.append)
 
     with client.intent("order-slow") as op:
         response = op.post("/v1/payments", json=PAYMENT)
@@ -236,7 +232,7 @@ def test_a_timed_out_request_is_retried_and_the_provider_executes_it_once(
     assert response.status_code == 201
     assert retries[0].reason == "ReadTimeout"
     assert retries[0].ambiguous
-    assert slow.store.executions() == {op.key: 1}
+    assert sandbox.store.executions() == {op.key: 1}
 
 
 def test_retry_after_is_honoured_and_capped(
@@ -303,7 +299,7 @@ def test_exhausted_ambiguous_retries_leave_the_intent_unknown_and_never_resend_i
 def test_a_request_that_never_left_stays_pending_and_is_sent_later_under_the_same_key(
     make_client: MakeClient, sandbox: SandboxServer
 ) -> None:
-    unreachable = make_client(base_url=f"http://127.0.0.1:{_closed_port()}")
+    unreachable = make_client(base_url=f"http://127.0.0.1:{free_port()}")
     with pytest.raises(
         payonce.ProviderUnavailable, match="never executed by the provider"
     ) as caught:
@@ -357,41 +353,22 @@ def test_a_worker_that_cannot_wait_gets_intent_in_flight(
     slow = make_sandbox(processing_seconds=0.6)
     patient = make_client(base_url=slow.url)
     impatient = make_client(base_url=slow.url, in_flight_wait=0.0)
-    started = threading.Event()
-    patient._http.event_hooks["request"].append(lambda request: started.set())
-    worker = threading.Thread(
-        target=patient.post, args=("/v1/payments",), kwargs={"json": PAYMENT, "reference": "o"}
-    )
-    worker.start()
-    started.wait(5)
-    try:
-        with pytest.raises(payonce.IntentInFlight, match="another worker"):
-            impatient.post("/v1/payments", json=PAYMENT, reference="o")
-    finally:
-        worker.join()
+    with (
+        paying_in_background(patient, "o"),
+        pytest.raises(payonce.IntentInFlight, match="another worker"),
+    ):
+        impatient.post("/v1/payments", json=PAYMENT, reference="o")
     assert slow.store.total_executions() == 1
 
 
 # -- key lifetime ---------------------------------------------------------------------------
 
 
-class _CrashAfterSend(httpx.HTTPTransport):
-    """Really sends the request, then fails as if the process died before reading the answer."""
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        super().handle_request(request).close()
-        raise RuntimeError("simulated crash after send")
-
-
 @pytest.mark.parametrize(("hours_later", "resent"), [(1, True), (23, False)])
 def test_an_intent_that_may_have_executed_is_resent_only_within_the_key_lifetime(
     make_client: MakeClient, sandbox: SandboxServer, hours_later: int, resent: bool
 ) -> None:
-    crashing = make_client(transport=_CrashAfterSend())
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        crashing.post("/v1/payments", json=PAYMENT, reference="order-k")
-    (record,) = crashing.journal.find("order-k")
-    assert record.state is payonce.IntentState.PENDING
+    record = leave_pending(make_client, "order-k")
     assert sandbox.store.total_executions() == 1
 
     later = make_client(clock=lambda: time.time() + hours_later * 3600)

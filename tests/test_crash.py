@@ -13,81 +13,25 @@ import collections
 import json
 import os
 import random
-import signal
 import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from helpers.crash import (
+    KILLED,
+    WORKER,
+    exactly_once_violations,
+    run_worker,
+    settled_states,
+    worker_env,
+)
 from payonce._crash import CRASH_POINTS
 from payonce.sandbox import Faults, SandboxServer
-
-WORKER = Path(__file__).with_name("_worker.py")
-SRC = Path(__file__).resolve().parents[1] / "src"
-KILLED = -signal.SIGKILL
-
-
-def run_worker(
-    server: SandboxServer,
-    journal: Path,
-    orders: int,
-    *,
-    crash_at: str | None = None,
-    args: Sequence[str] = (),
-) -> int:
-    env = {k: v for k, v in os.environ.items() if k != "PAYONCE_CRASH_AT"}
-    env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")])
-    if crash_at:
-        env["PAYONCE_CRASH_AT"] = crash_at
-    command = [sys.executable, str(WORKER), "--url", server.url, "--journal", str(journal)]
-    command += ["--orders", str(orders), *args]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    if done.returncode not in (0, KILLED):
-        pytest.fail(f"worker failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return done.returncode
-
-
-def exactly_once_violations(server: SandboxServer, journal: Path, orders: int) -> list[str]:
-    """Everything that breaks "each order executed exactly once, and its state known"."""
-    problems = []
-    by_reference = collections.Counter(p["reference"] for p in server.store.payments())
-    for reference, count in sorted(by_reference.items()):
-        if count > 1:
-            problems.append(f"{reference} executed {count} times")
-    for key, count in server.store.executions().items():
-        if count > 1:
-            problems.append(f"key {key} executed {count} times")
-    intents: dict[str, tuple[str, str, str | None]] = {}
-    if journal.exists():
-        with sqlite3.connect(journal) as conn:
-            rows = conn.execute("SELECT reference, key, state, unknown_reason FROM intents")
-            intents = {ref: (key, state, reason) for ref, key, state, reason in rows}
-    executed_keys = set(server.store.executions())
-    for n in range(orders):
-        reference = f"order-{n:04d}"
-        if reference not in intents:
-            problems.append(f"{reference} lost: not in the journal")
-            continue
-        key, state, reason = intents[reference]
-        if state == "succeeded" and key not in executed_keys:
-            problems.append(f"{reference} succeeded in the journal but never executed")
-        if state == "pending" or (state == "unknown" and not reason):
-            problems.append(f"{reference} left {state} without a reason")
-        if state == "succeeded" and by_reference[reference] == 0:
-            problems.append(f"{reference} succeeded but the provider has no payment")
-    stray = executed_keys - {key for key, _, _ in intents.values()}
-    if stray:
-        problems.append(f"{len(stray)} execution(s) under keys the journal does not know")
-    return problems
-
-
-def settled_states(journal: Path) -> collections.Counter[str]:
-    with sqlite3.connect(journal) as conn:
-        return collections.Counter(state for (state,) in conn.execute("SELECT state FROM intents"))
 
 
 @pytest.fixture
@@ -96,8 +40,8 @@ def journal(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def provider(make_sandbox: Callable[..., SandboxServer]) -> SandboxServer:
-    return make_sandbox()
+def provider(sandbox: SandboxServer) -> SandboxServer:
+    return sandbox
 
 
 # -- one kill at each named point -----------------------------------------------------------
@@ -115,6 +59,7 @@ def test_a_kill_at_each_crash_point_still_executes_every_order_once(
     assert provider.store.total_executions() == 6
 
 
+@pytest.mark.slow
 def test_repeated_kills_at_the_same_point_converge(provider: SandboxServer, journal: Path) -> None:
     for _ in range(4):
         assert run_worker(provider, journal, 5, crash_at="after_send:1") == KILLED
@@ -179,16 +124,15 @@ def test_the_harness_catches_a_client_that_resends_unknown_intents_blindly(
 # -- a randomised soak ----------------------------------------------------------------------
 
 
-def test_randomised_soak_of_kills_at_random_points(
-    make_sandbox: Callable[..., SandboxServer], journal: Path
-) -> None:
+@pytest.mark.slow
+def test_randomised_soak_of_kills_at_random_points(provider: SandboxServer, journal: Path) -> None:
     long_run = os.environ.get("PAYONCE_SOAK") == "long"
     orders, most_visits, time_budget = (1000, 4, 1800.0) if long_run else (300, 7, 240.0)
     seed = int(os.environ.get("PAYONCE_SOAK_SEED", random.randrange(2**32)))
     print(f"soak seed {seed} (replay with PAYONCE_SOAK_SEED={seed})")
     rng = random.Random(seed)
-    provider = make_sandbox(
-        faults=Faults(seed=seed, fail_before_rate=0.05, fail_after_rate=0.05, drop_after_rate=0.05)
+    provider.set_faults(
+        Faults(seed=seed, fail_before_rate=0.05, fail_after_rate=0.05, drop_after_rate=0.05)
     )
     kills = runs = 0
     deadline = time.monotonic() + time_budget
@@ -211,14 +155,13 @@ def test_randomised_soak_of_kills_at_random_points(
 # -- many processes, one journal ------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_eight_processes_race_on_one_journal_and_each_order_executes_once(
-    make_sandbox: Callable[..., SandboxServer], journal: Path, tmp_path: Path
+    provider: SandboxServer, journal: Path, tmp_path: Path
 ) -> None:
-    provider = make_sandbox(
-        faults=Faults(seed=8, fail_before_rate=0.07, fail_after_rate=0.07, drop_after_rate=0.06)
+    provider.set_faults(
+        Faults(seed=8, fail_before_rate=0.07, fail_after_rate=0.07, drop_after_rate=0.06)
     )
-    env = {k: v for k, v in os.environ.items() if k != "PAYONCE_CRASH_AT"}
-    env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")])
     reports = [tmp_path / f"report-{n}.json" for n in range(8)]
     workers = [
         subprocess.Popen(
@@ -226,7 +169,7 @@ def test_eight_processes_race_on_one_journal_and_each_order_executes_once(
                 *(sys.executable, str(WORKER), "--url", provider.url, "--journal", str(journal)),
                 *("--orders", "200", "--seed", str(n), "--report", str(report)),
             ],
-            env=env,
+            env=worker_env(),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,

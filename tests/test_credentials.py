@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -30,25 +29,17 @@ import pytest
 from keyrings.alt.file import EncryptedKeyring, PlaintextKeyring
 
 import payonce
+from helpers.keyrings import SessionKeyring, UseKeyring
+from helpers.payments import PAYMENT
+from helpers.processes import python_env
 from payonce.sandbox import SandboxServer
 
 ACCOUNT = "acct_demo"
 ARG_KEY = "sk_test_from_argument"
 ENV_KEY = "sk_test_from_environment"
 RING_KEY = "sk_test_from_keyring"
-PAYMENT = {"amount": 4200, "currency": "eur"}
 
-
-@pytest.fixture
-def use_keyring(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Any], None]]:
-    """Set the process's keyring backend for one test; the previous one comes back after."""
-    monkeypatch.delenv("PYTHON_KEYRING_BACKEND", raising=False)
-    # Discover the installed backends now (keyring caches the list once), so that no
-    # backend class a test defines can ever be picked up by keyring's auto-detection.
-    keyring.backend.get_all_keyring()
-    previous = keyring.get_keyring()
-    yield keyring.set_keyring
-    keyring.set_keyring(previous)
+Refused = Callable[..., payonce.ConfigurationError]
 
 
 @pytest.fixture
@@ -91,24 +82,26 @@ def paid_by(client: payonce.Client) -> str:
     return str(response.json()["account"])
 
 
+@pytest.fixture
 def refused(
-    connect: Callable[..., payonce.Client],
-    provider: SandboxServer,
-    journal_path: Path,
-    match: str,
-    **options: Any,
-) -> payonce.ConfigurationError:
-    """Client construction fails before the journal is opened or anything is sent."""
-    with pytest.raises(payonce.ConfigurationError, match=match) as caught:
-        connect(**options)
-    assert not journal_path.exists(), "the key is resolved before the journal is opened"
-    assert provider.store.total_executions() == 0
-    assert provider.store.payments() == []
-    message = str(caught.value)
-    assert ACCOUNT in message
-    assert "PAYONCE_API_KEY" in message, "the message must say how to set a key"
-    assert RING_KEY not in message
-    return caught.value
+    connect: Callable[..., payonce.Client], provider: SandboxServer, journal_path: Path
+) -> Refused:
+    """Client construction fails, matching ``match``, before the journal is opened or
+    anything is sent, and the message says how to set a key."""
+
+    def refuse(match: str, **options: Any) -> payonce.ConfigurationError:
+        with pytest.raises(payonce.ConfigurationError, match=match) as caught:
+            connect(**options)
+        assert not journal_path.exists(), "the key is resolved before the journal is opened"
+        assert provider.store.total_executions() == 0
+        assert provider.store.payments() == []
+        message = str(caught.value)
+        assert ACCOUNT in message
+        assert "PAYONCE_API_KEY" in message, "the message must say how to set a key"
+        assert RING_KEY not in message
+        return caught.value
+
+    return refuse
 
 
 def plaintext_keyring_holding(secret: str, *, account: str = ACCOUNT) -> PlaintextKeyring:
@@ -126,75 +119,60 @@ def test_the_isolated_home_holds_the_file_keyrings(tmp_path: Path) -> None:
     assert Path(PlaintextKeyring().file_path).is_relative_to(tmp_path / "home")
 
 
-def test_an_explicit_api_key_wins_over_the_environment_and_the_keyring(
-    use_keyring: Callable[[Any], None],
+@pytest.mark.parametrize(
+    ("keyring_holds_a_key", "api_key", "paid_as"),
+    [
+        pytest.param(
+            True, ARG_KEY, "acct_via_argument", id="argument-over-environment-and-keyring"
+        ),
+        pytest.param(True, None, "acct_via_environment", id="environment-over-keyring"),
+        pytest.param(False, None, "acct_via_environment", id="environment-when-no-keyring-works"),
+    ],
+)
+def test_the_key_comes_from_the_argument_then_the_environment_then_the_keyring(
+    use_keyring: UseKeyring,
     connect: Callable[..., payonce.Client],
     monkeypatch: pytest.MonkeyPatch,
+    keyring_holds_a_key: bool,
+    api_key: str | None,
+    paid_as: str,
 ) -> None:
-    use_keyring(plaintext_keyring_holding(RING_KEY))
+    if keyring_holds_a_key:
+        use_keyring(plaintext_keyring_holding(RING_KEY))
+        monkeypatch.setenv("PAYONCE_ALLOW_PLAINTEXT_KEYRING", "1")
+    else:
+        use_keyring(keyring.backends.fail.Keyring())
     monkeypatch.setenv("PAYONCE_API_KEY", ENV_KEY)
-    monkeypatch.setenv("PAYONCE_ALLOW_PLAINTEXT_KEYRING", "1")
-    assert paid_by(connect(api_key=ARG_KEY)) == "acct_via_argument"
-
-
-def test_the_environment_wins_over_the_keyring(
-    use_keyring: Callable[[Any], None],
-    connect: Callable[..., payonce.Client],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    use_keyring(plaintext_keyring_holding(RING_KEY))
-    monkeypatch.setenv("PAYONCE_API_KEY", ENV_KEY)
-    monkeypatch.setenv("PAYONCE_ALLOW_PLAINTEXT_KEYRING", "1")
-    assert paid_by(connect()) == "acct_via_environment"
-
-
-def test_the_environment_is_used_even_when_no_keyring_works(
-    use_keyring: Callable[[Any], None],
-    connect: Callable[..., payonce.Client],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    use_keyring(keyring.backends.fail.Keyring())
-    monkeypatch.setenv("PAYONCE_API_KEY", ENV_KEY)
-    assert paid_by(connect()) == "acct_via_environment"
+    options = {} if api_key is None else {"api_key": api_key}
+    assert paid_by(connect(**options)) == paid_as
 
 
 # -- keyrings that must be refused -----------------------------------------------------------
 
 
 def test_the_fail_backend_is_refused_with_how_to_set_a_key(
-    use_keyring: Callable[[Any], None],
-    connect: Callable[..., payonce.Client],
-    provider: SandboxServer,
-    journal_path: Path,
+    use_keyring: UseKeyring, refused: Refused
 ) -> None:
     use_keyring(keyring.backends.fail.Keyring())
-    error = refused(connect, provider, journal_path, "no usable keyring backend")
+    error = refused("no usable keyring backend")
     assert f"payonce keys set {ACCOUNT}" in str(error)
 
 
-def test_the_null_backend_is_refused(
-    use_keyring: Callable[[Any], None],
-    connect: Callable[..., payonce.Client],
-    provider: SandboxServer,
-    journal_path: Path,
-) -> None:
+def test_the_null_backend_is_refused(use_keyring: UseKeyring, refused: Refused) -> None:
     use_keyring(keyring.backends.null.Keyring())
-    refused(connect, provider, journal_path, "stores nothing")
+    refused("stores nothing")
 
 
 def test_a_plaintext_keyring_holding_the_key_is_refused_without_opt_in(
-    use_keyring: Callable[[Any], None],
-    connect: Callable[..., payonce.Client],
-    provider: SandboxServer,
-    journal_path: Path,
+    use_keyring: UseKeyring, refused: Refused
 ) -> None:
     use_keyring(plaintext_keyring_holding(RING_KEY))
-    error = refused(connect, provider, journal_path, "plaintext")
+    error = refused("plaintext")
     assert "PAYONCE_ALLOW_PLAINTEXT_KEYRING=1" in str(error)
 
 
 def test_a_plaintext_keyring_is_used_when_the_caller_opts_in(
-    use_keyring: Callable[[Any], None], connect: Callable[..., payonce.Client]
+    use_keyring: UseKeyring, connect: Callable[..., payonce.Client]
 ) -> None:
     use_keyring(plaintext_keyring_holding(RING_KEY))
     assert paid_by(connect(allow_plaintext_keyring=True)) == "acct_via_keyring"
@@ -202,7 +180,7 @@ def test_a_plaintext_keyring_is_used_when_the_caller_opts_in(
 
 @pytest.mark.parametrize("value", ["1", "true", "yes"])
 def test_a_plaintext_keyring_is_used_when_the_environment_opts_in(
-    use_keyring: Callable[[Any], None],
+    use_keyring: UseKeyring,
     connect: Callable[..., payonce.Client],
     monkeypatch: pytest.MonkeyPatch,
     value: str,
@@ -213,23 +191,15 @@ def test_a_plaintext_keyring_is_used_when_the_environment_opts_in(
 
 
 def test_an_explicit_refusal_of_plaintext_overrides_the_environment_opt_in(
-    use_keyring: Callable[[Any], None],
-    connect: Callable[..., payonce.Client],
-    provider: SandboxServer,
-    journal_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    use_keyring: UseKeyring, monkeypatch: pytest.MonkeyPatch, refused: Refused
 ) -> None:
     use_keyring(plaintext_keyring_holding(RING_KEY))
     monkeypatch.setenv("PAYONCE_ALLOW_PLAINTEXT_KEYRING", "1")
-    refused(connect, provider, journal_path, "plaintext", allow_plaintext_keyring=False)
+    refused("plaintext", allow_plaintext_keyring=False)
 
 
 def test_a_chained_keyring_whose_only_backend_is_plaintext_is_refused_without_opt_in(
-    use_keyring: Callable[[Any], None],
-    connect: Callable[..., payonce.Client],
-    provider: SandboxServer,
-    journal_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    use_keyring: UseKeyring, monkeypatch: pytest.MonkeyPatch, refused: Refused
 ) -> None:
     plaintext_keyring_holding(RING_KEY)
     # keyring's own chainer, limited the way keyring.core limits it, to the plaintext file.
@@ -241,11 +211,11 @@ def test_a_chained_keyring_whose_only_backend_is_plaintext_is_refused_without_op
     assert chain.get_password("payonce", ACCOUNT) == RING_KEY
     use_keyring(chain)
 
-    refused(connect, provider, journal_path, "plaintext")
+    refused("plaintext")
 
 
 def test_a_chained_plaintext_keyring_is_used_when_the_caller_opts_in(
-    use_keyring: Callable[[Any], None],
+    use_keyring: UseKeyring,
     connect: Callable[..., payonce.Client],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -258,10 +228,7 @@ def test_a_chained_plaintext_keyring_is_used_when_the_caller_opts_in(
 
 
 def test_a_chain_with_a_secure_backend_never_falls_back_to_a_plaintext_file_without_opt_in(
-    use_keyring: Callable[[Any], None],
-    connect: Callable[..., payonce.Client],
-    provider: SandboxServer,
-    journal_path: Path,
+    use_keyring: UseKeyring, refused: Refused
 ) -> None:
     """A desktop with Secret Service *and* keyrings.alt gets keyring's chainer by default.
 
@@ -270,31 +237,12 @@ def test_a_chain_with_a_secure_backend_never_falls_back_to_a_plaintext_file_with
     silent read of the plaintext file.
     """
 
-    class SessionKeyring(keyring.backend.KeyringBackend):
-        """Stands in for an OS keyring (Secret Service, Keychain): none runs on this host."""
-
-        priority = 5
-        viable = False  # never auto-detected by keyring outside this test
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.entries: dict[tuple[str, str], str] = {}
-
-        def get_password(self, service: str, username: str) -> str | None:
-            return self.entries.get((service, username))
-
-        def set_password(self, service: str, username: str, password: str) -> None:
-            self.entries[(service, username)] = password
-
-        def delete_password(self, service: str, username: str) -> None:
-            del self.entries[(service, username)]
-
     class DesktopChain(keyring.backends.chainer.ChainerBackend):
         viable = False
         backends = (SessionKeyring(), plaintext_keyring_holding(RING_KEY))
 
     use_keyring(DesktopChain())
-    refused(connect, provider, journal_path, "in the keyring")
+    refused("in the keyring")
 
 
 def test_an_encrypted_file_keyring_is_refused_without_ever_prompting(
@@ -342,9 +290,7 @@ except BaseException as exc:
     result["control"] = type(exc).__name__
 print(json.dumps(result))
 """
-    env = dict(os.environ)
-    src = str(Path(payonce.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    env = python_env()
     done = subprocess.run(
         [sys.executable, "-c", script, provider.url, str(journal_path), ACCOUNT],
         stdin=subprocess.DEVNULL,
@@ -371,27 +317,20 @@ print(json.dumps(result))
 
 
 def test_an_opted_in_plaintext_keyring_without_an_entry_for_the_account_names_it(
-    use_keyring: Callable[[Any], None],
-    connect: Callable[..., payonce.Client],
-    provider: SandboxServer,
-    journal_path: Path,
+    use_keyring: UseKeyring, refused: Refused
 ) -> None:
     use_keyring(plaintext_keyring_holding(RING_KEY, account="acct_other"))
-    error = refused(connect, provider, journal_path, "in the keyring", allow_plaintext_keyring=True)
+    error = refused("in the keyring", allow_plaintext_keyring=True)
     assert repr(ACCOUNT) in str(error)
     assert "acct_other" not in str(error)
 
 
 def test_secret_service_without_a_session_bus_is_a_clear_error(
-    use_keyring: Callable[[Any], None],
-    connect: Callable[..., payonce.Client],
-    provider: SandboxServer,
-    journal_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    use_keyring: UseKeyring, monkeypatch: pytest.MonkeyPatch, refused: Refused
 ) -> None:
     import keyring.backends.SecretService
 
     monkeypatch.delenv("DBUS_SESSION_BUS_ADDRESS", raising=False)
     use_keyring(keyring.backends.SecretService.Keyring())
-    error = refused(connect, provider, journal_path, "the keyring failed")
+    error = refused("the keyring failed")
     assert "SecretService" in str(error) or "SecretStorage" in str(error)

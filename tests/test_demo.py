@@ -42,6 +42,7 @@ def _intents(path: Path) -> list[payonce.IntentRecord]:
         journal.close()
 
 
+@pytest.mark.slow
 def test_payonce_executes_once_where_the_naive_client_duplicates(tmp_path: Path) -> None:
     console, out = _console()
     journal = tmp_path / "demo.db"
@@ -123,6 +124,7 @@ def test_an_existing_journal_is_refused_untouched(tmp_path: Path) -> None:
     assert journal.read_bytes() == b"precious"
 
 
+@pytest.mark.slow
 def test_demo_command(tmp_path: Path) -> None:
     journal = tmp_path / "demo.db"
     runner = CliRunner()

@@ -17,10 +17,8 @@ import httpx
 import pytest
 
 import payonce
+from helpers.payments import PAYMENT, DiesAfterSending, MakeClient
 from payonce.sandbox import SandboxServer
-
-PAYMENT = {"amount": 4200, "currency": "eur"}
-MakeClient = Callable[..., payonce.Client]
 
 
 def test_case_1_identical_retry_after_success_is_replayed_without_the_network(
@@ -100,12 +98,6 @@ def test_case_5_an_unknown_outcome_is_reconciled_not_replayed_blindly(
     assert sandbox.store.total_executions() == 1
 
 
-class _DiesAfterSending(httpx.HTTPTransport):
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        super().handle_request(request).close()
-        raise RuntimeError("worker died after sending")
-
-
 def test_case_6_a_retry_after_the_key_expired_is_reconciled_instead_of_resent(
     make_sandbox: Callable[..., SandboxServer], make_client: MakeClient
 ) -> None:
@@ -113,7 +105,7 @@ def test_case_6_a_retry_after_the_key_expired_is_reconciled_instead_of_resent(
     profile = payonce.ProviderProfile(
         name="hourly", key_lifetime=3600.0, lookup=payonce.providers.Lookup(path="/v1/payments")
     )
-    dying = make_client(base_url=provider.url, provider=profile, transport=_DiesAfterSending())
+    dying = make_client(base_url=provider.url, provider=profile, transport=DiesAfterSending())
     with pytest.raises(RuntimeError):
         dying.post("/v1/payments", json=PAYMENT, reference="order-6")
     provider.advance_clock(2 * 3600)  # the provider forgot the key; a resend would pay again
@@ -155,9 +147,7 @@ def test_case_8_a_retry_after_region_failover_reuses_the_key_from_the_shared_jou
     make_client: MakeClient, sandbox: SandboxServer, postgres_url: str
 ) -> None:
     # Region A's host sends the payment and dies before the answer is journaled.
-    region_a = make_client(
-        journal=postgres_url, base_url=sandbox.url, transport=_DiesAfterSending()
-    )
+    region_a = make_client(journal=postgres_url, base_url=sandbox.url, transport=DiesAfterSending())
     with pytest.raises(RuntimeError):
         region_a.post("/v1/payments", json=PAYMENT, reference="order-8")
 

@@ -2,43 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-SRC = ROOT / "src"
+from helpers.processes import deployed_env, run_example
 
 
 def _run_example(name: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    home = tmp_path / "example-home"
-    home.mkdir()
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith("PAYONCE_") and key != "PYTHONPATH"
-    }
-    env.update(
-        # Works before installation too: src first, then whatever the caller had.
-        PYTHONPATH=os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH")) if p),
-        # Nothing may reach the developer's home, journal or keyring.
-        HOME=str(home),
-        XDG_DATA_HOME=str(home / ".local" / "share"),
-        XDG_CONFIG_HOME=str(home / ".config"),
-        PAYONCE_JOURNAL=str(tmp_path / "example-journal.db"),
-        PYTHONWARNINGS="error",
-    )
-    return subprocess.run(
-        [sys.executable, str(ROOT / "examples" / name)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    journal = tmp_path / "example-journal.db"
+    env = deployed_env(tmp_path / "example-home", PAYONCE_JOURNAL=str(journal))
+    return run_example(name, cwd=tmp_path, env=env, timeout=60)
 
 
 def test_the_checkout_example_charges_once_replays_and_handles_errors(tmp_path: Path) -> None:

@@ -11,7 +11,6 @@ members line up behind it.
 from __future__ import annotations
 
 import contextlib
-import os
 import sqlite3
 import subprocess
 import sys
@@ -28,16 +27,22 @@ import httpx
 import pytest
 
 import payonce
+from helpers.crash import (
+    GROUP_WORKER,
+    KILLED,
+    exactly_once_violations,
+    run_worker,
+    settled_states,
+    worker_env,
+)
+from helpers.journals import RESPONSE, draft_for
 from payonce._crash import CRASH_POINTS
 from payonce._journal import ClaimKind, SQLiteJournal
 from payonce._journal._engine import Tx
 from payonce._journal._group_commit import Member
 from payonce._lifecycle import Transition
-from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
-from test_crash import KILLED, SRC, exactly_once_violations, run_worker, settled_states
-from test_journal_backends import RESPONSE, draft_for
+from payonce.sandbox import SandboxServer
 
-FAST_RETRY = payonce.RetryPolicy(initial_wait=0.001, max_wait=0.01, max_attempts=5)
 SUCCEEDED = payonce.IntentState.SUCCEEDED
 PENDING = payonce.IntentState.PENDING
 
@@ -353,23 +358,16 @@ class StatementLog:
         return sum(1 for s in self.statements if s.strip().upper() == "COMMIT")
 
 
+@pytest.mark.slow
 def test_sixty_four_threads_each_intent_is_committed_before_its_request_is_sent(
-    sandbox: SandboxServer, tmp_path: Path
+    sandbox: SandboxServer, client_options: dict[str, Any], tmp_path: Path
 ) -> None:
     path = tmp_path / "journal.db"
     journal = SQLiteJournal(path)
     log = StatementLog(journal)
     transport = CommittedBeforeSend(path)
-    client = payonce.Client(
-        base_url=sandbox.url,
-        provider="sandbox",
-        account="acct_demo",
-        api_key=DEFAULT_API_KEY,
-        journal=journal,
-        retry=FAST_RETRY,
-        timeout=10.0,
-        transport=transport,
-    )
+    options = {**client_options, "journal": journal, "timeout": 10.0, "transport": transport}
+    client = payonce.Client(**options)
     threads, per_thread = 64, 4
     start = threading.Barrier(threads)
 
@@ -408,21 +406,14 @@ def test_sixty_four_threads_each_intent_is_committed_before_its_request_is_sent(
 
 
 def test_without_group_commit_every_write_commits_alone(
-    sandbox: SandboxServer, tmp_path: Path
+    client_options: dict[str, Any], tmp_path: Path
 ) -> None:
     path = tmp_path / "journal.db"
     journal = SQLiteJournal(path, group_commit=False)
     log = StatementLog(journal)
+    transport = CommittedBeforeSend(path)
     with (
-        payonce.Client(
-            base_url=sandbox.url,
-            provider="sandbox",
-            account="acct_demo",
-            api_key=DEFAULT_API_KEY,
-            journal=journal,
-            retry=FAST_RETRY,
-            transport=CommittedBeforeSend(path),
-        ) as client,
+        payonce.Client(**{**client_options, "journal": journal, "transport": transport}) as client,
         ThreadPoolExecutor(max_workers=8) as pool,
     ):
         list(
@@ -442,26 +433,21 @@ def test_without_group_commit_every_write_commits_alone(
 
 # -- killed in the middle of batches ----------------------------------------------------------
 
-GROUP_WORKER = Path(__file__).with_name("_group_worker.py")
-
 
 @pytest.mark.parametrize("point", CRASH_POINTS)
 def test_a_kill_in_the_middle_of_batches_still_executes_every_order_once(
-    make_sandbox: Callable[..., SandboxServer], tmp_path: Path, point: str
+    sandbox: SandboxServer, tmp_path: Path, point: str
 ) -> None:
     """Sixteen threads pay through one client; the process is SIGKILLed on the 12th visit
     of a crash point, with other threads' writes queued or mid-batch. A restart (the
     sequential worker: resume, reconcile, pay) must leave each order executed once."""
-    provider = make_sandbox()
+    provider = sandbox
     journal = tmp_path / "journal.db"
     orders = 48
-    env = {k: v for k, v in os.environ.items() if k != "PAYONCE_CRASH_AT"}
-    env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")])
-    env["PAYONCE_CRASH_AT"] = f"{point}:12"
     command = [sys.executable, str(GROUP_WORKER), "--url", provider.url, "--journal", str(journal)]
     done = subprocess.run(
         [*command, "--orders", str(orders), "--threads", "16"],
-        env=env,
+        env=worker_env(crash_at=f"{point}:12"),
         capture_output=True,
         text=True,
         timeout=300,

@@ -26,11 +26,11 @@ import httpx
 import pytest
 
 import payonce
+from helpers.payments import PAYMENT
 from payonce._journal import SCHEMA_VERSION, ClaimKind, IntentDraft, StoredResponse
 from payonce._lifecycle import Transition, canonical_request, make_scope
 from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
 
-PAYMENT = {"amount": 4200, "currency": "eur"}
 DATA = Path(__file__).parent / "data"
 
 SQLITE_SYNCHRONOUS_FULL = 2

@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import httpx
 import psycopg
 import pytest
 
 import payonce
+from helpers.journals import RESPONSE, OpenJournal, draft_for, raw_transaction, rows, settle
+from helpers.payments import PAYMENT, DiesAfterSending, MakeClient, paying_in_background
 from payonce._journal import (
     SCHEMA_VERSION,
     ClaimKind,
@@ -39,121 +40,22 @@ from payonce._journal import (
     open_store,
 )
 from payonce._journal import _sql as sql
-from payonce._journal._engine import Tx, migrate
-from payonce._lifecycle import Transition, canonical_request, make_scope
+from payonce._journal._engine import migrate
+from payonce._lifecycle import Transition, make_scope
 from payonce.sandbox import SandboxServer
 from pgserver import PostgresServer
 
-PAYMENT = {"amount": 4200, "currency": "eur"}
 SUCCEEDED = payonce.IntentState.SUCCEEDED
 PENDING = payonce.IntentState.PENDING
 UNKNOWN = payonce.IntentState.UNKNOWN
 
-OpenJournal = Callable[..., IntentStore]
-MakeClient = Callable[..., payonce.Client]
 
-
-def draft_for(
-    number: int,
-    *,
-    account: str = "acct_demo",
-    reference: str | None = "",
-    key: str | None = None,
-    key_supplied: bool = False,
-    amount: int | None = None,
-    path: str = "/v1/payments",
-) -> IntentDraft:
-    """The draft a client would journal for payment number ``number``."""
-    body = {"amount": amount if amount is not None else 1000 + number, "currency": "eur"}
-    canonical = canonical_request("POST", path, json_body=body)
-    return IntentDraft(
-        key=key or f"key-{number:05d}",
-        key_supplied=key_supplied,
-        scope=make_scope(account, "POST", path),
-        reference=f"order-{number:05d}" if reference == "" else reference,
-        account=account,
-        provider="sandbox",
-        method="POST",
-        url=f"http://127.0.0.1:9{path}",
-        fingerprint=canonical.fingerprint,
-        request_headers=(("content-type", "application/json"),),
-        body=canonical.body,
-    )
-
-
-RESPONSE = StoredResponse(
-    status=201,
-    headers=(("content-type", "application/json"), ("request-id", "req_1")),
-    body=b'{"id":"pay_1","description":"caf\xc3\xa9"}\n\x00\xff',
-)
-
-
-# -- one journal store per test, on either backend ------------------------------------------
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def location(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """Where this test's journal lives: a file, or a fresh PostgreSQL database's URL."""
-    if backend == "sqlite":
-        return str(tmp_path / "journal.db")
-    return str(request.getfixturevalue("postgres_url"))
-
-
-@pytest.fixture
-def open_journal(location: str) -> Iterator[OpenJournal]:
-    """Opens journals on the test's store, one per "host"; all closed at the end."""
-    opened: list[IntentStore] = []
-
-    def open_(**options: Any) -> IntentStore:
-        journal = open_store(location, **options)
-        opened.append(journal)
-        return journal
-
-    yield open_
-    for journal in opened:
-        journal.close()
+# -- one journal store per test, on either backend (the fixtures of conftest.py) -------------
 
 
 @pytest.fixture
 def journal(open_journal: OpenJournal) -> IntentStore:
     return open_journal()
-
-
-@contextlib.contextmanager
-def raw_transaction(location: str) -> Iterator[Tx]:
-    """A transaction on the store through a connection of its own, not through payonce."""
-    if sql.is_postgres_url(location):
-        with psycopg.connect(location, autocommit=True) as conn:
-            cur = conn.cursor()
-            cur.execute("BEGIN")
-            yield Tx(cur, sql.POSTGRES)
-            cur.execute("COMMIT")
-    else:
-        with contextlib.closing(sqlite3.connect(location, isolation_level=None)) as db:
-            db.execute("BEGIN IMMEDIATE")
-            yield Tx(db.cursor(), sql.SQLITE)
-            db.execute("COMMIT")
-
-
-def rows(location: str, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    with raw_transaction(location) as tx:
-        return tx.all(statement, params)
-
-
-def settle(journal: IntentStore, key: str, owner: str, now: float, attempt: int = 1) -> None:
-    journal.settle(
-        key,
-        owner=owner,
-        now=now,
-        transition=Transition.SUCCEEDED,
-        response=RESPONSE,
-        attempt=attempt,
-    )
 
 
 def test_a_closed_journal_raises_journal_error(open_journal: OpenJournal) -> None:
@@ -1216,14 +1118,6 @@ def test_a_lost_connection_is_replaced_without_the_caller_noticing(
 # -- PostgreSQL end to end: payonce.Client against the sandbox ------------------------------
 
 
-class _DiesAfterSending(httpx.HTTPTransport):
-    """Really sends the request, then fails as if the worker died before reading the answer."""
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        super().handle_request(request).close()
-        raise RuntimeError("worker died after sending")
-
-
 @pytest.fixture
 def host(make_client: MakeClient, pg_url: str) -> MakeClient:
     """A client on "another host": its own PostgresJournal and pool on the shared database."""
@@ -1254,7 +1148,7 @@ def test_a_payment_is_journaled_in_postgres_sent_once_and_replayed_without_the_n
 def test_another_host_resumes_what_a_dead_host_left_pending_under_the_same_key(
     host: MakeClient, sandbox: SandboxServer
 ) -> None:
-    dying = host(transport=_DiesAfterSending())
+    dying = host(transport=DiesAfterSending())
     with pytest.raises(RuntimeError, match="worker died"):
         dying.post("/v1/payments", json=PAYMENT, reference="order-2")
     (left,) = dying.journal.find("order-2")
@@ -1271,7 +1165,7 @@ def test_another_host_resumes_what_a_dead_host_left_pending_under_the_same_key(
 def test_two_hosts_resuming_at_once_finish_each_pending_intent_once(
     host: MakeClient, sandbox: SandboxServer
 ) -> None:
-    dying = host(transport=_DiesAfterSending())
+    dying = host(transport=DiesAfterSending())
     for n in range(20):
         with pytest.raises(RuntimeError, match="worker died"):
             dying.post("/v1/payments", json=PAYMENT, reference=f"order-r{n:02d}")
@@ -1346,22 +1240,13 @@ def test_a_lease_held_by_one_host_is_respected_by_the_other(
 ) -> None:
     slow = make_sandbox(processing_seconds=1.0)
     holder = host(base_url=slow.url)
-    started = threading.Event()
-    holder._http.event_hooks["request"].append(lambda request: started.set())
-    worker = threading.Thread(
-        target=holder.post, args=("/v1/payments",), kwargs={"json": PAYMENT, "reference": "o"}
-    )
-    worker.start()
-    try:
-        assert started.wait(5)
+    with paying_in_background(holder, "o"):
         impatient = host(base_url=slow.url, in_flight_wait=0.0)
         with pytest.raises(payonce.IntentInFlight):
             impatient.post("/v1/payments", json=PAYMENT, reference="o")
         assert impatient.resume() == []
         patient = host(base_url=slow.url, in_flight_wait=10.0)
         waited = patient.post("/v1/payments", json=PAYMENT, reference="o")
-    finally:
-        worker.join()
 
     assert payonce.response_info(waited).replayed  # type: ignore[union-attr]
     (record,) = holder.journal.find("o")

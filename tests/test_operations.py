@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 import payonce
-
-PAYMENT = {"amount": 4200, "currency": "eur"}
+from helpers.payments import PAYMENT
 
 
 def test_a_backup_holds_rows_still_in_the_wal_file(client: payonce.Client, tmp_path: Path) -> None:

@@ -9,10 +9,11 @@ merchant reference; Mollie's one-hour keys; and a profile a user defines in a fe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote
@@ -21,6 +22,8 @@ import httpx
 import pytest
 
 import payonce
+from helpers.payments import DECLINED, PAYMENT, MakeClient, leave_pending
+from helpers.sandboxes import SharedSandboxes
 from payonce._lifecycle import Outcome, classify_response
 from payonce._providers import (
     ADYEN,
@@ -37,32 +40,42 @@ from payonce._providers import _profile as profile_module
 from payonce._runtime import _reconcile
 from payonce.sandbox import DEFAULT_API_KEY, SandboxConfig, SandboxServer
 
-PAYMENT = {"amount": 4200, "currency": "eur"}
-DECLINED = {"amount": 40200, "currency": "eur"}
 PROFILES = ["generic", "stripe", "adyen", "mollie"]
 TAG = "metadata[payonce_idempotency_key]"
 
-MakeClient = Callable[..., payonce.Client]
 Start = Callable[..., SandboxServer]
+Like = Callable[..., tuple[SandboxServer, payonce.Client]]
 
 
 @pytest.fixture
-def start() -> Iterator[Start]:
-    """A sandbox answering like the named provider (``generic``: the sandbox's own rules)."""
-    started: list[SandboxServer] = []
+def start(shared_sandboxes: SharedSandboxes, closing: contextlib.ExitStack) -> Start:
+    """A sandbox answering like the named provider (``generic``: the sandbox's own rules):
+    the session's, reset, or with ``overrides`` one of the test's own."""
 
     def make(provider: str, **overrides: Any) -> SandboxServer:
         if provider in ("stripe", "adyen", "mollie"):
             config = SandboxConfig.like(provider, **overrides)  # type: ignore[arg-type]
         else:
             config = SandboxConfig(**overrides)
-        server = SandboxServer(config).start()
-        started.append(server)
-        return server
+        if overrides:
+            return closing.enter_context(SandboxServer(config))
+        return shared_sandboxes.get("default" if provider == "generic" else provider, config)
 
-    yield make
-    for server in started:
-        server.stop()
+    return make
+
+
+@pytest.fixture
+def like(start: Start, make_client: MakeClient) -> Like:
+    """``start(provider, **overrides)`` and a client of it with the provider's profile (or
+    the ``profile`` given)."""
+
+    def make(
+        provider: str, *, profile: object = None, **overrides: Any
+    ) -> tuple[SandboxServer, payonce.Client]:
+        server = start(provider, **overrides)
+        return server, make_client(base_url=server.url, provider=profile or provider)
+
+    return make
 
 
 def _body(provider: str, payment: dict[str, Any] = PAYMENT) -> dict[str, Any]:
@@ -89,23 +102,12 @@ def _response(
     return httpx.Response(status, headers=headers, content=content)
 
 
-class _CrashAfterSend(httpx.HTTPTransport):
-    """Really sends the request, then fails as if the process died before reading the answer."""
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        super().handle_request(request).close()
-        raise RuntimeError("simulated crash after send")
-
-
 # -- every profile ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("provider", PROFILES)
-def test_a_payment_succeeds_once_and_replays_from_the_journal(
-    provider: str, start: Start, make_client: MakeClient
-) -> None:
-    server = start(provider)
-    client = make_client(base_url=server.url, provider=provider)
+def test_a_payment_succeeds_once_and_replays_from_the_journal(provider: str, like: Like) -> None:
+    server, client = like(provider)
     sent = _requests(client)
 
     with client.intent(f"order-{provider}") as op:
@@ -121,11 +123,8 @@ def test_a_payment_succeeds_once_and_replays_from_the_journal(
 
 @pytest.mark.parametrize("provider", PROFILES)
 @pytest.mark.parametrize("fault", ["fail_before", "fail_after"])
-def test_a_retried_503_executes_once(
-    provider: str, fault: str, start: Start, make_client: MakeClient
-) -> None:
-    server = start(provider)
-    client = make_client(base_url=server.url, provider=provider)
+def test_a_retried_503_executes_once(provider: str, fault: str, like: Like) -> None:
+    server, client = like(provider)
     server.script([fault])
 
     with client.intent("order-503") as op:
@@ -139,11 +138,8 @@ def test_a_retried_503_executes_once(
 
 
 @pytest.mark.parametrize("provider", ["generic", "stripe", "mollie"])
-def test_a_definitive_decline_is_stored_and_replayed(
-    provider: str, start: Start, make_client: MakeClient
-) -> None:
-    server = start(provider)
-    client = make_client(base_url=server.url, provider=provider)
+def test_a_definitive_decline_is_stored_and_replayed(provider: str, like: Like) -> None:
+    server, client = like(provider)
     sent = _requests(client)
 
     with pytest.raises(payonce.ProviderError) as first:
@@ -161,11 +157,8 @@ def test_a_definitive_decline_is_stored_and_replayed(
     assert server.store.executions() == {record.key: 1}
 
 
-def test_an_adyen_refusal_is_a_200_stored_and_replayed(
-    start: Start, make_client: MakeClient
-) -> None:
-    server = start("adyen")
-    client = make_client(base_url=server.url, provider="adyen")
+def test_an_adyen_refusal_is_a_200_stored_and_replayed(like: Like) -> None:
+    server, client = like("adyen")
     sent = _requests(client)
 
     refused = client.post("/v1/payments", reference="order-r", json=DECLINED)
@@ -189,15 +182,9 @@ def test_an_adyen_refusal_is_a_200_stored_and_replayed(
     ],
 )
 def test_the_key_and_the_api_key_go_where_the_provider_expects_them(
-    provider: str,
-    quoted: bool,
-    auth_header: str,
-    auth_value: str,
-    start: Start,
-    make_client: MakeClient,
+    provider: str, quoted: bool, auth_header: str, auth_value: str, like: Like
 ) -> None:
-    server = start(provider)
-    client = make_client(base_url=server.url, provider=provider)
+    server, client = like(provider)
     sent = _requests(client)
     server.script(["fail_before"])
 
@@ -217,10 +204,9 @@ def test_the_key_and_the_api_key_go_where_the_provider_expects_them(
 
 
 def test_stripe_sends_the_same_form_bytes_with_the_metadata_tag_on_every_attempt(
-    start: Start, make_client: MakeClient
+    like: Like,
 ) -> None:
-    server = start("stripe")
-    client = make_client(base_url=server.url, provider="stripe")
+    server, client = like("stripe")
     sent = _requests(client)
     server.script(["fail_before", "fail_after"])
     form = {"amount": 4200, "currency": "eur", "metadata[order]": "cmd_9182"}
@@ -247,11 +233,8 @@ def test_stripe_sends_the_same_form_bytes_with_the_metadata_tag_on_every_attempt
     assert b"payonce_idempotency_key" not in record.body
 
 
-def test_stripe_without_metadata_tagging_sends_the_body_untouched(
-    start: Start, make_client: MakeClient
-) -> None:
-    server = start("stripe")
-    client = make_client(base_url=server.url, provider=stripe_profile(tag_metadata=False))
+def test_stripe_without_metadata_tagging_sends_the_body_untouched(like: Like) -> None:
+    _, client = like("stripe", profile=stripe_profile(tag_metadata=False))
     sent = _requests(client)
 
     paid = client.post("/v1/payments", data=PAYMENT, reference="order-u")
@@ -261,12 +244,9 @@ def test_stripe_without_metadata_tagging_sends_the_body_untouched(
     assert client.provider.lookup is None
 
 
-def test_stripe_should_retry_false_on_a_5xx_is_definitive(
-    start: Start, make_client: MakeClient
-) -> None:
+def test_stripe_should_retry_false_on_a_5xx_is_definitive(like: Like) -> None:
     # Stripe replays a stored 500 and says so: retrying could only get it again.
-    server = start("stripe", retry_hints={503: False})
-    client = make_client(base_url=server.url, provider="stripe")
+    server, client = like("stripe", retry_hints={503: False})
     sent = _requests(client)
     server.script(["fail_before"])
 
@@ -284,11 +264,10 @@ def test_stripe_should_retry_false_on_a_5xx_is_definitive(
     assert server.store.total_executions() == 0
 
 
-def test_stripe_should_retry_true_on_a_4xx_retries(start: Start, make_client: MakeClient) -> None:
+def test_stripe_should_retry_true_on_a_4xx_retries(like: Like) -> None:
     # A 402 the provider calls retryable: payonce retries it under the key until it gives up,
     # and the provider keeps replaying its one execution.
-    server = start("stripe", retry_hints={402: True})
-    client = make_client(base_url=server.url, provider="stripe")
+    server, client = like("stripe", retry_hints={402: True})
     sent = _requests(client)
 
     with pytest.raises(payonce.OutcomeUnknown):
@@ -320,9 +299,8 @@ def test_stripe_idempotency_error_is_an_intent_mismatch(
     assert isinstance(caught.value, payonce.IntentMismatch)
 
 
-def test_a_stripe_lock_conflict_is_retried(start: Start, make_client: MakeClient) -> None:
-    server = start("stripe")
-    client = make_client(base_url=server.url, provider="stripe")
+def test_a_stripe_lock_conflict_is_retried(like: Like) -> None:
+    server, client = like("stripe")
     server.script(["lock_timeout"])
 
     with client.intent("order-l") as op:
@@ -333,23 +311,27 @@ def test_a_stripe_lock_conflict_is_retried(start: Start, make_client: MakeClient
     assert server.store.executions() == {op.key: 1}
 
 
-def test_a_stripe_key_in_use_by_another_worker_is_waited_out(
-    start: Start, make_client: MakeClient, tmp_path: Path
+@pytest.mark.parametrize(
+    ("provider", "in_use"), [("stripe", "idempotency_key_in_use"), ("adyen", "704")]
+)
+def test_a_key_in_use_by_another_worker_is_waited_out(
+    provider: str, in_use: str, start: Start, make_client: MakeClient, tmp_path: Path
 ) -> None:
-    # Two journals, one key, two workers at once: the second gets 409 idempotency_key_in_use,
-    # retries under the key, and receives the first one's payment.
-    server = start("stripe", processing_seconds=0.3)
+    # Two journals, one key, two workers at once: the second is told the key is in use
+    # (Stripe's 409 idempotency_key_in_use, Adyen's 704), retries under the key, and
+    # receives the first one's payment.
+    server = start(provider, processing_seconds=0.3)
     slow_retry = payonce.RetryPolicy(initial_wait=0.2, max_wait=0.2, jitter=False)
-    first = make_client(base_url=server.url, provider="stripe", journal=tmp_path / "a.db")
+    first = make_client(base_url=server.url, provider=provider, journal=tmp_path / "a.db")
     second = make_client(
-        base_url=server.url, provider="stripe", journal=tmp_path / "b.db", retry=slow_retry
+        base_url=server.url, provider=provider, journal=tmp_path / "b.db", retry=slow_retry
     )
-    seen: list[int] = []
-    second._http.event_hooks["response"].append(lambda r: seen.append(r.status_code))
+    answers: list[httpx.Response] = []
+    second._http.event_hooks["response"].append(answers.append)
     results: dict[str, httpx.Response] = {}
 
     def pay(name: str, client: payonce.Client) -> None:
-        results[name] = client.post("/v1/payments", data=PAYMENT, key="busy-key-1")
+        results[name] = client.post("/v1/payments", key="busy-key", **_body(provider))
 
     worker = threading.Thread(target=pay, args=("first", first))
     worker.start()
@@ -357,10 +339,13 @@ def test_a_stripe_key_in_use_by_another_worker_is_waited_out(
     pay("second", second)
     worker.join()
 
-    assert seen[0] == 409
+    answers[0].read()
+    assert answers[0].status_code == 409
+    error = answers[0].json()
+    assert (error["error"]["code"] if provider == "stripe" else error["errorCode"]) == in_use
     assert results["second"].json()["id"] == results["first"].json()["id"]
     assert _info(results["second"]).provider_replayed
-    assert server.store.executions() == {"busy-key-1": 1}
+    assert server.store.executions() == {"busy-key": 1}
 
 
 def _unknown(
@@ -459,11 +444,8 @@ async def test_the_async_client_uses_the_same_stripe_hooks(
 # -- Adyen -----------------------------------------------------------------------------------
 
 
-def test_adyen_refuses_a_key_longer_than_64_characters_before_sending(
-    start: Start, make_client: MakeClient
-) -> None:
-    server = start("adyen")
-    client = make_client(base_url=server.url, provider="adyen")
+def test_adyen_refuses_a_key_longer_than_64_characters_before_sending(like: Like) -> None:
+    server, client = like("adyen")
 
     with pytest.raises(payonce.ConfigurationError, match="at most 64"):
         client.post("/v1/payments", json=PAYMENT, key="k" * 65)
@@ -481,34 +463,6 @@ def test_the_adyen_sandbox_refuses_a_bearer_token(start: Start, make_client: Mak
     assert refused.value.status_code == 401
     assert refused.value.response.json()["errorType"] == "security"
     assert server.store.total_executions() == 0
-
-
-def test_an_adyen_704_in_progress_is_waited_out(
-    start: Start, make_client: MakeClient, tmp_path: Path
-) -> None:
-    server = start("adyen", processing_seconds=0.3)
-    slow_retry = payonce.RetryPolicy(initial_wait=0.2, max_wait=0.2, jitter=False)
-    first = make_client(base_url=server.url, provider="adyen", journal=tmp_path / "a.db")
-    second = make_client(
-        base_url=server.url, provider="adyen", journal=tmp_path / "b.db", retry=slow_retry
-    )
-    answers: list[httpx.Response] = []
-    second._http.event_hooks["response"].append(lambda r: answers.append(r))
-    results: dict[str, httpx.Response] = {}
-
-    def pay(name: str, client: payonce.Client) -> None:
-        results[name] = client.post("/v1/payments", json=PAYMENT, key="busy-key-2")
-
-    worker = threading.Thread(target=pay, args=("first", first))
-    worker.start()
-    time.sleep(0.1)
-    pay("second", second)
-    worker.join()
-
-    answers[0].read()
-    assert answers[0].json()["errorCode"] == "704"
-    assert results["second"].json()["pspReference"] == results["first"].json()["pspReference"]
-    assert server.store.executions() == {"busy-key-2": 1}
 
 
 def test_an_adyen_intent_is_reconciled_by_its_merchant_reference(
@@ -552,11 +506,7 @@ def test_mollie_resends_an_intent_that_may_have_executed_only_within_one_hour(
     minutes_later: int, resent: bool, start: Start, make_client: MakeClient
 ) -> None:
     server = start("mollie")
-    crashing = make_client(base_url=server.url, provider="mollie", transport=_CrashAfterSend())
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        crashing.post("/v1/payments", json=PAYMENT, reference="order-m")
-    (record,) = crashing.journal.find("order-m")
-    assert record.state is payonce.IntentState.PENDING
+    record = leave_pending(make_client, "order-m", base_url=server.url, provider="mollie")
     assert server.store.executions() == {record.key: 1}
 
     later = make_client(

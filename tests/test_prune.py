@@ -1,6 +1,6 @@
 """Pruning: old, final, acknowledged intents go in bounded batches; nothing else ever does.
 
-The journal-level tests run on both backends (the fixtures of test_journal_backends.py);
+The journal-level tests run on both backends (the fixtures of conftest.py);
 the command is run for real on a SQLite journal.
 """
 
@@ -8,45 +8,22 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
 import payonce
-from payonce._journal import ClaimKind, IntentStore, SQLiteJournal, open_store
+from helpers.journals import RESPONSE, OpenJournal, draft_for, rows
+from payonce._journal import ClaimKind, IntentStore, SQLiteJournal
 from payonce._lifecycle import Transition
 from payonce.cli import cli
 from payonce.cli._journal import parse_duration
-from test_journal_backends import RESPONSE, OpenJournal, draft_for, rows
 
 DAY = 86400.0
 NOW = 1_800_000_000.0
 SUCCEEDED = payonce.IntentState.SUCCEEDED
 FAILED = payonce.IntentState.FAILED
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A SQLite file, or a fresh PostgreSQL database's URL."""
-    if request.param == "sqlite":
-        return str(tmp_path / "journal.db")
-    return str(request.getfixturevalue("postgres_url"))
-
-
-@pytest.fixture
-def open_journal(location: str) -> Iterator[OpenJournal]:
-    opened: list[IntentStore] = []
-
-    def open_(**options: Any) -> IntentStore:
-        opened.append(open_store(location, **options))
-        return opened[-1]
-
-    yield open_
-    for journal in opened:
-        journal.close()
 
 
 @pytest.fixture

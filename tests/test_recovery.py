@@ -8,8 +8,6 @@ after sending would.
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,53 +16,17 @@ import httpx
 import pytest
 
 import payonce
+from helpers.payments import (
+    PAYMENT,
+    MakeClient,
+    free_port,
+    leave_pending,
+    make_unknown,
+    paying_in_background,
+)
 from payonce.sandbox import SandboxServer
 
-PAYMENT = {"amount": 4200, "currency": "eur"}
 DAY = 24 * 3600.0
-
-MakeClient = Callable[..., payonce.Client]
-
-
-class _DiesAfterSending(httpx.HTTPTransport):
-    """Really sends the request, then fails as if the worker died before reading the answer."""
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        super().handle_request(request).close()
-        raise RuntimeError("worker died after sending")
-
-
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _leave_pending(make_client: MakeClient, reference: str) -> payonce.IntentRecord:
-    dying = make_client(transport=_DiesAfterSending())
-    with pytest.raises(RuntimeError, match="worker died"):
-        dying.post("/v1/payments", json=PAYMENT, reference=reference)
-    (record,) = dying.journal.find(reference)
-    assert record.state is payonce.IntentState.PENDING
-    return record
-
-
-def _make_unknown(
-    make_client: MakeClient,
-    sandbox: SandboxServer,
-    reference: str,
-    faults: list[str],
-    provider: str | payonce.ProviderProfile = "sandbox",
-) -> payonce.IntentRecord:
-    client = make_client(
-        retry=payonce.RetryPolicy(max_attempts=len(faults), initial_wait=0), provider=provider
-    )
-    sandbox.script(faults)
-    with pytest.raises(payonce.OutcomeUnknown):
-        client.post("/v1/payments", json=PAYMENT, reference=reference)
-    (record,) = client.journal.find(reference)
-    assert record.state is payonce.IntentState.UNKNOWN
-    return record
 
 
 # -- resume ---------------------------------------------------------------------------------
@@ -73,7 +35,7 @@ def _make_unknown(
 def test_resume_finishes_what_a_dead_worker_left_pending_under_the_same_key(
     make_client: MakeClient, sandbox: SandboxServer
 ) -> None:
-    left = [_leave_pending(make_client, f"order-{n}") for n in range(3)]
+    left = [leave_pending(make_client, f"order-{n}") for n in range(3)]
     assert sandbox.store.total_executions() == 3
 
     results = make_client().resume()
@@ -88,24 +50,15 @@ def test_resume_leaves_intents_held_by_a_live_worker_alone(
 ) -> None:
     slow = make_sandbox(processing_seconds=0.8)
     busy = make_client(base_url=slow.url)
-    started = threading.Event()
-    busy._http.event_hooks["request"].append(lambda request: started.set())
-    worker = threading.Thread(
-        target=busy.post, args=("/v1/payments",), kwargs={"json": PAYMENT, "reference": "o-1"}
-    )
-    worker.start()
-    started.wait(5)
-    try:
+    with paying_in_background(busy, "o-1"):
         assert make_client(base_url=slow.url).resume() == []
-    finally:
-        worker.join()
     assert slow.store.total_executions() == 1
 
 
 def test_resume_does_not_resend_past_the_key_lifetime(
     make_client: MakeClient, sandbox: SandboxServer
 ) -> None:
-    record = _leave_pending(make_client, "order-old")
+    record = leave_pending(make_client, "order-old")
 
     (result,) = make_client(clock=lambda: time.time() + DAY).resume()
 
@@ -118,8 +71,8 @@ def test_resume_does_not_resend_past_the_key_lifetime(
 def test_one_failing_intent_does_not_stop_the_others(
     make_client: MakeClient, sandbox: SandboxServer
 ) -> None:
-    first = _leave_pending(make_client, "order-a")
-    second = _leave_pending(make_client, "order-b")
+    first = leave_pending(make_client, "order-a")
+    second = leave_pending(make_client, "order-b")
     sandbox.script(["fail_before"] * 5)  # the first resend sees nothing but 503s
 
     results = make_client(retry=payonce.RetryPolicy(max_attempts=5, initial_wait=0)).resume()
@@ -155,7 +108,7 @@ class _MangledFor(httpx.HTTPTransport):
 def test_an_undecodable_answer_to_one_intent_does_not_stop_resume(
     make_client: MakeClient, sandbox: SandboxServer
 ) -> None:
-    left = [_leave_pending(make_client, f"order-{n}") for n in range(3)]
+    left = [leave_pending(make_client, f"order-{n}") for n in range(3)]
     seen: list[payonce.records.ResumeResult] = []
 
     results = make_client(transport=_MangledFor(left[0].key, "undecodable")).resume(
@@ -178,7 +131,7 @@ def test_an_undecodable_answer_to_one_intent_does_not_stop_resume(
 def test_a_refused_look_up_of_one_intent_does_not_stop_reconcile_all(
     make_client: MakeClient, sandbox: SandboxServer
 ) -> None:
-    unknown = [_make_unknown(make_client, sandbox, f"order-{n}", ["drop_after"]) for n in range(3)]
+    unknown = [make_unknown(make_client, sandbox, f"order-{n}", "drop_after") for n in range(3)]
 
     results = make_client(transport=_MangledFor(unknown[1].key, "refused")).reconcile_all()
 
@@ -197,7 +150,7 @@ def test_a_refused_look_up_of_one_intent_does_not_stop_reconcile_all(
 def test_an_unknown_intent_the_provider_never_saw_goes_back_to_pending_and_is_paid_once(
     make_client: MakeClient, sandbox: SandboxServer
 ) -> None:
-    record = _make_unknown(make_client, sandbox, "order-1", ["fail_before"] * 2)
+    record = make_unknown(make_client, sandbox, "order-1", "fail_before", "fail_before")
     client = make_client()
 
     (result,) = client.reconcile("order-1")
@@ -213,7 +166,7 @@ def test_an_unknown_intent_the_provider_never_saw_goes_back_to_pending_and_is_pa
 def test_an_unknown_intent_the_provider_executed_is_settled_from_its_record(
     make_client: MakeClient, sandbox: SandboxServer
 ) -> None:
-    record = _make_unknown(make_client, sandbox, "order-2", ["drop_after"])
+    record = make_unknown(make_client, sandbox, "order-2", "drop_after")
     assert sandbox.store.executions() == {record.key: 1}
     client = make_client()
 
@@ -231,7 +184,7 @@ def test_an_unknown_intent_the_provider_executed_is_settled_from_its_record(
 def test_an_unknown_intent_whose_key_expired_stays_unknown_and_is_never_resent(
     make_client: MakeClient, sandbox: SandboxServer
 ) -> None:
-    record = _make_unknown(make_client, sandbox, "order-3", ["fail_before"])
+    record = make_unknown(make_client, sandbox, "order-3", "fail_before")
     later = make_client(clock=lambda: time.time() + 2 * DAY)
 
     (result,) = later.reconcile("order-3")
@@ -246,7 +199,7 @@ def test_an_unknown_intent_whose_key_expired_stays_unknown_and_is_never_resent(
 
 
 def test_reconciliation_is_idempotent(make_client: MakeClient, sandbox: SandboxServer) -> None:
-    record = _make_unknown(make_client, sandbox, "order-4", ["drop_after"])
+    record = make_unknown(make_client, sandbox, "order-4", "drop_after")
     client = make_client()
     client.reconcile_all()
 
@@ -260,9 +213,9 @@ def test_reconciliation_is_idempotent(make_client: MakeClient, sandbox: SandboxS
 def test_an_unreachable_provider_leaves_the_intent_unknown_with_the_attempt_journaled(
     make_client: MakeClient, sandbox: SandboxServer
 ) -> None:
-    record = _make_unknown(make_client, sandbox, "order-5", ["fail_before"])
+    record = make_unknown(make_client, sandbox, "order-5", "fail_before")
     offline = make_client(
-        base_url=f"http://127.0.0.1:{_closed_port()}",
+        base_url=f"http://127.0.0.1:{free_port()}",
         retry=payonce.RetryPolicy(max_attempts=2, initial_wait=0),
     )
 
@@ -281,7 +234,7 @@ def test_a_malformed_status_answer_is_an_error_and_changes_nothing_else(
     odd = payonce.ProviderProfile(
         name="odd", lookup=payonce.providers.Lookup(path="/_sandbox/executions", list_field="data")
     )
-    record = _make_unknown(make_client, sandbox, "order-6", ["drop_after"], provider=odd)
+    record = make_unknown(make_client, sandbox, "order-6", "drop_after", provider=odd)
     client = make_client(provider=odd)
 
     (result,) = client.reconcile("order-6")
@@ -311,7 +264,7 @@ def test_a_profile_without_a_status_lookup_says_so(
 def test_intents_of_another_provider_are_left_to_a_client_for_that_provider(
     make_client: MakeClient, sandbox: SandboxServer
 ) -> None:
-    record = _make_unknown(make_client, sandbox, "order-7b", ["fail_before"])
+    record = make_unknown(make_client, sandbox, "order-7b", "fail_before")
     other = make_client(provider="generic")
 
     assert other.reconcile_all() == []
@@ -328,7 +281,7 @@ def test_intents_of_another_provider_are_left_to_a_client_for_that_provider(
 def test_an_operator_can_abandon_an_unknown_intent_for_good(
     make_client: MakeClient, sandbox: SandboxServer
 ) -> None:
-    record = _make_unknown(make_client, sandbox, "order-8", ["fail_before"])
+    record = make_unknown(make_client, sandbox, "order-8", "fail_before")
     client = make_client()
 
     abandoned = client.abandon(record.key, reason="refunded by hand, ticket OPS-12")
@@ -392,26 +345,18 @@ def test_acknowledgement_can_be_left_to_the_caller(client: payonce.Client) -> No
 # -- leases ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_slow_attempt_keeps_its_lease_alive_so_no_one_takes_the_intent_over(
     make_sandbox: Callable[..., SandboxServer], make_client: MakeClient
 ) -> None:
     slow = make_sandbox(processing_seconds=1.5)
     holder = make_client(base_url=slow.url, lease_seconds=0.3)
-    started = threading.Event()
-    holder._http.event_hooks["request"].append(lambda request: started.set())
-    worker = threading.Thread(
-        target=holder.post, args=("/v1/payments",), kwargs={"json": PAYMENT, "reference": "o"}
-    )
-    worker.start()
-    started.wait(5)
-    time.sleep(0.9)  # three lease lengths: without renewal the lease would have expired
-    try:
+    with paying_in_background(holder, "o"):
+        time.sleep(0.9)  # three lease lengths: without renewal the lease would have expired
         other = make_client(base_url=slow.url, lease_seconds=0.3, in_flight_wait=0.0)
         with pytest.raises(payonce.IntentInFlight):
             other.post("/v1/payments", json=PAYMENT, reference="o")
         assert other.resume() == []
-    finally:
-        worker.join()
     (record,) = holder.journal.find("o")
     assert record.state is payonce.IntentState.SUCCEEDED
     assert record.attempt_count == 1
@@ -423,7 +368,7 @@ def test_the_lease_of_a_dead_worker_is_taken_over_once_it_expires(
 ) -> None:
     journal = payonce.journal.SQLiteJournal(journal_path)
     client = make_client(journal=journal)
-    record = _leave_pending(make_client, "order-12")
+    record = leave_pending(make_client, "order-12")
     # The dead worker had re-claimed it just before dying: its lease is still live.
     journal.claim_key(record.key, owner="dead-host:1:x", now=time.time(), lease_seconds=60)
     assert client.resume() == []

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,8 @@ import attrs
 import httpx
 import pytest
 
+from helpers.payments import free_port
+from helpers.sandboxes import SharedSandboxes
 from payonce.sandbox import (
     DEFAULT_ACCOUNT,
     DEFAULT_API_KEY,
@@ -20,11 +24,14 @@ from payonce.sandbox import (
     SandboxConfig,
     SandboxServer,
     SandboxStore,
+    WebhookConfig,
 )
 
 OTHER_API_KEY = "sk_test_other"
 OTHER_ACCOUNT = "acct_other"
 DAY = 24 * 3600.0
+
+Start = Callable[[SandboxConfig], SandboxServer]
 
 
 def _client(url: str, api_key: str = DEFAULT_API_KEY) -> httpx.Client:
@@ -49,19 +56,13 @@ def _pay(
     return http.post("/v1/payments", json=body, headers=all_headers)
 
 
-@pytest.fixture(scope="module")
-def shared_server() -> Iterator[SandboxServer]:
+@pytest.fixture
+def provider(shared_sandboxes: SharedSandboxes) -> SandboxServer:
+    """The session's sandbox with a second account, reset for this test."""
     config = SandboxConfig(
         api_keys={DEFAULT_API_KEY: DEFAULT_ACCOUNT, OTHER_API_KEY: OTHER_ACCOUNT}
     )
-    with SandboxServer(config) as server:
-        yield server
-
-
-@pytest.fixture
-def provider(shared_server: SandboxServer) -> SandboxServer:
-    shared_server.reset()
-    return shared_server
+    return shared_sandboxes.get("two accounts", config)
 
 
 @pytest.fixture
@@ -428,6 +429,80 @@ def test_control_endpoints(provider: SandboxServer, http: httpx.Client) -> None:
         assert _pay(http, _key()).status_code == 201
 
 
+def test_reset_puts_a_used_server_back_as_it_started() -> None:
+    """What one user of a shared server did is gone for the next: payments, keys, counts,
+    the clock, scripted and switched faults, webhook deliveries and their record."""
+    faults = Faults(seed=99, fail_before_rate=0.3, drop_after_rate=0.2)
+    # Deliveries to a closed port fail and wait long for their retry: one stays queued.
+    webhooks = WebhookConfig(
+        url=f"http://127.0.0.1:{free_port()}/", secrets="s", retry_wait=60, max_retry_wait=60
+    )
+    with SandboxServer(SandboxConfig(faults=faults, webhooks=webhooks)) as server:
+        fresh = _outcomes(server, "fresh")
+        key = _key()
+        with _client(server.url) as http:
+            assert _pay(http, key, headers={"Sandbox-Fault": "none"}).status_code == 201
+            server.set_faults(Faults(fail_before_rate=1.0))
+            server.script(["rate_limit", "drop_after"])
+            server.advance_clock(DAY)
+            deadline = time.monotonic() + 10
+            while not server.webhook_attempts():
+                assert time.monotonic() < deadline, "no webhook delivery was attempted"
+                time.sleep(0.01)
+
+            server.reset()
+
+            assert server.store.payments() == []
+            assert server.store.executions() == {}
+            assert server.store.clock.now() < time.time() + 60
+            assert server.webhook_attempts() == []
+            assert http.get("/_sandbox/webhooks").json()["pending"] == 0
+            # The key is forgotten: another body under it is a new payment, not a mismatch.
+            assert _pay(http, key, 7, headers={"Sandbox-Fault": "none"}).status_code == 201
+        server.reset()
+        # The configured faults again, drawn from their seed as on the first run.
+        assert _outcomes(server, "fresh") == fresh
+
+
+def _refusal_to_reset_at_once(server: SandboxServer) -> str | None:
+    try:
+        server.reset(timeout=0)
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
+def test_reset_waits_for_the_requests_in_flight() -> None:
+    """A request still being handled would otherwise execute into the fresh state."""
+    body_sent = threading.Event()
+
+    def body() -> Iterator[bytes]:
+        # The request stays in flight, its body half sent, until the test lets it go on.
+        yield b'{"amount": 1000, '
+        assert body_sent.wait(10)
+        yield b'"currency": "EUR"}'
+
+    with SandboxServer(SandboxConfig(processing_seconds=0.5)) as server:
+        assert server.running
+        with ThreadPoolExecutor(1) as pool, _client(server.url) as http:
+            headers = {"Idempotency-Key": _key(), "Content-Type": "application/json"}
+            paying = pool.submit(http.post, "/v1/payments", content=body(), headers=headers)
+            deadline = time.monotonic() + 10
+            # Until the request reaches the server, a reset that may not wait goes through
+            # (and changes nothing); from then on it is refused.
+            while (refusal := _refusal_to_reset_at_once(server)) is None:
+                assert time.monotonic() < deadline, "the payment never reached the server"
+                time.sleep(0.005)
+            assert "in flight" in refusal
+            body_sent.set()  # the payment executes half a second from now
+
+            server.reset()
+
+            assert paying.result().status_code == 201
+        assert server.store.executions() == {}, "the payment executed after the reset"
+    assert not server.running
+
+
 def test_store_is_shared_through_its_file(tmp_path: Path) -> None:
     path = tmp_path / "shared.db"
     config = SandboxConfig(store_path=str(path))
@@ -450,17 +525,9 @@ def test_store_is_shared_through_its_file(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def start() -> Iterator[Any]:
-    servers: list[SandboxServer] = []
-
-    def make(config: SandboxConfig) -> SandboxServer:
-        server = SandboxServer(config).start()
-        servers.append(server)
-        return server
-
-    yield make
-    for server in servers:
-        server.stop()
+def start(closing: contextlib.ExitStack) -> Start:
+    """A sandbox of the test's own in ``config``, stopped at the end of the test."""
+    return lambda config: closing.enter_context(SandboxServer(config))
 
 
 def _form(http: httpx.Client, key: str, body: str, **headers: str) -> httpx.Response:
@@ -471,7 +538,7 @@ def _form(http: httpx.Client, key: str, body: str, **headers: str) -> httpx.Resp
     return http.post("/v1/payments", content=body.encode(), headers=headers)
 
 
-def test_form_bodies_with_metadata_brackets_when_switched_on(start: Any) -> None:
+def test_form_bodies_with_metadata_brackets_when_switched_on(start: Start) -> None:
     server = start(SandboxConfig(form_bodies=True))
     key = _key()
     body = "amount=1250&currency=EUR&reference=order-1&metadata%5Bcart%5D=42&metadata[x]=y"
@@ -499,7 +566,7 @@ def test_form_bodies_with_metadata_brackets_when_switched_on(start: Any) -> None
         "amount=%FF&currency=EUR",
     ],
 )
-def test_invalid_form_bodies_record_nothing(start: Any, body: str) -> None:
+def test_invalid_form_bodies_record_nothing(start: Start, body: str) -> None:
     server = start(SandboxConfig(form_bodies=True))
     with _client(server.url) as http:
         response = _form(http, _key(), body)
@@ -516,7 +583,7 @@ def test_form_bodies_are_refused_by_default(provider: SandboxServer, http: httpx
     assert "JSON" in response.json()["error"]["message"]
 
 
-def test_x_api_key_auth_mode(start: Any) -> None:
+def test_x_api_key_auth_mode(start: Start) -> None:
     server = start(SandboxConfig(auth="x-api-key"))
     key = _key()
     with httpx.Client(base_url=server.url) as anonymous:
@@ -533,7 +600,7 @@ def test_x_api_key_auth_mode(start: Any) -> None:
     assert server.store.total_executions() == 1
 
 
-def test_a_custom_key_header(start: Any) -> None:
+def test_a_custom_key_header(start: Start) -> None:
     server = start(SandboxConfig(key_header="X-Request-Id"))
     with _client(server.url) as http:
         missing = _pay(http, _key())  # sent as Idempotency-Key: not the header it reads
@@ -545,7 +612,7 @@ def test_a_custom_key_header(start: Any) -> None:
     assert server.store.executions() == {"req-key-1": 1}
 
 
-def test_retry_hints_by_status_on_api_routes_only(start: Any) -> None:
+def test_retry_hints_by_status_on_api_routes_only(start: Start) -> None:
     config = SandboxConfig(
         retry_hint_header="Stripe-Should-Retry", retry_hints={402: False, 503: True, 400: True}
     )
@@ -601,7 +668,7 @@ def _race(server: SandboxServer, key: str, **headers: str) -> list[httpx.Respons
 
 
 @pytest.mark.parametrize(("status", "expected"), [(None, 400), (409, 409)])
-def test_stripe_dialect_errors(start: Any, status: int | None, expected: int) -> None:
+def test_stripe_dialect_errors(start: Start, status: int | None, expected: int) -> None:
     server = start(SandboxConfig(dialect="stripe", mismatch_status=status, processing_seconds=0.3))
     key = _key()
     with _client(server.url) as http:
@@ -631,7 +698,7 @@ def test_stripe_dialect_errors(start: Any, status: int | None, expected: int) ->
     assert server.store.total_executions() == 2
 
 
-def test_adyen_dialect_answers_with_result_codes_and_error_codes(start: Any) -> None:
+def test_adyen_dialect_answers_with_result_codes_and_error_codes(start: Start) -> None:
     server = start(SandboxConfig(dialect="adyen", processing_seconds=0.3))
     key = _key()
     with _client(server.url) as http:

@@ -21,12 +21,10 @@ from click.testing import CliRunner
 
 import payonce
 import payonce.cli
+from helpers.payments import DECLINED, FAST_RETRY, PAYMENT
 from payonce.sandbox import SandboxServer
 
 ACCOUNT = "acct_canary"
-FAST_RETRY = payonce.RetryPolicy(initial_wait=0.001, max_wait=0.01, max_attempts=5)
-PAYMENT = {"amount": 4200, "currency": "eur"}
-DECLINED = {"amount": 40200, "currency": "eur"}
 
 
 @pytest.fixture

@@ -9,9 +9,7 @@ a child process over a journal this test left pending and unknown intents in.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -25,42 +23,21 @@ import httpx
 import pytest
 
 import payonce
+from helpers.payments import PAYMENT, DiesAfterSending, free_port
+from helpers.processes import EXAMPLES, deployed_env, run_example
 from payonce.sandbox import DEFAULT_ACCOUNT, DEFAULT_API_KEY, SandboxServer
-
-ROOT = Path(__file__).resolve().parents[1]
-SRC = ROOT / "src"
-EXAMPLES = ROOT / "examples"
-PAYMENT = {"amount": 4200, "currency": "eur"}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _example_env(tmp_path: Path, server: SandboxServer, journal: Path) -> dict[str, str]:
     """The environment of a deployed example: only PAYONCE_* settings, nothing of ours."""
-    home = tmp_path / "example-home"
-    home.mkdir(exist_ok=True)
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith("PAYONCE_") and key != "PYTHONPATH"
-    }
-    env.update(
-        PYTHONPATH=os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH")) if p),
-        HOME=str(home),
-        XDG_DATA_HOME=str(home / ".local" / "share"),
-        XDG_CONFIG_HOME=str(home / ".config"),
+    return deployed_env(
+        tmp_path / "example-home",
         PAYONCE_BASE_URL=server.url,
         PAYONCE_PROVIDER="sandbox",
         PAYONCE_ACCOUNT=DEFAULT_ACCOUNT,
         PAYONCE_API_KEY=DEFAULT_API_KEY,
         PAYONCE_JOURNAL=str(journal),
-        PYTHONWARNINGS="error",
     )
-    return env
 
 
 def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
@@ -155,7 +132,7 @@ def service_factory(tmp_path: Path) -> Iterator[Callable[[SandboxServer], Servic
     def make(server: SandboxServer) -> Service:
         env = _example_env(tmp_path, server, tmp_path / "checkout-journal.db")
         # The same port across restarts, as behind a load balancer.
-        service = Service(env, tmp_path / "service.log", _free_port())
+        service = Service(env, tmp_path / "service.log", free_port())
         services.append(service)
         return service
 
@@ -261,11 +238,11 @@ def test_the_checkout_service_killed_mid_request_charges_the_order_exactly_once(
     assert "Traceback" not in service.output, service.output
 
 
+@pytest.mark.slow
 def test_the_checkout_service_answers_each_outcome_as_documented(
-    make_sandbox: Callable[..., SandboxServer],
-    service_factory: Callable[[SandboxServer], Service],
+    sandbox: SandboxServer, service_factory: Callable[[SandboxServer], Service]
 ) -> None:
-    server = make_sandbox()
+    server = sandbox
     service = service_factory(server).start()
 
     assert service.order("404").status_code == 404
@@ -301,26 +278,11 @@ def test_the_checkout_service_answers_each_outcome_as_documented(
 # -- the resume worker ------------------------------------------------------------------------
 
 
-class _DiesAfterSending(httpx.HTTPTransport):
-    """Really sends the request, then fails as if the worker died before reading the answer."""
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        super().handle_request(request).close()
-        raise RuntimeError("worker died after sending")
-
-
 def _run_worker(
     tmp_path: Path, server: SandboxServer, journal: Path, **env: str
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(EXAMPLES / "resume_worker.py"), "--once"],
-        env={**_example_env(tmp_path, server, journal), **env},
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    env = {**_example_env(tmp_path, server, journal), **env}
+    return run_example("resume_worker.py", "--once", cwd=tmp_path, env=env)
 
 
 def _payment(reference: str) -> dict[str, Any]:
@@ -343,7 +305,7 @@ def test_the_resume_worker_settles_pending_and_unknown_intents_each_executed_onc
     # Two workers died right after their request left: pending, executed by the provider.
     for reference in ("order-1", "order-2"):
         with pytest.raises(RuntimeError, match="worker died"):
-            make_client(transport=_DiesAfterSending()).post(
+            make_client(transport=DiesAfterSending()).post(
                 "/v1/payments", json=_payment(reference), reference=reference
             )
     # The provider executed it and the answer was lost: unknown, and it did happen.
@@ -355,7 +317,7 @@ def test_the_resume_worker_settles_pending_and_unknown_intents_each_executed_onc
     with pytest.raises(payonce.OutcomeUnknown):
         make_client(retry=once).post("/v1/payments", json=_payment("order-4"), reference="order-4")
     # The provider could not be reached at all: pending, provably never sent.
-    down = make_client(base_url=f"http://127.0.0.1:{_free_port()}", retry=once)
+    down = make_client(base_url=f"http://127.0.0.1:{free_port()}", retry=once)
     with pytest.raises(payonce.ProviderUnavailable):
         down.post("/v1/payments", json=_payment("order-5"), reference="order-5")
 
@@ -391,13 +353,14 @@ def server_executions_by_reference(server: SandboxServer) -> dict[str, int]:
     return counts
 
 
+@pytest.mark.slow
 def test_the_resume_worker_exits_1_while_the_provider_is_unreachable(
     tmp_path: Path,
     sandbox: SandboxServer,
     journal_path: Path,
     make_client: Callable[..., payonce.Client],
 ) -> None:
-    closed = f"http://127.0.0.1:{_free_port()}"
+    closed = f"http://127.0.0.1:{free_port()}"
     down = make_client(base_url=closed, retry=payonce.RetryPolicy(max_attempts=1))
     with pytest.raises(payonce.ProviderUnavailable):
         down.post("/v1/payments", json=_payment("order-1"), reference="order-1")

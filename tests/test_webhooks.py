@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -28,7 +27,6 @@ from types import ModuleType
 from typing import Any
 
 import httpx
-import psycopg
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -36,9 +34,10 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 import payonce
-from payonce._journal import SCHEMA_VERSION, Journal
-from payonce._journal import _sql as sql
-from payonce._journal._engine import Tx, migrate
+from helpers.journals import OpenJournal, raw_transaction
+from helpers.processes import EXAMPLES, deployed_env, python_env, run_example
+from payonce._journal import SCHEMA_VERSION
+from payonce._journal._engine import migrate
 from payonce._journal._inbox import EventClaim, EventClaimKind, EventJournal
 from payonce._lifecycle import owner_is_dead
 from payonce.sandbox import (
@@ -51,8 +50,6 @@ from payonce.sandbox import (
 )
 from payonce.webhooks import Delivery, DeliveryOutcome, Event, WebhookInbox, sign
 
-ROOT = Path(__file__).resolve().parents[1]
-SRC = ROOT / "src"
 WORKER = Path(__file__).with_name("_webhook_worker.py")
 KILLED = -signal.SIGKILL
 
@@ -131,27 +128,16 @@ def inbox(make_inbox: Callable[..., WebhookInbox]) -> WebhookInbox:
 # == the journal contract, on SQLite and PostgreSQL ==========================================
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "journal.db")
-    return str(request.getfixturevalue("postgres_url"))
-
-
 @pytest.fixture
-def open_events(location: str) -> Iterator[Callable[[], EventJournal]]:
-    """Journals on the test's store, one per "host"; all closed at the end."""
-    opened: list[Journal] = []
+def open_events(open_journal: OpenJournal) -> Callable[[], EventJournal]:
+    """Journals on the test's store (conftest's ``location``), one per "host"."""
 
     def open_() -> EventJournal:
-        journal = payonce.open_journal(location)
-        opened.append(journal)
+        journal = open_journal()
         assert isinstance(journal, EventJournal)
         return journal
 
-    yield open_
-    for journal in opened:
-        journal.close()
+    return open_
 
 
 @pytest.fixture
@@ -179,22 +165,6 @@ def claim(
         lease_seconds=lease_seconds,
         is_stale=is_stale,
     )
-
-
-@contextlib.contextmanager
-def raw_transaction(location: str) -> Iterator[Tx]:
-    """A transaction on the store through a connection of its own, not through payonce."""
-    if sql.is_postgres_url(location):
-        with psycopg.connect(location, autocommit=True) as conn:
-            cur = conn.cursor()
-            cur.execute("BEGIN")
-            yield Tx(cur, sql.POSTGRES)
-            cur.execute("COMMIT")
-    else:
-        with contextlib.closing(sqlite3.connect(location, isolation_level=None)) as db:
-            db.execute("BEGIN IMMEDIATE")
-            yield Tx(db.cursor(), sql.SQLITE)
-            db.execute("COMMIT")
 
 
 def test_a_first_delivery_is_new_a_concurrent_one_leased_a_later_one_done(
@@ -726,12 +696,6 @@ def test_a_cancelled_async_handler_leaves_the_event_for_its_redelivery(
 # == many processes, one journal =============================================================
 
 
-def worker_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH")) if p)
-    return env
-
-
 def start_worker(tmp_path: Path, journal: str, body: bytes, *extra: str) -> subprocess.Popen[str]:
     payload = tmp_path / "payload.json"
     payload.write_bytes(body)
@@ -742,7 +706,7 @@ def start_worker(tmp_path: Path, journal: str, body: bytes, *extra: str) -> subp
         *extra,
     ]
     return subprocess.Popen(
-        command, env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        command, env=python_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
 
 
@@ -751,6 +715,7 @@ def handled_lines(tmp_path: Path) -> list[str]:
     return log.read_text().splitlines() if log.exists() else []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_one_event_delivered_5_times_at_once_to_8_processes_is_handled_exactly_once(
     tmp_path: Path, request: pytest.FixtureRequest, backend: str
@@ -839,7 +804,7 @@ def test_a_worker_killed_mid_handler_leaves_a_claim_the_next_delivery_takes_over
 
 def load_example() -> ModuleType:
     spec = importlib.util.spec_from_file_location(
-        "webhook_receiver_example", ROOT / "examples" / "webhook_receiver.py"
+        "webhook_receiver_example", EXAMPLES / "webhook_receiver.py"
     )
     assert spec is not None
     assert spec.loader is not None
@@ -989,19 +954,8 @@ def test_a_sandbox_without_webhooks_says_so(sandbox: SandboxServer) -> None:
 
 
 def test_the_example_demo_runs_as_a_user_would_run_it(tmp_path: Path) -> None:
-    home = tmp_path / "home-example"
-    home.mkdir()
-    env = {k: v for k, v in worker_env().items() if not k.startswith("PAYONCE_")}
-    env.update(HOME=str(home), XDG_DATA_HOME=str(home / "data"), PYTHONWARNINGS="error")
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "webhook_receiver.py")],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    env = deployed_env(tmp_path / "home-example")
+    result = run_example("webhook_receiver.py", cwd=tmp_path, env=env)
     assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
     out = result.stdout
     assert "redelivery: duplicate" in out

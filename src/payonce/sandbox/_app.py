@@ -8,6 +8,7 @@ import json
 import logging
 import re
 import secrets
+import threading
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Final, Literal, TypeGuard
@@ -41,6 +42,7 @@ DEFAULT_API_KEY: Final = "sk_test_payonce"
 DEFAULT_ACCOUNT: Final = "acct_demo"
 DECLINE_AMOUNT: Final = 40200
 MAX_KEY_LENGTH: Final = 255
+RESET_TIMEOUT: Final = 30.0
 _MAX_AMOUNT: Final = 10**12  # keeps amounts inside SQLite's 64-bit integers
 _PAYMENT_FIELDS: Final = frozenset({"amount", "currency", "reference", "metadata"})
 
@@ -247,6 +249,44 @@ class _RequestIdMiddleware:
         await self.app(scope, receive, send_with_id)
 
 
+class _Activity:
+    """Counts the API requests being handled, so a reset can wait until none is."""
+
+    def __init__(self) -> None:
+        self._idle = threading.Condition()
+        self._in_flight = 0
+
+    def enter(self) -> None:
+        with self._idle:
+            self._in_flight += 1
+
+    def leave(self) -> None:
+        with self._idle:
+            self._in_flight -= 1
+            self._idle.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        with self._idle:
+            return self._idle.wait_for(lambda: self._in_flight == 0, timeout)
+
+
+class _ActivityMiddleware:
+    def __init__(self, app: ASGIApp, activity: _Activity) -> None:
+        self.app = app
+        self.activity = activity
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Only the provider's API: a control request (a reset among them) is not waited for.
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        self.activity.enter()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.activity.leave()
+
+
 class _RetryHintMiddleware:
     """Adds a provider's "should the client retry?" header to API answers, by status."""
 
@@ -398,6 +438,7 @@ class Sandbox:
         self.injector = FaultInjector(config.faults)
         self.webhooks = WebhookSender(config.webhooks) if config.webhooks is not None else None
         self._owns_store = owns_store
+        self._activity = _Activity()
         _silence_injected_drops()
         self.app = Starlette(
             routes=[
@@ -413,6 +454,7 @@ class Sandbox:
                 Route("/_sandbox/webhooks", self._webhook_attempts, methods=["GET"]),
             ],
             middleware=[
+                Middleware(_ActivityMiddleware, activity=self._activity),
                 Middleware(_RequestIdMiddleware),
                 Middleware(
                     _RetryHintMiddleware, header=config.retry_hint_header, hints=config.retry_hints
@@ -430,11 +472,15 @@ class Sandbox:
         if self._owns_store:
             self.store.close()
 
-    def reset(self) -> None:
+    def reset(self, timeout: float = RESET_TIMEOUT) -> None:
+        # A request still being handled would otherwise execute into the fresh state: a
+        # payment that no one of the next users asked for.
+        if not self._activity.wait_idle(timeout):
+            raise RuntimeError(f"the sandbox still had requests in flight after {timeout} s")
         self.store.reset()
         self.injector.reset(self.config.faults)
-        if self.webhooks is not None:
-            self.webhooks.reset()
+        if self.webhooks is not None and not self.webhooks.reset(timeout):
+            raise RuntimeError(f"a webhook delivery was still in flight after {timeout} s")
 
     def _authenticate(self, request: Request) -> str:
         if self.config.auth == "x-api-key":
@@ -630,7 +676,10 @@ class Sandbox:
         )
 
     async def _reset(self, request: Request) -> Response:
-        await run_in_threadpool(self.reset)
+        try:
+            await run_in_threadpool(self.reset)
+        except RuntimeError as exc:
+            raise ApiError(409, "in_flight", str(exc)) from None
         return JSONResponse({"reset": True})
 
 

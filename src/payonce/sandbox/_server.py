@@ -14,7 +14,7 @@ from types import FrameType, TracebackType
 import uvicorn
 from starlette.types import ASGIApp
 
-from payonce.sandbox._app import Sandbox, SandboxConfig
+from payonce.sandbox._app import RESET_TIMEOUT, Sandbox, SandboxConfig
 from payonce.sandbox._faults import Faults
 from payonce.sandbox._store import SandboxStore
 from payonce.sandbox._webhooks import WebhookAttempt
@@ -77,6 +77,11 @@ class SandboxServer:
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
+
+    @property
+    def running(self) -> bool:
+        """Started and not yet stopped."""
+        return self._url is not None and not self._closed
 
     @property
     def url(self) -> str:
@@ -145,9 +150,20 @@ class SandboxServer:
     def advance_clock(self, seconds: float) -> None:
         self.store.clock.advance(seconds)
 
-    def reset(self) -> None:
-        """Forget all keys, payments and executions; back to the configured faults."""
-        self._sandbox.reset()
+    def reset(self, timeout: float = RESET_TIMEOUT) -> None:
+        """Put the running server back as it started, for its next user.
+
+        Payments, idempotency keys, execution counts and the clock offset are forgotten;
+        the faults are the configured ones again, with their random draws restarted from
+        the seed and no scripted fault left; queued webhook deliveries and recorded
+        attempts are dropped. The configuration itself (API keys, dialect, processing
+        time, ...) stays. It first waits, up to ``timeout`` seconds, for the API requests
+        still being handled to end, so that none of them lands in the fresh state;
+        ``RuntimeError`` if some never do. A test suite can so share one server between
+        its tests instead of starting one for each. ``POST /_sandbox/reset`` does the same
+        over HTTP.
+        """
+        self._sandbox.reset(timeout)
 
     def webhook_attempts(self) -> list[WebhookAttempt]:
         """Every webhook delivery attempt so far, in the order they ended."""

@@ -202,14 +202,19 @@ class WebhookSender:
                 lambda: not self._queue and not self._in_flight, timeout=timeout
             )
 
-    def reset(self) -> None:
-        """Forget queued deliveries and recorded attempts; draw redeliveries afresh."""
+    def reset(self, timeout: float) -> bool:
+        """Forget queued deliveries and recorded attempts; draw redeliveries afresh.
+
+        Waits up to ``timeout`` seconds for a delivery being sent to end (it is not
+        recorded, nor retried); False if one still is.
+        """
         with self._lock:
             self._queue.clear()
             self._attempts.clear()
             self._random = random.Random(self.config.seed)
             self._generation += 1
             self._lock.notify_all()
+            return self._lock.wait_for(lambda: not self._in_flight, timeout)
 
     def close(self) -> None:
         with self._lock:

@@ -1,0 +1,81 @@
+"""Payments, clients and the ways a worker can leave an intent behind."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import pytest
+
+import payonce
+from payonce.sandbox import SandboxServer
+
+PAYMENT = {"amount": 4200, "currency": "eur"}
+DECLINED = {"amount": 40200, "currency": "eur"}  # the sandbox declines this amount: a 402
+FAST_RETRY = payonce.RetryPolicy(initial_wait=0.001, max_wait=0.01, max_attempts=5)
+
+MakeClient = Callable[..., payonce.Client]
+
+
+class DiesAfterSending(httpx.HTTPTransport):
+    """Really sends the request, then fails as if the worker died before reading the answer."""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        super().handle_request(request).close()
+        raise RuntimeError("worker died after sending")
+
+
+def leave_pending(make_client: MakeClient, reference: str, **options: Any) -> payonce.IntentRecord:
+    """A worker sends the payment and dies before the answer: the intent stays pending."""
+    dying = make_client(transport=DiesAfterSending(), **options)
+    with pytest.raises(RuntimeError, match="worker died"):
+        dying.post("/v1/payments", json=PAYMENT, reference=reference)
+    (record,) = dying.journal.find(reference)
+    assert record.state is payonce.IntentState.PENDING
+    return record
+
+
+def make_unknown(
+    make_client: MakeClient, sandbox: SandboxServer, reference: str, *faults: str, **options: Any
+) -> payonce.IntentRecord:
+    """Every attempt the client may make meets one of ``faults`` (a 503 before or after
+    executing, a dropped answer): the intent ends unknown."""
+    client = make_client(
+        retry=payonce.RetryPolicy(max_attempts=len(faults), initial_wait=0), **options
+    )
+    sandbox.script(faults)
+    with pytest.raises(payonce.OutcomeUnknown):
+        client.post("/v1/payments", json=PAYMENT, reference=reference)
+    (record,) = client.journal.find(reference)
+    assert record.state is payonce.IntentState.UNKNOWN
+    return record
+
+
+@contextmanager
+def paying_in_background(client: payonce.Client, reference: str) -> Iterator[None]:
+    """The payment is on its way from another thread when the block starts (its request
+    is being sent); the thread is joined at the end of the block."""
+    sent = threading.Event()
+    client._http.event_hooks["request"].append(lambda request: sent.set())
+    worker = threading.Thread(
+        target=client.post,
+        args=("/v1/payments",),
+        kwargs={"json": PAYMENT, "reference": reference},
+    )
+    worker.start()
+    try:
+        assert sent.wait(5), "the payment never left"
+        yield
+    finally:
+        worker.join()
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now: connecting is refused, a server may bind it."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
