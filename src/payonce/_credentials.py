@@ -16,12 +16,16 @@ import contextlib
 import json
 import os
 from collections.abc import Iterator
-
-import keyring
-import keyring.backend
-import keyring.errors
+from typing import TYPE_CHECKING
 
 from .errors import ConfigurationError
+
+if TYPE_CHECKING:
+    import keyring.backend
+
+# keyring is imported where it is used: loading it (and its backends' dependencies) costs
+# about 50 ms, which a client given its API key, or a process reading it from the
+# environment, never needs to pay.
 
 __all__ = [
     "ACCOUNT_INDEX",
@@ -110,6 +114,8 @@ def resolve_api_key(
             f"no API key for account {account!r}: that keyring entry is payonce's index of "
             f"accounts, not a key. To fix: {how}"
         )
+    import keyring
+
     backend = keyring.get_keyring()
     allow_plaintext = plaintext_allowed(allow_plaintext_keyring)
     problem = keyring_problem(backend, allow_plaintext=allow_plaintext)
@@ -139,7 +145,11 @@ def resolve_api_key(
 
 # -- managing stored keys ----------------------------------------------------------------------
 
-_KEYRING_ERRORS = (keyring.errors.KeyringError, RuntimeError, EOFError, OSError)
+def _keyring_errors() -> tuple[type[Exception], ...]:
+    import keyring.errors
+
+    return (keyring.errors.KeyringError, RuntimeError, EOFError, OSError)
+
 
 _INSTALL_HOW_TO = (
     "use the OS keyring (Secret Service or KWallet on Linux, Keychain on macOS, Credential "
@@ -182,6 +192,8 @@ def _usable(
     doing: str, allow_plaintext_keyring: bool | None
 ) -> list[keyring.backend.KeyringBackend]:
     """The usable links of the configured keyring, or a ConfigurationError saying how to get one."""
+    import keyring
+
     backend = keyring.get_keyring()
     allow_plaintext = plaintext_allowed(allow_plaintext_keyring)
     usable = usable_backends(backend, allow_plaintext=allow_plaintext)
@@ -197,7 +209,7 @@ def _usable(
 def _keyring_failures(doing: str, backend: keyring.backend.KeyringBackend) -> Iterator[None]:
     try:
         yield
-    except _KEYRING_ERRORS as exc:
+    except _keyring_errors() as exc:
         # The exception's own text is left out: a backend could quote what it was given.
         raise ConfigurationError(
             f"cannot {doing}: the keyring {_describe(backend)} failed ({type(exc).__name__})"
