@@ -145,6 +145,7 @@ def resolve_api_key(
 
 # -- managing stored keys ----------------------------------------------------------------------
 
+
 def _keyring_errors() -> tuple[type[Exception], ...]:
     import keyring.errors
 
