@@ -8,6 +8,10 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# The suite runs in this many processes (pytest-xdist): most of its time is spent waiting on
+# servers and child processes, so two workers halve it even on a 2-core machine. Each
+# worker starts its own sandbox and PostgreSQL server. PYTEST_WORKERS=0 runs in-process.
+PYTEST_WORKERS ?= 2
 
 .PHONY: demo test test-fast lint docs bench clean
 
@@ -37,12 +41,12 @@ lint: $(VENV)/.dev-installed
 
 # pytest exits 5 when it collected no test; make treats that as a failure, as it should.
 test: lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS)
 
 # The inner loop: every test but the long scenarios (the crash soak, the examples run as
 # services, the many-process races), which `make test` and CI still run.
 test-fast: lint
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m "not slow"
 
 # --strict turns every warning into a failure: a broken link or anchor, a page left out of
 # the nav, an API name mkdocstrings cannot find. Nothing is fetched from the network.
