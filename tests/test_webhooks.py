@@ -36,9 +36,9 @@ from starlette.routing import Route
 import payonce
 from helpers.journals import OpenJournal, raw_transaction
 from helpers.processes import EXAMPLES, deployed_env, python_env, run_example
-from payonce._journal import SCHEMA_VERSION
+from payonce._journal import SCHEMA_VERSION, IntentStore
 from payonce._journal._engine import migrate
-from payonce._journal._inbox import EventClaim, EventClaimKind, EventJournal
+from payonce._journal._inbox import EventClaim, EventClaimKind
 from payonce._lifecycle import owner_is_dead
 from payonce.sandbox import (
     DEFAULT_ACCOUNT,
@@ -129,24 +129,24 @@ def inbox(make_inbox: Callable[..., WebhookInbox]) -> WebhookInbox:
 
 
 @pytest.fixture
-def open_events(open_journal: OpenJournal) -> Callable[[], EventJournal]:
+def open_events(open_journal: OpenJournal) -> Callable[[], IntentStore]:
     """Journals on the test's store (conftest's ``location``), one per "host"."""
 
-    def open_() -> EventJournal:
+    def open_() -> IntentStore:
         journal = open_journal()
-        assert isinstance(journal, EventJournal)
+        assert isinstance(journal, IntentStore)
         return journal
 
     return open_
 
 
 @pytest.fixture
-def events(open_events: Callable[[], EventJournal]) -> EventJournal:
+def events(open_events: Callable[[], IntentStore]) -> IntentStore:
     return open_events()
 
 
 def claim(
-    journal: EventJournal,
+    journal: IntentStore,
     event_id: str,
     owner: str,
     now: float,
@@ -168,7 +168,7 @@ def claim(
 
 
 def test_a_first_delivery_is_new_a_concurrent_one_leased_a_later_one_done(
-    events: EventJournal,
+    events: IntentStore,
 ) -> None:
     first = claim(events, "evt_1", "host-a:1:1:a", 1000.0)
     assert first.kind is EventClaimKind.NEW
@@ -190,7 +190,7 @@ def test_a_first_delivery_is_new_a_concurrent_one_leased_a_later_one_done(
 
 
 def test_a_released_event_stays_unprocessed_and_the_next_delivery_runs_it_again(
-    events: EventJournal,
+    events: IntentStore,
 ) -> None:
     claim(events, "evt_1", "w1", 1000.0)
     events.release_event(
@@ -217,7 +217,7 @@ def test_a_released_event_stays_unprocessed_and_the_next_delivery_runs_it_again(
 
 
 def test_an_expired_lease_is_taken_over_and_the_slow_worker_learns_it_lost(
-    events: EventJournal,
+    events: IntentStore,
 ) -> None:
     claim(events, "evt_1", "other-host:1:1:a", 1000.0, lease_seconds=30)
     assert claim(events, "evt_1", "w2", 1029.0).kind is EventClaimKind.LEASED
@@ -240,7 +240,7 @@ def test_an_expired_lease_is_taken_over_and_the_slow_worker_learns_it_lost(
     assert (record.processed_at, record.handler_runs, record.lease_owner) == (1062.0, 2, None)
 
 
-def test_a_dead_owners_live_lease_is_broken_at_once(events: EventJournal) -> None:
+def test_a_dead_owners_live_lease_is_broken_at_once(events: IntentStore) -> None:
     claim(events, "evt_1", "dead-worker", 1000.0, lease_seconds=3600)
     judged: list[str] = []
 
@@ -257,7 +257,7 @@ def test_a_dead_owners_live_lease_is_broken_at_once(events: EventJournal) -> Non
     assert judged == ["dead-worker"]
 
 
-def test_event_ids_are_scoped_per_endpoint(events: EventJournal) -> None:
+def test_event_ids_are_scoped_per_endpoint(events: IntentStore) -> None:
     assert claim(events, "evt_1", "w", 1000.0, endpoint="stripe:acct_1").kind is (
         EventClaimKind.NEW
     )
@@ -270,7 +270,7 @@ def test_event_ids_are_scoped_per_endpoint(events: EventJournal) -> None:
 
 
 def test_hosts_claiming_one_event_at_once_let_exactly_one_handle_it(
-    open_events: Callable[[], EventJournal],
+    open_events: Callable[[], IntentStore],
 ) -> None:
     hosts = [open_events() for _ in range(4)]
     start = threading.Barrier(16)
@@ -289,7 +289,7 @@ def test_hosts_claiming_one_event_at_once_let_exactly_one_handle_it(
 
 
 def test_processed_events_can_be_pruned_and_a_pruned_id_is_new_again(
-    events: EventJournal,
+    events: IntentStore,
 ) -> None:
     for number, now in ((1, 1000.0), (2, 2000.0), (3, 3000.0)):
         claim(events, f"evt_{number}", "w", now)
@@ -314,7 +314,7 @@ def test_a_schema_2_journal_gains_the_inbox_on_open(location: str) -> None:
     try:
         report = journal.check()
         assert (report.ok, report.schema_version) == (True, SCHEMA_VERSION)
-        assert isinstance(journal, EventJournal)
+        assert isinstance(journal, IntentStore)
         assert claim(journal, "evt_1", "w", 1000.0).kind is EventClaimKind.NEW
     finally:
         journal.close()

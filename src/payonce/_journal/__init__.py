@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import platformdirs
 
 from ..errors import ConfigurationError
-from ._base import Journal
+from ._reads import Journal
 from ._records import (
     AttemptRecord,
     Claim,
@@ -135,12 +135,8 @@ def open_store(
     if not isinstance(opened, IntentStore):
         # Only an object the caller gave can fail this (a path always opens a store), so
         # it is the caller's to close.
-        lacking = [
-            name for name in dir(IntentStore) if name[0] != "_" and not hasattr(opened, name)
-        ]
         raise ConfigurationError(
             f"journal= must be a path, a postgresql:// URL, a SQLiteJournal or a "
-            f"PostgresJournal: a {type(opened).__name__} can be read but not written "
-            f"through (it has no {', '.join(lacking[:3])}{', …' if len(lacking) > 3 else ''})"
+            f"PostgresJournal: a {type(opened).__name__} can be read but not written through"
         )
     return opened

@@ -6,7 +6,7 @@ Every journal method is written in terms of two transaction runners a backend pr
 is its own: connecting, opening and checking, locking, durability settings and the
 translation of its driver's errors. ``Engine`` declares those runners; ``_claims`` (the
 private store's writes) and ``_reads`` (the public journal's reads and operator commands)
-are written on top of them, and ``_sql_journal.SQLJournal`` puts the two together.
+are written on top of them, and ``_store.IntentStore`` puts the two together.
 
 Inside ``_write`` every row read with ``lock=True`` stays locked until the commit (SQLite
 holds the whole database with ``BEGIN IMMEDIATE``; PostgreSQL locks the rows with ``FOR
@@ -16,9 +16,7 @@ UPDATE``), so a lease tested here cannot change hands before the write that reli
 from __future__ import annotations
 
 import abc
-import os
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, Protocol, Self, TypeVar
 
 from .._version import __version__
@@ -128,6 +126,9 @@ class Engine(abc.ABC):
     def location(self) -> str:
         """Where the journal lives (a path or a URL without credentials)."""
 
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
     # -- what a backend provides ------------------------------------------------------------
 
     @abc.abstractmethod
@@ -153,13 +154,6 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def _present_columns(self, tx: Tx, table: str) -> set[str]:
         """The columns ``table`` has, or an empty set when there is no such table."""
-
-    @abc.abstractmethod
-    def backup(self, destination: str | os.PathLike[str]) -> Path:
-        """A consistent copy of the journal at ``destination``, a new file."""
-
-    @abc.abstractmethod
-    def close(self) -> None: ...
 
     # -- errors ----------------------------------------------------------------------------
 

@@ -7,36 +7,33 @@ a duplicate forever after) or releases it unprocessed (the provider's redelivery
 again). A lease whose owner died is taken over at once when ``is_stale`` says so (same
 host, process gone), otherwise when it expires.
 
-``InboxMixin`` is a base class of ``SQLJournal``: it relies only on the backend's
-``_write``/``_read`` transaction runners, so SQLite and PostgreSQL both get it.
+``Inbox`` is a base class of every payonce journal (the reads are ``Journal``'s): it relies
+only on the backend's transaction runners, so SQLite and PostgreSQL both get it.
 """
 
 from __future__ import annotations
 
-import abc
 import enum
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+from typing import Any
 
 import attrs
 
 from .._lifecycle import lease_blocks, lease_live, owner_is_dead
-from ..errors import JournalError
-from ._base import Journal
-
-if TYPE_CHECKING:
-    from ._engine import Tx
+from ._engine import Engine, Tx
+from ._sql import EVENT_FIELDS
 
 __all__ = [
-    "EVENT_FIELDS",
+    "LIST_EVENTS",
+    "NOTHING_CHANGED",
+    "PRUNE_EVENTS",
     "EventClaim",
     "EventClaimKind",
-    "EventJournal",
     "EventRecord",
-    "InboxMixin",
+    "Inbox",
+    "event_from_row",
+    "select_event",
 ]
-
-T = TypeVar("T")
 
 # What a caller may conclude when the journal stayed locked past the busy timeout.
 _NOT_RECORDED = (
@@ -46,26 +43,11 @@ _NOT_RECORDED = (
 _HANDLED_NOT_RECORDED = (
     "the handler has run but the event could not be marked processed: a redelivery may run it again"
 )
-_NOTHING_CHANGED = "nothing was changed. Retry later"
+NOTHING_CHANGED = "nothing was changed. Retry later"
 
 _CLAIM_ROUNDS = 3
 _ERROR_CHARS = 500
 
-EVENT_FIELDS = (
-    "endpoint",
-    "event_id",
-    "type",
-    "payload_hash",
-    "received_at",
-    "updated_at",
-    "processed_at",
-    "lease_owner",
-    "lease_expires_at",
-    "deliveries",
-    "handler_runs",
-    "last_error",
-)
-"""Every column of ``webhook_events`` the statements read (checked by ``journal.check``)."""
 
 _COLUMNS = ", ".join(EVENT_FIELDS)
 _KEY = " WHERE endpoint = ? AND event_id = ?"
@@ -157,6 +139,12 @@ def _real(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
+def select_event(tx: Tx, endpoint: str, event_id: str, *, lock: bool) -> EventRecord | None:
+    suffix = tx.dialect.lock_rows if lock else ""
+    row = tx.one(SELECT_EVENT + suffix, (endpoint, event_id))
+    return event_from_row(row) if row else None
+
+
 def event_from_row(row: Sequence[Any]) -> EventRecord:
     fields = dict(zip(EVENT_FIELDS, row, strict=True))
     return EventRecord(
@@ -175,52 +163,8 @@ def event_from_row(row: Sequence[Any]) -> EventRecord:
     )
 
 
-@runtime_checkable
-class EventJournal(Journal, Protocol):
-    """The public ``Journal`` and the writes the webhook inbox makes (every payonce journal
-    has them); ``IntentStore`` adds the clients' writes of intents."""
-
-    def claim_event(
-        self,
-        endpoint: str,
-        event_id: str,
-        *,
-        event_type: str,
-        payload_hash: str,
-        owner: str,
-        now: float,
-        lease_seconds: float,
-        is_stale: Callable[[str], bool] = owner_is_dead,
-    ) -> EventClaim: ...
-
-    def renew_event_lease(
-        self, endpoint: str, event_id: str, *, owner: str, now: float, lease_seconds: float
-    ) -> bool: ...
-
-    def finish_event(self, endpoint: str, event_id: str, *, owner: str, now: float) -> bool: ...
-
-    def release_event(
-        self, endpoint: str, event_id: str, *, owner: str, now: float, error: str | None = None
-    ) -> None: ...
-
-
-class InboxMixin(abc.ABC):
-    """The inbox methods of every SQL journal, on top of its transaction runners."""
-
-    @abc.abstractmethod
-    def _write(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T: ...
-
-    @abc.abstractmethod
-    def _read(self, work: Callable[[Tx], T], *, snapshot: bool = False) -> T: ...
-
-    @abc.abstractmethod
-    def _error(self, what: str, *, busy: bool = False) -> JournalError: ...
-
-    @staticmethod
-    def _event(tx: Tx, endpoint: str, event_id: str, *, lock: bool) -> EventRecord | None:
-        suffix = tx.dialect.lock_rows if lock else ""
-        row = tx.one(SELECT_EVENT + suffix, (endpoint, event_id))
-        return event_from_row(row) if row else None
+class Inbox(Engine):
+    """The webhook inbox's writes, for every SQL journal, on top of its transaction runners."""
 
     def claim_event(
         self,
@@ -258,10 +202,10 @@ class InboxMixin(abc.ABC):
                     ),
                 )
                 if inserted == 1:
-                    record = self._event(tx, endpoint, event_id, lock=False)
+                    record = select_event(tx, endpoint, event_id, lock=False)
                     assert record is not None, "a row this transaction wrote cannot vanish"
                     return EventClaim(EventClaimKind.NEW, record)
-                record = self._event(tx, endpoint, event_id, lock=True)
+                record = select_event(tx, endpoint, event_id, lock=True)
                 if record is None:
                     continue  # pruned between the insert and the look-up: insert again
                 tx.execute(COUNT_DELIVERY, (now, endpoint, event_id))
@@ -278,7 +222,7 @@ class InboxMixin(abc.ABC):
                 else:
                     tx.execute(TAKE_EVENT, (owner, now + lease_seconds, now, endpoint, event_id))
                     kind = EventClaimKind.RETRY
-                current = self._event(tx, endpoint, event_id, lock=False)
+                current = select_event(tx, endpoint, event_id, lock=False)
                 assert current is not None, "a row this transaction holds cannot vanish"
                 return EventClaim(kind, current)
             raise self._error(
@@ -300,7 +244,7 @@ class InboxMixin(abc.ABC):
                 tx.execute(RENEW_EVENT, (now + lease_seconds, endpoint, event_id, owner)) == 1
             ),
             durable=False,
-            busy=_NOTHING_CHANGED,
+            busy=NOTHING_CHANGED,
         )
 
     def finish_event(self, endpoint: str, event_id: str, *, owner: str, now: float) -> bool:
@@ -312,7 +256,7 @@ class InboxMixin(abc.ABC):
         """
 
         def work(tx: Tx) -> bool:
-            record = self._event(tx, endpoint, event_id, lock=True)
+            record = select_event(tx, endpoint, event_id, lock=True)
             if record is None:
                 raise self._error(
                     f"webhook event {event_id} vanished from the journal while its handler "
@@ -334,45 +278,5 @@ class InboxMixin(abc.ABC):
         self._write(
             lambda tx: tx.execute(RELEASE_EVENT, (now, error, endpoint, event_id, owner)),
             durable=False,
-            busy=_NOTHING_CHANGED,
-        )
-
-    def get_event(self, endpoint: str, event_id: str) -> EventRecord | None:
-        return self._read(lambda tx: self._event(tx, endpoint, event_id, lock=False))
-
-    def list_events(
-        self,
-        *,
-        endpoint: str | None = None,
-        unprocessed: bool = False,
-        limit: int | None = None,
-    ) -> list[EventRecord]:
-        """Events, oldest first received first; ``unprocessed`` keeps those still to handle."""
-        where: list[str] = []
-        params: list[Any] = []
-        if endpoint is not None:
-            where.append("endpoint = ?")
-            params.append(endpoint)
-        if unprocessed:
-            where.append("processed_at IS NULL")
-        statement = LIST_EVENTS
-        if where:
-            statement += " WHERE " + " AND ".join(where)
-        statement += " ORDER BY received_at, endpoint, event_id"
-        if limit is not None:
-            statement += " LIMIT ?"
-            params.append(limit)
-        rows = self._read(lambda tx: tx.all(statement, params))
-        return [event_from_row(row) for row in rows]
-
-    def prune_events(self, *, processed_before: float) -> int:
-        """Forget events processed before this time; returns how many.
-
-        A pruned event's redelivery is handled again: keep events longer than the
-        provider redelivers (Stripe: up to 3 days).
-        """
-        return self._write(
-            lambda tx: tx.execute(PRUNE_EVENTS, (processed_before,)),
-            durable=False,
-            busy=_NOTHING_CHANGED,
+            busy=NOTHING_CHANGED,
         )

@@ -36,7 +36,7 @@ from ..errors import ConfigurationError, JournalError
 from . import _sql as sql
 from ._engine import BEFORE_SEND, NO_SEND, Tx, migrate
 from ._postgres_url import Target
-from ._sql_journal import SQLJournal
+from ._store import IntentStore
 
 __all__ = ["PostgresJournal"]
 
@@ -54,7 +54,7 @@ _BUSY = (pg_errors.LockNotAvailable, pg_errors.DeadlockDetected, pg_errors.Seria
 _RETRYABLE = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
 
 
-class PostgresJournal(SQLJournal):
+class PostgresJournal(IntentStore):
     """A journal in a PostgreSQL database, shared by every host and thread that opens it.
 
     ``url`` is a libpq URL, ``postgresql://user:password@host:5432/dbname?sslmode=…``.

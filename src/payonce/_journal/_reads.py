@@ -1,13 +1,19 @@
-"""The public journal, once, for every SQL backend: reads and operator commands.
+"""``Journal``: what an operator, the CLI and a user's own code may do with a journal.
 
-Reads, ``abandon`` and ``acknowledge`` (an operator's decisions, refused for an intent they
-do not fit), ``prune`` in short batches, and ``check``.
+Reads (of intents and of webhook events), and the operator's commands: ``abandon`` and
+``acknowledge`` (refused for an intent they do not fit), ``prune`` in short batches,
+``check`` and ``backup``. Writing intents and events (claims, leases, attempts, outcomes)
+is the clients' and the inbox's alone, through the private ``IntentStore`` (``_store``),
+so that no one settles an intent behind a lease's back.
 """
 
 from __future__ import annotations
 
+import abc
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -16,15 +22,45 @@ from .._lifecycle import IntentState, Transition, lease_blocks, target
 from ..errors import IntentInFlight, IntentStateError
 from . import _sql as sql
 from ._engine import NO_SEND, Engine, Tx
-from ._records import AttemptRecord, IntentRecord, JournalReport, ReconciliationRecord
+from ._inbox import (
+    LIST_EVENTS,
+    NOTHING_CHANGED,
+    PRUNE_EVENTS,
+    EventRecord,
+    event_from_row,
+    select_event,
+)
+from ._records import (
+    AttemptRecord,
+    IntentRecord,
+    JournalReport,
+    ReconciliationRecord,
+)
 
-__all__ = ["Reads"]
+__all__ = ["Journal"]
 
 _SETTLED = (IntentState.SUCCEEDED.value, IntentState.FAILED.value)
 
 
-class Reads(Engine):
-    """Every method of the public ``Journal`` but ``location``, ``backup`` and ``close``."""
+class Journal(Engine):
+    """The durable store of intents and attempts, as its readers and operators see it.
+
+    Every method is atomic. ``SQLiteJournal`` and ``PostgresJournal`` are journals, and
+    ``payonce.open_journal`` opens either.
+    """
+
+    @property
+    @abc.abstractmethod
+    def location(self) -> str:
+        """Where the journal lives (a path or a URL without credentials)."""
+
+    @abc.abstractmethod
+    def backup(self, destination: str | os.PathLike[str]) -> Path:
+        """A consistent copy at ``destination``, a new file; ``JournalError`` where the
+        journal's own database tools must do it (PostgreSQL: ``pg_dump``)."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
 
     def reconciliations(self, key: str) -> list[ReconciliationRecord]:
         rows = self._read(lambda tx: tx.all(sql.RECONCILIATIONS + tx.dialect.tiebreak, (key,)))
@@ -234,3 +270,45 @@ class Reads(Engine):
             )
 
         return self._read(work, snapshot=True)
+
+    # -- webhook events ------------------------------------------------------------------
+
+    def get_event(self, endpoint: str, event_id: str) -> EventRecord | None:
+        return self._read(lambda tx: select_event(tx, endpoint, event_id, lock=False))
+
+    def list_events(
+        self,
+        *,
+        endpoint: str | None = None,
+        unprocessed: bool = False,
+        limit: int | None = None,
+    ) -> list[EventRecord]:
+        """Events, oldest first received first; ``unprocessed`` keeps those still to handle."""
+        where: list[str] = []
+        params: list[Any] = []
+        if endpoint is not None:
+            where.append("endpoint = ?")
+            params.append(endpoint)
+        if unprocessed:
+            where.append("processed_at IS NULL")
+        statement = LIST_EVENTS
+        if where:
+            statement += " WHERE " + " AND ".join(where)
+        statement += " ORDER BY received_at, endpoint, event_id"
+        if limit is not None:
+            statement += " LIMIT ?"
+            params.append(limit)
+        rows = self._read(lambda tx: tx.all(statement, params))
+        return [event_from_row(row) for row in rows]
+
+    def prune_events(self, *, processed_before: float) -> int:
+        """Forget events processed before this time; returns how many.
+
+        A pruned event's redelivery is handled again: keep events longer than the
+        provider redelivers (Stripe: up to 3 days).
+        """
+        return self._write(
+            lambda tx: tx.execute(PRUNE_EVENTS, (processed_before,)),
+            durable=False,
+            busy=NOTHING_CHANGED,
+        )

@@ -16,7 +16,6 @@ from typing import Any
 import attrs
 
 from .._lifecycle import IntentState
-from ._inbox import EVENT_FIELDS
 from ._records import (
     AttemptRecord,
     IntentRecord,
@@ -26,6 +25,7 @@ from ._records import (
 from ._schema import render_migrations
 
 __all__ = [
+    "EVENT_FIELDS",
     "ATTEMPT_COLUMNS",
     "INTENT_COLUMNS",
     "POSTGRES",
@@ -132,6 +132,22 @@ _INTENT_FIELDS = (
     "acknowledged_at",
     "abandon_reason",
 )
+EVENT_FIELDS = (
+    "endpoint",
+    "event_id",
+    "type",
+    "payload_hash",
+    "received_at",
+    "updated_at",
+    "processed_at",
+    "lease_owner",
+    "lease_expires_at",
+    "deliveries",
+    "handler_runs",
+    "last_error",
+)
+"""Every column of ``webhook_events`` the statements read (checked by ``journal.check``)."""
+
 _ATTEMPT_FIELDS = ("key", "number", "started_at", "ended_at", "status_code", "error", "ambiguous")
 _RECONCILIATION_FIELDS = ("key", "at", "outcome", "detail", "status_code")
 

@@ -28,7 +28,7 @@ from ..errors import JournalError
 from . import _sql as sql
 from ._engine import BEFORE_SEND, NO_SEND, Tx, migrate
 from ._group_commit import GroupCommit
-from ._sql_journal import SQLJournal
+from ._store import IntentStore
 
 __all__ = ["SQLiteJournal"]
 
@@ -37,7 +37,7 @@ T = TypeVar("T")
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
-class SQLiteJournal(GroupCommit, SQLJournal):
+class SQLiteJournal(GroupCommit, IntentStore):
     """A journal in one SQLite file (WAL mode), safe for many threads and processes.
 
     The file is created with mode 0600. A file that is not a payonce journal, or is
