@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 import payonce
-from payonce._journal import IntentDraft, StoredResponse
+from payonce._journal._records import IntentDraft, StoredResponse
 from payonce._lifecycle import canonical_request, make_scope
 
 API_KEY = "sk_test_payonce"

@@ -60,7 +60,7 @@ from _harness import (
 from _transports import Bounded, Spread, pool
 
 import payonce
-from payonce._journal import SQLiteJournal
+from payonce._journal._sqlite import SQLiteJournal
 from payonce._runtime import _async as _async_client
 
 P = ParamSpec("P")

@@ -38,8 +38,8 @@ from _harness import (
     workdir,
 )
 
-from payonce._journal import ClaimKind, SQLiteJournal
-from payonce._lifecycle import Transition
+from payonce._journal._sqlite import SQLiteJournal
+from payonce._lifecycle import ClaimKind, Transition
 
 TARGET = 8.0
 ARRANGEMENTS = ("per-thread", "inline", "group")

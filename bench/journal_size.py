@@ -33,8 +33,8 @@ from _harness import ACCOUNT, PATH, console, draft, header, table, workdir
 from click.testing import CliRunner
 
 from payonce import IntentState
-from payonce._journal import SQLiteJournal
 from payonce._journal import _sql as sql
+from payonce._journal._sqlite import SQLiteJournal
 from payonce.cli import cli
 
 DAY = 86400.0

@@ -33,7 +33,7 @@ import tenacity
 from _harness import ACCOUNT, API_KEY, PATH, PAYMENT, RESPONSE, draft, header, median, table
 
 import payonce
-from payonce._journal import SQLiteJournal
+from payonce._journal._sqlite import SQLiteJournal
 from payonce._lifecycle import Transition
 
 TARGET_US = 150.0

@@ -19,7 +19,8 @@ from helpers.journals import OpenJournal
 from helpers.keyrings import UseKeyring
 from helpers.payments import FAST_RETRY
 from helpers.sandboxes import SharedSandboxes
-from payonce._journal import IntentStore, open_store
+from payonce._journal._open import open_store
+from payonce._journal._store import IntentStore
 from payonce.sandbox import DEFAULT_API_KEY, SandboxConfig, SandboxServer
 
 # A PostgreSQL server of the session's own, started on first use, and a database per test.

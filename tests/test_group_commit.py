@@ -37,10 +37,10 @@ from helpers.crash import (
 )
 from helpers.journals import RESPONSE, draft_for
 from payonce._crash import CRASH_POINTS
-from payonce._journal import ClaimKind, SQLiteJournal
 from payonce._journal._engine import Tx
 from payonce._journal._group_commit import Member
-from payonce._lifecycle import Transition
+from payonce._journal._sqlite import SQLiteJournal
+from payonce._lifecycle import ClaimKind, Transition
 from payonce.sandbox import SandboxServer
 
 SUCCEEDED = payonce.IntentState.SUCCEEDED

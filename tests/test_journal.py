@@ -27,8 +27,9 @@ import pytest
 
 import payonce
 from helpers.payments import PAYMENT
-from payonce._journal import SCHEMA_VERSION, ClaimKind, IntentDraft, StoredResponse
-from payonce._lifecycle import Transition, canonical_request, make_scope
+from payonce._journal._records import IntentDraft, StoredResponse
+from payonce._journal._schema import SCHEMA_VERSION
+from payonce._lifecycle import ClaimKind, Transition, canonical_request, make_scope
 from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
 
 DATA = Path(__file__).parent / "data"

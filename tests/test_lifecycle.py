@@ -32,7 +32,7 @@ from payonce._lifecycle import (
     resend_refusal,
     target,
 )
-from payonce._providers import Lookup
+from payonce._providers._profile import Lookup
 
 CONTRACT = Path(__file__).parent.parent / "docs" / "contract.md"
 PENDING, UNKNOWN = IntentState.PENDING, IntentState.UNKNOWN

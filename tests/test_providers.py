@@ -25,18 +25,11 @@ import payonce
 from helpers.payments import DECLINED, PAYMENT, MakeClient, leave_pending
 from helpers.sandboxes import SharedSandboxes
 from payonce._lifecycle import Outcome, classify_response
-from payonce._providers import (
-    ADYEN,
-    GENERIC,
-    MOLLIE,
-    STRIPE,
-    Lookup,
-    adyen_profile,
-    adyen_reference_lookup,
-    get_profile,
-    stripe_profile,
-)
 from payonce._providers import _profile as profile_module
+from payonce._providers._adyen import ADYEN, adyen_profile, adyen_reference_lookup
+from payonce._providers._mollie import MOLLIE
+from payonce._providers._profile import GENERIC, Lookup, get_profile
+from payonce._providers._stripe import STRIPE, stripe_profile
 from payonce._runtime import _reconcile
 from payonce.sandbox import DEFAULT_API_KEY, SandboxConfig, SandboxServer
 

@@ -15,8 +15,9 @@ from click.testing import CliRunner
 
 import payonce
 from helpers.journals import RESPONSE, OpenJournal, draft_for, rows
-from payonce._journal import ClaimKind, IntentStore, SQLiteJournal
-from payonce._lifecycle import Transition
+from payonce._journal._sqlite import SQLiteJournal
+from payonce._journal._store import IntentStore
+from payonce._lifecycle import ClaimKind, Transition
 from payonce.cli import cli
 from payonce.cli._journal import parse_duration
 

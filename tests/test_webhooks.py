@@ -36,9 +36,10 @@ from starlette.routing import Route
 import payonce
 from helpers.journals import OpenJournal, raw_transaction
 from helpers.processes import EXAMPLES, deployed_env, python_env, run_example
-from payonce._journal import SCHEMA_VERSION, IntentStore
 from payonce._journal._engine import migrate
 from payonce._journal._inbox import EventClaim, EventClaimKind
+from payonce._journal._schema import SCHEMA_VERSION
+from payonce._journal._store import IntentStore
 from payonce._lifecycle import owner_is_dead
 from payonce.sandbox import (
     DEFAULT_ACCOUNT,

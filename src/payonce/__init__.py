@@ -15,9 +15,11 @@ from . import credentials as credentials
 from . import journal as journal
 from . import providers as providers
 from . import records as records
-from ._journal import IntentRecord, Journal, open_journal
+from ._journal._open import open_journal
+from ._journal._reads import Journal
+from ._journal._records import IntentRecord
 from ._lifecycle import IntentState
-from ._providers import ProviderProfile, register_profile
+from ._providers._profile import ProviderProfile, register_profile
 from ._runtime._async import AsyncClient, AsyncOperation
 from ._runtime._responses import response_info
 from ._runtime._retrying import RetryPolicy

@@ -6,20 +6,19 @@
 
 from typing import TYPE_CHECKING, Any
 
-from ._journal import (
+from ._journal._open import default_journal_path, open_journal, postgres_journal_class
+from ._journal._reads import Journal
+from ._journal._records import (
     AttemptRecord,
     IntentRecord,
-    Journal,
     JournalReport,
     ReconciliationRecord,
-    SQLiteJournal,
     StoredResponse,
-    default_journal_path,
-    open_journal,
 )
+from ._journal._sqlite import SQLiteJournal
 
 if TYPE_CHECKING:
-    from ._journal import PostgresJournal
+    from ._journal._postgres import PostgresJournal
 
 __all__ = [
     "AttemptRecord",
@@ -38,7 +37,5 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # PostgresJournal imports psycopg: only for those who ask for it.
     if name == "PostgresJournal":
-        from . import _journal
-
-        return _journal.PostgresJournal
+        return postgres_journal_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,16 +5,10 @@ A profile of your own is a ``ProviderProfile``; its ``refine`` hook may return a
 """
 
 from ._lifecycle import Outcome, Verdict
-from ._providers import (
-    Lookup,
-    ProviderProfile,
-    adyen_profile,
-    adyen_reference_lookup,
-    get_profile,
-    mollie_profile,
-    register_profile,
-    stripe_profile,
-)
+from ._providers._adyen import adyen_profile, adyen_reference_lookup
+from ._providers._mollie import mollie_profile
+from ._providers._profile import Lookup, ProviderProfile, get_profile, register_profile
+from ._providers._stripe import stripe_profile
 
 __all__ = [
     "Lookup",

@@ -46,8 +46,10 @@ from typing import Any, Final
 
 import attrs
 
-from ._journal import IntentStore, Journal, open_store
 from ._journal._inbox import EventClaim, EventClaimKind, EventRecord
+from ._journal._open import open_store
+from ._journal._reads import Journal
+from ._journal._store import IntentStore
 from ._lifecycle import new_owner
 from ._runtime._lease_keeper import Lease, TaskLeaseKeeper, ThreadLeaseKeeper
 from ._signatures import DEFAULT_TOLERANCE, sign, verify

@@ -9,9 +9,10 @@ from typing import Any
 
 import psycopg
 
-from payonce._journal import IntentDraft, IntentStore, StoredResponse
 from payonce._journal import _sql as sql
 from payonce._journal._engine import Tx
+from payonce._journal._records import IntentDraft, StoredResponse
+from payonce._journal._store import IntentStore
 from payonce._lifecycle import Transition, canonical_request, make_scope
 
 OpenJournal = Callable[..., IntentStore]

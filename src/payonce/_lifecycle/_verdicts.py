@@ -19,7 +19,7 @@ import httpx
 from ._states import IntentState, Transition
 
 if TYPE_CHECKING:
-    from .._providers import Lookup, ProviderProfile
+    from .._providers._profile import Lookup, ProviderProfile
 
 __all__ = [
     "LookupKind",

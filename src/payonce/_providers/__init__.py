@@ -1,26 +1,15 @@
-"""Provider profiles: what differs between payment providers' idempotency contracts."""
+"""Provider profiles: what differs between payment providers' idempotency contracts.
 
-from ._adyen import ADYEN, adyen_profile, adyen_reference_lookup
-from ._mollie import MOLLIE, mollie_profile
-from ._profile import GENERIC, SANDBOX, Lookup, ProviderProfile, get_profile, register_profile
-from ._stripe import STRIPE, stripe_profile
+``_profile`` holds ``ProviderProfile`` and the registry; each provider has a module of its
+own. Importing this package registers the built-in profiles by name; the public names are
+in ``payonce.providers``.
+"""
+
+from ._adyen import ADYEN
+from ._mollie import MOLLIE
+from ._profile import register_profile
+from ._stripe import STRIPE
 
 for _builtin in (STRIPE, ADYEN, MOLLIE):
     register_profile(_builtin)
 del _builtin
-
-__all__ = [
-    "ADYEN",
-    "GENERIC",
-    "MOLLIE",
-    "SANDBOX",
-    "STRIPE",
-    "Lookup",
-    "ProviderProfile",
-    "adyen_profile",
-    "adyen_reference_lookup",
-    "get_profile",
-    "mollie_profile",
-    "register_profile",
-    "stripe_profile",
-]

@@ -17,7 +17,7 @@ from typing import Any, ParamSpec, TypeVar, Unpack
 import httpx
 import tenacity
 
-from .._journal import IntentDraft, IntentRecord
+from .._journal._records import IntentDraft, IntentRecord
 from .._lifecycle import new_owner
 from . import _reconcile
 from . import _refusals as refusals

@@ -18,9 +18,12 @@ from typing import Any, Generic, TypedDict, TypeVar, Unpack, cast
 import httpx
 
 from .._credentials import resolve_api_key
-from .._journal import IntentDraft, IntentRecord, IntentStore, Journal, open_store
+from .._journal._open import open_store
+from .._journal._reads import Journal
+from .._journal._records import IntentDraft, IntentRecord
+from .._journal._store import IntentStore
 from .._lifecycle import IntentState, KeyFormat, canonical_request, new_key
-from .._providers import ProviderProfile, get_profile
+from .._providers._profile import ProviderProfile, get_profile
 from .._version import __version__
 from ..errors import ConfigurationError, IntentStateError
 from ._core import IntentCore

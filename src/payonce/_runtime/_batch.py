@@ -18,7 +18,7 @@ from typing import Protocol, TypeVar
 import attrs
 import httpx
 
-from .._journal import Claim, IntentRecord
+from .._journal._records import Claim, IntentRecord
 from .._lifecycle import IntentState, new_owner
 from ..errors import AuthenticationError, PayonceError, ProviderError
 from . import _reconcile

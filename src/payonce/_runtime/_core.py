@@ -15,9 +15,11 @@ import attrs
 import httpx
 
 from .._crash import crash_armed, crash_atrace, crash_point, crash_trace
-from .._journal import Claim, ClaimKind, IntentDraft, IntentRecord, IntentStore
+from .._journal._records import Claim, IntentDraft, IntentRecord
+from .._journal._store import IntentStore
 from .._lifecycle import (
     CanonicalRequest,
+    ClaimKind,
     IntentState,
     KeyFormat,
     Outcome,
@@ -32,7 +34,7 @@ from .._lifecycle import (
     transition_for,
     validate_key,
 )
-from .._providers import ProviderProfile
+from .._providers._profile import ProviderProfile
 from ..errors import PayonceError
 from . import _refusals as refusals
 from ._lease_keeper import Lease

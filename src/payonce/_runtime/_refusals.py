@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from .._journal import IntentDraft, IntentRecord
+from .._journal._records import IntentDraft, IntentRecord
 from .._lifecycle import Outcome, Verdict
 from ..errors import (
     AuthenticationError,

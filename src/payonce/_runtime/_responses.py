@@ -8,7 +8,7 @@ import logging
 import attrs
 import httpx
 
-from .._journal import IntentRecord, StoredResponse
+from .._journal._records import IntentRecord, StoredResponse
 from .._lifecycle import IntentState
 
 __all__ = [

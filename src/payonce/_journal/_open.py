@@ -1,0 +1,113 @@
+"""Opening a journal: from an instance, a path, a ``postgresql://`` URL, or the default place."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import platformdirs
+
+from ..errors import ConfigurationError
+from ._reads import Journal
+from ._sql import is_postgres_url
+from ._sqlite import SQLiteJournal
+from ._store import IntentStore
+
+if TYPE_CHECKING:
+    from ._postgres import PostgresJournal
+
+__all__ = [
+    "JOURNAL_ENV",
+    "default_journal_path",
+    "open_journal",
+    "open_store",
+    "postgres_journal_class",
+]
+
+JOURNAL_ENV = "PAYONCE_JOURNAL"
+
+_POSTGRES_EXTRA = (
+    "a postgresql:// journal needs the postgres extra: pip install 'payonce[postgres]'"
+)
+
+
+def postgres_journal_class() -> type[PostgresJournal]:
+    try:
+        from ._postgres import PostgresJournal
+    except ImportError as exc:
+        raise ConfigurationError(f"{_POSTGRES_EXTRA} ({exc})") from None
+    return PostgresJournal
+
+
+def default_journal_path() -> Path:
+    """``$PAYONCE_JOURNAL`` if set, else ``payonce/journal.db`` in the user data directory."""
+    configured = os.environ.get(JOURNAL_ENV)
+    if configured:
+        return Path(configured).expanduser()
+    return Path(platformdirs.user_data_dir("payonce", appauthor=False)) / "journal.db"
+
+
+def open_journal(
+    journal: Journal | str | os.PathLike[str] | None = None,
+    *,
+    busy_timeout: float = 5.0,
+    check_integrity: bool = True,
+) -> Journal:
+    """A journal from an instance, a path, a ``postgresql://`` URL, or the default location.
+
+    ``$PAYONCE_JOURNAL`` may hold a path or a URL. Only the default location's directory
+    is created on demand: an explicit path whose directory is missing is far more likely a
+    typo than a wish. ``check_integrity=False`` skips the check on open (SQLite's
+    ``PRAGMA quick_check`` reads the whole file: 1.5 s at a million intents): for readers.
+    """
+    if journal is not None and not isinstance(journal, str | os.PathLike):
+        if not isinstance(journal, Journal):
+            raise ConfigurationError(
+                f"journal= takes a path, a postgresql:// URL or a payonce Journal, not "
+                f"{type(journal).__name__}"
+            )
+        return journal
+    if isinstance(journal, str) and "://" in journal and not is_postgres_url(journal):
+        scheme = journal.split("://", 1)[0]
+        raise ConfigurationError(
+            f"unsupported journal URL scheme {scheme!r}: use a file path or postgresql://…"
+        )
+    if journal is None and is_postgres_url(os.environ.get(JOURNAL_ENV, "")):
+        journal = os.environ[JOURNAL_ENV]
+    if isinstance(journal, str) and is_postgres_url(journal):
+        return postgres_journal_class()(
+            journal, busy_timeout=busy_timeout, check_integrity=check_integrity
+        )
+    if journal is None:
+        from_env = bool(os.environ.get(JOURNAL_ENV))
+        return SQLiteJournal(
+            default_journal_path(),
+            busy_timeout=busy_timeout,
+            create_directories=not from_env,
+            check_integrity=check_integrity,
+        )
+    return SQLiteJournal(journal, busy_timeout=busy_timeout, check_integrity=check_integrity)
+
+
+def open_store(
+    journal: Journal | str | os.PathLike[str] | None,
+    *,
+    busy_timeout: float = 5.0,
+    check_integrity: bool = True,
+) -> IntentStore:
+    """``open_journal`` for those who write intents: a client, the webhook inbox.
+
+    A journal object given to them must be a payonce journal (``SQLiteJournal``,
+    ``PostgresJournal``), which keeps the clients' writes; a ``Journal`` that only reads
+    is refused with ``ConfigurationError`` before anything is sent.
+    """
+    opened = open_journal(journal, busy_timeout=busy_timeout, check_integrity=check_integrity)
+    if not isinstance(opened, IntentStore):
+        # Only an object the caller gave can fail this (a path always opens a store), so
+        # it is the caller's to close.
+        raise ConfigurationError(
+            f"journal= must be a path, a postgresql:// URL, a SQLiteJournal or a "
+            f"PostgresJournal: a {type(opened).__name__} can be read but not written through"
+        )
+    return opened
