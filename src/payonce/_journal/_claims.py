@@ -22,10 +22,9 @@ from .._lifecycle import (
     is_mismatch,
     owner_is_dead,
     rule,
-    target,
 )
 from .._version import __version__
-from ..errors import IntentInFlight, IntentStateError
+from ..errors import IntentInFlight
 from . import _sql as sql
 from ._engine import AFTER_SEND, BEFORE_SEND, Engine, Tx
 from ._records import Claim, IntentDraft, IntentRecord, IntentRequest, StoredResponse
@@ -92,14 +91,7 @@ class Claims(Engine):
         """The held intent and the state ``transition`` takes it to; refused when the
         transition may not start from the intent's state."""
         record = self._held_by(tx, key, owner)
-        to = target(transition, record.state)
-        if to is None:
-            raise IntentStateError(
-                f"intent {key} is {record.state.value}: '{transition.value}' does not apply to it",
-                key=key,
-                reference=record.reference,
-            )
-        return record, to
+        return record, self._allowed(record, transition)
 
     def claim(
         self,

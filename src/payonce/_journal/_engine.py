@@ -19,8 +19,9 @@ import abc
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, Self, TypeVar
 
+from .._lifecycle import IntentState, Transition, target
 from .._version import __version__
-from ..errors import JournalBusy, JournalError
+from ..errors import IntentStateError, JournalBusy, JournalError
 from . import _sql as sql
 from ._records import IntentRecord
 from ._schema import APPLICATION, SCHEMA_VERSION
@@ -177,6 +178,24 @@ class Engine(abc.ABC):
         record = self._select(tx, sql.BY_KEY, (key,))
         assert record is not None, "a row this transaction holds cannot vanish"
         return record
+
+    @staticmethod
+    def _allowed(
+        record: IntentRecord,
+        transition: Transition,
+        refusal: str = "intent {key} is {state}: '{transition}' does not apply to it",
+    ) -> IntentState:
+        """Where ``transition`` takes the intent; ``IntentStateError`` (worded by ``refusal``,
+        a format string) when the transition table does not let it start from there."""
+        to = target(transition, record.state)
+        if to is None:
+            state, what = record.state.value, transition.value
+            raise IntentStateError(
+                refusal.format(key=record.key, state=state, transition=what),
+                key=record.key,
+                reference=record.reference,
+            )
+        return to
 
     def _existing(self, tx: Tx, key: str) -> IntentRecord:
         record = self._select(tx, sql.BY_KEY, (key,), lock=True)

@@ -18,8 +18,8 @@ from typing import Any
 
 import attrs
 
-from .._lifecycle import IntentState, Transition, lease_blocks, target
-from ..errors import IntentInFlight, IntentStateError
+from .._lifecycle import IntentState, Transition, lease_blocks
+from ..errors import IntentInFlight
 from . import _sql as sql
 from ._engine import NO_SEND, Engine, Tx
 from ._inbox import (
@@ -40,6 +40,12 @@ from ._records import (
 __all__ = ["Journal"]
 
 _SETTLED = (IntentState.SUCCEEDED.value, IntentState.FAILED.value)
+_CANNOT_ABANDON = (
+    "intent {key} is already {state}; only pending or unknown intents can be abandoned"
+)
+_CANNOT_ACKNOWLEDGE = (
+    "intent {key} is {state}: only a settled intent (succeeded or failed) can be acknowledged"
+)
 
 
 class Journal(Engine):
@@ -69,13 +75,7 @@ class Journal(Engine):
     def abandon(self, key: str, *, reason: str, now: float) -> IntentRecord:
         def work(tx: Tx) -> IntentRecord:
             record = self._existing(tx, key)
-            if target(Transition.ABANDONED, record.state) is None:
-                raise IntentStateError(
-                    f"intent {key} is already {record.state.value}; only pending or unknown "
-                    "intents can be abandoned",
-                    key=key,
-                    reference=record.reference,
-                )
+            self._allowed(record, Transition.ABANDONED, _CANNOT_ABANDON)
             if lease_blocks(record.lease_owner, record.lease_expires_at, owner="", now=now):
                 raise IntentInFlight(
                     f"intent {key} is being sent by {record.lease_owner} right now; abandon "
@@ -93,13 +93,7 @@ class Journal(Engine):
     def acknowledge(self, key: str, *, now: float) -> IntentRecord:
         def work(tx: Tx) -> IntentRecord:
             record = self._existing(tx, key)
-            if target(Transition.ACKNOWLEDGED, record.state) is None:
-                raise IntentStateError(
-                    f"intent {key} is {record.state.value}: only a settled intent (succeeded or "
-                    "failed) can be acknowledged",
-                    key=key,
-                    reference=record.reference,
-                )
+            self._allowed(record, Transition.ACKNOWLEDGED, _CANNOT_ACKNOWLEDGE)
             if record.acknowledged_at is not None:
                 return record  # acknowledged once: the first time stands
             tx.execute(sql.ACKNOWLEDGE, (now, key))

@@ -81,21 +81,16 @@ class AsyncOperation(OperationBase, Verbs[Awaited]):
             await _off_loop(self._acknowledge_quietly)
 
 
-class AsyncClient(BaseClient[httpx.AsyncBaseTransport], OneShotVerbs[Awaited]):
+class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotVerbs[Awaited]):
     """The asyncio twin of ``payonce.Client``: same options, same guarantees."""
 
+    _operation = AsyncOperation
     _http: httpx.AsyncClient
     _keeper: TaskLeaseKeeper
 
     def _connect(self, transport: httpx.AsyncBaseTransport | None, options: dict[str, Any]) -> None:
         self._http = httpx.AsyncClient(transport=transport, **options)
         self._keeper = TaskLeaseKeeper(self._core.lease_seconds / 3)
-
-    def intent(
-        self, reference: str | None = None, *, key: str | None = None, acknowledge: bool = True
-    ) -> AsyncOperation:
-        """The async context manager for one business operation (see ``Client.intent``)."""
-        return AsyncOperation(self, reference, key, acknowledge)
 
     async def request(
         self, method: str, path: str, **options: Unpack[OneShotOptions]

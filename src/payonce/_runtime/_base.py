@@ -46,6 +46,7 @@ logger = logging.getLogger("payonce")
 USER_AGENT = f"payonce/{__version__}"
 
 TransportT = TypeVar("TransportT", httpx.BaseTransport, httpx.AsyncBaseTransport)
+OperationT = TypeVar("OperationT", bound="OperationBase")
 R = TypeVar("R")
 
 
@@ -123,7 +124,11 @@ class OperationBase:
     """What both operation flavours share: identity, drafting, acknowledgement."""
 
     def __init__(
-        self, client: BaseClient[Any], reference: str | None, key: str | None, acknowledge: bool
+        self,
+        client: BaseClient[Any, Any],
+        reference: str | None,
+        key: str | None,
+        acknowledge: bool,
     ) -> None:
         self._core = client._core
         self.reference = reference
@@ -189,8 +194,11 @@ def _content_type(headers: Mapping[str, str] | None) -> str | None:
     return None
 
 
-class BaseClient(abc.ABC, Generic[TransportT]):
+class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
     """Options, credentials and the journal: everything that is not I/O."""
+
+    _operation: type[OperationT]
+    """The operation flavour of this client (``Operation``, ``AsyncOperation``)."""
 
     def __init__(
         self,
@@ -294,6 +302,19 @@ class BaseClient(abc.ABC, Generic[TransportT]):
     @abc.abstractmethod
     def _connect(self, transport: TransportT | None, options: dict[str, Any]) -> None:
         """Open the HTTP client and the lease keeper of this flavour."""
+
+    def intent(
+        self, reference: str | None = None, *, key: str | None = None, acknowledge: bool = True
+    ) -> OperationT:
+        """The context manager for one business operation (``async with`` for
+        ``AsyncClient``).
+
+        The same ``reference`` (for the same account, method and path) is the same intent
+        with the same key, in this process or after a restart. Leaving the block normally
+        acknowledges the outcome; pass ``acknowledge=False`` to acknowledge it yourself
+        once your own database has recorded it.
+        """
+        return self._operation(self, reference, key, acknowledge)
 
     @property
     def account(self) -> str:

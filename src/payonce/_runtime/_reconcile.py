@@ -30,7 +30,8 @@ from .._lifecycle import (
     classify_lookup_error,
     resend_refusal,
 )
-from ..errors import ConfigurationError, ProviderError
+from ..errors import ConfigurationError
+from . import _refusals as refusals
 from ._core import IntentCore
 from ._retrying import Retry
 
@@ -150,13 +151,7 @@ def conclude(
             return _not_found(core, record, owner, status)
         case LookupKind.REFUSED:
             _journal(core, record, owner, "error", verdict.detail, status, _AMBIGUOUS)
-            raise ProviderError(
-                f"the provider refused the status look-up of intent {record.key} with HTTP "
-                f"{status}; it stays unknown",
-                key=record.key,
-                reference=record.reference,
-                response=response,
-            )
+            raise refusals.lookup_refused(record, response)
         case LookupKind.FOUND:
             assert verdict.record is not None
             stored = StoredResponse(

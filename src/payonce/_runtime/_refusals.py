@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
 import httpx
 
 from .._journal._records import IntentDraft, IntentRecord
@@ -21,52 +23,52 @@ __all__ = [
     "abandoned",
     "authentication",
     "in_flight",
+    "lookup_refused",
     "mismatch",
     "refused",
     "unavailable",
     "unknown",
 ]
 
+E = TypeVar("E", bound=IntentError)
 
-def _ref(reference: str | None) -> str:
-    return f" (reference {reference!r})" if reference else ""
+
+def _about(error: type[E], record: IntentRecord, what: str, **details: Any) -> E:
+    """``error`` about ``record``: "intent KEY (reference 'REF') " then ``what``."""
+    reference = f" (reference {record.reference!r})" if record.reference else ""
+    message = f"intent {record.key}{reference} {what}"
+    return error(message, key=record.key, reference=record.reference, **details)
 
 
 def in_flight(record: IntentRecord) -> IntentInFlight:
-    return IntentInFlight(
-        f"intent {record.key}{_ref(record.reference)} is being sent by another worker "
-        f"({record.lease_owner}); wait for it, or call again to get its stored outcome",
-        key=record.key,
-        reference=record.reference,
+    return _about(
+        IntentInFlight,
+        record,
+        f"is being sent by another worker ({record.lease_owner}); wait for it, or call "
+        "again to get its stored outcome",
     )
 
 
 def unknown(record: IntentRecord) -> OutcomeUnknown:
     reason = record.unknown_reason or "outcome unknown"
-    return OutcomeUnknown(
-        f"the outcome of intent {record.key}{_ref(record.reference)} is unknown ({reason}); "
-        f"it will not be resent blindly. Reconcile it: payonce reconcile {record.key}",
-        key=record.key,
-        reference=record.reference,
-        reason=reason,
+    what = (
+        f"has an unknown outcome ({reason}); it will not be resent blindly. Reconcile it: "
+        f"payonce reconcile {record.key}"
     )
+    return _about(OutcomeUnknown, record, what, reason=reason)
 
 
 def abandoned(record: IntentRecord) -> IntentStateError:
-    return IntentStateError(
-        f"intent {record.key}{_ref(record.reference)} was abandoned by an operator "
-        f"({record.abandon_reason}); it is never resent. Use a new reference to pay again",
-        key=record.key,
-        reference=record.reference,
-    )
+    why = f"was abandoned by an operator ({record.abandon_reason}); it is never resent"
+    return _about(IntentStateError, record, f"{why}. Use a new reference to pay again")
 
 
 def unavailable(record: IntentRecord, reason: str) -> ProviderUnavailable:
-    return ProviderUnavailable(
-        f"intent {record.key}{_ref(record.reference)} was never executed by the provider "
-        f"({reason}); it stays pending under its key: calling again later is safe",
-        key=record.key,
-        reference=record.reference,
+    return _about(
+        ProviderUnavailable,
+        record,
+        f"was never executed by the provider ({reason}); it stays pending under its key: "
+        "calling again later is safe",
     )
 
 
@@ -77,12 +79,11 @@ def mismatch(draft: IntentDraft, record: IntentRecord) -> IntentMismatch:
         what = f"key {record.key} belongs to {record.scope!r}, not {draft.scope!r}"
     else:
         what = "the request differs from the one first journaled for it"
-    return IntentMismatch(
-        f"intent {record.key}{_ref(record.reference)}: {what} (stored fingerprint "
-        f"{record.fingerprint[:16]}…, new {draft.fingerprint[:16]}…). Nothing was sent. "
-        "Use a new reference for a new operation",
-        key=record.key,
-        reference=record.reference,
+    return _about(
+        IntentMismatch,
+        record,
+        f"cannot be sent: {what} (stored fingerprint {record.fingerprint[:16]}…, new "
+        f"{draft.fingerprint[:16]}…). Nothing was sent. Use a new reference for a new operation",
         stored_fingerprint=record.fingerprint,
         new_fingerprint=draft.fingerprint,
     )
@@ -91,33 +92,36 @@ def mismatch(draft: IntentDraft, record: IntentRecord) -> IntentMismatch:
 def refused(record: IntentRecord, response: httpx.Response, verdict: Verdict) -> IntentError:
     """The error of a failed intent's stored refusal, by the verdict on it: the profile's,
     not the bare status (Stripe's mismatch is a 400 that only its body tells apart)."""
+    status = response.status_code
     if verdict.outcome is Outcome.MISMATCH:
-        return IntentMismatch(
-            f"the provider refused intent {record.key}{_ref(record.reference)}: it holds "
-            f"this key for a different request (HTTP {response.status_code}). Use a new "
-            "reference for a new operation",
-            key=record.key,
-            reference=record.reference,
+        return _about(
+            IntentMismatch,
+            record,
+            f"was refused by the provider: it holds this key for a different request (HTTP "
+            f"{status}). Use a new reference for a new operation",
             stored_fingerprint="(provider)",
             new_fingerprint=record.fingerprint,
         )
-    return ProviderError(
-        f"the provider refused intent {record.key}{_ref(record.reference)} with HTTP "
-        f"{response.status_code}; the refusal is journaled and will be replayed for this "
-        "intent. Use a new reference to try a different request",
-        key=record.key,
-        reference=record.reference,
-        response=response,
+    what = (
+        f"was refused by the provider with HTTP {status}; the refusal is journaled and will "
+        "be replayed for this intent. Use a new reference to try a different request"
     )
+    return _about(ProviderError, record, what, response=response)
 
 
 def authentication(record: IntentRecord, response: httpx.Response) -> AuthenticationError:
-    return AuthenticationError(
-        f"the provider refused intent {record.key}{_ref(record.reference)} with HTTP "
-        f"{response.status_code} before executing it: the API key is wrong, revoked or "
-        "lacks a permission. Nothing was executed and the intent stays pending under its "
-        "key: fix the key, then call again (or `payonce resume`)",
-        key=record.key,
-        reference=record.reference,
-        response=response,
+    what = (
+        f"was refused by the provider with HTTP {response.status_code} before it executed "
+        "it: the API key is wrong, revoked or lacks a permission. Nothing was executed and "
+        "the intent stays pending under its key: fix the key, then call again (or `payonce "
+        "resume`)"
     )
+    return _about(AuthenticationError, record, what, response=response)
+
+
+def lookup_refused(record: IntentRecord, response: httpx.Response) -> ProviderError:
+    what = (
+        f"could not be looked up: the provider refused the status look-up with HTTP "
+        f"{response.status_code}; it stays unknown"
+    )
+    return _about(ProviderError, record, what, response=response)

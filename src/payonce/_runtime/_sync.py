@@ -77,30 +77,19 @@ class Operation(OperationBase, Verbs[httpx.Response]):
             self._acknowledge_quietly()
 
 
-class Client(BaseClient[httpx.BaseTransport], OneShotVerbs[httpx.Response]):
+class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Response]):
     """A payment-provider client whose every operation takes effect exactly once.
 
     ``AsyncClient`` takes the same options; see ``__init__`` for each of them.
     """
 
+    _operation = Operation
     _http: httpx.Client
     _keeper: ThreadLeaseKeeper
 
     def _connect(self, transport: httpx.BaseTransport | None, options: dict[str, Any]) -> None:
         self._http = httpx.Client(transport=transport, **options)
         self._keeper = ThreadLeaseKeeper(self._core.lease_seconds / 3)
-
-    def intent(
-        self, reference: str | None = None, *, key: str | None = None, acknowledge: bool = True
-    ) -> Operation:
-        """The context manager for one business operation.
-
-        The same ``reference`` (for the same account, method and path) is the same intent
-        with the same key, in this process or after a restart. Leaving the block normally
-        acknowledges the outcome; pass ``acknowledge=False`` to acknowledge it yourself
-        once your own database has recorded it.
-        """
-        return Operation(self, reference, key, acknowledge)
 
     def request(self, method: str, path: str, **options: Unpack[OneShotOptions]) -> httpx.Response:
         """A one-shot operation: ``client.post(path, json=..., reference="order-42")``.
