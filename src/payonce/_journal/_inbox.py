@@ -21,7 +21,7 @@ import attrs
 
 from .._lifecycle import lease_blocks, lease_live, owner_is_dead
 from ._engine import Engine, Tx
-from ._sql import EVENT_FIELDS
+from ._sql import EVENT_FIELDS, typed
 
 __all__ = [
     "LIST_EVENTS",
@@ -135,10 +135,6 @@ class EventClaim:
         return self.kind in (EventClaimKind.NEW, EventClaimKind.RETRY)
 
 
-def _real(value: Any) -> float | None:
-    return None if value is None else float(value)
-
-
 def select_event(tx: Tx, endpoint: str, event_id: str, *, lock: bool) -> EventRecord | None:
     suffix = tx.dialect.lock_rows if lock else ""
     row = tx.one(SELECT_EVENT + suffix, (endpoint, event_id))
@@ -146,21 +142,13 @@ def select_event(tx: Tx, endpoint: str, event_id: str, *, lock: bool) -> EventRe
 
 
 def event_from_row(row: Sequence[Any]) -> EventRecord:
-    fields = dict(zip(EVENT_FIELDS, row, strict=True))
-    return EventRecord(
-        endpoint=fields["endpoint"],
-        event_id=fields["event_id"],
-        type=fields["type"],
-        payload_hash=fields["payload_hash"],
-        received_at=float(fields["received_at"]),
-        updated_at=float(fields["updated_at"]),
-        processed_at=_real(fields["processed_at"]),
-        lease_owner=fields["lease_owner"],
-        lease_expires_at=_real(fields["lease_expires_at"]),
-        deliveries=int(fields["deliveries"]),
-        handler_runs=int(fields["handler_runs"]),
-        last_error=fields["last_error"],
+    fields = typed(
+        dict(zip(EVENT_FIELDS, row, strict=True)),
+        times=("received_at", "updated_at"),
+        optional_times=("processed_at", "lease_expires_at"),
+        counts=("deliveries", "handler_runs"),
     )
+    return EventRecord(**fields)
 
 
 class Inbox(Engine):

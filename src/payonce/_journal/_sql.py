@@ -25,6 +25,7 @@ from ._records import (
 from ._schema import render_migrations
 
 __all__ = [
+    "typed",
     "EVENT_FIELDS",
     "ATTEMPT_COLUMNS",
     "INTENT_COLUMNS",
@@ -148,6 +149,14 @@ EVENT_FIELDS = (
 )
 """Every column of ``webhook_events`` the statements read (checked by ``journal.check``)."""
 
+_RESPONSE_FIELDS = (
+    "response_status",
+    "response_headers",
+    "response_body",
+    "response_body_stored",
+    "response_stored_by",
+    "response_schema",
+)
 _ATTEMPT_FIELDS = ("key", "number", "started_at", "ended_at", "status_code", "error", "ambiguous")
 _RECONCILIATION_FIELDS = ("key", "at", "outcome", "detail", "status_code")
 
@@ -189,43 +198,56 @@ def _real(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
+def typed(
+    fields: dict[str, Any],
+    *,
+    times: Sequence[str] = (),
+    optional_times: Sequence[str] = (),
+    counts: Sequence[str] = (),
+) -> dict[str, Any]:
+    """A row's values (by column name) as the records hold them: SQLite hands a REAL column
+    back as the number it stored, and a NULL stays None."""
+    for name in times:
+        fields[name] = float(fields[name])
+    for name in optional_times:
+        fields[name] = _real(fields[name])
+    for name in counts:
+        fields[name] = int(fields[name])
+    return fields
+
+
+def _stored_response(fields: dict[str, Any]) -> StoredResponse | None:
+    """The response columns, taken out of ``fields``, as the answer they store (if any)."""
+    status, headers, body, body_stored, stored_by, schema = (
+        fields.pop(name) for name in _RESPONSE_FIELDS
+    )
+    if status is None:
+        return None
+    return StoredResponse(
+        status=int(status),
+        headers=_headers_from_json(headers),
+        body=bytes(body or b""),
+        # Rows stored by schema 1 predate the size cap: their bodies are whole.
+        body_stored=body_stored is None or bool(body_stored),
+        stored_by=stored_by,
+        schema_version=int(schema) if schema is not None else 1,
+    )
+
+
 def intent_from_row(row: Sequence[Any]) -> IntentRecord:
-    fields = dict(zip((*_INTENT_FIELDS, "attempt_count"), row, strict=True))
-    response = None
-    if fields["response_status"] is not None:
-        body_stored = fields["response_body_stored"]
-        schema = fields["response_schema"]
-        response = StoredResponse(
-            status=int(fields["response_status"]),
-            headers=_headers_from_json(fields["response_headers"]),
-            body=bytes(fields["response_body"] or b""),
-            # Rows stored by schema 1 predate the size cap: their bodies are whole.
-            body_stored=body_stored is None or bool(body_stored),
-            stored_by=fields["response_stored_by"],
-            schema_version=int(schema) if schema is not None else 1,
-        )
+    fields = typed(
+        dict(zip((*_INTENT_FIELDS, "attempt_count"), row, strict=True)),
+        times=("created_at", "updated_at"),
+        optional_times=("first_sent_at", "lease_expires_at", "acknowledged_at"),
+        counts=("attempt_count",),
+    )
+    response = _stored_response(fields)
+    body = bytes(fields.pop("request_body"))
+    headers = _headers_from_json(fields.pop("request_headers"))
+    state = IntentState(fields.pop("state"))
+    # What is left is named as the record's own fields are.
     return IntentRecord(
-        key=fields["key"],
-        scope=fields["scope"],
-        reference=fields["reference"],
-        account=fields["account"],
-        provider=fields["provider"],
-        method=fields["method"],
-        url=fields["url"],
-        fingerprint=fields["fingerprint"],
-        request_headers=_headers_from_json(fields["request_headers"]),
-        body=bytes(fields["request_body"]),
-        state=IntentState(fields["state"]),
-        created_at=float(fields["created_at"]),
-        updated_at=float(fields["updated_at"]),
-        first_sent_at=_real(fields["first_sent_at"]),
-        lease_owner=fields["lease_owner"],
-        lease_expires_at=_real(fields["lease_expires_at"]),
-        unknown_reason=fields["unknown_reason"],
-        response=response,
-        acknowledged_at=_real(fields["acknowledged_at"]),
-        attempt_count=int(fields["attempt_count"]),
-        abandon_reason=fields["abandon_reason"],
+        **fields, body=body, request_headers=headers, state=state, response=response
     )
 
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from ._leases import lease_blocks, owner_is_dead
 from ._states import IntentState
+
+if TYPE_CHECKING:
+    from .._journal._records import IntentDraft, IntentRecord
 
 __all__ = ["ClaimKind", "decide_claim", "is_mismatch"]
 
@@ -27,33 +30,7 @@ class ClaimKind(enum.Enum):
     """Same intent, different request (or a supplied key bound to another intent)."""
 
 
-class _Stored(Protocol):
-    @property
-    def key(self) -> str: ...
-    @property
-    def scope(self) -> str: ...
-    @property
-    def fingerprint(self) -> str: ...
-    @property
-    def state(self) -> IntentState: ...
-    @property
-    def lease_owner(self) -> str | None: ...
-    @property
-    def lease_expires_at(self) -> float | None: ...
-
-
-class _Asked(Protocol):
-    @property
-    def key(self) -> str: ...
-    @property
-    def key_supplied(self) -> bool: ...
-    @property
-    def scope(self) -> str: ...
-    @property
-    def fingerprint(self) -> str: ...
-
-
-def is_mismatch(record: _Stored, draft: _Asked) -> bool:
+def is_mismatch(record: IntentRecord, draft: IntentDraft) -> bool:
     """The stored intent is not the one the draft describes: refuse before sending."""
     return (
         record.fingerprint != draft.fingerprint
@@ -63,7 +40,7 @@ def is_mismatch(record: _Stored, draft: _Asked) -> bool:
 
 
 def decide_claim(
-    record: _Stored,
+    record: IntentRecord,
     *,
     owner: str,
     now: float,

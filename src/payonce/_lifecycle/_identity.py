@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode
 
@@ -19,7 +19,6 @@ __all__ = [
     "CanonicalRequest",
     "KeyFormat",
     "canonical_request",
-    "fingerprint",
     "make_scope",
     "new_key",
     "validate_key",
@@ -61,36 +60,6 @@ def make_scope(account: str, method: str, path: str) -> str:
     return f"{account} {method.upper()} {path}"
 
 
-def fingerprint(
-    *,
-    method: str,
-    path: str,
-    query_pairs: Iterable[tuple[str, str]],
-    content_type: str | None,
-    canonical_body: bytes,
-    headers: Sequence[tuple[str, str]] = (),
-) -> str:
-    """SHA-256 of everything that makes two requests the same request.
-
-    Method, path, the sorted query pairs, the content type and the canonical body; then
-    the headers that change what the request does (lower-case names, sorted), such as
-    ``Stripe-Account``. Without such headers the value is the body's alone, so journals
-    written before headers counted keep their fingerprints.
-    """
-    digest = hashlib.sha256()
-    for part in (method.upper(), path, urlencode(sorted(query_pairs)), content_type or ""):
-        digest.update(part.encode())
-        digest.update(b"\x00")
-    digest.update(canonical_body)
-    value = digest.hexdigest()
-    if not headers:
-        return value
-    with_headers = hashlib.sha256(value.encode())
-    for name, header_value in sorted(headers):
-        with_headers.update(f"\x00{name}:{header_value}".encode())
-    return with_headers.hexdigest()
-
-
 @attrs.frozen
 class CanonicalRequest:
     """A request in the one form payonce sends, stores and fingerprints.
@@ -118,15 +87,27 @@ class CanonicalRequest:
         return self.fingerprint_with(())
 
     def fingerprint_with(self, headers: Sequence[tuple[str, str]]) -> str:
-        """The fingerprint of this request sent with these meaningful headers."""
-        return fingerprint(
-            method=self.method,
-            path=self.path,
-            query_pairs=self.query_pairs,
-            content_type=self.content_type,
-            canonical_body=self.canonical_body,
-            headers=headers,
-        )
+        """The one fingerprint of an intent: SHA-256 of everything that makes two requests
+        the same request.
+
+        Method, path, the sorted query pairs, the content type and the canonical body; then
+        the headers that change what the request does (lower-case names, sorted), such as
+        ``Stripe-Account``. Without such headers the value is the body's alone, so journals
+        written before headers counted keep their fingerprints.
+        """
+        digest = hashlib.sha256()
+        query = urlencode(sorted(self.query_pairs))
+        for part in (self.method, self.path, query, self.content_type or ""):
+            digest.update(part.encode())
+            digest.update(b"\x00")
+        digest.update(self.canonical_body)
+        value = digest.hexdigest()
+        if not headers:
+            return value
+        with_headers = hashlib.sha256(value.encode())
+        for name, header_value in sorted(headers):
+            with_headers.update(f"\x00{name}:{header_value}".encode())
+        return with_headers.hexdigest()
 
 
 def _canonical_json(value: Any) -> bytes:

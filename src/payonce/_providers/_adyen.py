@@ -79,15 +79,12 @@ def adyen_profile(
     name: str = "adyen",
 ) -> ProviderProfile:
     """An Adyen profile; ``key_lifetime`` may be raised to the 31 days Adyen now promises."""
+    # What is not said here is ProviderProfile's default (the IETF draft's statuses, a
+    # Bearer token in Authorization, keys in Idempotency-Key up to 255 characters).
     return ProviderProfile(
         name=name,
-        key_header="Idempotency-Key",
         key_max_length=ADYEN_KEY_MAX_LENGTH,
-        quote_key=False,
         key_lifetime=key_lifetime,
-        retryable_statuses=frozenset({500, 502, 503, 504}),
-        not_executed_statuses=frozenset({429}),
-        in_flight_statuses=frozenset({409}),
         # 422 is Adyen's validation error: definitive, but not a key mismatch.
         mismatch_statuses=frozenset(),
         auth_header="X-API-Key",

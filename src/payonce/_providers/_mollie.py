@@ -27,18 +27,12 @@ MOLLIE_KEY_LIFETIME = 3600.0
 
 def mollie_profile(*, lookup: Lookup | None = None, name: str = "mollie") -> ProviderProfile:
     """A Mollie profile; pass a ``lookup`` if you run a status endpoint of your own."""
+    # What is not said here is ProviderProfile's default (the IETF draft's statuses, a
+    # Bearer token in Authorization, keys in Idempotency-Key up to 255 characters).
     return ProviderProfile(
         name=name,
-        key_header="Idempotency-Key",
-        key_max_length=255,
-        quote_key=False,
         key_lifetime=MOLLIE_KEY_LIFETIME,
-        retryable_statuses=frozenset({500, 502, 503, 504}),
-        not_executed_statuses=frozenset({429}),
-        in_flight_statuses=frozenset({409}),
         mismatch_statuses=frozenset(),
-        auth_header="Authorization",
-        auth_scheme="Bearer",
         lookup=lookup,
     )
 

@@ -137,22 +137,16 @@ def stripe_profile(
             succeeded=frozenset({"succeeded", "requires_capture"}),
             failed=frozenset({"canceled", "failed"}),
         )
+    # What is not said here is ProviderProfile's default (the IETF draft's statuses, a
+    # Bearer token in Authorization, keys in Idempotency-Key up to 255 characters).
     return ProviderProfile(
         name=name,
-        key_header="Idempotency-Key",
-        key_max_length=255,
-        quote_key=False,
         key_lifetime=24 * 3600.0,
-        retryable_statuses=frozenset({500, 502, 503, 504}),
-        not_executed_statuses=frozenset({429}),
-        in_flight_statuses=frozenset({409}),
         # Only consulted for a settled answer, to raise IntentMismatch: stripe_refine classifies
         # every 409 first, so the 409s that settle are idempotency_errors (and the rare 409
         # with Stripe-Should-Retry: false).
         mismatch_statuses=frozenset({409}),
         replay_headers=("Idempotent-Replayed",),
-        auth_header="Authorization",
-        auth_scheme="Bearer",
         lookup=lookup,
         should_retry_hint=stripe_should_retry,
         refine=stripe_refine,

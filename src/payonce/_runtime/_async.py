@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Coroutine
-from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, Unpack
 
 import httpx
@@ -21,15 +20,7 @@ from .._journal._records import IntentDraft, IntentRecord
 from .._lifecycle import new_owner
 from . import _reconcile
 from . import _refusals as refusals
-from ._base import (
-    BaseClient,
-    OneShotOptions,
-    OneShotVerbs,
-    OperationBase,
-    RequestOptions,
-    Verbs,
-    one_shot,
-)
+from ._base import BaseClient, OneShotOptions, OneShotVerbs, OperationBase, RequestOptions, Verbs
 from ._batch import Claimed, ReconcileBatch, ResumeBatch, ResumeResult, arun_batch
 from ._core import Replay, Run, Wait
 from ._lease_keeper import TaskLeaseKeeper
@@ -71,12 +62,7 @@ class AsyncOperation(OperationBase, Verbs[Awaited]):
     async def __aenter__(self) -> AsyncOperation:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         if self._acknowledge_on_exit(exc_type):
             await _off_loop(self._acknowledge_quietly)
 
@@ -96,7 +82,7 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
         self, method: str, path: str, **options: Unpack[OneShotOptions]
     ) -> httpx.Response:
         """A one-shot operation (see ``Client.request``)."""
-        reference, key, request = one_shot(options)
+        reference, key, request = self.one_shot(options)
         async with self.intent(reference, key=key) as op:
             return await op.request(method, path, **request)
 

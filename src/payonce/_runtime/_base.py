@@ -38,7 +38,6 @@ __all__ = [
     "OperationBase",
     "RequestOptions",
     "Verbs",
-    "one_shot",
 ]
 
 logger = logging.getLogger("payonce")
@@ -74,12 +73,6 @@ class OneShotOptions(RequestOptions, total=False):
     """The caller's own idempotency key, instead of a fresh one."""
 
 
-def one_shot(options: OneShotOptions) -> tuple[str | None, str | None, RequestOptions]:
-    """A one-shot call's reference, key and the options of its request."""
-    request = {name: value for name, value in options.items() if name not in ("reference", "key")}
-    return options.get("reference"), options.get("key"), cast(RequestOptions, request)
-
-
 class Verbs(Generic[R]):
     """An operation's ``post``, ``put``, ``patch`` and ``delete``: ``request`` with that
     method."""
@@ -106,6 +99,12 @@ class OneShotVerbs(Generic[R]):
 
     def request(self, method: str, path: str, **options: Unpack[OneShotOptions]) -> R:
         raise NotImplementedError
+
+    @staticmethod
+    def one_shot(options: OneShotOptions) -> tuple[str | None, str | None, RequestOptions]:
+        """A one-shot call's reference, key, and the options of its request."""
+        kept = {name: value for name, value in options.items() if name not in ("reference", "key")}
+        return options.get("reference"), options.get("key"), cast(RequestOptions, kept)
 
     def post(self, path: str, **options: Unpack[OneShotOptions]) -> R:
         return self.request("POST", path, **options)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from types import TracebackType
 from typing import Any, Unpack
 
 import httpx
@@ -18,15 +17,7 @@ from .._journal._records import IntentDraft, IntentRecord
 from .._lifecycle import new_owner
 from . import _reconcile
 from . import _refusals as refusals
-from ._base import (
-    BaseClient,
-    OneShotOptions,
-    OneShotVerbs,
-    OperationBase,
-    RequestOptions,
-    Verbs,
-    one_shot,
-)
+from ._base import BaseClient, OneShotOptions, OneShotVerbs, OperationBase, RequestOptions, Verbs
 from ._batch import ReconcileBatch, ResumeBatch, ResumeResult, run_batch
 from ._core import Replay, Run, Wait
 from ._lease_keeper import ThreadLeaseKeeper
@@ -67,12 +58,7 @@ class Operation(OperationBase, Verbs[httpx.Response]):
     def __enter__(self) -> Operation:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         if self._acknowledge_on_exit(exc_type):
             self._acknowledge_quietly()
 
@@ -96,7 +82,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
 
         Takes ``reference=`` and ``key=`` besides what ``Operation.request`` takes.
         """
-        reference, key, request = one_shot(options)
+        reference, key, request = self.one_shot(options)
         with self.intent(reference, key=key) as op:
             return op.request(method, path, **request)
 
