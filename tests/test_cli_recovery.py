@@ -766,3 +766,18 @@ def test_a_postgresql_journal_is_backed_up_with_pg_dump(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "pg_dump" in result.stderr
     assert not (tmp_path / "b.db").exists()
+
+
+def test_resume_with_a_refused_api_key_exits_1_and_leaves_the_intents_pending(
+    make_client: MakeClient, env: dict[str, str], journal_path: Path
+) -> None:
+    left = [leave_pending(make_client, f"order-k{n}") for n in range(2)]
+
+    result = _run(["resume", "--json"], {**env, "PAYONCE_API_KEY": "sk_test_revoked_0000"})
+
+    assert result.exit_code == 1, result.output
+    assert [(i["key"], i["state"]) for i in _json(result)] == [
+        (record.key, "pending") for record in left
+    ]
+    assert "2 still pending" in result.stderr
+    assert all(_state(journal_path, r.key).state is payonce.IntentState.PENDING for r in left)

@@ -475,3 +475,39 @@ def test_a_journal_option_payonce_cannot_use_is_a_clear_error(
     with pytest.raises(payonce.ConfigurationError, match=complaint):
         payonce.Client(base_url=sandbox.url, api_key="k", journal=journal)  # type: ignore[arg-type]
     assert sandbox.store.total_executions() == 0
+
+
+# -- refusals that executed nothing ---------------------------------------------------------
+
+
+def test_a_wrong_api_key_leaves_the_order_payable_under_the_same_key_once_fixed(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    wrong = make_client(api_key="sk_test_revoked_0000")
+    with pytest.raises(payonce.AuthenticationError, match="stays pending") as refused:
+        wrong.post("/v1/payments", json=PAYMENT, reference="order-auth")
+    assert isinstance(refused.value, payonce.ProviderError)
+    assert refused.value.status_code == 401
+    record = wrong.journal.get(refused.value.key)
+    assert record is not None
+    assert (record.state, record.lease_owner) == (payonce.IntentState.PENDING, None)
+    assert sandbox.store.total_executions() == 0
+
+    again = make_client().post("/v1/payments", json=PAYMENT, reference="order-auth")
+
+    assert again.status_code == 201
+    assert sandbox.store.executions() == {refused.value.key: 1}, "the same key, once"
+
+
+def test_resume_with_a_wrong_key_leaves_the_intents_pending_for_the_right_one(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    left = [leave_pending(make_client, f"order-r{n}") for n in range(2)]
+
+    refused = make_client(api_key="sk_test_revoked_0000").resume()
+
+    assert [r.state for r in refused] == [payonce.IntentState.PENDING] * 2
+    assert all("refused before execution" in r.detail for r in refused)
+    settled = make_client().resume()
+    assert [r.state for r in settled] == [payonce.IntentState.SUCCEEDED] * 2
+    assert sandbox.store.executions() == {record.key: 1 for record in left}
