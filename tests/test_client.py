@@ -21,6 +21,7 @@ from helpers.payments import (
     leave_pending,
     paying_in_background,
 )
+from helpers.proxies import portal_in_front_of
 from payonce.sandbox import DEFAULT_API_KEY, Faults, SandboxServer
 
 
@@ -511,3 +512,43 @@ def test_resume_with_a_wrong_key_leaves_the_intents_pending_for_the_right_one(
     settled = make_client().resume()
     assert [r.state for r in settled] == [payonce.IntentState.SUCCEEDED] * 2
     assert sandbox.store.executions() == {record.key: 1 for record in left}
+
+
+# -- answers that are not the provider's ------------------------------------------------------
+
+
+def test_a_portal_page_is_never_taken_for_the_provider_s_success(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    with portal_in_front_of(sandbox.url, turns=2) as proxy:
+        client = make_client(base_url=proxy.url)
+        paid = client.post("/v1/payments", json=PAYMENT, reference="order-portal")
+
+    assert paid.status_code == 201
+    assert paid.json()["status"] == "succeeded", "the provider's own answer settled it"
+    info = payonce.response_info(paid)
+    assert info is not None
+    assert info.attempts == 3
+    first, _, third = client.journal.attempts(info.key)
+    assert (first.status_code, first.ambiguous) == (200, True)
+    assert first.error is not None
+    assert "not the provider's answer: a text/html answer" in first.error
+    assert "hotel Wi-Fi" in first.error, "what was received is kept for diagnosis"
+    assert third.status_code == 201
+    assert sandbox.store.executions() == {info.key: 1}
+
+
+def test_a_portal_that_never_lets_go_leaves_the_intent_unknown_not_succeeded(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    with portal_in_front_of(sandbox.url, turns=100) as proxy:
+        behind_portal = make_client(base_url=proxy.url)
+        with pytest.raises(payonce.OutcomeUnknown, match="not the provider's answer") as caught:
+            behind_portal.post("/v1/payments", json=PAYMENT, reference="order-captive")
+
+    direct = make_client()
+    (looked_up,) = direct.reconcile("order-captive")
+    assert (looked_up.outcome, looked_up.after) == ("not_found", payonce.IntentState.PENDING)
+    (resumed,) = direct.resume()
+    assert resumed.state is payonce.IntentState.SUCCEEDED
+    assert sandbox.store.executions() == {caught.value.key: 1}

@@ -91,8 +91,13 @@ def _info(response: httpx.Response) -> payonce.records.ResponseInfo:
 def _response(
     status: int, body: object = None, headers: dict[str, str] | None = None
 ) -> httpx.Response:
-    content = b"" if body is None else json.dumps(body).encode()
-    return httpx.Response(status, headers=headers, content=content)
+    if body is None:
+        return httpx.Response(status, headers=headers)
+    # A provider's JSON answer says it is one.
+    content_type = {"content-type": "application/json"}
+    return httpx.Response(
+        status, headers={**content_type, **(headers or {})}, content=json.dumps(body).encode()
+    )
 
 
 # -- every profile ---------------------------------------------------------------------------

@@ -6,11 +6,16 @@ import email.utils
 import random
 
 import httpx
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 
 from payonce import ProviderProfile, RetryPolicy
 from payonce._lifecycle import Outcome, classify_error, classify_response, parse_retry_after
+from payonce._providers._adyen import ADYEN
+from payonce._providers._mollie import MOLLIE
 from payonce._providers._profile import GENERIC
+from payonce._providers._stripe import STRIPE
 
 REQUEST = httpx.Request("POST", "http://provider.test/v1/payments")
 
@@ -132,3 +137,77 @@ def test_retry_after_replaces_backoff_but_is_capped() -> None:
 def test_policy_rejects_nonsense() -> None:
     with pytest.raises(ValueError, match="max_attempts"):
         RetryPolicy(max_attempts=0)
+
+
+# -- a 2xx must be the provider's answer ------------------------------------------------------
+
+
+def _answer(status: int, content_type: str | None, body: bytes) -> httpx.Response:
+    headers = {"content-type": content_type} if content_type else {}
+    return httpx.Response(status, headers=headers, content=body, request=REQUEST)
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        ("text/html; charset=utf-8", b"<html>Sign in to the Wi-Fi</html>"),
+        ("text/plain", b"OK"),
+        (None, b"<html></html>"),
+        ("application/json", b"<html>not json</html>"),
+        ("application/json", b""),
+    ],
+)
+def test_a_2xx_that_is_not_the_provider_s_answer_is_ambiguous(
+    content_type: str | None, body: bytes
+) -> None:
+    verdict = classify_response(_answer(200, content_type, body), GENERIC)
+    assert (verdict.outcome, verdict.ambiguous) == (Outcome.RETRY, True)
+    assert verdict.diagnosis is not None
+    assert "not the provider's answer" in verdict.diagnosis
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        ("application/json", b'{"id": "pay_1"}'),
+        ("application/json; charset=utf-8", b"[]"),
+        ("application/problem+json", b'{"title": "ok"}'),
+        (None, b""),
+    ],
+)
+def test_a_2xx_the_provider_sent_settles(content_type: str | None, body: bytes) -> None:
+    assert classify_response(_answer(201, content_type, body), GENERIC).outcome is (
+        Outcome.SUCCEEDED
+    )
+
+
+def test_a_profile_that_declares_no_media_types_takes_any_2xx() -> None:
+    anything = ProviderProfile(name="xml-provider", answer_media_types=frozenset())
+    verdict = classify_response(_answer(200, "application/xml", b"<ok/>"), anything)
+    assert verdict.outcome is Outcome.SUCCEEDED
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(
+    status=st.integers(min_value=100, max_value=599),
+    headers=st.dictionaries(
+        st.sampled_from(
+            ["content-type", "retry-after", "stripe-should-retry", "transient-error", "x-any"]
+        ),
+        st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=40),
+        max_size=4,
+    ),
+    body=st.binary(max_size=200)
+    | st.sampled_from([b"{}", b'{"error": {"code": "idempotency_key_in_use"}}', b"[1,"]),
+    profile=st.sampled_from([GENERIC, STRIPE, ADYEN, MOLLIE]),
+)
+def test_any_answer_gets_exactly_one_verdict_and_never_an_exception(
+    status: int, headers: dict[str, str], body: bytes, profile: ProviderProfile
+) -> None:
+    response = httpx.Response(status, headers=headers, content=body, request=REQUEST)
+    verdict = classify_response(response, profile)
+    assert verdict.outcome in Outcome
+    if verdict.outcome is Outcome.SUCCEEDED:
+        assert 200 <= status < 300
+    if 200 <= status < 300 and verdict.outcome is not Outcome.SUCCEEDED:
+        assert verdict.ambiguous, "a 2xx that does not settle may have executed"

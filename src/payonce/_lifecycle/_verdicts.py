@@ -56,6 +56,37 @@ class Verdict:
     """True when the provider may have executed the request despite the failure."""
     retry_after: float | None = None
     reason: str = ""
+    diagnosis: str | None = None
+    """What the attempt record keeps about an answer that was not the provider's."""
+
+
+def _media_type(response: httpx.Response) -> str:
+    return str(response.headers.get("content-type", "")).split(";")[0].strip().lower()
+
+
+def _not_genuine(response: httpx.Response, profile: ProviderProfile) -> str | None:
+    """Why a 2xx is not the provider's own answer, or None when it is."""
+    accepted = profile.answer_media_types
+    if not accepted:
+        return None
+    media_type = _media_type(response)
+    body = response.content
+    if not body and not media_type:
+        return None  # nothing that could be misread
+    json_expected = "application/json" in accepted
+    if media_type not in accepted and not (json_expected and media_type.endswith("+json")):
+        return f"a {media_type or 'typeless'} answer"
+    if json_expected and (media_type == "application/json" or media_type.endswith("+json")):
+        try:
+            json.loads(body)
+        except ValueError:
+            return "a body that is not JSON"
+    return None
+
+
+def _diagnosis(response: httpx.Response, why: str) -> str:
+    head = response.content[:80].decode("utf-8", "replace")
+    return f"not the provider's answer: {why}, {len(response.content)} bytes: {head!r}"
 
 
 def transition_for(verdict: Verdict) -> Transition:
@@ -107,6 +138,16 @@ def classify_response(response: httpx.Response, profile: ProviderProfile) -> Ver
         return Verdict(Outcome.REFUSED, ambiguous=False, reason=f"HTTP {status} refused")
     hint = profile.should_retry_hint(response)
     if 200 <= status < 300:
+        why = _not_genuine(response, profile)
+        if why is not None:
+            # A proxy's or a captive portal's page never proves the payment ran, nor that
+            # it did not: ambiguous, retried, and reconciled if it persists.
+            return Verdict(
+                Outcome.RETRY,
+                ambiguous=True,
+                reason=f"HTTP {status}, not the provider's answer ({why})",
+                diagnosis=_diagnosis(response, why),
+            )
         return Verdict(Outcome.SUCCEEDED, ambiguous=False, reason=f"HTTP {status}")
     if hint is False:
         return Verdict(Outcome.FAILED, ambiguous=False, reason=f"HTTP {status} (do not retry)")

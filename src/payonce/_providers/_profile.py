@@ -98,6 +98,11 @@ class ProviderProfile:
     in_flight_statuses: frozenset[int] = frozenset({409})
     """"Same key still being processed": retried, and ambiguous until answered."""
     mismatch_statuses: frozenset[int] = frozenset({422})
+    answer_media_types: frozenset[str] = frozenset({"application/json"})
+    """The media types of a genuine answer (``application/json`` also admits ``+json``
+    types). A 2xx of another type, or whose body does not parse as the JSON it declares,
+    is not the provider's answer (a proxy's or a captive portal's page): it is ambiguous,
+    retried and reconciled, never settled. An empty set turns the check off."""
     refused_statuses: frozenset[int] = frozenset({401, 403})
     """Refusals that prove nothing was executed (credentials, permission): the intent stays
     pending under its key and ``AuthenticationError`` is raised, so it can be sent once

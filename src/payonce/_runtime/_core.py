@@ -268,7 +268,8 @@ class IntentCore:
             verdict.outcome.value,
         )
         if verdict.outcome is Outcome.RETRY:
-            self._retryable(run, verdict, transition, status_code=response.status_code)
+            status = response.status_code
+            self._retryable(run, verdict, transition, status_code=status, error=verdict.diagnosis)
         if verdict.outcome is Outcome.REFUSED:
             self._end_attempt(run, transition, status_code=response.status_code)
             logger.warning(

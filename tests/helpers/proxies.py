@@ -1,0 +1,82 @@
+"""A real HTTP proxy on loopback between payonce and the provider, that can answer in the
+provider's place: a captive portal's or a misconfigured proxy's page, which never reached
+the provider."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+
+PORTAL_PAGE = b"<html><head><title>Sign in to the hotel Wi-Fi</title></head></html>"
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server: _ProxyServer
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # the tests' output stays the tests'
+
+    def _relay(self) -> None:
+        body = self.rfile.read(int(self.headers.get("content-length") or 0))
+        if self.server.take_portal_turn():
+            self.send_response(200)
+            self.send_header("content-type", "text/html; charset=utf-8")
+            self.send_header("content-length", str(len(PORTAL_PAGE)))
+            self.end_headers()
+            self.wfile.write(PORTAL_PAGE)
+            return
+        headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+        answer = httpx.request(
+            self.command, self.server.upstream + self.path, headers=headers, content=body
+        )
+        self.send_response(answer.status_code)
+        for name, value in answer.headers.items():
+            if name.lower() not in ("content-length", "transfer-encoding", "connection"):
+                self.send_header(name, value)
+        self.send_header("content-length", str(len(answer.content)))
+        self.end_headers()
+        self.wfile.write(answer.content)
+
+    do_GET = do_POST = _relay
+
+
+class _ProxyServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.upstream = upstream
+        self._lock = threading.Lock()
+        self.portal_turns = 0
+        """How many of the next requests the portal answers instead of the provider."""
+
+    def take_portal_turn(self) -> bool:
+        with self._lock:
+            if self.portal_turns <= 0:
+                return False
+            self.portal_turns -= 1
+            return True
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+
+@contextmanager
+def portal_in_front_of(upstream: str, *, turns: int) -> Iterator[_ProxyServer]:
+    """A proxy to ``upstream`` whose first ``turns`` answers are a portal's 200 HTML page."""
+    server = _ProxyServer(upstream)
+    server.portal_turns = turns
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
