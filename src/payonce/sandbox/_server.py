@@ -14,7 +14,8 @@ from types import FrameType, TracebackType
 import uvicorn
 from starlette.types import ASGIApp
 
-from payonce.sandbox._app import RESET_TIMEOUT, Sandbox, SandboxConfig
+from payonce.sandbox._app import RESET_TIMEOUT, Sandbox
+from payonce.sandbox._config import SandboxConfig
 from payonce.sandbox._faults import Faults
 from payonce.sandbox._store import SandboxStore
 from payonce.sandbox._webhooks import WebhookAttempt
