@@ -127,7 +127,7 @@ class PaymentsApi:
             status="failed" if params.amount == DECLINE_AMOUNT else "succeeded",
             idempotency_key=key,
             metadata=params.metadata,
-            created=self.store.clock.now(),
+            created_at=self.store.clock.now(),
         )
         response = payment_answer(self.config.dialect, payment)
         self.store.record_execution(claim.token, payment, response)
