@@ -278,6 +278,20 @@ def test_python_m_payonce_sandbox_serves_until_terminated(tmp_path: Path) -> Non
     assert store.exists()
 
 
+def test_each_fault_option_sets_its_own_fault(tmp_path: Path) -> None:
+    faults = ["--seed", "7", "--fail-before", "0.1", "--fail-after", "0.2", "--drop-after", "0.3"]
+    faults += ["--rate-limit", "0.4", "--delay-rate", "0.5", "--delay", "1.5"]
+    with _serving("payonce", "sandbox", *faults, ready_file=tmp_path / "ready") as run:
+        pass
+
+    assert run.returncode == 0, run.stderr
+    # The banner describes the faults the provider was configured with, field by field.
+    assert (
+        "faults: fail before 10%, fail after 20%, drop after 30%, rate limit 40%, "
+        "delay 1.5s 50% (seed 7)"
+    ) in run.stdout.splitlines()
+
+
 def test_payonce_sandbox_delivers_signed_webhooks_with_every_secret(
     tmp_path: Path, receiver: tuple[str, type[_Receiver]]
 ) -> None:

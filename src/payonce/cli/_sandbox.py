@@ -27,13 +27,15 @@ _FILE = click.Path(path_type=Path, dir_okay=False)
 _Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
-def _rate(flag: str, help: str) -> _Decorator:
-    return click.option(flag, type=_RATE, default=0.0, metavar="RATE", help=help)
+def _rate(flag: str, help: str, *, name: str | None = None) -> _Decorator:
+    names = [flag] if name is None else [flag, name]
+    return click.option(*names, type=_RATE, default=0.0, metavar="RATE", help=help)
 
 
-def _seconds(flag: str, help: str, default: float = 0.0) -> _Decorator:
+def _seconds(flag: str, help: str, default: float = 0.0, *, name: str | None = None) -> _Decorator:
+    names = [flag] if name is None else [flag, name]
     return click.option(
-        flag,
+        *names,
         type=click.FloatRange(min=0.0),
         default=default,
         show_default=bool(default),
@@ -121,12 +123,13 @@ def _warnings_to_stderr() -> Iterator[None]:
 @_seconds("--key-lifetime", "Seconds the provider remembers an idempotency key.", 86400.0)
 @_seconds("--processing", "Work per payment: how long each execution takes.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random faults.")
-@_rate("--fail-before", "Rate of 503 before executing.")
-@_rate("--fail-after", "Rate of 503 after executing.")
-@_rate("--drop-after", "Rate of connections dropped after executing.")
-@_rate("--rate-limit", "Rate of 429 answers.")
-@_rate("--delay-rate", "Rate of slow answers.")
-@_seconds("--delay", "How slow they are.")
+# The faults, each named after its field of Faults: the command gets them together.
+@_rate("--fail-before", "Rate of 503 before executing.", name="fail_before_rate")
+@_rate("--fail-after", "Rate of 503 after executing.", name="fail_after_rate")
+@_rate("--drop-after", "Rate of connections dropped after executing.", name="drop_after_rate")
+@_rate("--rate-limit", "Rate of 429 answers.", name="rate_limit_rate")
+@_rate("--delay-rate", "Rate of slow answers.", name="delay_rate")
+@_seconds("--delay", "How slow they are.", name="delay_seconds")
 @_file("--ready-file", "Write the base URL to this file once listening (for scripts to wait for).")
 @click.option(
     "--webhook-url", metavar="URL", help="Deliver a signed event per settled payment here."
@@ -147,16 +150,11 @@ def sandbox(
     key_lifetime: float,
     processing: float,
     seed: int,
-    fail_before: float,
-    fail_after: float,
-    drop_after: float,
-    rate_limit: float,
-    delay_rate: float,
-    delay: float,
     ready_file: Path | None,
     webhook_url: str | None,
     webhook_secrets: Sequence[str],
     webhook_redeliver_rate: float,
+    **fault_settings: float,
 ) -> None:
     """Run the sandbox payment provider in the foreground until Ctrl-C (or SIGTERM).
 
@@ -167,15 +165,7 @@ def sandbox(
     except ImportError as exc:
         raise _sandbox_missing(exc) from exc
     try:
-        faults = Faults(
-            seed=seed,
-            fail_before_rate=fail_before,
-            fail_after_rate=fail_after,
-            drop_after_rate=drop_after,
-            rate_limit_rate=rate_limit,
-            delay_rate=delay_rate,
-            delay_seconds=delay,
-        )
+        faults = Faults(seed=seed, **fault_settings)
         config = SandboxConfig(
             key_lifetime=key_lifetime,
             processing_seconds=processing,

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from payonce.sandbox._app import DEFAULT_ACCOUNT, DEFAULT_API_KEY, SandboxConfig, create_app
+from payonce.sandbox._app import create_app
+from payonce.sandbox._config import DEFAULT_ACCOUNT, DEFAULT_API_KEY, SandboxConfig
 from payonce.sandbox._faults import Faults
 from payonce.sandbox._server import SandboxServer, serve
 from payonce.sandbox._store import SandboxStore

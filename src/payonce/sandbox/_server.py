@@ -9,12 +9,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from types import FrameType, TracebackType
+from types import FrameType
 
 import uvicorn
 from starlette.types import ASGIApp
 
-from payonce.sandbox._app import RESET_TIMEOUT, Sandbox, SandboxConfig
+from payonce.sandbox._app import RESET_TIMEOUT, Sandbox
+from payonce.sandbox._config import SandboxConfig
 from payonce.sandbox._faults import Faults
 from payonce.sandbox._store import SandboxStore
 from payonce.sandbox._webhooks import WebhookAttempt
@@ -132,12 +133,7 @@ class SandboxServer:
     def __enter__(self) -> SandboxServer:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     def script(self, faults: Sequence[str]) -> None:

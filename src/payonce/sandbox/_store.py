@@ -54,10 +54,6 @@ CREATE TABLE IF NOT EXISTS executions (
 );
 """
 
-_PAYMENT_COLUMNS = (
-    "id, account, amount, currency, reference, status, idempotency_key, metadata, created_at"
-)
-
 
 def new_payment_id() -> str:
     return "pay_" + secrets.token_hex(12)
@@ -73,7 +69,7 @@ class Payment:
     status: str
     idempotency_key: str
     metadata: Mapping[str, Any]
-    created: float
+    created_at: float
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -86,22 +82,25 @@ class Payment:
             "status": self.status,
             "idempotency_key": self.idempotency_key,
             "metadata": dict(self.metadata),
-            "created": int(self.created),
+            "created": int(self.created_at),
         }
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> Payment:
-        return cls(
-            id=row["id"],
-            account=row["account"],
-            amount=row["amount"],
-            currency=row["currency"],
-            reference=row["reference"],
-            status=row["status"],
-            idempotency_key=row["idempotency_key"],
-            metadata=json.loads(row["metadata"]),
-            created=row["created_at"],
-        )
+        return cls(**{**dict(row), "metadata": json.loads(row["metadata"])})
+
+    def to_row(self) -> dict[str, Any]:
+        return {**attrs.asdict(self), "metadata": json.dumps(dict(self.metadata))}
+
+
+# The payments table has a column per field of Payment, of the same name; only the metadata
+# is stored as JSON text.
+_PAYMENT_FIELDS = [field.name for field in attrs.fields(Payment)]
+_PAYMENT_COLUMNS = ", ".join(_PAYMENT_FIELDS)
+_INSERT_PAYMENT = (
+    f"INSERT INTO payments ({_PAYMENT_COLUMNS}) "  # noqa: S608
+    f"VALUES ({', '.join(':' + name for name in _PAYMENT_FIELDS)})"
+)
 
 
 @attrs.frozen
@@ -238,20 +237,7 @@ class SandboxStore:
     def record_execution(self, token: str, payment: Payment, response: StoredResponse) -> None:
         """Create the payment, count it, and store the response, all or nothing."""
         with self._transaction() as db:
-            db.execute(
-                f"INSERT INTO payments ({_PAYMENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
-                (
-                    payment.id,
-                    payment.account,
-                    payment.amount,
-                    payment.currency,
-                    payment.reference,
-                    payment.status,
-                    payment.idempotency_key,
-                    json.dumps(dict(payment.metadata)),
-                    payment.created,
-                ),
-            )
+            db.execute(_INSERT_PAYMENT, payment.to_row())
             db.execute(
                 "INSERT INTO executions (account, key, count) VALUES (?, ?, 1) "
                 "ON CONFLICT (account, key) DO UPDATE SET count = count + 1",

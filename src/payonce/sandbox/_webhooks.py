@@ -134,7 +134,7 @@ def event_for(payment: Payment) -> tuple[str, str, bytes]:
         "id": event_id,
         "object": "event",
         "type": event_type,
-        "created": int(payment.created),
+        "created": int(payment.created_at),
         "account": payment.account,
         "data": {"object": payment.to_json()},
     }

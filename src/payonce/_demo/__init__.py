@@ -1,0 +1,70 @@
+"""``payonce demo``: the same faulty network, with payonce and with a naive client.
+
+Both send the same payments to a fresh sandbox provider with the same seeded faults. payonce
+retries under one key per payment; the naive client retries with a fresh key per attempt,
+as code that "adds an idempotency key" per request does. The provider counts executions, so
+the difference is measured, not claimed.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from contextlib import ExitStack
+from pathlib import Path
+
+import attrs
+from rich.console import Console
+
+import payonce
+from payonce._demo._naive import run_naive
+from payonce._demo._payonce import run_payonce
+from payonce._demo._report import print_intro, print_report
+from payonce._demo._results import DemoResult, NaiveStats, PayonceStats
+from payonce._demo._scenario import CLIENT_TIMEOUT, DEMO_FAULTS, DEMO_RETRY, plan
+from payonce.sandbox import Faults
+
+__all__ = [
+    "CLIENT_TIMEOUT",
+    "DEMO_FAULTS",
+    "DEMO_RETRY",
+    "DemoResult",
+    "NaiveStats",
+    "PayonceStats",
+    "run_demo",
+]
+
+
+def run_demo(
+    payments: int,
+    seed: int,
+    journal: Path | None,
+    console: Console,
+    *,
+    faults: Faults | None = None,
+) -> DemoResult:
+    """Run the demo and print its report on ``console``.
+
+    ``faults`` replaces the default fault mix; its seed is always replaced by ``seed``, so
+    both clients meet the same faults. ``journal`` must not exist yet: the demo's counts
+    only make sense on a fresh journal.
+    """
+    if payments < 1:
+        raise payonce.ConfigurationError("the demo needs at least one payment")
+    if journal is not None and journal.exists():
+        raise payonce.ConfigurationError(
+            f"{journal} already exists; the demo writes a fresh journal: choose a new path"
+        )
+    faults = attrs.evolve(faults or DEMO_FAULTS, seed=seed)
+    payment_plan = plan(payments)
+    print_intro(console, payments, faults)
+    with ExitStack() as stack:
+        if journal is None:
+            directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="payonce-demo-"))
+            journal_path = Path(directory) / "journal.db"
+        else:
+            journal_path = journal
+        payonce_stats = run_payonce(payment_plan, faults, journal_path, console)
+    naive_stats = run_naive(payment_plan, faults, console)
+    result = DemoResult(payments, faults, journal, payonce=payonce_stats, naive=naive_stats)
+    print_report(console, result)
+    return result
