@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -552,3 +553,66 @@ def test_a_portal_that_never_lets_go_leaves_the_intent_unknown_not_succeeded(
     (resumed,) = direct.resume()
     assert resumed.state is payonce.IntentState.SUCCEEDED
     assert sandbox.store.executions() == {caught.value.key: 1}
+
+
+# -- refused before the write-ahead -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("call", "complaint"),
+    [
+        ({"headers": {"X-Note": "a\r\nInjected: yes"}}, "X-Note"),
+        ({"headers": {"X-Note": "nul\x00"}}, "X-Note"),
+        ({"headers": {"X-Note": "café"}}, "X-Note"),
+        ({"headers": {"Bad Name": "x"}}, "header name"),
+        ({"path": "/v1/payments\r\nX: y"}, "control character"),
+        ({"content": "text, not bytes"}, "content= takes bytes"),
+        ({"json": "deep"}, "nested too deeply"),
+    ],
+)
+def test_a_request_no_http_stack_could_send_is_refused_before_it_is_journaled(
+    client: payonce.Client, sandbox: SandboxServer, call: dict[str, Any], complaint: str
+) -> None:
+    if call.get("json") == "deep":
+        deep: list[Any] = []
+        for _ in range(100_000):
+            deep = [deep]
+        call = {"json": deep}
+    path = call.pop("path", "/v1/payments")
+
+    with pytest.raises(payonce.ConfigurationError, match=complaint):
+        client.post(path, reference="order-bad", **call)
+
+    assert client.journal.list_intents() == [], "nothing journaled, no reference burnt"
+    assert sandbox.store.total_executions() == 0
+    assert client.post("/v1/payments", json=PAYMENT, reference="order-bad").status_code == 201
+
+
+def test_an_api_key_no_header_can_carry_is_refused_at_construction_without_quoting_it(
+    make_client: MakeClient,
+) -> None:
+    with pytest.raises(payonce.ConfigurationError, match="API key") as refused:
+        make_client(api_key="sk_test_secret\nvalue")
+    assert "sk_test_secret" not in str(refused.value)
+
+
+class _RefusesLocally(httpx.HTTPTransport):
+    """An HTTP stack that refuses to write the request (as h11 does a header it rejects)."""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        raise httpx.LocalProtocolError("refused to send", request=request)
+
+
+def test_a_request_the_http_stack_refused_to_send_leaves_the_intent_pending_and_free(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    refusing = make_client(transport=_RefusesLocally())
+    with pytest.raises(httpx.LocalProtocolError):
+        refusing.post("/v1/payments", json=PAYMENT, reference="order-local")
+
+    (record,) = refusing.journal.find("order-local")
+    (attempt,) = refusing.journal.attempts(record.key)
+    assert (record.state, record.lease_owner) == (payonce.IntentState.PENDING, None)
+    assert attempt.ambiguous is False, "it provably never left"
+    assert make_client().post("/v1/payments", json=PAYMENT, reference="order-local").is_success
+    assert sandbox.store.executions() == {record.key: 1}

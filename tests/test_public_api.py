@@ -158,3 +158,19 @@ def test_mypy_strict_rejects_typos_and_wrong_types_in_a_users_script(tmp_path: P
     wrong = [n for n, line in enumerate(lines, 1) if "payonce.Client(" in line or "post(" in line]
     wrong += [n for n, line in enumerate(lines, 1) if "patch(" in line or "put(" in line]
     assert set(wrong) <= errors, result.stdout
+
+
+def test_known_vulnerable_releases_are_kept_out_by_the_version_floors() -> None:
+    from importlib.metadata import requires, version
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    floors = {r.name: r.specifier for r in map(Requirement, requires("payonce") or [])}
+    for name, vulnerable in [
+        ("h11", "0.15.0"),  # CVE-2025-43859
+        ("idna", "3.6"),  # CVE-2024-3651
+        ("starlette", "0.47.1"),  # CVE-2025-54121, through the sandbox extra
+    ]:
+        assert not floors[name].contains(Version(vulnerable)), name
+        assert floors[name].contains(Version(version(name))), f"installed {name} is allowed"

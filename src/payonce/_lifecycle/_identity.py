@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
@@ -19,6 +20,7 @@ __all__ = [
     "CanonicalRequest",
     "KeyFormat",
     "canonical_request",
+    "check_headers",
     "make_scope",
     "new_key",
     "validate_key",
@@ -125,6 +127,25 @@ def _form_pairs(data: Mapping[str, Any] | Sequence[tuple[str, Any]]) -> list[tup
     return pairs
 
 
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+"""An HTTP token (RFC 9110): what a method or a header name may be made of."""
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_FIELD_VALUE = re.compile(r"[\t\x20-\x7e]*")
+"""Printable ASCII and tabs: what every HTTP/1.1 stack sends a header value as, the same."""
+
+
+def check_headers(headers: Mapping[str, str] | None) -> None:
+    """Refuse, before anything is journaled, headers no HTTP stack could send as given."""
+    for name, value in (headers or {}).items():
+        if not isinstance(name, str) or not _TOKEN.fullmatch(name):
+            raise ConfigurationError(f"header name {name!r} is not a valid HTTP header name")
+        if not isinstance(value, str) or not _FIELD_VALUE.fullmatch(value):
+            raise ConfigurationError(
+                f"the value of header {name!r} must be printable ASCII text (no CR, LF, NUL or "
+                "other control characters, no non-ASCII characters): encode it first"
+            )
+
+
 def canonical_request(
     method: str,
     path: str,
@@ -138,8 +159,14 @@ def canonical_request(
     """Build the canonical request: JSON with sorted keys and no insignificant whitespace;
     form bodies and query strings as sorted pairs; raw content as it is."""
     method = method.upper()
-    if not path.startswith("/"):
+    if not _TOKEN.fullmatch(method):
+        raise ConfigurationError(f"request method {method!r} is not an HTTP method name")
+    if not isinstance(path, str) or not path.startswith("/"):
         raise ConfigurationError(f"request path must start with '/', got {path!r}")
+    if _CONTROL.search(path):
+        raise ConfigurationError(
+            f"request path {path!r} holds a control character (CR, LF, NUL…): it cannot be sent"
+        )
     path, _, inline_query = path.partition("?")
     query_pairs = parse_qsl(inline_query, keep_blank_values=True)
     if params:
@@ -153,6 +180,8 @@ def canonical_request(
             body = _canonical_json(json_body)
         except (TypeError, ValueError) as exc:
             raise ConfigurationError(f"json= body cannot be encoded as JSON: {exc}") from exc
+        except RecursionError:
+            raise ConfigurationError("json= body is nested too deeply to encode") from None
         canonical_body = body
         content_type = content_type or "application/json"
     elif form is not None:
@@ -161,6 +190,11 @@ def canonical_request(
         canonical_body = urlencode(sorted(pairs)).encode()
         content_type = content_type or "application/x-www-form-urlencoded"
     elif content is not None:
+        if not isinstance(content, bytes | bytearray | memoryview):
+            raise ConfigurationError(
+                f"content= takes bytes, not {type(content).__name__}: encode the text "
+                "yourself (e.g. text.encode()), so that every attempt sends the same bytes"
+            )
         body = bytes(content)
         canonical_body = body
     else:

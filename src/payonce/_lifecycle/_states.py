@@ -46,6 +46,7 @@ class Transition(enum.Enum):
     ATTEMPT_NOT_EXECUTED = "attempt ended, not executed"
     ATTEMPT_INTERRUPTED = "attempt interrupted"
     ATTEMPT_REFUSED = "attempt refused before execution"
+    ATTEMPT_NOT_SENT = "attempt not sent"
     SUCCEEDED = "settled, succeeded"
     FAILED = "settled, failed"
     EXHAUSTED = "exhausted, ambiguous"
@@ -121,6 +122,15 @@ RULES: tuple[Rule, ...] = (
         None,
         "refused before executing (401, 403: credentials or permission): not retried, "
         "lease released, AuthenticationError; sent under the same key once the key is fixed",
+        releases_lease=True,
+        attempt_ambiguous=False,
+    ),
+    Rule(
+        Transition.ATTEMPT_NOT_SENT,
+        (_P,),
+        None,
+        "the HTTP stack refused to send it (an invalid URL, an unsupported scheme, a header "
+        "it will not write): nothing left, lease released, the error goes through",
         releases_lease=True,
         attempt_ambiguous=False,
     ),

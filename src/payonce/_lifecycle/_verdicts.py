@@ -47,6 +47,9 @@ class Outcome(enum.Enum):
     REFUSED = "refused"
     """Refused before execution (credentials, permission): not final, not worth retrying
     until the caller fixes its key."""
+    NOT_SENT = "not sent"
+    """The HTTP stack refused to send it at all (an invalid URL or header): nothing left,
+    and the same request would be refused again."""
 
 
 @attrs.frozen
@@ -98,6 +101,8 @@ def transition_for(verdict: Verdict) -> Transition:
             return Transition.FAILED
         case Outcome.REFUSED:
             return Transition.ATTEMPT_REFUSED
+        case Outcome.NOT_SENT:
+            return Transition.ATTEMPT_NOT_SENT
         case Outcome.RETRY:
             return (
                 Transition.ATTEMPT_AMBIGUOUS
@@ -182,6 +187,12 @@ _NEVER_SENT: tuple[type[Exception], ...] = (
     httpx.ConnectTimeout,
     httpx.PoolTimeout,
 )
+# The HTTP stack refused the request before writing it: nothing left, nothing to retry.
+_REFUSED_LOCALLY: tuple[type[Exception], ...] = (
+    httpx.LocalProtocolError,
+    httpx.UnsupportedProtocol,
+    httpx.InvalidURL,
+)
 _AMBIGUOUS: tuple[type[Exception], ...] = (
     httpx.TimeoutException,
     httpx.NetworkError,
@@ -194,6 +205,8 @@ def classify_error(error: BaseException) -> Verdict | None:
     name = type(error).__name__
     if isinstance(error, _NEVER_SENT):
         return Verdict(Outcome.RETRY, ambiguous=False, reason=f"{name} (request not sent)")
+    if isinstance(error, _REFUSED_LOCALLY):
+        return Verdict(Outcome.NOT_SENT, ambiguous=False, reason=f"{name} (request not sent)")
     if isinstance(error, _AMBIGUOUS):
         return Verdict(Outcome.RETRY, ambiguous=True, reason=name)
     return None

@@ -183,8 +183,8 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
             with attempt:
                 if not run.started:  # the claim journaled the first attempt's start
                     await _off_loop(core.start_attempt, run)
-                request = core.build_request(run, self._http)
                 try:
+                    request = core.build_request(run, self._http)
                     response = await self._http.send(request)
                 except Exception as exc:
                     await _off_loop(core.on_error, run, exc)

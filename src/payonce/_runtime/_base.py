@@ -22,7 +22,7 @@ from .._journal._open import open_store
 from .._journal._reads import Journal
 from .._journal._records import IntentDraft, IntentRecord
 from .._journal._store import IntentStore
-from .._lifecycle import IntentState, KeyFormat, canonical_request, new_key
+from .._lifecycle import IntentState, KeyFormat, canonical_request, check_headers, new_key
 from .._providers._profile import ProviderProfile, get_profile
 from .._version import __version__
 from ..errors import ConfigurationError, IntentStateError
@@ -270,6 +270,14 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
         secret = resolve_api_key(
             api_key, account=account, allow_plaintext_keyring=allow_plaintext_keyring
         )
+        try:
+            check_headers(profile.auth_headers(secret))
+        except ConfigurationError:
+            # It would fail inside every attempt instead. Never quoted, not even in part.
+            raise ConfigurationError(
+                f"the API key of account {account!r} holds characters an HTTP header cannot "
+                "carry (line breaks, control characters, non-ASCII): check how it was copied"
+            ) from None
         if not verify:
             logger.warning(
                 "TLS certificate verification is OFF for %s: only ever do this against a "

@@ -25,6 +25,7 @@ from .._lifecycle import (
     Outcome,
     Transition,
     Verdict,
+    check_headers,
     classify_error,
     classify_response,
     make_scope,
@@ -122,6 +123,7 @@ class IntentCore:
     ) -> IntentDraft:
         if key is not None:
             validate_key(key, max_length=self.profile.key_max_length)
+        check_headers(headers)
         secret = self.profile.secret_headers() | {self.profile.key_header.lower()}
         kept = sorted(
             (name.lower(), value)
@@ -284,6 +286,10 @@ class IntentCore:
         """An attempt raised: retry transport failures, journal anything else and re-raise."""
         verdict = classify_error(error)
         logger.debug("intent %s attempt %d: %s", run.key, run.attempt, type(error).__name__)
+        if verdict is not None and verdict.outcome is Outcome.NOT_SENT:
+            # Provably never left: the intent stays pending, free, and not ambiguous.
+            self._end_attempt(run, Transition.ATTEMPT_NOT_SENT, error=type(error).__name__)
+            return
         if verdict is not None:
             self._retryable(run, verdict, transition_for(verdict), error=type(error).__name__)
         # Not a transport failure (a bug, an interrupt): the attempt may have left. Leave the

@@ -190,8 +190,8 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         for attempt in tenacity.Retrying(**core.retrying(run)):
             with attempt:
                 core.start_attempt(run)
-                request = core.build_request(run, self._http)
                 try:
+                    request = core.build_request(run, self._http)
                     response = self._http.send(request)
                 except BaseException as exc:  # KeyboardInterrupt too: give the lease back
                     core.on_error(run, exc)
