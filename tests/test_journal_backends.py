@@ -243,6 +243,15 @@ def test_a_dead_owner_s_live_lease_is_broken_and_no_one_else_s(journal: IntentSt
     assert (taken.kind, taken.record.lease_owner) == (ClaimKind.CLAIMED, "me")
 
 
+def test_a_lease_expiring_a_year_ahead_is_not_trusted(journal: IntentStore) -> None:
+    a_year = 365 * 86_400.0
+    journal.claim(draft_for(1), owner="elsewhere/x:1:1:ab", now=1000.0, lease_seconds=a_year)
+
+    taken = journal.claim(draft_for(1), owner="me", now=1001.0, lease_seconds=60)
+
+    assert (taken.kind, taken.record.lease_owner) == (ClaimKind.CLAIMED, "me")
+
+
 def test_release_leaves_the_intent_pending_and_free(journal: IntentStore) -> None:
     journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=60)
     journal.release("key-00001", owner="w")

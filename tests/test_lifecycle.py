@@ -285,3 +285,20 @@ def test_every_transport_failure_of_a_look_up_is_asked_again() -> None:
         assert verdict is not None
         assert verdict.kind is LookupKind.RETRY
     assert classify_lookup_error(ValueError("a bug")) is None
+
+
+# -- clocks -----------------------------------------------------------------------------------
+
+
+def test_a_first_attempt_dated_in_the_future_is_never_resent() -> None:
+    refusal = resend_refusal(10_000.0, now=1_000.0, key_lifetime=86_400.0, executed=False)
+    assert refusal is not None
+    assert "in the future" in refusal
+    assert resend_refusal(1_030.0, now=1_000.0, key_lifetime=86_400.0) is None, "tolerated"
+
+
+def test_a_lease_no_honest_worker_would_write_blocks_no_one() -> None:
+    other = new_owner()
+    a_year = 365 * 86_400.0
+    assert not lease_blocks(other, 100.0 + a_year, owner="me", now=100.0, lease_seconds=120.0)
+    assert lease_blocks(other, 100.0 + 200.0, owner="me", now=100.0, lease_seconds=120.0)

@@ -378,3 +378,16 @@ def test_the_lease_of_a_dead_worker_is_taken_over_once_it_expires(
     assert result.state is payonce.IntentState.SUCCEEDED
     assert sandbox.store.executions() == {record.key: 1}
     journal.close()
+
+
+def test_an_intent_first_sent_in_the_future_is_never_resent_but_goes_unknown(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    # The worker that sent it ran on a clock an hour ahead of this one.
+    record = leave_pending(make_client, "order-clock", clock=lambda: time.time() + 3600)
+
+    (result,) = make_client().resume()
+
+    assert result.state is payonce.IntentState.UNKNOWN
+    assert "in the future" in result.detail
+    assert sandbox.store.executions() == {record.key: 1}, "sent once, by the first worker"

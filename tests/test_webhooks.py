@@ -249,10 +249,10 @@ def test_a_dead_owners_live_lease_is_broken_at_once(events: IntentStore) -> None
         judged.append(owner)
         return owner == "dead-worker"
 
-    assert claim(events, "evt_1", "w2", 1001.0, is_stale=lambda _: False).kind is (
-        EventClaimKind.LEASED
-    )
-    taken = claim(events, "evt_1", "w2", 1002.0, is_stale=is_stale)
+    # The workers of one inbox share its lease length.
+    kept = claim(events, "evt_1", "w2", 1001.0, lease_seconds=3600, is_stale=lambda _: False)
+    assert kept.kind is EventClaimKind.LEASED
+    taken = claim(events, "evt_1", "w2", 1002.0, lease_seconds=3600, is_stale=is_stale)
     assert taken.kind is EventClaimKind.RETRY
     assert taken.record.lease_owner == "w2"
     assert judged == ["dead-worker"]

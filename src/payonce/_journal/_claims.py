@@ -155,7 +155,14 @@ class Claims(Engine):
         def verdict(record: IntentRecord) -> ClaimKind | None:
             if draft is not None and is_mismatch(record, draft):
                 return ClaimKind.MISMATCH
-            return decide_claim(record, owner=owner, now=now, unknown=unknown, is_stale=is_stale)
+            return decide_claim(
+                record,
+                owner=owner,
+                now=now,
+                unknown=unknown,
+                is_stale=is_stale,
+                lease_seconds=lease_seconds,
+            )
 
         record = find(tx, False)
         kind = verdict(record) if record is not None else None
@@ -273,7 +280,10 @@ class Claims(Engine):
                 for row in rows:
                     record = sql.intent_from_row(row)
                     # The row is locked already (or the whole journal is, in SQLite).
-                    if decide_claim(record, owner=owner, now=now, is_stale=is_stale) is None:
+                    verdict = decide_claim(
+                        record, owner=owner, now=now, is_stale=is_stale, lease_seconds=lease_seconds
+                    )
+                    if verdict is None:
                         return self._take(tx, record, owner, now, lease_seconds)
                 if len(rows) < _QUEUE_BATCH:
                     return None

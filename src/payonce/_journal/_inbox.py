@@ -205,6 +205,7 @@ class Inbox(Engine):
                     owner=owner,
                     now=now,
                     is_stale=is_stale,
+                    lease_seconds=lease_seconds,
                 ):
                     kind = EventClaimKind.LEASED
                 else:

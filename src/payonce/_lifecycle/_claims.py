@@ -46,6 +46,7 @@ def decide_claim(
     now: float,
     unknown: bool = False,
     is_stale: Callable[[str], bool] = owner_is_dead,
+    lease_seconds: float | None = None,
 ) -> ClaimKind | None:
     """What a claim of an existing intent amounts to; None when its lease may be taken.
 
@@ -56,7 +57,12 @@ def decide_claim(
     if record.state is IntentState.UNKNOWN and not unknown:
         return ClaimKind.UNKNOWN
     if lease_blocks(
-        record.lease_owner, record.lease_expires_at, owner=owner, now=now, is_stale=is_stale
+        record.lease_owner,
+        record.lease_expires_at,
+        owner=owner,
+        now=now,
+        is_stale=is_stale,
+        lease_seconds=lease_seconds,
     ):
         return ClaimKind.LEASED
     return None

@@ -11,10 +11,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-__all__ = ["KEY_LIFETIME_MARGIN", "AttemptLike", "may_have_executed", "resend_refusal"]
+__all__ = [
+    "CLOCK_TOLERANCE",
+    "KEY_LIFETIME_MARGIN",
+    "AttemptLike",
+    "may_have_executed",
+    "resend_refusal",
+]
 
 KEY_LIFETIME_MARGIN = 0.1
 """Resend only while the first attempt is younger than 90% of the provider's key lifetime."""
+CLOCK_TOLERANCE = 60.0
+"""Seconds by which the clocks of the hosts sharing a journal may disagree. A first attempt
+dated further in the future means the clock moved back or the record is foreign."""
 
 
 class AttemptLike(Protocol):
@@ -31,12 +40,24 @@ def may_have_executed(attempts: Iterable[AttemptLike]) -> bool:
     return any(attempt.in_flight or attempt.ambiguous for attempt in attempts)
 
 
-def resend_refusal(first_sent_at: float | None, now: float, key_lifetime: float) -> str | None:
-    """Why a resend under the key is no longer safe, or None while it still is."""
+def resend_refusal(
+    first_sent_at: float | None, now: float, key_lifetime: float, *, executed: bool = True
+) -> str | None:
+    """Why a resend under the key is no longer safe, or None while it still is.
+
+    ``executed``: whether an attempt may have reached the provider. The key's age matters
+    only then; a first attempt dated in the future is refused either way, since nothing
+    about such a record can be trusted.
+    """
     if first_sent_at is None:
         return None
     age = now - first_sent_at
-    if age < key_lifetime * (1 - KEY_LIFETIME_MARGIN):
+    if age < -CLOCK_TOLERANCE:
+        return (
+            f"its first attempt is dated {-age:.0f}s in the future: this host's clock moved "
+            "back, or the record is not this journal's own; a resend could execute twice"
+        )
+    if not executed or age < key_lifetime * (1 - KEY_LIFETIME_MARGIN):
         return None
     return (
         f"first sent {age:.0f}s ago, beyond the provider's key lifetime of "

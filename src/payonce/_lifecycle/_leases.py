@@ -21,6 +21,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from ._key_age import CLOCK_TOLERANCE
+
 __all__ = ["lease_blocks", "lease_live", "new_owner", "owner_is_dead"]
 
 
@@ -100,11 +102,21 @@ def lease_blocks(
     owner: str,
     now: float,
     is_stale: Callable[[str], bool] = owner_is_dead,
+    lease_seconds: float | None = None,
 ) -> bool:
     """Whether the lease keeps ``owner`` from taking the intent or event now: it is live,
-    held by someone else, and that holder is not provably dead."""
+    held by someone else, and that holder is not provably dead.
+
+    With ``lease_seconds`` (the asking worker's lease length), a lease that expires further
+    ahead than any honest worker would write (twice that length, plus the clock tolerance)
+    blocks no one: it was written by a broken clock or by hand, and a dead worker's
+    year-long lease would otherwise hold the intent for a year.
+    """
     if lease_owner is None or lease_owner == owner:
         return False
     if not lease_live(lease_owner, lease_expires_at, now):
+        return False
+    assert lease_expires_at is not None
+    if lease_seconds is not None and lease_expires_at > now + 2 * lease_seconds + CLOCK_TOLERANCE:
         return False
     return not is_stale(lease_owner)

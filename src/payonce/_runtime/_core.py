@@ -178,10 +178,8 @@ class IntentCore:
         record = claim.record
         ambiguous = may_have_executed(self.journal.attempts(record.key))
         run = Run(record, owner, attempt=0, ambiguous=ambiguous, started=False)
-        refusal = (
-            resend_refusal(record.first_sent_at, self.clock(), self.profile.key_lifetime)
-            if ambiguous
-            else None
+        refusal = resend_refusal(
+            record.first_sent_at, self.clock(), self.profile.key_lifetime, executed=ambiguous
         )
         if refusal is not None:
             run.record = self.journal.mark_unknown(
