@@ -17,6 +17,7 @@ import payonce
 from helpers.payments import (
     DECLINED,
     PAYMENT,
+    DiesAfterSending,
     MakeClient,
     free_port,
     leave_pending,
@@ -616,3 +617,87 @@ def test_a_request_the_http_stack_refused_to_send_leaves_the_intent_pending_and_
     assert attempt.ambiguous is False, "it provably never left"
     assert make_client().post("/v1/payments", json=PAYMENT, reference="order-local").is_success
     assert sandbox.store.executions() == {record.key: 1}
+
+
+# -- secrets and tampering --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "header", ["Authorization", "Proxy-Authorization", "X-Api-Key", "Cookie", "Idempotency-Key"]
+)
+def test_a_secret_header_given_with_a_request_is_refused_never_journaled(
+    client: payonce.Client, sandbox: SandboxServer, header: str
+) -> None:
+    with pytest.raises(payonce.ConfigurationError, match=header) as refused:
+        client.post(
+            "/v1/payments", json=PAYMENT, reference="order-s", headers={header: "hunter2-secret"}
+        )
+    assert "hunter2" not in str(refused.value)
+    assert client.journal.list_intents() == []
+    assert sandbox.store.total_executions() == 0
+
+
+def test_a_profile_names_its_own_secret_headers(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    profile = payonce.ProviderProfile(
+        name="sandbox",
+        lookup=payonce.providers.Lookup(path="/v1/payments"),
+        secret_header_names=frozenset({"X-Signing-Secret"}),
+    )
+    client = make_client(provider=profile)
+    with pytest.raises(payonce.ConfigurationError, match="x-signing-secret"):
+        client.post("/v1/payments", json=PAYMENT, headers={"x-signing-secret": "s3cr3t"})
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        'UPDATE intents SET request_body = CAST(\'{"amount":999999,"currency":"eur"}\' AS BLOB)',
+        "UPDATE intents SET url = url || '?to=attacker'",
+        'UPDATE intents SET request_headers = \'[["stripe-account", "acct_other"]]\'',
+    ],
+)
+def test_a_journaled_request_edited_by_hand_is_never_resent(
+    make_client: MakeClient, sandbox: SandboxServer, journal_path: Path, edit: str
+) -> None:
+    record = leave_pending(make_client, "order-t")
+    with sqlite3.connect(journal_path) as conn:
+        conn.execute(edit)
+
+    with pytest.raises(payonce.JournalError, match="edited by hand or damaged"):
+        make_client().post("/v1/payments", json=PAYMENT, reference="order-t")
+    (result,) = make_client().resume()
+
+    assert "edited by hand or damaged" in result.detail
+    assert sandbox.store.executions() == {record.key: 1}, "sent once, before the edit"
+    after = make_client().journal.get(record.key)
+    assert after is not None
+    assert (after.state, after.lease_owner) == (payonce.IntentState.PENDING, None)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        {"data": {"amount": "4200", "currency": "eur", "note": "café & crème"}},
+        {
+            "content": b"amount=1&b=2",
+            "headers": {"Content-Type": "application/x-www-form-urlencoded"},
+        },
+        {"json": {"amount": 4200, "nested": {"z": 1, "a": [1, 2]}}, "params": {"expand": "x"}},
+        {"json": PAYMENT, "headers": {"Stripe-Account": "acct_1"}},
+    ],
+)
+def test_an_untouched_journaled_request_is_resent_as_it_is(
+    make_client: MakeClient, sandbox: SandboxServer, call: dict[str, Any]
+) -> None:
+    dying = make_client(transport=DiesAfterSending())
+    with pytest.raises(RuntimeError, match="worker died"):
+        dying.post("/v1/payments?mode=test", reference="order-u", **call)
+
+    (result,) = make_client().resume()
+
+    assert "edited" not in result.detail
+    resent = make_client().journal.attempts(result.key)
+    assert len(resent) == 2, "the journaled request was resent as it was"
+    assert resent[1].status_code is not None, "and answered by the provider"

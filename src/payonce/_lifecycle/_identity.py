@@ -8,7 +8,7 @@ import re
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import attrs
 from ulid import ULID
@@ -21,6 +21,7 @@ __all__ = [
     "KeyFormat",
     "canonical_request",
     "check_headers",
+    "journaled_fingerprint_matches",
     "make_scope",
     "new_key",
     "validate_key",
@@ -132,6 +133,44 @@ _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _FIELD_VALUE = re.compile(r"[\t\x20-\x7e]*")
 """Printable ASCII and tabs: what every HTTP/1.1 stack sends a header value as, the same."""
+
+
+_FORM = "application/x-www-form-urlencoded"
+
+
+def journaled_fingerprint_matches(
+    *,
+    method: str,
+    path: str,
+    url: str,
+    request_headers: Sequence[tuple[str, str]],
+    body: bytes,
+    fingerprint: str,
+) -> bool:
+    """Whether a journaled request still is the one its fingerprint was made of: checked
+    before a resend, so that a row edited by hand is never sent in the intent's name."""
+    content_type = dict(request_headers).get("content-type")
+    meaningful = [(name, value) for name, value in request_headers if name != "content-type"]
+    query_pairs = tuple(parse_qsl(urlsplit(url).query, keep_blank_values=True))
+    candidates = [body]
+    if (content_type or "").split(";")[0].strip().lower() == _FORM:
+        # A form body's canonical form is its sorted pairs; raw content= sent with a form
+        # content type was fingerprinted as it is. Either may be what this one was.
+        pairs = sorted(parse_qsl(body.decode("latin-1"), keep_blank_values=True))
+        candidates.append(urlencode(pairs).encode("latin-1"))
+    for canonical_body in candidates:
+        request = CanonicalRequest(
+            method=method,
+            path=path,
+            query=urlencode(query_pairs),
+            query_pairs=query_pairs,
+            content_type=content_type,
+            body=body,
+            canonical_body=canonical_body,
+        )
+        if request.fingerprint_with(meaningful) == fingerprint:
+            return True
+    return False
 
 
 def check_headers(headers: Mapping[str, str] | None) -> None:

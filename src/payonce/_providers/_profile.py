@@ -103,6 +103,10 @@ class ProviderProfile:
     types). A 2xx of another type, or whose body does not parse as the JSON it declares,
     is not the provider's answer (a proxy's or a captive portal's page): it is ambiguous,
     retried and reconciled, never settled. An empty set turns the check off."""
+    secret_header_names: frozenset[str] = frozenset()
+    """More request headers that carry secrets (besides the auth header, Authorization,
+    Proxy-Authorization, X-Api-Key and Cookie): never journaled, logged, or accepted as an
+    intent's extra headers."""
     refused_statuses: frozenset[int] = frozenset({401, 403})
     """Refusals that prove nothing was executed (credentials, permission): the intent stays
     pending under its key and ``AuthenticationError`` is raised, so it can be sent once
@@ -129,8 +133,10 @@ class ProviderProfile:
         return {self.auth_header: value}
 
     def secret_headers(self) -> frozenset[str]:
-        """Request headers that must never be stored or logged."""
-        return frozenset({self.auth_header.lower(), "authorization", "x-api-key", "cookie"})
+        """Request headers that must never be stored or logged (lower-case names)."""
+        always = {"authorization", "proxy-authorization", "x-api-key", "cookie"}
+        named = {name.lower() for name in self.secret_header_names}
+        return frozenset({self.auth_header.lower(), *always, *named})
 
     def was_replayed(self, response: httpx.Response) -> bool:
         return any(response.headers.get(name, "").lower() == "true" for name in self.replay_headers)

@@ -28,6 +28,7 @@ from .._lifecycle import (
     check_headers,
     classify_error,
     classify_response,
+    journaled_fingerprint_matches,
     make_scope,
     may_have_executed,
     new_key,
@@ -36,7 +37,7 @@ from .._lifecycle import (
     validate_key,
 )
 from .._providers._profile import ProviderProfile
-from ..errors import PayonceError
+from ..errors import ConfigurationError, JournalError, PayonceError
 from . import _refusals as refusals
 from ._lease_keeper import Lease
 from ._responses import replayed, stored, tagged
@@ -125,10 +126,18 @@ class IntentCore:
             validate_key(key, max_length=self.profile.key_max_length)
         check_headers(headers)
         secret = self.profile.secret_headers() | {self.profile.key_header.lower()}
+        if refused := sorted(name for name in headers or {} if name.lower() in secret):
+            # Never journaled, so never sent again after a restart; and never quoted.
+            raise ConfigurationError(
+                f"header {refused[0]!r} is not an intent's to carry: payonce never journals "
+                "credentials and sets the idempotency key itself. Give the API key as "
+                "api_key= (or PAYONCE_API_KEY), proxy credentials to the transport, and a key "
+                "of your own as key="
+            )
         kept = sorted(
             (name.lower(), value)
             for name, value in (headers or {}).items()
-            if name.lower() not in secret and name.lower() != "content-type"
+            if name.lower() != "content-type"
         )
         # Headers such as Stripe-Account change what the request does: the same intent
         # with other headers is another request.
@@ -176,6 +185,15 @@ class IntentCore:
         """An existing pending intent ``owner`` has claimed: resend under its key, unless an
         attempt may have executed and the key may be gone at the provider by now."""
         record = claim.record
+        if not self._intact(record):
+            self.journal.release(record.key, owner=owner)
+            raise JournalError(
+                f"intent {record.key}: its journaled request no longer matches the fingerprint "
+                "it was journaled with, so the journal was edited by hand or damaged; it is "
+                "not sent. Restore the journal from a backup, or check the payment at the "
+                "provider and abandon the intent",
+                location=self.journal.location,
+            )
         ambiguous = may_have_executed(self.journal.attempts(record.key))
         run = Run(record, owner, attempt=0, ambiguous=ambiguous, started=False)
         refusal = resend_refusal(
@@ -191,6 +209,18 @@ class IntentCore:
             )
             raise refusals.unknown(run.record)
         return run
+
+    @staticmethod
+    def _intact(record: IntentRecord) -> bool:
+        path = record.scope[len(record.account) + len(record.method) + 2 :]
+        return journaled_fingerprint_matches(
+            method=record.method,
+            path=path,
+            url=record.url,
+            request_headers=record.request_headers,
+            body=record.body,
+            fingerprint=record.fingerprint,
+        )
 
     def claim_next_resumable(self, owner: str, after: tuple[float, str] | None) -> Claim | None:
         """Lease the next pending intent of this account that no live worker holds.
