@@ -681,6 +681,63 @@ def test_a_journal_locked_right_after_the_request_left_does_not_say_nothing_was_
     assert "nothing was sent" not in message, message
 
 
+def test_a_journal_write_failing_right_after_the_request_left_says_it_may_have_executed(
+    sandbox: SandboxServer, journal_path: Path
+) -> None:
+    """A full disk or an I/O error while recording the answer: the payment ran, so the
+    error must say so, in words and in ``may_have_executed``."""
+    journal = payonce.journal.SQLiteJournal(journal_path, group_commit=False)
+
+    class UnwritableAfterSending(httpx.HTTPTransport):
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            response = super().handle_request(request)
+            response.read()
+            # From now on every write of this connection fails, as on a full disk.
+            journal._conn.execute("PRAGMA query_only = 1")
+            return response
+
+    now = [1_000_000.0]
+    try:
+        with (
+            sandbox_client(
+                sandbox, journal, transport=UnwritableAfterSending(), clock=lambda: now[0]
+            ) as client,
+            pytest.raises(payonce.JournalError) as caught,
+        ):
+            client.post("/v1/payments", json=PAYMENT, reference="order-disk")
+        assert caught.value.may_have_executed is True
+        assert "may already have reached the provider" in str(caught.value)
+        assert "nothing was sent" not in str(caught.value)
+        assert sandbox.store.total_executions() == 1
+
+        journal._conn.execute("PRAGMA query_only = 0")  # the disk has room again
+        now[0] += 3600  # past the failed worker's lease, well inside the key's lifetime
+        with sandbox_client(sandbox, journal, clock=lambda: now[0]) as client:
+            again = client.post("/v1/payments", json=PAYMENT, reference="order-disk")
+        assert again.status_code == 201
+        assert sandbox.store.total_executions() == 1, "settled under the same key"
+    finally:
+        journal.close()
+
+
+def test_a_journal_error_before_anything_was_sent_says_nothing_executed(
+    sandbox: SandboxServer, journal_path: Path
+) -> None:
+    journal = payonce.journal.SQLiteJournal(journal_path, group_commit=False)
+    journal._conn.execute("PRAGMA query_only = 1")
+    try:
+        with (
+            sandbox_client(sandbox, journal) as client,
+            pytest.raises(payonce.JournalError) as caught,
+        ):
+            client.post("/v1/payments", json=PAYMENT, reference="order-early")
+        assert caught.value.may_have_executed is False
+        assert "nothing was sent" in str(caught.value)
+        assert sandbox.store.total_executions() == 0
+    finally:
+        journal.close()
+
+
 # -- concurrency -----------------------------------------------------------------------------
 
 

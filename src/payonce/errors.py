@@ -55,12 +55,16 @@ class JournalError(PayonceError):
     """The journal could not be opened, read or written.
 
     payonce never overwrites or silently recreates a journal it cannot read: the file
-    is left exactly as it was found.
+    is left exactly as it was found. ``may_have_executed`` is True when the failing write
+    came after the request may have left (recording its answer, say): the provider may then
+    have executed it, and calling again with the same reference once the journal works
+    settles it under the same key without paying twice. Otherwise nothing was sent.
     """
 
-    def __init__(self, message: str, *, location: str) -> None:
+    def __init__(self, message: str, *, location: str, may_have_executed: bool = False) -> None:
         super().__init__(message)
         self.location = location
+        self.may_have_executed = may_have_executed
 
 
 class JournalBusy(JournalError):

@@ -158,9 +158,16 @@ class Engine(abc.ABC):
 
     # -- errors ----------------------------------------------------------------------------
 
-    def _error(self, what: str, *, busy: bool = False) -> JournalError:
+    def _error(self, what: str, *, busy: bool = False, then: str | None = None) -> JournalError:
+        """The error to raise; ``then`` is what the caller may conclude (``BEFORE_SEND``,
+        ``AFTER_SEND``, ``NO_SEND``), said after ``what``."""
         cls = JournalBusy if busy else JournalError
-        return cls(f"{what} (journal: {self.location})", location=self.location)
+        message = f"{what}; {then}" if then else what
+        return cls(
+            f"{message} (journal: {self.location})",
+            location=self.location,
+            may_have_executed=then == AFTER_SEND,
+        )
 
     def _refuse(self, kind: str) -> Callable[[str], JournalError]:
         return lambda why: self._error(f"this {kind} is not a usable payonce journal: {why}")

@@ -219,9 +219,9 @@ class PostgresJournal(IntentStore):
             except PoolTimeout:
                 raise self._error(
                     f"no connection to the journal database became free within "
-                    f"{self._busy_timeout:g}s (all in use, or the database is unreachable); "
-                    f"{busy}",
+                    f"{self._busy_timeout:g}s (all in use, or the database is unreachable)",
                     busy=True,
+                    then=busy,
                 ) from None
             try:
                 return self._run(conn, work, begin=begin, busy=busy)
@@ -261,8 +261,8 @@ class PostgresJournal(IntentStore):
             except psycopg.Error as exc:
                 raise self._error(
                     f"the journal database failed while committing "
-                    f"({self._describe(exc)}), so whether this write was recorded is "
-                    f"unknown; {busy}"
+                    f"({self._describe(exc)}), so whether this write was recorded is unknown",
+                    then=busy,
                 ) from None
         return result
 
@@ -274,14 +274,16 @@ class PostgresJournal(IntentStore):
         if isinstance(exc, pg_errors.QueryCanceled):
             return self._error(
                 f"a journal statement ran for more than {self._safety_timeout:g}s and was "
-                f"cancelled; {busy}",
+                "cancelled",
                 busy=True,
+                then=busy,
             )
         if isinstance(exc, _BUSY):
             return self._error(
                 f"the journal's rows stayed locked by another worker for more than "
-                f"{self._busy_timeout:g}s; {busy}",
+                f"{self._busy_timeout:g}s",
                 busy=True,
+                then=busy,
             )
         if isinstance(exc, pg_errors.InsufficientPrivilege):
             return self._error(
@@ -290,8 +292,8 @@ class PostgresJournal(IntentStore):
                 "create tables in (?schema=payonce)"
             )
         if isinstance(exc, psycopg.OperationalError):
-            return self._error(f"lost the journal database ({self._describe(exc)}); {busy}")
-        return self._error(f"journal operation failed ({self._describe(exc)}); {busy}")
+            return self._error(f"lost the journal database ({self._describe(exc)})", then=busy)
+        return self._error(f"journal operation failed ({self._describe(exc)})", then=busy)
 
     # -- operating --------------------------------------------------------------------------
 

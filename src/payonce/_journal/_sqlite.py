@@ -175,15 +175,17 @@ class SQLiteJournal(GroupCommit, IntentStore):
         if type(exc) is sqlite3.DatabaseError:
             return self._error(
                 f"the journal cannot be read ({exc}); it is damaged or not a payonce "
-                "journal: restore it from a backup or move it away"
+                "journal: restore it from a backup or move it away",
+                then=busy,
             )
         if "locked" in message or "busy" in message:
             return self._error(
                 f"the journal stayed locked by another process for more than "
-                f"{self._busy_timeout:g}s; {busy}",
+                f"{self._busy_timeout:g}s",
                 busy=True,
+                then=busy,
             )
-        return self._error(f"journal operation failed: {message}")
+        return self._error(f"journal operation failed: {message}", then=busy)
 
     def _write(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T:
         if not self._group_commit:
