@@ -52,7 +52,8 @@ from ._journal._reads import Journal
 from ._journal._store import IntentStore
 from ._lifecycle import new_owner
 from ._runtime._lease_keeper import Lease, TaskLeaseKeeper, ThreadLeaseKeeper
-from ._signatures import DEFAULT_TOLERANCE, sign, verify
+from ._runtime._options import check_seconds
+from ._signatures import DEFAULT_TOLERANCE, check_tolerance, sign, verify
 from .errors import ConfigurationError, PayonceError, WebhookError
 
 __all__ = [
@@ -227,14 +228,13 @@ class WebhookInbox:
         self._secrets = _secrets(secrets)
         if not endpoint:
             raise ConfigurationError("the webhook endpoint name must not be empty")
-        if tolerance <= 0:
+        tolerance = check_tolerance(tolerance)
+        if tolerance == 0:
             raise ConfigurationError("the signature tolerance must be a positive number")
-        if lease_seconds <= 0:
-            raise ConfigurationError("lease_seconds must be a positive number")
         self.endpoint = endpoint
-        self.tolerance = float(tolerance)
+        self.tolerance = tolerance
         self.header = header
-        self.lease_seconds = float(lease_seconds)
+        self.lease_seconds = check_seconds("lease_seconds", lease_seconds, positive=True)
         self._clock = clock
         self._parse = parse
         self._owns_journal = not isinstance(journal, Journal)
