@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import pwd
 import random
 import shutil
 import sqlite3
@@ -156,6 +157,81 @@ def test_another_local_user_can_read_neither_the_journal_nor_its_wal_files(
         journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
         for suffix in ("", "-wal", "-shm"):
             assert not readable_by_nobody(Path(f"{path}{suffix}")), f"journal.db{suffix}"
+
+
+def _as_nobody(open_it: Callable[[], object]) -> str:
+    """Run ``open_it`` in a child process that became ``nobody`` (root reads every file
+    whatever its mode, so the checks are made as an ordinary user); its outcome in words."""
+    nobody = pwd.getpwnam("nobody")
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child
+        os.close(read)
+        try:
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            open_it()
+            outcome = "opened"
+        except payonce.JournalError as exc:
+            outcome = f"JournalError: {exc}"
+        except BaseException as exc:
+            outcome = f"{type(exc).__name__}: {exc}"
+        os.write(write, outcome.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        outcome = pipe.read().decode()
+    os.waitpid(child, 0)
+    return outcome
+
+
+def test_a_journal_restored_readable_by_others_is_closed_to_its_owner_again(
+    journal_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with payonce.journal.SQLiteJournal(journal_path) as journal:
+        journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
+    journal_path.chmod(0o644)  # as `cp` leaves a restored copy under a usual umask
+
+    with payonce.journal.SQLiteJournal(journal_path) as journal:
+        assert len(journal.list_intents()) == 1, "nothing lost"
+
+    assert stat.S_IMODE(journal_path.stat().st_mode) == 0o600
+    assert any("readable or writable by other users" in r.getMessage() for r in caplog.records)
+
+
+def test_another_user_s_journal_is_refused_and_an_unreadable_one_explained(
+    shared_directory: Path,
+) -> None:
+    path = shared_directory / "journal.db"
+    with payonce.journal.SQLiteJournal(path) as journal:
+        journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
+    before = snapshot(shared_directory)
+
+    foreign = _as_nobody(lambda: payonce.journal.SQLiteJournal(path))  # root's, mode 0600
+    assert foreign.startswith("JournalError: the journal file belongs to another user"), foreign
+    assert "run payonce as that user" in foreign
+    assert snapshot(shared_directory) == before, "nothing changed, nothing lost"
+
+    nobody = pwd.getpwnam("nobody")
+    os.chown(path, nobody.pw_uid, nobody.pw_gid)
+    path.chmod(0o200)  # its own, but not readable: a mode set wrong
+    unreadable = _as_nobody(lambda: payonce.journal.SQLiteJournal(path))
+    assert unreadable.startswith("JournalError: the journal file cannot be read"), unreadable
+    assert "run payonce as the user that owns it" in unreadable
+
+
+def test_a_backup_to_a_dangling_symbolic_link_is_refused_clearly(
+    journal_path: Path, tmp_path: Path
+) -> None:
+    link = tmp_path / "backup.db"
+    link.symlink_to(tmp_path / "nowhere" / "backup.db")
+    with (
+        payonce.journal.SQLiteJournal(journal_path) as journal,
+        pytest.raises(payonce.JournalError, match="is a symbolic link"),
+    ):
+        journal.backup(link)
+    assert link.is_symlink()
+    assert not (tmp_path / "nowhere").exists()
 
 
 def test_the_default_journal_directory_is_created_private(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ shared with the PostgreSQL journal.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sqlite3
 import threading
@@ -32,9 +33,12 @@ from ._store import IntentStore
 
 __all__ = ["SQLiteJournal"]
 
+logger = logging.getLogger("payonce")
+
 T = TypeVar("T")
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
+_SIDES = ("-wal", "-shm")
 
 
 class SQLiteJournal(GroupCommit, IntentStore):
@@ -105,8 +109,15 @@ class SQLiteJournal(GroupCommit, IntentStore):
         if self._path.exists():
             if not self._path.is_file():
                 raise self._error("the journal path exists but is not a regular file")
-            with self._path.open("rb") as handle:
-                head = handle.read(len(_SQLITE_MAGIC))
+            self._check_ownership()
+            try:
+                with self._path.open("rb") as handle:
+                    head = handle.read(len(_SQLITE_MAGIC))
+            except PermissionError:
+                raise self._error(
+                    "the journal file cannot be read by this user (permission denied): run "
+                    "payonce as the user that owns it, or give the journal to this user"
+                ) from None
             if head and head != _SQLITE_MAGIC:
                 raise self._error(
                     "this file is not a payonce journal (not an SQLite database); payonce "
@@ -120,6 +131,30 @@ class SQLiteJournal(GroupCommit, IntentStore):
         except OSError as exc:
             raise self._error(f"cannot create the journal file: {exc}") from exc
         os.close(fd)
+
+    def _check_ownership(self) -> None:
+        """A journal is one user's: refuse another user's file, and close one that others
+        may read (it holds request bodies and answers), e.g. after a restore with ``cp``."""
+        info = self._path.stat()
+        euid = os.geteuid()
+        if info.st_uid != euid and euid != 0:
+            raise self._error(
+                f"the journal file belongs to another user (uid {info.st_uid}); payonce will "
+                "not share it: run payonce as that user, or give it a journal of its own"
+            )
+        if info.st_uid != euid:
+            return  # root operating another user's journal: its mode is that user's to keep
+        for path in (self._path, *(self._path.with_name(self._path.name + s) for s in _SIDES)):
+            with contextlib.suppress(FileNotFoundError):
+                mode = path.stat().st_mode & 0o777
+                if mode & 0o077:
+                    path.chmod(0o600)
+                    logger.warning(
+                        "the journal file %s was readable or writable by other users (mode "
+                        "%o); payonce set it to 0600: it holds payment requests and answers",
+                        path,
+                        mode,
+                    )
 
     def _open(self, check_integrity: bool) -> None:
         conn = self._conn
@@ -268,11 +303,18 @@ class SQLiteJournal(GroupCommit, IntentStore):
         the -wal file beside it.
         """
         target = Path(destination).expanduser().absolute()
-        if target.exists():
-            raise self._error(f"backup destination {target} exists; payonce will not overwrite it")
+        if target.is_symlink() or target.exists():
+            what = "is a symbolic link" if target.is_symlink() else "exists"
+            raise self._error(
+                f"backup destination {target} {what}; payonce will not write through or over "
+                "it: name a new file"
+            )
         if not target.parent.is_dir():
             raise self._error(f"backup directory {target.parent} does not exist")
-        fd = os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        try:
+            fd = os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            raise self._error(f"cannot create the backup file {target}: {exc.strerror}") from None
         os.close(fd)
         try:
             with contextlib.closing(sqlite3.connect(target)) as copy, self._lock:
