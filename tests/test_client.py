@@ -23,7 +23,7 @@ from helpers.payments import (
     leave_pending,
     paying_in_background,
 )
-from helpers.proxies import portal_in_front_of
+from helpers.proxies import https_server_with_an_untrusted_certificate, portal_in_front_of
 from payonce.sandbox import DEFAULT_API_KEY, Faults, SandboxServer
 
 
@@ -701,3 +701,36 @@ def test_an_untouched_journaled_request_is_resent_as_it_is(
     resent = make_client().journal.attempts(result.key)
     assert len(resent) == 2, "the journaled request was resent as it was"
     assert resent[1].status_code is not None, "and answered by the provider"
+
+
+# -- transport security -----------------------------------------------------------------------
+
+
+def test_a_certificate_failure_is_called_one(make_client: MakeClient) -> None:
+    with https_server_with_an_untrusted_certificate() as url:
+        client = make_client(base_url=url, retry=payonce.RetryPolicy(max_attempts=1))
+        with pytest.raises(payonce.ProviderUnavailable, match="TLS certificate") as refused:
+            client.post("/v1/payments", json=PAYMENT, reference="order-tls")
+
+    assert "unable to get local issuer certificate" in str(refused.value)
+    (record,) = client.journal.find("order-tls")
+    assert (record.state, record.lease_owner) == (payonce.IntentState.PENDING, None)
+
+
+@pytest.mark.parametrize(
+    ("base_url", "warned"),
+    [
+        ("http://psp.example.com", True),
+        ("http://10.1.2.3:8080", True),
+        ("http://127.0.0.1:8080", False),
+        ("http://localhost:8080", False),
+        ("http://[::1]:8080", False),
+        ("https://psp.example.com", False),
+    ],
+)
+def test_plain_http_to_another_host_is_warned_about(
+    make_client: MakeClient, caplog: pytest.LogCaptureFixture, base_url: str, warned: bool
+) -> None:
+    make_client(base_url=base_url)
+    said = any("travel unencrypted" in r.getMessage() for r in caplog.records)
+    assert said is warned

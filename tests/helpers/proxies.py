@@ -80,3 +80,26 @@ def portal_in_front_of(upstream: str, *, turns: int) -> Iterator[_ProxyServer]:
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+@contextmanager
+def https_server_with_an_untrusted_certificate() -> Iterator[str]:
+    """An HTTPS server on loopback whose certificate no client trusts (a fresh test CA's),
+    as a man in the middle or a misconfigured endpoint presents: its URL."""
+    import ssl
+
+    import trustme
+
+    authority = trustme.CA()
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    authority.issue_cert("localhost").configure_cert(context)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"https://localhost:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import email.utils
 import enum
 import json
+import ssl
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -200,9 +201,24 @@ _AMBIGUOUS: tuple[type[Exception], ...] = (
 )
 
 
+def _certificate_failure(error: BaseException) -> str | None:
+    """What a failed TLS certificate check said, when that is why the connection failed."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return seen.verify_message or str(seen)
+        seen = seen.__cause__ or seen.__context__
+    text = str(error)
+    return text if "CERTIFICATE_VERIFY_FAILED" in text else None
+
+
 def classify_error(error: BaseException) -> Verdict | None:
     """A verdict for a transport error, or None when it is not a transport failure."""
     name = type(error).__name__
+    if isinstance(error, httpx.ConnectError) and (why := _certificate_failure(error)):
+        # Said plainly: "ConnectError" alone sends an operator looking at the network.
+        reason = f"the provider's TLS certificate failed verification: {why} (request not sent)"
+        return Verdict(Outcome.RETRY, ambiguous=False, reason=reason)
     if isinstance(error, _NEVER_SENT):
         return Verdict(Outcome.RETRY, ambiguous=False, reason=f"{name} (request not sent)")
     if isinstance(error, _REFUSED_LOCALLY):

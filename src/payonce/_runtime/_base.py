@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import ipaddress
 import logging
 import os
 import time
@@ -193,6 +194,15 @@ def _content_type(headers: Mapping[str, str] | None) -> str | None:
     return None
 
 
+def _loopback(host: str) -> bool:
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
     """Options, credentials and the journal: everything that is not I/O."""
 
@@ -278,6 +288,12 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
                 f"the API key of account {account!r} holds characters an HTTP header cannot "
                 "carry (line breaks, control characters, non-ASCII): check how it was copied"
             ) from None
+        if httpx.URL(base_url).scheme == "http" and not _loopback(httpx.URL(base_url).host):
+            logger.warning(
+                "base_url %s is plain http:// to a host that is not this machine: the API "
+                "key and every payment travel unencrypted. Use https:// outside tests",
+                base_url,
+            )
         if not verify:
             logger.warning(
                 "TLS certificate verification is OFF for %s: only ever do this against a "
