@@ -556,3 +556,30 @@ def test_sandbox_command_reports_a_busy_port(sandbox: SandboxServer) -> None:
     result = _run(["sandbox", "--port", port])
     assert result.exit_code == 2
     assert result.stderr.startswith("error: cannot serve on 127.0.0.1:")
+
+
+def test_control_characters_from_the_journal_are_printed_escaped_never_raw(
+    make_client: Callable[..., payonce.Client], journal_path: Path
+) -> None:
+    hostile = "ref\x1b[2J\x1b]0;pwned\x07"  # clear the screen, retitle the window, ring
+    client = make_client()
+    with pytest.raises(payonce.ProviderError):
+        client.post(
+            "/v1/payments",
+            content=b"note=\x1b[31mred\x1b[0m",
+            headers={"Content-Type": "text/plain"},
+            reference=hostile,
+        )
+    (record,) = client.journal.find(hostile)
+
+    for args in (
+        ["intents", "list"],
+        ["intents", "show", hostile, "--body"],
+        ["ack", "--list"],
+        ["ack", record.key],
+    ):
+        result = _run([*args, "--journal", str(journal_path)])
+        printed = result.stdout + result.stderr
+        assert "\x1b" not in printed, args
+        assert "\x07" not in printed, args
+        assert "\\x1b" in printed, args

@@ -31,6 +31,7 @@ __all__ = [
     "journal_option",
     "json_option",
     "redacted",
+    "shown",
 ]
 
 JOURNAL_ENV = "PAYONCE_JOURNAL"
@@ -147,6 +148,21 @@ def redacted(url: str) -> str:
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+
+
+def shown(value: object) -> str:
+    """Text from the journal (references, keys, reasons, headers), safe to print: control
+    characters are shown escaped (``\\x1b``), never sent to the terminal, where they could
+    rewrite the screen or the window title."""
+    text = "" if value is None else str(value)
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else _escaped(char) for char in text)
+
+
+def _escaped(char: str) -> str:
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def echo_json(value: Any) -> None:

@@ -15,6 +15,7 @@ from ._common import (
     Refused,
     existing_journal,
     journal_option,
+    shown,
 )
 from ._intent_views import print_intents
 
@@ -33,7 +34,7 @@ def _by_key(journal: payonce.Journal, key: str) -> payonce.IntentRecord:
 
 
 def _reference(record: payonce.IntentRecord) -> str:
-    return f" (reference {record.reference})" if record.reference else ""
+    return f" (reference {shown(record.reference)})" if record.reference else ""
 
 
 @click.command(short_help="Close a pending or unknown intent for good.")

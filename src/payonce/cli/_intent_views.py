@@ -18,7 +18,7 @@ from rich.text import Text
 
 import payonce
 
-from ._common import console, echo_json, iso, redacted
+from ._common import console, echo_json, iso, redacted, shown
 
 __all__ = [
     "STATES",
@@ -192,17 +192,17 @@ def _wide_rows(table: Table, records: Sequence[payonce.IntentRecord], now: float
     for record in records:
         # Text, not str: a reference such as "[red]" must not be taken for rich markup.
         cells = [
-            Text(record.key),
-            Text(record.reference or ""),
+            Text(shown(record.key)),
+            Text(shown(record.reference)),
             state_text(record.state),
-            Text(request_target(record)),
+            Text(shown(request_target(record))),
             Text(str(record.attempt_count)),
             Text(iso(record.created_at, precise=False) or ""),
         ]
         if with_lease:
-            cells.append(Text(_lease(record, now) or ""))
+            cells.append(Text(shown(_lease(record, now))))
         if with_reason:
-            cells.append(Text(record.unknown_reason or ""))
+            cells.append(Text(shown(record.unknown_reason)))
         table.add_row(*cells, style=_ROW_STYLES.get(record.state))
 
 
@@ -218,9 +218,9 @@ def _compact_rows(table: Table, records: Sequence[payonce.IntentRecord], now: fl
         if lease:
             details.append(f"lease: {lease}")
         if record.unknown_reason:
-            details.append(f"unknown: {record.unknown_reason}")
+            details.append(f"unknown: {shown(record.unknown_reason)}")
         table.add_row(
-            Text("\n").join([Text(record.key), Text(record.reference or "")]),
+            Text("\n").join([Text(shown(record.key)), Text(shown(record.reference))]),
             state_text(record.state),
             Text(str(record.attempt_count)),
             Text("\n".join(details)),
@@ -262,7 +262,7 @@ def intent_detail(
     ]
     for name, value in rows:
         if value is not None:
-            fields.add_row(name, value if isinstance(value, Text) else Text(value))
+            fields.add_row(name, value if isinstance(value, Text) else Text(shown(value)))
     parts: list[Table | Text] = [fields, _attempts_table(attempts)]
     if reconciliations:
         parts.append(_reconciliations_table(reconciliations))
@@ -291,7 +291,7 @@ def _attempts_table(attempts: Sequence[payonce.journal.AttemptRecord]) -> Table:
             Text(iso(attempt.started_at) or ""),
             Text(duration),
             Text("" if attempt.status_code is None else str(attempt.status_code)),
-            Text(attempt.error or ""),
+            Text(shown(attempt.error)),
             verdict,
         )
     return table
@@ -308,9 +308,9 @@ def _reconciliations_table(entries: Sequence[payonce.journal.ReconciliationRecor
     for entry in entries:
         table.add_row(
             Text(iso(entry.at) or ""),
-            Text(entry.outcome),
+            Text(shown(entry.outcome)),
             Text("" if entry.status_code is None else str(entry.status_code)),
-            Text(entry.detail),
+            Text(shown(entry.detail)),
         )
     return table
 
@@ -324,17 +324,19 @@ def _body_text(data: bytes) -> Text:
         return Text("  <empty body>", style="dim")
     with contextlib.suppress(ValueError):  # not JSON: shown as stored
         text = json.dumps(json.loads(text), indent=2, ensure_ascii=False)
-    return Text(textwrap.indent(text, "  "))
+    # Line by line, so that the body keeps its lines and loses only its control characters.
+    lines = (shown(line) for line in text.splitlines())
+    return Text(textwrap.indent("\n".join(lines), "  "))
 
 
 def _payload_texts(record: payonce.IntentRecord) -> list[Text]:
     texts = [Text("request", style="bold")]
-    texts.extend(Text(f"  {name}: {value}") for name, value in record.request_headers)
+    texts.extend(Text(f"  {shown(name)}: {shown(value)}") for name, value in record.request_headers)
     texts.append(_body_text(record.body))
     stored = record.response
     if stored is not None:
         texts.append(Text(f"response HTTP {stored.status}", style="bold"))
-        texts.extend(Text(f"  {name}: {value}") for name, value in stored.headers)
+        texts.extend(Text(f"  {shown(name)}: {shown(value)}") for name, value in stored.headers)
         if stored.body_stored:
             texts.append(_body_text(stored.body))
         else:

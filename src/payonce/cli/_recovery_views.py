@@ -16,6 +16,7 @@ from rich.text import Text
 
 import payonce
 
+from ._common import shown
 from ._intent_views import state_text
 
 __all__ = [
@@ -114,7 +115,7 @@ def rows_table(rows: Sequence[Row], *, title: str) -> Table:
         table.add_column("state", no_wrap=True)
     table.add_column("detail", overflow="fold", min_width=20)
     for row in rows:
-        cells = [Text(row.key), Text(row.reference or "")]
+        cells = [Text(shown(row.key)), Text(shown(row.reference))]
         if row.before is not None:
             cells += [
                 Text.assemble(state_text(row.before), " → ", state_text(row.after)),
@@ -122,7 +123,7 @@ def rows_table(rows: Sequence[Row], *, title: str) -> Table:
             ]
         else:
             cells.append(state_text(row.after))
-        cells.append(Text(row.detail))
+        cells.append(Text(shown(row.detail)))
         table.add_row(*cells)
     return table
 
