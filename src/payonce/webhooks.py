@@ -46,6 +46,7 @@ from typing import Any, Final
 
 import attrs
 
+from ._fork import ForkGuard
 from ._journal._inbox import EventClaim, EventClaimKind, EventRecord
 from ._journal._open import open_store
 from ._journal._reads import Journal
@@ -241,8 +242,17 @@ class WebhookInbox:
         self.journal: IntentStore = open_store(journal)
         # Handlers' leases are renewed every third of their length: from a thread for
         # receive, from a task for areceive.
+        self._fork = ForkGuard()
+        self._keepers()
+
+    def _keepers(self) -> None:
         self._keeper = ThreadLeaseKeeper(self.lease_seconds / 3)
         self._task_keeper = TaskLeaseKeeper(self.lease_seconds / 3)
+
+    def _in_this_process(self) -> None:
+        """After a fork, lease keepers of the child's own (see ``payonce._fork``)."""
+        if self._fork.forked(self._keeper, self._task_keeper):
+            self._keepers()
 
     # -- the steps, shared by receive and areceive -----------------------------------------
 
@@ -360,6 +370,7 @@ class WebhookInbox:
         provider redelivers, and the redelivery is handled).
         """
         event, signed_at = self.verify(payload, headers)
+        self._in_this_process()
         owner = new_owner()
         claim = self._claim(event, owner)
         if not claim.run_handler:
@@ -390,6 +401,7 @@ class WebhookInbox:
         the event loop, so it should be quick).
         """
         event, signed_at = self.verify(payload, headers)
+        self._in_this_process()
         owner = new_owner()
         claim = await asyncio.to_thread(self._claim, event, owner)
         if not claim.run_handler:

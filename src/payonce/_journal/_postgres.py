@@ -32,6 +32,7 @@ from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
+from .._fork import ForkGuard
 from ..errors import ConfigurationError, JournalError
 from . import _sql as sql
 from ._engine import BEFORE_SEND, NO_SEND, Tx, migrate
@@ -99,21 +100,33 @@ class PostgresJournal(IntentStore):
             connect["application_name"] = "payonce"
         if "connect_timeout" not in target.parameters:
             connect["connect_timeout"] = max(1, round(connect_timeout))
-        self._pool: ConnectionPool[psycopg.Connection[tuple[Any, ...]]] = ConnectionPool(
-            target.conninfo,
-            kwargs=connect,
-            min_size=1,
-            max_size=pool_size,
-            open=False,
-            configure=self._configure,
-            timeout=busy_timeout,
-            name="payonce-journal",
-        )
+        self._connect_options, self._pool_size = connect, pool_size
+        self._fork = ForkGuard()
+        self._pool = self._new_pool()
         try:
             self._open(connect, connect_timeout, check_integrity)
         except BaseException:
             self._pool.close()
             raise
+
+    def _new_pool(self) -> ConnectionPool[psycopg.Connection[tuple[Any, ...]]]:
+        return ConnectionPool(
+            self._target.conninfo,
+            kwargs=self._connect_options,
+            min_size=1,
+            max_size=self._pool_size,
+            open=False,
+            configure=self._configure,
+            timeout=self._busy_timeout,
+            name="payonce-journal",
+        )
+
+    def _in_this_process(self) -> None:
+        """After a fork, a pool of the child's own (see ``_fork``): the parent's connections
+        are never used, nor closed, here."""
+        if self._fork.forked(self._pool):
+            self._pool = self._new_pool()
+            self._pool.open(wait=False)
 
     @property
     def location(self) -> str:
@@ -211,6 +224,7 @@ class PostgresJournal(IntentStore):
         return self._transact(work, begin=begin, busy=NO_SEND)
 
     def _transact(self, work: Callable[[Tx], T], *, begin: str | None, busy: str) -> T:
+        self._in_this_process()
         for round_ in range(1, _ROUNDS + 1):
             try:
                 conn = self._pool.getconn()
@@ -333,4 +347,5 @@ class PostgresJournal(IntentStore):
         )
 
     def close(self) -> None:
+        self._in_this_process()  # a child closes its own pool, never its parent's
         self._pool.close()

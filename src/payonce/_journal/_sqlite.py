@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from .._fork import ForkGuard
 from ..errors import JournalError
 from . import _sql as sql
 from ._engine import BEFORE_SEND, NO_SEND, Tx, migrate
@@ -66,6 +67,7 @@ class SQLiteJournal(GroupCommit, IntentStore):
     ) -> None:
         self._path = Path(path).expanduser().absolute()
         self._busy_timeout = busy_timeout
+        self._fork = ForkGuard()
         self._lock = threading.RLock()
         self._group_commit = group_commit
         self._open_queue()
@@ -73,15 +75,7 @@ class SQLiteJournal(GroupCommit, IntentStore):
         """Write transactions committed by this instance (a figure for benchmarks)."""
         self._synchronous: str | None = None
         self._prepare_file(create_directories)
-        try:
-            self._conn = sqlite3.connect(
-                self._path,
-                timeout=busy_timeout,
-                isolation_level=None,
-                check_same_thread=False,
-            )
-        except sqlite3.Error as exc:
-            raise self._error(f"cannot open the journal: {exc}") from exc
+        self._conn = self._connect()
         try:
             self._open(check_integrity)
         except BaseException:
@@ -156,10 +150,31 @@ class SQLiteJournal(GroupCommit, IntentStore):
                         mode,
                     )
 
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(
+                self._path,
+                timeout=self._busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+            conn.execute("PRAGMA foreign_keys = ON")
+        except sqlite3.Error as exc:
+            raise self._error(f"cannot open the journal: {exc}") from exc
+        self._synchronous = None
+        return conn
+
+    def _in_this_process(self) -> None:
+        """After a fork, the child's own connection, locks and queue (see ``_fork``)."""
+        if self._fork.forked(self._conn):
+            self._lock = threading.RLock()
+            self._open_queue()
+            self._conn = self._connect()
+
     def _open(self, check_integrity: bool) -> None:
         conn = self._conn
         try:
-            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
             if check_integrity:
                 problems = [row[0] for row in conn.execute("PRAGMA quick_check")]
                 if problems != ["ok"]:
@@ -181,7 +196,6 @@ class SQLiteJournal(GroupCommit, IntentStore):
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 raise self._error(f"cannot switch the journal to WAL mode (got {mode!r})")
-            conn.execute("PRAGMA foreign_keys = ON")
             self._set_synchronous("FULL")
             refuse = self._refuse("SQLite database")
             self._write(lambda tx: migrate(tx, refuse=refuse), durable=True, busy=BEFORE_SEND)
@@ -223,6 +237,7 @@ class SQLiteJournal(GroupCommit, IntentStore):
         return self._error(f"journal operation failed: {message}", then=busy)
 
     def _write(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T:
+        self._in_this_process()
         if not self._group_commit:
             return self._write_alone(work, durable=durable, busy=busy)
         return self._write_together(work, durable=durable, busy=busy)
@@ -255,6 +270,7 @@ class SQLiteJournal(GroupCommit, IntentStore):
             return result
 
     def _read(self, work: Callable[[Tx], T], *, snapshot: bool = False) -> T:
+        self._in_this_process()
         with self._lock:
             try:
                 cur = self._conn.cursor()
@@ -306,8 +322,8 @@ class SQLiteJournal(GroupCommit, IntentStore):
         if target.is_symlink() or target.exists():
             what = "is a symbolic link" if target.is_symlink() else "exists"
             raise self._error(
-                f"backup destination {target} {what}; payonce will not write through or over "
-                "it: name a new file"
+                f"backup destination {target} {what}; payonce will not overwrite it, nor write "
+                "through a link: name a new file"
             )
         if not target.parent.is_dir():
             raise self._error(f"backup directory {target.parent} does not exist")
@@ -316,6 +332,7 @@ class SQLiteJournal(GroupCommit, IntentStore):
         except OSError as exc:
             raise self._error(f"cannot create the backup file {target}: {exc.strerror}") from None
         os.close(fd)
+        self._in_this_process()
         try:
             with contextlib.closing(sqlite3.connect(target)) as copy, self._lock:
                 self._conn.backup(copy)
@@ -325,5 +342,6 @@ class SQLiteJournal(GroupCommit, IntentStore):
         return target
 
     def close(self) -> None:
+        self._in_this_process()  # a child closes its own connection, never its parent's
         with self._lock:
             self._conn.close()

@@ -92,6 +92,7 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
         self, *, on_result: Callable[[ResumeResult], object] | None = None
     ) -> list[ResumeResult]:
         """See ``Client.resume``."""
+        self._in_this_process()
         batch = ResumeBatch(self._core)
 
         async def drive(target: Claimed) -> ResumeResult:
@@ -107,6 +108,7 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
         on_result: Callable[[ReconcileResult], object] | None = None,
     ) -> list[ReconcileResult]:
         """See ``Client.reconcile``."""
+        self._in_this_process()
         batch = ReconcileBatch(self._core, key_or_reference)
         return await arun_batch(batch, self._reconcile, on_result)
 
@@ -114,6 +116,7 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
         self, *, on_result: Callable[[ReconcileResult], object] | None = None
     ) -> list[ReconcileResult]:
         """See ``Client.reconcile_all``."""
+        self._in_this_process()
         return await arun_batch(ReconcileBatch(self._core, None), self._reconcile, on_result)
 
     async def _reconcile(self, record: IntentRecord) -> ReconcileResult:
@@ -153,6 +156,7 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
     # -- sending -----------------------------------------------------------------------------
 
     async def _drive(self, op: AsyncOperation, draft: IntentDraft) -> httpx.Response:
+        self._in_this_process()
         core = self._core
         owner = new_owner()
         deadline = self._deadline()
@@ -198,6 +202,7 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
         raise AssertionError("unreachable: tenacity either returns or raises")
 
     async def aclose(self) -> None:
+        self._in_this_process()  # a child closes its own HTTP client, never its parent's
         await self._keeper.aclose()
         await self._http.aclose()
         if self._owns_journal:

@@ -19,6 +19,7 @@ from typing import Any, Generic, TypedDict, TypeVar, Unpack, cast
 import httpx
 
 from .._credentials import resolve_api_key
+from .._fork import ForkGuard
 from .._journal._open import open_store
 from .._journal._reads import Journal
 from .._journal._records import IntentDraft, IntentRecord
@@ -28,6 +29,7 @@ from .._providers._profile import ProviderProfile, get_profile
 from .._version import __version__
 from ..errors import ConfigurationError, IntentStateError
 from ._core import IntentCore
+from ._lease_keeper import TaskLeaseKeeper, ThreadLeaseKeeper
 from ._options import check_base_url, check_count, check_seconds, check_timeout
 from ._responses import DEFAULT_MAX_STORED_BYTES
 from ._retrying import RetryEvent, RetryPolicy
@@ -208,6 +210,8 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
 
     _operation: type[OperationT]
     """The operation flavour of this client (``Operation``, ``AsyncOperation``)."""
+    _http: httpx.Client | httpx.AsyncClient
+    _keeper: ThreadLeaseKeeper | TaskLeaseKeeper
 
     def __init__(
         self,
@@ -315,12 +319,21 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
             clock=clock,
             on_retry=on_retry,
         )
-        http_options: dict[str, Any] = {
+        self._http_options: dict[str, Any] = {
             "timeout": timeouts,
             "verify": verify,
             "headers": {"User-Agent": USER_AGENT},
         }
-        self._connect(transport, http_options)
+        self._transport: TransportT | None = transport
+        self._fork = ForkGuard()
+        self._connect(transport, self._http_options)
+
+    def _in_this_process(self) -> None:
+        """After a fork, an HTTP client and a lease keeper of the child's own: a pooled
+        keep-alive connection shared with the parent would hand one process the other's
+        answers (see ``payonce._fork``). The journal reopens itself the same way."""
+        if self._fork.forked(self._http, self._keeper):
+            self._connect(self._transport, self._http_options)
 
     @abc.abstractmethod
     def _connect(self, transport: TransportT | None, options: dict[str, Any]) -> None:

@@ -98,6 +98,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         One intent's failure, whatever it is, never stops the rest: it is logged with its
         key and reported in its result. ``on_result`` sees each result as it comes.
         """
+        self._in_this_process()
         batch = ResumeBatch(self._core)
 
         def drive(target: Any) -> ResumeResult:
@@ -112,6 +113,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         on_result: Callable[[ReconcileResult], object] | None = None,
     ) -> list[ReconcileResult]:
         """Ask the provider about the unknown intent(s) with this key or reference."""
+        self._in_this_process()
         return run_batch(ReconcileBatch(self._core, key_or_reference), self._reconcile, on_result)
 
     def reconcile_all(
@@ -119,6 +121,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
     ) -> list[ReconcileResult]:
         """Reconcile every unknown intent of this account and provider, oldest first; one
         intent's failure never stops the rest."""
+        self._in_this_process()
         return run_batch(ReconcileBatch(self._core, None), self._reconcile, on_result)
 
     def _reconcile(self, record: IntentRecord) -> ReconcileResult:
@@ -161,6 +164,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
     # -- sending -----------------------------------------------------------------------------
 
     def _drive(self, op: Operation, draft: IntentDraft) -> httpx.Response:
+        self._in_this_process()
         core = self._core
         owner = new_owner()
         deadline = self._deadline()
@@ -200,6 +204,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         raise AssertionError("unreachable: tenacity either returns or raises")
 
     def close(self) -> None:
+        self._in_this_process()  # a child closes its own HTTP client, never its parent's
         self._keeper.close()
         self._http.close()
         if self._owns_journal:
