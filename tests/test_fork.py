@@ -59,8 +59,8 @@ def _amount(n: int, i: int) -> int:
     return 1000 + 100 * n + i
 
 
-def _assert_each_answer_is_its_own(journal_path: Path, sandbox: SandboxServer) -> None:
-    with payonce.journal.SQLiteJournal(journal_path) as journal:
+def _assert_each_answer_is_its_own(journal_at: Path | str, sandbox: SandboxServer) -> None:
+    with payonce.open_journal(journal_at) as journal:
         records = journal.list_intents()
         assert len(records) == 1 + CHILDREN * EACH
         for record in records:
@@ -73,8 +73,9 @@ def _assert_each_answer_is_its_own(journal_path: Path, sandbox: SandboxServer) -
 
 
 def test_children_of_a_client_that_already_paid_journal_only_their_own_answers(
-    make_sandbox: Callable[..., SandboxServer], journal_path: Path
+    make_sandbox: Callable[..., SandboxServer], location: str
 ) -> None:
+    """On SQLite and on PostgreSQL: the journal's connections are the child's own too."""
     # Slow enough that the children's requests overlap, as a busy service's do.
     sandbox = make_sandbox(processing_seconds=0.05)
     client = payonce.Client(
@@ -82,7 +83,7 @@ def test_children_of_a_client_that_already_paid_journal_only_their_own_answers(
         provider="sandbox",
         account="acct_demo",
         api_key=DEFAULT_API_KEY,
-        journal=journal_path,
+        journal=location,
         retry=FAST_RETRY,
     )
     # A pooled keep-alive connection and an open SQLite handle, both inherited below.
@@ -99,7 +100,7 @@ def test_children_of_a_client_that_already_paid_journal_only_their_own_answers(
     assert _in_children(pay) == [0] * CHILDREN
     client.post("/v1/payments", json=PAYMENT, reference="in-the-parent")  # still works here
     client.close()
-    _assert_each_answer_is_its_own(journal_path, sandbox)
+    _assert_each_answer_is_its_own(location, sandbox)
 
 
 def test_children_of_an_async_client_that_already_paid_pay_with_their_own_connections(
