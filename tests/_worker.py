@@ -35,6 +35,9 @@ def _client(args: argparse.Namespace) -> payonce.Client:
         name="sandbox-short" if args.key_lifetime else "sandbox",
         key_lifetime=args.key_lifetime or 24 * 3600.0,
         lookup=payonce.providers.Lookup(path="/v1/payments"),
+        # The sandbox guards a duplicate in flight (409): resends go out at once, so the
+        # harness sees what a client that resends blindly would do.
+        resend="same-key",
     )
     offset = args.clock_offset
     return payonce.Client(

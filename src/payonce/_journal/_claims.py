@@ -405,6 +405,24 @@ class Claims(Engine):
             busy=AFTER_SEND,
         )
 
+    def looked_up(
+        self,
+        key: str,
+        *,
+        owner: str,
+        now: float,
+        outcome: str,
+        detail: str,
+        status_code: int | None,
+    ) -> None:
+        """Journal a look-up made before a resend that settled nothing; the lease stays."""
+
+        def work(tx: Tx) -> None:
+            self._apply(tx, key, owner, Transition.LOOKED_UP)
+            tx.execute(sql.INSERT_RECONCILIATION, (key, now, outcome, detail, status_code))
+
+        self._write(work, durable=False, busy=AFTER_SEND)
+
     def reconciled(
         self,
         key: str,

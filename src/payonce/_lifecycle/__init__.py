@@ -33,21 +33,25 @@ from ._verdicts import (
     parse_retry_after,
     transition_for,
 )
+from ._verify import LOOK_UP, LookUp, Verification, quiet_after
 
 __all__ = [
     "KEY_LIFETIME_MARGIN",
+    "LOOK_UP",
     "MAX_KEY_LENGTH",
     "RULES",
     "CanonicalRequest",
     "ClaimKind",
     "IntentState",
     "KeyFormat",
+    "LookUp",
     "LookupKind",
     "LookupVerdict",
     "Outcome",
     "Rule",
     "Transition",
     "Verdict",
+    "Verification",
     "canonical_request",
     "check_headers",
     "journaled_fingerprint_matches",
@@ -66,6 +70,7 @@ __all__ = [
     "new_owner",
     "owner_is_dead",
     "parse_retry_after",
+    "quiet_after",
     "resend_refusal",
     "rule",
     "target",

@@ -49,6 +49,9 @@ class Transition(enum.Enum):
     ATTEMPT_NOT_SENT = "attempt not sent"
     SUCCEEDED = "settled, succeeded"
     FAILED = "settled, failed"
+    LOOKED_UP = "looked up before a resend"
+    VERIFIED_SUCCEEDED = "verified, found succeeded"
+    VERIFIED_FAILED = "verified, found failed"
     EXHAUSTED = "exhausted, ambiguous"
     EXHAUSTED_UNSENT = "exhausted, never executed"
     KEY_WINDOW_PASSED = "key window passed"
@@ -146,6 +149,29 @@ RULES: tuple[Rule, ...] = (
         (_P,),
         IntentState.FAILED,
         "a definitive refusal (non-retryable 4xx, a do-not-retry hint), stored",
+        releases_lease=True,
+    ),
+    Rule(
+        Transition.LOOKED_UP,
+        (_P,),
+        None,
+        "after an attempt that may have executed, the status look-up (verify before resend) "
+        "found no final record: journaled; resent only once nothing is found after the "
+        "earlier attempt can no longer be running",
+    ),
+    Rule(
+        Transition.VERIFIED_SUCCEEDED,
+        (_P,),
+        IntentState.SUCCEEDED,
+        "verify before resend found the provider's record, succeeded: settled from it, "
+        "nothing resent",
+        releases_lease=True,
+    ),
+    Rule(
+        Transition.VERIFIED_FAILED,
+        (_P,),
+        IntentState.FAILED,
+        "verify before resend found the provider's record, failed: settled from it, nothing resent",
         releases_lease=True,
     ),
     Rule(

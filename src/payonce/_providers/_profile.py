@@ -46,6 +46,10 @@ class Lookup:
     format_value: Callable[[str], str] = _value_as_is
     """Turns the key or reference into the query value, e.g. a search expression such as
     Stripe's ``metadata['payonce_idempotency_key']:'KEY'``."""
+    consistent: bool = True
+    """Whether the look-up sees a payment as soon as it is executed. One that lags (Stripe's
+    Search API) cannot tell "not executed" from "not indexed yet", so it is no ground for
+    resending: its profile resends under the same key instead (``resend``)."""
 
     def params(self, value: str) -> dict[str, str]:
         """The query parameters that look up the intent whose key or reference is ``value``."""
@@ -59,6 +63,11 @@ def json_object(response: httpx.Response) -> dict[str, Any] | None:
     except (ValueError, httpx.ResponseNotRead):
         return None
     return data if isinstance(data, dict) else None
+
+
+def _seconds(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e9:
+        raise ConfigurationError(f"{attribute.name} must be a finite number of seconds >= 0")
 
 
 def _no_hint(response: httpx.Response) -> bool | None:
@@ -120,10 +129,29 @@ class ProviderProfile:
     refine: Callable[[httpx.Response], Verdict | None] = _no_verdict
     """A provider-specific verdict that wins over everything else (None: no opinion), e.g.
     telling a 409 "key in use, retry" from a 409 "key reused with another body"."""
+    resend: Literal["verify", "same-key"] | None = None
+    """What follows an attempt that may have executed. ``"verify"``: ask the status look-up
+    first, and resend (under the same key) only once the provider has no record and the
+    earlier attempt can no longer be running (``max_processing``); a record found settles
+    the intent with nothing sent. ``"same-key"``: resend at once under the same key, for a
+    provider that guards a duplicate arriving while the first still runs (a 409). None
+    (the default): ``"verify"`` when the profile has a consistent look-up, else
+    ``"same-key"``."""
+    max_processing: float = attrs.field(default=30.0, validator=_seconds)
+    """Seconds the provider may still execute a request after the client gave up on it (a
+    slow server outlives the client's timeout): the wait before "no record" proves
+    anything."""
     prepare_body: Callable[[bytes, str | None, str], bytes] = _body_as_is
     """Derive the bytes sent from the journaled body, content type and key, e.g. to tag the
     key into the object's metadata for reconciliation. Must be deterministic: every
     attempt sends the same bytes. The fingerprint covers the journaled body only."""
+
+    @property
+    def verifies(self) -> bool:
+        """Whether an ambiguous attempt is verified with the look-up before any resend."""
+        if self.resend is not None:
+            return self.resend == "verify" and self.lookup is not None
+        return self.lookup is not None and self.lookup.consistent
 
     def key_header_value(self, key: str) -> str:
         return f'"{key}"' if self.quote_key else key
@@ -156,8 +184,11 @@ to each server; 24 h is assumed, and a server that keeps keys for less needs its
 SANDBOX = ProviderProfile(
     name="sandbox",
     lookup=Lookup(path="/v1/payments", by="key", param="idempotency_key"),
+    # The sandbox's own idempotency layer answers 409 to a duplicate that arrives while the
+    # first still runs: a resend under the same key is safe at once, and costs no wait.
+    resend="same-key",
 )
-"""payonce's own reference provider (``payonce.sandbox``)."""
+"""payonce's own reference provider (``payonce.sandbox``) in its default, strict mode."""
 
 _REGISTRY: dict[str, ProviderProfile] = {p.name: p for p in (GENERIC, SANDBOX)}
 

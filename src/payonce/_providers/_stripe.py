@@ -136,6 +136,8 @@ def stripe_profile(
             # settles nothing: such an intent stays unknown for an operator to judge.
             succeeded=frozenset({"succeeded", "requires_capture"}),
             failed=frozenset({"canceled", "failed"}),
+            # Stripe documents that search results may lag writes by up to a minute.
+            consistent=False,
         )
     # What is not said here is ProviderProfile's default (the IETF draft's statuses, a
     # Bearer token in Authorization, keys in Idempotency-Key up to 255 characters).

@@ -18,7 +18,7 @@ import tenacity
 
 from .._journal._records import IntentDraft, IntentRecord
 from .._lifecycle import new_owner
-from . import _reconcile
+from . import _reconcile, _verifying
 from . import _refusals as refusals
 from ._base import BaseClient, OneShotOptions, OneShotVerbs, OperationBase, RequestOptions, Verbs
 from ._batch import Claimed, ReconcileBatch, ResumeBatch, ResumeResult, arun_batch
@@ -185,6 +185,8 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
         core = self._core
         async for attempt in tenacity.AsyncRetrying(**core.retrying(run)):
             with attempt:
+                if run.verification is not None and (found := await self._verified(run)):
+                    return found
                 if not run.started:  # the claim journaled the first attempt's start
                     await _off_loop(core.start_attempt, run)
                 try:
@@ -200,6 +202,23 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
                     raise
                 return await _off_loop(core.on_response, run, response)
         raise AssertionError("unreachable: tenacity either returns or raises")
+
+    async def _verified(self, run: Run) -> httpx.Response | None:
+        """See ``Client._verified``: the same steps, awaited, the journal off the loop."""
+        core = self._core
+        while (step := _verifying.step(core, run)) is not None:
+            if isinstance(step, float):
+                await asyncio.sleep(step)
+                continue
+            request = _reconcile.lookup_request(core, run.record, self._http)
+            try:
+                response = await self._http.send(request)
+            except httpx.TransportError as exc:
+                await _off_loop(_verifying.lookup_failed, core, run, exc)
+                continue
+            if (settled := await _off_loop(_verifying.looked_up, core, run, response)) is not None:
+                return settled
+        return None
 
     async def aclose(self) -> None:
         self._in_this_process()  # a child closes its own HTTP client, never its parent's

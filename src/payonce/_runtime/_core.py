@@ -8,6 +8,7 @@ call these steps in the same order. Which state an answer leads to is decided in
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
@@ -25,6 +26,7 @@ from .._lifecycle import (
     Outcome,
     Transition,
     Verdict,
+    Verification,
     check_headers,
     classify_error,
     classify_response,
@@ -32,6 +34,7 @@ from .._lifecycle import (
     make_scope,
     may_have_executed,
     new_key,
+    quiet_after,
     resend_refusal,
     transition_for,
     validate_key,
@@ -61,6 +64,11 @@ class Run:
     started: bool = True
     """False until the current attempt's start is journaled (the first one is, by claim)."""
     last_reason: str = ""
+    verification: Verification | None = None
+    """Set after an attempt that may have executed, for a profile that verifies before it
+    resends: the look-ups still to make (see ``payonce._lifecycle._verify``)."""
+    began: float = attrs.field(factory=time.monotonic)
+    """When this drive began: verification waits count against ``max_elapsed`` too."""
 
     @property
     def key(self) -> str:
@@ -194,8 +202,13 @@ class IntentCore:
                 "provider and abandon the intent",
                 location=self.journal.location,
             )
-        ambiguous = may_have_executed(self.journal.attempts(record.key))
+        attempts = self.journal.attempts(record.key)
+        ambiguous = may_have_executed(attempts)
         run = Run(record, owner, attempt=0, ambiguous=ambiguous, started=False)
+        until = quiet_after(attempts, self.profile.max_processing)
+        if self.profile.verifies and until is not None:
+            # After a crash with an attempt in flight, as after a timeout: look before sending.
+            run.verification = Verification(until=until)
         refusal = resend_refusal(
             record.first_sent_at, self.clock(), self.profile.key_lifetime, executed=ambiguous
         )
@@ -356,6 +369,8 @@ class IntentCore:
         run.last_reason = verdict.reason
         self._end_attempt(run, transition, status_code=status_code, error=error)
         run.started = False
+        if verdict.ambiguous and self.profile.verifies:
+            run.verification = Verification(until=self.clock() + self.profile.max_processing)
         raise Retry(verdict)
 
     def _settle(self, run: Run, response: httpx.Response, transition: Transition) -> httpx.Response:
@@ -377,7 +392,7 @@ class IntentCore:
         )
         provider_replayed = self.profile.was_replayed(response)
         tagged(response, record, replayed=False, provider_replayed=provider_replayed)
-        return self._deliver(record, response)
+        return self.deliver(record, response)
 
     # -- giving up, replaying ----------------------------------------------------------------
 
@@ -403,9 +418,10 @@ class IntentCore:
         response = replayed(record)
         if response is None:
             raise refusals.unknown(record)
-        return self._deliver(record, response)
+        return self.deliver(record, response)
 
-    def _deliver(self, record: IntentRecord, response: httpx.Response) -> httpx.Response:
+    def deliver(self, record: IntentRecord, response: httpx.Response) -> httpx.Response:
+        """The answer of a settled intent: returned when it succeeded, raised otherwise."""
         if record.state is IntentState.SUCCEEDED:
             return response
         raise refusals.refused(record, response, classify_response(response, self.profile))

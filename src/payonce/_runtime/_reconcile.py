@@ -13,7 +13,6 @@ write the conclusion once, with the look-up journaled beside it:
 
 from __future__ import annotations
 
-import json
 import logging
 
 import attrs
@@ -28,11 +27,13 @@ from .._lifecycle import (
     Verdict,
     classify_lookup,
     classify_lookup_error,
+    quiet_after,
     resend_refusal,
 )
 from ..errors import ConfigurationError
 from . import _refusals as refusals
 from ._core import IntentCore
+from ._responses import from_lookup
 from ._retrying import Retry
 
 __all__ = ["ReconcileResult", "begin", "conclude", "give_up", "lookup_request", "targets"]
@@ -154,11 +155,7 @@ def conclude(
             raise refusals.lookup_refused(record, response)
         case LookupKind.FOUND:
             assert verdict.record is not None
-            stored = StoredResponse(
-                status=status,
-                headers=(("content-type", "application/json"),),
-                body=json.dumps(verdict.record, separators=(",", ":")).encode(),
-            )
+            stored = from_lookup(verdict.record, status)
             transition = (
                 Transition.RECONCILED_SUCCEEDED
                 if verdict.state is IntentState.SUCCEEDED
@@ -173,6 +170,16 @@ def conclude(
 
 
 def _not_found(core: IntentCore, record: IntentRecord, owner: str, status: int) -> ReconcileResult:
+    quiet = quiet_after(core.journal.attempts(record.key), core.profile.max_processing)
+    if core.profile.verifies and quiet is not None and core.clock() < quiet:
+        # A slow server may still be executing an earlier attempt: "no record" proves
+        # nothing yet, and back to pending would let a resend run beside it (a provider
+        # that guards such a duplicate, resend="same-key", answers it 409 instead).
+        detail = (
+            f"the provider has no record yet, but an earlier attempt may still be executing "
+            f"there for {quiet - core.clock():.0f}s more: reconcile again after that"
+        )
+        return _journal(core, record, owner, "still_unknown", detail, status, _AMBIGUOUS)
     refusal = resend_refusal(record.first_sent_at, core.clock(), core.profile.key_lifetime)
     if refusal is None:
         detail = "the provider has no record and the key is still valid: safe to resend"

@@ -3,7 +3,9 @@ journal, each tagged with what payonce knows about it (``payonce.response_info``
 
 from __future__ import annotations
 
+import json
 import logging
+from typing import Any
 
 import attrs
 import httpx
@@ -13,6 +15,7 @@ from .._lifecycle import IntentState
 
 __all__ = [
     "DEFAULT_MAX_STORED_BYTES",
+    "from_lookup",
     "ResponseInfo",
     "replayed",
     "response_info",
@@ -84,6 +87,15 @@ def stored(response: httpx.Response, *, key: str, max_bytes: int) -> StoredRespo
         ),
         body=body if body_stored else b"",
         body_stored=body_stored,
+    )
+
+
+def from_lookup(record: dict[str, Any], status: int) -> StoredResponse:
+    """The provider's record, found by a status look-up, as the intent's stored answer."""
+    return StoredResponse(
+        status=status,
+        headers=(("content-type", "application/json"),),
+        body=json.dumps(record, separators=(",", ":")).encode(),
     )
 
 

@@ -15,7 +15,7 @@ import tenacity
 
 from .._journal._records import IntentDraft, IntentRecord
 from .._lifecycle import new_owner
-from . import _reconcile
+from . import _reconcile, _verifying
 from . import _refusals as refusals
 from ._base import BaseClient, OneShotOptions, OneShotVerbs, OperationBase, RequestOptions, Verbs
 from ._batch import ReconcileBatch, ResumeBatch, ResumeResult, run_batch
@@ -193,6 +193,8 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         core = self._core
         for attempt in tenacity.Retrying(**core.retrying(run)):
             with attempt:
+                if run.verification is not None and (found := self._verified(run)):
+                    return found
                 core.start_attempt(run)
                 try:
                     request = core.build_request(run, self._http)
@@ -202,6 +204,23 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
                     raise
                 return core.on_response(run, response)
         raise AssertionError("unreachable: tenacity either returns or raises")
+
+    def _verified(self, run: Run) -> httpx.Response | None:
+        """Verify before resend: look the intent up until its record settles it (returned)
+        or nothing found after the earlier attempt can no longer run lets it be resent."""
+        core = self._core
+        while (step := _verifying.step(core, run)) is not None:
+            if isinstance(step, float):
+                time.sleep(step)
+                continue
+            try:
+                response = self._http.send(_reconcile.lookup_request(core, run.record, self._http))
+            except httpx.TransportError as exc:
+                _verifying.lookup_failed(core, run, exc)
+                continue
+            if (settled := _verifying.looked_up(core, run, response)) is not None:
+                return settled
+        return None
 
     def close(self) -> None:
         self._in_this_process()  # a child closes its own HTTP client, never its parent's

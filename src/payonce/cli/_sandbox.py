@@ -11,7 +11,7 @@ import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import click
 
@@ -122,6 +122,14 @@ def _warnings_to_stderr() -> Iterator[None]:
 @_file("--store", "Keep the provider's state in this SQLite file (default: a temporary one).")
 @_seconds("--key-lifetime", "Seconds the provider remembers an idempotency key.", 86400.0)
 @_seconds("--processing", "Work per payment: how long each execution takes.")
+@click.option(
+    "--idempotency",
+    type=click.Choice(["strict", "racy", "none"]),
+    default="strict",
+    show_default=True,
+    help="The idempotency layer: strict (a duplicate in flight gets 409), racy (a duplicate "
+    "arriving while the first still runs executes too, as some servers do), or none.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random faults.")
 # The faults, each named after its field of Faults: the command gets them together.
 @_rate("--fail-before", "Rate of 503 before executing.", name="fail_before_rate")
@@ -149,6 +157,7 @@ def sandbox(
     store: Path | None,
     key_lifetime: float,
     processing: float,
+    idempotency: Literal["strict", "racy", "none"],
     seed: int,
     ready_file: Path | None,
     webhook_url: str | None,
@@ -169,6 +178,7 @@ def sandbox(
         config = SandboxConfig(
             key_lifetime=key_lifetime,
             processing_seconds=processing,
+            idempotency=idempotency,
             faults=faults,
             store_path=None if store is None else os.fspath(store),
             webhooks=_webhooks(webhook_url, webhook_secrets, webhook_redeliver_rate, seed),

@@ -74,6 +74,9 @@ class Sandbox:
         if self._owns_store:
             self.store.close()
 
+    def wait_idle(self, timeout: float) -> bool:
+        return self._activity.wait_idle(timeout)
+
     def reset(self, timeout: float = RESET_TIMEOUT) -> None:
         # A request still being handled would otherwise execute into the fresh state: a
         # payment that no one of the next users asked for.

@@ -42,6 +42,12 @@ class SandboxConfig:
     api_keys: Mapping[str, str] = attrs.field(factory=_default_api_keys)
     key_lifetime: float = attrs.field(default=24 * 3600.0, validator=_non_negative)
     processing_seconds: float = attrs.field(default=0.0, validator=_non_negative)
+    idempotency: Literal["strict", "racy", "none"] = attrs.field(
+        default="strict", validator=attrs.validators.in_(("strict", "racy", "none"))
+    )
+    """The idempotency layer. ``strict``: a duplicate that arrives while the first still runs
+    gets 409. ``racy``: it executes too (the key is only checked against completed
+    requests), as some servers do. ``none``: every request executes."""
     faults: Faults = attrs.field(factory=Faults)
     store_path: str | None = None
     dialect: Dialect = attrs.field(default="sandbox", validator=attrs.validators.in_(DIALECTS))

@@ -30,6 +30,7 @@ from payonce.sandbox._requests import (
 )
 from payonce.sandbox._store import (
     Claimed,
+    ClaimResult,
     InProgress,
     Mismatch,
     Payment,
@@ -41,6 +42,8 @@ from payonce.sandbox._store import (
 from payonce.sandbox._webhooks import WebhookSender
 
 DECLINE_AMOUNT: Final = 40200
+_UNGUARDED: Final = "unguarded"
+"""The claim token of an execution no key guards: it completes or releases no key's row."""
 
 
 def _retry_after(seconds: float) -> str:
@@ -83,9 +86,7 @@ class PaymentsApi:
         if plan.delay and faults.delay_seconds > 0:
             await asyncio.sleep(faults.delay_seconds)
 
-        claim = await run_in_threadpool(
-            self.store.claim, account, key, params.fingerprint(), self.config.key_lifetime
-        )
+        claim = await self._claim(account, key, params)
         if isinstance(claim, Replay):
             return _stored(claim.response, replayed=True)
         if isinstance(claim, Mismatch):
@@ -102,6 +103,18 @@ class PaymentsApi:
         if plan.drop_after:
             return DroppedResponse(stored)
         return _stored(stored)
+
+    async def _claim(self, account: str, key: str, params: PaymentRequest) -> ClaimResult:
+        if self.config.idempotency == "none":
+            return Claimed(_UNGUARDED)  # every request executes
+        claim = await run_in_threadpool(
+            self.store.claim, account, key, params.fingerprint(), self.config.key_lifetime
+        )
+        if isinstance(claim, InProgress) and self.config.idempotency == "racy":
+            # The flaw some servers have: only a completed key is a duplicate, so one that
+            # arrives while the first still runs executes as well.
+            return Claimed(_UNGUARDED)
+        return claim
 
     async def _execute(
         self, account: str, key: str, claim: Claimed, params: PaymentRequest

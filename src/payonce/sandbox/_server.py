@@ -161,6 +161,11 @@ class SandboxServer:
         """
         self._sandbox.reset(timeout)
 
+    def wait_idle(self, timeout: float = 10.0) -> bool:
+        """Wait until no request is being handled, slow executions a client gave up on
+        included, so that counts read afterwards are final. False on timeout."""
+        return self._sandbox.wait_idle(timeout)
+
     def webhook_attempts(self) -> list[WebhookAttempt]:
         """Every webhook delivery attempt so far, in the order they ended."""
         if self._sandbox.webhooks is None:
