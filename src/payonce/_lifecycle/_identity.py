@@ -6,7 +6,7 @@ import hashlib
 import json
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
@@ -19,8 +19,11 @@ __all__ = [
     "MAX_KEY_LENGTH",
     "CanonicalRequest",
     "KeyFormat",
+    "FormData",
+    "FormEncoder",
     "canonical_request",
     "check_headers",
+    "form_pairs",
     "journaled_fingerprint_matches",
     "make_scope",
     "new_key",
@@ -119,7 +122,16 @@ def _canonical_json(value: Any) -> bytes:
     ).encode()
 
 
-def _form_pairs(data: Mapping[str, Any] | Sequence[tuple[str, Any]]) -> list[tuple[str, str]]:
+FormData = Mapping[str, Any] | Sequence[tuple[str, Any]]
+FormEncoder = Callable[[FormData], list[tuple[str, str]]]
+
+
+def form_pairs(data: FormData) -> list[tuple[str, str]]:
+    """A form's pairs the plain way: a list or tuple value repeats its key, None is empty."""
+    return _form_pairs(data)
+
+
+def _form_pairs(data: FormData) -> list[tuple[str, str]]:
     items = data.items() if isinstance(data, Mapping) else data
     pairs: list[tuple[str, str]] = []
     for name, value in items:
@@ -191,7 +203,8 @@ def canonical_request(
     *,
     params: Mapping[str, Any] | None = None,
     json_body: Any = None,
-    form: Mapping[str, Any] | Sequence[tuple[str, Any]] | None = None,
+    form: FormData | None = None,
+    form_encoder: FormEncoder = form_pairs,
     content: bytes | None = None,
     content_type: str | None = None,
 ) -> CanonicalRequest:
@@ -224,8 +237,9 @@ def canonical_request(
         canonical_body = body
         content_type = content_type or "application/json"
     elif form is not None:
-        pairs = _form_pairs(form)
-        body = urlencode(pairs).encode()
+        pairs = form_encoder(form)
+        # Brackets stay literal, as in Stripe's own SDK: servers read them either way.
+        body = urlencode(pairs, safe="[]").encode()
         canonical_body = urlencode(sorted(pairs)).encode()
         content_type = content_type or "application/x-www-form-urlencoded"
     elif content is not None:

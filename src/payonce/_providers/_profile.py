@@ -9,7 +9,7 @@ from typing import Any, Literal
 import attrs
 import httpx
 
-from .._lifecycle import Verdict
+from .._lifecycle import FormEncoder, Verdict, form_pairs
 from ..errors import ConfigurationError
 
 __all__ = [
@@ -141,6 +141,9 @@ class ProviderProfile:
     """Seconds the provider may still execute a request after the client gave up on it (a
     slow server outlives the client's timeout): the wait before "no record" proves
     anything."""
+    encode_form: FormEncoder = form_pairs
+    """Turns a ``data=`` form into its pairs: the provider's convention for nested values
+    (Stripe's ``metadata[order]=…``, ``items[0]=…``). The fingerprint covers these pairs."""
     prepare_body: Callable[[bytes, str | None, str], bytes] = _body_as_is
     """Derive the bytes sent from the journaled body, content type and key, e.g. to tag the
     key into the object's metadata for reconciliation. Must be deterministic: every

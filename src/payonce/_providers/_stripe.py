@@ -16,16 +16,20 @@ What Stripe documents and payonce relies on:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import calendar
+import datetime
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 import attrs
 import httpx
 
-from .._lifecycle import Outcome, Verdict, parse_retry_after
+from .._lifecycle import FormData, Outcome, Verdict, parse_retry_after
 from ._profile import Lookup, ProviderProfile, json_object
 
-__all__ = ["STRIPE", "STRIPE_METADATA_KEY", "stripe_profile"]
+__all__ = ["STRIPE", "STRIPE_METADATA_KEY", "stripe_form_pairs", "stripe_profile"]
 
 STRIPE_METADATA_KEY = "payonce_idempotency_key"
 STRIPE_SEARCH_PATH = "/v1/payment_intents/search"
@@ -75,6 +79,50 @@ def stripe_refine(response: httpx.Response) -> Verdict | None:
     )
 
 
+def stripe_form_pairs(data: FormData) -> list[tuple[str, str]]:
+    """A form's pairs as Stripe's API and its Python SDK encode them.
+
+    A nested mapping becomes ``name[key]``, a list ``name[0]``, ``name[1]``… (a mapping in
+    a list ``name[0][key]``), ``True``/``False`` become ``true``/``false`` and a ``None``
+    value is left out; a ``datetime`` becomes its Unix timestamp, and an object with an
+    ``id`` (a Stripe object) its id. A list in a list is encoded as a mapping of its indexes;
+    other items of a list are written as they are (``str()``), as the SDK does.
+    """
+    items = data.items() if isinstance(data, Mapping) else data
+    return [pair for key, value in items for pair in _stripe_pairs(str(key), value)]
+
+
+def _stripe_pairs(key: str, value: Any) -> Iterator[tuple[str, str]]:
+    if value is None:
+        return
+    if hasattr(value, "id") and not isinstance(value, Mapping):
+        yield key, str(value.id)
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            if isinstance(item, Mapping):
+                yield from _stripe_pairs(f"{key}[{index}]", item)
+            elif isinstance(item, list | tuple):
+                # A list in a list is encoded as a mapping of its indexes.
+                yield from _stripe_pairs(f"{key}[{index}]", dict(enumerate(item)))
+            else:
+                yield f"{key}[{index}]", str(item)
+    elif isinstance(value, Mapping):
+        for name, item in value.items():
+            yield from _stripe_pairs(f"{key}[{name}]", item)
+    elif isinstance(value, datetime.datetime):
+        yield key, str(_timestamp(value))
+    elif isinstance(value, bool):
+        yield key, "true" if value else "false"
+    else:
+        yield key, str(value)
+
+
+def _timestamp(moment: datetime.datetime) -> int:
+    if moment.tzinfo is not None and moment.utcoffset() is not None:
+        return calendar.timegm(moment.utctimetuple())
+    return int(time.mktime(moment.timetuple()))  # a naive time is local, as the SDK reads it
+
+
 def _search_expression(field: str) -> Callable[[str], str]:
     def expression(key: str) -> str:
         # The Search query language quotes values in single quotes, escaped by a backslash.
@@ -99,7 +147,7 @@ class _TagMetadata:
             pair[0] == name for pair in parse_qsl(body.decode("latin-1"), keep_blank_values=True)
         ):
             return body  # the caller tagged it already; their value is what Stripe sees
-        tag = urlencode([(name, key)]).encode()
+        tag = urlencode([(name, key)], safe="[]").encode()
         return body + b"&" + tag if body else tag
 
 
@@ -153,6 +201,7 @@ def stripe_profile(
         should_retry_hint=stripe_should_retry,
         refine=stripe_refine,
         prepare_body=_TagMetadata(metadata_key) if tag_metadata else _body_as_is,
+        encode_form=stripe_form_pairs,
     )
 
 

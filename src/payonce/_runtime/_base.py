@@ -164,6 +164,7 @@ class OperationBase:
             params=options.get("params"),
             json_body=options.get("json"),
             form=options.get("data"),
+            form_encoder=self._core.profile.encode_form,
             content=options.get("content"),
             content_type=_content_type(headers),
         )
