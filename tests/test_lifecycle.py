@@ -252,7 +252,7 @@ def _answer(status: int, body: object) -> httpx.Response:
         (200, {"data": [{"status": "succeeded"}]}, LookupKind.FOUND, SUCCEEDED),
         (200, {"data": [{"status": "declined"}]}, LookupKind.FOUND, FAILED),
         (200, {"data": []}, LookupKind.ABSENT, None),
-        (404, {}, LookupKind.ABSENT, None),
+        (404, {}, LookupKind.UNREADABLE, None),  # the endpoint is missing: proves nothing
         (200, {"data": [{"status": "processing"}]}, LookupKind.UNDECIDED, None),
         (
             200,

@@ -262,7 +262,10 @@ def classify_lookup(response: httpx.Response, lookup: Lookup) -> LookupVerdict:
     if status == 429 or status >= 500:
         return LookupVerdict(LookupKind.RETRY, f"HTTP {status}")
     if status == 404:
-        return LookupVerdict(LookupKind.ABSENT, "the provider has no record")
+        # A look-up answers a list, empty when there is no record: a 404 is the endpoint
+        # missing (a fake without the search API, a wrong path), which proves nothing.
+        detail = "the status look-up endpoint answered 404: it does not exist there"
+        return LookupVerdict(LookupKind.UNREADABLE, detail)
     if not 200 <= status < 300:
         return LookupVerdict(LookupKind.REFUSED, f"status look-up refused: HTTP {status}")
     try:
