@@ -6,7 +6,7 @@ The helpers that are not fixtures live in the ``helpers`` package beside this fi
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +124,22 @@ def make_client(
         return closing.enter_context(payonce.Client(**{**client_options, **overrides}))
 
     return make
+
+
+@pytest.fixture
+async def make_async_client(
+    client_options: dict[str, Any],
+) -> AsyncIterator[Callable[..., payonce.AsyncClient]]:
+    """Async clients of the sandbox on the test's journal file, closed at the end."""
+    clients: list[payonce.AsyncClient] = []
+
+    def make(**overrides: Any) -> payonce.AsyncClient:
+        clients.append(payonce.AsyncClient(**{**client_options, **overrides}))
+        return clients[-1]
+
+    yield make
+    for client in clients:
+        await client.aclose()
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,20 +19,6 @@ pytestmark = pytest.mark.anyio
 
 
 MakeAsyncClient = Callable[..., payonce.AsyncClient]
-
-
-@pytest.fixture
-async def make_async_client(client_options: dict[str, Any]) -> AsyncIterator[MakeAsyncClient]:
-    """Async clients of the sandbox on the test's journal file, closed at the end."""
-    clients: list[payonce.AsyncClient] = []
-
-    def make(**overrides: Any) -> payonce.AsyncClient:
-        clients.append(payonce.AsyncClient(**{**client_options, **overrides}))
-        return clients[-1]
-
-    yield make
-    for client in clients:
-        await client.aclose()
 
 
 async def test_a_payment_is_sent_once_and_replayed_from_the_journal(

@@ -107,6 +107,7 @@ def test_client_options_are_named_in_the_signature() -> None:
         "journal",
         "retry",
         "timeout",
+        "attempt_timeout",
         "key_format",
         "verify",
         "max_stored_response_bytes",

@@ -1,13 +1,16 @@
 """A real HTTP proxy on loopback between payonce and the provider, that can answer in the
-provider's place: a captive portal's or a misconfigured proxy's page, which never reached
-the provider."""
+provider's place (a captive portal's or a misconfigured proxy's page, which never reached
+the provider) or relay the provider's answer one byte at a time, as a congested or hostile
+middlebox does."""
 
 from __future__ import annotations
 
 import http.server
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Literal
 
 import httpx
 
@@ -33,6 +36,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         answer = httpx.request(
             self.command, self.server.upstream + self.path, headers=headers, content=body
         )
+        if self.server.trickle is not None:
+            self._trickle(answer, self.server.trickle)
+            return
         self.send_response(answer.status_code)
         for name, value in answer.headers.items():
             if name.lower() not in ("content-length", "transfer-encoding", "connection"):
@@ -41,7 +47,37 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(answer.content)
 
+    def _trickle(self, answer: httpx.Response, part: Trickled) -> None:
+        """The provider's answer, ``part`` of it one byte per ``TRICKLE_INTERVAL``; the
+        connection is closed after ``TRICKLE_FOR`` seconds whether all of it went or not."""
+        lines = [f"HTTP/1.1 {answer.status_code} {answer.reason_phrase}"]
+        lines += [
+            f"{name}: {value}"
+            for name, value in answer.headers.items()
+            if name.lower() not in ("content-length", "transfer-encoding", "connection")
+        ]
+        lines += [f"content-length: {len(answer.content)}", "connection: close"]
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        at_once, slowly = (b"", head + answer.content) if part == "head" else (head, answer.content)
+        self.close_connection = True
+        stop = time.monotonic() + TRICKLE_FOR
+        try:
+            self.wfile.write(at_once)
+            for byte in slowly:
+                if time.monotonic() > stop:
+                    return
+                self.wfile.write(bytes([byte]))
+                time.sleep(TRICKLE_INTERVAL)
+        except (BrokenPipeError, ConnectionResetError):
+            return  # the client hung up: what a deadline does
+
     do_GET = do_POST = _relay
+
+
+Trickled = Literal["head", "body"]
+TRICKLE_INTERVAL = 0.05
+"""Well inside any read timeout: every read gets a byte in time."""
+TRICKLE_FOR = 20.0
 
 
 class _ProxyServer(http.server.ThreadingHTTPServer):
@@ -53,6 +89,8 @@ class _ProxyServer(http.server.ThreadingHTTPServer):
         self._lock = threading.Lock()
         self.portal_turns = 0
         """How many of the next requests the portal answers instead of the provider."""
+        self.trickle: Trickled | None = None
+        """Which part of the provider's answers to relay one byte at a time."""
 
     def take_portal_turn(self) -> bool:
         with self._lock:
@@ -70,9 +108,24 @@ class _ProxyServer(http.server.ThreadingHTTPServer):
 @contextmanager
 def portal_in_front_of(upstream: str, *, turns: int) -> Iterator[_ProxyServer]:
     """A proxy to ``upstream`` whose first ``turns`` answers are a portal's 200 HTML page."""
+    with _proxy_to(upstream) as server:
+        server.portal_turns = turns
+        yield server
+
+
+@contextmanager
+def trickling_in_front_of(upstream: str, *, part: Trickled) -> Iterator[_ProxyServer]:
+    """A proxy that relays ``upstream``'s answers with ``part`` of each one trickled."""
+    with _proxy_to(upstream) as server:
+        server.trickle = part
+        yield server
+
+
+@contextmanager
+def _proxy_to(upstream: str) -> Iterator[_ProxyServer]:
     server = _ProxyServer(upstream)
-    server.portal_turns = turns
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # A short poll: shutdown() waits for the next one, 0.5 s by default.
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
         yield server
@@ -95,7 +148,8 @@ def https_server_with_an_untrusted_certificate() -> Iterator[str]:
     authority.issue_cert("localhost").configure_cert(context)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # A short poll: shutdown() waits for the next one, 0.5 s by default.
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
         yield f"https://localhost:{server.server_address[1]}"

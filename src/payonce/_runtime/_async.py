@@ -23,6 +23,7 @@ from . import _refusals as refusals
 from ._base import BaseClient, OneShotOptions, OneShotVerbs, OperationBase, RequestOptions, Verbs
 from ._batch import Claimed, ReconcileBatch, ResumeBatch, ResumeResult, arun_batch
 from ._core import Replay, Run, Wait
+from ._deadline import Deadline
 from ._lease_keeper import TaskLeaseKeeper
 from ._reconcile import ReconcileResult
 from ._retrying import Retry
@@ -130,7 +131,7 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
                 with attempt:
                     request = _reconcile.lookup_request(core, claimed, self._http)
                     try:
-                        response = await self._http.send(request)
+                        response = await self._exchange(request)
                     except httpx.TransportError as exc:
                         raise _reconcile.transport_failure(exc) from exc
                     return await _off_loop(_reconcile.conclude, core, claimed, owner, response)
@@ -191,7 +192,7 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
                     await _off_loop(core.start_attempt, run)
                 try:
                     request = core.build_request(run, self._http)
-                    response = await self._http.send(request)
+                    response = await self._exchange(request)
                 except Exception as exc:
                     await _off_loop(core.on_error, run, exc)
                     raise
@@ -212,13 +213,25 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
                 continue
             request = _reconcile.lookup_request(core, run.record, self._http)
             try:
-                response = await self._http.send(request)
+                response = await self._exchange(request)
             except httpx.TransportError as exc:
                 await _off_loop(_verifying.lookup_failed, core, run, exc)
                 continue
             if (settled := await _off_loop(_verifying.looked_up, core, run, response)) is not None:
                 return settled
         return None
+
+    async def _exchange(self, request: httpx.Request) -> httpx.Response:
+        """One request and its whole answer, within the exchange's total deadline."""
+        deadline = Deadline.start(self._attempt_timeout)
+        scope = asyncio.timeout(deadline.seconds)
+        try:
+            async with scope:
+                return await self._http.send(request)
+        except TimeoutError:
+            if scope.expired():
+                raise deadline.exceeded(request) from None
+            raise
 
     async def aclose(self) -> None:
         self._in_this_process()  # a child closes its own HTTP client, never its parent's

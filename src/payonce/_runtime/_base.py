@@ -29,6 +29,7 @@ from .._providers._profile import ProviderProfile, get_profile
 from .._version import __version__
 from ..errors import ConfigurationError, IntentStateError
 from ._core import IntentCore
+from ._deadline import default_attempt_timeout
 from ._lease_keeper import TaskLeaseKeeper, ThreadLeaseKeeper
 from ._options import check_base_url, check_count, check_seconds, check_timeout
 from ._responses import DEFAULT_MAX_STORED_BYTES
@@ -224,6 +225,7 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
         journal: Journal | str | os.PathLike[str] | None = None,
         retry: RetryPolicy | None = None,
         timeout: float | httpx.Timeout = 30.0,
+        attempt_timeout: float | None = None,
         key_format: KeyFormat = "ulid",
         verify: bool = True,
         max_stored_response_bytes: int = DEFAULT_MAX_STORED_BYTES,
@@ -250,6 +252,10 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
                 ``PAYONCE_JOURNAL`` or the default file in the user data directory.
             retry: How hard to retry (``RetryPolicy()`` by default).
             timeout: Seconds, or an ``httpx.Timeout``; every part finite and positive.
+                Each bounds one wait (to connect, to send, for each read).
+            attempt_timeout: Seconds one exchange may take in all, from asking for a
+                connection to the answer's last byte; by default the sum of the
+                ``timeout`` parts. An answer trickled past it is cut like a timeout.
             key_format: ``"ulid"`` (default) or ``"uuid4"`` for new keys.
             verify: TLS certificate verification; turning it off is logged.
             max_stored_response_bytes: Larger answers settle from status and headers only.
@@ -272,6 +278,10 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
         elif not isinstance(retry, RetryPolicy):
             raise ConfigurationError(f"retry must be a payonce.RetryPolicy, not {retry!r}")
         timeouts = check_timeout(timeout)
+        if attempt_timeout is None:
+            self._attempt_timeout = default_attempt_timeout(timeouts)
+        else:
+            self._attempt_timeout = check_seconds("attempt_timeout", attempt_timeout, positive=True)
         max_stored = check_count("max_stored_response_bytes", max_stored_response_bytes, minimum=0)
         self._in_flight_wait = check_seconds("in_flight_wait", in_flight_wait)
         if lease_seconds is None:

@@ -20,6 +20,7 @@ from . import _refusals as refusals
 from ._base import BaseClient, OneShotOptions, OneShotVerbs, OperationBase, RequestOptions, Verbs
 from ._batch import ReconcileBatch, ResumeBatch, ResumeResult, run_batch
 from ._core import Replay, Run, Wait
+from ._deadline import Deadline
 from ._lease_keeper import ThreadLeaseKeeper
 from ._reconcile import ReconcileResult
 from ._retrying import Retry
@@ -134,7 +135,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
                 with attempt:
                     request = _reconcile.lookup_request(core, claimed, self._http)
                     try:
-                        response = self._http.send(request)
+                        response = self._exchange(request)
                     except httpx.TransportError as exc:
                         raise _reconcile.transport_failure(exc) from exc
                     return _reconcile.conclude(core, claimed, owner, response)
@@ -198,7 +199,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
                 core.start_attempt(run)
                 try:
                     request = core.build_request(run, self._http)
-                    response = self._http.send(request)
+                    response = self._exchange(request)
                 except BaseException as exc:  # KeyboardInterrupt too: give the lease back
                     core.on_error(run, exc)
                     raise
@@ -214,13 +215,25 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
                 time.sleep(step)
                 continue
             try:
-                response = self._http.send(_reconcile.lookup_request(core, run.record, self._http))
+                response = self._exchange(_reconcile.lookup_request(core, run.record, self._http))
             except httpx.TransportError as exc:
                 _verifying.lookup_failed(core, run, exc)
                 continue
             if (settled := _verifying.looked_up(core, run, response)) is not None:
                 return settled
         return None
+
+    def _exchange(self, request: httpx.Request) -> httpx.Response:
+        """One request and its whole answer, within the exchange's total deadline."""
+        deadline = Deadline.start(self._attempt_timeout)
+        deadline.bound_waits(request)
+        response = self._http.send(request, stream=True)
+        try:
+            deadline.read(response)
+        except BaseException:
+            response.close()
+            raise
+        return response
 
     def close(self) -> None:
         self._in_this_process()  # a child closes its own HTTP client, never its parent's
