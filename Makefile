@@ -56,6 +56,7 @@ docs: $(VENV)/.docs-installed
 bench: $(VENV)/.sandbox-installed
 	$(BIN)/python bench/sequential.py
 	$(BIN)/python bench/verify.py
+	$(BIN)/python bench/import_time.py
 
 clean:
 	rm -rf $(VENV) build dist site .pytest_cache .mypy_cache .ruff_cache

@@ -11,7 +11,8 @@ from collections.abc import Callable
 import pytest
 
 import payonce
-from payonce._runtime._lease_keeper import Lease, TaskLeaseKeeper, ThreadLeaseKeeper
+from payonce._runtime._lease_keeper import Lease, ThreadLeaseKeeper
+from payonce._runtime._lease_task import TaskLeaseKeeper
 
 INTERVAL = 0.01
 

@@ -8,7 +8,11 @@ public modules ``payonce.journal``, ``payonce.providers``, ``payonce.records``,
 ``payonce.credentials``, ``payonce.errors``, ``payonce.webhooks`` and ``payonce.sandbox``.
 """
 
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
+
+# First, before anything imports httpx: see payonce._lean_import.
+from . import _lean_import  # noqa: F401
 
 # The public modules, so that ``import payonce`` is enough to reach their names.
 from . import credentials as credentials
@@ -20,7 +24,6 @@ from ._journal._reads import Journal
 from ._journal._records import IntentRecord
 from ._lifecycle import IntentState
 from ._providers._profile import ProviderProfile, register_profile
-from ._runtime._async import AsyncClient, AsyncOperation
 from ._runtime._responses import response_info
 from ._runtime._retrying import RetryPolicy
 from ._runtime._sync import Client, Operation
@@ -41,7 +44,11 @@ from .errors import (
     WebhookError,
     WebhookSignatureError,
 )
-from .webhooks import WebhookInbox
+
+if _TYPE_CHECKING:
+    from . import webhooks as webhooks
+    from ._runtime._async import AsyncClient, AsyncOperation
+    from .webhooks import WebhookInbox
 
 __all__ = [
     "AsyncClient",
@@ -99,11 +106,27 @@ _MOVED = {
 }
 
 
+# Imported when first used: a service that only uses ``Client`` never loads asyncio or the
+# webhook inbox (``import payonce`` stays close to ``import httpx``, bench/import_time.py).
+_ON_FIRST_USE = {
+    "AsyncClient": "._runtime._async",
+    "AsyncOperation": "._runtime._async",
+    "WebhookInbox": ".webhooks",
+    "webhooks": ".webhooks",
+}
+
+
 def __getattr__(name: str) -> _Any:
+    import importlib
+
+    if (home := _ON_FIRST_USE.get(name)) is not None:
+        found = importlib.import_module(home, __name__)
+        value = found if name == "webhooks" else getattr(found, name)
+        globals()[name] = value  # found directly from now on
+        return value
     module = _MOVED.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
     import warnings
 
     warnings.warn(
@@ -112,3 +135,7 @@ def __getattr__(name: str) -> _Any:
         stacklevel=2,
     )
     return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_ON_FIRST_USE})

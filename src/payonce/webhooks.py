@@ -52,7 +52,8 @@ from ._journal._open import open_store
 from ._journal._reads import Journal
 from ._journal._store import IntentStore
 from ._lifecycle import new_owner
-from ._runtime._lease_keeper import Lease, TaskLeaseKeeper, ThreadLeaseKeeper
+from ._runtime._lease_keeper import Lease, ThreadLeaseKeeper
+from ._runtime._lease_task import TaskLeaseKeeper
 from ._runtime._options import check_seconds
 from ._signatures import DEFAULT_TOLERANCE, check_tolerance, sign, verify
 from .errors import ConfigurationError, PayonceError, WebhookError

@@ -6,8 +6,6 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import platformdirs
-
 from ..errors import ConfigurationError
 from ._reads import Journal
 from ._sql import is_postgres_url
@@ -45,6 +43,8 @@ def default_journal_path() -> Path:
     configured = os.environ.get(JOURNAL_ENV)
     if configured:
         return Path(configured).expanduser()
+    import platformdirs  # only when no journal was named: not on every import
+
     return Path(platformdirs.user_data_dir("payonce", appauthor=False)) / "journal.db"
 
 

@@ -11,7 +11,6 @@ from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import attrs
-from ulid import ULID
 
 from ..errors import ConfigurationError
 
@@ -38,6 +37,10 @@ MAX_KEY_LENGTH = 255
 def new_key(key_format: KeyFormat = "ulid") -> str:
     """A fresh idempotency key: a ULID (sortable by creation time) or a random UUIDv4."""
     if key_format == "ulid":
+        # Imported on first use: python-ulid reads its own package metadata on import,
+        # which ``import payonce`` need not pay for.
+        from ulid import ULID
+
         return str(ULID())
     if key_format == "uuid4":
         return str(uuid.uuid4())

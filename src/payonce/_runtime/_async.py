@@ -24,7 +24,7 @@ from ._base import BaseClient, OneShotOptions, OneShotVerbs, OperationBase, Requ
 from ._batch import Claimed, ReconcileBatch, ResumeBatch, ResumeResult, arun_batch
 from ._core import Replay, Run, Wait
 from ._deadline import Deadline
-from ._lease_keeper import TaskLeaseKeeper
+from ._lease_task import TaskLeaseKeeper
 from ._reconcile import ReconcileResult
 from ._retrying import Retry
 from ._sync import IN_FLIGHT_POLL

@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Generic, TypedDict, TypeVar, Unpack, cast
+from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar, Unpack, cast
 
 import httpx
 
@@ -30,10 +30,13 @@ from .._version import __version__
 from ..errors import ConfigurationError, IntentStateError
 from ._core import IntentCore
 from ._deadline import default_attempt_timeout
-from ._lease_keeper import TaskLeaseKeeper, ThreadLeaseKeeper
+from ._lease_keeper import ThreadLeaseKeeper
 from ._options import check_base_url, check_count, check_seconds, check_timeout
 from ._responses import DEFAULT_MAX_STORED_BYTES
 from ._retrying import RetryEvent, RetryPolicy
+
+if TYPE_CHECKING:
+    from ._lease_task import TaskLeaseKeeper
 
 __all__ = [
     "BaseClient",

@@ -9,7 +9,6 @@ cancellation) stops a pass.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -86,6 +85,8 @@ async def arun_batch(
     drive: Callable[[T], Awaitable[R]],
     on_result: Callable[[R], object] | None,
 ) -> list[R]:
+    import asyncio  # here: a service that only uses Client never imports asyncio
+
     results: list[R] = []
     while (target := await asyncio.to_thread(batch.next)) is not None:
         try:

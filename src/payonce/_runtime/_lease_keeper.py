@@ -5,9 +5,9 @@ of intents (``Client``, ``AsyncClient``) and the handlers of webhook events
 A lease must outlast the slowest piece of work it covers, or another worker could take
 the intent (or event) over while this one still waits. So while a lease is held, the
 keeper renews it every third of its length. The flavours differ only in what ticks: a
-daemon thread for sync code, an asyncio task for async code (the journal writes of a
-tick then run in one worker thread, never on the event loop). Either stops by itself once
-it holds nothing, and starts again with the next lease.
+daemon thread for sync code (here), an asyncio task for async code (``_lease_task``: the
+journal writes of a tick then run in one worker thread, never on the event loop). Either
+stops by itself once it holds nothing, and starts again with the next lease.
 
 When a lease is lost (its renewal finds another owner, because the lease expired during a
 stall and another worker took it over), the keeper logs one warning, stops renewing it
@@ -20,17 +20,16 @@ the next tick.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import attrs
 
 from ..errors import PayonceError
 
-__all__ = ["Lease", "TaskLeaseKeeper", "ThreadLeaseKeeper"]
+__all__ = ["Keeper", "Lease", "ThreadLeaseKeeper"]
 
 logger = logging.getLogger("payonce")
 
@@ -46,7 +45,7 @@ class Lease:
     lost: bool = False
 
 
-class _Keeper:
+class Keeper:
     """The bookkeeping both flavours share: which leases are held, and one renewal round."""
 
     def __init__(self, interval: float) -> None:
@@ -71,7 +70,7 @@ class _Keeper:
                 )
 
 
-class ThreadLeaseKeeper(_Keeper):
+class ThreadLeaseKeeper(Keeper):
     """Renews from a daemon thread; for sync code."""
 
     def __init__(self, interval: float) -> None:
@@ -111,36 +110,3 @@ class ThreadLeaseKeeper(_Keeper):
             self._wake.set()
         if thread is not None and thread is not threading.current_thread():
             thread.join()
-
-
-class TaskLeaseKeeper(_Keeper):
-    """Renews from an asyncio task, each round's journal writes in a worker thread."""
-
-    def __init__(self, interval: float) -> None:
-        super().__init__(interval)
-        self._task: asyncio.Task[None] | None = None
-
-    @contextlib.asynccontextmanager
-    async def holding(self, lease: Lease) -> AsyncIterator[Lease]:
-        self._leases.add(lease)
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._tick())
-        try:
-            yield lease
-        finally:
-            self._leases.discard(lease)
-
-    async def _tick(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            if not self._leases:
-                return
-            await asyncio.to_thread(self._renew, list(self._leases))
-
-    async def aclose(self) -> None:
-        task, self._task = self._task, None
-        if task is not None and not task.done():
-            task.cancel()
-            # wait() rather than awaiting the task: its CancelledError is not ours to raise,
-            # while a cancellation of the caller still is.
-            await asyncio.wait([task])
