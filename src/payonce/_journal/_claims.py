@@ -359,13 +359,18 @@ class Claims(Engine):
         now: float,
         response: StoredResponse,
         attempt: int,
+        acknowledge_success: bool = False,
     ) -> IntentRecord:
+        """Settle a held intent from its answer; ``acknowledge_success`` acknowledges it in
+        the same transaction when it succeeded (a caller that returns the answer at once)."""
+
         def work(tx: Tx) -> IntentRecord:
             held, state = self._apply(tx, key, owner, transition)
             self._end_attempt(tx, key, attempt, now, response.status, None, False)
+            acknowledged = now if acknowledge_success and state is IntentState.SUCCEEDED else None
             tx.execute(
                 sql.SETTLE_WITH_RESPONSE,
-                (*_response_values(response), state.value, now, key),
+                (*_response_values(response), state.value, now, acknowledged, key),
             )
             crash_point("during_settle")
             # The row as these statements left it, without reading it back: the lease was
@@ -377,6 +382,9 @@ class Claims(Engine):
                 lease_owner=None,
                 lease_expires_at=None,
                 unknown_reason=None,
+                acknowledged_at=acknowledged
+                if held.acknowledged_at is None
+                else held.acknowledged_at,
                 response=attrs.evolve(
                     response,
                     headers=tuple((str(n), str(v)) for n, v in response.headers),

@@ -325,9 +325,10 @@ SETTLE_WITH_RESPONSE = (
     "UPDATE intents SET response_status = ?, response_headers = ?, response_body = ?,"
     " response_body_stored = ?, response_stored_by = ?, response_schema = ?,"
     " state = ?, updated_at = ?, lease_owner = NULL, lease_expires_at = NULL,"
-    " unknown_reason = NULL WHERE key = ?"
+    " unknown_reason = NULL, acknowledged_at = coalesce(acknowledged_at, ?) WHERE key = ?"
 )
-"""STORE_RESPONSE and SETTLE in one statement: what settling a held intent writes."""
+"""STORE_RESPONSE and SETTLE in one statement: what settling a held intent writes, with
+its acknowledgement when that is known already (NULL leaves it as it was)."""
 SET_STATE = (
     "UPDATE intents SET state = ?, unknown_reason = ?, updated_at = ?,"
     " lease_owner = NULL, lease_expires_at = NULL WHERE key = ?"

@@ -84,7 +84,7 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
     ) -> httpx.Response:
         """A one-shot operation (see ``Client.request``)."""
         reference, key, request = self.one_shot(options)
-        async with self.intent(reference, key=key) as op:
+        async with self._one_shot_intent(reference, key) as op:
             return await op.request(method, path, **request)
 
     # -- after a crash -----------------------------------------------------------------------
@@ -167,7 +167,7 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
                 raise refusals.in_flight(step.record)
             await asyncio.sleep(IN_FLIGHT_POLL)
             step = await _off_loop(core.begin, draft, owner)
-        op._bind(step.record)
+        op._start(step)
         if isinstance(step, Replay):
             return step.response
         try:

@@ -28,7 +28,7 @@ from .._lifecycle import IntentState, KeyFormat, canonical_request, check_header
 from .._providers._profile import ProviderProfile, get_profile
 from .._version import __version__
 from ..errors import ConfigurationError, IntentStateError
-from ._core import IntentCore
+from ._core import IntentCore, Run, Step
 from ._deadline import default_attempt_timeout
 from ._lease_keeper import ThreadLeaseKeeper
 from ._options import check_base_url, check_count, check_seconds, check_timeout
@@ -142,6 +142,10 @@ class OperationBase:
         self._key = key
         self._key_supplied = key is not None
         self._state: IntentState | None = None
+        self._acknowledged = False
+        self._folds_acknowledgement = False
+        """A one-shot's: nothing runs between its answer and the end of its block, so its
+        acknowledgement goes into the settle's transaction instead of one of its own."""
 
     @property
     def key(self) -> str | None:
@@ -159,6 +163,13 @@ class OperationBase:
         self._key = record.key
         self._key_supplied = True
         self._state = record.state
+        self._acknowledged = record.acknowledged_at is not None
+
+    def _start(self, step: Step) -> None:
+        """Bind the first step of a request: its record, and whether its run acknowledges."""
+        self._bind(step.record)
+        if isinstance(step, Run):
+            step.acknowledge_on_success = self._folds_acknowledgement
 
     def _draft(self, method: str, path: str, options: RequestOptions) -> IntentDraft:
         headers = options.get("headers")
@@ -183,7 +194,13 @@ class OperationBase:
     def _acknowledge_on_exit(self, exc_type: type[BaseException] | None) -> bool:
         # Leaving the block normally means the caller has dealt with the outcome; one that
         # crashed or raised finds it in client.unacknowledged() instead of paying again.
-        return exc_type is None and self._acknowledge and self._key is not None
+        # Already acknowledged (with the settle, or before a replay): no transaction.
+        return (
+            exc_type is None
+            and self._acknowledge
+            and self._key is not None
+            and not self._acknowledged
+        )
 
     def _acknowledge_quietly(self) -> None:
         assert self._key is not None
@@ -365,6 +382,12 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
         once your own database has recorded it.
         """
         return self._operation(self, reference, key, acknowledge)
+
+    def _one_shot_intent(self, reference: str | None, key: str | None) -> OperationT:
+        """The block of one one-shot call (``client.post(...)``)."""
+        operation = self._operation(self, reference, key, True)
+        operation._folds_acknowledgement = True
+        return operation
 
     @property
     def account(self) -> str:

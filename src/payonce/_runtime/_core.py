@@ -69,6 +69,9 @@ class Run:
     resends: the look-ups still to make (see ``payonce._lifecycle._verify``)."""
     began: float = attrs.field(factory=time.monotonic)
     """When this drive began: verification waits count against ``max_elapsed`` too."""
+    acknowledge_on_success: bool = False
+    """Acknowledge in the settle's own transaction if it succeeds: a one-shot call, where
+    nothing runs between the answer and the acknowledgement (see ``Client.request``)."""
 
     @property
     def key(self) -> str:
@@ -381,6 +384,7 @@ class IntentCore:
             now=self.clock(),
             response=stored(response, key=run.key, max_bytes=self.max_stored_bytes),
             attempt=run.attempt,
+            acknowledge_success=run.acknowledge_on_success,
         )
         logger.info(
             "intent %s%s %s after %d attempt(s): HTTP %d",

@@ -84,7 +84,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         Takes ``reference=`` and ``key=`` besides what ``Operation.request`` takes.
         """
         reference, key, request = self.one_shot(options)
-        with self.intent(reference, key=key) as op:
+        with self._one_shot_intent(reference, key) as op:
             return op.request(method, path, **request)
 
     # -- after a crash: resume, reconcile, abandon, acknowledge -------------------------------
@@ -175,7 +175,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
                 raise refusals.in_flight(step.record)
             time.sleep(IN_FLIGHT_POLL)
             step = core.begin(draft, owner)
-        op._bind(step.record)
+        op._start(step)
         if isinstance(step, Replay):
             return step.response
         try:
