@@ -55,7 +55,7 @@ def base_url(
         with sandbox_process(directory) as url:
             yield url, None
     else:
-        yield "http://provider.test", httpx.MockTransport(answer)
+        yield "https://provider.test", httpx.MockTransport(answer)
 
 
 def main() -> None:
