@@ -10,6 +10,7 @@ import json
 import time
 from pathlib import Path
 
+import attrs
 import pytest
 from click.testing import CliRunner
 
@@ -21,7 +22,8 @@ from payonce._lifecycle import ClaimKind, Transition
 from payonce.cli import cli
 from payonce.cli._journal import parse_duration
 
-DAY = 86400.0
+HOUR = 3600.0
+DAY = 24 * HOUR
 NOW = 1_800_000_000.0
 SUCCEEDED = payonce.IntentState.SUCCEEDED
 FAILED = payonce.IntentState.FAILED
@@ -102,9 +104,16 @@ def test_only_final_acknowledged_intents_untouched_since_the_cut_off_are_pruned(
     names = fill(journal)
     cutoff = NOW - 30 * DAY
 
-    assert journal.prune(older_than=cutoff, dry_run=True) == 4
+    assert journal.prune(older_than=cutoff, dry_run=True, now=NOW) == 4
+    listed = journal.prunable(older_than=cutoff, now=NOW)
     assert len(journal.list_intents()) == len(names), "a dry run deletes nothing"
-    assert journal.prune(older_than=cutoff) == 4
+    assert journal.prune(older_than=cutoff, now=NOW) == 4
+    assert {names[r.key] for r in listed} == {
+        "old succeeded, acknowledged",
+        "old failed, acknowledged",
+        "old abandoned",
+        "old reconciled, acknowledged",
+    }, "the listing names what the prune then deleted"
 
     left = {names[r.key] for r in journal.list_intents()}
     assert left == set(names.values()) - {
@@ -117,7 +126,7 @@ def test_only_final_acknowledged_intents_untouched_since_the_cut_off_are_pruned(
     attempt_keys = {key for (key,) in rows(location, "SELECT DISTINCT key FROM attempts")}
     assert attempt_keys == keys, "the attempts of pruned intents went with them"
     assert rows(location, "SELECT count(*) FROM reconciliations") == [(0,)]
-    assert journal.prune(older_than=cutoff) == 0
+    assert journal.prune(older_than=cutoff, now=NOW) == 0
 
 
 def test_pruning_goes_in_batches_and_writers_get_in_between(
@@ -136,11 +145,55 @@ def test_pruning_goes_in_batches_and_writers_get_in_between(
         claim = other_host.claim(draft_for(100 + total), owner="x", now=NOW, lease_seconds=30)
         assert claim.kind is ClaimKind.CREATED
 
-    pruned = journal.prune(older_than=NOW - 30 * DAY, batch_size=10, on_batch=between_batches)
+    pruned = journal.prune(
+        older_than=NOW - 30 * DAY, batch_size=10, on_batch=between_batches, now=NOW
+    )
 
     assert pruned == 25
     assert progress == [10, 20, 25]
     assert len(journal.list_intents()) == 3  # what the other host wrote meanwhile
+
+
+def test_unacknowledged_outcomes_go_only_when_given_up_by_name(journal: IntentStore) -> None:
+    names = fill(journal)
+    cutoff = NOW - 30 * DAY
+
+    pruned = journal.prune(older_than=cutoff, include_unacknowledged=True, now=NOW)
+
+    assert pruned == 5
+    left = {names[r.key] for r in journal.list_intents()}
+    assert "old succeeded, not acknowledged" not in left
+    assert {"old pending", "old unknown"} <= left, "pending and unknown: abandon them first"
+
+
+def _settled(journal: IntentStore, number: int, age: float, provider: str) -> str:
+    draft = attrs.evolve(draft_for(number), provider=provider)
+    journal.claim(draft, owner="w", now=NOW - age, lease_seconds=30)
+    settle(journal, number, NOW - age, SUCCEEDED)
+    journal.acknowledge(f"key-{number:05d}", now=NOW - age)
+    return f"key-{number:05d}"
+
+
+@pytest.mark.parametrize(
+    ("provider", "kept_at", "pruned_at"),
+    [
+        ("sandbox", 47 * HOUR, 49 * HOUR),  # keys live 24 h: kept for two lifetimes
+        ("stripe", 47 * HOUR, 49 * HOUR),
+        ("adyen", 13 * DAY, 15 * DAY),  # 7 days assumed
+        ("acme-unregistered", 61 * DAY, 63 * DAY),  # unknown here: the longest, 31 days
+    ],
+)
+def test_an_intent_younger_than_two_key_lifetimes_is_never_pruned(
+    journal: IntentStore, provider: str, kept_at: float, pruned_at: float
+) -> None:
+    kept = _settled(journal, 1, kept_at, provider)
+    gone = _settled(journal, 2, pruned_at, provider)
+
+    # A cut-off of one second: everything settled before it would go, but for the floor.
+    assert journal.prune(older_than=NOW - 1, now=NOW) == 1
+
+    assert [r.key for r in journal.list_intents()] == [kept]
+    assert journal.get(gone) is None
 
 
 def test_a_batch_size_below_one_is_refused(journal: IntentStore) -> None:
@@ -163,27 +216,59 @@ def test_the_journal_has_the_index_pruning_reads_through(tmp_path: Path) -> None
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("30d", 30 * DAY), ("12h", 43200.0), ("90m", 5400.0), ("1d12h", 1.5 * DAY), ("2w", 14 * DAY)],
+    [
+        ("30d", 30 * DAY),
+        ("12h", 43200.0),
+        ("90m", 5400.0),
+        ("90min", 5400.0),
+        ("1h30min", 5400.0),
+        ("1d12h", 1.5 * DAY),
+        ("2w", 14 * DAY),
+        ("30D", 30 * DAY),
+        ("P30D", 30 * DAY),
+        ("PT12H", 43200.0),
+        ("P1DT12H", 1.5 * DAY),
+        ("PT90M", 5400.0),  # in ISO 8601, an M after T is minutes
+        ("P2W", 14 * DAY),
+    ],
 )
 def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "30", "d", "30x", "-1d", "0d", "1d 2q"])
+@pytest.mark.parametrize("text", ["", "30", "d", "30x", "-1d", "0d", "1d 2q", "P", "PT", "P1X"])
 def test_durations_that_are_not(text: str) -> None:
     with pytest.raises(ValueError, match=r"duration|no time"):
         parse_duration(text)
 
 
-def test_the_command_prunes_and_reports(tmp_path: Path) -> None:
-    path = tmp_path / "journal.db"
+@pytest.mark.parametrize(
+    ("text", "hint"),
+    [("6M", "months or minutes"), ("P6M", "years and months"), ("P1Y", "years and months")],
+)
+def test_durations_that_could_mean_months_are_refused_with_a_hint(text: str, hint: str) -> None:
+    with pytest.raises(ValueError, match=hint):
+        parse_duration(text)
+
+
+def _old_acknowledged(path: Path, ages_in_days: list[float]) -> None:
     now = time.time()
     with SQLiteJournal(path) as journal:
-        for number in range(4):
-            at = now - (40 if number < 3 else 10) * DAY
+        for number, age in enumerate(ages_in_days):
+            at = now - age * DAY
             journal.claim(draft_for(number), owner="w", now=at, lease_seconds=30)
             settle(journal, number, at, SUCCEEDED)
             journal.acknowledge(f"key-{number:05d}", now=at)
+
+
+def _keys(path: Path) -> list[str]:
+    with SQLiteJournal(path) as journal:
+        return sorted(r.key for r in journal.list_intents())
+
+
+def test_the_command_shows_prunes_and_reports(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    _old_acknowledged(path, [40, 40, 40, 10])
     runner = CliRunner()
     base = ["prune", "--journal", str(path), "--older-than", "30d"]
 
@@ -191,16 +276,82 @@ def test_the_command_prunes_and_reports(tmp_path: Path) -> None:
     assert dry.exit_code == 0, dry.output
     report = json.loads(dry.output)
     assert (report["intents"], report["dry_run"]) == (3, True)
+    assert sorted(i["key"] for i in report["sample"]) == ["key-00000", "key-00001", "key-00002"]
+    listed = runner.invoke(cli, [*base, "--dry-run"])
+    assert listed.output.startswith("would prune 3 intent(s)")
+    assert "key-00002  succeeded" in listed.output
 
-    done = runner.invoke(cli, base)
+    done = runner.invoke(cli, [*base, "--yes"])
     assert done.exit_code == 0, done.output
     assert done.output.startswith("pruned 3 intent(s)")
 
     again = runner.invoke(cli, [*base, "--json"])
-    assert json.loads(again.output)["intents"] == 0
-    with SQLiteJournal(path) as journal:
-        assert [r.key for r in journal.list_intents()] == ["key-00003"]
+    assert json.loads(again.output)["intents"] == 0, "nothing to delete: nothing to confirm"
+    assert _keys(path) == ["key-00003"]
 
-    wrong = runner.invoke(cli, ["prune", "--journal", str(path), "--older-than", "30"])
+
+def test_a_script_must_say_yes_and_nothing_goes_until_it_does(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    _old_acknowledged(path, [40, 40])
+
+    refused = CliRunner().invoke(cli, ["prune", "--journal", str(path), "--older-than", "30d"])
+
+    assert refused.exit_code == 2
+    assert "would delete 2 intent(s)" in refused.output
+    assert "--yes" in refused.output
+    assert _keys(path) == ["key-00000", "key-00001"]
+
+
+@pytest.mark.parametrize(("answer", "left"), [("n\n", 2), ("y\n", 0)])
+def test_at_a_terminal_prune_asks_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, answer: str, left: int
+) -> None:
+    path = tmp_path / "journal.db"
+    _old_acknowledged(path, [40, 40])
+    monkeypatch.setattr("payonce.cli._journal._can_ask", lambda: True)
+
+    asked = CliRunner().invoke(
+        cli, ["prune", "--journal", str(path), "--older-than", "30d"], input=answer
+    )
+
+    assert "Delete 2 intent(s)" in asked.output
+    assert "pays again" in asked.output
+    assert asked.exit_code == (1 if left else 0), asked.output
+    assert len(_keys(path)) == left
+
+
+def test_six_capital_m_deletes_nothing_and_says_why(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    _old_acknowledged(path, [0.01, 40])
+
+    refused = CliRunner().invoke(
+        cli, ["prune", "--journal", str(path), "--older-than", "6M", "--yes"]
+    )
+
+    assert refused.exit_code == 2
+    assert "months or minutes" in refused.output
+    assert _keys(path) == ["key-00000", "key-00001"]
+
+
+def test_a_one_second_cut_off_still_keeps_what_the_provider_may_be_retried_for(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "journal.db"
+    _old_acknowledged(path, [0.5, 1.9, 2.1])  # days; the sandbox's keys live 24 h
+
+    done = CliRunner().invoke(
+        cli, ["prune", "--journal", str(path), "--older-than", "1s", "--yes", "--json"]
+    )
+
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.output)["intents"] == 1
+    assert _keys(path) == ["key-00000", "key-00001"]
+
+
+def test_wrong_durations_are_usage_errors(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    _old_acknowledged(path, [40])
+    wrong = CliRunner().invoke(cli, ["prune", "--journal", str(path), "--older-than", "30"])
     assert wrong.exit_code == 2
     assert "not a duration" in wrong.output
+    assert _keys(path) == ["key-00000"]

@@ -19,6 +19,8 @@ from typing import Any
 import attrs
 
 from .._lifecycle import IntentState, Transition, lease_blocks
+from .._lifecycle._key_age import PRUNE_AFTER_KEY_LIFETIMES
+from .._providers._profile import key_lifetime_of
 from ..errors import IntentInFlight
 from . import _sql as sql
 from ._engine import NO_SEND, Engine, Tx
@@ -163,31 +165,84 @@ class Journal(Engine):
         batch_size: int = 1000,
         dry_run: bool = False,
         on_batch: Callable[[int], None] | None = None,
+        include_unacknowledged: bool = False,
+        now: float | None = None,
     ) -> int:
         """Delete final intents nothing has touched since ``older_than`` (a timestamp).
 
         Only succeeded and failed intents the caller has acknowledged, and abandoned ones
-        (they have no outcome to hand over), with their attempts and reconciliations.
-        Pending and unknown intents, and unacknowledged outcomes, are never pruned. Runs
-        in batches of ``batch_size``, each its own short transaction, so writers wait for
-        one batch at most; ``on_batch`` gets the running total after each. Returns how
-        many intents were deleted (with ``dry_run``: would be, and nothing is deleted).
+        (they have no outcome to hand over), with their attempts and reconciliations;
+        ``include_unacknowledged`` gives up settled outcomes the caller never acknowledged
+        too. Pending and unknown intents are never pruned (abandon them first, with the
+        reason), and neither is an intent younger than ``PRUNE_AFTER_KEY_LIFETIMES`` of
+        its provider's key lifetimes, whatever ``older_than`` says. Runs in batches of
+        ``batch_size``, each its own short transaction, so writers wait for one batch at
+        most; ``on_batch`` gets the running total after each. Returns how many intents
+        were deleted (with ``dry_run``: would be, and nothing is deleted).
 
         A pruned intent is forgotten: the same reference used again is a new intent with
-        a new key. Keep the cut-off well beyond any retry of a business operation.
+        a new key, and pays again. Keep the cut-off well beyond any retry of a business
+        operation.
         """
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
-        params = (*sql.PRUNABLE_STATES, older_than, IntentState.ABANDONED.value, older_than)
+        selections = self._prunable(older_than, include_unacknowledged, now)
         if dry_run:
-            row = self._read(lambda tx: tx.one(sql.COUNT_PRUNABLE, params))
-            return int(row[0]) if row else 0
+            return sum(self._count(sql.COUNT_PRUNABLE, params) for params in selections)
+        total = 0
+        for params in selections:
+            total = self._prune_batches(params, batch_size, total, on_batch)
+        return total
 
+    def _count(self, statement: str, params: Sequence[Any]) -> int:
+        row = self._read(lambda tx: tx.one(statement, params))
+        return int(row[0]) if row else 0
+
+    def prunable(
+        self,
+        *,
+        older_than: float,
+        include_unacknowledged: bool = False,
+        now: float | None = None,
+        limit: int = 20,
+    ) -> list[IntentRecord]:
+        """What ``prune`` with the same arguments would delete: the least recently changed
+        first, at most ``limit`` of them per provider."""
+        found: list[IntentRecord] = []
+        for params in self._prunable(older_than, include_unacknowledged, now):
+            found += self._intents(sql.LIST_PRUNABLE, (*params, limit))
+        return found
+
+    def _prunable(
+        self, older_than: float, include_unacknowledged: bool, now: float | None
+    ) -> list[tuple[Any, ...]]:
+        """The parameters of the prunable selection, one set per provider in the journal."""
+        now = time.time() if now is None else now
+        providers = [row[0] for row in self._read(lambda tx: tx.all(sql.PROVIDERS, ()))]
+        return [
+            (
+                *sql.PRUNABLE_STATES,
+                older_than,
+                provider,
+                now - key_lifetime_of(provider) * PRUNE_AFTER_KEY_LIFETIMES,
+                IntentState.ABANDONED.value,
+                older_than,
+                include_unacknowledged,
+            )
+            for provider in sorted(providers)
+        ]
+
+    def _prune_batches(
+        self,
+        params: tuple[Any, ...],
+        batch_size: int,
+        total: int,
+        on_batch: Callable[[int], None] | None,
+    ) -> int:
         def batch(tx: Tx) -> int:
             statement = sql.PRUNE_BATCH.format(skip_locked=tx.dialect.skip_locked)
             return tx.execute(statement, (*params, batch_size))
 
-        total = 0
         while True:
             busy = (
                 f"{total} intent(s) were pruned before it; prune again to go on"

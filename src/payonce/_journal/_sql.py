@@ -381,14 +381,20 @@ PRUNABLE_STATES = (
     IntentState.FAILED.value,
     IntentState.ABANDONED.value,
 )
-# Final, untouched since the cut-off, and (unless abandoned, which has no outcome to hand
-# over) acknowledged by the caller before it: parameters are the three final states, the
-# cut-off, the abandoned state and the cut-off again.
+# Final and untouched since the cut-off, of one provider and created before its key-age
+# floor, and (unless abandoned, which has no outcome to hand over, or unacknowledged ones
+# are given up explicitly) acknowledged by the caller before the cut-off. Parameters: the
+# three final states, the cut-off, the provider, the floor, the abandoned state, the cut-off
+# again, whether unacknowledged outcomes go too.
 _PRUNABLE = (
-    "state IN (?, ?, ?) AND updated_at < ?"
-    " AND (state = ? OR (acknowledged_at IS NOT NULL AND acknowledged_at < ?))"
+    "state IN (?, ?, ?) AND updated_at < ? AND provider = ? AND created_at < ?"
+    " AND (state = ? OR acknowledged_at < ? OR (acknowledged_at IS NULL AND ?))"
 )
+PROVIDERS = "SELECT DISTINCT provider FROM intents"
 COUNT_PRUNABLE = f"SELECT count(*) FROM intents WHERE {_PRUNABLE}"
+LIST_PRUNABLE = (
+    f"SELECT {INTENT_COLUMNS} FROM intents WHERE {_PRUNABLE} ORDER BY updated_at, key LIMIT ?"
+)
 # One bounded batch; its attempts and reconciliations go with it (ON DELETE CASCADE). The
 # dialect appends SKIP LOCKED to the inner SELECT where rows are locked one by one, so a
 # batch never waits for a writer: a row being written is not prunable anyway.

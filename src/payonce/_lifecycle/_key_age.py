@@ -14,6 +14,7 @@ from typing import Protocol
 __all__ = [
     "CLOCK_TOLERANCE",
     "KEY_LIFETIME_MARGIN",
+    "PRUNE_AFTER_KEY_LIFETIMES",
     "AttemptLike",
     "may_have_executed",
     "resend_refusal",
@@ -21,6 +22,9 @@ __all__ = [
 
 KEY_LIFETIME_MARGIN = 0.1
 """Resend only while the first attempt is younger than 90% of the provider's key lifetime."""
+PRUNE_AFTER_KEY_LIFETIMES = 2.0
+"""An intent younger than this many of its provider's key lifetimes is never pruned: a
+caller retrying the business operation that late must still find it, or pay again."""
 CLOCK_TOLERANCE = 60.0
 """Seconds by which the clocks of the hosts sharing a journal may disagree. A first attempt
 dated further in the future means the clock moved back or the record is foreign."""

@@ -19,6 +19,7 @@ __all__ = [
     "ProviderProfile",
     "get_profile",
     "json_object",
+    "key_lifetime_of",
     "register_profile",
 ]
 
@@ -199,6 +200,19 @@ _REGISTRY: dict[str, ProviderProfile] = {p.name: p for p in (GENERIC, SANDBOX)}
 def register_profile(profile: ProviderProfile) -> None:
     """Make a profile available by name (``Client(provider="acme")``)."""
     _REGISTRY[profile.name] = profile
+
+
+UNREGISTERED_KEY_LIFETIME = 31 * 24 * 3600.0
+"""Assumed for a provider name this process does not know (a profile an application built
+and never registered): the longest any provider here documents (Adyen's 31 days)."""
+
+
+def key_lifetime_of(provider: str) -> float:
+    """How long the provider named ``provider`` keeps a key, as far as this process knows;
+    for a name it does not know, the longest any known profile assumes."""
+    if (profile := _REGISTRY.get(provider)) is not None:
+        return profile.key_lifetime
+    return max([UNREGISTERED_KEY_LIFETIME, *(p.key_lifetime for p in _REGISTRY.values())])
 
 
 def get_profile(provider: str | ProviderProfile) -> ProviderProfile:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
+import sys
 import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import click
@@ -21,6 +23,7 @@ from ._common import (
     iso,
     journal_option,
     json_option,
+    shown,
 )
 from ._report import report_json, report_view
 
@@ -77,20 +80,52 @@ def backup_journal(destination: Path, journal_path: JournalLocation | None) -> N
 
 # -- prune ------------------------------------------------------------------------------------
 
-_UNITS = {"w": 7 * 86400.0, "d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
-_PART = re.compile(r"(\d+(?:\.\d+)?)([wdhms])")
+_UNITS = {"w": 7 * 86400.0, "d": 86400.0, "h": 3600.0, "min": 60.0, "m": 60.0, "s": 1.0}
+_NUMBER = r"\d+(?:\.\d+)?"
+_PART = re.compile(rf"({_NUMBER})(min|[wdhms])")
+_ISO = re.compile(
+    rf"P(?:({_NUMBER})W)?(?:({_NUMBER})D)?(?:T(?:({_NUMBER})H)?(?:({_NUMBER})M)?(?:({_NUMBER})S)?)?"
+)
+_ISO_UNITS = ("w", "d", "h", "m", "s")
+_FORMS = "30d, 12h, 90min, 1d12h, 2w, or ISO 8601 such as P30D or PT12H"
 
 
 def parse_duration(text: str) -> float:
-    """Seconds in a duration such as ``30d``, ``12h``, ``90m``, ``1d12h`` or ``2w``."""
-    compact = text.strip().lower().replace(" ", "")
+    """Seconds in a duration: ``30d``, ``12h``, ``90min`` (or ``90m``), ``1d12h``, ``2w``,
+    or ISO 8601 without years and months (``P30D``, ``PT12H``, ``P1DT12H``, ``P2W``).
+
+    A capital ``M`` is refused: months or minutes? (``6M`` pruned six minutes once.)
+    """
+    compact = text.strip().replace(" ", "")
+    if compact.startswith("P"):
+        return _positive(text, _iso_duration(text, compact))
+    if "M" in compact:
+        raise ValueError(
+            f"{text!r}: a capital M could mean months or minutes; write minutes as "
+            "90min or 90m, and months in days (180d is about six months)"
+        )
+    compact = compact.lower()
     parts = _PART.findall(compact)
     if not compact or "".join(n + u for n, u in parts) != compact:
-        raise ValueError(
-            f"{text!r} is not a duration: write a number and a unit (w, d, h, m or s), "
-            "e.g. 30d, 12h, 90m or 1d12h"
-        )
-    seconds = sum(float(number) * _UNITS[unit] for number, unit in parts)
+        raise ValueError(f"{text!r} is not a duration: write a number and a unit, e.g. {_FORMS}")
+    return _positive(text, sum(float(number) * _UNITS[unit] for number, unit in parts))
+
+
+def _iso_duration(text: str, compact: str) -> float:
+    date_part = compact.split("T", 1)[0]
+    if "Y" in date_part or "M" in date_part:
+        raise ValueError(f"{text!r}: years and months vary in length; give days instead (P180D)")
+    match = _ISO.fullmatch(compact)
+    if match is None or compact.endswith("T") or not any(match.groups()):
+        raise ValueError(f"{text!r} is not an ISO 8601 duration such as P30D, PT12H or P1DT12H")
+    return sum(
+        float(value) * _UNITS[unit]
+        for unit, value in zip(_ISO_UNITS, match.groups(), strict=True)
+        if value is not None
+    )
+
+
+def _positive(text: str, seconds: float) -> float:
     if seconds <= 0:
         raise ValueError(f"{text!r} is no time at all: give a positive duration")
     return seconds
@@ -103,6 +138,11 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
         raise click.BadParameter(str(exc), ctx, param) from None
 
 
+def _can_ask() -> bool:
+    """Whether someone is at a terminal to confirm a deletion."""
+    return sys.stdin is not None and sys.stdin.isatty()
+
+
 @click.command(short_help="Delete old settled and acknowledged intents.")
 @click.option(
     "--older-than",
@@ -110,9 +150,16 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
     metavar="DURATION",
     callback=_duration,
     required=True,
-    help="Only intents untouched for this long: 30d, 12h, 90m, 1d12h, 2w.",
+    help=f"Only intents untouched for this long: {_FORMS}. M (months?) is refused.",
 )
-@click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
+@click.option("--dry-run", is_flag=True, help="Show what would be deleted; delete nothing.")
+@click.option(
+    "--include-unacknowledged",
+    is_flag=True,
+    help="Also delete settled outcomes your code never acknowledged (gives up being told "
+    "of them after a crash).",
+)
+@click.option("--yes", "-y", is_flag=True, help="Delete without asking: for scripts and cron.")
 @click.option(
     "--batch-size",
     type=click.IntRange(min=1),
@@ -125,6 +172,8 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
 def prune(
     older_than: float,
     dry_run: bool,
+    include_unacknowledged: bool,
+    yes: bool,
     batch_size: int,
     journal_path: JournalLocation | None,
     as_json: bool,
@@ -133,33 +182,108 @@ def prune(
 
     Only succeeded and failed intents whose outcome was acknowledged, and abandoned
     intents, with nothing changed for longer than --older-than, go (with their attempts
-    and reconciliations). Pending and unknown intents and unacknowledged outcomes are
-    never pruned. Deletes in short batches, so payonce clients keep writing meanwhile.
+    and reconciliations). Pending and unknown intents are never pruned: abandon them
+    first, with the reason. Unacknowledged outcomes go only with
+    --include-unacknowledged. An intent younger than twice its provider's key lifetime
+    (48 h for Stripe) is kept whatever --older-than says. On a terminal, prune says how
+    many would go and asks; from a script, pass --yes. Deletes in short batches, so
+    payonce clients keep writing meanwhile.
 
     A pruned intent is forgotten: the same reference used again afterwards is a new
-    intent with a new key, and could pay again. Choose --older-than well beyond any
-    retry of a business operation (and the provider's key lifetime).
+    intent with a new key, and PAYS AGAIN. Choose --older-than well beyond any retry of a
+    business operation.
     """
-    cutoff = time.time() - older_than
+    now = time.time()
+    cutoff = now - older_than
+    given_up = include_unacknowledged
     with existing_journal(journal_path) as journal:
-        began = time.monotonic()
-        count = journal.prune(older_than=cutoff, batch_size=batch_size, dry_run=dry_run)
-        seconds = time.monotonic() - began
         location = journal.location
-    if as_json:
-        echo_json(
-            {
-                "journal": location,
-                "dry_run": dry_run,
-                "cutoff": iso(cutoff),
-                "intents": count,
-                "seconds": round(seconds, 3),
-            }
+        would = journal.prune(
+            older_than=cutoff, include_unacknowledged=given_up, now=now, dry_run=True
         )
+        if dry_run:
+            sample = journal.prunable(older_than=cutoff, include_unacknowledged=given_up, now=now)
+            _show_dry_run(sample, would, location, cutoff, given_up, as_json)
+            return
+        if would and not yes:
+            _confirm(would, location)
+        began = time.monotonic()
+        count = journal.prune(
+            older_than=cutoff, include_unacknowledged=given_up, now=now, batch_size=batch_size
+        )
+        seconds = time.monotonic() - began
+    if as_json:
+        echo_json(_prune_json(location, cutoff, count, dry_run=False, seconds=seconds))
         return
-    what = "would prune" if dry_run else "pruned"
     click.echo(
-        f"{what} {count} intent(s) settled and acknowledged (or abandoned) before "
-        f"{iso(cutoff, precise=False)} from {location}"
-        + ("" if dry_run or not count else f" in {seconds:.1f}s")
+        f"pruned {count} intent(s) {_which(given_up)} before "
+        f"{iso(cutoff, precise=False)} from {location}" + (f" in {seconds:.1f}s" if count else "")
     )
+
+
+def _which(include_unacknowledged: bool) -> str:
+    if include_unacknowledged:
+        return "settled (acknowledged or not) or abandoned"
+    return "settled and acknowledged (or abandoned)"
+
+
+def _prune_json(
+    location: str, cutoff: float, count: int, *, dry_run: bool, seconds: float | None = None
+) -> dict[str, Any]:
+    report: dict[str, Any] = {
+        "journal": location,
+        "dry_run": dry_run,
+        "cutoff": iso(cutoff),
+        "intents": count,
+    }
+    if seconds is not None:
+        report["seconds"] = round(seconds, 3)
+    return report
+
+
+def _confirm(count: int, location: str) -> None:
+    question = (
+        f"Delete {count} intent(s) from {location}? A pruned reference used again is a new "
+        "intent and pays again."
+    )
+    if not _can_ask():
+        raise CliError(
+            f"prune would delete {count} intent(s) from {location}: pass --yes to delete "
+            "them from a script, or --dry-run to see which"
+        )
+    click.confirm(question, abort=True, err=True)
+
+
+def _show_dry_run(
+    sample: list[payonce.IntentRecord],
+    count: int,
+    location: str,
+    cutoff: float,
+    include_unacknowledged: bool,
+    as_json: bool,
+) -> None:
+    if as_json:
+        report = _prune_json(location, cutoff, count, dry_run=True)
+        report["sample"] = [
+            {
+                "key": record.key,
+                "reference": record.reference,
+                "state": record.state.value,
+                "provider": record.provider,
+                "updated_at": iso(record.updated_at),
+            }
+            for record in sample
+        ]
+        echo_json(report)
+        return
+    click.echo(
+        f"would prune {count} intent(s) {_which(include_unacknowledged)} "
+        f"before {iso(cutoff, precise=False)} from {location}"
+    )
+    for record in sample:
+        click.echo(
+            f"  {record.key}  {record.state.value:<9}  {record.provider}  "
+            f"{iso(record.updated_at, precise=False)}  {shown(record.reference or '-')}"
+        )
+    if count > len(sample):
+        click.echo(f"  ... and {count - len(sample)} more")
