@@ -516,15 +516,46 @@ def test_abandon_needs_a_reason_and_an_existing_key(
     blank = _run(["abandon", record.key, "--reason", "  ", *where])
     assert blank.exit_code == 2
 
-    by_reference = _run(["abandon", "order-11", "--reason", "x", *where])
-    assert by_reference.exit_code == 1
-    assert f"'order-11' is a reference, not a key; its intent(s): {record.key}" in (
-        by_reference.stderr
-    )
     missing = _run(["abandon", "01NOSUCHKEY", "--reason", "x", *where])
     assert missing.exit_code == 1
-    assert missing.stderr == "error: no intent with key '01NOSUCHKEY'\n"
+    assert missing.stderr == "error: no intent with key or reference '01NOSUCHKEY'\n"
     assert _state(journal_path, record.key).state is payonce.IntentState.PENDING
+
+
+def test_abandon_and_ack_take_a_reference_that_names_one_intent(
+    make_client: MakeClient, journal_path: Path
+) -> None:
+    pending = leave_pending(make_client, "order-13")
+    paid = _pay(make_client(), "order-14", acknowledge=False)
+    where = ["--journal", str(journal_path)]
+
+    abandoned = _run(["abandon", "order-13", "--reason", "checked by hand", *where])
+    acked = _run(["ack", "order-14", *where])
+
+    assert abandoned.exit_code == 0, abandoned.output
+    assert f"abandoned intent {pending.key} (reference order-13)" in abandoned.stdout
+    assert _state(journal_path, pending.key).state is payonce.IntentState.ABANDONED
+    assert acked.exit_code == 0, acked.output
+    assert acked.stdout == f"acknowledged: intent {paid} (reference order-14), succeeded\n"
+
+
+def test_a_reference_naming_several_intents_is_refused_with_their_keys(
+    make_client: MakeClient, journal_path: Path
+) -> None:
+    pending = leave_pending(make_client, "order-15")
+    other = _pay(make_client(account="acct_other"), "order-15", acknowledge=False)
+    where = ["--journal", str(journal_path)]
+
+    abandoned = _run(["abandon", "order-15", "--reason", "x", *where])
+    acked = _run(["ack", "order-15", *where])
+
+    for refused in (abandoned, acked):
+        assert refused.exit_code == 2, refused.output
+        assert "names 2 intents" in refused.stderr
+        assert pending.key in refused.stderr
+        assert other in refused.stderr
+    assert _state(journal_path, pending.key).state is payonce.IntentState.PENDING
+    assert _state(journal_path, other).acknowledged_at is None
 
 
 def test_abandon_help_names_the_states_it_accepts() -> None:
@@ -578,7 +609,7 @@ def test_ack_refuses_what_is_not_settled_and_goes_on_with_the_rest(
     errors = result.stderr.splitlines()
     assert len(errors) == 2
     assert errors[0].startswith(f"error: intent {pending.key} is pending")
-    assert errors[1] == "error: no intent with key 'nope'"
+    assert errors[1] == "error: no intent with key or reference 'nope'"
     assert f"acknowledged: intent {paid}" in result.stdout
     assert _state(journal_path, paid).acknowledged_at is not None
     assert _state(journal_path, pending.key).acknowledged_at is None
