@@ -24,6 +24,7 @@ from click.testing import CliRunner, Result
 
 import payonce
 from helpers.payments import PAYMENT, MakeClient, leave_pending, make_unknown
+from payonce._journal._schema import SCHEMA_VERSION
 from payonce.cli import cli
 from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
 
@@ -719,8 +720,34 @@ def test_journal_check_finds_rows_that_point_nowhere(
     result = _run(["journal", "check", "--json", "--journal", str(damaged)])
 
     assert result.exit_code == 1
-    (problem,) = _json(result)["problems"]
+    report = _json(result)
+    (problem,) = report["problems"]
     assert problem.startswith("foreign key violation in attempts")
+    assert "the row of intents it belongs to is gone" in problem
+    # The file reads: what it holds is still reported, not "schema 0, no intents".
+    assert (report["schema_version"], report["intents"]) == (SCHEMA_VERSION, 3)
+
+
+def test_journal_check_on_a_file_too_damaged_to_open_exits_1_with_its_findings(
+    make_client: MakeClient, journal_path: Path, tmp_path: Path
+) -> None:
+    damaged = _settled_copy(journal_path, make_client, tmp_path)
+    data = bytearray(damaged.read_bytes())
+    page_size = int.from_bytes(data[16:18], "big")
+    data[page_size:] = b"\x07" * (len(data) - page_size)  # every page but the schema's
+    damaged.write_bytes(bytes(data))
+
+    as_json = _run(["journal", "check", "--json", "--journal", str(damaged)])
+    as_text = _run(["journal", "check", "--journal", str(damaged)])
+
+    assert as_json.exit_code == 1, as_json.output
+    report = _json(as_json)
+    assert (report["ok"], report["location"]) == (False, str(damaged))
+    (problem,) = report["problems"]
+    assert "restore it from a backup" in problem
+    assert as_text.exit_code == 1
+    assert as_text.stderr.startswith("error: the journal is damaged")
+    assert damaged.read_bytes() == bytes(data), "checked, never repaired or rewritten"
 
 
 def test_journal_check_on_a_file_that_cannot_be_a_journal(tmp_path: Path) -> None:
@@ -730,9 +757,10 @@ def test_journal_check_on_a_file_that_cannot_be_a_journal(tmp_path: Path) -> Non
 
     result = _run(["journal", "check", "--journal", str(path)])
 
-    assert result.exit_code == 2
+    assert result.exit_code == 1
     (line,) = result.stderr.splitlines()
-    assert line.startswith("error: ")
+    assert line.startswith("error: the journal is damaged")
+    assert _json(_run(["journal", "check", "--json", "--journal", str(path)]))["ok"] is False
     assert path.read_bytes() == content
 
 

@@ -26,7 +26,16 @@ from . import _sql as sql
 from ._records import IntentRecord
 from ._schema import APPLICATION, SCHEMA_VERSION
 
-__all__ = ["AFTER_SEND", "BEFORE_SEND", "NO_SEND", "Cursor", "Engine", "Tx", "migrate"]
+__all__ = [
+    "AFTER_SEND",
+    "BEFORE_SEND",
+    "FOREIGN_KEY_DAMAGE",
+    "NO_SEND",
+    "Cursor",
+    "Engine",
+    "Tx",
+    "migrate",
+]
 
 T = TypeVar("T")
 
@@ -38,6 +47,8 @@ AFTER_SEND = (
     "the journal is free settles it without paying twice"
 )
 NO_SEND = "nothing was changed. Retry later"
+FOREIGN_KEY_DAMAGE = "foreign key violation"
+"""How a storage check words a row that lost the row it points to: the file itself reads."""
 
 
 class Cursor(Protocol):

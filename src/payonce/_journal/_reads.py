@@ -23,7 +23,7 @@ from .._lifecycle._key_age import PRUNE_AFTER_KEY_LIFETIMES
 from .._providers._profile import key_lifetime_of
 from ..errors import IntentInFlight
 from . import _sql as sql
-from ._engine import NO_SEND, Engine, Tx
+from ._engine import FOREIGN_KEY_DAMAGE, NO_SEND, Engine, Tx
 from ._inbox import (
     LIST_EVENTS,
     NOTHING_CHANGED,
@@ -291,10 +291,12 @@ class Journal(Engine):
         """Integrity, schema and contents, read at one instant (writers are not blocked)."""
 
         def work(tx: Tx) -> JournalReport:
-            problems = [p for p in self._storage_problems(tx) if p != "ok"]
-            problems += self._missing_parts(tx)
-            if problems:
-                # Counting rows of a journal with missing parts would only fail again.
+            storage = [p for p in self._storage_problems(tx) if p != "ok"]
+            missing = self._missing_parts(tx)
+            problems = storage + missing
+            if missing or not all(p.startswith(FOREIGN_KEY_DAMAGE) for p in storage):
+                # Counting rows of a damaged file, or of one with missing parts, would only
+                # fail again. Rows that lost what they point to still count as they are.
                 meta: dict[str, str] = {}
                 by_state: dict[str, int] = {}
                 unacknowledged = 0

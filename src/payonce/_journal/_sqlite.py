@@ -28,7 +28,7 @@ from typing import TypeVar
 from .._fork import ForkGuard
 from ..errors import JournalError
 from . import _sql as sql
-from ._engine import BEFORE_SEND, NO_SEND, Tx, migrate
+from ._engine import BEFORE_SEND, FOREIGN_KEY_DAMAGE, NO_SEND, Tx, migrate
 from ._group_commit import GroupCommit
 from ._store import IntentStore
 
@@ -297,7 +297,8 @@ class SQLiteJournal(GroupCommit, IntentStore):
     def _storage_problems(self, tx: Tx) -> list[str]:
         problems = [str(row[0]) for row in tx.all("PRAGMA integrity_check")]
         problems += [
-            f"foreign key violation in {row[0]} (row {row[1]})"
+            f"{FOREIGN_KEY_DAMAGE} in {row[0]} (row {row[1]}): the row of {row[2]} it "
+            "belongs to is gone"
             for row in tx.all("PRAGMA foreign_key_check")
         ]
         return problems

@@ -20,9 +20,11 @@ from ._common import (
     console,
     echo_json,
     existing_journal,
+    existing_journal_target,
     iso,
     journal_option,
     json_option,
+    redacted,
     shown,
 )
 from ._report import report_json, report_view
@@ -42,15 +44,22 @@ def check_journal(journal_path: JournalLocation | None, as_json: bool) -> None:
     """Read the whole journal through and report its health and what it holds.
 
     Integrity, schema version, intents by state, unacknowledged intents, size on disk.
-    Exits 1 if the journal is damaged.
+    Exits 1 if the journal is damaged, with `"ok": false` and the findings under --json,
+    also when the file is too damaged to open.
     """
-    with existing_journal(journal_path) as journal:
-        try:
+    target = existing_journal_target(journal_path)
+    try:
+        with existing_journal(target) as journal:
             report = journal.check()
-        except payonce.JournalBusy:
-            raise
-        except payonce.JournalError as exc:
-            raise Damaged(f"the journal is damaged: {exc}") from exc
+    except payonce.JournalBusy:
+        raise
+    except payonce.JournalError as exc:
+        if as_json:
+            url = isinstance(target, str) and urlsplit(target).scheme.startswith("postgres")
+            location = redacted(str(target)) if url else str(Path(target).resolve())
+            echo_json({"location": location, "ok": False, "problems": [str(exc)]})
+            raise click.exceptions.Exit(1) from exc
+        raise Damaged(f"the journal is damaged: {exc}") from exc
     if as_json:
         echo_json(report_json(report))
     else:
