@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import multiprocessing
 import os
 import pwd
 import random
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -847,3 +849,34 @@ def test_four_threads_sending_twenty_five_intents_each_execute_each_exactly_once
         f"order-t{t}-{n:02d}" for t in range(4) for n in range(25)
     }
     assert sandbox.store.executions() == {i.key: 1 for i in intents}
+
+
+# -- several processes creating the same journal -------------------------------------------
+
+
+def _open_when(path: Path, start: float) -> str:
+    """In a forked child: open the journal at ``start`` (a wall-clock instant)."""
+    while time.time() < start:
+        pass
+    try:
+        payonce.open_journal(path).close()
+    except payonce.JournalError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "opened"
+
+
+@pytest.mark.slow
+def test_workers_starting_together_on_a_new_journal_all_open_it(tmp_path: Path) -> None:
+    """Like `uvicorn --workers 4` on a first start: the file does not exist yet, and each
+    worker's switch to WAL mode meets the others'. SQLite answers "locked" to that switch
+    without waiting; every worker must still open the journal, and it must be whole."""
+    context = multiprocessing.get_context("fork")
+    outcomes: list[str] = []
+    for round_ in range(20):
+        path = tmp_path / f"journal-{round_}.db"
+        start = time.time() + 0.1
+        with context.Pool(8) as workers:
+            outcomes += workers.starmap(_open_when, [(path, start)] * 8)
+        with payonce.journal.SQLiteJournal(path) as journal:
+            assert journal.check().ok
+    assert set(outcomes) == {"opened"}, [o for o in outcomes if o != "opened"][:3]

@@ -193,7 +193,7 @@ class SQLiteJournal(GroupCommit, IntentStore):
                     "this SQLite database is not a payonce journal (it has other tables); "
                     "payonce will not write to it: choose another journal path"
                 )
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            mode = self._switch_to_wal()
             if str(mode).lower() != "wal":
                 raise self._error(f"cannot switch the journal to WAL mode (got {mode!r})")
             self._set_synchronous("FULL")
@@ -210,6 +210,21 @@ class SQLiteJournal(GroupCommit, IntentStore):
                 f"the journal cannot be read ({exc}); it is damaged or not a payonce "
                 "journal: restore it from a backup or move it away"
             ) from exc
+
+    def _switch_to_wal(self) -> str:
+        """Switch to WAL mode, waiting for other processes doing the same.
+
+        Workers started together on a new file (``uvicorn --workers 4``) all switch it at
+        once, and SQLite answers "locked" to a switch at once, without its busy handler:
+        so wait here, up to the busy timeout, as every other write does."""
+        deadline = time.monotonic() + self._busy_timeout
+        while True:
+            try:
+                return str(self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.005)
 
     # -- transactions ----------------------------------------------------------------------
 
