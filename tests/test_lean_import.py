@@ -31,6 +31,7 @@ def _python(code: str) -> str:
         "starlette",  # the sandbox extra
         "asyncio",  # until AsyncClient or the webhook inbox is used
         "payonce.webhooks",
+        "opentelemetry",  # the otel extra, until payonce.otel is imported
     ],
 )
 def test_import_payonce_leaves_out(module: str) -> None:

@@ -5,7 +5,8 @@ that key, replayed once answered, and reconciled when the outcome cannot be know
 
 The names here are what most code needs. Records and hooks for advanced use live in the
 public modules ``payonce.journal``, ``payonce.providers``, ``payonce.records``,
-``payonce.credentials``, ``payonce.errors``, ``payonce.webhooks`` and ``payonce.sandbox``.
+``payonce.hooks`` (and ``payonce.otel`` with the ``otel`` extra), ``payonce.credentials``,
+``payonce.errors``, ``payonce.webhooks`` and ``payonce.sandbox``.
 """
 
 from typing import TYPE_CHECKING as _TYPE_CHECKING
@@ -16,6 +17,7 @@ from . import _lean_import  # noqa: F401
 
 # The public modules, so that ``import payonce`` is enough to reach their names.
 from . import credentials as credentials
+from . import hooks as hooks
 from . import journal as journal
 from . import providers as providers
 from . import records as records
@@ -24,6 +26,7 @@ from ._journal._reads import Journal
 from ._journal._records import IntentRecord
 from ._lifecycle import IntentState
 from ._providers._profile import ProviderProfile, register_profile
+from ._runtime._hooks import Hooks
 from ._runtime._responses import response_info
 from ._runtime._retrying import RetryPolicy
 from ._runtime._sync import Client, Operation
@@ -56,6 +59,7 @@ __all__ = [
     "AuthenticationError",
     "Client",
     "ConfigurationError",
+    "Hooks",
     "IntentError",
     "IntentInFlight",
     "IntentMismatch",

@@ -3,8 +3,8 @@
 ``reconcile`` pass. The journal's own records are in ``payonce.journal``."""
 
 from ._runtime._batch import ResumeResult
+from ._runtime._events import RetryEvent
 from ._runtime._reconcile import ReconcileResult
 from ._runtime._responses import ResponseInfo
-from ._runtime._retrying import RetryEvent
 
 __all__ = ["ReconcileResult", "ResponseInfo", "ResumeResult", "RetryEvent"]

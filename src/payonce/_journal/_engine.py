@@ -16,6 +16,7 @@ UPDATE``), so a lease tested here cannot change hands before the write that reli
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, Self, TypeVar
 
@@ -23,7 +24,7 @@ from .._lifecycle import IntentState, Transition, target
 from .._version import __version__
 from ..errors import IntentStateError, JournalBusy, JournalError
 from . import _sql as sql
-from ._records import IntentRecord
+from ._records import IntentRecord, JournalCommitted
 from ._schema import APPLICATION, SCHEMA_VERSION
 
 __all__ = [
@@ -132,6 +133,7 @@ class Engine(abc.ABC):
     """What a backend provides, and the few helpers every journal method shares."""
 
     _dialect: sql.Dialect
+    _commit_watchers: tuple[Callable[[JournalCommitted], None], ...] = ()
 
     @property
     @abc.abstractmethod
@@ -166,6 +168,24 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def _present_columns(self, tx: Tx, table: str) -> set[str]:
         """The columns ``table`` has, or an empty set when there is no such table."""
+
+    # -- commit latency, for hooks ----------------------------------------------------------
+
+    def _watch_commits(self, watcher: Callable[[JournalCommitted], None]) -> None:
+        """Tell ``watcher`` of every write transaction committed from now on."""
+        self._commit_watchers = (*self._commit_watchers, watcher)
+
+    def _unwatch_commits(self, watcher: Callable[[JournalCommitted], None]) -> None:
+        self._commit_watchers = tuple(w for w in self._commit_watchers if w is not watcher)
+
+    def _timed_write(self, write: Callable[[], T], durable: bool) -> T:
+        """``write()``, timed for the watchers (called only when there are some)."""
+        started = time.perf_counter()
+        result = write()
+        event = JournalCommitted(self.location, time.perf_counter() - started, durable)
+        for watcher in self._commit_watchers:
+            watcher(event)
+        return result
 
     # -- errors ----------------------------------------------------------------------------
 

@@ -212,6 +212,8 @@ class PostgresJournal(IntentStore):
 
     def _write(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T:
         begin = "BEGIN" if durable else "BEGIN; SET LOCAL synchronous_commit = off"
+        if self._commit_watchers:
+            return self._timed_write(lambda: self._transact(work, begin=begin, busy=busy), durable)
         return self._transact(work, begin=begin, busy=busy)
 
     def _read(self, work: Callable[[Tx], T], *, snapshot: bool = False) -> T:

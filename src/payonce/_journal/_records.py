@@ -124,3 +124,12 @@ class Claim:
     kind: ClaimKind
     record: IntentRecord
     attempt_number: int | None = None
+
+
+@attrs.frozen
+class JournalCommitted:
+    """One journal transaction committed; ``durable`` ones were fsynced first."""
+
+    location: str
+    seconds: float
+    durable: bool

@@ -253,9 +253,10 @@ class SQLiteJournal(GroupCommit, IntentStore):
 
     def _write(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T:
         self._in_this_process()
-        if not self._group_commit:
-            return self._write_alone(work, durable=durable, busy=busy)
-        return self._write_together(work, durable=durable, busy=busy)
+        write = self._write_together if self._group_commit else self._write_alone
+        if self._commit_watchers:
+            return self._timed_write(lambda: write(work, durable=durable, busy=busy), durable)
+        return write(work, durable=durable, busy=busy)
 
     def _begin(self, *, durable: bool) -> sqlite3.Cursor:
         # BEGIN IMMEDIATE takes the write lock up front, which avoids SQLITE_BUSY_SNAPSHOT

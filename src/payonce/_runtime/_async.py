@@ -133,7 +133,7 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
                     try:
                         response = await self._exchange(request)
                     except httpx.TransportError as exc:
-                        raise _reconcile.transport_failure(exc) from exc
+                        raise _reconcile.transport_failure(core, claimed, exc) from exc
                     return await _off_loop(_reconcile.conclude, core, claimed, owner, response)
         except Retry as exc:
             return await _off_loop(_reconcile.give_up, core, claimed, owner, str(exc))
@@ -176,11 +176,14 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
             op._bind(step.record)
 
     async def _send(self, run: Run) -> httpx.Response:
+        self._core.drive_started(run)
         try:
             async with self._keeper.holding(self._core.lease(run)):
                 return await self._attempts(run)
         except Retry:
             raise await _off_loop(self._core.give_up, run) from None
+        finally:
+            self._core.drive_ended(run)
 
     async def _attempts(self, run: Run) -> httpx.Response:
         core = self._core
@@ -237,6 +240,7 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
         self._in_this_process()  # a child closes its own HTTP client, never its parent's
         await self._keeper.aclose()
         await self._http.aclose()
+        self._stop_watching()
         if self._owns_journal:
             await _off_loop(self.journal.close)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import functools
 import ipaddress
 import logging
 import os
@@ -22,7 +23,7 @@ from .._credentials import resolve_api_key
 from .._fork import ForkGuard
 from .._journal._open import open_store
 from .._journal._reads import Journal
-from .._journal._records import IntentDraft, IntentRecord
+from .._journal._records import IntentDraft, IntentRecord, JournalCommitted
 from .._journal._store import IntentStore
 from .._lifecycle import IntentState, KeyFormat, canonical_request, check_headers, new_key
 from .._providers._profile import ProviderProfile, get_profile
@@ -30,10 +31,12 @@ from .._version import __version__
 from ..errors import ConfigurationError, IntentStateError
 from ._core import IntentCore, Run, Step
 from ._deadline import default_attempt_timeout
+from ._events import RetryEvent
+from ._hooks import Hooks, HookSet
 from ._lease_keeper import ThreadLeaseKeeper
 from ._options import check_base_url, check_count, check_seconds, check_timeout
 from ._responses import DEFAULT_MAX_STORED_BYTES
-from ._retrying import RetryEvent, RetryPolicy
+from ._retrying import RetryPolicy
 
 if TYPE_CHECKING:
     from ._lease_task import TaskLeaseKeeper
@@ -252,6 +255,7 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
         in_flight_wait: float = 30.0,
         lease_seconds: float | None = None,
         allow_plaintext_keyring: bool | None = None,
+        hooks: Hooks | Sequence[Hooks] | None = None,
         on_retry: Callable[[RetryEvent], None] | None = None,
         clock: Callable[[], float] = time.time,
         transport: TransportT | None = None,
@@ -284,7 +288,11 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
             lease_seconds: How long a worker's claim on an intent lasts (renewed while an
                 attempt runs); by default long enough to outlast the slowest attempt.
             allow_plaintext_keyring: Accept a plaintext keyring file (off by default).
-            on_retry: Called with a ``RetryEvent`` before each wait between attempts.
+            hooks: A ``payonce.Hooks`` (or several) told of every attempt, retry, settlement,
+                replay, unknown outcome, look-up, resume and reconciliation (see
+                ``docs/observability.md``; ``payonce.otel`` has OpenTelemetry's).
+            on_retry: Called with a ``RetryEvent`` before each wait between attempts: the
+                short form of a ``Hooks`` with only ``retrying``.
             clock: The time source (tests move it instead of sleeping).
             transport: An httpx transport: a seam for tests and custom networking
                 (``httpx.BaseTransport`` for ``Client``, ``httpx.AsyncBaseTransport`` for
@@ -309,9 +317,9 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
             slowest = max(t or 0.0 for t in (timeouts.connect, timeouts.read, timeouts.write))
             lease_seconds = 2 * slowest + max(retry.max_wait, retry.max_retry_after) + 30.0
         lease_seconds = check_seconds("lease_seconds", lease_seconds, positive=True)
-        for name, hook in (("on_retry", on_retry), ("clock", clock)):
-            if hook is not None and not callable(hook):
-                raise ConfigurationError(f"{name} must be callable, not {hook!r}")
+        if not callable(clock):
+            raise ConfigurationError(f"clock must be callable, not {clock!r}")
+        hook_set = HookSet.of(hooks, on_retry)
         secret = resolve_api_key(
             api_key, account=account, allow_plaintext_keyring=allow_plaintext_keyring
         )
@@ -337,6 +345,10 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
             )
         self._owns_journal = not isinstance(journal, Journal)
         self.journal: IntentStore = open_store(journal)
+        self._commit_watcher: Callable[[JournalCommitted], None] | None = None
+        if hook_set.wants(Hooks.journal_committed):
+            self._commit_watcher = functools.partial(hook_set.emit, Hooks.journal_committed)
+            self.journal._watch_commits(self._commit_watcher)
         self._core = IntentCore(
             base_url=base_url,
             profile=profile,
@@ -348,7 +360,7 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
             max_stored_bytes=max_stored,
             lease_seconds=lease_seconds,
             clock=clock,
-            on_retry=on_retry,
+            hooks=hook_set,
         )
         self._http_options: dict[str, Any] = {
             "timeout": timeouts,
@@ -358,6 +370,12 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
         self._transport: TransportT | None = transport
         self._fork = ForkGuard()
         self._connect(transport, self._http_options)
+
+    def _stop_watching(self) -> None:
+        """On close: a journal shared with other clients stops telling this one's hooks."""
+        if self._commit_watcher is not None:
+            self.journal._unwatch_commits(self._commit_watcher)
+            self._commit_watcher = None
 
     def _in_this_process(self) -> None:
         """After a fork, an HTTP client and a lease keeper of the child's own: a pooled

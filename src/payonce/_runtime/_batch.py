@@ -22,6 +22,8 @@ from .._lifecycle import IntentState, new_owner
 from ..errors import AuthenticationError, PayonceError, ProviderError
 from . import _reconcile
 from ._core import IntentCore, Run
+from ._events import IntentResumed, log_extra
+from ._hooks import Hooks
 from ._reconcile import ReconcileResult
 
 __all__ = [
@@ -37,30 +39,40 @@ logger = logging.getLogger("payonce")
 
 T = TypeVar("T")
 R = TypeVar("R")
-R_co = TypeVar("R_co", covariant=True)
 
 
-class Batch(Protocol[T, R_co]):
+class Batch(Protocol[T, R]):
     def next(self) -> T | None:
         """The next target, or None when the pass is over (may read the journal)."""
         ...
 
-    def key(self, target: T) -> str: ...
+    def record(self, target: T) -> IntentRecord: ...
 
-    def failed(self, target: T, error: Exception) -> R_co:
+    def failed(self, target: T, error: Exception) -> R:
         """The result of a target whose drive raised (may read and write the journal)."""
         ...
 
+    def report(self, result: R) -> None:
+        """Tell the client's hooks what one target came to."""
+        ...
 
-def _log_failure(key: str, error: Exception) -> None:
+
+def _log_failure(record: IntentRecord, error: Exception) -> None:
     if isinstance(error, PayonceError):
-        logger.warning("intent %s: %s: %s", key, type(error).__name__, error)
+        logger.warning(
+            "intent %s: %s: %s",
+            record.key,
+            type(error).__name__,
+            error,
+            extra=log_extra(record),
+        )
     else:
         logger.error(
             "intent %s: unexpected %s; the pass goes on with the next intent",
-            key,
+            record.key,
             type(error).__name__,
             exc_info=error,
+            extra=log_extra(record),
         )
 
 
@@ -72,8 +84,9 @@ def run_batch(
         try:
             result = drive(target)
         except Exception as exc:
-            _log_failure(batch.key(target), exc)
+            _log_failure(batch.record(target), exc)
             result = batch.failed(target, exc)
+        batch.report(result)
         results.append(result)
         if on_result is not None:
             on_result(result)
@@ -92,8 +105,9 @@ async def arun_batch(
         try:
             result = await drive(target)
         except Exception as exc:
-            _log_failure(batch.key(target), exc)
+            _log_failure(batch.record(target), exc)
             result = await asyncio.to_thread(batch.failed, target, exc)
+        batch.report(result)
         results.append(result)
         if on_result is not None:
             on_result(result)
@@ -140,8 +154,21 @@ class ResumeBatch:
         self._after = (claim.record.created_at, claim.record.key)
         return Claimed(claim, owner)
 
-    def key(self, target: Claimed) -> str:
-        return target.record.key
+    def record(self, target: Claimed) -> IntentRecord:
+        return target.record
+
+    def report(self, result: ResumeResult) -> None:
+        core = self._core
+        if core.hooks:
+            event = IntentResumed(
+                key=result.key,
+                reference=result.reference,
+                provider=core.profile.name,
+                account=core.account,
+                state=result.state,
+                detail=result.detail,
+            )
+            core.hooks.emit(Hooks.resumed, event)
 
     def run(self, target: Claimed) -> Run:
         return self._core.resumed(target.claim, target.owner)
@@ -149,7 +176,12 @@ class ResumeBatch:
     def settled(self, target: Claimed, response: httpx.Response) -> ResumeResult:
         record = target.record
         detail = f"HTTP {response.status_code}"
-        logger.info("resumed intent %s: succeeded (%s)", record.key, detail)
+        logger.info(
+            "resumed intent %s: succeeded (%s)",
+            record.key,
+            detail,
+            extra=log_extra(record, IntentState.SUCCEEDED),
+        )
         return ResumeResult(record.key, record.reference, IntentState.SUCCEEDED, detail)
 
     def failed(self, target: Claimed, error: Exception) -> ResumeResult:
@@ -164,7 +196,13 @@ class ResumeBatch:
             detail = f"HTTP {error.status_code}"
         else:
             detail = f"{type(error).__name__}: {error}"
-        logger.info("resumed intent %s: %s (%s)", record.key, state.value, detail)
+        logger.info(
+            "resumed intent %s: %s (%s)",
+            record.key,
+            state.value,
+            detail,
+            extra=log_extra(record, state),
+        )
         return ResumeResult(record.key, record.reference, state, detail)
 
 
@@ -195,8 +233,11 @@ class ReconcileBatch:
         self._started = self._core.clock()
         return self._targets.popleft()
 
-    def key(self, target: IntentRecord) -> str:
-        return target.key
+    def record(self, target: IntentRecord) -> IntentRecord:
+        return target
+
+    def report(self, result: ReconcileResult) -> None:
+        _reconcile.reported(self._core, result)
 
     def failed(self, target: IntentRecord, error: Exception) -> ReconcileResult:
         journal = self._core.journal

@@ -42,9 +42,22 @@ from .._lifecycle import (
 from .._providers._profile import ProviderProfile
 from ..errors import ConfigurationError, JournalError, PayonceError
 from . import _refusals as refusals
+from ._events import (
+    AttemptEnded,
+    AttemptStarted,
+    IntentEnded,
+    IntentReplayed,
+    IntentSettled,
+    IntentStarted,
+    IntentUnknown,
+    RetryEvent,
+    about,
+    log_extra,
+)
+from ._hooks import Hooks, HookSet
 from ._lease_keeper import Lease
 from ._responses import replayed, stored, tagged
-from ._retrying import Retry, RetryEvent, RetryPolicy, retrying_kwargs
+from ._retrying import Retry, RetryPolicy, retrying_kwargs
 
 __all__ = ["IntentCore", "Replay", "Run", "Step", "Wait"]
 
@@ -72,6 +85,8 @@ class Run:
     acknowledge_on_success: bool = False
     """Acknowledge in the settle's own transaction if it succeeds: a one-shot call, where
     nothing runs between the answer and the acknowledgement (see ``Client.request``)."""
+    resumed: bool = False
+    """An intent journaled earlier and still pending, picked up by this run."""
 
     @property
     def key(self) -> str:
@@ -108,7 +123,7 @@ class IntentCore:
         max_stored_bytes: int,
         lease_seconds: float,
         clock: Callable[[], float],
-        on_retry: Callable[[RetryEvent], None] | None,
+        hooks: HookSet,
     ) -> None:
         self.base_url = base_url
         self.profile = profile
@@ -120,7 +135,7 @@ class IntentCore:
         self.max_stored_bytes = max_stored_bytes
         self.lease_seconds = lease_seconds
         self.clock = clock
-        self.on_retry = on_retry
+        self.hooks = hooks
 
     # -- the intent --------------------------------------------------------------------------
 
@@ -207,7 +222,7 @@ class IntentCore:
             )
         attempts = self.journal.attempts(record.key)
         ambiguous = may_have_executed(attempts)
-        run = Run(record, owner, attempt=0, ambiguous=ambiguous, started=False)
+        run = Run(record, owner, attempt=0, ambiguous=ambiguous, started=False, resumed=True)
         until = quiet_after(attempts, self.profile.max_processing)
         if self.profile.verifies and until is not None:
             # After a crash with an attempt in flight, as after a timeout: look before sending.
@@ -223,6 +238,7 @@ class IntentCore:
                 now=self.clock(),
                 reason=refusal,
             )
+            self._went_unknown(run.record, refusal)
             raise refusals.unknown(run.record)
         return run
 
@@ -270,7 +286,7 @@ class IntentCore:
                 run.key, owner=run.owner, now=self.clock(), lease_seconds=self.lease_seconds
             )
 
-        return Lease(f"intent {run.key}", renew)
+        return Lease(f"intent {run.key}", renew, log_extra=log_extra(run.record))
 
     def auth_headers(self) -> dict[str, str]:
         return self.profile.auth_headers(self._api_key)
@@ -288,6 +304,10 @@ class IntentCore:
         # journaled path already holds the base URL's own path (``/v71`` of Adyen's).
         url = httpx.URL(self.base_url).copy_with(raw_path=httpx.URL(record.url).raw_path)
         content_type = dict(record.request_headers).get("content-type")
+        if self.hooks:
+            self.hooks.emit(
+                Hooks.attempt_started, AttemptStarted(**about(record), attempt=run.attempt)
+            )
         return client.build_request(
             record.method,
             url,
@@ -313,6 +333,7 @@ class IntentCore:
             run.attempt,
             response.status_code,
             verdict.outcome.value,
+            extra=log_extra(run.record),
         )
         if verdict.outcome is Outcome.RETRY:
             status = response.status_code
@@ -323,6 +344,7 @@ class IntentCore:
                 "intent %s: refused with HTTP %d before execution; it stays pending",
                 run.key,
                 response.status_code,
+                extra=log_extra(run.record),
             )
             raise refusals.authentication(run.record, response)
         return self._settle(run, response, transition)
@@ -330,7 +352,13 @@ class IntentCore:
     def on_error(self, run: Run, error: BaseException) -> None:
         """An attempt raised: retry transport failures, journal anything else and re-raise."""
         verdict = classify_error(error)
-        logger.debug("intent %s attempt %d: %s", run.key, run.attempt, type(error).__name__)
+        logger.debug(
+            "intent %s attempt %d: %s",
+            run.key,
+            run.attempt,
+            type(error).__name__,
+            extra=log_extra(run.record),
+        )
         if verdict is not None and verdict.outcome is Outcome.NOT_SENT:
             # Provably never left: the intent stays pending, free, and not ambiguous.
             self._end_attempt(run, Transition.ATTEMPT_NOT_SENT, error=type(error).__name__)
@@ -359,6 +387,20 @@ class IntentCore:
             status_code=status_code,
             error=error,
         )
+        if self.hooks:
+            self._attempt_ended(run, transition, status_code, error)
+
+    def _attempt_ended(
+        self, run: Run, transition: Transition, status_code: int | None, error: str | None
+    ) -> None:
+        event = AttemptEnded(
+            **about(run.record),
+            attempt=run.attempt,
+            outcome=transition.value,
+            status_code=status_code,
+            error=error,
+        )
+        self.hooks.emit(Hooks.attempt_ended, event)
 
     def _retryable(
         self,
@@ -383,7 +425,7 @@ class IntentCore:
             transition=transition,
             owner=run.owner,
             now=self.clock(),
-            response=stored(response, key=run.key, max_bytes=self.max_stored_bytes),
+            response=stored(response, record=run.record, max_bytes=self.max_stored_bytes),
             attempt=run.attempt,
             acknowledge_success=run.acknowledge_on_success,
         )
@@ -394,8 +436,12 @@ class IntentCore:
             record.state.value,
             record.attempt_count,
             response.status_code,
+            extra=log_extra(record),
         )
         provider_replayed = self.profile.was_replayed(response)
+        if self.hooks:
+            self._attempt_ended(run, transition, response.status_code, None)
+            self.settled(record, provider_replayed=provider_replayed)
         tagged(response, record, replayed=False, provider_replayed=provider_replayed)
         return self.deliver(record, response)
 
@@ -412,6 +458,7 @@ class IntentCore:
                 now=self.clock(),
                 reason=reason,
             )
+            self._went_unknown(run.record, reason)
             return refusals.unknown(run.record)
         # Exhausted, never executed: the intent stays pending and the lease goes.
         self.journal.release(run.key, owner=run.owner)
@@ -423,6 +470,11 @@ class IntentCore:
         response = replayed(record)
         if response is None:
             raise refusals.unknown(record)
+        if self.hooks:
+            event = IntentReplayed(
+                **about(record), state=record.state, status_code=response.status_code
+            )
+            self.hooks.emit(Hooks.replayed, event)
         return self.deliver(record, response)
 
     def deliver(self, record: IntentRecord, response: httpx.Response) -> httpx.Response:
@@ -438,12 +490,52 @@ class IntentCore:
 
         def event(attempt: int, wait: float, verdict: Verdict) -> RetryEvent:
             return RetryEvent(
-                key=run.key,
-                reference=run.record.reference,
+                **about(run.record),
                 attempt=run.attempt,
                 wait=wait,
                 reason=verdict.reason,
                 ambiguous=verdict.ambiguous,
             )
 
-        return retrying_kwargs(self.retry, event=event, on_retry=self.on_retry)
+        def on_retry(event: RetryEvent) -> None:
+            self.hooks.emit(Hooks.retrying, event)
+
+        return retrying_kwargs(self.retry, event=event, on_retry=on_retry if self.hooks else None)
+
+    # -- what the hooks are told -------------------------------------------------------------
+
+    def drive_started(self, run: Run) -> None:
+        """Both clients call this as a drive of ``run`` begins, and ``drive_ended`` after."""
+        if self.hooks:
+            event = IntentStarted(**about(run.record), resumed=run.resumed)
+            self.hooks.emit(Hooks.intent_started, event)
+
+    def drive_ended(self, run: Run) -> None:
+        if self.hooks:
+            record = run.record
+            event = IntentEnded(**about(record), state=record.state, attempts=run.attempt)
+            self.hooks.emit(Hooks.intent_ended, event)
+
+    def settled(self, record: IntentRecord, *, provider_replayed: bool) -> None:
+        if self.hooks:
+            answer = record.response
+            event = IntentSettled(
+                **about(record),
+                state=record.state,
+                status_code=answer.status if answer else None,
+                attempts=record.attempt_count,
+                provider_replayed=provider_replayed,
+            )
+            self.hooks.emit(Hooks.settled, event)
+
+    def _went_unknown(self, record: IntentRecord, reason: str) -> None:
+        # An operator must hear of it without debug logging: money may have moved.
+        logger.warning(
+            "intent %s%s went unknown: %s; run `payonce reconcile` for it",
+            record.key,
+            f" ({record.reference})" if record.reference else "",
+            reason,
+            extra=log_extra(record),
+        )
+        if self.hooks:
+            self.hooks.emit(Hooks.unknown, IntentUnknown(**about(record), reason=reason))

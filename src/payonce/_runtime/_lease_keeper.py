@@ -24,6 +24,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import attrs
 
@@ -43,6 +44,8 @@ class Lease:
     """What it covers, for the log: "intent 01J…", "webhook event evt_…"."""
     renew: Callable[[], bool]
     lost: bool = False
+    log_extra: dict[str, Any] = attrs.field(factory=dict)
+    """``extra=`` of its log records (an intent's key, reference and state)."""
 
 
 class Keeper:
@@ -59,7 +62,12 @@ class Keeper:
             try:
                 held = lease.renew()
             except PayonceError as exc:
-                logger.warning("%s: lease renewal failed, trying again: %s", lease.what, exc)
+                logger.warning(
+                    "%s: lease renewal failed, trying again: %s",
+                    lease.what,
+                    exc,
+                    extra=lease.log_extra,
+                )
                 continue
             if not held:
                 lease.lost = True
@@ -67,6 +75,7 @@ class Keeper:
                     "%s: lease lost while its work was running (another worker took it over "
                     "after it expired); its next journal write will be refused",
                     lease.what,
+                    extra=lease.log_extra,
                 )
 
 

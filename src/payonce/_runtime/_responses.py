@@ -12,9 +12,11 @@ import httpx
 
 from .._journal._records import IntentRecord, StoredResponse
 from .._lifecycle import IntentState
+from ._events import log_extra
 
 __all__ = [
     "DEFAULT_MAX_STORED_BYTES",
+    "elapsed",
     "from_lookup",
     "ResponseInfo",
     "replayed",
@@ -66,7 +68,7 @@ def response_info(response: httpx.Response) -> ResponseInfo | None:
     return info if isinstance(info, ResponseInfo) else None
 
 
-def stored(response: httpx.Response, *, key: str, max_bytes: int) -> StoredResponse:
+def stored(response: httpx.Response, *, record: IntentRecord, max_bytes: int) -> StoredResponse:
     """A definitive answer as the journal keeps it: status, kept headers, capped body."""
     body = response.content
     body_stored = len(body) <= max_bytes
@@ -74,9 +76,10 @@ def stored(response: httpx.Response, *, key: str, max_bytes: int) -> StoredRespo
         logger.warning(
             "intent %s: response body of %d bytes exceeds the %d-byte cap; journaled "
             "status and headers only, a replay will have an empty body",
-            key,
+            record.key,
             len(body),
             max_bytes,
+            extra=log_extra(record),
         )
     return StoredResponse(
         status=response.status_code,
@@ -131,5 +134,18 @@ def replayed(record: IntentRecord) -> httpx.Response | None:
         content=answer.body,
         request=httpx.Request(record.method, record.url),
     )
-    logger.debug("intent %s replayed from the journal: HTTP %d", record.key, answer.status)
+    logger.debug(
+        "intent %s replayed from the journal: HTTP %d",
+        record.key,
+        answer.status,
+        extra=log_extra(record),
+    )
     return tagged(response, record, replayed=True, provider_replayed=False)
+
+
+def elapsed(response: httpx.Response) -> float | None:
+    """Seconds from sending the request to the end of its answer, once it is read."""
+    try:
+        return response.elapsed.total_seconds()
+    except RuntimeError:  # not read to its end (a stream cut short)
+        return None

@@ -11,6 +11,7 @@ import attrs
 import tenacity
 
 from .._lifecycle import Verdict
+from ._events import RetryEvent
 from ._options import check_count, number_field
 
 __all__ = ["Retry", "RetryEvent", "RetryPolicy", "retrying_kwargs"]
@@ -55,19 +56,6 @@ class RetryPolicy:
         return self.backoff(retry_number)
 
 
-@attrs.frozen
-class RetryEvent:
-    """Handed to ``on_retry`` hooks before payonce waits to retry an intent."""
-
-    key: str
-    reference: str | None
-    attempt: int
-    """The attempt that just failed (1-based)."""
-    wait: float
-    reason: str
-    ambiguous: bool
-
-
 class Retry(Exception):
     """Internal: an attempt (or a look-up) ended in a retryable way. Raised out of the
     loop when the attempts ran out."""
@@ -97,7 +85,13 @@ def retrying_kwargs(
             return
         seconds = state.next_action.sleep if state.next_action else 0.0
         retry = event(state.attempt_number, seconds, error.verdict)
-        logger.debug("intent %s: retrying in %.3fs after %s", retry.key, seconds, retry.reason)
+        logger.debug(
+            "intent %s: retrying in %.3fs after %s",
+            retry.key,
+            seconds,
+            retry.reason,
+            extra={"key": retry.key, "reference": retry.reference, "state": "pending"},
+        )
         if on_retry is not None:
             on_retry(retry)
 

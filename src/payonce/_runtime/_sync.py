@@ -137,7 +137,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
                     try:
                         response = self._exchange(request)
                     except httpx.TransportError as exc:
-                        raise _reconcile.transport_failure(exc) from exc
+                        raise _reconcile.transport_failure(core, claimed, exc) from exc
                     return _reconcile.conclude(core, claimed, owner, response)
         except Retry as exc:
             return _reconcile.give_up(core, claimed, owner, str(exc))
@@ -184,11 +184,14 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
             op._bind(step.record)
 
     def _send(self, run: Run) -> httpx.Response:
+        self._core.drive_started(run)
         try:
             with self._keeper.holding(self._core.lease(run)):
                 return self._attempts(run)
         except Retry:
             raise self._core.give_up(run) from None
+        finally:
+            self._core.drive_ended(run)
 
     def _attempts(self, run: Run) -> httpx.Response:
         core = self._core
@@ -239,6 +242,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         self._in_this_process()  # a child closes its own HTTP client, never its parent's
         self._keeper.close()
         self._http.close()
+        self._stop_watching()
         if self._owns_journal:
             self.journal.close()
 

@@ -19,6 +19,8 @@ from .._lifecycle import (
     classify_lookup,
 )
 from ._core import IntentCore, Run
+from ._events import log_extra
+from ._reconcile import looked_up as lookup_ended
 from ._responses import from_lookup, replayed, tagged
 from ._retrying import Retry
 
@@ -26,7 +28,7 @@ __all__ = ["lookup_failed", "looked_up", "step"]
 
 logger = logging.getLogger("payonce")
 
-_OUTCOMES = {LookupKind.ABSENT: "not_found", LookupKind.UNDECIDED: "still_unknown"}
+_JOURNALED = {LookupKind.ABSENT: "not_found", LookupKind.UNDECIDED: "still_unknown"}
 
 
 def step(core: IntentCore, run: Run) -> float | LookUp | None:
@@ -39,7 +41,11 @@ def step(core: IntentCore, run: Run) -> float | LookUp | None:
     next_step = verification.next(core.clock())
     if next_step is None:
         run.verification = None
-        logger.info("intent %s: the provider has no record of it; resending", run.key)
+        logger.info(
+            "intent %s: the provider has no record of it; resending",
+            run.key,
+            extra=log_extra(run.record),
+        )
         return None
     if isinstance(next_step, float) and (
         time.monotonic() + next_step > run.began + core.retry.max_elapsed
@@ -57,8 +63,9 @@ def looked_up(core: IntentCore, run: Run, response: httpx.Response) -> httpx.Res
     assert verification is not None
     verdict = classify_lookup(response, lookup)
     now = core.clock()
+    lookup_ended(core, run.record, verdict.kind, response, before_resend=True)
     if verdict.kind is not LookupKind.FOUND:
-        _journal(core, run, _OUTCOMES.get(verdict.kind, "error"), verdict.detail, response)
+        _journal(core, run, _JOURNALED.get(verdict.kind, "error"), verdict.detail, response)
         verification.answered(verdict.kind, now, _backoff(core, verification))
         return None
     assert verdict.record is not None
@@ -74,7 +81,13 @@ def looked_up(core: IntentCore, run: Run, response: httpx.Response) -> httpx.Res
         response=from_lookup(verdict.record, response.status_code),
     )
     run.verification = None
-    logger.info("intent %s settled from the provider's record: %s", run.key, verdict.detail)
+    logger.info(
+        "intent %s settled from the provider's record: %s",
+        run.key,
+        verdict.detail,
+        extra=log_extra(record),
+    )
+    core.settled(record, provider_replayed=True)
     answer = replayed(record)
     assert answer is not None
     tagged(answer, record, replayed=False, provider_replayed=True)
@@ -85,6 +98,7 @@ def lookup_failed(core: IntentCore, run: Run, error: Exception) -> None:
     """A look-up that got no answer: journaled, and asked again later."""
     verification = run.verification
     assert verification is not None
+    lookup_ended(core, run.record, None, None, before_resend=True)
     _journal(core, run, "error", f"status look-up failed: {type(error).__name__}", None)
     verification.answered(LookupKind.RETRY, core.clock(), _backoff(core, verification))
 

@@ -1,0 +1,229 @@
+"""OpenTelemetry for payonce (``pip install 'payonce[otel]'``): spans and metrics from hooks.
+
+    from payonce.otel import OpenTelemetryHooks
+    client = payonce.Client(..., hooks=OpenTelemetryHooks())
+
+Traces: a ``payonce.intent`` span per drive of an intent (a child of the caller's span),
+with a ``payonce.attempt`` child per attempt and a ``payonce.lookup`` span per status
+look-up; a replay from the journal is a ``payonce.intent`` span of its own. The intent's
+span is the current one while it is driven, so the spans of httpx's own instrumentation
+(``opentelemetry-instrumentation-httpx``) nest under it. Attributes: ``payonce.key``,
+``payonce.reference``, ``payonce.provider``, ``payonce.account``, ``payonce.state``,
+``payonce.attempt``, ``payonce.replayed`` and ``http.response.status_code``.
+
+Metrics (counters unless said): ``payonce.intents`` (drives, by the state they left the
+intent in), ``payonce.attempts`` (by outcome), ``payonce.retries``,
+``payonce.unknown_outcomes``, ``payonce.replays``, and the histogram
+``payonce.journal.commit.duration`` (seconds, by ``payonce.durable``). Metric attributes are
+provider, account and state or outcome: never a key or reference, whose every value would
+be a new time series.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+from typing import Any
+
+import attrs
+from opentelemetry import context, metrics, trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+from ._runtime._events import (
+    AttemptEnded,
+    AttemptStarted,
+    IntentEnded,
+    IntentEvent,
+    IntentReplayed,
+    IntentSettled,
+    IntentStarted,
+    IntentUnknown,
+    JournalCommitted,
+    LookupEnded,
+    RetryEvent,
+)
+from ._runtime._hooks import Hooks
+from ._version import __version__
+
+__all__ = ["OpenTelemetryHooks"]
+
+
+@attrs.define
+class _Drive:
+    span: Span
+    token: contextvars.Token[Context]
+    attempt: Span | None = None
+
+
+def _identity(event: IntentEvent) -> dict[str, Any]:
+    found = {
+        "payonce.key": event.key,
+        "payonce.provider": event.provider,
+        "payonce.account": event.account,
+    }
+    if event.reference is not None:
+        found["payonce.reference"] = event.reference
+    return found
+
+
+def _series(event: IntentEvent, **more: Any) -> dict[str, Any]:
+    return {"payonce.provider": event.provider, "payonce.account": event.account, **more}
+
+
+class OpenTelemetryHooks(Hooks):
+    """payonce's hooks as OpenTelemetry spans and metrics.
+
+    Args:
+        tracer_provider: Where spans go; the global provider by default.
+        meter_provider: Where metrics go; the global provider by default.
+    """
+
+    def __init__(
+        self,
+        *,
+        tracer_provider: trace.TracerProvider | None = None,
+        meter_provider: metrics.MeterProvider | None = None,
+    ) -> None:
+        self._tracer = trace.get_tracer("payonce", __version__, tracer_provider=tracer_provider)
+        meter = metrics.get_meter("payonce", __version__, meter_provider=meter_provider)
+        self._intents = meter.create_counter(
+            "payonce.intents", unit="{intent}", description="Drives of intents, by end state"
+        )
+        self._attempts = meter.create_counter(
+            "payonce.attempts", unit="{attempt}", description="Attempts sent, by outcome"
+        )
+        self._retries = meter.create_counter(
+            "payonce.retries", unit="{retry}", description="Waits before another attempt"
+        )
+        self._unknown = meter.create_counter(
+            "payonce.unknown_outcomes",
+            unit="{intent}",
+            description="Intents whose outcome retrying could not learn: reconcile them",
+        )
+        self._replays = meter.create_counter(
+            "payonce.replays", unit="{call}", description="Calls answered from the journal"
+        )
+        self._commits = meter.create_histogram(
+            "payonce.journal.commit.duration",
+            unit="s",
+            description="Journal write transactions, from begin to commit",
+        )
+        self._lock = threading.Lock()
+        self._drives: dict[str, _Drive] = {}
+
+    # -- one drive ---------------------------------------------------------------------------
+
+    def intent_started(self, event: IntentStarted) -> None:
+        attributes = {**_identity(event), "payonce.state": "pending", "payonce.replayed": False}
+        attributes["payonce.resumed"] = event.resumed
+        span = self._tracer.start_span(
+            "payonce.intent", kind=SpanKind.INTERNAL, attributes=attributes
+        )
+        # Current while the intent is driven: started and ended in the caller's own thread
+        # or task, so the attach and detach meet in the same context.
+        token = context.attach(trace.set_span_in_context(span))
+        with self._lock:
+            self._drives[event.key] = _Drive(span, token)
+
+    def attempt_started(self, event: AttemptStarted) -> None:
+        with self._lock:
+            drive = self._drives.get(event.key)
+        if drive is None:
+            return
+        drive.attempt = self._tracer.start_span(
+            "payonce.attempt",
+            context=trace.set_span_in_context(drive.span),
+            kind=SpanKind.INTERNAL,
+            attributes={**_identity(event), "payonce.attempt": event.attempt},
+        )
+
+    def attempt_ended(self, event: AttemptEnded) -> None:
+        self._attempts.add(1, _series(event, **{"payonce.outcome": event.outcome}))
+        with self._lock:
+            drive = self._drives.get(event.key)
+        if drive is None or drive.attempt is None:
+            return
+        span, drive.attempt = drive.attempt, None
+        span.set_attribute("payonce.outcome", event.outcome)
+        if event.status_code is not None:
+            span.set_attribute("http.response.status_code", event.status_code)
+        if event.error is not None:
+            span.set_attribute("error.type", event.error)
+            span.set_status(Status(StatusCode.ERROR, event.error))
+        span.end()
+
+    def retrying(self, event: RetryEvent) -> None:
+        self._retries.add(1, _series(event))
+        with self._lock:
+            drive = self._drives.get(event.key)
+        if drive is not None:
+            drive.span.add_event(
+                "payonce.retry",
+                {"payonce.wait": event.wait, "payonce.reason": event.reason},
+            )
+
+    def lookup_ended(self, event: LookupEnded) -> None:
+        with self._lock:
+            drive = self._drives.get(event.key)
+        now = time.time_ns()
+        started = now - int((event.elapsed or 0.0) * 1e9)
+        parent = trace.set_span_in_context(drive.span) if drive is not None else None
+        attributes = {
+            **_identity(event),
+            "payonce.outcome": event.outcome,
+            "payonce.before_resend": event.before_resend,
+        }
+        if event.status_code is not None:
+            attributes["http.response.status_code"] = event.status_code
+        span = self._tracer.start_span(
+            "payonce.lookup", context=parent, attributes=attributes, start_time=started
+        )
+        span.end(end_time=now)
+
+    def settled(self, event: IntentSettled) -> None:
+        with self._lock:
+            drive = self._drives.get(event.key)
+        if drive is None:
+            return
+        drive.span.set_attribute("payonce.provider_replayed", event.provider_replayed)
+        if event.status_code is not None:
+            drive.span.set_attribute("http.response.status_code", event.status_code)
+
+    def unknown(self, event: IntentUnknown) -> None:
+        self._unknown.add(1, _series(event))
+        with self._lock:
+            drive = self._drives.get(event.key)
+        if drive is not None:
+            drive.span.add_event("payonce.unknown", {"payonce.reason": event.reason})
+            drive.span.set_status(Status(StatusCode.ERROR, "outcome unknown: reconcile it"))
+
+    def intent_ended(self, event: IntentEnded) -> None:
+        self._intents.add(1, _series(event, **{"payonce.state": event.state.value}))
+        with self._lock:
+            drive = self._drives.pop(event.key, None)
+        if drive is None:
+            return
+        drive.span.set_attribute("payonce.state", event.state.value)
+        drive.span.set_attribute("payonce.attempt", event.attempts)
+        if drive.attempt is not None:  # interrupted before its end was journaled
+            drive.attempt.end()
+        drive.span.end()
+        context.detach(drive.token)
+
+    # -- without a drive ---------------------------------------------------------------------
+
+    def replayed(self, event: IntentReplayed) -> None:
+        self._replays.add(1, _series(event, **{"payonce.state": event.state.value}))
+        attributes = {
+            **_identity(event),
+            "payonce.state": event.state.value,
+            "payonce.replayed": True,
+        }
+        if event.status_code is not None:
+            attributes["http.response.status_code"] = event.status_code
+        self._tracer.start_span("payonce.intent", attributes=attributes).end()
+
+    def journal_committed(self, event: JournalCommitted) -> None:
+        self._commits.record(event.seconds, {"payonce.durable": event.durable})
