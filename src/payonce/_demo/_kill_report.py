@@ -17,17 +17,16 @@ def print_kill_intro(console: Console, scenario: KillScenario) -> None:
         Text.assemble(
             ("Worker processes killed mid-batch", "bold"),
             f": {scenario.orders} orders paid by {scenario.workers} worker processes, "
-            f"{scenario.kills} SIGKILLs at random moments (seed {scenario.seed})",
+            f"{_plural(scenario.kills, 'SIGKILL')} at random moments (seed {scenario.seed})",
         )
     )
     for line in (
         "a killed worker is restarted at once and goes on with its orders",
-        f"each payment takes {scenario.processing:g}s at the provider: most kills land "
-        "between a request and its answer",
-        f"{faults.fail_after_rate:.0%} execute, then answer 503; {faults.drop_after_rate:.0%} "
-        "execute, then drop the connection",
-        "payonce's workers share one journal; the stripe-python pattern keeps a key per "
-        "call in memory, reused on that call's retries",
+        f"each payment takes {scenario.processing:g}s at the provider: the window a kill hits",
+        f"{faults.fail_after_rate:.0%} execute, then answer 503; "
+        f"{faults.drop_after_rate:.0%} execute, then drop the connection",
+        "payonce: the workers share one journal",
+        "stripe-python pattern: a key per call, in memory, kept for its retries",
     ):
         console.print(Text(f"  {line}", style="dim"))
 
@@ -46,7 +45,7 @@ def print_kill_report(console: Console, result: KillResult) -> None:
         ("orders", str(p.orders), str(s.orders)),
         ("worker processes", str(p.workers), str(s.workers)),
         ("SIGKILLs, each followed by a restart", str(p.kills), str(s.kills)),
-        ("  requests they cut off (payonce's journal)", cut_off, "-"),
+        ("  requests cut off (in the journal)", cut_off, "-"),
         ("executions at the provider", str(p.executions), str(s.executions)),
         ("orders charged more than once", str(p.charged_twice), str(s.charged_twice)),
         ("duplicate executions", str(p.duplicates), str(s.duplicates)),
@@ -60,8 +59,9 @@ def print_kill_report(console: Console, result: KillResult) -> None:
         console.print(
             Text.assemble(
                 ("OK ", "bold green"),
-                f"payonce: {p.orders} orders, each executed exactly once through {p.kills} "
-                "kills: a restarted worker found its order's key in the journal.",
+                f"payonce: {p.orders} orders, each executed exactly once through "
+                f"{_plural(p.kills, 'kill')}: a restarted worker found its order's key in "
+                "the journal.",
             )
         )
     else:
@@ -77,8 +77,8 @@ def print_kill_report(console: Console, result: KillResult) -> None:
             ("stripe-python pattern: ", "bold"),
             (
                 f"{s.duplicates} duplicate execution(s), {s.missing} missing order(s) after "
-                f"{s.kills} kills: a restarted worker made a new key for the order it was "
-                "paying.",
+                f"{_plural(s.kills, 'kill')}: a restarted worker made a new key for the order "
+                "it was paying.",
                 "bold red" if s.duplicates else "",
             ),
         )
@@ -109,3 +109,7 @@ def print_summary(console: Console, result: DemoResult) -> None:
         )
     console.print()
     console.print(table)
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"

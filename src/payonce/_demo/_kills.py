@@ -52,7 +52,7 @@ _NOBODY_PAYING_WAIT = 0.02
 
 def _positive(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
     if value < 1:
-        raise payonce.ConfigurationError(f"the kill scenario needs at least one {attribute.name}")
+        raise payonce.ConfigurationError(f"{attribute.name} must be at least 1, got {value!r}")
 
 
 def _not_negative(

@@ -93,6 +93,7 @@ def print_report(console: Console, result: DemoResult) -> None:
         ("  of unknown intents", str(p.unknown_executed), "-"),
         ("payments executed more than once", str(p.charged_twice), str(n.charged_twice)),
         ("duplicate executions", str(p.duplicates), str(n.duplicates)),
+        ("payments never executed", str(p.missing), str(n.missing)),
         ("seconds", f"{p.seconds:.1f}", f"{n.seconds:.1f}"),
     ]
     for name, ours, theirs in rows:
