@@ -130,10 +130,13 @@ def test_demo_command(tmp_path: Path) -> None:
     runner = CliRunner()
     env = {"COLUMNS": "120"}
     args = ["demo", "--payments", "6", "--seed", "3", "--journal", str(journal)]
+    args += ["--orders", "4", "--workers", "2", "--kills", "1", "--processing", "0.05"]
     result = runner.invoke(cli, args, env=env)
     assert result.exit_code == 0, result.output
     assert "payonce demo: 6 payments" in result.stdout
     assert "executions at the provider" in result.stdout
+    assert "4 orders paid by 2 worker processes, 1 SIGKILL at random moments" in result.stdout
+    assert "duplicate executions / missing orders" in result.stdout
 
     listed = runner.invoke(cli, ["intents", "list", "--journal", str(journal)], env=env)
     assert listed.exit_code == 0

@@ -1,9 +1,14 @@
-"""``payonce demo``: the same faulty network, with payonce and with a naive client.
+"""``payonce demo``: what one key per payment, journaled, saves you from.
 
-Both send the same payments to a fresh sandbox provider with the same seeded faults. payonce
-retries under one key per payment; the naive client retries with a fresh key per attempt,
-as code that "adds an idempotency key" per request does. The provider counts executions, so
-the difference is measured, not claimed.
+Two scenarios, each against fresh sandbox providers with the same seeded faults:
+
+- a faulty network: payonce retries under one key per payment; the naive client retries
+  with a fresh key per attempt, as code that "adds an idempotency key" per request does;
+- worker processes SIGKILLed mid-batch and restarted (``_kills``): payonce's workers find
+  each order's key again in their shared journal; the stripe-python pattern keeps a key
+  per call in memory, safe for retries but lost with the process.
+
+The provider counts executions, so the difference is measured, not claimed.
 """
 
 from __future__ import annotations
@@ -16,10 +21,12 @@ import attrs
 from rich.console import Console
 
 import payonce
+from payonce._demo._kill_report import print_kill_intro, print_kill_report, print_summary
+from payonce._demo._kills import KillScenario, run_kill_scenario
 from payonce._demo._naive import run_naive
 from payonce._demo._payonce import run_payonce
 from payonce._demo._report import print_intro, print_report
-from payonce._demo._results import DemoResult, NaiveStats, PayonceStats
+from payonce._demo._results import DemoResult, KillResult, KillStats, NaiveStats, PayonceStats
 from payonce._demo._scenario import CLIENT_TIMEOUT, DEMO_FAULTS, DEMO_RETRY, plan
 from payonce.sandbox import Faults
 
@@ -28,6 +35,9 @@ __all__ = [
     "DEMO_FAULTS",
     "DEMO_RETRY",
     "DemoResult",
+    "KillResult",
+    "KillScenario",
+    "KillStats",
     "NaiveStats",
     "PayonceStats",
     "run_demo",
@@ -41,12 +51,14 @@ def run_demo(
     console: Console,
     *,
     faults: Faults | None = None,
+    kills: KillScenario | None = None,
 ) -> DemoResult:
     """Run the demo and print its report on ``console``.
 
     ``faults`` replaces the default fault mix; its seed is always replaced by ``seed``, so
     both clients meet the same faults. ``journal`` must not exist yet: the demo's counts
-    only make sense on a fresh journal.
+    only make sense on a fresh journal. ``kills`` adds the kill scenario (its seed, too,
+    replaced by ``seed``); None leaves it out.
     """
     if payments < 1:
         raise payonce.ConfigurationError("the demo needs at least one payment")
@@ -67,4 +79,11 @@ def run_demo(
     naive_stats = run_naive(payment_plan, faults, console)
     result = DemoResult(payments, faults, journal, payonce=payonce_stats, naive=naive_stats)
     print_report(console, result)
+    if kills is not None:
+        kills = attrs.evolve(kills, seed=seed)
+        print_kill_intro(console, kills)
+        killed = run_kill_scenario(kills, console)
+        print_kill_report(console, killed)
+        result = attrs.evolve(result, kills=killed)
+        print_summary(console, result)
     return result

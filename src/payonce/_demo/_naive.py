@@ -29,12 +29,12 @@ def run_naive(plan: Sequence[DemoPayment], faults: Faults, console: Console) -> 
         SandboxServer(SandboxConfig(faults=faults)) as server,
         httpx.Client(base_url=server.url, headers=headers, timeout=CLIENT_TIMEOUT) as http,
     ):
-        with progress(console, "naive client", len(plan)) as advance:
+        with progress(console, "naive client", len(plan)) as bar:
             for payment in plan:
                 tries, done = _naive_pay(http, payment)
                 attempts += tries
                 answered += done
-                advance()
+                bar.advance()
         executions = count_executions(server, faults)
     return NaiveStats(
         attempts=attempts,
@@ -44,6 +44,7 @@ def run_naive(plan: Sequence[DemoPayment], faults: Faults, console: Console) -> 
         executions=executions.total,
         duplicates=executions.duplicates,
         charged_twice=executions.charged_twice,
+        missing=executions.missing(payment.reference for payment in plan),
         seconds=time.monotonic() - started,
     )
 

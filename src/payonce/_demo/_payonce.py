@@ -46,21 +46,22 @@ def run_payonce(
                 on_retry=retries.append,
             )
         )
-        with progress(console, "payonce", len(plan)) as advance:
+        with progress(console, "payonce", len(plan)) as bar:
             for payment in plan:
                 info = _pay(client, payment)
                 provider_replays += bool(info and info.provider_replayed)
-                advance()
+                bar.advance()
         # The same payments again, as a restarted caller would send them: settled ones
         # are answered from the journal and never reach the provider.
-        with progress(console, "payonce, sent again", len(plan)) as advance:
+        with progress(console, "payonce, sent again", len(plan)) as bar:
             for payment in plan:
                 info = _pay(client, payment)
                 journal_replays += bool(info and info.replayed)
-                advance()
+                bar.advance()
         return _payonce_stats(
             client.journal.list_intents(),
             count_executions(server, faults),
+            [payment.reference for payment in plan],
             retries=len(retries),
             provider_replays=provider_replays,
             journal_replays=journal_replays,
@@ -82,6 +83,7 @@ def _pay(client: payonce.Client, payment: DemoPayment) -> payonce.records.Respon
 def _payonce_stats(
     records: Sequence[payonce.IntentRecord],
     executions: Executions,
+    references: Sequence[str],
     *,
     retries: int,
     provider_replays: int,
@@ -125,6 +127,7 @@ def _payonce_stats(
         unknown_executed=unknown_executed,
         duplicates=executions.duplicates,
         charged_twice=executions.charged_twice,
+        missing=executions.missing(references),
         problems=tuple(problems),
         seconds=seconds,
     )

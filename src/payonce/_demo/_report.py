@@ -3,11 +3,19 @@ counts side by side and the verdict."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
+import attrs
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 from rich.text import Text
 
@@ -16,18 +24,33 @@ from payonce._demo._scenario import CLIENT_TIMEOUT
 from payonce.sandbox import Faults
 
 
+@attrs.frozen
+class Bar:
+    """One pass's progress bar."""
+
+    _progress: Progress
+    _task: TaskID
+
+    def advance(self) -> None:
+        self._progress.advance(self._task)
+
+    def note(self, text: str) -> None:
+        """Shown after the count, e.g. how many workers were killed so far."""
+        self._progress.update(self._task, note=text)
+
+
 @contextmanager
-def progress(console: Console, label: str, total: int) -> Iterator[Callable[[], None]]:
+def progress(console: Console, label: str, total: int) -> Iterator[Bar]:
     # Kept on screen once done, and the labels padded alike, so the passes line up.
     with Progress(
-        TextColumn("{task.description:<20}"),
+        TextColumn("{task.description:<22}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
+        TextColumn("{task.fields[note]}"),
         console=console,
     ) as bar:
-        task = bar.add_task(label, total=total)
-        yield lambda: bar.advance(task)
+        yield Bar(bar, bar.add_task(label, total=total, note=""))
 
 
 def print_intro(console: Console, payments: int, faults: Faults) -> None:
@@ -70,6 +93,7 @@ def print_report(console: Console, result: DemoResult) -> None:
         ("  of unknown intents", str(p.unknown_executed), "-"),
         ("payments executed more than once", str(p.charged_twice), str(n.charged_twice)),
         ("duplicate executions", str(p.duplicates), str(n.duplicates)),
+        ("payments never executed", str(p.missing), str(n.missing)),
         ("seconds", f"{p.seconds:.1f}", f"{n.seconds:.1f}"),
     ]
     for name, ours, theirs in rows:

@@ -32,6 +32,8 @@ class PayonceStats:
     """Executions beyond one per payment reference: must be zero."""
     charged_twice: int
     """Payments executed more than once: must be zero."""
+    missing: int
+    """Payments the provider never executed (left unknown or pending here)."""
     problems: tuple[str, ...]
     """Every broken promise found, one line each: must be empty."""
     seconds: float
@@ -53,7 +55,47 @@ class NaiveStats:
     """Executions beyond one per payment reference."""
     charged_twice: int
     """Payments executed more than once."""
+    missing: int
+    """Payments the provider never executed."""
     seconds: float
+
+
+@attrs.frozen
+class KillStats:
+    """One client's batch, paid by worker processes that were killed and restarted."""
+
+    orders: int
+    workers: int
+    kills: int
+    """SIGKILLs delivered, each followed by a restart."""
+    executions: int
+    """Executions the provider counted, in total."""
+    duplicates: int
+    """Executions beyond one per order."""
+    charged_twice: int
+    """Orders executed more than once."""
+    missing: int
+    """Orders the provider never executed."""
+    cut_off: int | None
+    """Attempts a kill cut off between request and answer, as payonce's journal shows
+    them (None for the stripe-python pattern, which keeps no record of its attempts)."""
+    seconds: float
+
+
+@attrs.frozen
+class KillResult:
+    """payonce's workers and the stripe-python pattern's, through the same kills."""
+
+    faults: Faults
+    processing: float
+    """Seconds the provider took per payment."""
+    payonce: KillStats
+    stripe: KillStats
+
+    @property
+    def ok(self) -> bool:
+        """True when payonce charged every order exactly once."""
+        return self.payonce.duplicates == 0 and self.payonce.missing == 0
 
 
 @attrs.frozen
@@ -65,8 +107,12 @@ class DemoResult:
     """Where the payonce journal was kept; None when it was temporary and is gone."""
     payonce: PayonceStats
     naive: NaiveStats
+    kills: KillResult | None = None
+    """The kill scenario; None when it was not run."""
 
     @property
     def ok(self) -> bool:
-        """True when payonce executed no payment twice and every count adds up."""
-        return self.payonce.duplicates == 0 and not self.payonce.problems
+        """True when payonce executed no payment twice, every count adds up, and through
+        the kills it charged every order exactly once."""
+        killed_ok = self.kills is None or self.kills.ok
+        return self.payonce.duplicates == 0 and not self.payonce.problems and killed_ok

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -77,6 +77,10 @@ class Executions:
     def charged_twice(self) -> int:
         """Payments executed more than once."""
         return sum(count > 1 for count in self.by_reference.values())
+
+    def missing(self, references: Iterable[str]) -> int:
+        """Payments of ``references`` the provider never executed."""
+        return sum(self.by_reference.get(reference, 0) == 0 for reference in references)
 
 
 def count_executions(server: SandboxServer, faults: Faults) -> Executions:

@@ -211,23 +211,89 @@ def sandbox(
     say("sandbox provider stopped")
 
 
-@click.command(short_help="Prove it: payonce and a naive client over a faulty network.")
-@click.option("--payments", type=click.IntRange(min=1), default=300, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the faults.")
+@click.command(short_help="Prove it: payonce against network faults and killed workers.")
+@click.option(
+    "--payments",
+    type=click.IntRange(min=1),
+    default=300,
+    show_default=True,
+    help="Payments sent through payonce and the naive client over the faulty network.",
+)
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Seed of the provider's faults, and of the moments and victims of the kills.",
+)
 @click.option(
     "--journal",
     "journal_path",
     type=_FILE,
-    help="Keep the demo's journal in this new file (default: a temporary directory).",
+    help="Keep the network scenario's journal in this new file (default: a temporary one).",
 )
-def demo(payments: int, seed: int, journal_path: Path | None) -> None:
-    """Send payments through payonce and through a naive client over a faulty network.
+@click.option(
+    "--orders",
+    type=click.IntRange(min=1),
+    default=60,
+    show_default=True,
+    help="Orders in the batch the killed workers pay, per client.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Worker processes paying the batch, each its own slice of the orders.",
+)
+@click.option(
+    "--kills",
+    type=click.IntRange(min=0),
+    default=10,
+    show_default=True,
+    help="SIGKILLs per client, at random moments, each followed by a restart; 0 pays the "
+    "batch without kills.",
+)
+@_seconds(
+    "--processing",
+    "How long the provider takes to execute each payment of the batch: the window in "
+    "which a kill catches a payment between its request and its answer.",
+    default=0.15,
+)
+def demo(
+    payments: int,
+    seed: int,
+    journal_path: Path | None,
+    orders: int,
+    workers: int,
+    kills: int,
+    processing: float,
+) -> None:
+    """Prove it: the same payments through payonce and through the usual alternatives.
 
-    Exits non-zero if payonce ever executed a payment twice.
+    \b
+    1. A faulty network (lost answers, 503s, dropped connections, slow answers): payonce
+       against a naive client that retries with a fresh key per attempt.
+    2. Worker processes paying a batch of orders, SIGKILLed at random moments and
+       restarted: payonce's workers (one shared journal) against the stripe-python
+       pattern (a key per call, kept in memory and reused on that call's retries).
+
+    Every count is read at the sandbox provider: duplicate executions and orders never
+    executed. Exits non-zero if payonce executed a payment twice, or through the kills
+    charged an order twice or never.
     """
     try:
         from payonce.sandbox import run_demo
     except ImportError as exc:
         raise _sandbox_missing(exc) from exc
-    if not run_demo(payments, seed=seed, journal=journal_path):
+    ok = run_demo(
+        payments,
+        seed=seed,
+        journal=journal_path,
+        orders=orders,
+        workers=workers,
+        kills=kills,
+        processing=processing,
+    )
+    if not ok:
         raise click.exceptions.Exit(1)
