@@ -34,7 +34,7 @@ __all__ = ["journal_group", "parse_duration", "prune"]
 
 @click.group("journal")
 def journal_group() -> None:
-    """Check the journal's integrity and back it up."""
+    """Check the journal's integrity, migrate it, and back it up."""
 
 
 @journal_group.command("check")
@@ -49,7 +49,7 @@ def check_journal(journal_path: JournalLocation | None, as_json: bool) -> None:
     """
     target = existing_journal_target(journal_path)
     try:
-        with existing_journal(target) as journal:
+        with existing_journal(target, read_only=True) as journal:
             report = journal.check()
     except payonce.JournalBusy:
         raise
@@ -66,6 +66,33 @@ def check_journal(journal_path: JournalLocation | None, as_json: bool) -> None:
         console().print(report_view(report))
     if not report.ok:
         raise click.exceptions.Exit(1)
+
+
+@journal_group.command("migrate")
+@journal_option
+def migrate_journal(journal_path: JournalLocation | None) -> None:
+    """Bring the journal to this payonce's schema, as a payonce client opening it would.
+
+    Reading commands (intents list and show, ack --list, journal check) never migrate a
+    journal, and read an older schema as it is; this is for one too old for what they need,
+    or to migrate before starting the workers. Migrations only add tables, columns and
+    indexes. A file that is not a payonce journal yet is left alone.
+    """
+    target = existing_journal_target(journal_path)
+    with existing_journal(target, read_only=True) as journal:
+        found = journal.schema_version
+        location = journal.location
+    if found == 0:
+        raise CliError(
+            f"{location} is not a payonce journal yet (it has no payonce tables): nothing to "
+            "migrate. A payonce client creates the journal when it first opens it"
+        )
+    with existing_journal(target) as journal:
+        now = journal.schema_version
+    if found == now:
+        click.echo(f"{location} is at schema {now}, this payonce's: nothing to migrate")
+    else:
+        click.echo(f"migrated {location} from schema {found} to {now}")
 
 
 @journal_group.command("backup")
