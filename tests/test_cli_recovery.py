@@ -23,6 +23,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 import payonce
+from helpers.keyrings import SessionKeyring, UseKeyring
 from helpers.payments import PAYMENT, MakeClient, leave_pending, make_unknown
 from payonce._journal._schema import SCHEMA_VERSION
 from payonce.cli import cli
@@ -157,6 +158,94 @@ def test_resume_only_touches_its_account(
     assert sandbox.store.total_executions() == 1
 
 
+# -- which accounts and providers, when not told -----------------------------------------------
+
+
+def _without(env: dict[str, str], *names: str) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k not in names}
+
+
+def test_without_provider_or_account_resume_drives_what_the_journal_holds(
+    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str]
+) -> None:
+    ours = leave_pending(make_client, "order-a")
+    theirs = leave_pending(make_client, "order-b", account="acct_other")
+
+    result = _run(["resume", "--json"], _without(env, "PAYONCE_PROVIDER", "PAYONCE_ACCOUNT"))
+
+    assert result.exit_code == 0, result.output
+    assert {i["key"]: i["state"] for i in _json(result)} == {
+        ours.key: "succeeded",
+        theirs.key: "succeeded",
+    }
+    assert sandbox.store.executions() == {ours.key: 1, theirs.key: 1}
+
+
+def test_an_account_without_an_api_key_is_named_and_the_others_are_driven(
+    make_client: MakeClient,
+    sandbox: SandboxServer,
+    env: dict[str, str],
+    journal_path: Path,
+    use_keyring: UseKeyring,
+) -> None:
+    ours = leave_pending(make_client, "order-a")
+    theirs = leave_pending(make_client, "order-b", account="acct_other")
+    use_keyring(SessionKeyring())
+    payonce.credentials.store_api_key(ACCOUNT, DEFAULT_API_KEY)  # none for acct_other
+
+    result = _run(
+        ["resume"], _without(env, "PAYONCE_PROVIDER", "PAYONCE_ACCOUNT", "PAYONCE_API_KEY")
+    )
+
+    assert result.exit_code == 1, result.output
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: not driven: account 'acct_other' (provider 'sandbox'): ")
+    assert "no API key for account 'acct_other'" in line
+    assert _state(journal_path, ours.key).state is payonce.IntentState.SUCCEEDED
+    assert _state(journal_path, theirs.key).state is payonce.IntentState.PENDING
+    assert sandbox.store.executions() == {ours.key: 1, theirs.key: 1}, "sent once, before"
+
+
+def test_work_for_several_providers_is_a_usage_error_that_names_them(
+    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str], journal_path: Path
+) -> None:
+    sandboxed = leave_pending(make_client, "order-a")
+    generic = leave_pending(make_client, "order-b", provider="generic")
+
+    result = _run(["resume"], _without(env, "PAYONCE_PROVIDER", "PAYONCE_ACCOUNT"))
+
+    assert result.exit_code == 2
+    assert "pending intents of several providers: generic (1), sandbox (1)" in result.stderr
+    assert "--provider" in result.stderr
+    for record in (sandboxed, generic):
+        assert _state(journal_path, record.key).state is payonce.IntentState.PENDING
+
+
+def test_nothing_for_the_account_named_says_where_the_work_is(
+    make_client: MakeClient, env: dict[str, str]
+) -> None:
+    leave_pending(make_client, "order-a")
+
+    result = _run(["resume", "--account", "acct_other"], env)
+
+    assert result.exit_code == 0, "what it was asked to drive is settled"
+    assert result.stdout.startswith("nothing to resume: no pending intent of account")
+    assert "the journal holds some of --provider sandbox --account acct_demo (1)" in " ".join(
+        result.stdout.split()
+    )
+
+
+def test_reconcile_by_reference_finds_the_intent_s_account_and_provider(
+    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str], journal_path: Path
+) -> None:
+    record = make_unknown(make_client, sandbox, "order-r", "drop_after")
+
+    result = _run(["reconcile", "order-r"], _without(env, "PAYONCE_PROVIDER", "PAYONCE_ACCOUNT"))
+
+    assert result.exit_code == 0, result.output
+    assert _state(journal_path, record.key).state is payonce.IntentState.SUCCEEDED
+
+
 # -- reconcile --------------------------------------------------------------------------------
 
 
@@ -261,7 +350,7 @@ def test_reconcile_table_and_summary(
 
     result = _run(["reconcile", "--all"], env)
 
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, "one is back to pending: not settled until resumed"
     assert "2 reconciled intent(s)" in result.stdout
     assert "unknown → pending" in result.stdout
     assert "\x1b" not in result.stdout  # not a terminal: no styling and no progress bar

@@ -734,3 +734,49 @@ def test_plain_http_to_another_host_is_warned_about(
     make_client(base_url=base_url)
     said = any("travel unencrypted" in r.getMessage() for r in caplog.records)
     assert said is warned
+
+
+# -- base URLs with a path of their own --------------------------------------------------------
+
+
+class RecordsUrls(httpx.BaseTransport):
+    """Answers every request 201 and keeps the URL it was sent to."""
+
+    def __init__(self) -> None:
+        self.urls: list[str] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.urls.append(str(request.url))
+        return httpx.Response(201, json={"id": "pay_1", "status": "succeeded"})
+
+
+def test_a_base_url_with_a_path_sends_to_that_path_once_not_twice(
+    make_client: MakeClient,
+) -> None:
+    """Adyen's checkout API lives under a version path: https://checkout-test.adyen.com/v71."""
+    provider = RecordsUrls()
+    client = make_client(base_url="https://checkout.test/v71", transport=provider)
+
+    client.post("/payments", json=PAYMENT, params={"note": "a b"}, reference="order-v71")
+
+    assert provider.urls == ["https://checkout.test/v71/payments?note=a+b"]
+
+
+def test_a_pending_intent_is_resumed_at_the_new_host_under_the_same_path(
+    make_client: MakeClient,
+) -> None:
+    class DiesMidAttempt(httpx.BaseTransport):
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            raise RuntimeError("worker died mid-attempt")
+
+    old_host = make_client(base_url="https://old.test/v71", transport=DiesMidAttempt())
+    with pytest.raises(RuntimeError, match="worker died"):
+        old_host.post("/v1/payments", json=PAYMENT, reference="order-moved")
+    (record,) = old_host.journal.find("order-moved")
+    provider = RecordsUrls()
+
+    (resumed,) = make_client(base_url="https://new.test/v71", transport=provider).resume()
+
+    assert resumed.state is payonce.IntentState.SUCCEEDED
+    assert resumed.key == record.key
+    assert provider.urls == ["https://new.test/v71/v1/payments"]

@@ -284,12 +284,13 @@ class IntentCore:
         headers[self.profile.key_header] = self.profile.key_header_value(record.key)
         headers.update(self.auth_headers())
         # The path comes from the journal, the host from this client: after a failover or a
-        # move to another endpoint, the intent is resent where the provider now answers.
-        target = httpx.URL(record.url).raw_path.decode("ascii")
+        # move to another endpoint, the intent is resent where the provider now answers. The
+        # journaled path already holds the base URL's own path (``/v71`` of Adyen's).
+        url = httpx.URL(self.base_url).copy_with(raw_path=httpx.URL(record.url).raw_path)
         content_type = dict(record.request_headers).get("content-type")
         return client.build_request(
             record.method,
-            self.base_url + target,
+            url,
             content=self.profile.prepare_body(record.body, content_type, record.key),
             headers=headers,
             extensions=self._crash_extensions(client),

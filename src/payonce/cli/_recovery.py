@@ -8,6 +8,7 @@ command only shows the results as they come.
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -25,10 +26,12 @@ from ._common import (
     NotFound,
     console,
     echo_json,
+    existing_journal,
     existing_journal_target,
     journal_option,
 )
 from ._recovery_views import Row, progress, reconcile_row, resume_row, rows_table, summary
+from ._targets import Target, choose, elsewhere, holdings
 
 __all__ = ["reconcile", "resume"]
 
@@ -43,28 +46,57 @@ _results_json_option = click.option(
 
 @attrs.frozen
 class _Connection:
-    """Where the intents were sent, and the journal they are in: what a client is built from."""
+    """Where the intents were sent, and the journal they are in: what clients are built from.
+    ``provider`` and ``account`` are None when not given: then the journal says (``_targets``)."""
 
-    base_url: str
-    provider: str
-    account: str
+    base_url: str = attrs.field()
+    provider: str | None
+    account: str | None
     journal: JournalLocation | None
 
-    @property
-    def label(self) -> str:
-        return f"account {self.account!r} (provider {self.provider!r})"
-
-    @contextmanager
-    def client(self) -> Iterator[payonce.Client]:
-        parts = urlsplit(self.base_url)
+    @base_url.validator
+    def _http(self, attribute: attrs.Attribute[str], value: str) -> None:
+        parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             # Not quoted back: whatever was pasted there by mistake may be a secret.
             raise CliError("--base-url must be an http(s) URL")
+
+    def targets(
+        self, records: Callable[[payonce.Journal], list[payonce.IntentRecord]], what: str
+    ) -> tuple[list[Target], Counter[Target]]:
+        """The groups to drive, and what every group holds of ``records``."""
+        with existing_journal(self.journal, read_only=True) as journal:
+            held = holdings(records(journal))
+        return choose(held, self.provider, self.account, what=what), held
+
+    @contextmanager
+    def client(self, target: Target) -> Iterator[payonce.Client]:
         journal = existing_journal_target(self.journal)  # never create one to resume from
         with payonce.Client(
-            base_url=self.base_url, provider=self.provider, account=self.account, journal=journal
+            base_url=self.base_url,
+            provider=target.provider,
+            account=target.account,
+            journal=journal,
         ) as client:
             yield client
+
+    def drive_each(
+        self, targets: Sequence[Target], drive: Callable[[payonce.Client], list[Row]]
+    ) -> tuple[list[Row], list[str]]:
+        """Rows from every group, and why a group could not be driven (no API key for its
+        account, a profile this process does not know). One group named by the options
+        fails as before: the error, exit status 2."""
+        rows: list[Row] = []
+        undriven: list[str] = []
+        for target in targets:
+            try:
+                with self.client(target) as client:
+                    rows += drive(client)
+            except payonce.ConfigurationError as exc:
+                if len(targets) == 1:
+                    raise
+                undriven.append(f"{target.label}: {exc}")
+        return rows, undriven
 
 
 def _connection_options(command: Callable[..., None]) -> Callable[..., None]:
@@ -96,18 +128,16 @@ def _connection_options(command: Callable[..., None]) -> Callable[..., None]:
             "--provider",
             envvar="PAYONCE_PROVIDER",
             show_envvar=True,
-            default="generic",
-            show_default=True,
             help="The provider profile the intents were sent with (stripe, adyen, mollie, "
-            "sandbox, generic, or one your code registered).",
+            "sandbox, generic, or one your code registered). Default: the one provider whose "
+            "intents the journal holds.",
         ),
         click.option(
             "--account",
             envvar="PAYONCE_ACCOUNT",
             show_envvar=True,
-            default="default",
-            show_default=True,
-            help="The account whose intents to drive; also picks its key in the keyring.",
+            help="The account whose intents to drive; also picks its key in the keyring. "
+            "Default: every account with intents to drive.",
         ),
         journal_option,
     ]
@@ -121,8 +151,17 @@ def _show_progress(as_json: bool) -> bool:
     return not as_json and console().is_terminal
 
 
-def _finish(rows: Sequence[Row], *, verb: str, title: str, nothing: str, as_json: bool) -> None:
-    """Print the results and the summary line; exit 1 if an intent still needs attention."""
+def _finish(
+    rows: Sequence[Row],
+    undriven: Sequence[str],
+    *,
+    verb: str,
+    title: str,
+    nothing: str,
+    as_json: bool,
+) -> None:
+    """Print the results, what could not be driven, and the summary line; exit 1 unless
+    everything targeted is settled."""
     line = summary(verb, rows) if rows else nothing
     if as_json:
         echo_json([row.to_json() for row in rows])
@@ -132,7 +171,9 @@ def _finish(rows: Sequence[Row], *, verb: str, title: str, nothing: str, as_json
         if rows:
             out.print(rows_table(rows, title=title))
         out.print(Text(line))
-    if any(row.needs_attention for row in rows):
+    for reason in undriven:
+        click.echo(f"error: not driven: {reason}", err=True)
+    if undriven or any(row.needs_attention for row in rows):
         raise click.exceptions.Exit(1)
 
 
@@ -147,21 +188,36 @@ def resume(connection: _Connection, as_json: bool) -> None:
     that may have reached the provider longer ago than the provider keeps keys is not
     resent: it goes unknown, for `payonce reconcile`.
 
-    Exits 1 if an intent is still pending (the provider was unreachable, or refused the
-    API key) or unknown.
+    Without --provider and --account, every account of the provider whose pending
+    intents the journal holds (several providers: name one, each has its own base URL).
+
+    Exits 0 when everything it targeted is settled; 1 if an intent is still pending (the
+    provider was unreachable, or refused the API key) or unknown, or an account could not
+    be driven (no API key, a profile this process does not know); 2 on a usage error.
     """
-    with connection.client() as client:
+    pending = [payonce.IntentState.PENDING]
+    targets, held = connection.targets(lambda j: j.list_intents(states=pending), "pending intents")
+
+    def drive(client: payonce.Client) -> list[Row]:
         total = len(client.journal.pending(account=client.account, provider=client.provider.name))
         with progress(console(), "resuming", total, enabled=_show_progress(as_json)) as advance:
             results = client.resume(on_result=lambda _: advance())
-        rows = [resume_row(result, client.journal) for result in results]
+        return [resume_row(result, client.journal) for result in results]
+
+    rows, undriven = connection.drive_each(targets, drive)
     _finish(
         rows,
+        undriven,
         verb="resumed",
         title=f"{len(rows)} resumed intent(s)",
-        nothing=f"nothing to resume: no pending intent of {connection.label}",
+        nothing=f"nothing to resume: no pending intent of {_labels(targets)}"
+        + elsewhere(held, targets),
         as_json=as_json,
     )
+
+
+def _labels(targets: Sequence[Target]) -> str:
+    return ", ".join(target.label for target in targets) or "any account in the journal"
 
 
 def _check_named(client: payonce.Client, key_or_reference: str) -> None:
@@ -196,12 +252,28 @@ def reconcile(
     sends it once); or it cannot tell (still unknown, with the reason: check by hand,
     then `payonce abandon`). Intents in other states are skipped.
 
-    Exits 1 if an intent is still unknown.
+    Without --provider and --account: the groups the named intent belongs to, or for --all
+    every account of the provider whose unknown intents the journal holds.
+
+    Exits 0 when everything it targeted is settled; 1 if an intent is still unknown, went
+    back to pending (run `payonce resume`), or an account could not be driven; 2 on a
+    usage error.
     """
     if (key_or_reference is None) == (not every):
         raise click.UsageError("give either one KEY_OR_REFERENCE or --all")
     show = every and _show_progress(as_json)
-    with connection.client() as client:
+    if key_or_reference is not None:
+        named = key_or_reference
+        targets, held = connection.targets(lambda j: j.find(named), f"intents named {named!r}")
+        if not targets:
+            raise NotFound(f"no intent with key or reference {named!r}")
+    else:
+        unknown = [payonce.IntentState.UNKNOWN]
+        targets, held = connection.targets(
+            lambda j: j.list_intents(states=unknown), "unknown intents"
+        )
+
+    def drive(client: payonce.Client) -> list[Row]:
         if key_or_reference is not None:
             _check_named(client, key_or_reference)
             results = client.reconcile(key_or_reference)
@@ -209,11 +281,15 @@ def reconcile(
             total = len(client.unknown())
             with progress(console(), "reconciling", total, enabled=show) as advance:
                 results = client.reconcile_all(on_result=lambda _: advance())
-        rows = [reconcile_row(result) for result in results]
+        return [reconcile_row(result) for result in results]
+
+    rows, undriven = connection.drive_each(targets, drive)
     _finish(
         rows,
+        undriven,
         verb="reconciled",
         title=f"{len(rows)} reconciled intent(s)",
-        nothing=f"nothing to reconcile: no unknown intent of {connection.label}",
+        nothing=f"nothing to reconcile: no unknown intent of {_labels(targets)}"
+        + elsewhere(held, targets),
         as_json=as_json,
     )

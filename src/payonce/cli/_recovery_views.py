@@ -62,10 +62,9 @@ class Row:
 
     @property
     def needs_attention(self) -> bool:
-        """Still unknown, or (after resume) still not sent: the run did not go well."""
-        if self.after is payonce.IntentState.UNKNOWN:
-            return True
-        return self.outcome is None and self.after is payonce.IntentState.PENDING
+        """Not settled: still unknown, or pending (not sent by resume, or put back to
+        pending by reconcile and waiting for `payonce resume`)."""
+        return self.category in ("pending", "unknown")
 
     def to_json(self) -> dict[str, Any]:
         document: dict[str, Any] = {"key": self.key, "reference": self.reference}
