@@ -10,6 +10,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import click
+from rich import box
+from rich.table import Table
+from rich.text import Text
 
 import payonce
 
@@ -28,6 +31,7 @@ from ._common import (
     shown,
 )
 from ._report import report_json, report_view
+from ._tables import print_table
 
 __all__ = ["journal_group", "parse_duration", "prune"]
 
@@ -312,14 +316,38 @@ def _show_dry_run(
         ]
         echo_json(report)
         return
-    click.echo(
+    out = console()
+
+    def say(line: str) -> None:
+        if out.is_terminal:
+            out.print(Text(line))
+        else:  # piped, stdout holds the sample's lines alone, for grep and cut
+            click.echo(line, err=True)
+
+    say(
         f"would prune {count} intent(s) {_which(include_unacknowledged)} "
         f"before {iso(cutoff, precise=False)} from {location}"
     )
-    for record in sample:
-        click.echo(
-            f"  {record.key}  {record.state.value:<9}  {record.provider}  "
-            f"{iso(record.updated_at, precise=False)}  {shown(record.reference or '-')}"
-        )
+    if sample:
+        table = _sample_table(sample)
+        print_table(out, [table], fields=table)
     if count > len(sample):
-        click.echo(f"  ... and {count - len(sample)} more")
+        say(f"... and {count - len(sample)} more")
+
+
+def _sample_table(sample: list[payonce.IntentRecord]) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("key", no_wrap=True)
+    table.add_column("state", no_wrap=True)
+    table.add_column("provider", overflow="fold")
+    table.add_column("updated (UTC)", no_wrap=True)
+    table.add_column("reference", overflow="fold")
+    for record in sample:
+        table.add_row(
+            Text(shown(record.key)),
+            Text(record.state.value),
+            Text(shown(record.provider)),
+            Text(iso(record.updated_at, precise=False) or ""),
+            Text(shown(record.reference)),
+        )
+    return table
