@@ -43,6 +43,7 @@ COMMANDS = [
     ("journal",),
     ("journal", "backup"),
     ("journal", "check"),
+    ("journal", "migrate"),
     ("keys",),
     ("keys", "delete"),
     ("keys", "list"),

@@ -134,7 +134,7 @@ def test_a_key_set_with_the_cli_is_used_by_a_client(
         PAYONCE_JOURNAL=str(journal_path),
     )
     assert resumed.exit_code == 0, resumed.output
-    assert "nothing to resume" in resumed.stdout
+    assert "nothing to resume" in resumed.stderr
     assert DEFAULT_API_KEY not in resumed.stdout + resumed.stderr
 
 

@@ -77,7 +77,9 @@ def _json(result: Result) -> Any:
 
 
 def _summary(result: Result) -> str:
-    return result.stdout.strip().splitlines()[-1]
+    """The summary line: piped, as under the runner, it goes to stderr, first, and stdout
+    holds the records alone."""
+    return result.stderr.splitlines()[0]
 
 
 # -- resume -----------------------------------------------------------------------------------
@@ -102,7 +104,7 @@ def test_resume_finishes_what_a_dead_worker_left_pending_under_the_same_key(
 
     again = _run(["resume"], env)
     assert again.exit_code == 0
-    assert "nothing to resume" in again.stdout
+    assert "nothing to resume" in again.stderr
 
 
 def test_resume_json_is_a_list_of_results_and_the_summary_goes_to_stderr(
@@ -154,7 +156,8 @@ def test_resume_only_touches_its_account(
     leave_pending(make_client, "order-x")
     result = _run(["resume", "--account", "acct_other"], env)
     assert result.exit_code == 0
-    assert "nothing to resume: no pending intent of account 'acct_other'" in result.stdout
+    assert "nothing to resume: no pending intent of account 'acct_other'" in result.stderr
+    assert result.stdout == ""
     assert sandbox.store.total_executions() == 1
 
 
@@ -198,7 +201,8 @@ def test_an_account_without_an_api_key_is_named_and_the_others_are_driven(
     )
 
     assert result.exit_code == 1, result.output
-    (line,) = result.stderr.splitlines()
+    summary, line = result.stderr.splitlines()
+    assert summary.startswith("resumed 1 intent(s): 1 settled")
     assert line.startswith("error: not driven: account 'acct_other' (provider 'sandbox'): ")
     assert "no API key for account 'acct_other'" in line
     assert _state(journal_path, ours.key).state is payonce.IntentState.SUCCEEDED
@@ -229,9 +233,10 @@ def test_nothing_for_the_account_named_says_where_the_work_is(
     result = _run(["resume", "--account", "acct_other"], env)
 
     assert result.exit_code == 0, "what it was asked to drive is settled"
-    assert result.stdout.startswith("nothing to resume: no pending intent of account")
+    assert result.stdout == ""
+    assert result.stderr.startswith("nothing to resume: no pending intent of account")
     assert "the journal holds some of --provider sandbox --account acct_demo (1)" in " ".join(
-        result.stdout.split()
+        result.stderr.split()
     )
 
 
@@ -258,8 +263,7 @@ def test_reconcile_settles_an_unknown_intent_the_provider_executed(
     result = _run(["reconcile", "order-1"], env)
 
     assert result.exit_code == 0, result.output
-    assert "found" in result.stdout
-    assert "unknown → succeeded" in result.stdout
+    assert f"{record.key}\torder-1\tunknown\tsucceeded\tfound\t" in result.stdout
     assert _summary(result) == (
         "reconciled 1 intent(s): 1 settled (1 succeeded), 0 back to pending, 0 still unknown"
     )
@@ -351,15 +355,18 @@ def test_reconcile_table_and_summary(
     result = _run(["reconcile", "--all"], env)
 
     assert result.exit_code == 1, "one is back to pending: not settled until resumed"
-    assert "2 reconciled intent(s)" in result.stdout
-    assert "unknown → pending" in result.stdout
+    header, *lines = result.stdout.splitlines()
+    assert header == "key\treference\tbefore\tafter\toutcome\tdetail"
+    assert len(lines) == 2
+    assert "\torder-t2\tunknown\tpending\tnot_found\t" in result.stdout
     assert "\x1b" not in result.stdout  # not a terminal: no styling and no progress bar
     assert _summary(result) == (
         "reconciled 2 intent(s): 1 settled (1 succeeded), 1 back to pending, 0 still unknown"
     )
     nothing = _run(["reconcile", "--all"], env)
     assert nothing.exit_code == 0
-    assert nothing.stdout.startswith("nothing to reconcile: no unknown intent")
+    assert nothing.stdout == ""
+    assert nothing.stderr.startswith("nothing to reconcile: no unknown intent")
 
 
 def test_a_progress_bar_only_on_a_terminal_and_never_in_json(
@@ -438,7 +445,7 @@ def test_only_intents_of_the_given_provider_are_reconciled(
 
     other = _run(["reconcile", "--all", "--provider", "generic"], env)
     assert other.exit_code == 0
-    assert "no unknown intent of account 'acct_demo' (provider 'generic')" in other.stdout
+    assert "no unknown intent of account 'acct_demo' (provider 'generic')" in other.stderr
     named = _run(["reconcile", "order-s", "--provider", "generic"], env)
     assert named.exit_code == 1
     assert "--account acct_demo --provider sandbox" in named.stderr
@@ -673,8 +680,12 @@ def test_ack_lists_and_acknowledges_settled_outcomes(
         (second, "succeeded"),
     ]
     table = _run(["ack", "--list", *where])
-    assert "2 settled intent(s) not acknowledged yet" in table.stdout
-    assert first in table.stdout
+    header, *lines = table.stdout.splitlines()  # piped: a header, then a record a line
+    assert header.startswith("key\treference\tstate\t")
+    assert [line.split("\t")[:3] for line in lines] == [
+        [first, "order-20", "succeeded"],
+        [second, "order-21", "succeeded"],
+    ]
 
     acked = _run(["ack", first, *where])
     assert acked.exit_code == 0, acked.output
@@ -684,7 +695,8 @@ def test_ack_lists_and_acknowledges_settled_outcomes(
 
     assert _json(_run(["ack", "--list", "--json", "--account", "acct_other", *where])) == []
     assert _run(["ack", second, *where]).exit_code == 0
-    assert _run(["ack", "--list", *where]).stdout == "no unacknowledged intents\n"
+    nothing = _run(["ack", "--list", *where])
+    assert (nothing.stdout, nothing.stderr) == ("", "no unacknowledged intents\n")
 
 
 def test_ack_refuses_what_is_not_settled_and_goes_on_with_the_rest(

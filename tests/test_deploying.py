@@ -109,7 +109,8 @@ def test_the_alert_counts_are_zero_when_healthy_and_count_what_needs_a_look(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     long_ago = time.time() - 20 * 60
-    _run_block("def payment_alerts(")  # a new journal: all is well
+    make_client().close()  # the service started: its journal exists, and holds nothing yet
+    _run_block("def payment_alerts(")  # the check opens it read-only: all is well
     assert (
         capsys.readouterr().out
         == "{'unknown': 0, 'pending_too_long': 0, 'unacknowledged_too_long': 0}\n"

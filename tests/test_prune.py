@@ -278,8 +278,14 @@ def test_the_command_shows_prunes_and_reports(tmp_path: Path) -> None:
     assert (report["intents"], report["dry_run"]) == (3, True)
     assert sorted(i["key"] for i in report["sample"]) == ["key-00000", "key-00001", "key-00002"]
     listed = runner.invoke(cli, [*base, "--dry-run"])
-    assert listed.output.startswith("would prune 3 intent(s)")
-    assert "key-00002  succeeded" in listed.output
+    assert listed.stderr.startswith("would prune 3 intent(s)")
+    header, *lines = listed.stdout.splitlines()  # piped: a header, then a record a line
+    assert header == "key\tstate\tprovider\tupdated_utc\treference"
+    assert [line.split("\t")[:2] for line in lines] == [
+        ["key-00000", "succeeded"],
+        ["key-00001", "succeeded"],
+        ["key-00002", "succeeded"],
+    ]
 
     done = runner.invoke(cli, [*base, "--yes"])
     assert done.exit_code == 0, done.output

@@ -31,11 +31,13 @@ __all__ = [
     "AFTER_SEND",
     "BEFORE_SEND",
     "FOREIGN_KEY_DAMAGE",
+    "NOT_A_JOURNAL_YET",
     "NO_SEND",
     "Cursor",
     "Engine",
     "Tx",
     "migrate",
+    "schema_found",
 ]
 
 T = TypeVar("T")
@@ -50,6 +52,11 @@ AFTER_SEND = (
 NO_SEND = "nothing was changed. Retry later"
 FOREIGN_KEY_DAMAGE = "foreign key violation"
 """How a storage check words a row that lost the row it points to: the file itself reads."""
+NOT_A_JOURNAL_YET = (
+    "not a payonce journal yet: it has no payonce tables (an empty file, say). A payonce "
+    "client creates them when it first opens it to write; a read-only open never does, and "
+    "left it as it was"
+)
 
 
 class Cursor(Protocol):
@@ -89,32 +96,42 @@ class Tx:
         return [tuple(row) for row in self._cursor.fetchall()]
 
 
+def schema_found(tx: Tx, *, refuse: Callable[[str], JournalError]) -> int:
+    """The schema version of the journal ``tx`` reads: 0 when it has no payonce tables yet.
+
+    ``refuse(message)`` makes the error raised for a store that belongs to another
+    application or to a newer payonce.
+    """
+    if tx.one(tx.dialect.has_relation, ("payonce_meta",)) is None:
+        return 0
+    meta = dict(tx.all(sql.META))
+    if meta.get("application") != APPLICATION:
+        raise refuse(
+            "its payonce_meta table belongs to another application, not to payonce; "
+            "payonce will not write to it"
+        )
+    try:
+        version = int(meta.get("schema_version", "0"))
+    except ValueError:
+        raise refuse(
+            f"its schema version {meta.get('schema_version')!r} is not a number; the "
+            "journal is damaged: restore it from a backup"
+        ) from None
+    if version > SCHEMA_VERSION:
+        raise refuse(
+            f"the journal was written by a newer payonce (schema {version}, this payonce "
+            f"knows {SCHEMA_VERSION}); upgrade payonce to use it"
+        )
+    return version
+
+
 def migrate(tx: Tx, *, target: int = SCHEMA_VERSION, refuse: Callable[[str], JournalError]) -> int:
     """Bring the journal's schema to ``target`` inside the caller's transaction.
 
     Returns the version found. ``refuse(message)`` makes the error raised for a store that
     belongs to another application or to a newer payonce; nothing is written then.
     """
-    version = 0
-    if tx.one(tx.dialect.has_relation, ("payonce_meta",)) is not None:
-        meta = dict(tx.all(sql.META))
-        if meta.get("application") != APPLICATION:
-            raise refuse(
-                "its payonce_meta table belongs to another application, not to payonce; "
-                "payonce will not write to it"
-            )
-        try:
-            version = int(meta.get("schema_version", "0"))
-        except ValueError:
-            raise refuse(
-                f"its schema version {meta.get('schema_version')!r} is not a number; the "
-                "journal is damaged: restore it from a backup"
-            ) from None
-    if version > SCHEMA_VERSION:
-        raise refuse(
-            f"the journal was written by a newer payonce (schema {version}, this payonce "
-            f"knows {SCHEMA_VERSION}); upgrade payonce to use it"
-        )
+    version = schema_found(tx, refuse=refuse)
     migrations = tx.dialect.migrations
     for number in range(version + 1, target + 1):
         for statement in migrations[number - 1]:
@@ -134,6 +151,10 @@ class Engine(abc.ABC):
 
     _dialect: sql.Dialect
     _commit_watchers: tuple[Callable[[JournalCommitted], None], ...] = ()
+    _read_only: bool = False
+    _schema_version: int = SCHEMA_VERSION
+    """A writer migrates the journal to this payonce's schema on open; a read-only journal
+    keeps the version it was found at (0: no payonce tables yet)."""
 
     @property
     @abc.abstractmethod
@@ -202,6 +223,27 @@ class Engine(abc.ABC):
 
     def _refuse(self, kind: str) -> Callable[[str], JournalError]:
         return lambda why: self._error(f"this {kind} is not a usable payonce journal: {why}")
+
+    def _refuse_writes(self) -> None:
+        if self._read_only:
+            raise self._error(
+                "this journal was opened read-only: open it again without read_only=True "
+                "to change it"
+            )
+
+    def _cannot_read(self) -> JournalError | None:
+        """Why a read of a read-only journal found a table or column missing, when its
+        schema says why: none yet, or an older one this payonce would have migrated."""
+        if not self._read_only or self._schema_version >= SCHEMA_VERSION:
+            return None  # the parts its schema promises are gone: damage, said as such
+        if self._schema_version == 0:
+            return self._error(NOT_A_JOURNAL_YET)
+        return self._error(
+            f"the journal has schema {self._schema_version}, older than this read needs "
+            f"(this payonce writes schema {SCHEMA_VERSION}), and a read-only open never "
+            "migrates it: run payonce journal migrate, or let a payonce client open it, "
+            "which migrates it, then read it again"
+        )
 
     # -- intents ---------------------------------------------------------------------------
 

@@ -53,6 +53,7 @@ def open_journal(
     *,
     busy_timeout: float = 5.0,
     check_integrity: bool = True,
+    read_only: bool = False,
 ) -> Journal:
     """A journal from an instance, a path, a ``postgresql://`` URL, or the default location.
 
@@ -60,6 +61,10 @@ def open_journal(
     is created on demand: an explicit path whose directory is missing is far more likely a
     typo than a wish. ``check_integrity=False`` skips the check on open (SQLite's
     ``PRAGMA quick_check`` reads the whole file: 1.5 s at a million intents): for readers.
+
+    ``read_only=True`` is for those who only look (monitoring, ``payonce intents list``):
+    the journal must exist, and is never created, migrated or locked for writing; an older
+    schema is read as it is. Its writes raise ``JournalError``.
     """
     if journal is not None and not isinstance(journal, str | os.PathLike):
         if not isinstance(journal, Journal):
@@ -77,7 +82,10 @@ def open_journal(
         journal = os.environ[JOURNAL_ENV]
     if isinstance(journal, str) and is_postgres_url(journal):
         return postgres_journal_class()(
-            journal, busy_timeout=busy_timeout, check_integrity=check_integrity
+            journal,
+            busy_timeout=busy_timeout,
+            check_integrity=check_integrity,
+            read_only=read_only,
         )
     if journal is None:
         from_env = bool(os.environ.get(JOURNAL_ENV))
@@ -86,8 +94,11 @@ def open_journal(
             busy_timeout=busy_timeout,
             create_directories=not from_env,
             check_integrity=check_integrity,
+            read_only=read_only,
         )
-    return SQLiteJournal(journal, busy_timeout=busy_timeout, check_integrity=check_integrity)
+    return SQLiteJournal(
+        journal, busy_timeout=busy_timeout, check_integrity=check_integrity, read_only=read_only
+    )
 
 
 def open_store(
@@ -103,6 +114,11 @@ def open_store(
     is refused with ``ConfigurationError`` before anything is sent.
     """
     opened = open_journal(journal, busy_timeout=busy_timeout, check_integrity=check_integrity)
+    if opened.read_only:
+        raise ConfigurationError(
+            "journal= was opened with read_only=True: a client writes intents to its journal, "
+            "so give it a path, a URL or a journal opened for writing"
+        )
     if not isinstance(opened, IntentStore):
         # Only an object the caller gave can fail this (a path always opens a store), so
         # it is the caller's to close.

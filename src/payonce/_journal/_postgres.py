@@ -35,7 +35,7 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 from .._fork import ForkGuard
 from ..errors import ConfigurationError, JournalError
 from . import _sql as sql
-from ._engine import BEFORE_SEND, NO_SEND, Tx, migrate
+from ._engine import BEFORE_SEND, NO_SEND, Tx, migrate, schema_found
 from ._postgres_url import Target
 from ._store import IntentStore
 
@@ -65,6 +65,12 @@ class PostgresJournal(IntentStore):
     connection; ``pool_size`` is the most connections this journal holds at once.
 
     ``location`` is the URL without its password, which appears in no message or log.
+
+    ``read_only`` runs every session with ``default_transaction_read_only``: the journal's
+    tables and schema are never created or migrated and no lock is taken to migrate them, so
+    it reads while writers hold rows. A journal of an older schema is read as it is; a read
+    that needs what only a newer schema has raises ``JournalError`` saying so, and so do
+    writes.
     """
 
     _dialect = sql.POSTGRES
@@ -78,7 +84,9 @@ class PostgresJournal(IntentStore):
         pool_size: int = 10,
         connect_timeout: float = 10.0,
         check_integrity: bool = True,
+        read_only: bool = False,
     ) -> None:
+        self._read_only = read_only
         target = Target(url)
         self._target = target
         self._schema = schema if schema is not None else target.schema
@@ -149,7 +157,13 @@ class PostgresJournal(IntentStore):
         with conn:
             try:
                 self._configure(conn)
-                self._run(conn, self._migrate, begin="BEGIN", busy=BEFORE_SEND)
+                if self._read_only:
+                    self._schema_version = self._run(
+                        conn, self._inspect, begin="BEGIN READ ONLY", busy=NO_SEND
+                    )
+                    check = check and self._schema_version > 0
+                else:
+                    self._run(conn, self._migrate, begin="BEGIN", busy=BEFORE_SEND)
                 if check:
                     self._run(conn, self._verify, begin=None, busy=NO_SEND)
             except psycopg.Error as exc:
@@ -162,6 +176,13 @@ class PostgresJournal(IntentStore):
                 f"open one within {connect_timeout:g}s"
             ) from None
 
+    def _kind(self) -> str:
+        return f"PostgreSQL schema {self._schema}" if self._schema else "PostgreSQL database"
+
+    def _inspect(self, tx: Tx) -> int:
+        """The schema version found, for a read-only journal: no lock, nothing created."""
+        return schema_found(tx, refuse=self._refuse(self._kind()))
+
     def _migrate(self, tx: Tx) -> None:
         # Hosts starting together would otherwise race to create the same tables.
         tx.one(
@@ -172,9 +193,8 @@ class PostgresJournal(IntentStore):
             "SELECT 1 FROM pg_namespace WHERE nspname = ?", (self._schema,)
         ):
             tx.execute(f'CREATE SCHEMA "{self._schema}"')
-        kind = f"PostgreSQL schema {self._schema}" if self._schema else "PostgreSQL database"
         try:
-            migrate(tx, refuse=self._refuse(kind))
+            migrate(tx, refuse=self._refuse(self._kind()))
         except pg_errors.DuplicateTable as exc:
             raise self._error(
                 f"the database already has a table or index payonce needs the name of "
@@ -191,8 +211,16 @@ class PostgresJournal(IntentStore):
             " set_config('lock_timeout', %s, false),"
             " set_config('statement_timeout', %s, false),"
             " set_config('idle_in_transaction_session_timeout', %s, false),"
-            " set_config('search_path', coalesce(%s, current_setting('search_path')), false)",
-            (ms, safety, safety, f'"{self._schema}"' if self._schema else None),
+            " set_config('search_path', coalesce(%s, current_setting('search_path')), false),"
+            " set_config('default_transaction_read_only',"
+            " coalesce(%s, current_setting('default_transaction_read_only')), false)",
+            (
+                ms,
+                safety,
+                safety,
+                f'"{self._schema}"' if self._schema else None,
+                "on" if self._read_only else None,  # a writer keeps what the DBA set
+            ),
         ).fetchone()
         assert row is not None
         synchronous_commit, fsync = row[0], row[1]
@@ -211,6 +239,7 @@ class PostgresJournal(IntentStore):
     # -- transactions ----------------------------------------------------------------------
 
     def _write(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T:
+        self._refuse_writes()
         begin = "BEGIN" if durable else "BEGIN; SET LOCAL synchronous_commit = off"
         if self._commit_watchers:
             return self._timed_write(lambda: self._transact(work, begin=begin, busy=busy), durable)
@@ -287,6 +316,9 @@ class PostgresJournal(IntentStore):
         return self._target.redact(text)
 
     def _translate(self, exc: psycopg.Error, busy: str) -> JournalError:
+        missing = isinstance(exc, pg_errors.UndefinedTable | pg_errors.UndefinedColumn)
+        if missing and (reason := self._cannot_read()) is not None:
+            return reason
         if isinstance(exc, pg_errors.QueryCanceled):
             return self._error(
                 f"a journal statement ran for more than {self._safety_timeout:g}s and was "

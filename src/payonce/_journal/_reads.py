@@ -23,7 +23,7 @@ from .._lifecycle._key_age import PRUNE_AFTER_KEY_LIFETIMES
 from .._providers._profile import key_lifetime_of
 from ..errors import IntentInFlight
 from . import _sql as sql
-from ._engine import FOREIGN_KEY_DAMAGE, NO_SEND, Engine, Tx
+from ._engine import FOREIGN_KEY_DAMAGE, NO_SEND, NOT_A_JOURNAL_YET, Engine, Tx
 from ._inbox import (
     LIST_EVENTS,
     NOTHING_CHANGED,
@@ -38,6 +38,7 @@ from ._records import (
     JournalReport,
     ReconciliationRecord,
 )
+from ._schema import parts_at
 
 __all__ = ["Journal"]
 
@@ -69,6 +70,18 @@ class Journal(Engine):
 
     @abc.abstractmethod
     def close(self) -> None: ...
+
+    @property
+    def read_only(self) -> bool:
+        """Opened with ``read_only=True``: never created, migrated or written through."""
+        return self._read_only
+
+    @property
+    def schema_version(self) -> int:
+        """The journal's schema version. A journal opened to write has this payonce's (it
+        migrated it on open); a read-only one has the version it was found at, 0 when the
+        store holds no payonce tables yet."""
+        return self._schema_version
 
     def reconciliations(self, key: str) -> list[ReconciliationRecord]:
         rows = self._read(lambda tx: tx.all(sql.RECONCILIATIONS + tx.dialect.tiebreak, (key,)))
@@ -264,18 +277,24 @@ class Journal(Engine):
     # -- operating --------------------------------------------------------------------------
 
     def _missing_parts(self, tx: Tx) -> list[str]:
-        """What the statements need and the journal lacks (nothing, for an intact one)."""
+        """What the statements need, the journal's schema version promises, and the journal
+        lacks (nothing, for an intact one). An older schema's journal does not lack what
+        only later migrations add: a writer adds it when it opens the journal."""
+        promised = parts_at(self._schema_version)
         problems = []
         for table, needed in sql.needed_columns().items():
+            owed = [c for c in needed if c in promised.columns.get(table, ())]
+            if not owed:
+                continue
             present = self._present_columns(tx, table)
             if not present:
                 problems.append(f"table {table} is missing")
-            elif missing := [c for c in needed if c not in present]:
+            elif missing := [c for c in owed if c not in present]:
                 problems.append(f"table {table} lacks column(s) {', '.join(missing)}")
         problems += [
             f"index {index} is missing"
             for index in sql.NEEDED_INDEXES
-            if tx.one(tx.dialect.has_relation, (index,)) is None
+            if index in promised.indexes and tx.one(tx.dialect.has_relation, (index,)) is None
         ]
         return problems
 
@@ -291,6 +310,16 @@ class Journal(Engine):
         """Integrity, schema and contents, read at one instant (writers are not blocked)."""
 
         def work(tx: Tx) -> JournalReport:
+            if self._schema_version == 0:
+                return JournalReport(
+                    location=self.location,
+                    ok=False,
+                    problems=(NOT_A_JOURNAL_YET,),
+                    schema_version=0,
+                    intents_by_state={},
+                    unacknowledged=0,
+                    size_bytes=self._size_bytes(tx),
+                )
             storage = [p for p in self._storage_problems(tx) if p != "ok"]
             missing = self._missing_parts(tx)
             problems = storage + missing
@@ -303,8 +332,11 @@ class Journal(Engine):
             else:
                 meta = dict(tx.all(sql.META))
                 by_state = {str(s): int(n) for s, n in tx.all(sql.COUNT_BY_STATE)}
-                row = tx.one(sql.COUNT_UNACKNOWLEDGED, _SETTLED)
-                unacknowledged = int(row[0]) if row else 0
+                if "acknowledged_at" in self._present_columns(tx, "intents"):
+                    row = tx.one(sql.COUNT_UNACKNOWLEDGED, _SETTLED)
+                    unacknowledged = int(row[0]) if row else 0
+                else:  # schema 1 predates acknowledgements: no outcome was ever acknowledged
+                    unacknowledged = sum(by_state.get(state, 0) for state in _SETTLED)
             try:
                 version = int(meta.get("schema_version", 0))
             except ValueError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 
 from .._lifecycle import ClaimKind, IntentState, lease_live
+from ._schema import SCHEMA_VERSION
 
 __all__ = [
     "AttemptRecord",
@@ -117,6 +118,9 @@ class JournalReport:
     intents_by_state: dict[str, int]
     unacknowledged: int
     size_bytes: int
+    latest_schema_version: int = SCHEMA_VERSION
+    """This payonce's schema: a journal below it is read as it is, and migrated by the next
+    payonce that opens it to write."""
 
 
 @attrs.frozen

@@ -10,9 +10,21 @@ renders them (SQLite keeps the names its journals have always had on disk).
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import sqlite3
 from collections.abc import Mapping
 
-__all__ = ["APPLICATION", "MIGRATIONS", "SCHEMA_VERSION", "render_migrations"]
+import attrs
+
+__all__ = [
+    "APPLICATION",
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "SchemaParts",
+    "parts_at",
+    "render_migrations",
+]
 
 APPLICATION = "payonce"
 
@@ -115,3 +127,34 @@ SCHEMA_VERSION = len(MIGRATIONS)
 def render_migrations(types: Mapping[str, str]) -> tuple[tuple[str, ...], ...]:
     """The migrations with ``{BLOB}`` and ``{REAL}`` spelled as one dialect spells them."""
     return tuple(tuple(statement.format_map(types) for statement in step) for step in MIGRATIONS)
+
+
+@attrs.frozen
+class SchemaParts:
+    """The tables (with their columns) and indexes a journal of one schema version has."""
+
+    columns: Mapping[str, frozenset[str]]
+    indexes: frozenset[str]
+
+
+@functools.cache
+def parts_at(version: int) -> SchemaParts:
+    """What migrations 1 to ``version`` create, read back from a scratch SQLite database.
+
+    Read back rather than parsed from the statements, so this can never disagree with them.
+    The names are the same in every dialect; only two column types differ.
+    """
+    with contextlib.closing(sqlite3.connect(":memory:")) as scratch:
+        for step in render_migrations({"BLOB": "BLOB", "REAL": "REAL"})[:version]:
+            for statement in step:
+                scratch.execute(statement)
+        catalog = scratch.execute("SELECT type, name FROM sqlite_master").fetchall()
+        tables = [name for kind, name in catalog if kind == "table"]
+        columns = {
+            table: frozenset(row[1] for row in scratch.execute(f"PRAGMA table_info({table})"))
+            for table in tables
+        }
+    indexes = frozenset(
+        name for kind, name in catalog if kind == "index" and not name.startswith("sqlite_")
+    )
+    return SchemaParts(columns=columns, indexes=indexes)

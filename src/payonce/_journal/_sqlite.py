@@ -28,7 +28,7 @@ from typing import TypeVar
 from .._fork import ForkGuard
 from ..errors import JournalError
 from . import _sql as sql
-from ._engine import BEFORE_SEND, FOREIGN_KEY_DAMAGE, NO_SEND, Tx, migrate
+from ._engine import BEFORE_SEND, FOREIGN_KEY_DAMAGE, NO_SEND, Tx, migrate, schema_found
 from ._group_commit import GroupCommit
 from ._store import IntentStore
 
@@ -52,6 +52,12 @@ class SQLiteJournal(GroupCommit, IntentStore):
     time together, sharing one fsync, with each caller's write still durable before it
     returns; one writer alone commits as without it. ``check_integrity`` runs ``PRAGMA
     quick_check`` on open, which reads the whole file: readers of a big journal may skip it.
+
+    ``read_only`` opens an existing file for reading only (SQLite's ``mode=ro``): it is
+    never created, migrated, switched to WAL mode or locked for writing, so it reads the
+    last committed state while a writer holds the journal, and an empty file stays empty.
+    A journal of an older schema is read as it is; a read that needs what only a newer
+    schema has raises ``JournalError`` saying so. Writes raise ``JournalError``.
     """
 
     _dialect = sql.SQLITE
@@ -64,8 +70,10 @@ class SQLiteJournal(GroupCommit, IntentStore):
         create_directories: bool = False,
         check_integrity: bool = True,
         group_commit: bool = True,
+        read_only: bool = False,
     ) -> None:
         self._path = Path(path).expanduser().absolute()
+        self._read_only = read_only
         self._busy_timeout = busy_timeout
         self._fork = ForkGuard()
         self._lock = threading.RLock()
@@ -93,6 +101,8 @@ class SQLiteJournal(GroupCommit, IntentStore):
 
     def _prepare_file(self, create_directories: bool) -> None:
         directory = self._path.parent
+        if self._read_only and not self._path.exists():
+            raise self._error("no journal at this path, and a read-only open never creates one")
         if not directory.is_dir():
             if not create_directories:
                 raise self._error(
@@ -141,7 +151,15 @@ class SQLiteJournal(GroupCommit, IntentStore):
         for path in (self._path, *(self._path.with_name(self._path.name + s) for s in _SIDES)):
             with contextlib.suppress(FileNotFoundError):
                 mode = path.stat().st_mode & 0o777
-                if mode & 0o077:
+                if mode & 0o077 and self._read_only:
+                    logger.warning(
+                        "the journal file %s is readable or writable by other users (mode "
+                        "%o): it holds payment requests and answers. chmod 600 it (payonce "
+                        "does when it opens the journal to write)",
+                        path,
+                        mode,
+                    )
+                elif mode & 0o077:
                     path.chmod(0o600)
                     logger.warning(
                         "the journal file %s was readable or writable by other users (mode "
@@ -151,12 +169,15 @@ class SQLiteJournal(GroupCommit, IntentStore):
                     )
 
     def _connect(self) -> sqlite3.Connection:
+        # A read-only connection cannot write the file, whatever a bug elsewhere might ask.
+        target = f"{self._path.as_uri()}?mode=ro" if self._read_only else str(self._path)
         try:
             conn = sqlite3.connect(
-                self._path,
+                target,
                 timeout=self._busy_timeout,
                 isolation_level=None,
                 check_same_thread=False,
+                uri=self._read_only,
             )
             conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
             conn.execute("PRAGMA foreign_keys = ON")
@@ -193,11 +214,16 @@ class SQLiteJournal(GroupCommit, IntentStore):
                     "this SQLite database is not a payonce journal (it has other tables); "
                     "payonce will not write to it: choose another journal path"
                 )
+            refuse = self._refuse("SQLite database")
+            if self._read_only:
+                self._schema_version = self._read(lambda tx: schema_found(tx, refuse=refuse))
+                if check_integrity and self._schema_version:
+                    self._read(self._verify)
+                return
             mode = self._switch_to_wal()
             if str(mode).lower() != "wal":
                 raise self._error(f"cannot switch the journal to WAL mode (got {mode!r})")
             self._set_synchronous("FULL")
-            refuse = self._refuse("SQLite database")
             self._write(lambda tx: migrate(tx, refuse=refuse), durable=True, busy=BEFORE_SEND)
             if check_integrity:
                 self._read(self._verify)
@@ -236,6 +262,9 @@ class SQLiteJournal(GroupCommit, IntentStore):
 
     def _translate(self, exc: sqlite3.Error, busy: str) -> JournalError:
         message = str(exc)
+        missing = "no such table" in message or "no such column" in message
+        if missing and (reason := self._cannot_read()) is not None:
+            return reason
         if type(exc) is sqlite3.DatabaseError:
             return self._error(
                 f"the journal cannot be read ({exc}); it is damaged or not a payonce "
@@ -252,6 +281,7 @@ class SQLiteJournal(GroupCommit, IntentStore):
         return self._error(f"journal operation failed: {message}", then=busy)
 
     def _write(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T:
+        self._refuse_writes()
         self._in_this_process()
         write = self._write_together if self._group_commit else self._write_alone
         if self._commit_watchers:

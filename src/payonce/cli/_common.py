@@ -115,10 +115,14 @@ def existing_journal(
 ) -> Iterator[payonce.Journal]:
     """Open an existing journal; closed on the way out.
 
-    ``read_only`` commands skip the integrity check on open: it reads the whole file (1.5 s
-    at a million intents), and a reader changes nothing a damaged file could spoil.
+    ``read_only`` commands open it read-only: never created, migrated or locked for writing
+    (an empty file stays empty, and they read while a worker writes). They skip the
+    integrity check on open too: it reads the whole file (1.5 s at a million intents), and
+    a reader changes nothing a damaged file could spoil.
     """
-    journal = payonce.open_journal(existing_journal_target(location), check_integrity=not read_only)
+    journal = payonce.open_journal(
+        existing_journal_target(location), check_integrity=not read_only, read_only=read_only
+    )
     try:
         yield journal
     finally:

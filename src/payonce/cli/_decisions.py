@@ -100,10 +100,11 @@ def ack(
         raise click.UsageError("give the keys or references to acknowledge, or --list")
     if not listing and (as_json or account is not None):
         raise click.UsageError("--json and --account go with --list")
-    with existing_journal(journal_path) as journal:
-        if listing:
+    if listing:
+        with existing_journal(journal_path, read_only=True) as journal:
             _list_unacknowledged(journal, account, as_json=as_json)
-            return
+        return
+    with existing_journal(journal_path) as journal:
         worst = 0
         for named in keys_or_references:
             try:

@@ -11,22 +11,23 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
+import click
 from rich import box
-from rich.console import Group
+from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
 import payonce
 
 from ._common import console, echo_json, iso, redacted, shown
+from ._tables import print_table
 
 __all__ = [
     "STATES",
     "attempt_json",
-    "intent_detail",
     "intent_json",
-    "intents_table",
     "payload_json",
+    "print_intent_detail",
     "print_intents",
     "reconciliation_json",
     "request_target",
@@ -148,40 +149,44 @@ def print_intents(
     nothing: str,
     title: str | None = None,
 ) -> None:
-    """A listing of intents: a JSON array, a table, or the line ``nothing`` if there are none."""
+    """A listing of intents: a JSON array, a table, plain lines when piped, or the line
+    ``nothing`` if there are none (on stderr when piped: stdout holds records alone)."""
     if as_json:
         echo_json([intent_json(r) for r in records])
         return
     out = console()
-    if records:
-        out.print(intents_table(records, width=out.width, title=title))
-    else:
-        out.print(nothing)
-
-
-def intents_table(
-    records: Sequence[payonce.IntentRecord], *, width: int, title: str | None = None
-) -> Table:
+    if not records:
+        if out.is_terminal:
+            out.print(Text(nothing))
+        else:
+            click.echo(nothing, err=True)
+        return
     now = time.time()
-    table = Table(
-        title=title or f"{len(records)} intent(s), newest first",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-    )
-    if width < _WIDE_TABLE:
-        _compact_rows(table, records, now)
-    else:
-        _wide_rows(table, records, now)
-    return table
+    title = title or f"{len(records)} intent(s), newest first"
+    layouts = [_compact_table(records, now, title)]
+    if out.width >= _WIDE_TABLE:
+        layouts.insert(0, _wide_table(records, now, title))
+    print_table(out, layouts, fields=_wide_table(records, now, title, every_field=True))
 
 
-def _wide_rows(table: Table, records: Sequence[payonce.IntentRecord], now: float) -> None:
-    with_lease = any(r.lease_owner for r in records)
-    with_reason = any(r.unknown_reason for r in records)
+def _table(title: str) -> Table:
+    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+
+
+def _wide_table(
+    records: Sequence[payonce.IntentRecord], now: float, title: str, *, every_field: bool = False
+) -> Table:
+    """One line per intent on a wide terminal; ``every_field``: the same fields for every
+    listing (account and provider too), for pipes and for a terminal too narrow for a table."""
+    with_lease = every_field or any(r.lease_owner for r in records)
+    with_reason = every_field or any(r.unknown_reason for r in records)
+    table = _table(title)
     table.add_column("key", no_wrap=True)
     table.add_column("reference", overflow="fold")
     table.add_column("state", no_wrap=True)
+    if every_field:
+        table.add_column("account", overflow="fold")
+        table.add_column("provider", overflow="fold")
     table.add_column("request", overflow="fold")
     table.add_column("attempts", justify="right")
     table.add_column("created (UTC)", no_wrap=True)
@@ -191,10 +196,10 @@ def _wide_rows(table: Table, records: Sequence[payonce.IntentRecord], now: float
         table.add_column("unknown reason", overflow="fold", min_width=10)
     for record in records:
         # Text, not str: a reference such as "[red]" must not be taken for rich markup.
-        cells = [
-            Text(shown(record.key)),
-            Text(shown(record.reference)),
-            state_text(record.state),
+        cells = [Text(shown(record.key)), Text(shown(record.reference)), state_text(record.state)]
+        if every_field:
+            cells += [Text(shown(record.account)), Text(shown(record.provider))]
+        cells += [
             Text(shown(request_target(record))),
             Text(str(record.attempt_count)),
             Text(iso(record.created_at, precise=False) or ""),
@@ -204,11 +209,14 @@ def _wide_rows(table: Table, records: Sequence[payonce.IntentRecord], now: float
         if with_reason:
             cells.append(Text(shown(record.unknown_reason)))
         table.add_row(*cells, style=_ROW_STYLES.get(record.state))
+    return table
 
 
-def _compact_rows(table: Table, records: Sequence[payonce.IntentRecord], now: float) -> None:
-    # Two or more lines per intent, so a narrow terminal folds values instead of cropping.
-    table.add_column("key / reference", overflow="fold", min_width=max(len(r.key) for r in records))
+def _compact_table(records: Sequence[payonce.IntentRecord], now: float, title: str) -> Table:
+    # Two or more lines per intent, for a terminal narrower than the wide table: the key
+    # and the reference whole in the first column, the rest wrapped at words beside them.
+    table = _table(title)
+    table.add_column("key / reference", no_wrap=True)
     table.add_column("state", no_wrap=True)
     table.add_column("attempts", justify="right")
     table.add_column("request / created (UTC)", overflow="fold", min_width=20)
@@ -226,24 +234,53 @@ def _compact_rows(table: Table, records: Sequence[payonce.IntentRecord], now: fl
             Text("\n".join(details)),
             style=_ROW_STYLES.get(record.state),
         )
+    return table
 
 
 # -- one intent in detail ---------------------------------------------------------------------
 
 
-def intent_detail(
+def print_intent_detail(
+    out: Console,
     record: payonce.IntentRecord,
     attempts: Sequence[payonce.journal.AttemptRecord],
     reconciliations: Sequence[payonce.journal.ReconciliationRecord],
     *,
     with_body: bool,
-) -> Group:
-    fields = Table.grid(padding=(0, 2))
-    fields.add_column(style="bold", no_wrap=True)
-    fields.add_column(overflow="fold")
+) -> None:
+    """One intent: its fields, its attempts and reconciliations, and on request its stored
+    request and response. Piped: ``name<TAB>value`` lines, then each table as plain lines
+    after a blank line, then the payloads as they are."""
+    fields = _fields(record)
+    sections = [_attempts_table(attempts)]
+    if reconciliations:
+        sections.append(_reconciliations_table(reconciliations))
+    payloads = _payload_texts(record) if with_body else []
+    if not out.is_terminal:
+        for name, value in fields:
+            click.echo(f"{name}\t{shown(value.plain)}", file=out.file)
+        for table in sections:
+            click.echo("", file=out.file)
+            print_table(out, [table], fields=table)
+        for text in payloads:
+            click.echo(text.plain, file=out.file)
+        click.echo("", file=out.file)
+        return
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(overflow="fold")
+    for name, value in fields:
+        grid.add_row(name, value)
+    out.print(grid, crop=False)  # a key wider than the terminal: the terminal wraps it
+    for table in sections:
+        print_table(out, [table], fields=table)
+    out.print(Group(*payloads, Text("")))
+
+
+def _fields(record: payonce.IntentRecord) -> list[tuple[str, Text]]:
     stored = record.response
     rows: list[tuple[str, Text | str | None]] = [
-        ("key", record.key),
+        ("key", Text(shown(record.key), no_wrap=True, overflow="ignore")),
         ("reference", record.reference),
         ("state", state_text(record.state)),
         ("unknown reason", record.unknown_reason),
@@ -260,21 +297,21 @@ def intent_detail(
         ("response", f"HTTP {stored.status}" if stored else None),
         ("acknowledged", iso(record.acknowledged_at)),
     ]
-    for name, value in rows:
-        if value is not None:
-            fields.add_row(name, value if isinstance(value, Text) else Text(shown(value)))
-    parts: list[Table | Text] = [fields, _attempts_table(attempts)]
-    if reconciliations:
-        parts.append(_reconciliations_table(reconciliations))
-    if with_body:
-        parts.extend(_payload_texts(record))
-    parts.append(Text(""))
-    return Group(*parts)
+    return [
+        (name, value if isinstance(value, Text) else Text(shown(value)))
+        for name, value in rows
+        if value is not None
+    ]
 
 
 def _attempts_table(attempts: Sequence[payonce.journal.AttemptRecord]) -> Table:
-    table = Table(title=f"{len(attempts)} attempt(s)", title_justify="left", box=box.SIMPLE_HEAD)
-    table.add_column("#", justify="right")
+    table = Table(
+        title=f"{len(attempts)} attempt(s)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    table.add_column("attempt", justify="right")
     table.add_column("started (UTC)", no_wrap=True)
     table.add_column("duration", justify="right", no_wrap=True)
     table.add_column("status")
@@ -299,7 +336,10 @@ def _attempts_table(attempts: Sequence[payonce.journal.AttemptRecord]) -> Table:
 
 def _reconciliations_table(entries: Sequence[payonce.journal.ReconciliationRecord]) -> Table:
     table = Table(
-        title=f"{len(entries)} reconciliation(s)", title_justify="left", box=box.SIMPLE_HEAD
+        title=f"{len(entries)} reconciliation(s)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
     )
     table.add_column("at (UTC)", no_wrap=True)
     table.add_column("outcome", no_wrap=True)

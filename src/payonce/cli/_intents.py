@@ -12,9 +12,9 @@ from ._common import JournalLocation, NotFound, console, echo_json, existing_jou
 from ._intent_views import (
     STATES,
     attempt_json,
-    intent_detail,
     intent_json,
     payload_json,
+    print_intent_detail,
     print_intents,
     reconciliation_json,
 )
@@ -90,8 +90,6 @@ def show_intent(
         return
     out = console()
     for record in records:
-        out.print(
-            intent_detail(
-                record, attempts[record.key], reconciliations[record.key], with_body=with_body
-            )
+        print_intent_detail(
+            out, record, attempts[record.key], reconciliations[record.key], with_body=with_body
         )

@@ -10,6 +10,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import click
+from rich import box
+from rich.table import Table
+from rich.text import Text
 
 import payonce
 
@@ -28,13 +31,14 @@ from ._common import (
     shown,
 )
 from ._report import report_json, report_view
+from ._tables import print_table
 
 __all__ = ["journal_group", "parse_duration", "prune"]
 
 
 @click.group("journal")
 def journal_group() -> None:
-    """Check the journal's integrity and back it up."""
+    """Check the journal's integrity, migrate it, and back it up."""
 
 
 @journal_group.command("check")
@@ -49,7 +53,7 @@ def check_journal(journal_path: JournalLocation | None, as_json: bool) -> None:
     """
     target = existing_journal_target(journal_path)
     try:
-        with existing_journal(target) as journal:
+        with existing_journal(target, read_only=True) as journal:
             report = journal.check()
     except payonce.JournalBusy:
         raise
@@ -66,6 +70,33 @@ def check_journal(journal_path: JournalLocation | None, as_json: bool) -> None:
         console().print(report_view(report))
     if not report.ok:
         raise click.exceptions.Exit(1)
+
+
+@journal_group.command("migrate")
+@journal_option
+def migrate_journal(journal_path: JournalLocation | None) -> None:
+    """Bring the journal to this payonce's schema, as a payonce client opening it would.
+
+    Reading commands (intents list and show, ack --list, journal check) never migrate a
+    journal, and read an older schema as it is; this is for one too old for what they need,
+    or to migrate before starting the workers. Migrations only add tables, columns and
+    indexes. A file that is not a payonce journal yet is left alone.
+    """
+    target = existing_journal_target(journal_path)
+    with existing_journal(target, read_only=True) as journal:
+        found = journal.schema_version
+        location = journal.location
+    if found == 0:
+        raise CliError(
+            f"{location} is not a payonce journal yet (it has no payonce tables): nothing to "
+            "migrate. A payonce client creates the journal when it first opens it"
+        )
+    with existing_journal(target) as journal:
+        now = journal.schema_version
+    if found == now:
+        click.echo(f"{location} is at schema {now}, this payonce's: nothing to migrate")
+    else:
+        click.echo(f"migrated {location} from schema {found} to {now}")
 
 
 @journal_group.command("backup")
@@ -285,14 +316,38 @@ def _show_dry_run(
         ]
         echo_json(report)
         return
-    click.echo(
+    out = console()
+
+    def say(line: str) -> None:
+        if out.is_terminal:
+            out.print(Text(line))
+        else:  # piped, stdout holds the sample's lines alone, for grep and cut
+            click.echo(line, err=True)
+
+    say(
         f"would prune {count} intent(s) {_which(include_unacknowledged)} "
         f"before {iso(cutoff, precise=False)} from {location}"
     )
-    for record in sample:
-        click.echo(
-            f"  {record.key}  {record.state.value:<9}  {record.provider}  "
-            f"{iso(record.updated_at, precise=False)}  {shown(record.reference or '-')}"
-        )
+    if sample:
+        table = _sample_table(sample)
+        print_table(out, [table], fields=table)
     if count > len(sample):
-        click.echo(f"  ... and {count - len(sample)} more")
+        say(f"... and {count - len(sample)} more")
+
+
+def _sample_table(sample: list[payonce.IntentRecord]) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("key", no_wrap=True)
+    table.add_column("state", no_wrap=True)
+    table.add_column("provider", overflow="fold")
+    table.add_column("updated (UTC)", no_wrap=True)
+    table.add_column("reference", overflow="fold")
+    for record in sample:
+        table.add_row(
+            Text(shown(record.key)),
+            Text(record.state.value),
+            Text(shown(record.provider)),
+            Text(iso(record.updated_at, precise=False) or ""),
+            Text(shown(record.reference)),
+        )
+    return table

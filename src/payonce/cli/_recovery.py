@@ -30,7 +30,7 @@ from ._common import (
     existing_journal_target,
     journal_option,
 )
-from ._recovery_views import Row, progress, reconcile_row, resume_row, rows_table, summary
+from ._recovery_views import Row, print_rows, progress, reconcile_row, resume_row, summary
 from ._targets import Target, choose, elsewhere, holdings
 
 __all__ = ["reconcile", "resume"]
@@ -169,8 +169,11 @@ def _finish(
     else:
         out = console()
         if rows:
-            out.print(rows_table(rows, title=title))
-        out.print(Text(line))
+            print_rows(out, rows, title=title)
+        if out.is_terminal:
+            out.print(Text(line))
+        else:
+            click.echo(line, err=True)  # piped, stdout holds the records alone, as with --json
     for reason in undriven:
         click.echo(f"error: not driven: {reason}", err=True)
     if undriven or any(row.needs_attention for row in rows):

@@ -18,9 +18,11 @@ import payonce
 
 from ._common import shown
 from ._intent_views import state_text
+from ._tables import print_table
 
 __all__ = [
     "Row",
+    "print_rows",
     "progress",
     "reconcile_row",
     "resume_row",
@@ -102,20 +104,35 @@ def reconcile_row(result: payonce.records.ReconcileResult) -> Row:
     )
 
 
-def rows_table(rows: Sequence[Row], *, title: str) -> Table:
+def print_rows(out: Console, rows: Sequence[Row], *, title: str) -> None:
+    """The results as a table on a terminal (record by record if none fits), else plain
+    lines with ``before`` and ``after`` apart."""
+    fields = rows_table(rows, title=title, apart=True)
+    print_table(out, [rows_table(rows, title=title)], fields=fields)
+
+
+def rows_table(rows: Sequence[Row], *, title: str, apart: bool = False) -> Table:
+    """The results; ``apart`` puts ``before`` and ``after`` in columns of their own."""
     reconciled = any(row.before is not None for row in rows)
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("key", overflow="fold", min_width=12)
+    table.add_column("key", no_wrap=True)
     table.add_column("reference", overflow="fold")
-    if reconciled:
+    if reconciled and apart:
+        table.add_column("before", no_wrap=True)
+        table.add_column("after", no_wrap=True)
+        table.add_column("outcome", no_wrap=True)
+    elif reconciled:
         table.add_column("before → after", no_wrap=True)
         table.add_column("outcome", no_wrap=True)
     else:
         table.add_column("state", no_wrap=True)
+    # Free text wraps at spaces; a word longer than the column (a URL) folds, nothing is cut.
     table.add_column("detail", overflow="fold", min_width=20)
     for row in rows:
         cells = [Text(shown(row.key)), Text(shown(row.reference))]
-        if row.before is not None:
+        if row.before is not None and apart:
+            cells += [state_text(row.before), state_text(row.after), Text(row.outcome or "")]
+        elif row.before is not None:
             cells += [
                 Text.assemble(state_text(row.before), " → ", state_text(row.after)),
                 Text(row.outcome or ""),

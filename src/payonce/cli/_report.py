@@ -27,6 +27,7 @@ def report_json(report: payonce.journal.JournalReport) -> dict[str, Any]:
         "ok": report.ok,
         "problems": list(report.problems),
         "schema_version": report.schema_version,
+        "latest_schema_version": report.latest_schema_version,
         "intents_by_state": _by_state(report),
         "intents": sum(report.intents_by_state.values()),
         "unacknowledged": report.unacknowledged,
@@ -45,6 +46,13 @@ def _size(size: int) -> str:
     return f"{value:.1f} GiB"
 
 
+def _schema(report: payonce.journal.JournalReport) -> str:
+    version, latest = report.schema_version, report.latest_schema_version
+    if version == 0 or version >= latest:
+        return str(version)
+    return f"{version} (this payonce writes {latest}: the next payonce that writes migrates it)"
+
+
 def report_view(report: payonce.journal.JournalReport) -> Group:
     fields = Table.grid(padding=(0, 2))
     fields.add_column(style="bold", no_wrap=True)
@@ -57,7 +65,7 @@ def report_view(report: payonce.journal.JournalReport) -> Group:
     states = ", ".join(f"{n} {state}" for state, n in counts.items() if n) or "none"
     fields.add_row("journal", Text(report.location))
     fields.add_row("integrity", integrity)
-    fields.add_row("schema version", Text(str(report.schema_version)))
+    fields.add_row("schema version", Text(_schema(report)))
     fields.add_row("intents", Text(f"{sum(counts.values())} ({states})"))
     fields.add_row("unacknowledged", Text(str(report.unacknowledged)))
     fields.add_row("size", Text(_size(report.size_bytes)))
