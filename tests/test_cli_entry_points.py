@@ -355,3 +355,40 @@ def test_every_command_uses_the_public_api_only() -> None:
 def test_every_command_module_stays_small() -> None:
     for module in _cli_modules():
         assert len(module.read_text().splitlines()) <= 450, module.name
+
+
+# -- shell completion -----------------------------------------------------------------------
+
+
+def _complete(*words: str, shell: str = "bash") -> str:
+    """What the installed ``payonce`` script answers a shell asking to complete ``words``
+    (the last one is being typed), as docs/cli.md sets it up."""
+    payonce_script = Path(sys.executable).with_name("payonce")
+    environment = {
+        **os.environ,
+        "COMP_WORDS": " ".join(("payonce", *words)),
+        "COMP_CWORD": str(len(words)),
+        "_PAYONCE_COMPLETE": f"{shell}_complete",
+    }
+    done = subprocess.run(
+        [str(payonce_script)], env=environment, capture_output=True, text=True, check=True
+    )
+    return done.stdout
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_the_documented_completion_scripts_are_generated(shell: str) -> None:
+    payonce_script = Path(sys.executable).with_name("payonce")
+    environment = {**os.environ, "_PAYONCE_COMPLETE": f"{shell}_source"}
+    done = subprocess.run(
+        [str(payonce_script)], env=environment, capture_output=True, text=True, check=True
+    )
+    assert "_PAYONCE_COMPLETE" in done.stdout
+    assert f"_PAYONCE_COMPLETE={shell}_source" in (SRC.parent / "docs" / "cli.md").read_text()
+
+
+def test_commands_options_and_choices_complete() -> None:
+    assert _complete("int").split() == ["plain,intents"]
+    assert "plain,--state" in _complete("intents", "list", "--st").split()
+    states = {line.split(",")[1] for line in _complete("intents", "list", "--state", "").split()}
+    assert states == {state.value for state in payonce.IntentState}
