@@ -3,7 +3,8 @@ with a real sandbox over loopback, and beside httpx's own instrumentation."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+import payonce
 from helpers.payments import PAYMENT, MakeClient, make_unknown
 from payonce.otel import OpenTelemetryHooks
 from payonce.sandbox import SandboxServer
@@ -153,3 +155,33 @@ def test_httpx_instrumentation_keeps_working_and_nests_under_the_intent(
     }
     assert statuses == {429, 201}
     assert {s.parent.span_id for s in http if s.parent} == {drive.context.span_id}
+
+
+@pytest.mark.anyio
+async def test_concurrent_async_intents_each_keep_their_own_spans(
+    make_async_client: Callable[..., payonce.AsyncClient],
+    sandbox: SandboxServer,
+    telemetry: Telemetry,
+) -> None:
+    instrumentor = HTTPXClientInstrumentor()
+    instrumentor.instrument(tracer_provider=telemetry.tracer_provider)
+    try:
+        client = make_async_client(hooks=telemetry.hooks)
+        references = [f"order-o4-{n}" for n in range(4)]
+        await asyncio.gather(
+            *(client.post("/v1/payments", json=PAYMENT, reference=r) for r in references)
+        )
+    finally:
+        instrumentor.uninstrument()
+
+    drives = telemetry.spans("payonce.intent")
+    assert sorted(s.attributes["payonce.reference"] for s in drives) == references  # type: ignore[index]
+    for drive in drives:
+        children = [
+            s for s in telemetry.spans() if s.parent and s.parent.span_id == drive.context.span_id
+        ]
+        assert sorted(s.name for s in children)[-1] == "payonce.attempt"
+        assert len(children) == 2, "its attempt, and httpx's span of that attempt's request"
+        attempt = next(s for s in children if s.name == "payonce.attempt")
+        assert attempt.attributes["payonce.key"] == drive.attributes["payonce.key"]  # type: ignore[index]
+    assert telemetry.total("payonce.intents", state="succeeded") == 4
