@@ -64,8 +64,7 @@ class AsyncOperation(OperationBase, Verbs[Awaited]):
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
-        if self._acknowledge_on_exit(exc_type):
-            await _off_loop(self._acknowledge_quietly)
+        self._exit(exc_type)
 
 
 class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotVerbs[Awaited]):
