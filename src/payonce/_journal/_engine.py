@@ -52,13 +52,13 @@ logger = logging.getLogger("payonce")
 _ACKS_CREATED = threading.Lock()
 
 # What a caller may conclude when a write could not take the journal's lock in time.
-BEFORE_SEND = "nothing was sent. Retry later"
+BEFORE_SEND = "nothing was sent"
 AFTER_SEND = (
     "the request may already have reached the provider, so this is not a refusal: the "
     "intent stays pending under its key, and calling again with the same reference once "
     "the journal is free settles it without paying twice"
 )
-NO_SEND = "nothing was changed. Retry later"
+NO_SEND = "nothing was changed"
 FOREIGN_KEY_DAMAGE = "foreign key violation"
 """How a storage check words a row that lost the row it points to: the file itself reads."""
 NOT_A_JOURNAL_YET = (
@@ -286,6 +286,8 @@ class Engine(abc.ABC):
         ``AFTER_SEND``, ``NO_SEND``), said after ``what``."""
         cls = JournalBusy if busy else JournalError
         message = f"{what}; {then}" if then else what
+        if busy and then in (BEFORE_SEND, NO_SEND):
+            message += ". Retry later"  # a lock or a pool frees itself; damage does not
         return cls(
             f"{message} (journal: {self.location})",
             location=self.location,
