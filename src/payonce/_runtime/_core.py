@@ -483,8 +483,9 @@ class IntentCore:
             return response
         raise refusals.refused(record, response, classify_response(response, self.profile))
 
-    def retrying(self, run: Run | None) -> dict[str, Any]:
-        """tenacity settings of an intent's attempt loop, or of a look-up's (``run`` None)."""
+    def retrying(self, run: Run | None, began: float | None = None) -> dict[str, Any]:
+        """tenacity settings of an intent's attempt loop, or of a look-up's (``run`` None).
+        ``began``: when the intent's first attempt started, outside the loop."""
         if run is None:
             return retrying_kwargs(self.retry)
 
@@ -500,7 +501,9 @@ class IntentCore:
         def on_retry(event: RetryEvent) -> None:
             self.hooks.emit(Hooks.retrying, event)
 
-        return retrying_kwargs(self.retry, event=event, on_retry=on_retry if self.hooks else None)
+        return retrying_kwargs(
+            self.retry, event=event, on_retry=on_retry if self.hooks else None, began=began
+        )
 
     # -- what the hooks are told -------------------------------------------------------------
 
