@@ -134,12 +134,13 @@ def replayed(record: IntentRecord) -> httpx.Response | None:
         content=answer.body,
         request=httpx.Request(record.method, record.url),
     )
-    logger.debug(
-        "intent %s replayed from the journal: HTTP %d",
-        record.key,
-        answer.status,
-        extra=log_extra(record),
-    )
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "intent %s replayed from the journal: HTTP %d",
+            record.key,
+            answer.status,
+            extra=log_extra(record),
+        )
     return tagged(response, record, replayed=True, provider_replayed=False)
 
 
