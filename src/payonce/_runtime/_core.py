@@ -454,11 +454,18 @@ class IntentCore:
                 response.status_code,
                 extra=log_extra(record),
             )
-        provider_replayed = self.profile.was_replayed(response)
+        provider_replayed = None  # read from the response only if someone asks
         if self.hooks:
+            provider_replayed = self.profile.was_replayed(response)
             self._attempt_ended(run, transition, response.status_code, None)
             self.settled(record, provider_replayed=provider_replayed)
-        tagged(response, record, replayed=False, provider_replayed=provider_replayed)
+        tagged(
+            response,
+            record,
+            replayed=False,
+            provider_replayed=provider_replayed,
+            profile=self.profile,
+        )
         return self.deliver(record, response)
 
     # -- giving up, replaying ----------------------------------------------------------------
