@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
@@ -46,20 +45,19 @@ def new_key(key_format: KeyFormat = "ulid") -> str:
     raise ConfigurationError(f"key_format must be 'ulid' or 'uuid4', not {key_format!r}")
 
 
-# Crockford's base32, as ULIDs spell it, from base64's RFC 4648 alphabet.
-_CROCKFORD = bytes.maketrans(
-    b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", b"0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-)
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_CROCKFORD_PAIRS = [first + second for first in _CROCKFORD for second in _CROCKFORD]
+"""Every 10-bit value as its two base32 characters."""
 
 
 def _ulid() -> str:
-    """A ULID: 48 bits of Unix milliseconds, then 80 random bits, in 26 characters.
+    """A ULID: 48 bits of Unix milliseconds, then 80 random bits, in 26 characters of
+    Crockford's base32 (130 bits, the first two zero).
 
-    Spelt here rather than with python-ulid's ``str(ULID())``, at half its cost per intent:
-    the 128 bits go into 20 bytes, whose 32 base32 characters end with the 26 of the ULID.
+    Spelt here, ten bits at a time, at half the cost of python-ulid's ``str(ULID())``.
     """
     value = (time.time_ns() // 1_000_000) << 80 | int.from_bytes(os.urandom(10))
-    return base64.b32encode(value.to_bytes(20)).translate(_CROCKFORD)[-26:].decode()
+    return "".join([_CROCKFORD_PAIRS[(value >> shift) & 1023] for shift in range(120, -1, -10)])
 
 
 def validate_key(key: str, *, max_length: int = MAX_KEY_LENGTH) -> str:
