@@ -668,9 +668,10 @@ def test_ack_lists_and_acknowledges_settled_outcomes(
     make_client: MakeClient, journal_path: Path
 ) -> None:
     client = make_client()
+    # Acknowledged on leaving the block; the next intent's write-ahead writes that down.
+    _pay(client, "order-22")
     first = _pay(client, "order-20", acknowledge=False)
     second = _pay(client, "order-21", acknowledge=False)
-    _pay(client, "order-22")  # acknowledged on leaving the block
     where = ["--journal", str(journal_path)]
 
     listed = _run(["ack", "--list", "--json", *where])
@@ -735,7 +736,8 @@ def test_journal_check_on_a_good_journal(
     make_client: MakeClient, sandbox: SandboxServer, journal_path: Path
 ) -> None:
     _pay(make_client(), "order-50", acknowledge=False)
-    _pay(make_client(), "order-51")
+    with make_client() as worker:  # it ends, and its acknowledgement is written down
+        _pay(worker, "order-51")
     make_unknown(make_client, sandbox, "order-52", "fail_before")
     leave_pending(make_client, "order-53")
     where = ["--journal", str(journal_path)]

@@ -1,9 +1,10 @@
 """``payonce.AsyncClient``: the same decisions as ``Client``, awaited.
 
 Only the I/O edge differs: httpx.AsyncClient sends, asyncio sleeps, leases are kept alive
-from a task, and every journal call (an fsync may take milliseconds) runs in a worker
-thread so the event loop never blocks on the disk. Runs under asyncio; trio is not
-supported (the journal hand-off uses ``asyncio.to_thread``).
+from a task, and every journal call (an fsync may take milliseconds) runs in one of
+payonce's journal threads (``_journal_threads``) so the event loop never blocks on the
+disk. Runs under asyncio; trio is not supported (the hand-off answers through the asyncio
+loop).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ._base import BaseClient, OneShotOptions, OneShotVerbs, OperationBase, Requ
 from ._batch import Claimed, ReconcileBatch, ResumeBatch, ResumeResult, arun_batch
 from ._core import Replay, Run, Wait
 from ._deadline import Deadline
+from ._journal_threads import off_loop
 from ._lease_task import TaskLeaseKeeper
 from ._reconcile import ReconcileResult
 from ._retrying import FirstAttempt, Retry
@@ -37,7 +39,7 @@ Awaited = Coroutine[Any, Any, httpx.Response]
 
 
 async def _off_loop(function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    return await asyncio.to_thread(function, *args, **kwargs)
+    return await off_loop(function, *args, **kwargs)
 
 
 class AsyncOperation(OperationBase, Verbs[Awaited]):
@@ -64,8 +66,7 @@ class AsyncOperation(OperationBase, Verbs[Awaited]):
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
-        if self._acknowledge_on_exit(exc_type):
-            await _off_loop(self._acknowledge_quietly)
+        self._exit(exc_type)
 
 
 class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotVerbs[Awaited]):

@@ -60,8 +60,7 @@ class Operation(OperationBase, Verbs[httpx.Response]):
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
-        if self._acknowledge_on_exit(exc_type):
-            self._acknowledge_quietly()
+        self._exit(exc_type)
 
 
 class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Response]):
