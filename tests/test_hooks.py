@@ -241,6 +241,8 @@ def test_a_hook_that_raises_never_changes_what_happens_to_the_payment(
     assert sandbox.store.executions() == {key: 1}
     assert "settled" in recorder.names, "the hooks after a broken one are still told"
     failures = [r for r in caplog.records if "hook Broken." in r.getMessage()]
+    assert {(r.key, r.reference) for r in failures} == {(key, "order-h7")}  # type: ignore[attr-defined]
+    assert {r.state for r in failures} == {"pending", "succeeded"}  # type: ignore[attr-defined]
     assert {r.getMessage().split()[1] for r in failures} >= {
         "Broken.intent_started",
         "Broken.settled",
