@@ -28,7 +28,7 @@ from ._deadline import Deadline
 from ._journal_threads import off_loop
 from ._lease_task import TaskLeaseKeeper
 from ._reconcile import ReconcileResult
-from ._retrying import Retry
+from ._retrying import FirstAttempt, Retry
 from ._sync import IN_FLIGHT_POLL
 
 __all__ = ["AsyncClient", "AsyncOperation"]
@@ -187,26 +187,35 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
             self._core.drive_ended(run)
 
     async def _attempts(self, run: Run) -> httpx.Response:
-        core = self._core
-        async for attempt in tenacity.AsyncRetrying(**core.retrying(run)):
+        first = FirstAttempt()
+        try:
+            return await self._attempt(run)
+        except Retry as failure:
+            first.failed(failure)
+        async for attempt in tenacity.AsyncRetrying(**self._core.retrying(run, first.began)):
             with attempt:
-                if run.verification is not None and (found := await self._verified(run)):
-                    return found
-                if not run.started:  # the claim journaled the first attempt's start
-                    await _off_loop(core.start_attempt, run)
-                try:
-                    request = core.build_request(run, self._http)
-                    response = await self._exchange(request)
-                except Exception as exc:
-                    await _off_loop(core.on_error, run, exc)
-                    raise
-                except BaseException as exc:
-                    # Cancelled mid-attempt (a timeout, a caller that went away): journal the
-                    # attempt as ambiguous and give the lease back now, without awaiting.
-                    core.on_error(run, exc)
-                    raise
-                return await _off_loop(core.on_response, run, response)
+                first.replay()
+                return await self._attempt(run)
         raise AssertionError("unreachable: tenacity either returns or raises")
+
+    async def _attempt(self, run: Run) -> httpx.Response:
+        core = self._core
+        if run.verification is not None and (found := await self._verified(run)):
+            return found
+        if not run.started:  # the claim journaled the first attempt's start
+            await _off_loop(core.start_attempt, run)
+        try:
+            request = core.build_request(run, self._http)
+            response = await self._exchange(request)
+        except Exception as exc:
+            await _off_loop(core.on_error, run, exc)
+            raise
+        except BaseException as exc:
+            # Cancelled mid-attempt (a timeout, a caller that went away): journal the
+            # attempt as ambiguous and give the lease back now, without awaiting.
+            core.on_error(run, exc)
+            raise
+        return await _off_loop(core.on_response, run, response)
 
     async def _verified(self, run: Run) -> httpx.Response | None:
         """See ``Client._verified``: the same steps, awaited, the journal off the loop."""
