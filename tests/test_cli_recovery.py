@@ -220,9 +220,68 @@ def test_work_for_several_providers_is_a_usage_error_that_names_them(
 
     assert result.exit_code == 2
     assert "pending intents of several providers: generic (1), sandbox (1)" in result.stderr
-    assert "--provider" in result.stderr
+    assert "--base-url PROVIDER=URL" in result.stderr
     for record in (sandboxed, generic):
         assert _state(journal_path, record.key).state is payonce.IntentState.PENDING
+
+
+@pytest.mark.parametrize("given", ["options", "environment"])
+def test_each_provider_is_driven_at_its_own_base_url(
+    make_client: MakeClient,
+    sandbox: SandboxServer,
+    env: dict[str, str],
+    journal_path: Path,
+    given: str,
+) -> None:
+    sandboxed = leave_pending(make_client, "order-a")
+    generic = leave_pending(make_client, "order-b", provider="generic")
+    pairs = [f"sandbox={sandbox.url}", f"generic={sandbox.url}"]
+    everywhere = _without(env, "PAYONCE_PROVIDER", "PAYONCE_ACCOUNT", "PAYONCE_BASE_URL")
+    if given == "options":
+        args = ["--base-url", pairs[0], "--base-url", pairs[1]]
+    else:
+        args, everywhere = [], {**everywhere, "PAYONCE_BASE_URL": " ".join(pairs)}
+
+    result = _run(["resume", "--json", *args], everywhere)
+
+    assert result.exit_code == 0, result.output
+    assert {i["key"]: i["state"] for i in _json(result)} == {
+        sandboxed.key: "succeeded",
+        generic.key: "succeeded",
+    }
+    assert sandbox.store.executions() == {sandboxed.key: 1, generic.key: 1}
+
+
+def test_the_one_provider_named_without_its_base_url_is_a_usage_error(
+    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str]
+) -> None:
+    leave_pending(make_client, "order-a", provider="generic")
+    named = _without(env, "PAYONCE_BASE_URL")
+    args = ["--provider", "generic", "--base-url", f"sandbox={sandbox.url}"]
+
+    result = _run(["resume", *args], named)
+
+    assert result.exit_code == 2
+    assert result.stderr == "error: no --base-url for provider 'generic'\n"
+    assert sandbox.store.total_executions() == 1, "sent once, before; not again"
+
+
+def test_a_provider_without_a_base_url_is_named_and_the_others_are_driven(
+    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str], journal_path: Path
+) -> None:
+    sandboxed = leave_pending(make_client, "order-a")
+    generic = leave_pending(make_client, "order-b", provider="generic")
+    everywhere = _without(env, "PAYONCE_PROVIDER", "PAYONCE_ACCOUNT", "PAYONCE_BASE_URL")
+
+    result = _run(["resume", "--base-url", f"sandbox={sandbox.url}"], everywhere)
+
+    assert result.exit_code == 1, result.output
+    assert (
+        "error: not driven: account 'acct_demo' (provider 'generic'): no base URL for it: "
+        "add --base-url generic=URL"
+    ) in result.stderr
+    assert _state(journal_path, sandboxed.key).state is payonce.IntentState.SUCCEEDED
+    assert _state(journal_path, generic.key).state is payonce.IntentState.PENDING
 
 
 def test_nothing_for_the_account_named_says_where_the_work_is(
@@ -477,7 +536,7 @@ def test_bad_base_url_and_missing_journal_are_configuration_errors(
 ) -> None:
     bad = _run(["resume", "--base-url", "sk_live_not_a_url"], env)
     assert bad.exit_code == 2
-    assert bad.stderr == "error: --base-url must be an http(s) URL\n"
+    assert bad.stderr == "error: --base-url must be an http(s) URL (or PROVIDER=URL)\n"
 
     with_credentials = _run(["resume", "--base-url", "https://user:hunter2@api.example"], env)
     assert with_credentials.exit_code == 2

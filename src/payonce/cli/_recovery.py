@@ -12,7 +12,6 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import urlsplit
 
 import attrs
 import click
@@ -31,7 +30,7 @@ from ._common import (
     journal_option,
 )
 from ._recovery_views import Row, print_rows, progress, reconcile_row, resume_row, summary
-from ._targets import Target, choose, elsewhere, holdings
+from ._targets import BaseUrls, Target, choose, elsewhere, holdings
 
 __all__ = ["reconcile", "resume"]
 
@@ -49,17 +48,10 @@ class _Connection:
     """Where the intents were sent, and the journal they are in: what clients are built from.
     ``provider`` and ``account`` are None when not given: then the journal says (``_targets``)."""
 
-    base_url: str = attrs.field()
+    urls: BaseUrls
     provider: str | None
     account: str | None
     journal: JournalLocation | None
-
-    @base_url.validator
-    def _http(self, attribute: attrs.Attribute[str], value: str) -> None:
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            # Not quoted back: whatever was pasted there by mistake may be a secret.
-            raise CliError("--base-url must be an http(s) URL")
 
     def targets(
         self, records: Callable[[payonce.Journal], list[payonce.IntentRecord]], what: str
@@ -67,13 +59,13 @@ class _Connection:
         """The groups to drive, and what every group holds of ``records``."""
         with existing_journal(self.journal, read_only=True) as journal:
             held = holdings(records(journal))
-        return choose(held, self.provider, self.account, what=what), held
+        return choose(held, self.provider, self.account, what=what, urls=self.urls), held
 
     @contextmanager
-    def client(self, target: Target) -> Iterator[payonce.Client]:
+    def client(self, target: Target, base_url: str) -> Iterator[payonce.Client]:
         journal = existing_journal_target(self.journal)  # never create one to resume from
         with payonce.Client(
-            base_url=self.base_url,
+            base_url=base_url,
             provider=target.provider,
             account=target.account,
             journal=journal,
@@ -89,8 +81,16 @@ class _Connection:
         rows: list[Row] = []
         undriven: list[str] = []
         for target in targets:
+            base_url = self.urls.of(target.provider)
+            if base_url is None:
+                if len(targets) == 1:
+                    raise CliError(f"no --base-url for provider {target.provider!r}")
+                undriven.append(
+                    f"{target.label}: no base URL for it: add --base-url {target.provider}=URL"
+                )
+                continue
             try:
-                with self.client(target) as client:
+                with self.client(target, base_url) as client:
                     rows += drive(client)
             except payonce.ConfigurationError as exc:
                 if len(targets) == 1:
@@ -108,21 +108,23 @@ def _connection_options(command: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(command)
     def with_connection(
-        base_url: str,
+        base_url: tuple[str, ...],
         provider: str,
         account: str,
         journal_path: JournalLocation | None,
         **rest: Any,
     ) -> None:
-        command(connection=_Connection(base_url, provider, account, journal_path), **rest)
+        urls = BaseUrls.parse(base_url)
+        command(connection=_Connection(urls, provider, account, journal_path), **rest)
 
     options = [
         click.option(
             "--base-url",
             envvar="PAYONCE_BASE_URL",
             show_envvar=True,
-            required=True,
-            help="The provider's API root, e.g. https://api.stripe.com.",
+            multiple=True,
+            help="The provider's API root, e.g. https://api.stripe.com; with intents of "
+            "several providers, PROVIDER=URL for each (repeat the option).",
         ),
         click.option(
             "--provider",
@@ -191,8 +193,8 @@ def resume(connection: _Connection, as_json: bool) -> None:
     that may have reached the provider longer ago than the provider keeps keys is not
     resent: it goes unknown, for `payonce reconcile`.
 
-    Without --provider and --account, every account of the provider whose pending
-    intents the journal holds (several providers: name one, each has its own base URL).
+    Without --provider and --account, every account of every provider whose pending
+    intents the journal holds, each provider at its --base-url PROVIDER=URL.
 
     Exits 0 when everything it targeted is settled; 1 if an intent is still pending (the
     provider was unreachable, or refused the API key) or unknown, or an account could not
@@ -256,7 +258,8 @@ def reconcile(
     then `payonce abandon`). Intents in other states are skipped.
 
     Without --provider and --account: the groups the named intent belongs to, or for --all
-    every account of the provider whose unknown intents the journal holds.
+    every account of every provider whose unknown intents the journal holds, each provider
+    at its --base-url PROVIDER=URL.
 
     Exits 0 when everything it targeted is settled; 1 if an intent is still unknown, went
     back to pending (run `payonce resume`), or an account could not be driven; 2 on a

@@ -2,15 +2,16 @@
 
 Given ``--provider`` and ``--account``, exactly that group. Without them, every group that
 holds intents to drive, so that a command run with no options never reports "nothing to
-do" while the journal holds work: all accounts of one provider, since a provider has one
-``--base-url``; a journal holding work for several providers is a usage error that names
-them, one run per provider.
+do" while the journal holds work: every account of every provider. Each provider is sent
+to its own ``--base-url PROVIDER=URL``; one plain ``--base-url URL`` serves one provider,
+and a journal holding work for several is then a usage error that names them.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from urllib.parse import urlsplit
 
 import attrs
 
@@ -18,7 +19,7 @@ import payonce
 
 from ._common import CliError
 
-__all__ = ["Target", "choose", "elsewhere", "holdings"]
+__all__ = ["BaseUrls", "Target", "choose", "elsewhere", "holdings"]
 
 
 @attrs.frozen(order=True)
@@ -36,8 +37,48 @@ def holdings(records: Iterable[payonce.IntentRecord]) -> Counter[Target]:
     return Counter(Target(record.provider, record.account) for record in records)
 
 
+@attrs.frozen
+class BaseUrls:
+    """``--base-url`` as given: one plain URL, or ``PROVIDER=URL`` for each provider."""
+
+    plain: str | None
+    by_provider: dict[str, str]
+
+    @classmethod
+    def parse(cls, values: Iterable[str]) -> BaseUrls:
+        plain: list[str] = []
+        by_provider: dict[str, str] = {}
+        for value in values:
+            name, sep, url = value.partition("=")
+            if sep and "://" not in name and name:
+                by_provider[name] = _http(url)
+            else:
+                plain.append(_http(value))
+        if len(plain) > 1:
+            raise CliError("--base-url: give one plain URL, or PROVIDER=URL for each provider")
+        if not plain and not by_provider:
+            raise CliError("--base-url is required (or PAYONCE_BASE_URL)")
+        return cls(plain[0] if plain else None, by_provider)
+
+    def of(self, provider: str) -> str | None:
+        return self.by_provider.get(provider, self.plain)
+
+
+def _http(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        # Not quoted back: whatever was pasted there by mistake may be a secret.
+        raise CliError("--base-url must be an http(s) URL (or PROVIDER=URL)")
+    return value
+
+
 def choose(
-    held: Counter[Target], provider: str | None, account: str | None, *, what: str
+    held: Counter[Target],
+    provider: str | None,
+    account: str | None,
+    *,
+    what: str,
+    urls: BaseUrls,
 ) -> list[Target]:
     """The groups to drive; ``what`` names the intents ("pending intents") for errors."""
     if provider is not None and account is not None:
@@ -48,15 +89,16 @@ def choose(
         if (provider is None or target.provider == provider)
         and (account is None or target.account == account)
     )
-    providers = sorted({target.provider for target in wanted})
-    if len(providers) > 1:
+    # A plain URL serving several providers would send one provider's intents to another.
+    shared = sorted({t.provider for t in wanted if t.provider not in urls.by_provider})
+    if urls.plain is not None and len({t.provider for t in wanted}) > 1 and shared:
         counts = ", ".join(
             f"{name} ({sum(n for t, n in held.items() if t.provider == name)})"
-            for name in providers
+            for name in sorted({t.provider for t in wanted})
         )
         raise CliError(
             f"the journal holds {what} of several providers: {counts}. Each has its own "
-            "base URL: run once per provider, with --provider and its --base-url"
+            "base URL: give --base-url PROVIDER=URL for each (or --provider and its URL)"
         )
     if not wanted and provider is not None:
         return []
