@@ -7,7 +7,8 @@ succeeded or failed, 98% of those acknowledged. Then, per size:
 
     list     journal.list_intents(states=[pending], limit=50): the query behind
              `payonce intents list --state pending --limit 50` (median of 7), its plan,
-             and the whole command run in-process (CliRunner: no interpreter start-up)
+             and the whole command run in-process (CliRunner: no interpreter start-up);
+             and with two common states, --state succeeded --state failed (median of 7)
     show     journal.find(reference) for one intent in the middle of the journal: the look-up
              behind `payonce intents show <reference>` (median of 7), its plan, and the whole
              command in-process (it also reads the intent's attempts and reconciliations)
@@ -191,6 +192,8 @@ def measure(directory: Path, size: int) -> dict[str, object]:
         assert len(rows) == min(50, size // 200), len(rows)
         result["query"] = timed(lambda: journal.list_intents(states=pending, limit=50))
         result["plan"] = query_plan(journal)
+        common = [IntentState.SUCCEEDED, IntentState.FAILED]
+        result["two_states"] = timed(lambda: journal.list_intents(states=common, limit=50))
         result["dry_run"] = timed(
             lambda: journal.prune(older_than=now - 30 * DAY, dry_run=True), repeat=1
         )
@@ -247,6 +250,7 @@ def main() -> None:
             "intents",
             "list query ms",
             "list CLI in-process ms",
+            "list succeeded + failed ms",
             "show query ms",
             "show CLI in-process ms",
             "open + quick_check ms",
@@ -259,6 +263,7 @@ def main() -> None:
                 f"{r['size']:,}",
                 f"{float(r['query']) * ms:.2f}",  # type: ignore[arg-type]
                 f"{float(r['cli']) * ms:.0f}",  # type: ignore[arg-type]
+                f"{float(r['two_states']) * ms:.2f}",  # type: ignore[arg-type]
                 f"{float(r['show']) * ms:.3f}",  # type: ignore[arg-type]
                 f"{float(r['show_cli']) * ms:.1f}",  # type: ignore[arg-type]
                 f"{float(r['open_check']) * ms:.0f}",  # type: ignore[arg-type]
