@@ -151,6 +151,20 @@ def test_python_m_payonce_reports_errors_like_the_console_script(tmp_path: Path)
     assert done.stderr == f"error: no journal at {tmp_path / 'none.db'}\n"
 
 
+def test_the_librarys_warnings_are_the_commands_own_warning_lines(tmp_path: Path) -> None:
+    journal = tmp_path / "journal.db"
+    payonce.open_journal(journal).close()
+    journal.chmod(0o644)  # what a careless copy leaves: payonce warns of it on open
+
+    done = _python_m("payonce", "intents", "list", "--journal", str(journal))
+
+    assert done.returncode == 0
+    lines = done.stderr.splitlines()
+    warnings = [line for line in lines if "readable or writable by other users" in line]
+    assert len(warnings) == 1, done.stderr
+    assert warnings[0].startswith("warning: the journal file ")
+
+
 # -- one sandbox command -----------------------------------------------------------------------
 
 

@@ -668,9 +668,10 @@ def test_ack_lists_and_acknowledges_settled_outcomes(
     make_client: MakeClient, journal_path: Path
 ) -> None:
     client = make_client()
+    # Acknowledged on leaving the block; the next intent's write-ahead writes that down.
+    _pay(client, "order-22")
     first = _pay(client, "order-20", acknowledge=False)
     second = _pay(client, "order-21", acknowledge=False)
-    _pay(client, "order-22")  # acknowledged on leaving the block
     where = ["--journal", str(journal_path)]
 
     listed = _run(["ack", "--list", "--json", *where])
@@ -735,7 +736,8 @@ def test_journal_check_on_a_good_journal(
     make_client: MakeClient, sandbox: SandboxServer, journal_path: Path
 ) -> None:
     _pay(make_client(), "order-50", acknowledge=False)
-    _pay(make_client(), "order-51")
+    with make_client() as worker:  # it ends, and its acknowledgement is written down
+        _pay(worker, "order-51")
     make_unknown(make_client, sandbox, "order-52", "fail_before")
     leave_pending(make_client, "order-53")
     where = ["--journal", str(journal_path)]
@@ -759,10 +761,15 @@ def test_journal_check_on_a_good_journal(
     assert document["unacknowledged"] == 1
     assert document["size_bytes"] > 0
 
-    table = _run(["journal", "check", *where])
-    assert table.exit_code == 0
-    for expected in ("integrity", "ok", "schema version", "4 (1 pending, 2 succeeded, 1 unknown)"):
-        assert expected in table.stdout
+    piped = _run(["journal", "check", *where])
+    assert piped.exit_code == 0
+    lines = piped.stdout.splitlines()
+    assert lines[1:4] == [
+        "integrity\tok",
+        f"schema_version\t{SCHEMA_VERSION}",
+        "intents\t4 (1 pending, 2 succeeded, 1 unknown)",
+    ]
+    assert all(line.count("\t") == 1 and line == line.strip() for line in lines), lines
 
 
 def _settled_copy(journal_path: Path, make_client: MakeClient, tmp_path: Path) -> Path:
@@ -808,6 +815,29 @@ def test_journal_check_finds_a_damaged_index(
     document = _json(_run(["journal", "check", "--json", "--journal", str(damaged)]))
     assert document["ok"] is False
     assert any("intents_scope_reference" in problem for problem in document["problems"])
+    # The rows still read: what the file holds is reported, not "schema 0, no intents".
+    assert document["contents_read"] is True
+    assert (document["schema_version"], document["intents"]) == (SCHEMA_VERSION, 3)
+    assert "3 (3 succeeded), as read from a damaged file" in result.stdout
+
+
+def test_journal_check_piped_is_one_line_per_field_and_per_finding(
+    make_client: MakeClient, journal_path: Path, tmp_path: Path
+) -> None:
+    damaged = _settled_copy(journal_path, make_client, tmp_path)
+    _flip_in_index(damaged, "intents_scope_reference", b"order-1")
+
+    piped = _run(["journal", "check", "--journal", str(damaged)])
+
+    assert piped.exit_code == 1
+    lines = piped.stdout.splitlines()
+    names = [line.split("\t")[0] for line in lines]
+    fields = ["journal", "integrity", "schema_version", "intents", "unacknowledged", "size"]
+    assert names[:6] == fields
+    findings = [line.split("\t", 1)[1] for line in lines[6:]]
+    assert set(names[6:]) == {"problem"}
+    assert any("intents_scope_reference" in finding for finding in findings)
+    assert all(line == line.strip() and line.count("\t") == 1 for line in lines), lines
 
 
 def test_journal_check_finds_rows_that_point_nowhere(

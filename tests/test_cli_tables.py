@@ -103,6 +103,18 @@ def test_a_terminal_too_narrow_for_any_table_gets_each_record_field_by_field() -
     assert "outcome    not_found" in screen
 
 
+def test_a_reference_too_long_to_sit_beside_its_name_gets_a_line_of_its_own_whole() -> None:
+    reference = "order-" + "a-very-long-reference-for-the-width-check-" + "1234567890" * 3
+    assert 72 < len(reference) <= 80
+    rows = [Row(KEY, reference, UNKNOWN, UNKNOWN, "unreachable", DETAIL, None)]
+
+    screen = _printed(rows, terminal=True, width=80)
+
+    assert reference in screen.splitlines(), screen
+    _every_word_whole(DETAIL, screen)
+    assert "…" not in screen
+
+
 # -- through the commands ---------------------------------------------------------------------
 
 
@@ -175,7 +187,7 @@ def test_intents_show_at_80_columns_keeps_every_word_terminal_and_piped(
         _every_word_whole(DETAIL, output)
         assert "…" not in output
     assert f"key\t{key}\n" in shown.stdout  # piped: name<TAB>value
-    assert f"unknown reason\t{DETAIL}\n" in shown.stdout
+    assert f"unknown_reason\t{DETAIL}\n" in shown.stdout  # field names as in the listings
 
 
 # -- --json on every listing ------------------------------------------------------------------

@@ -762,13 +762,14 @@ def test_a_base_url_with_a_path_sends_to_that_path_once_not_twice(
     assert provider.urls == ["https://checkout.test/v71/payments?note=a+b"]
 
 
+class DiesMidAttempt(httpx.BaseTransport):
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        raise RuntimeError("worker died mid-attempt")
+
+
 def test_a_pending_intent_is_resumed_at_the_new_host_under_the_same_path(
     make_client: MakeClient,
 ) -> None:
-    class DiesMidAttempt(httpx.BaseTransport):
-        def handle_request(self, request: httpx.Request) -> httpx.Response:
-            raise RuntimeError("worker died mid-attempt")
-
     old_host = make_client(base_url="https://old.test/v71", transport=DiesMidAttempt())
     with pytest.raises(RuntimeError, match="worker died"):
         old_host.post("/v1/payments", json=PAYMENT, reference="order-moved")
@@ -780,3 +781,17 @@ def test_a_pending_intent_is_resumed_at_the_new_host_under_the_same_path(
     assert resumed.state is payonce.IntentState.SUCCEEDED
     assert resumed.key == record.key
     assert provider.urls == ["https://new.test/v71/v1/payments"]
+
+
+def test_an_intent_journaled_at_a_host_whose_name_extends_the_base_url_s_moves_to_it(
+    make_client: MakeClient,
+) -> None:
+    old_host = make_client(base_url="https://pay.test.old", transport=DiesMidAttempt())
+    with pytest.raises(RuntimeError, match="worker died"):
+        old_host.post("/v1/pay ments/é", json=PAYMENT, params={"q": "a/b"}, reference="o-e")
+    provider = RecordsUrls()
+
+    (resumed,) = make_client(base_url="https://pay.test", transport=provider).resume()
+
+    assert resumed.state is payonce.IntentState.SUCCEEDED
+    assert provider.urls == ["https://pay.test/v1/pay%20ments/%C3%A9?q=a%2Fb"]

@@ -85,6 +85,65 @@ def test_keys_expiring_between_the_crash_and_the_restart_are_reconciled_not_rese
     assert outcomes == ["found"], "the in-flight order was settled by asking the provider"
 
 
+# -- a block's acknowledgement, written lazily -----------------------------------------------
+
+_BLOCK_WORKER = """
+import sys
+
+import payonce
+from payonce.sandbox import DEFAULT_API_KEY
+
+url, journal, reference, ending = sys.argv[1:]
+client = payonce.Client(
+    base_url=url, provider="sandbox", account="acct_demo", api_key=DEFAULT_API_KEY,
+    journal=journal,
+)
+with client.intent(reference) as op:
+    op.post("/v1/payments", json={"amount": 1000, "currency": "eur"})
+if ending == "close":
+    client.close()
+"""
+
+
+def _pay_in_a_block(
+    provider: SandboxServer, journal: Path, reference: str, ending: str, crash_at: str | None
+) -> int:
+    done = subprocess.run(
+        [sys.executable, "-c", _BLOCK_WORKER, provider.url, str(journal), reference, ending],
+        env=worker_env(crash_at),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode in (0, KILLED), done.stderr[-3000:]
+    return done.returncode
+
+
+def test_a_kill_after_a_block_ended_leaves_its_outcome_listed_as_not_acknowledged(
+    provider: SandboxServer, journal: Path
+) -> None:
+    """The block's acknowledgement waits in memory for the journal's next write: a worker
+    killed before it is written leaves the outcome for ``ack --list``, never silently
+    acknowledged. One that closes its client, or just exits, has it written."""
+    killed = _pay_in_a_block(provider, journal, "order-killed", "exit", "after_block:1")
+    assert killed == KILLED
+    assert _pay_in_a_block(provider, journal, "order-closed", "close", None) == 0
+    assert _pay_in_a_block(provider, journal, "order-exited", "exit", None) == 0
+
+    listed = subprocess.run(
+        [sys.executable, "-m", "payonce", "ack", "--list", "--json", "--journal", str(journal)],
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert [(i["reference"], i["state"]) for i in json.loads(listed.stdout)] == [
+        ("order-killed", "succeeded")
+    ]
+    assert provider.store.total_executions() == 3
+
+
 # -- the harness catches broken clients -----------------------------------------------------
 
 

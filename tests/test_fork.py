@@ -13,8 +13,11 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import payonce
 from helpers.payments import FAST_RETRY, PAYMENT
+from payonce._journal import _acks
 from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
 from payonce.webhooks import sign
 
@@ -175,3 +178,40 @@ def test_children_of_a_webhook_inbox_handle_events_with_their_own_lease_keeper(
     assert sorted(e.event_id for e in events) == ["evt_0", "evt_1", "evt_2", "evt_3", "evt_parent"]
     assert all(e.handler_runs == 1 and e.processed for e in events)
     inbox.close()
+
+
+def test_a_child_writes_its_own_acknowledgements_and_leaves_its_parents_to_the_parent(
+    sandbox: SandboxServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A block's acknowledgement waits in the journal object's memory until its next
+    write: a child inherits that memory, but starts with none of its own."""
+    monkeypatch.setattr(_acks, "FLUSH_DELAY", 3600.0)  # only the writes below write them
+    journal_path = tmp_path / "journal.db"
+    client = payonce.Client(
+        base_url=sandbox.url,
+        provider="sandbox",
+        api_key=DEFAULT_API_KEY,
+        journal=journal_path,
+        retry=FAST_RETRY,
+    )
+    with client.intent("order-parent") as op:
+        op.post("/v1/payments", json=PAYMENT)
+
+    def child(n: int) -> None:
+        with client.intent(f"order-child-{n}") as op:
+            op.post("/v1/payments", json={**PAYMENT, "amount": _amount(n, 0)})
+        client.close()  # writes the child's acknowledgement, and only the child's
+
+    assert _in_children(child) == [0] * CHILDREN
+
+    def acknowledged() -> dict[str, bool]:
+        with payonce.open_journal(journal_path, read_only=True) as journal:
+            records = journal.list_intents()
+        return {r.reference or "": r.acknowledged_at is not None for r in records}
+
+    assert acknowledged() == {
+        "order-parent": False,
+        **{f"order-child-{n}": True for n in range(CHILDREN)},
+    }
+    client.close()
+    assert acknowledged()["order-parent"], "the parent writes its own when it closes"

@@ -241,6 +241,8 @@ def test_a_hook_that_raises_never_changes_what_happens_to_the_payment(
     assert sandbox.store.executions() == {key: 1}
     assert "settled" in recorder.names, "the hooks after a broken one are still told"
     failures = [r for r in caplog.records if "hook Broken." in r.getMessage()]
+    assert {(r.key, r.reference) for r in failures} == {(key, "order-h7")}  # type: ignore[attr-defined]
+    assert {r.state for r in failures} == {"pending", "succeeded"}  # type: ignore[attr-defined]
     assert {r.getMessage().split()[1] for r in failures} >= {
         "Broken.intent_started",
         "Broken.settled",
@@ -324,3 +326,30 @@ def test_every_log_record_about_an_intent_names_it(
         assert (record.key, record.reference) == (key, "order-h12")  # type: ignore[attr-defined]
         assert record.state in {"pending", "succeeded"}  # type: ignore[attr-defined]
     assert about[-1].state == "succeeded"  # type: ignore[attr-defined]
+
+
+def test_look_ups_before_a_resend_are_told_within_the_drive(
+    make_client: MakeClient, make_sandbox: Callable[..., SandboxServer], recorder: Recorder
+) -> None:
+    # The handler outlives the client's timeout on a server that does not guard a duplicate
+    # in flight: payonce looks before it resends, and the provider's record settles it.
+    racy = make_sandbox(processing_seconds=0.8, idempotency="racy")
+    lookup = payonce.providers.Lookup(path="/v1/payments")
+    profile = payonce.ProviderProfile(name="racy-verify", lookup=lookup, max_processing=3.0)
+    retry = payonce.RetryPolicy(max_attempts=4, initial_wait=0.05, max_wait=0.05, max_elapsed=20)
+    client = make_client(
+        base_url=racy.url, provider=profile, timeout=0.3, retry=retry, hooks=recorder
+    )
+
+    paid = client.post("/v1/payments", json=PAYMENT, reference="order-h13")
+
+    lookups = recorder.of("lookup_ended")
+    assert lookups, "it looked before resending"
+    assert all(event.before_resend for event in lookups)
+    assert lookups[-1].outcome == "found"
+    first, *_ = [n for n, name in enumerate(recorder.names) if name == "lookup_ended"]
+    assert recorder.names.index("intent_started") < first < recorder.names.index("intent_ended")
+    (settled,) = recorder.of("settled")
+    assert settled.provider_replayed, "settled from the provider's record"
+    assert racy.wait_idle()
+    assert racy.store.executions() == {paid.json()["idempotency_key"]: 1}

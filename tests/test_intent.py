@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
@@ -16,6 +17,17 @@ def test_default_keys_are_ulids_and_unique() -> None:
     assert len(keys) == 1000
     for key in keys:
         assert str(ULID.from_str(key)) == key
+
+
+def test_a_ulid_key_carries_the_millisecond_it_was_made_and_sorts_by_it() -> None:
+    before = time.time_ns() // 1_000_000
+    first = new_key()
+    time.sleep(0.002)
+    second = new_key()
+    after = time.time_ns() // 1_000_000
+    assert before <= ULID.from_str(first).milliseconds <= ULID.from_str(second).milliseconds
+    assert ULID.from_str(second).milliseconds <= after
+    assert first < second
 
 
 def test_uuid4_keys_on_request() -> None:

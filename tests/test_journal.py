@@ -434,6 +434,7 @@ def test_an_unusable_journal_raises_journal_error_and_is_left_exactly_as_found(
     assert str(path) in str(caught.value)
     assert caught.value.location == str(path)
     assert not isinstance(caught.value, payonce.JournalBusy)
+    assert "Retry later" not in str(caught.value), "damage does not go away by waiting"
     # Same bytes, no -wal/-shm/-journal left behind, no directory or file created.
     assert snapshot(tmp_path / "journals") == before
 
@@ -655,7 +656,7 @@ def test_a_post_on_a_journal_locked_by_another_process_raises_busy_and_sends_not
         with held_exclusively(journal_path), pytest.raises(payonce.JournalBusy) as caught:
             client.post("/v1/payments", json=PAYMENT, reference="order-locked")
         assert str(journal_path) in str(caught.value)
-        assert "nothing was sent" in str(caught.value)
+        assert "nothing was sent. Retry later" in str(caught.value)
         assert sandbox.store.total_executions() == 0
         assert journal.list_intents() == []
 

@@ -113,22 +113,30 @@ def test_an_unknown_outcome_and_its_reconciliation_are_seen(
     make_unknown(make_client, sandbox, "order-o2", "drop_after", hooks=telemetry.hooks)
     make_client(hooks=telemetry.hooks).reconcile("order-o2")
 
-    (drive,) = telemetry.spans("payonce.intent")
+    drive, reconciliation = telemetry.spans("payonce.intent")
     assert drive.attributes is not None
     assert drive.attributes["payonce.state"] == "unknown"
     assert drive.status.status_code.name == "ERROR"
     assert "payonce.unknown" in [e.name for e in drive.events]
-    assert telemetry.total("payonce.unknown_outcomes") == 1
-    assert telemetry.total("payonce.intents", state="unknown") == 1
+    assert reconciliation.attributes is not None
+    assert reconciliation.attributes["payonce.key"] == drive.attributes["payonce.key"]
+    assert reconciliation.attributes["payonce.reconciled"] is True
+    assert reconciliation.attributes["payonce.state"] == "succeeded"
     (lookup,) = telemetry.spans("payonce.lookup")
+    assert lookup.parent is not None
+    assert lookup.parent.span_id == reconciliation.context.span_id, "a child of its intent"
     assert lookup.attributes is not None
     assert (lookup.attributes["payonce.outcome"], lookup.attributes["payonce.before_resend"]) == (
         "found",
         False,
     )
     assert lookup.end_time is not None
-    assert lookup.start_time is not None
-    assert lookup.end_time >= lookup.start_time
+    assert reconciliation.start_time is not None
+    assert reconciliation.start_time <= lookup.start_time <= lookup.end_time  # type: ignore[operator]
+    assert telemetry.total("payonce.unknown_outcomes") == 1
+    # Intents by the state they reached: unknown first, then succeeded once reconciled.
+    assert telemetry.total("payonce.intents", state="unknown") == 1
+    assert telemetry.total("payonce.intents", state="succeeded") == 1
 
 
 def test_httpx_instrumentation_keeps_working_and_nests_under_the_intent(

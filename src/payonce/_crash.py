@@ -11,6 +11,8 @@ Points, in the order one intent passes them:
 - ``after_send``: the request's last byte has been written; the answer has not arrived.
 - ``after_response``: the answer arrived; nothing of it is journaled yet.
 - ``during_settle``: inside the settle transaction, before its commit.
+- ``after_block``: the intent's block has ended normally; the block's acknowledgement
+  waits in memory for the journal's next write.
 """
 
 from __future__ import annotations
@@ -22,7 +24,13 @@ from typing import Any
 
 __all__ = ["CRASH_POINTS", "crash_armed", "crash_atrace", "crash_point", "crash_trace"]
 
-CRASH_POINTS = ("after_write_ahead", "after_send", "after_response", "during_settle")
+CRASH_POINTS = (
+    "after_write_ahead",
+    "after_send",
+    "after_response",
+    "during_settle",
+    "after_block",
+)
 
 _spec = os.environ.get("PAYONCE_CRASH_AT", "").strip()
 _target, _, _visit = _spec.partition(":")

@@ -4,15 +4,19 @@
     client = payonce.Client(..., hooks=OpenTelemetryHooks())
 
 Traces: a ``payonce.intent`` span per drive of an intent (a child of the caller's span),
-with a ``payonce.attempt`` child per attempt and a ``payonce.lookup`` span per status
-look-up; a replay from the journal is a ``payonce.intent`` span of its own. The intent's
-span is the current one while it is driven, so the spans of httpx's own instrumentation
-(``opentelemetry-instrumentation-httpx``) nest under it. Attributes: ``payonce.key``,
-``payonce.reference``, ``payonce.provider``, ``payonce.account``, ``payonce.state``,
-``payonce.attempt``, ``payonce.replayed`` and ``http.response.status_code``.
+with a ``payonce.attempt`` child per attempt and a ``payonce.lookup`` child per status
+look-up; a replay from the journal is a ``payonce.intent`` span of its own, and so is each
+intent of a ``reconcile`` pass (``payonce.reconciled``), its look-ups as children. The
+intent's span is the current one while it is driven, so the spans of httpx's own
+instrumentation (``opentelemetry-instrumentation-httpx``) nest under it. Attributes:
+``payonce.key``, ``payonce.reference``, ``payonce.provider``, ``payonce.account``,
+``payonce.state``, ``payonce.attempt``, ``payonce.replayed`` and
+``http.response.status_code``.
 
-Metrics (counters unless said): ``payonce.intents`` (drives, by the state they left the
-intent in), ``payonce.attempts`` (by outcome), ``payonce.retries``,
+Metrics (counters unless said): ``payonce.intents`` (intents reaching a state, by that
+state: ``succeeded`` or ``failed`` when settled, ``unknown``, and ``pending`` when a drive
+or a reconciliation leaves one to be sent again), ``payonce.attempts`` (by outcome),
+``payonce.retries``,
 ``payonce.unknown_outcomes``, ``payonce.replays``, and the histogram
 ``payonce.journal.commit.duration`` (seconds, by ``payonce.durable``). Metric attributes are
 provider, account and state or outcome: never a key or reference, whose every value would
@@ -36,6 +40,7 @@ from ._runtime._events import (
     AttemptStarted,
     IntentEnded,
     IntentEvent,
+    IntentReconciled,
     IntentReplayed,
     IntentSettled,
     IntentStarted,
@@ -112,6 +117,9 @@ class OpenTelemetryHooks(Hooks):
         )
         self._lock = threading.Lock()
         self._drives: dict[str, _Drive] = {}
+        self._lookups: dict[str, list[tuple[int, int, dict[str, Any]]]] = {}
+        """Look-ups of a reconcile pass, made before its intent's span: (start, end,
+        attributes), to become that span's children once the pass tells its outcome."""
 
     # -- one drive ---------------------------------------------------------------------------
 
@@ -165,11 +173,8 @@ class OpenTelemetryHooks(Hooks):
             )
 
     def lookup_ended(self, event: LookupEnded) -> None:
-        with self._lock:
-            drive = self._drives.get(event.key)
         now = time.time_ns()
         started = now - int((event.elapsed or 0.0) * 1e9)
-        parent = trace.set_span_in_context(drive.span) if drive is not None else None
         attributes = {
             **_identity(event),
             "payonce.outcome": event.outcome,
@@ -177,12 +182,26 @@ class OpenTelemetryHooks(Hooks):
         }
         if event.status_code is not None:
             attributes["http.response.status_code"] = event.status_code
+        with self._lock:
+            drive = self._drives.get(event.key)
+            if drive is None:
+                self._lookups.setdefault(event.key, []).append((started, now, attributes))
+                return
+        self._lookup_span(drive.span, started, now, attributes)
+
+    def _lookup_span(
+        self, parent: Span, started: int, ended: int, attributes: dict[str, Any]
+    ) -> None:
         span = self._tracer.start_span(
-            "payonce.lookup", context=parent, attributes=attributes, start_time=started
+            "payonce.lookup",
+            context=trace.set_span_in_context(parent),
+            attributes=attributes,
+            start_time=started,
         )
-        span.end(end_time=now)
+        span.end(end_time=ended)
 
     def settled(self, event: IntentSettled) -> None:
+        self._intents.add(1, _series(event, **{"payonce.state": event.state.value}))
         with self._lock:
             drive = self._drives.get(event.key)
         if drive is None:
@@ -193,6 +212,7 @@ class OpenTelemetryHooks(Hooks):
 
     def unknown(self, event: IntentUnknown) -> None:
         self._unknown.add(1, _series(event))
+        self._intents.add(1, _series(event, **{"payonce.state": "unknown"}))
         with self._lock:
             drive = self._drives.get(event.key)
         if drive is not None:
@@ -200,7 +220,8 @@ class OpenTelemetryHooks(Hooks):
             drive.span.set_status(Status(StatusCode.ERROR, "outcome unknown: reconcile it"))
 
     def intent_ended(self, event: IntentEnded) -> None:
-        self._intents.add(1, _series(event, **{"payonce.state": event.state.value}))
+        if event.state.value == "pending":
+            self._intents.add(1, _series(event, **{"payonce.state": "pending"}))
         with self._lock:
             drive = self._drives.pop(event.key, None)
         if drive is None:
@@ -224,6 +245,29 @@ class OpenTelemetryHooks(Hooks):
         if event.status_code is not None:
             attributes["http.response.status_code"] = event.status_code
         self._tracer.start_span("payonce.intent", attributes=attributes).end()
+
+    def reconciled(self, event: IntentReconciled) -> None:
+        if event.after is not event.before:
+            self._intents.add(1, _series(event, **{"payonce.state": event.after.value}))
+        with self._lock:
+            lookups = self._lookups.pop(event.key, [])
+        now = time.time_ns()
+        attributes = {
+            **_identity(event),
+            "payonce.state": event.after.value,
+            "payonce.reconciled": True,
+            "payonce.outcome": event.outcome,
+        }
+        span = self._tracer.start_span(
+            "payonce.intent",
+            attributes=attributes,
+            start_time=min((started for started, _, _ in lookups), default=now),
+        )
+        for started, ended, found in lookups:
+            self._lookup_span(span, started, ended, found)
+        if event.after.value == "unknown":
+            span.set_status(Status(StatusCode.ERROR, "outcome still unknown"))
+        span.end(end_time=now)
 
     def journal_committed(self, event: JournalCommitted) -> None:
         self._commits.record(event.seconds, {"payonce.durable": event.durable})

@@ -32,7 +32,6 @@ return Response(status_code=delivery.status_code)
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import hashlib
 import inspect
@@ -52,6 +51,7 @@ from ._journal._open import open_store
 from ._journal._reads import Journal
 from ._journal._store import IntentStore
 from ._lifecycle import new_owner
+from ._runtime._journal_threads import off_loop
 from ._runtime._lease_keeper import Lease, ThreadLeaseKeeper
 from ._runtime._lease_task import TaskLeaseKeeper
 from ._runtime._options import check_seconds
@@ -396,7 +396,7 @@ class WebhookInbox:
         headers: Mapping[str, str],
         handler: Callable[[Event], object],
     ) -> Delivery:
-        """``receive`` for async services: the journal is called from a worker thread.
+        """``receive`` for async services: the journal is called from a journal thread.
 
         ``handler`` may be a coroutine function (awaited) or a plain function (called on
         the event loop, so it should be quick).
@@ -404,7 +404,7 @@ class WebhookInbox:
         event, signed_at = self.verify(payload, headers)
         self._in_this_process()
         owner = new_owner()
-        claim = await asyncio.to_thread(self._claim, event, owner)
+        claim = await off_loop(self._claim, event, owner)
         if not claim.run_handler:
             return self._unhandled(claim, event, signed_at)
         try:
@@ -413,9 +413,9 @@ class WebhookInbox:
                 if inspect.isawaitable(result):
                     await result
         except BaseException as exc:
-            await asyncio.to_thread(self._release, event, owner, exc)
+            await off_loop(self._release, event, owner, exc)
             raise
-        await asyncio.to_thread(self._finish, event, owner)
+        await off_loop(self._finish, event, owner)
         return self._handled(claim, event, signed_at)
 
     # -- looking and closing ---------------------------------------------------------------

@@ -1,9 +1,11 @@
 """The journal's transactions, once, for every SQL backend.
 
-Every journal method is written in terms of two transaction runners a backend provides:
+Every journal method is written in terms of two transaction runners:
 ``_write(work, durable=…, busy=…)`` runs ``work(tx)`` in one read-then-write transaction
-(durably committed or not), ``_read(work)`` runs it for reading. A backend adds only what
-is its own: connecting, opening and checking, locking, durability settings and the
+(durably committed or not), ``_read(work)`` runs it for reading. Both are here, around what
+a backend provides (``_commit`` and ``_query``), so that every write carries the
+acknowledgements waiting in memory (``_acks``) and every read sees them. A backend adds only
+what is its own: connecting, opening and checking, locking, durability settings and the
 translation of its driver's errors. ``Engine`` declares those runners; ``_claims`` (the
 private store's writes) and ``_reads`` (the public journal's reads and operator commands)
 are written on top of them, and ``_store.IntentStore`` puts the two together.
@@ -16,6 +18,8 @@ UPDATE``), so a lease tested here cannot change hands before the write that reli
 from __future__ import annotations
 
 import abc
+import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, Self, TypeVar
@@ -24,6 +28,7 @@ from .._lifecycle import IntentState, Transition, target
 from .._version import __version__
 from ..errors import IntentStateError, JournalBusy, JournalError
 from . import _sql as sql
+from ._acks import PendingAcknowledgements, acknowledge_all, flusher
 from ._records import IntentRecord, JournalCommitted
 from ._schema import APPLICATION, SCHEMA_VERSION
 
@@ -42,14 +47,18 @@ __all__ = [
 
 T = TypeVar("T")
 
+logger = logging.getLogger("payonce")
+
+_ACKS_CREATED = threading.Lock()
+
 # What a caller may conclude when a write could not take the journal's lock in time.
-BEFORE_SEND = "nothing was sent. Retry later"
+BEFORE_SEND = "nothing was sent"
 AFTER_SEND = (
     "the request may already have reached the provider, so this is not a refusal: the "
     "intent stays pending under its key, and calling again with the same reference once "
     "the journal is free settles it without paying twice"
 )
-NO_SEND = "nothing was changed. Retry later"
+NO_SEND = "nothing was changed"
 FOREIGN_KEY_DAMAGE = "foreign key violation"
 """How a storage check words a row that lost the row it points to: the file itself reads."""
 NOT_A_JOURNAL_YET = (
@@ -167,17 +176,12 @@ class Engine(abc.ABC):
     # -- what a backend provides ------------------------------------------------------------
 
     @abc.abstractmethod
-    def _write(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T:
-        """Run ``work`` in one read-then-write transaction and commit it.
-
-        ``durable`` commits survive an operating-system crash before this returns; the
-        others survive a crash of the process. ``busy`` ends the message of the
-        ``JournalBusy`` raised when the journal stayed locked past the busy timeout.
-        """
+    def _commit(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T:
+        """Run ``work`` in one read-then-write transaction and commit it (see ``_write``)."""
 
     @abc.abstractmethod
-    def _read(self, work: Callable[[Tx], T], *, snapshot: bool = False) -> T:
-        """Run ``work`` for reading; ``snapshot`` makes its statements see one instant."""
+    def _query(self, work: Callable[[Tx], T], *, snapshot: bool) -> T:
+        """Run ``work`` for reading (see ``_read``)."""
 
     @abc.abstractmethod
     def _storage_problems(self, tx: Tx) -> list[str]:
@@ -189,6 +193,73 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def _present_columns(self, tx: Tx, table: str) -> set[str]:
         """The columns ``table`` has, or an empty set when there is no such table."""
+
+    # -- the transaction runners ----------------------------------------------------------
+
+    def _write(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T:
+        """Run ``work`` in one read-then-write transaction and commit it.
+
+        ``durable`` commits survive an operating-system crash before this returns; the
+        others survive a crash of the process. ``busy`` ends the message of the
+        ``JournalBusy`` raised when the journal stayed locked past the busy timeout.
+
+        The acknowledgements waiting in memory go first in the same transaction, so
+        ``work`` reads them; if it does not commit, they wait again.
+        """
+        self._refuse_writes()
+        acks = self._acks
+        taken = acks.take() if acks is not None else None
+        if taken is not None:
+            work = _acknowledging(taken, work)
+        try:
+            if self._commit_watchers:
+                return self._timed_write(
+                    lambda: self._commit(work, durable=durable, busy=busy), durable
+                )
+            return self._commit(work, durable=durable, busy=busy)
+        except BaseException:
+            if acks is not None and taken is not None:
+                acks.restore(taken)
+            raise
+
+    def _read(self, work: Callable[[Tx], T], *, snapshot: bool = False) -> T:
+        """Run ``work`` for reading; ``snapshot`` makes its statements see one instant.
+        Acknowledgements waiting in memory are written first: this object reads its own."""
+        if self._acks:
+            self._flush_acknowledgements()
+        return self._query(work, snapshot=snapshot)
+
+    # -- acknowledgements of blocks, written lazily (see ``_acks``) ---------------------------
+
+    _acks: PendingAcknowledgements | None = None
+
+    def _acknowledge_later(self, key: str, *, now: float) -> None:
+        """Acknowledge the settled intent ``key`` in this journal's next write transaction
+        (or within ``_acks.FLUSH_DELAY`` seconds, at ``close()``, at exit): no transaction
+        of its own. A crash before then leaves it unacknowledged, listed by ``ack --list``."""
+        if self._acks is None:
+            with _ACKS_CREATED:
+                if self._acks is None:
+                    self._acks = PendingAcknowledgements()
+        self._acks.add(key, now)
+        flusher.schedule(self)
+
+    def _flush_acknowledgements(self) -> None:
+        """Write the waiting acknowledgements now, in a transaction of their own. Never
+        raises: one not written stays unacknowledged (the safe side) and waits for the next
+        write."""
+        if not self._acks:
+            return
+        try:
+            self._write(_nothing, durable=False, busy=NO_SEND)
+        except Exception as exc:  # busy, closed, gone: the next write carries them
+            logger.warning(
+                "acknowledgements of finished blocks not written yet to the journal %s (%s);"
+                " until a later write carries them, those intents are listed as not "
+                "acknowledged",
+                self.location,
+                exc,
+            )
 
     # -- commit latency, for hooks ----------------------------------------------------------
 
@@ -215,6 +286,8 @@ class Engine(abc.ABC):
         ``AFTER_SEND``, ``NO_SEND``), said after ``what``."""
         cls = JournalBusy if busy else JournalError
         message = f"{what}; {then}" if then else what
+        if busy and then in (BEFORE_SEND, NO_SEND):
+            message += ". Retry later"  # a lock or a pool frees itself; damage does not
         return cls(
             f"{message} (journal: {self.location})",
             location=self.location,
@@ -288,3 +361,15 @@ class Engine(abc.ABC):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _nothing(tx: Tx) -> None:
+    """The work of a transaction that only carries acknowledgements."""
+
+
+def _acknowledging(acknowledged: dict[str, float], work: Callable[[Tx], T]) -> Callable[[Tx], T]:
+    def both(tx: Tx) -> T:
+        acknowledge_all(tx, acknowledged)
+        return work(tx)
+
+    return both

@@ -43,7 +43,7 @@ _NOT_RECORDED = (
 _HANDLED_NOT_RECORDED = (
     "the handler has run but the event could not be marked processed: a redelivery may run it again"
 )
-NOTHING_CHANGED = "nothing was changed. Retry later"
+NOTHING_CHANGED = "nothing was changed"  # the same words as NO_SEND: "Retry later" when busy
 
 _CLAIM_ROUNDS = 3
 _ERROR_CHARS = 500

@@ -238,14 +238,11 @@ class PostgresJournal(IntentStore):
 
     # -- transactions ----------------------------------------------------------------------
 
-    def _write(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T:
-        self._refuse_writes()
+    def _commit(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T:
         begin = "BEGIN" if durable else "BEGIN; SET LOCAL synchronous_commit = off"
-        if self._commit_watchers:
-            return self._timed_write(lambda: self._transact(work, begin=begin, busy=busy), durable)
         return self._transact(work, begin=begin, busy=busy)
 
-    def _read(self, work: Callable[[Tx], T], *, snapshot: bool = False) -> T:
+    def _query(self, work: Callable[[Tx], T], *, snapshot: bool) -> T:
         # A full check may scan every row: no statement timeout for it.
         begin = (
             "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET LOCAL statement_timeout = 0"
@@ -382,4 +379,5 @@ class PostgresJournal(IntentStore):
 
     def close(self) -> None:
         self._in_this_process()  # a child closes its own pool, never its parent's
+        self._flush_acknowledgements()
         self._pool.close()

@@ -23,7 +23,7 @@ from .._lifecycle._key_age import PRUNE_AFTER_KEY_LIFETIMES
 from .._providers._profile import key_lifetime_of
 from ..errors import IntentInFlight
 from . import _sql as sql
-from ._engine import FOREIGN_KEY_DAMAGE, NO_SEND, NOT_A_JOURNAL_YET, Engine, Tx
+from ._engine import NO_SEND, NOT_A_JOURNAL_YET, Engine, Tx
 from ._inbox import (
     LIST_EVENTS,
     NOTHING_CHANGED,
@@ -323,23 +323,24 @@ class Journal(Engine):
                     unacknowledged=0,
                     size_bytes=self._size_bytes(tx),
                 )
+            size = self._size_bytes(tx)
             storage = [p for p in self._storage_problems(tx) if p != "ok"]
             missing = self._missing_parts(tx)
             problems = storage + missing
-            if missing or not all(p.startswith(FOREIGN_KEY_DAMAGE) for p in storage):
-                # Counting rows of a damaged file, or of one with missing parts, would only
-                # fail again. Rows that lost what they point to still count as they are.
-                meta: dict[str, str] = {}
-                by_state: dict[str, int] = {}
-                unacknowledged = 0
-            else:
-                meta = dict(tx.all(sql.META))
-                by_state = {str(s): int(n) for s, n in tx.all(sql.COUNT_BY_STATE)}
-                if "acknowledged_at" in self._present_columns(tx, "intents"):
-                    row = tx.one(sql.COUNT_UNACKNOWLEDGED, _SETTLED)
-                    unacknowledged = int(row[0]) if row else 0
-                else:  # schema 1 predates acknowledgements: no outcome was ever acknowledged
-                    unacknowledged = sum(by_state.get(state, 0) for state in _SETTLED)
+            meta: dict[str, str] = {}
+            by_state: dict[str, int] = {}
+            unacknowledged = 0
+            contents_read = not missing
+            if contents_read:
+                # A damaged index or page may leave the rows readable: what can be read is
+                # reported, so damage is never shown as an empty journal. Last, because a
+                # read that fails may end the transaction (PostgreSQL).
+                try:
+                    meta, by_state, unacknowledged = self._contents(tx)
+                except Exception:
+                    if not problems:
+                        raise
+                    contents_read = False
             try:
                 version = int(meta.get("schema_version", 0))
             except ValueError:
@@ -352,10 +353,22 @@ class Journal(Engine):
                 schema_version=version,
                 intents_by_state=by_state,
                 unacknowledged=unacknowledged,
-                size_bytes=self._size_bytes(tx),
+                size_bytes=size,
+                contents_read=contents_read,
             )
 
         return self._read(work, snapshot=True)
+
+    def _contents(self, tx: Tx) -> tuple[dict[str, str], dict[str, int], int]:
+        """The journal's meta rows, its intents by state and how many are unacknowledged."""
+        meta = dict(tx.all(sql.META))
+        by_state = {str(s): int(n) for s, n in tx.all(sql.COUNT_BY_STATE)}
+        if "acknowledged_at" in self._present_columns(tx, "intents"):
+            row = tx.one(sql.COUNT_UNACKNOWLEDGED, _SETTLED)
+            unacknowledged = int(row[0]) if row else 0
+        else:  # schema 1 predates acknowledgements: no outcome was ever acknowledged
+            unacknowledged = sum(by_state.get(state, 0) for state in _SETTLED)
+        return meta, by_state, unacknowledged
 
     # -- webhook events ------------------------------------------------------------------
 

@@ -121,6 +121,9 @@ class JournalReport:
     latest_schema_version: int = SCHEMA_VERSION
     """This payonce's schema: a journal below it is read as it is, and migrated by the next
     payonce that opens it to write."""
+    contents_read: bool = True
+    """False when the file is too damaged to read its schema version and counts: they are
+    then 0 and mean nothing. A damaged file whose rows still read has them, as read."""
 
 
 @attrs.frozen

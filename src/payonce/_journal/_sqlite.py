@@ -280,12 +280,9 @@ class SQLiteJournal(GroupCommit, IntentStore):
             )
         return self._error(f"journal operation failed: {message}", then=busy)
 
-    def _write(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T:
-        self._refuse_writes()
+    def _commit(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T:
         self._in_this_process()
         write = self._write_together if self._group_commit else self._write_alone
-        if self._commit_watchers:
-            return self._timed_write(lambda: write(work, durable=durable, busy=busy), durable)
         return write(work, durable=durable, busy=busy)
 
     def _begin(self, *, durable: bool) -> sqlite3.Cursor:
@@ -315,7 +312,7 @@ class SQLiteJournal(GroupCommit, IntentStore):
                 raise
             return result
 
-    def _read(self, work: Callable[[Tx], T], *, snapshot: bool = False) -> T:
+    def _query(self, work: Callable[[Tx], T], *, snapshot: bool) -> T:
         self._in_this_process()
         with self._lock:
             try:
@@ -390,5 +387,6 @@ class SQLiteJournal(GroupCommit, IntentStore):
 
     def close(self) -> None:
         self._in_this_process()  # a child closes its own connection, never its parent's
+        self._flush_acknowledgements()
         with self._lock:
             self._conn.close()

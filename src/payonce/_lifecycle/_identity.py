@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
@@ -37,14 +39,25 @@ MAX_KEY_LENGTH = 255
 def new_key(key_format: KeyFormat = "ulid") -> str:
     """A fresh idempotency key: a ULID (sortable by creation time) or a random UUIDv4."""
     if key_format == "ulid":
-        # Imported on first use: python-ulid reads its own package metadata on import,
-        # which ``import payonce`` need not pay for.
-        from ulid import ULID
-
-        return str(ULID())
+        return _ulid()
     if key_format == "uuid4":
         return str(uuid.uuid4())
     raise ConfigurationError(f"key_format must be 'ulid' or 'uuid4', not {key_format!r}")
+
+
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_CROCKFORD_PAIRS = [first + second for first in _CROCKFORD for second in _CROCKFORD]
+"""Every 10-bit value as its two base32 characters."""
+
+
+def _ulid() -> str:
+    """A ULID: 48 bits of Unix milliseconds, then 80 random bits, in 26 characters of
+    Crockford's base32 (130 bits, the first two zero).
+
+    Spelt here, ten bits at a time, at half the cost of python-ulid's ``str(ULID())``.
+    """
+    value = (time.time_ns() // 1_000_000) << 80 | int.from_bytes(os.urandom(10))
+    return "".join([_CROCKFORD_PAIRS[(value >> shift) & 1023] for shift in range(120, -1, -10)])
 
 
 def validate_key(key: str, *, max_length: int = MAX_KEY_LENGTH) -> str:
@@ -105,7 +118,7 @@ class CanonicalRequest:
         written before headers counted keep their fingerprints.
         """
         digest = hashlib.sha256()
-        query = urlencode(sorted(self.query_pairs))
+        query = urlencode(sorted(self.query_pairs)) if self.query_pairs else ""
         for part in (self.method, self.path, query, self.content_type or ""):
             digest.update(part.encode())
             digest.update(b"\x00")
@@ -223,7 +236,7 @@ def canonical_request(
             f"request path {path!r} holds a control character (CR, LF, NUL…): it cannot be sent"
         )
     path, _, inline_query = path.partition("?")
-    query_pairs = parse_qsl(inline_query, keep_blank_values=True)
+    query_pairs = parse_qsl(inline_query, keep_blank_values=True) if inline_query else []
     if params:
         query_pairs.extend(_form_pairs(params))
 
@@ -259,7 +272,7 @@ def canonical_request(
     return CanonicalRequest(
         method=method,
         path=path,
-        query=urlencode(query_pairs),
+        query=urlencode(query_pairs) if query_pairs else "",
         query_pairs=tuple(query_pairs),
         content_type=content_type,
         body=body,

@@ -17,7 +17,6 @@ import contextlib
 import functools
 import os
 import socket
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -60,7 +59,7 @@ def _own_start_time(pid: int) -> str:
 def new_owner() -> str:
     """A fresh owner name for one worker (one call of one process)."""
     pid = os.getpid()
-    return f"{_HOST}:{pid}:{_own_start_time(pid)}:{uuid.uuid4().hex[:12]}"
+    return f"{_HOST}:{pid}:{_own_start_time(pid)}:{os.urandom(6).hex()}"
 
 
 def owner_is_dead(owner: str | None) -> bool:

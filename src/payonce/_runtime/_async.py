@@ -1,9 +1,10 @@
 """``payonce.AsyncClient``: the same decisions as ``Client``, awaited.
 
 Only the I/O edge differs: httpx.AsyncClient sends, asyncio sleeps, leases are kept alive
-from a task, and every journal call (an fsync may take milliseconds) runs in a worker
-thread so the event loop never blocks on the disk. Runs under asyncio; trio is not
-supported (the journal hand-off uses ``asyncio.to_thread``).
+from a task, and every journal call (an fsync may take milliseconds) runs in one of
+payonce's journal threads (``_journal_threads``) so the event loop never blocks on the
+disk. Runs under asyncio; trio is not supported (the hand-off answers through the asyncio
+loop).
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from ._base import BaseClient, OneShotOptions, OneShotVerbs, OperationBase, Requ
 from ._batch import Claimed, ReconcileBatch, ResumeBatch, ResumeResult, arun_batch
 from ._core import Replay, Run, Wait
 from ._deadline import Deadline
+from ._journal_threads import off_loop
 from ._lease_task import TaskLeaseKeeper
 from ._reconcile import ReconcileResult
-from ._retrying import Retry
+from ._retrying import FirstAttempt, Retry
 from ._sync import IN_FLIGHT_POLL
 
 __all__ = ["AsyncClient", "AsyncOperation"]
@@ -37,7 +39,7 @@ Awaited = Coroutine[Any, Any, httpx.Response]
 
 
 async def _off_loop(function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    return await asyncio.to_thread(function, *args, **kwargs)
+    return await off_loop(function, *args, **kwargs)
 
 
 class AsyncOperation(OperationBase, Verbs[Awaited]):
@@ -64,8 +66,7 @@ class AsyncOperation(OperationBase, Verbs[Awaited]):
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
-        if self._acknowledge_on_exit(exc_type):
-            await _off_loop(self._acknowledge_quietly)
+        self._exit(exc_type)
 
 
 class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotVerbs[Awaited]):
@@ -186,26 +187,35 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
             self._core.drive_ended(run)
 
     async def _attempts(self, run: Run) -> httpx.Response:
-        core = self._core
-        async for attempt in tenacity.AsyncRetrying(**core.retrying(run)):
+        first = FirstAttempt()
+        try:
+            return await self._attempt(run)
+        except Retry as failure:
+            first.failed(failure)
+        async for attempt in tenacity.AsyncRetrying(**self._core.retrying(run, first.began)):
             with attempt:
-                if run.verification is not None and (found := await self._verified(run)):
-                    return found
-                if not run.started:  # the claim journaled the first attempt's start
-                    await _off_loop(core.start_attempt, run)
-                try:
-                    request = core.build_request(run, self._http)
-                    response = await self._exchange(request)
-                except Exception as exc:
-                    await _off_loop(core.on_error, run, exc)
-                    raise
-                except BaseException as exc:
-                    # Cancelled mid-attempt (a timeout, a caller that went away): journal the
-                    # attempt as ambiguous and give the lease back now, without awaiting.
-                    core.on_error(run, exc)
-                    raise
-                return await _off_loop(core.on_response, run, response)
+                first.replay()
+                return await self._attempt(run)
         raise AssertionError("unreachable: tenacity either returns or raises")
+
+    async def _attempt(self, run: Run) -> httpx.Response:
+        core = self._core
+        if run.verification is not None and (found := await self._verified(run)):
+            return found
+        if not run.started:  # the claim journaled the first attempt's start
+            await _off_loop(core.start_attempt, run)
+        try:
+            request = core.build_request(run, self._http)
+            response = await self._exchange(request)
+        except Exception as exc:
+            await _off_loop(core.on_error, run, exc)
+            raise
+        except BaseException as exc:
+            # Cancelled mid-attempt (a timeout, a caller that went away): journal the
+            # attempt as ambiguous and give the lease back now, without awaiting.
+            core.on_error(run, exc)
+            raise
+        return await _off_loop(core.on_response, run, response)
 
     async def _verified(self, run: Run) -> httpx.Response | None:
         """See ``Client._verified``: the same steps, awaited, the journal off the loop."""

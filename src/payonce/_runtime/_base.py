@@ -8,7 +8,6 @@ flavour, and the short chains that send, sleep and wait.
 from __future__ import annotations
 
 import abc
-import contextlib
 import functools
 import ipaddress
 import logging
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar, Unpack, cast
 
 import httpx
 
+from .._crash import crash_point
 from .._credentials import resolve_api_key
 from .._fork import ForkGuard
 from .._journal._open import open_store
@@ -28,7 +28,7 @@ from .._journal._store import IntentStore
 from .._lifecycle import IntentState, KeyFormat, canonical_request, check_headers, new_key
 from .._providers._profile import ProviderProfile, get_profile
 from .._version import __version__
-from ..errors import ConfigurationError, IntentStateError
+from ..errors import ConfigurationError
 from ._core import IntentCore, Run, Step
 from ._deadline import default_attempt_timeout
 from ._events import RetryEvent
@@ -57,6 +57,8 @@ USER_AGENT = f"payonce/{__version__}"
 TransportT = TypeVar("TransportT", httpx.BaseTransport, httpx.AsyncBaseTransport)
 OperationT = TypeVar("OperationT", bound="OperationBase")
 R = TypeVar("R")
+
+_SETTLED = (IntentState.SUCCEEDED, IntentState.FAILED)
 
 
 class RequestOptions(TypedDict, total=False):
@@ -194,21 +196,29 @@ class OperationBase:
             headers=headers,
         )
 
-    def _acknowledge_on_exit(self, exc_type: type[BaseException] | None) -> bool:
-        # Leaving the block normally means the caller has dealt with the outcome; one that
-        # crashed or raised finds it in client.unacknowledged() instead of paying again.
-        # Already acknowledged (with the settle, or before a replay): no transaction.
-        return (
+    def _exit(self, exc_type: type[BaseException] | None) -> None:
+        """Leaving the block: normally, the caller has dealt with the outcome; one that
+        crashed or raised finds it in client.unacknowledged() instead of paying again.
+
+        The acknowledgement costs no transaction: it rides in the journal's next write (see
+        ``payonce._journal._acks``), and a crash before that leaves the intent listed as
+        unacknowledged, the safe side. Only an outcome this block saw settled is
+        acknowledged: one still pending or unknown has none to acknowledge, and one another
+        worker settles meanwhile is an outcome this block never saw. Already acknowledged
+        (with the settle, or before a replay): nothing to do. Never touches the disk, so it
+        is safe on an event loop.
+        """
+        if (
             exc_type is None
             and self._acknowledge
             and self._key is not None
             and not self._acknowledged
-        )
-
-    def _acknowledge_quietly(self) -> None:
-        assert self._key is not None
-        with contextlib.suppress(IntentStateError):
-            self._core.journal.acknowledge(self._key, now=self._core.clock())
+            and self._state in _SETTLED
+        ):
+            self._core.journal._acknowledge_later(self._key, now=self._core.clock())
+            self._acknowledged = True
+        if exc_type is None:
+            crash_point("after_block")
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} key={self._key!r} reference={self.reference!r}>"

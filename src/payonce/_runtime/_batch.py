@@ -98,15 +98,15 @@ async def arun_batch(
     drive: Callable[[T], Awaitable[R]],
     on_result: Callable[[R], object] | None,
 ) -> list[R]:
-    import asyncio  # here: a service that only uses Client never imports asyncio
+    from ._journal_threads import off_loop  # a service that only uses Client never needs it
 
     results: list[R] = []
-    while (target := await asyncio.to_thread(batch.next)) is not None:
+    while (target := await off_loop(batch.next)) is not None:
         try:
             result = await drive(target)
         except Exception as exc:
             _log_failure(batch.record(target), exc)
-            result = await asyncio.to_thread(batch.failed, target, exc)
+            result = await off_loop(batch.failed, target, exc)
         batch.report(result)
         results.append(result)
         if on_result is not None:

@@ -136,6 +136,12 @@ class IntentCore:
         self.lease_seconds = lease_seconds
         self.clock = clock
         self.hooks = hooks
+        # Fixed for the client's life, so computed once rather than on every intent.
+        self._base = httpx.URL(base_url)
+        self._own_urls = None if "?" in base_url or "#" in base_url else base_url + "/"
+        """What every URL journaled by a client of this base URL starts with."""
+        self._auth_headers = profile.auth_headers(api_key)
+        self._unjournaled_headers = profile.secret_headers() | {profile.key_header.lower()}
 
     # -- the intent --------------------------------------------------------------------------
 
@@ -151,7 +157,7 @@ class IntentCore:
         if key is not None:
             validate_key(key, max_length=self.profile.key_max_length)
         check_headers(headers)
-        secret = self.profile.secret_headers() | {self.profile.key_header.lower()}
+        secret = self._unjournaled_headers
         if refused := sorted(name for name in headers or {} if name.lower() in secret):
             # Never journaled, so never sent again after a restart; and never quoted.
             raise ConfigurationError(
@@ -289,7 +295,7 @@ class IntentCore:
         return Lease(f"intent {run.key}", renew, log_extra=log_extra(run.record))
 
     def auth_headers(self) -> dict[str, str]:
-        return self.profile.auth_headers(self._api_key)
+        return dict(self._auth_headers)
 
     # -- one attempt -------------------------------------------------------------------------
 
@@ -297,24 +303,31 @@ class IntentCore:
         """The same bytes and the same key on every attempt, taken from the journal."""
         record = run.record
         headers = dict(record.request_headers)
+        content_type = headers.get("content-type")
         headers[self.profile.key_header] = self.profile.key_header_value(record.key)
-        headers.update(self.auth_headers())
-        # The path comes from the journal, the host from this client: after a failover or a
-        # move to another endpoint, the intent is resent where the provider now answers. The
-        # journaled path already holds the base URL's own path (``/v71`` of Adyen's).
-        url = httpx.URL(self.base_url).copy_with(raw_path=httpx.URL(record.url).raw_path)
-        content_type = dict(record.request_headers).get("content-type")
+        headers.update(self._auth_headers)
         if self.hooks:
             self.hooks.emit(
                 Hooks.attempt_started, AttemptStarted(**about(record), attempt=run.attempt)
             )
         return client.build_request(
             record.method,
-            url,
+            self.sent_url(record.url),
             content=self.profile.prepare_body(record.body, content_type, record.key),
             headers=headers,
             extensions=self._crash_extensions(client),
         )
+
+    def sent_url(self, journaled: str) -> httpx.URL | str:
+        """Where an intent journaled at ``journaled`` is sent by this client."""
+        if self._own_urls is not None and journaled.startswith(self._own_urls):
+            # Journaled by a client of this base URL (nearly always): that very URL, which
+            # httpx parses once, rather than three parses and a merge to the same result.
+            return journaled
+        # The path comes from the journal, the host from this client: after a failover or a
+        # move to another endpoint, the intent is resent where the provider now answers. The
+        # journaled path already holds the base URL's own path (``/v71`` of Adyen's).
+        return self._base.copy_with(raw_path=httpx.URL(journaled).raw_path)
 
     @staticmethod
     def _crash_extensions(client: httpx.Client | httpx.AsyncClient) -> dict[str, Any] | None:
@@ -327,14 +340,15 @@ class IntentCore:
         crash_point("after_response")
         verdict = classify_response(response, self.profile)
         transition = transition_for(verdict)
-        logger.debug(
-            "intent %s attempt %d: HTTP %d (%s)",
-            run.key,
-            run.attempt,
-            response.status_code,
-            verdict.outcome.value,
-            extra=log_extra(run.record),
-        )
+        if logger.isEnabledFor(logging.DEBUG):  # its extra= costs a dict per attempt
+            logger.debug(
+                "intent %s attempt %d: HTTP %d (%s)",
+                run.key,
+                run.attempt,
+                response.status_code,
+                verdict.outcome.value,
+                extra=log_extra(run.record),
+            )
         if verdict.outcome is Outcome.RETRY:
             status = response.status_code
             self._retryable(run, verdict, transition, status_code=status, error=verdict.diagnosis)
@@ -352,13 +366,14 @@ class IntentCore:
     def on_error(self, run: Run, error: BaseException) -> None:
         """An attempt raised: retry transport failures, journal anything else and re-raise."""
         verdict = classify_error(error)
-        logger.debug(
-            "intent %s attempt %d: %s",
-            run.key,
-            run.attempt,
-            type(error).__name__,
-            extra=log_extra(run.record),
-        )
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "intent %s attempt %d: %s",
+                run.key,
+                run.attempt,
+                type(error).__name__,
+                extra=log_extra(run.record),
+            )
         if verdict is not None and verdict.outcome is Outcome.NOT_SENT:
             # Provably never left: the intent stays pending, free, and not ambiguous.
             self._end_attempt(run, Transition.ATTEMPT_NOT_SENT, error=type(error).__name__)
@@ -429,20 +444,28 @@ class IntentCore:
             attempt=run.attempt,
             acknowledge_success=run.acknowledge_on_success,
         )
-        logger.info(
-            "intent %s%s %s after %d attempt(s): HTTP %d",
-            record.key,
-            f" ({record.reference})" if record.reference else "",
-            record.state.value,
-            record.attempt_count,
-            response.status_code,
-            extra=log_extra(record),
-        )
-        provider_replayed = self.profile.was_replayed(response)
+        if logger.isEnabledFor(logging.INFO):
+            logger.info(
+                "intent %s%s %s after %d attempt(s): HTTP %d",
+                record.key,
+                f" ({record.reference})" if record.reference else "",
+                record.state.value,
+                record.attempt_count,
+                response.status_code,
+                extra=log_extra(record),
+            )
+        provider_replayed = None  # read from the response only if someone asks
         if self.hooks:
+            provider_replayed = self.profile.was_replayed(response)
             self._attempt_ended(run, transition, response.status_code, None)
             self.settled(record, provider_replayed=provider_replayed)
-        tagged(response, record, replayed=False, provider_replayed=provider_replayed)
+        tagged(
+            response,
+            record,
+            replayed=False,
+            provider_replayed=provider_replayed,
+            profile=self.profile,
+        )
         return self.deliver(record, response)
 
     # -- giving up, replaying ----------------------------------------------------------------
@@ -483,8 +506,9 @@ class IntentCore:
             return response
         raise refusals.refused(record, response, classify_response(response, self.profile))
 
-    def retrying(self, run: Run | None) -> dict[str, Any]:
-        """tenacity settings of an intent's attempt loop, or of a look-up's (``run`` None)."""
+    def retrying(self, run: Run | None, began: float | None = None) -> dict[str, Any]:
+        """tenacity settings of an intent's attempt loop, or of a look-up's (``run`` None).
+        ``began``: when the intent's first attempt started, outside the loop."""
         if run is None:
             return retrying_kwargs(self.retry)
 
@@ -500,7 +524,9 @@ class IntentCore:
         def on_retry(event: RetryEvent) -> None:
             self.hooks.emit(Hooks.retrying, event)
 
-        return retrying_kwargs(self.retry, event=event, on_retry=on_retry if self.hooks else None)
+        return retrying_kwargs(
+            self.retry, event=event, on_retry=on_retry if self.hooks else None, began=began
+        )
 
     # -- what the hooks are told -------------------------------------------------------------
 

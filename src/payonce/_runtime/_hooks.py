@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
+from .._lifecycle import IntentState
 from ..errors import ConfigurationError
 from ._events import (
     AttemptEnded,
     AttemptStarted,
     IntentEnded,
+    IntentEvent,
     IntentReconciled,
     IntentReplayed,
     IntentResumed,
@@ -83,6 +85,20 @@ class Hooks:
         """The client's journal committed a transaction (any client's, on a shared one)."""
 
 
+def _log_extra(event: object) -> dict[str, Any] | None:
+    """The intent fields of a log record about ``event``, as every other record has them."""
+    if not isinstance(event, IntentEvent):
+        return None
+    if isinstance(event, IntentReconciled):
+        state = event.after.value
+    elif isinstance(event, IntentUnknown):
+        state = IntentState.UNKNOWN.value
+    else:  # events of a drive name no state: the intent is pending while it is driven
+        found = getattr(event, "state", IntentState.PENDING)
+        state = found.value if isinstance(found, IntentState) else str(found)
+    return {"key": event.key, "reference": event.reference, "state": state}
+
+
 class _OnRetry(Hooks):
     """``on_retry=``: the one-callable shorthand for ``Hooks.retrying``."""
 
@@ -144,4 +160,5 @@ class HookSet:
                     type(hook).__name__,
                     name,
                     exc_info=True,
+                    extra=_log_extra(event),
                 )

@@ -7,13 +7,14 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
+from ._journal_threads import off_loop
 from ._lease_keeper import Keeper, Lease
 
 __all__ = ["TaskLeaseKeeper"]
 
 
 class TaskLeaseKeeper(Keeper):
-    """Renews from an asyncio task, each round's journal writes in a worker thread."""
+    """Renews from an asyncio task, each round's journal writes in a journal thread."""
 
     def __init__(self, interval: float) -> None:
         super().__init__(interval)
@@ -34,7 +35,7 @@ class TaskLeaseKeeper(Keeper):
             await asyncio.sleep(self.interval)
             if not self._leases:
                 return
-            await asyncio.to_thread(self._renew, list(self._leases))
+            await off_loop(self._renew, list(self._leases))
 
     async def aclose(self) -> None:
         task, self._task = self._task, None

@@ -12,6 +12,7 @@ import httpx
 
 from .._journal._records import IntentRecord, StoredResponse
 from .._lifecycle import IntentState
+from .._providers._profile import ProviderProfile
 from ._events import log_extra
 
 __all__ = [
@@ -65,7 +66,44 @@ class ResponseInfo:
 def response_info(response: httpx.Response) -> ResponseInfo | None:
     """payonce's record of a response, or None for a response payonce did not produce."""
     info = response.extensions.get("payonce")
+    if isinstance(info, _Tag):
+        info = response.extensions["payonce"] = info.info(response)
     return info if isinstance(info, ResponseInfo) else None
+
+
+class _Tag:
+    """What a response's ``ResponseInfo`` is made of, made into one only when asked: most
+    callers never ask, and each intent would pay for it."""
+
+    __slots__ = ("_profile", "_provider_replayed", "_record", "_replayed")
+
+    def __init__(
+        self,
+        record: IntentRecord,
+        replayed: bool,
+        provider_replayed: bool | None,
+        profile: ProviderProfile | None,
+    ) -> None:
+        self._record = record
+        self._replayed = replayed
+        self._provider_replayed = provider_replayed
+        self._profile = profile
+
+    def info(self, response: httpx.Response) -> ResponseInfo:
+        record = self._record
+        provider_replayed = self._provider_replayed
+        if provider_replayed is None:
+            assert self._profile is not None
+            provider_replayed = self._profile.was_replayed(response)
+        return ResponseInfo(
+            key=record.key,
+            reference=record.reference,
+            state=record.state,
+            replayed=self._replayed,
+            provider_replayed=provider_replayed,
+            attempts=record.attempt_count,
+            body_stored=record.response.body_stored if record.response is not None else True,
+        )
 
 
 def stored(response: httpx.Response, *, record: IntentRecord, max_bytes: int) -> StoredResponse:
@@ -103,22 +141,17 @@ def from_lookup(record: dict[str, Any], status: int) -> StoredResponse:
 
 
 def tagged(
-    response: httpx.Response, record: IntentRecord, *, replayed: bool, provider_replayed: bool
+    response: httpx.Response,
+    record: IntentRecord,
+    *,
+    replayed: bool,
+    provider_replayed: bool | None,
+    profile: ProviderProfile | None = None,
 ) -> httpx.Response:
-    """The response, carrying its ``ResponseInfo``."""
-    body_stored = record.response.body_stored if record.response is not None else True
-    response.extensions = {
-        **response.extensions,
-        "payonce": ResponseInfo(
-            key=record.key,
-            reference=record.reference,
-            state=record.state,
-            replayed=replayed,
-            provider_replayed=provider_replayed,
-            attempts=record.attempt_count,
-            body_stored=body_stored,
-        ),
-    }
+    """The response, carrying its ``ResponseInfo``. ``provider_replayed`` None: ``profile``
+    tells from the response's headers, if anyone asks."""
+    tag = _Tag(record, replayed, provider_replayed, profile)
+    response.extensions = {**response.extensions, "payonce": tag}
     return response
 
 
@@ -134,12 +167,13 @@ def replayed(record: IntentRecord) -> httpx.Response | None:
         content=answer.body,
         request=httpx.Request(record.method, record.url),
     )
-    logger.debug(
-        "intent %s replayed from the journal: HTTP %d",
-        record.key,
-        answer.status,
-        extra=log_extra(record),
-    )
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "intent %s replayed from the journal: HTTP %d",
+            record.key,
+            answer.status,
+            extra=log_extra(record),
+        )
     return tagged(response, record, replayed=True, provider_replayed=False)
 
 

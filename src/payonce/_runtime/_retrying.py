@@ -1,9 +1,16 @@
-"""How hard payonce retries, and the tenacity settings both clients' loops share."""
+"""How hard payonce retries, and the tenacity settings both clients' loops share.
+
+An intent's first attempt runs outside tenacity: most intents succeed at once, and building
+a ``tenacity.Retrying`` (its closures, its state machine) for them is pure cost. tenacity
+takes over from the first retryable outcome (``FirstAttempt``), counting that attempt as
+its own first one, so waits, events and limits are those of a loop that ran it.
+"""
 
 from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +21,7 @@ from .._lifecycle import Verdict
 from ._events import RetryEvent
 from ._options import check_count, number_field
 
-__all__ = ["Retry", "RetryEvent", "RetryPolicy", "retrying_kwargs"]
+__all__ = ["FirstAttempt", "Retry", "RetryEvent", "RetryPolicy", "retrying_kwargs"]
 
 logger = logging.getLogger("payonce")
 
@@ -65,14 +72,55 @@ class Retry(Exception):
         self.verdict = verdict
 
 
+class FirstAttempt:
+    """An intent's first attempt, run before tenacity's loop and handed to it on failure.
+
+    Both clients' loops read: run the attempt; on ``Retry``, ``failed(it)``, start
+    tenacity with ``retrying_kwargs(..., began=first.began)`` and call ``replay()`` first
+    in every attempt of it. tenacity's first attempt then ends at once with the first
+    attempt's outcome, so it numbers the retries, waits and stops as if it had run it.
+    """
+
+    __slots__ = ("_failure", "began")
+
+    def __init__(self) -> None:
+        self.began = time.monotonic()
+        """When the first attempt started: ``max_elapsed`` counts from here."""
+        self._failure: Retry | None = None
+
+    def failed(self, failure: Retry) -> None:
+        self._failure = failure
+
+    def replay(self) -> None:
+        """In tenacity's first attempt, raise the first attempt's outcome; then nothing."""
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
+
+
+class _ElapsedSince(tenacity.stop.stop_base):
+    """tenacity's ``stop_before_delay``, counted from ``began`` rather than from the start of
+    tenacity's loop (which begins after the first attempt)."""
+
+    def __init__(self, began: float, max_elapsed: float) -> None:
+        self.began = began
+        self.max_elapsed = max_elapsed
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        ended = retry_state.outcome_timestamp or time.monotonic()
+        return ended - self.began + retry_state.upcoming_sleep >= self.max_elapsed
+
+
 def retrying_kwargs(
     policy: RetryPolicy,
     *,
     event: Callable[[int, float, Verdict], RetryEvent] | None = None,
     on_retry: Callable[[RetryEvent], None] | None = None,
+    began: float | None = None,
 ) -> dict[str, Any]:
     """tenacity settings for one loop. ``event`` builds the ``RetryEvent`` of an intent's
-    retry (None for a status look-up, which has no retry events)."""
+    retry (None for a status look-up, which has no retry events). ``began`` is when the
+    loop's first attempt started, when it ran before tenacity's loop (``FirstAttempt``)."""
 
     def wait(state: tenacity.RetryCallState) -> float:
         error = state.outcome.exception() if state.outcome else None
@@ -95,9 +143,13 @@ def retrying_kwargs(
         if on_retry is not None:
             on_retry(retry)
 
+    elapsed: tenacity.stop.stop_base = (
+        tenacity.stop_before_delay(policy.max_elapsed)
+        if began is None
+        else _ElapsedSince(began, policy.max_elapsed)
+    )
     return {
-        "stop": tenacity.stop_after_attempt(policy.max_attempts)
-        | tenacity.stop_before_delay(policy.max_elapsed),
+        "stop": tenacity.stop_after_attempt(policy.max_attempts) | elapsed,
         "wait": wait,
         "retry": tenacity.retry_if_exception_type(Retry),
         "before_sleep": before_sleep,

@@ -23,7 +23,7 @@ from ._core import Replay, Run, Wait
 from ._deadline import Deadline
 from ._lease_keeper import ThreadLeaseKeeper
 from ._reconcile import ReconcileResult
-from ._retrying import Retry
+from ._retrying import FirstAttempt, Retry
 
 __all__ = ["IN_FLIGHT_POLL", "Client", "Operation"]
 
@@ -60,8 +60,7 @@ class Operation(OperationBase, Verbs[httpx.Response]):
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
-        if self._acknowledge_on_exit(exc_type):
-            self._acknowledge_quietly()
+        self._exit(exc_type)
 
 
 class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Response]):
@@ -194,20 +193,29 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
             self._core.drive_ended(run)
 
     def _attempts(self, run: Run) -> httpx.Response:
-        core = self._core
-        for attempt in tenacity.Retrying(**core.retrying(run)):
+        first = FirstAttempt()
+        try:
+            return self._attempt(run)
+        except Retry as failure:
+            first.failed(failure)
+        for attempt in tenacity.Retrying(**self._core.retrying(run, first.began)):
             with attempt:
-                if run.verification is not None and (found := self._verified(run)):
-                    return found
-                core.start_attempt(run)
-                try:
-                    request = core.build_request(run, self._http)
-                    response = self._exchange(request)
-                except BaseException as exc:  # KeyboardInterrupt too: give the lease back
-                    core.on_error(run, exc)
-                    raise
-                return core.on_response(run, response)
+                first.replay()
+                return self._attempt(run)
         raise AssertionError("unreachable: tenacity either returns or raises")
+
+    def _attempt(self, run: Run) -> httpx.Response:
+        core = self._core
+        if run.verification is not None and (found := self._verified(run)):
+            return found
+        core.start_attempt(run)
+        try:
+            request = core.build_request(run, self._http)
+            response = self._exchange(request)
+        except BaseException as exc:  # KeyboardInterrupt too: give the lease back
+            core.on_error(run, exc)
+            raise
+        return core.on_response(run, response)
 
     def _verified(self, run: Run) -> httpx.Response | None:
         """Verify before resend: look the intent up until its record settles it (returned)

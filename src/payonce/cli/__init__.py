@@ -26,16 +26,19 @@ from ._journal import journal_group, prune
 from ._keys import keys
 from ._recovery import reconcile, resume
 from ._sandbox import demo, sandbox
+from ._warnings import warnings_to_stderr
 
 __all__ = ["JOURNAL_ENV", "CliError", "NotFound", "Refused", "cli", "main"]
 
 
 class _Cli(click.Group):
-    """Turns every ``PayonceError`` a command lets through into a ``CliError``."""
+    """Turns every ``PayonceError`` a command lets through into a ``CliError``, and the
+    library's warnings into ``warning: ...`` lines on stderr."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with warnings_to_stderr():
+                return super().invoke(ctx)
         except payonce.PayonceError as exc:
             # Journal and configuration problems are the user's to fix, not crashes.
             raise CliError(str(exc)) from exc

@@ -20,7 +20,7 @@ from rich.text import Text
 import payonce
 
 from ._common import console, echo_json, iso, redacted, shown
-from ._tables import print_table
+from ._tables import field_name, print_table
 
 __all__ = [
     "STATES",
@@ -258,7 +258,7 @@ def print_intent_detail(
     payloads = _payload_texts(record) if with_body else []
     if not out.is_terminal:
         for name, value in fields:
-            click.echo(f"{name}\t{shown(value.plain)}", file=out.file)
+            click.echo(f"{field_name(name)}\t{shown(value.plain)}", file=out.file)
         for table in sections:
             click.echo("", file=out.file)
             print_table(out, [table], fields=table)

@@ -30,7 +30,7 @@ from ._common import (
     redacted,
     shown,
 )
-from ._report import report_json, report_view
+from ._report import report_json, report_lines, report_view
 from ._tables import print_table
 
 __all__ = ["journal_group", "parse_duration", "prune"]
@@ -64,10 +64,14 @@ def check_journal(journal_path: JournalLocation | None, as_json: bool) -> None:
             echo_json({"location": location, "ok": False, "problems": [str(exc)]})
             raise click.exceptions.Exit(1) from exc
         raise Damaged(f"the journal is damaged: {exc}") from exc
+    out = console()
     if as_json:
         echo_json(report_json(report))
+    elif out.is_terminal:
+        out.print(report_view(report))
     else:
-        console().print(report_view(report))
+        for line in report_lines(report):
+            click.echo(line, file=out.file)
     if not report.ok:
         raise click.exceptions.Exit(1)
 
@@ -291,7 +295,9 @@ def _confirm(count: int, location: str) -> None:
             f"prune would delete {count} intent(s) from {location}: pass --yes to delete "
             "them from a script, or --dry-run to see which"
         )
-    click.confirm(question, abort=True, err=True)
+    if not click.confirm(question, err=True):
+        click.echo("nothing deleted", err=True)
+        raise click.exceptions.Exit(0)
 
 
 def _show_dry_run(
@@ -326,10 +332,11 @@ def _show_dry_run(
 
     say(
         f"would prune {count} intent(s) {_which(include_unacknowledged)} "
-        f"before {iso(cutoff, precise=False)} from {location}"
+        f"before {iso(cutoff, precise=False)} from {location}; intents younger than twice "
+        "their provider's key lifetime are kept whatever --older-than says"
     )
     if sample:
-        table = _sample_table(sample)
+        table = _sample_table(sorted(sample, key=lambda record: record.updated_at))
         print_table(out, [table], fields=table)
     if count > len(sample):
         say(f"... and {count - len(sample)} more")

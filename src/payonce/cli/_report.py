@@ -10,7 +10,10 @@ from rich.text import Text
 
 import payonce
 
-__all__ = ["report_json", "report_view"]
+from ._common import shown
+from ._tables import field_name
+
+__all__ = ["report_json", "report_lines", "report_view"]
 
 _STATE_ORDER = [state.value for state in payonce.IntentState]
 
@@ -22,15 +25,17 @@ def _by_state(report: payonce.journal.JournalReport) -> dict[str, int]:
 
 
 def report_json(report: payonce.journal.JournalReport) -> dict[str, Any]:
+    read = report.contents_read  # else null, not a 0 that reads like an empty journal
     return {
         "location": report.location,
         "ok": report.ok,
         "problems": list(report.problems),
-        "schema_version": report.schema_version,
+        "contents_read": read,
+        "schema_version": report.schema_version if read else None,
         "latest_schema_version": report.latest_schema_version,
-        "intents_by_state": _by_state(report),
-        "intents": sum(report.intents_by_state.values()),
-        "unacknowledged": report.unacknowledged,
+        "intents_by_state": _by_state(report) if read else None,
+        "intents": sum(report.intents_by_state.values()) if read else None,
+        "unacknowledged": report.unacknowledged if read else None,
         "size_bytes": report.size_bytes,
     }
 
@@ -53,22 +58,42 @@ def _schema(report: payonce.journal.JournalReport) -> str:
     return f"{version} (this payonce writes {latest}: the next payonce that writes migrates it)"
 
 
-def report_view(report: payonce.journal.JournalReport) -> Group:
-    fields = Table.grid(padding=(0, 2))
-    fields.add_column(style="bold", no_wrap=True)
-    fields.add_column(overflow="fold")
+def _fields(report: payonce.journal.JournalReport) -> list[tuple[str, Text]]:
     if report.ok:
         integrity = Text("ok", style="green")
     else:
         integrity = Text(f"{len(report.problems)} problem(s) found", style="bold red")
+    unreadable = "unreadable: the file is too damaged to count what it holds"
     counts = _by_state(report)
     states = ", ".join(f"{n} {state}" for state, n in counts.items() if n) or "none"
-    fields.add_row("journal", Text(report.location))
-    fields.add_row("integrity", integrity)
-    fields.add_row("schema version", Text(_schema(report)))
-    fields.add_row("intents", Text(f"{sum(counts.values())} ({states})"))
-    fields.add_row("unacknowledged", Text(str(report.unacknowledged)))
-    fields.add_row("size", Text(_size(report.size_bytes)))
+    intents = f"{sum(counts.values())} ({states})"
+    if report.contents_read and report.problems:
+        intents += ", as read from a damaged file"
+    read = report.contents_read
+    return [
+        ("journal", Text(report.location)),
+        ("integrity", integrity),
+        ("schema version", Text(_schema(report) if read else unreadable)),
+        ("intents", Text(intents if read else unreadable)),
+        ("unacknowledged", Text(str(report.unacknowledged) if read else unreadable)),
+        ("size", Text(_size(report.size_bytes))),
+    ]
+
+
+def report_view(report: payonce.journal.JournalReport) -> Group:
+    fields = Table.grid(padding=(0, 2))
+    fields.add_column(style="bold", no_wrap=True)
+    fields.add_column(overflow="fold")
+    for name, value in _fields(report):
+        fields.add_row(name, value)
     parts: list[Table | Text] = [fields]
     parts.extend(Text(f"  {problem}", style="red") for problem in report.problems)
     return Group(*parts)
+
+
+def report_lines(report: payonce.journal.JournalReport) -> list[str]:
+    """Piped: ``name<TAB>value`` lines, then a ``problem<TAB>…`` line per finding, each
+    whole on one line (a finding's own line breaks escaped), for grep and cut."""
+    lines = [f"{field_name(name)}\t{shown(value.plain)}" for name, value in _fields(report)]
+    lines += [f"problem\t{shown(problem)}" for problem in report.problems]
+    return lines

@@ -51,7 +51,7 @@ def print_table(out: Console, layouts: Sequence[Table], *, fields: Table) -> Non
             out.print(layout)
             return
     # Not cropped: a key longer than the whole terminal is left to the terminal to wrap.
-    out.print(stacked(fields), crop=False)
+    out.print(stacked(fields, out.width), crop=False)
 
 
 def field_name(header: object) -> str:
@@ -66,9 +66,12 @@ def plain_lines(table: Table) -> Iterator[str]:
         yield "\t".join(shown(_plain(cell)) for cell in cells)
 
 
-def stacked(table: Table) -> Group:
+def stacked(table: Table, width: int) -> Group:
     """Record after record: the first cell (the key) whole on its own line, then the other
-    non-empty fields under it, ``name  value``, each value wrapped at words."""
+    non-empty fields under it, ``name  value``, each value wrapped at words. A value with a
+    word too long for the space beside its name (a long reference) gets a line of its own
+    under the name, never cut: a terminal narrower than the word wraps it, and a copy of
+    it is still whole."""
     others = table.columns[1:]
     parts: list[RenderableType] = []
     if table.title:
@@ -79,14 +82,31 @@ def stacked(table: Table) -> Group:
         whole = _plain(key) if label == "key" else f"{label} {_plain(key)}"  # "attempt 2"
         head = Text(whole, style="bold", no_wrap=True, overflow="ignore")
         head.stylize(style)
-        grid = Table.grid(padding=(0, 2))
-        grid.add_column(no_wrap=True, style="dim")
-        grid.add_column(overflow="fold")  # a word wider than the terminal folds, never "…"
-        for column, value in zip(others, values, strict=True):
-            if _plain(value):
-                grid.add_row(_plain(column.header), value)
-        parts += [head, Padding(grid, (0, 0, 0, 2))]
+        shown_fields = [
+            (_plain(column.header), value)
+            for column, value in zip(others, values, strict=True)
+            if _plain(value)
+        ]
+        beside = width - 2 - max((len(name) for name, _ in shown_fields), default=0) - 2
+        grid = _field_grid()
+        parts.append(head)
+        for name, value in shown_fields:
+            if max(map(len, _plain(value).split() or [""])) <= beside:
+                grid.add_row(name, value)
+                continue
+            # The grid so far, then this field: its name, and its value alone, whole.
+            parts += [Padding(grid, (0, 0, 0, 2)), Padding(Text(name, style="dim"), (0, 0, 0, 2))]
+            parts.append(Text(_plain(value), no_wrap=True, overflow="ignore"))
+            grid = _field_grid()
+        parts.append(Padding(grid, (0, 0, 0, 2)))
     return Group(*parts)
+
+
+def _field_grid() -> Table:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(no_wrap=True, style="dim")
+    grid.add_column(overflow="fold")  # only a word no line could hold folds, never "…"
+    return grid
 
 
 def _rows(table: Table) -> Iterator[tuple[RenderableType, ...]]:
