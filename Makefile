@@ -23,9 +23,14 @@ $(VENV)/.sandbox-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[sandbox]'
 	touch $@
 
+# The benchmarks run the sandbox, a PostgreSQL journal and the aiohttp transport too.
+$(VENV)/.bench-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[sandbox,postgres,aiohttp]'
+	touch $@ $(VENV)/.sandbox-installed
+
 $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	touch $@ $(VENV)/.sandbox-installed
+	touch $@ $(VENV)/.sandbox-installed $(VENV)/.bench-installed
 
 $(VENV)/.docs-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[docs]'
@@ -53,10 +58,15 @@ test-fast: lint
 docs: $(VENV)/.docs-installed
 	$(BIN)/mkdocs build --strict --site-dir site
 
-bench: $(VENV)/.sandbox-installed
-	$(BIN)/python bench/sequential.py
-	$(BIN)/python bench/verify.py
-	$(BIN)/python bench/import_time.py
+# Every row of issue 10's table, each as a ratio within one run, in about 4 minutes on a
+# 2-CPU machine: shorter runs than each script's defaults (run one alone for those).
+bench: $(VENV)/.bench-installed
+	$(BIN)/python bench/sequential.py --requests 1000 --rounds 3 --warmup 100
+	$(BIN)/python bench/overhead.py --intents 2000 --rounds 3
+	$(BIN)/python bench/async_concurrency.py --quick
+	$(BIN)/python bench/journal.py --quick
+	$(BIN)/python bench/import_time.py --rounds 9
+	$(BIN)/python bench/verify.py --quick
 
 clean:
 	rm -rf $(VENV) build dist site .pytest_cache .mypy_cache .ruff_cache

@@ -9,6 +9,8 @@ payment a new intent. Cells alternate by round, so noise hits the variants alike
                              alive), a fresh Idempotency-Key per request: the baseline
     httpx, no sniffio        the same with sniffio hidden: httpcore then re-tries the
                              failed import on every lock it creates (encode/httpcore#1103)
+    aiohttp                  aiohttp.ClientSession (100 connections): the yardstick of the
+                             aiohttp transport, which must reach half its rate at c=64
     payonce …                payonce.AsyncClient, one reference per payment, on
         default pool         transport=None (httpx's default pool)
         bounded 16           transport=Bounded(16): at most 16 requests in the pool, 16
@@ -68,6 +70,8 @@ T = TypeVar("T")
 
 WARM_UP = 30
 TARGET = 2.0
+AIOHTTP_TARGET = 0.5
+"""payonce's aiohttp transport at 64 concurrent over raw aiohttp at 64 (issue 10)."""
 
 
 # -- sniffio, hidden the way a missing package is missing -------------------------------------
@@ -137,10 +141,11 @@ TRANSPORTS: dict[str, Callable[[], httpx.AsyncBaseTransport | None]] = {
 
 
 def variants(selected: list[str] | None) -> list[str]:
-    names = ["httpx", "httpx, no sniffio"]
+    names = ["httpx", "httpx, no sniffio", "aiohttp"]
     for transport in TRANSPORTS:
         names += [f"payonce {transport}, group", f"payonce {transport}, inline"]
-    names.append("payonce bounded 16, group, journal threads 64")
+    if hasattr(_async_client, "_off_loop"):  # gone once the journal has a thread of its own
+        names.append("payonce bounded 16, group, journal threads 64")
     return [n for n in names if selected is None or any(s in n for s in selected)]
 
 
@@ -162,6 +167,24 @@ async def open_variant(name: str, url: str, journal: Path) -> Any:
                         raise RuntimeError(f"HTTP {response.status_code}: {response.text}")
 
                 yield pay_raw
+        return
+    if name == "aiohttp":
+        import aiohttp
+
+        connector = aiohttp.TCPConnector(limit=100)
+        async with aiohttp.ClientSession(url, connector=connector) as session:
+
+            async def pay_aiohttp(number: int) -> None:
+                headers = {
+                    "Idempotency-Key": str(uuid.uuid4()),
+                    "Authorization": f"Bearer {API_KEY}",
+                }
+                async with session.post(PATH, json=PAYMENT, headers=headers) as response:
+                    await response.read()
+                    if response.status != 201:
+                        raise RuntimeError(f"HTTP {response.status}")
+
+            yield pay_aiohttp
         return
     transport = next(TRANSPORTS[t] for t in TRANSPORTS if f"payonce {t}," in name)()
     threads = journal_threads(64) if "journal threads" in name else contextlib.nullcontext()
@@ -282,6 +305,16 @@ def main() -> None:
     )
     floor = median(sequential)
     print(f"payonce.Client (sync), sequential: {floor:,.0f} requests/s")
+    if "aiohttp" in names and 64 in args.concurrency:
+        raw = typical[("aiohttp", 64)]
+        for name in names:
+            if name.startswith("payonce aiohttp"):
+                got = typical[(name, 64)] / raw
+                verdict = "met" if got >= AIOHTTP_TARGET else "MISSED"
+                print(
+                    f"{name} at 64 / raw aiohttp at 64: {got:.2f}x "
+                    f"(target >= {AIOHTTP_TARGET:g}x: {verdict})"
+                )
     if "httpx" in names and 64 in args.concurrency:
         base = typical[("httpx", 64)]
         rows = [

@@ -1,4 +1,4 @@
-"""Big journals: listing pending intents, opening, file size and pruning at 10k/100k/1M.
+"""Big journals: listing pending intents, showing one, opening, size, pruning at 10k to 1M.
 
 Each journal is built fast, straight through the schema (a SQLiteJournal creates and
 migrates it, then executemany inserts one intent and one attempt per row), with intents
@@ -7,7 +7,11 @@ succeeded or failed, 98% of those acknowledged. Then, per size:
 
     list     journal.list_intents(states=[pending], limit=50): the query behind
              `payonce intents list --state pending --limit 50` (median of 7), its plan,
-             and the whole command run in-process (CliRunner: no interpreter start-up)
+             and the whole command run in-process (CliRunner: no interpreter start-up);
+             and with two common states, --state succeeded --state failed (median of 7)
+    show     journal.find(reference) for one intent in the middle of the journal: the look-up
+             behind `payonce intents show <reference>` (median of 7), its plan, and the whole
+             command in-process (it also reads the intent's attempts and reconciliations)
     open     opening the journal with PRAGMA quick_check (the default) and without
     prune    `prune --older-than 30d` in batches of 1000: intents deleted per second,
              while another connection keeps claiming intents: its slowest claim shows
@@ -39,6 +43,7 @@ from payonce.cli import cli
 
 DAY = 86400.0
 TARGET_MS = 50.0
+SHOW_TARGET_MS = 5.0
 _CHUNK = 20_000
 
 REQUEST_HEADERS = json.dumps([["content-type", "application/json"]])
@@ -135,12 +140,15 @@ def timed(function: object, repeat: int = 7) -> float:
     return statistics.median(times)
 
 
-def query_plan(journal: SQLiteJournal) -> str:
-    statement = (
-        sql.LIST + " WHERE state IN (?) ORDER BY created_at DESC, key DESC LIMIT ?"
-    ).replace("SELECT", "EXPLAIN QUERY PLAN SELECT", 1)
-    steps = journal._conn.execute(statement, ("pending", 50)).fetchall()
+def plan_of(journal: SQLiteJournal, statement: str, params: tuple[object, ...]) -> str:
+    explain = statement.replace("SELECT", "EXPLAIN QUERY PLAN SELECT", 1)
+    steps = journal._conn.execute(explain, params).fetchall()
     return "; ".join(str(step[3]) for step in steps)
+
+
+def query_plan(journal: SQLiteJournal) -> str:
+    statement = sql.LIST + " WHERE state IN (?) ORDER BY created_at DESC, key DESC LIMIT ?"
+    return plan_of(journal, statement, ("pending", 50))
 
 
 @contextlib.contextmanager
@@ -184,18 +192,28 @@ def measure(directory: Path, size: int) -> dict[str, object]:
         assert len(rows) == min(50, size // 200), len(rows)
         result["query"] = timed(lambda: journal.list_intents(states=pending, limit=50))
         result["plan"] = query_plan(journal)
+        common = [IntentState.SUCCEEDED, IntentState.FAILED]
+        result["two_states"] = timed(lambda: journal.list_intents(states=common, limit=50))
         result["dry_run"] = timed(
             lambda: journal.prune(older_than=now - 30 * DAY, dry_run=True), repeat=1
         )
 
-    runner = CliRunner()
-    command = ["intents", "list", "--state", "pending", "--limit", "50", "--journal", str(path)]
+        reference = f"big-{size // 2:08d}"
+        found = journal.find(reference)
+        assert [r.reference for r in found] == [reference], found
+        result["show"] = timed(lambda: journal.find(reference))
+        result["show_plan"] = plan_of(journal, sql.FIND, (reference, reference))
 
-    def run_cli() -> None:
+    runner = CliRunner()
+    listing = ["intents", "list", "--state", "pending", "--limit", "50", "--journal", str(path)]
+    showing = ["intents", "show", reference, "--journal", str(path)]
+
+    def run_cli(command: list[str]) -> None:
         outcome = runner.invoke(cli, [*command, "--json"])
         assert outcome.exit_code == 0, outcome.output
 
-    result["cli"] = timed(run_cli, repeat=3)
+    result["cli"] = timed(lambda: run_cli(listing), repeat=3)
+    result["show_cli"] = timed(lambda: run_cli(showing))
 
     with SQLiteJournal(path, check_integrity=False) as journal, writer_alongside(path) as waits:
         began = time.perf_counter()
@@ -227,11 +245,14 @@ def main() -> None:
 
     ms = 1000.0
     table(
-        "list --state pending --limit 50, opening, size",
+        "list --state pending --limit 50, show <reference>, opening, size",
         [
             "intents",
-            "query ms",
-            "CLI in-process ms",
+            "list query ms",
+            "list CLI in-process ms",
+            "list succeeded + failed ms",
+            "show query ms",
+            "show CLI in-process ms",
             "open + quick_check ms",
             "open, no check ms",
             "file MB",
@@ -242,6 +263,9 @@ def main() -> None:
                 f"{r['size']:,}",
                 f"{float(r['query']) * ms:.2f}",  # type: ignore[arg-type]
                 f"{float(r['cli']) * ms:.0f}",  # type: ignore[arg-type]
+                f"{float(r['two_states']) * ms:.2f}",  # type: ignore[arg-type]
+                f"{float(r['show']) * ms:.3f}",  # type: ignore[arg-type]
+                f"{float(r['show_cli']) * ms:.1f}",  # type: ignore[arg-type]
                 f"{float(r['open_check']) * ms:.0f}",  # type: ignore[arg-type]
                 f"{float(r['open_no_check']) * ms:.0f}",  # type: ignore[arg-type]
                 f"{int(r['bytes']) / 1e6:.1f}",  # type: ignore[call-overload]
@@ -277,14 +301,19 @@ def main() -> None:
         ],
     )
     for r in results:
-        console.print(f"plan at {r['size']:,}: {r['plan']}")
+        console.print(f"list plan at {r['size']:,}: {r['plan']}")
+        console.print(f"show plan at {r['size']:,}: {r['show_plan']}")
     largest = results[-1]
-    query_ms = float(largest["query"]) * ms  # type: ignore[arg-type]
-    verdict = "met" if query_ms < TARGET_MS else f"MISSED by {query_ms / TARGET_MS:.2f}x"
-    print(
-        f"target: list --state pending < {TARGET_MS:g} ms at {largest['size']:,} intents: "
-        f"{query_ms:.2f} ms, {verdict}"
-    )
+    for what, figure, target in (
+        ("list --state pending", "query", TARGET_MS),
+        ("show <reference>", "show", SHOW_TARGET_MS),
+    ):
+        query_ms = float(largest[figure]) * ms  # type: ignore[arg-type]
+        verdict = "met" if query_ms < target else f"MISSED by {query_ms / target:.2f}x"
+        print(
+            f"target: {what} < {target:g} ms at {largest['size']:,} intents: "
+            f"{query_ms:.3f} ms, {verdict}"
+        )
     _ = PATH
 
 

@@ -54,7 +54,8 @@ API_KEY = "sk_test_payonce"
 ACCOUNT = "acct_demo"
 PAYMENT: dict[str, Any] = {"amount": 4200, "currency": "eur"}
 PATH = "/v1/payments"
-TARGET_RATIO = 0.6
+TARGET_RATIO = 0.8
+"""Durable sequential payments over raw httpx: issue 10 (issue 4 asked 0.6)."""
 _READY_TIMEOUT = 20.0
 
 T = TypeVar("T")

@@ -454,6 +454,39 @@ def test_list_and_find_order_and_filter(journal: IntentStore) -> None:
     assert journal.get("nothing") is None
 
 
+def test_listing_several_states_merges_them_newest_first(journal: IntentStore) -> None:
+    # Created at 1000..1005, the two at 1004 tied (the greater key first); odd ones settle.
+    for number, now in ((1, 1000.0), (2, 1001.0), (3, 1004.0), (4, 1004.0), (5, 1005.0)):
+        journal.claim(draft_for(number), owner="w", now=now, lease_seconds=30)
+    for key in ("key-00001", "key-00003", "key-00005"):
+        settle(journal, key, "w", 1010.0)
+    journal.release("key-00002", owner="w")
+    journal.abandon("key-00002", reason="checked by hand", now=1011.0)
+
+    both = [SUCCEEDED, PENDING]
+    assert [r.key for r in journal.list_intents(states=both)] == [
+        "key-00005",
+        "key-00004",
+        "key-00003",
+        "key-00001",
+    ]
+    assert [r.key for r in journal.list_intents(states=both, limit=3)] == [
+        "key-00005",
+        "key-00004",
+        "key-00003",
+    ]
+    assert [r.key for r in journal.list_intents(states=[*both, PENDING], limit=9)] == [
+        "key-00005",
+        "key-00004",
+        "key-00003",
+        "key-00001",
+    ], "a state named twice lists its intents once"
+    abandoned = payonce.IntentState.ABANDONED
+    assert journal.list_intents(states=[abandoned, PENDING], limit=1) == [
+        journal.get("key-00004")
+    ], "whole records, every column in its place"
+
+
 # -- the resume queue -----------------------------------------------------------------------
 
 

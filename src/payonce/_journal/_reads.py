@@ -154,12 +154,15 @@ class Journal(Engine):
         statement = sql.LIST
         params: list[Any] = []
         if states is not None:
-            wanted = [IntentState(s).value for s in states]
+            wanted = list(dict.fromkeys(IntentState(s).value for s in states))
             if not wanted:
                 return []
+            if len(wanted) > 1 and limit is not None:
+                params = [value for state in wanted for value in (state, limit)]
+                return self._intents(sql.newest_in_states(len(wanted)), [*params, limit])
             statement += f" WHERE state IN ({', '.join('?' for _ in wanted)})"
             params.extend(wanted)
-        statement += " ORDER BY created_at DESC, key DESC"
+        statement += sql.NEWEST
         if limit is not None:
             statement += " LIMIT ?"
             params.append(limit)

@@ -39,6 +39,7 @@ __all__ = [
     "is_postgres_url",
     "NEEDED_INDEXES",
     "needed_columns",
+    "newest_in_states",
     "reconciliation_from_row",
 ]
 
@@ -359,6 +360,22 @@ FIND = (
     f"SELECT {INTENT_COLUMNS} FROM intents WHERE key = ? OR reference = ? ORDER BY created_at DESC"
 )
 LIST = f"SELECT {INTENT_COLUMNS} FROM intents"
+NEWEST = " ORDER BY created_at DESC, key DESC"
+
+
+def newest_in_states(count: int) -> str:
+    """The newest intents of ``count`` states, at most ``?`` of them: parameters are each
+    state with the limit after it, then the limit again.
+
+    One ordered, limited look-up per state, each read backwards from the (state,
+    created_at) index, then merged: ``state IN (...)`` would read every intent of those
+    states and sort them all (0.7 s for succeeded and failed at a million intents).
+    """
+    one = f"SELECT * FROM ({LIST} WHERE state = ?{NEWEST} LIMIT ?) AS s{{}}"
+    merged = " UNION ALL ".join(one.format(number) for number in range(count))
+    return f"SELECT * FROM ({merged}) AS newest{NEWEST} LIMIT ?"
+
+
 ATTEMPTS = f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE key = ? ORDER BY number"
 RECONCILIATIONS = (
     f"SELECT {RECONCILIATION_COLUMNS} FROM reconciliations WHERE key = ? ORDER BY at, "
