@@ -4,6 +4,7 @@ it holds nothing, and treats a lost lease the one documented way."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -11,6 +12,8 @@ from collections.abc import Callable
 import pytest
 
 import payonce
+from payonce._lifecycle import canonical_request
+from payonce._runtime._core import Run
 from payonce._runtime._lease_keeper import Lease, ThreadLeaseKeeper
 from payonce._runtime._lease_task import TaskLeaseKeeper
 
@@ -117,3 +120,30 @@ async def test_the_task_keeper_marks_a_lost_lease_and_stops_renewing_it() -> Non
         await asyncio.sleep(5 * INTERVAL)
     await keeper.aclose()
     assert renew.calls == 1
+
+
+def test_a_lease_the_run_released_itself_is_not_reported_lost(
+    make_client: Callable[..., payonce.Client], caplog: pytest.LogCaptureFixture
+) -> None:
+    # The keeper renews a snapshot of its leases: a settle may release one in between.
+    client = make_client()
+    core = client._core
+    draft = core.draft(
+        canonical_request("POST", "/v1/payments", json_body={"amount": 1, "currency": "eur"}),
+        reference="order-released",
+        key=None,
+        key_supplied=False,
+        headers=None,
+    )
+    run = core.begin(draft, "worker-1")
+    assert isinstance(run, Run)
+    lease = core.lease(run)
+    client.journal.release(run.key, owner="worker-1")  # what the run's settle does
+
+    with caplog.at_level(logging.WARNING, logger="payonce"):
+        assert lease.renew(), "released by its own run: not lost"
+    taken = client.journal.claim_key(run.key, owner="worker-2", now=time.time(), lease_seconds=60)
+    assert taken is not None
+    assert taken.record.lease_owner == "worker-2"
+    assert not lease.renew(), "another worker holds it now: lost"
+    assert not [r for r in caplog.records if "lease lost" in r.getMessage()]

@@ -288,9 +288,14 @@ class IntentCore:
         """The run's lease, for the lease keeper to renew while an attempt waits."""
 
         def renew() -> bool:
-            return self.journal.renew_lease(
+            if self.journal.renew_lease(
                 run.key, owner=run.owner, now=self.clock(), lease_seconds=self.lease_seconds
-            )
+            ):
+                return True
+            # The keeper renews a snapshot of its leases: this run's own settle may have
+            # released the lease meanwhile. Lost means another worker holds it now.
+            current = self.journal.get(run.key)
+            return current is not None and current.lease_owner in (None, run.owner)
 
         return Lease(f"intent {run.key}", renew, log_extra=log_extra(run.record))
 
