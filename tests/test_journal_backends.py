@@ -85,6 +85,41 @@ def test_a_claim_creates_the_intent_with_its_first_attempt_started_for_every_rea
     assert [(a.number, a.in_flight) for a in other.attempts("key-00007")] == [(1, True)]
 
 
+@pytest.mark.parametrize("acknowledge", [False, True], ids=["answer-kept", "answer-returned"])
+def test_the_record_a_settle_returns_is_the_row_every_reader_then_reads(
+    journal: IntentStore, open_journal: OpenJournal, acknowledge: bool
+) -> None:
+    # Built from what the settle wrote, not read back: it must be exactly the stored row,
+    # after a second attempt too (the attempt count and first send the claim did not know).
+    journal.claim(draft_for(3), owner="w1", now=1000.0, lease_seconds=30)
+    journal.end_attempt(
+        "key-00003",
+        1,
+        transition=Transition.ATTEMPT_NOT_EXECUTED,
+        owner="w1",
+        now=1001.0,
+        status_code=503,
+        error=None,
+    )
+    number = journal.start_attempt("key-00003", owner="w1", now=1002.0, lease_seconds=30)
+
+    record = journal.settle(
+        "key-00003",
+        transition=Transition.SUCCEEDED,
+        owner="w1",
+        now=1003.0,
+        response=attrs.evolve(RESPONSE, headers=[list(pair) for pair in RESPONSE.headers]),
+        attempt=number,
+        acknowledge_success=acknowledge,
+    )
+
+    assert record == open_journal().get("key-00003")
+    assert (record.attempt_count, record.updated_at) == (2, 1003.0)
+    assert record.acknowledged_at == (1003.0 if acknowledge else None)
+    assert record.response is not None
+    assert record.response.headers == RESPONSE.headers
+
+
 def test_a_settled_intent_is_replayed_byte_for_byte(
     journal: IntentStore, open_journal: OpenJournal
 ) -> None:

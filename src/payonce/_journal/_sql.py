@@ -9,6 +9,7 @@ two column types of the schema, and how to ask whether the meta table exists.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -150,14 +151,6 @@ EVENT_FIELDS = (
 )
 """Every column of ``webhook_events`` the statements read (checked by ``journal.check``)."""
 
-_RESPONSE_FIELDS = (
-    "response_status",
-    "response_headers",
-    "response_body",
-    "response_body_stored",
-    "response_stored_by",
-    "response_schema",
-)
 _ATTEMPT_FIELDS = ("key", "number", "started_at", "ended_at", "status_code", "error", "ambiguous")
 _RECONCILIATION_FIELDS = ("key", "at", "outcome", "detail", "status_code")
 
@@ -185,14 +178,24 @@ NEEDED_INDEXES = ("intents_scope_reference",)
 one of two workers create the same intent."""
 
 
+_encode = json.JSONEncoder(check_circular=False).encode
+"""``json.dumps`` with its defaults (the same text), without its per-call set-up; headers
+hold no containers that could refer to themselves."""
+_decode = json.JSONDecoder().decode
+
+
 def headers_to_json(headers: Sequence[tuple[str, str]]) -> str:
-    return json.dumps([list(pair) for pair in headers])
+    # A tuple is written as the JSON array a list would be: the pairs need no copying.
+    return _encode(headers if isinstance(headers, tuple) else tuple(headers))
 
 
+@functools.lru_cache(maxsize=64)
 def _headers_from_json(text: str | None) -> tuple[tuple[str, str], ...]:
+    """Cached: the same few header sets come back on every row (the request's content type,
+    a provider's usual answer headers), and the tuple is immutable."""
     if not text:
         return ()
-    return tuple((str(name), str(value)) for name, value in json.loads(text))
+    return tuple((str(name), str(value)) for name, value in _decode(text))
 
 
 def _real(value: Any) -> float | None:
@@ -217,11 +220,10 @@ def typed(
     return fields
 
 
-def _stored_response(fields: dict[str, Any]) -> StoredResponse | None:
-    """The response columns, taken out of ``fields``, as the answer they store (if any)."""
-    status, headers, body, body_stored, stored_by, schema = (
-        fields.pop(name) for name in _RESPONSE_FIELDS
-    )
+def _stored_response(
+    status: Any, headers: Any, body: Any, body_stored: Any, stored_by: Any, schema: Any
+) -> StoredResponse | None:
+    """The response columns, in their table order, as the answer they store (if any)."""
     if status is None:
         return None
     return StoredResponse(
@@ -236,19 +238,43 @@ def _stored_response(fields: dict[str, Any]) -> StoredResponse | None:
 
 
 def intent_from_row(row: Sequence[Any]) -> IntentRecord:
-    fields = typed(
-        dict(zip((*_INTENT_FIELDS, "attempt_count"), row, strict=True)),
-        times=("created_at", "updated_at"),
-        optional_times=("first_sent_at", "lease_expires_at", "acknowledged_at"),
-        counts=("attempt_count",),
-    )
-    response = _stored_response(fields)
-    body = bytes(fields.pop("request_body"))
-    headers = _headers_from_json(fields.pop("request_headers"))
-    state = IntentState(fields.pop("state"))
-    # What is left is named as the record's own fields are.
+    """A row of ``INTENT_COLUMNS`` as its record. Read by position, without a dict of the
+    columns: every read of an intent comes through here."""
+    key, scope, reference, account, provider, method, url, fingerprint = row[:8]
+    (
+        request_headers,
+        body,
+        state,
+        created_at,
+        updated_at,
+        first_sent_at,
+        lease_owner,
+        lease_expires_at,
+        unknown_reason,
+    ) = row[8:17]
+    acknowledged_at, abandon_reason, attempt_count = row[23:]
     return IntentRecord(
-        **fields, body=body, request_headers=headers, state=state, response=response
+        key=key,
+        scope=scope,
+        reference=reference,
+        account=account,
+        provider=provider,
+        method=method,
+        url=url,
+        fingerprint=fingerprint,
+        request_headers=_headers_from_json(request_headers),
+        body=bytes(body),
+        state=IntentState(state),
+        created_at=float(created_at),
+        updated_at=float(updated_at),
+        first_sent_at=_real(first_sent_at),
+        lease_owner=lease_owner,
+        lease_expires_at=_real(lease_expires_at),
+        unknown_reason=unknown_reason,
+        response=_stored_response(*row[17:23]),
+        acknowledged_at=_real(acknowledged_at),
+        attempt_count=int(attempt_count),
+        abandon_reason=abandon_reason,
     )
 
 
