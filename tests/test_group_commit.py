@@ -182,6 +182,57 @@ def test_a_member_s_refusal_or_failure_stays_its_own_and_its_writes_are_undone_a
     assert journal.get("key-00010").lease_owner == "a"  # type: ignore[union-attr]
 
 
+def test_a_batch_in_which_every_member_succeeds_costs_no_savepoints(
+    journal: SQLiteJournal,
+) -> None:
+    assert claim(journal, 1, "w1") is ClaimKind.CREATED
+    log = StatementLog(journal)
+
+    outcomes = one_batch(
+        journal,
+        [
+            lambda: claim(journal, 2, "a"),
+            lambda: settle(journal, "key-00001", "w1"),
+            lambda: claim(journal, 3, "b"),
+        ],
+    )
+
+    assert [kind for kind, _ in outcomes] == ["ok", "ok", "ok"]
+    words = [statement.split()[0].upper() for statement in log.statements]
+    assert "SAVEPOINT" not in words
+    assert "ROLLBACK" not in words
+    assert (words.count("BEGIN"), log.commits()) == (1, 1)
+    # Each member's own statements only: 2 + 3 + 2.
+    assert len([w for w in words if w in ("INSERT", "UPDATE", "SELECT")]) == 7
+
+
+def test_a_member_that_fails_sends_the_batch_round_again_with_savepoints(
+    journal: SQLiteJournal,
+) -> None:
+    log = StatementLog(journal)
+
+    outcomes = one_batch(
+        journal,
+        [
+            lambda: claim(journal, 1, "a"),
+            lambda: settle(journal, "key-00009", "nobody"),  # no such intent: refused
+            lambda: claim(journal, 2, "b"),
+        ],
+    )
+
+    assert outcomes[0] == ("ok", ClaimKind.CREATED)
+    assert outcomes[1][0] == "raised"
+    assert isinstance(outcomes[1][1], payonce.IntentInFlight)
+    assert outcomes[2] == ("ok", ClaimKind.CREATED)
+    words = [statement.split()[0].upper() for statement in log.statements]
+    assert (words.count("BEGIN"), words.count("ROLLBACK"), log.commits()) == (2, 2, 1)
+    assert words.count("SAVEPOINT") == words.count("RELEASE") == 3
+    assert {r.key: r.lease_owner for r in journal.list_intents()} == {
+        "key-00001": "a",
+        "key-00002": "b",
+    }
+
+
 def test_a_busy_journal_fails_each_member_with_its_own_message(tmp_path: Path) -> None:
     path = tmp_path / "journal.db"
     with SQLiteJournal(path, busy_timeout=0.3) as journal:
