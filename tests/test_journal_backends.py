@@ -10,6 +10,7 @@ sandbox provider on loopback.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import random
 import sqlite3
@@ -227,6 +228,45 @@ def test_a_live_lease_is_respected_by_another_host_until_it_expires(
         "host-b",
         1090.0,
     )
+
+
+def test_a_settle_right_after_its_claim_is_refused_once_the_lease_was_taken_over(
+    journal: IntentStore, open_journal: OpenJournal
+) -> None:
+    # The settle trusts the record its claim created only as far as its UPDATE proves it:
+    # taken over meanwhile, that UPDATE matches nothing and the settle is refused.
+    journal.claim(draft_for(1), owner="old", now=1000.0, lease_seconds=30)
+    other = open_journal()
+    assert other.claim_key("key-00001", owner="new", now=1031.0, lease_seconds=30) is not None
+    before = other.get("key-00001")
+
+    with pytest.raises(payonce.IntentInFlight, match="no longer held"):
+        settle(journal, "key-00001", "old", 1032.0)
+
+    assert other.get("key-00001") == before
+    assert [a.ended_at for a in other.attempts("key-00001")] == [None]
+
+
+def test_a_one_shot_settle_returns_the_row_every_reader_then_reads(
+    journal: IntentStore, open_journal: OpenJournal
+) -> None:
+    journal.claim(draft_for(4), owner="w1", now=1000.0, lease_seconds=30)
+    journal.renew_lease("key-00004", owner="w1", now=1010.0, lease_seconds=30)
+
+    record = journal.settle(
+        "key-00004",
+        transition=Transition.SUCCEEDED,
+        owner="w1",
+        now=1011.0,
+        response=RESPONSE,
+        attempt=1,
+        acknowledge_success=True,
+    )
+
+    assert record == open_journal().get("key-00004")
+    assert [(a.number, a.status_code, a.ended_at) for a in journal.attempts("key-00004")] == [
+        (1, 201, 1011.0)
+    ]
 
 
 def test_a_worker_whose_lease_was_taken_over_can_neither_write_nor_renew(
@@ -1324,3 +1364,21 @@ def test_a_lease_held_by_one_host_is_respected_by_the_other(
     (record,) = holder.journal.find("o")
     assert (record.state, record.attempt_count) == (SUCCEEDED, 1)
     assert slow.store.total_executions() == 1
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        (),
+        (("content-type", "application/json"),),
+        (("x-note", 'a "quoted" \\ back\nslash\t\x00'), ("x-name", "café ☕ 𝄞")),
+        [("list", "of pairs")],
+        (("x-count", 3),),  # not a string: JSON writes it as a number
+    ],
+    ids=["none", "one", "escapes-and-unicode", "a-list", "a-number"],
+)
+def test_headers_are_stored_as_the_json_every_payonce_wrote(headers: Any) -> None:
+    text = sql.headers_to_json(headers)
+
+    assert text == json.dumps([list(pair) for pair in headers])
+    assert sql._headers_from_json(text) == tuple((str(n), str(v)) for n, v in headers)

@@ -20,11 +20,13 @@ from .._lifecycle import (
     is_mismatch,
     owner_is_dead,
     rule,
+    target,
 )
 from .._version import __version__
 from ..errors import IntentInFlight
 from . import _sql as sql
 from ._engine import AFTER_SEND, BEFORE_SEND, Engine, Tx
+from ._held import HeldRecords
 from ._records import Claim, IntentDraft, IntentRecord, IntentRequest, StoredResponse
 from ._schema import SCHEMA_VERSION
 
@@ -132,7 +134,21 @@ def _settled_record(
 class Claims(Engine):
     """Every write of the private ``IntentStore`` to an intent, for any backend."""
 
+    _kept: HeldRecords | None = None
+    """The records this object's claims created, for their settles (see ``_held``)."""
+
+    def _keep(self, claim: Claim) -> Claim:
+        if claim.kind is ClaimKind.CREATED:
+            if self._kept is None:
+                # Two threads racing here may each make one: a record kept in the lost
+                # one only makes its settle read its row.
+                self._kept = HeldRecords()
+            self._kept.keep(claim.record)
+        return claim
+
     def _held_by(self, tx: Tx, key: str, owner: str) -> IntentRecord:
+        if self._kept is not None:
+            self._kept.forget(key)  # written by other than its settle: read from now on
         record = self._select(tx, sql.BY_KEY, (key,), lock=True)
         if record is None or record.lease_owner != owner:
             raise IntentInFlight(
@@ -194,7 +210,7 @@ class Claims(Engine):
                 "concurrent writers; nothing was sent. Retry later"
             )
 
-        return self._write(work, durable=True, busy=BEFORE_SEND)
+        return self._keep(self._write(work, durable=True, busy=BEFORE_SEND))
 
     def _claim_row(
         self,
@@ -422,16 +438,37 @@ class Claims(Engine):
         """Settle a held intent from its answer; ``acknowledge_success`` acknowledges it in
         the same transaction when it succeeded (a caller that returns the answer at once)."""
 
+        def acknowledged(state: IntentState) -> float | None:
+            return now if acknowledge_success and state is IntentState.SUCCEEDED else None
+
+        def known(tx: Tx, held: IntentRecord, state: IntentState) -> IntentRecord | None:
+            """Settle the row the claim created without reading it; None if the row is no
+            longer that (the UPDATE matched nothing, and wrote nothing)."""
+            values = (*_response_values(response), state.value, now, acknowledged(state), key)
+            guard = (owner, held.state.value, held.created_at)
+            if tx.execute(sql.SETTLE_KNOWN, (*values, *guard)) != 1:
+                return None
+            self._end_attempt(tx, key, attempt, now, response.status, None, False)
+            crash_point("during_settle")
+            return _settled_record(held, state, now, acknowledged(state), response)
+
         def work(tx: Tx) -> IntentRecord:
+            if kept is not None and kept.attempt_count == attempt:
+                state = target(transition, kept.state)
+                settled = known(tx, kept, state) if state is not None else None
+                if settled is not None:
+                    return settled
             held, state = self._apply(tx, key, owner, transition)
             self._end_attempt(tx, key, attempt, now, response.status, None, False)
-            acknowledged = now if acknowledge_success and state is IntentState.SUCCEEDED else None
             tx.execute(
                 sql.SETTLE_WITH_RESPONSE,
-                (*_response_values(response), state.value, now, acknowledged, key),
+                (*_response_values(response), state.value, now, acknowledged(state), key),
             )
             crash_point("during_settle")
-            return _settled_record(held, state, now, acknowledged, response)
+            return _settled_record(held, state, now, acknowledged(state), response)
+
+        # What the claim created, if this journal object did and nothing wrote it since.
+        kept = self._kept.take(key, owner) if self._kept is not None else None
 
         return self._write(work, durable=False, busy=AFTER_SEND)
 
@@ -446,6 +483,8 @@ class Claims(Engine):
         return self._write(work, durable=False, busy=AFTER_SEND)
 
     def release(self, key: str, *, owner: str) -> None:
+        if self._kept is not None:
+            self._kept.forget(key)
         self._write(
             lambda tx: tx.execute(sql.RELEASE_LEASE, (key, owner)),
             durable=False,

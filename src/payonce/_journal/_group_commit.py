@@ -209,8 +209,8 @@ class GroupCommit(abc.ABC):
         durable = any(member.durable for member in batch)
         with self._lock:
             # Members nearly always succeed: run them side by side first, without the
-            # SAVEPOINT and RELEASE around each (two of the five statements per intent). If
-            # one raises, the whole batch is rolled back and run again, each member in a
+            # SAVEPOINT and RELEASE around each (per intent, four statements beside its own
+            # four). If one raises, the whole batch is rolled back and run again, each in a
             # savepoint of its own: every answer is then the one that run gives, as if the
             # savepoints had been there from the start (a rolled-back run answered no one).
             ended = self._try_batch(batch, durable, self._run_side_by_side)
