@@ -269,6 +269,27 @@ def test_a_one_shot_settle_returns_the_row_every_reader_then_reads(
     ]
 
 
+def test_a_journal_keeps_no_created_record_past_its_intent_s_next_write(
+    journal: IntentStore,
+) -> None:
+    for number in (1, 2, 3):
+        journal.claim(draft_for(number), owner="w", now=1000.0, lease_seconds=30)
+    settle(journal, "key-00001", "w", 1001.0)
+    journal.release("key-00002", owner="w")
+    journal.end_attempt(
+        "key-00003",
+        1,
+        transition=Transition.ATTEMPT_NOT_EXECUTED,
+        owner="w",
+        now=1001.0,
+        status_code=503,
+        error=None,
+    )
+
+    assert journal._kept is not None
+    assert journal._kept._records == {}
+
+
 def test_a_worker_whose_lease_was_taken_over_can_neither_write_nor_renew(
     journal: IntentStore, open_journal: OpenJournal
 ) -> None:
