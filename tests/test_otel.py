@@ -4,6 +4,8 @@ with a real sandbox over loopback, and beside httpx's own instrumentation."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -193,3 +195,14 @@ async def test_concurrent_async_intents_each_keep_their_own_spans(
         attempt = next(s for s in children if s.name == "payonce.attempt")
         assert attempt.attributes["payonce.key"] == drive.attributes["payonce.key"]  # type: ignore[index]
     assert telemetry.total("payonce.intents", state="succeeded") == 4
+
+
+def test_without_opentelemetry_the_import_says_which_extra_to_install() -> None:
+    # A fresh interpreter where the opentelemetry package cannot be found.
+    code = (
+        "import sys; sys.modules['opentelemetry'] = None\n"
+        "try:\n    import payonce.otel\n"
+        "except ImportError as exc:\n    print(exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "pip install 'payonce[otel]'" in done.stdout

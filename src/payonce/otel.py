@@ -31,9 +31,16 @@ import time
 from typing import Any
 
 import attrs
-from opentelemetry import context, metrics, trace
-from opentelemetry.context import Context
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+try:
+    from opentelemetry import context, metrics, trace
+    from opentelemetry.context import Context
+    from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+except ImportError as missing:  # said in payonce's words, not as a bare ModuleNotFoundError
+    raise ImportError(
+        "payonce.otel needs OpenTelemetry's API: pip install 'payonce[otel]' (and the "
+        "OpenTelemetry SDK and exporters you use)"
+    ) from missing
 
 from ._runtime._events import (
     AttemptEnded,

@@ -293,9 +293,12 @@ class IntentCore:
             ):
                 return True
             # The keeper renews a snapshot of its leases: this run's own settle may have
-            # released the lease meanwhile. Lost means another worker holds it now.
+            # released the lease meanwhile. Lost means another worker holds it, or took
+            # it over and went on with attempts of its own before releasing it.
             current = self.journal.get(run.key)
-            return current is not None and current.lease_owner in (None, run.owner)
+            if current is None or current.lease_owner not in (None, run.owner):
+                return False
+            return current.lease_owner == run.owner or current.attempt_count <= run.attempt
 
         return Lease(f"intent {run.key}", renew, log_extra=log_extra(run.record))
 
