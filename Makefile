@@ -63,6 +63,8 @@ docs: $(VENV)/.docs-installed
 bench: $(VENV)/.bench-installed
 	$(BIN)/python bench/sequential.py --requests 1000 --rounds 3 --warmup 100
 	$(BIN)/python bench/overhead.py --intents 2000 --rounds 3
+	$(BIN)/python bench/overhead_ablation.py --intents 1000 --rounds 3
+	$(BIN)/python bench/overhead_ablation.py --intents 1000 --rounds 3 --async
 	$(BIN)/python bench/async_concurrency.py --quick
 	$(BIN)/python bench/journal.py --quick
 	$(BIN)/python bench/import_time.py --rounds 9

@@ -120,10 +120,14 @@ class CanonicalRequest:
         return with_headers.hexdigest()
 
 
+_CANONICAL_JSON = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+"""Built once: ``json.dumps`` with these arguments builds an encoder on every call."""
+
+
 def _canonical_json(value: Any) -> bytes:
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode()
+    return _CANONICAL_JSON.encode(value).encode()
 
 
 FormData = Mapping[str, Any] | Sequence[tuple[str, Any]]
