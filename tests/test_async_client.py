@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +13,7 @@ import httpx
 import pytest
 
 import payonce
-from helpers.payments import PAYMENT
+from helpers.payments import PAYMENT, leave_pending
 from payonce.sandbox import Faults, SandboxServer
 
 pytestmark = pytest.mark.anyio
@@ -121,6 +122,25 @@ async def test_resume_finishes_pending_intents(
 
     assert result.state is payonce.IntentState.SUCCEEDED
     assert sandbox.store.total_executions() == 1
+
+
+async def test_an_intent_resume_leaves_unknown_is_warned_of_once(
+    make_client: Callable[..., payonce.Client],
+    make_async_client: MakeAsyncClient,
+    sandbox: SandboxServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    left = leave_pending(make_client, "order-sent")  # an attempt may have executed
+    sandbox.script(["fail_before"] * 3)
+    policy = payonce.RetryPolicy(max_attempts=3, initial_wait=0)
+
+    with caplog.at_level(logging.WARNING, logger="payonce"):
+        (result,) = await make_async_client(retry=policy).resume()
+
+    assert result.state is payonce.IntentState.UNKNOWN
+    said = [r.getMessage() for r in caplog.records if getattr(r, "key", None) == left.key]
+    assert len(said) == 1, said
+    assert "went unknown: retries exhausted" in said[0]
 
 
 class _UndecodableFor(httpx.AsyncHTTPTransport):

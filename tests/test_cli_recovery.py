@@ -9,8 +9,11 @@ leaving the intent pending exactly as a crash after sending would.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -30,6 +33,7 @@ from payonce.cli import cli
 from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
 
 ACCOUNT = "acct_demo"  # the sandbox's account for DEFAULT_API_KEY, as in conftest
+DAY = 24 * 3600.0
 
 
 def _pay(client: payonce.Client, reference: str, *, acknowledge: bool = True) -> str:
@@ -148,6 +152,32 @@ def test_resume_exits_1_when_an_intent_ends_unknown_and_says_why(
         "1 still unknown (1x retries exhausted; last failure: HTTP 503)"
     )
     assert sandbox.store.executions() == {first.key: 1, second.key: 1}
+
+
+def test_resume_warns_once_of_each_intent_that_goes_unknown(
+    make_client: MakeClient, env: dict[str, str]
+) -> None:
+    # Sent a day ago, beyond the sandbox's key lifetime: resume makes them unknown at once.
+    left = [
+        leave_pending(make_client, f"order-{n}", clock=lambda: time.time() - DAY) for n in range(2)
+    ]
+
+    # A process of its own: under pytest, whose log capture is a root handler, the command
+    # leaves logging alone and prints no warning lines at all.
+    done = subprocess.run(
+        [sys.executable, "-m", "payonce", "resume"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+    assert done.returncode == 1, done.stderr
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == len(left), done.stderr
+    for record, line in zip(left, warnings, strict=True):
+        assert line.startswith(f"warning: intent {record.key} ({record.reference}) went unknown")
 
 
 def test_resume_only_touches_its_account(

@@ -162,11 +162,15 @@ def test_children_of_a_webhook_inbox_handle_events_with_their_own_lease_keeper(
     inbox.receive(*event("evt_parent"), lambda e: None)
 
     def slow_handler(received: payonce.webhooks.Event) -> None:
+        before = inbox.event(received.id)
         time.sleep(1.2)  # longer than the lease: only a keeper running in this child renews it
-        record = inbox.event(received.id)
-        assert record is not None
-        assert record.lease_expires_at is not None
-        assert record.lease_expires_at > time.time(), "the lease was renewed meanwhile"
+        after = inbox.event(received.id)
+        assert before is not None
+        assert after is not None
+        assert after.lease_owner == before.lease_owner, "still this handler's lease"
+        assert before.lease_expires_at is not None
+        assert after.lease_expires_at is not None
+        assert after.lease_expires_at > before.lease_expires_at, "renewed meanwhile"
 
     def handle(n: int) -> None:
         delivery = inbox.receive(*event(f"evt_{n}"), slow_handler)

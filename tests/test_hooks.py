@@ -181,14 +181,16 @@ def test_reconcile_tells_the_look_up_and_what_it_concluded(
 
     assert recorder.names == ["lookup_ended", "reconciled"]
     (lookup,) = recorder.of("lookup_ended")
-    assert (lookup.key, lookup.outcome, lookup.status_code, lookup.before_resend) == (
+    assert (lookup.key, lookup.reference, lookup.provider, lookup.account) == (
         record.key,
-        "found",
-        200,
-        False,
+        "order-h5",
+        "sandbox",
+        "acct_demo",
     )
+    assert (lookup.outcome, lookup.status_code, lookup.before_resend) == ("found", 200, False)
+    # A real exchange over loopback: its measured duration, never the 0 of one not timed.
     assert lookup.elapsed is not None
-    assert lookup.elapsed >= 0
+    assert lookup.elapsed > 0
     (reconciled,) = recorder.of("reconciled")
     assert (reconciled.before, reconciled.after, reconciled.outcome) == (
         payonce.IntentState.UNKNOWN,

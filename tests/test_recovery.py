@@ -8,6 +8,7 @@ after sending would.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -82,6 +83,48 @@ def test_one_failing_intent_does_not_stop_the_others(
         (second.key, payonce.IntentState.SUCCEEDED),
     ]
     assert sandbox.store.executions() == {first.key: 1, second.key: 1}
+
+
+def _warnings_about(key: str, caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and getattr(r, "key", None) == key
+    ]
+
+
+@pytest.mark.parametrize("how", ["retries exhausted", "beyond the provider's key lifetime"])
+def test_an_intent_resume_leaves_unknown_is_one_warning_and_other_failures_still_one_each(
+    make_client: MakeClient,
+    sandbox: SandboxServer,
+    caplog: pytest.LogCaptureFixture,
+    how: str,
+) -> None:
+    unknown = leave_pending(make_client, "order-sent")  # an attempt may have executed
+    unsent = make_client(base_url=f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(payonce.ProviderUnavailable) as never_sent:
+        unsent.post("/v1/payments", json=PAYMENT, reference="order-unsent")
+    policy = payonce.RetryPolicy(max_attempts=3, initial_wait=0, max_retry_after=0)
+    if how == "retries exhausted":
+        # The first intent's resends meet nothing but 503s, the second's 429s.
+        sandbox.script(["fail_before"] * 3 + ["rate_limit"] * 3)
+        resuming = make_client(retry=policy)
+    else:
+        sandbox.script(["rate_limit"] * 3)  # the first is never resent: the second meets them
+        resuming = make_client(retry=policy, clock=lambda: time.time() + DAY)
+
+    with caplog.at_level(logging.WARNING, logger="payonce"):
+        results = resuming.resume()
+
+    assert [(r.key, r.state) for r in results] == [
+        (unknown.key, payonce.IntentState.UNKNOWN),
+        (never_sent.value.key, payonce.IntentState.PENDING),
+    ]
+    (said,) = _warnings_about(unknown.key, caplog)
+    assert "went unknown" in said
+    assert how in said
+    (still_pending,) = _warnings_about(never_sent.value.key, caplog)
+    assert "ProviderUnavailable" in still_pending
 
 
 class _MangledFor(httpx.HTTPTransport):

@@ -28,7 +28,7 @@ from ._deadline import Deadline
 from ._journal_threads import off_loop
 from ._lease_task import TaskLeaseKeeper
 from ._reconcile import ReconcileResult
-from ._retrying import FirstAttempt, Retry
+from ._retrying import Attempts, Retry
 from ._sync import IN_FLIGHT_POLL
 
 __all__ = ["AsyncClient", "AsyncOperation"]
@@ -187,14 +187,8 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
             self._core.drive_ended(run)
 
     async def _attempts(self, run: Run) -> httpx.Response:
-        first = FirstAttempt()
-        try:
-            return await self._attempt(run)
-        except Retry as failure:
-            first.failed(failure)
-        async for attempt in tenacity.AsyncRetrying(**self._core.retrying(run, first.began)):
+        async for attempt in Attempts(self._core.retrying, run):
             with attempt:
-                first.replay()
                 return await self._attempt(run)
         raise AssertionError("unreachable: tenacity either returns or raises")
 

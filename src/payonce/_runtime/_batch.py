@@ -3,7 +3,8 @@
 A batch names its targets one at a time and says what a failure of one means; the runner
 drives each target and isolates it: whatever one intent raises (a refused look-up, an
 undecodable answer, a bug) is logged with its key and reported in that intent's result,
-and the pass goes on with the next. Only an interrupt (``KeyboardInterrupt``, a
+and the pass goes on with the next. An intent that went unknown is the exception to the
+logging: the core already warned of it. Only an interrupt (``KeyboardInterrupt``, a
 cancellation) stops a pass.
 """
 
@@ -19,7 +20,7 @@ import httpx
 
 from .._journal._records import Claim, IntentRecord
 from .._lifecycle import IntentState, new_owner
-from ..errors import AuthenticationError, PayonceError, ProviderError
+from ..errors import AuthenticationError, OutcomeUnknown, PayonceError, ProviderError
 from . import _reconcile
 from ._core import IntentCore, Run
 from ._events import IntentResumed, log_extra
@@ -58,6 +59,10 @@ class Batch(Protocol[T, R]):
 
 
 def _log_failure(record: IntentRecord, error: Exception) -> None:
+    if isinstance(error, OutcomeUnknown):
+        # The core warned as the intent went unknown, with its fields and the reason: the
+        # one record of that event, whichever path led there.
+        return
     if isinstance(error, PayonceError):
         logger.warning(
             "intent %s: %s: %s",

@@ -2,7 +2,7 @@
 
 An intent's first attempt runs outside tenacity: most intents succeed at once, and building
 a ``tenacity.Retrying`` (its closures, its state machine) for them is pure cost. tenacity
-takes over from the first retryable outcome (``FirstAttempt``), counting that attempt as
+takes over from the first retryable outcome (``Attempts``), counting that attempt as
 its own first one, so waits, events and limits are those of a loop that ran it.
 """
 
@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any, Generic, TypeVar
 
 import attrs
 import tenacity
@@ -21,9 +22,11 @@ from .._lifecycle import Verdict
 from ._events import RetryEvent
 from ._options import check_count, number_field
 
-__all__ = ["FirstAttempt", "Retry", "RetryEvent", "RetryPolicy", "retrying_kwargs"]
+__all__ = ["Attempts", "Retry", "RetryEvent", "RetryPolicy", "retrying_kwargs"]
 
 logger = logging.getLogger("payonce")
+
+S = TypeVar("S")
 
 
 def _count_at_least_one(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -72,30 +75,79 @@ class Retry(Exception):
         self.verdict = verdict
 
 
-class FirstAttempt:
-    """An intent's first attempt, run before tenacity's loop and handed to it on failure.
+class Attempts(Generic[S]):
+    """An intent's attempts, iterated as a tenacity loop is: ``for attempt in Attempts(...):
+    with attempt: return send()`` (``async for`` in ``AsyncClient``).
 
-    Both clients' loops read: run the attempt; on ``Retry``, ``failed(it)``, start
-    tenacity with ``retrying_kwargs(..., began=first.began)`` and call ``replay()`` first
-    in every attempt of it. tenacity's first attempt then ends at once with the first
-    attempt's outcome, so it numbers the retries, waits and stops as if it had run it.
+    The first attempt runs outside tenacity. On its first retryable outcome tenacity's loop
+    is built (``settings(subject, began)``, then ``tenacity.Retrying`` or ``AsyncRetrying``)
+    and its own first attempt ends at once with that outcome: tenacity numbers the retries,
+    waits and stops as if it had run that attempt, and ``max_elapsed`` counts from ``began``.
     """
 
-    __slots__ = ("_failure", "began")
+    __slots__ = ("_async_loop", "_failure", "_loop", "_settings", "_started", "_subject", "began")
 
-    def __init__(self) -> None:
+    def __init__(self, settings: Callable[[S, float], dict[str, Any]], subject: S) -> None:
         self.began = time.monotonic()
-        """When the first attempt started: ``max_elapsed`` counts from here."""
+        """When the first attempt started."""
+        self._settings = settings
+        self._subject = subject
+        self._started = False
         self._failure: Retry | None = None
+        # tenacity's loop, once the first attempt's outcome was retryable.
+        self._loop: Iterator[tenacity.AttemptManager] | None = None
+        self._async_loop: tenacity.AsyncRetrying | None = None
 
-    def failed(self, failure: Retry) -> None:
-        self._failure = failure
+    def __iter__(self) -> Iterator[AbstractContextManager[None]]:
+        return self
 
-    def replay(self) -> None:
-        """In tenacity's first attempt, raise the first attempt's outcome; then nothing."""
-        failure, self._failure = self._failure, None
-        if failure is not None:
-            raise failure
+    def __next__(self) -> AbstractContextManager[None]:
+        if self._loop is None:
+            if self._first():
+                return self
+            self._loop = iter(tenacity.Retrying(**self._tenacity()))
+            self._hand_over(next(self._loop))
+        return next(self._loop)
+
+    def __aiter__(self) -> AsyncIterator[AbstractContextManager[None]]:
+        return self
+
+    async def __anext__(self) -> AbstractContextManager[None]:
+        # Not an async generator: one left at a ``return`` is closed by a task the event
+        # loop schedules, a cost for every intent.
+        if self._async_loop is None:
+            if self._first():
+                return self
+            self._async_loop = tenacity.AsyncRetrying(**self._tenacity()).__aiter__()
+            self._hand_over(await self._async_loop.__anext__())
+        return await self._async_loop.__anext__()
+
+    def _first(self) -> bool:
+        """True the first time: the first attempt is the next one."""
+        started, self._started = self._started, True
+        return not started
+
+    def _tenacity(self) -> dict[str, Any]:
+        return self._settings(self._subject, self.began)
+
+    def _hand_over(self, attempt: tenacity.AttemptManager) -> None:
+        """tenacity's first attempt ends with the first attempt's outcome."""
+        with attempt:
+            if self._failure is not None:
+                raise self._failure
+
+    # The first attempt's block: a retryable outcome is kept for tenacity's loop.
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, _: object
+    ) -> bool:
+        if isinstance(error, Retry):
+            self._failure = error
+            return True
+        return False
 
 
 class _ElapsedSince(tenacity.stop.stop_base):
@@ -120,7 +172,7 @@ def retrying_kwargs(
 ) -> dict[str, Any]:
     """tenacity settings for one loop. ``event`` builds the ``RetryEvent`` of an intent's
     retry (None for a status look-up, which has no retry events). ``began`` is when the
-    loop's first attempt started, when it ran before tenacity's loop (``FirstAttempt``)."""
+    loop's first attempt started, when it ran before tenacity's loop (``Attempts``)."""
 
     def wait(state: tenacity.RetryCallState) -> float:
         error = state.outcome.exception() if state.outcome else None

@@ -23,7 +23,7 @@ from ._core import Replay, Run, Wait
 from ._deadline import Deadline
 from ._lease_keeper import ThreadLeaseKeeper
 from ._reconcile import ReconcileResult
-from ._retrying import FirstAttempt, Retry
+from ._retrying import Attempts, Retry
 
 __all__ = ["IN_FLIGHT_POLL", "Client", "Operation"]
 
@@ -193,14 +193,8 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
             self._core.drive_ended(run)
 
     def _attempts(self, run: Run) -> httpx.Response:
-        first = FirstAttempt()
-        try:
-            return self._attempt(run)
-        except Retry as failure:
-            first.failed(failure)
-        for attempt in tenacity.Retrying(**self._core.retrying(run, first.began)):
+        for attempt in Attempts(self._core.retrying, run):
             with attempt:
-                first.replay()
                 return self._attempt(run)
         raise AssertionError("unreachable: tenacity either returns or raises")
 
