@@ -11,11 +11,12 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+import httpx
 import pytest
 import tenacity
 
 import payonce
-from helpers.payments import PAYMENT, MakeClient
+from helpers.payments import PAYMENT, MakeClient, make_unknown
 from payonce.hooks import Hooks
 from payonce.sandbox import Faults, SandboxServer
 
@@ -200,3 +201,53 @@ def test_max_elapsed_counts_from_the_first_attempt_s_start(
     assert len(recorder.of("attempt_started")) == 1
     assert recorder.of("retrying") == []
     assert client.journal.get(caught.value.key).attempt_count == 1  # type: ignore[arg-type,union-attr]
+
+
+class FirstLookUpRefused(httpx.HTTPTransport):
+    """The real sandbox over loopback, except that the first status look-up (a GET) meets
+    a refused connection, as when the provider's edge restarts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "GET" and not self.refused:
+            self.refused += 1
+            raise httpx.ConnectError("connection refused", request=request)
+        return super().handle_request(request)
+
+
+def test_a_reconciliation_whose_look_up_answers_at_once_builds_no_retry_loop(
+    make_client: MakeClient, sandbox: SandboxServer, loops_built: list[str]
+) -> None:
+    make_unknown(make_client, sandbox, "order-r1", "drop_after")
+    make_unknown(make_client, sandbox, "order-r2", "drop_after")
+    loops_built.clear()  # the payments' own retries, before reconciling
+    client = make_client(retry=STEADY)
+
+    (answered,) = client.reconcile("order-r1")
+    assert (answered.outcome, answered.after) == ("found", payonce.IntentState.SUCCEEDED)
+    assert loops_built == []
+
+    refusing = FirstLookUpRefused()
+    (retried,) = make_client(retry=STEADY, transport=refusing).reconcile("order-r2")
+    assert (retried.outcome, retried.after) == ("found", payonce.IntentState.SUCCEEDED)
+    assert refusing.refused == 1
+    assert loops_built == ["sync"], "tenacity retries the look-up once it failed"
+
+
+@pytest.mark.anyio
+async def test_an_async_reconciliation_builds_its_retry_loop_only_after_a_failure(
+    make_client: MakeClient,
+    make_async_client: MakeAsyncClient,
+    sandbox: SandboxServer,
+    loops_built: list[str],
+) -> None:
+    make_unknown(make_client, sandbox, "order-r3", "drop_after")
+    loops_built.clear()
+    client = make_async_client(retry=STEADY)
+
+    (answered,) = await client.reconcile("order-r3")
+    assert (answered.outcome, answered.after) == ("found", payonce.IntentState.SUCCEEDED)
+    assert loops_built == []

@@ -15,7 +15,6 @@ from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar, Unpack
 
 import httpx
-import tenacity
 
 from .._journal._records import IntentDraft, IntentRecord
 from .._lifecycle import new_owner
@@ -128,7 +127,7 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
         if isinstance(claimed, ReconcileResult):
             return claimed
         try:
-            async for attempt in tenacity.AsyncRetrying(**core.retrying(None)):
+            async for attempt in Attempts(core.retrying, None):
                 with attempt:
                     request = _reconcile.lookup_request(core, claimed, self._http)
                     try:

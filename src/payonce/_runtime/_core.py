@@ -518,7 +518,7 @@ class IntentCore:
         """tenacity settings of an intent's attempt loop, or of a look-up's (``run`` None).
         ``began``: when the intent's first attempt started, outside the loop."""
         if run is None:
-            return retrying_kwargs(self.retry)
+            return retrying_kwargs(self.retry, began=began)
 
         def event(attempt: int, wait: float, verdict: Verdict) -> RetryEvent:
             return RetryEvent(

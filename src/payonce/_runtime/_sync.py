@@ -11,7 +11,6 @@ from collections.abc import Callable
 from typing import Any, Unpack
 
 import httpx
-import tenacity
 
 from .._journal._records import IntentDraft, IntentRecord
 from .._lifecycle import new_owner
@@ -130,7 +129,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         if isinstance(claimed, ReconcileResult):
             return claimed
         try:
-            for attempt in tenacity.Retrying(**core.retrying(None)):
+            for attempt in Attempts(core.retrying, None):
                 with attempt:
                     request = _reconcile.lookup_request(core, claimed, self._http)
                     try:
