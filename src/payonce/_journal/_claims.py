@@ -28,6 +28,7 @@ from . import _sql as sql
 from ._engine import AFTER_SEND, BEFORE_SEND, Engine, Tx
 from ._held import HeldRecords
 from ._records import Claim, IntentDraft, IntentRecord, IntentRequest, StoredResponse
+from ._rows import headers_to_json, intent_from_row
 from ._schema import SCHEMA_VERSION
 
 __all__ = ["Claims"]
@@ -40,7 +41,7 @@ def _response_values(response: StoredResponse) -> tuple[Any, ...]:
     """The response columns' values, in STORE_RESPONSE's order."""
     return (
         response.status,
-        sql.headers_to_json(response.headers),
+        headers_to_json(response.headers),
         response.body,
         int(response.body_stored),
         __version__,
@@ -265,7 +266,7 @@ class Claims(Engine):
                 draft.method,
                 draft.url,
                 draft.fingerprint,
-                sql.headers_to_json(draft.request_headers),
+                headers_to_json(draft.request_headers),
                 draft.body,
                 IntentState.PENDING.value,
                 now,
@@ -352,7 +353,7 @@ class Claims(Engine):
                     ),
                 )
                 for row in rows:
-                    record = sql.intent_from_row(row)
+                    record = intent_from_row(row)
                     # The row is locked already (or the whole journal is, in SQLite).
                     verdict = decide_claim(
                         record, owner=owner, now=now, is_stale=is_stale, lease_seconds=lease_seconds
@@ -361,7 +362,7 @@ class Claims(Engine):
                         return self._take(tx, record, owner, now, lease_seconds)
                 if len(rows) < _QUEUE_BATCH:
                     return None
-                last = sql.intent_from_row(rows[-1])
+                last = intent_from_row(rows[-1])
                 created_at, key = last.created_at, last.key
 
         return self._write(work, durable=True, busy=BEFORE_SEND)
