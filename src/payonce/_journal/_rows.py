@@ -13,12 +13,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._lifecycle import IntentState
+from .._version import __version__
 from ._records import (
     AttemptRecord,
     IntentRecord,
     ReconciliationRecord,
     StoredResponse,
 )
+from ._schema import SCHEMA_VERSION
 
 __all__ = [
     "ATTEMPT_COLUMNS",
@@ -32,6 +34,7 @@ __all__ = [
     "headers_to_json",
     "intent_from_row",
     "reconciliation_from_row",
+    "response_values",
     "typed",
 ]
 
@@ -105,6 +108,18 @@ def headers_to_json(headers: Sequence[tuple[str, str]]) -> str:
         )
     except TypeError:  # a name or value that is not a string: written as JSON writes it
         return json.dumps([list(pair) for pair in headers])
+
+
+def response_values(response: StoredResponse) -> tuple[Any, ...]:
+    """The response columns' values, in ``_sql.STORE_RESPONSE``'s order."""
+    return (
+        response.status,
+        headers_to_json(response.headers),
+        response.body,
+        int(response.body_stored),
+        __version__,
+        SCHEMA_VERSION,
+    )
 
 
 @functools.lru_cache(maxsize=64)
