@@ -31,6 +31,7 @@ import pytest
 import payonce
 from helpers.journals import RESPONSE, OpenJournal, draft_for, raw_transaction, rows, settle
 from helpers.payments import PAYMENT, DiesAfterSending, MakeClient, paying_in_background
+from payonce._journal import _rows
 from payonce._journal import _sql as sql
 from payonce._journal._engine import migrate
 from payonce._journal._open import open_store
@@ -1399,7 +1400,7 @@ def test_a_lease_held_by_one_host_is_respected_by_the_other(
     ids=["none", "one", "escapes-and-unicode", "a-list", "a-number"],
 )
 def test_headers_are_stored_as_the_json_every_payonce_wrote(headers: Any) -> None:
-    text = sql.headers_to_json(headers)
+    text = _rows.headers_to_json(headers)
 
     assert text == json.dumps([list(pair) for pair in headers])
-    assert sql._headers_from_json(text) == tuple((str(n), str(v)) for n, v in headers)
+    assert _rows._headers_from_json(text) == tuple((str(n), str(v)) for n, v in headers)

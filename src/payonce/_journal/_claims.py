@@ -8,8 +8,7 @@ it. Each write is applied atomically, in one transaction of the backend's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable
 
 from .._crash import crash_point
 from .._lifecycle import (
@@ -22,113 +21,17 @@ from .._lifecycle import (
     rule,
     target,
 )
-from .._version import __version__
 from ..errors import IntentInFlight
 from . import _sql as sql
 from ._engine import AFTER_SEND, BEFORE_SEND, Engine, Tx
-from ._held import HeldRecords
-from ._records import Claim, IntentDraft, IntentRecord, IntentRequest, StoredResponse
-from ._schema import SCHEMA_VERSION
+from ._held import HeldRecords, created_record, settled_record
+from ._records import Claim, IntentDraft, IntentRecord, StoredResponse
+from ._rows import headers_to_json, intent_from_row, response_values
 
 __all__ = ["Claims"]
 
 _CLAIM_ROUNDS = 3
 _QUEUE_BATCH = 32
-
-
-def _response_values(response: StoredResponse) -> tuple[Any, ...]:
-    """The response columns' values, in STORE_RESPONSE's order."""
-    return (
-        response.status,
-        sql.headers_to_json(response.headers),
-        response.body,
-        int(response.body_stored),
-        __version__,
-        SCHEMA_VERSION,
-    )
-
-
-def _record(
-    request: IntentRequest,
-    headers: tuple[tuple[str, str], ...],
-    body: bytes,
-    **rest: Any,
-) -> IntentRecord:
-    """A record of ``request``'s intent, built in one go (``attrs.evolve`` costs a pass over
-    every field per change, on every intent)."""
-    return IntentRecord(
-        key=request.key,
-        scope=request.scope,
-        reference=request.reference,
-        account=request.account,
-        provider=request.provider,
-        method=request.method,
-        url=request.url,
-        fingerprint=request.fingerprint,
-        request_headers=headers,
-        body=body,
-        **rest,
-    )
-
-
-def _kept_headers(headers: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
-    """Headers as a read of their JSON column returns them."""
-    return tuple((str(name), str(value)) for name, value in headers)
-
-
-def _created_record(
-    draft: IntentDraft, owner: str, now: float, lease_seconds: float
-) -> IntentRecord:
-    """The row ``_create`` has just inserted, as reading it back would return it."""
-    return _record(
-        draft,
-        _kept_headers(draft.request_headers),
-        bytes(draft.body),
-        state=IntentState.PENDING,
-        created_at=now,
-        updated_at=now,
-        first_sent_at=now,
-        lease_owner=owner,
-        lease_expires_at=now + lease_seconds,
-        unknown_reason=None,
-        response=None,
-        acknowledged_at=None,
-        attempt_count=1,
-    )
-
-
-def _settled_record(
-    held: IntentRecord,
-    state: IntentState,
-    now: float,
-    acknowledged: float | None,
-    response: StoredResponse,
-) -> IntentRecord:
-    """The held row as ``SETTLE_WITH_RESPONSE`` leaves it, without reading it back: the lease
-    was held, so no one else wrote it in between."""
-    return _record(
-        held,
-        held.request_headers,
-        held.body,
-        state=state,
-        created_at=held.created_at,
-        updated_at=now,
-        first_sent_at=held.first_sent_at,
-        lease_owner=None,
-        lease_expires_at=None,
-        unknown_reason=None,
-        response=StoredResponse(
-            status=response.status,
-            headers=_kept_headers(response.headers),
-            body=bytes(response.body),
-            body_stored=response.body_stored,
-            stored_by=__version__,
-            schema_version=SCHEMA_VERSION,
-        ),
-        acknowledged_at=held.acknowledged_at if held.acknowledged_at is not None else acknowledged,
-        attempt_count=held.attempt_count,
-        abandon_reason=held.abandon_reason,
-    )
 
 
 class Claims(Engine):
@@ -187,7 +90,7 @@ class Claims(Engine):
         def created() -> Claim:
             return Claim(
                 ClaimKind.CREATED,
-                _created_record(draft, owner, now, lease_seconds),
+                created_record(draft, owner, now, lease_seconds),
                 attempt_number=1,
             )
 
@@ -265,7 +168,7 @@ class Claims(Engine):
                 draft.method,
                 draft.url,
                 draft.fingerprint,
-                sql.headers_to_json(draft.request_headers),
+                headers_to_json(draft.request_headers),
                 draft.body,
                 IntentState.PENDING.value,
                 now,
@@ -352,7 +255,7 @@ class Claims(Engine):
                     ),
                 )
                 for row in rows:
-                    record = sql.intent_from_row(row)
+                    record = intent_from_row(row)
                     # The row is locked already (or the whole journal is, in SQLite).
                     verdict = decide_claim(
                         record, owner=owner, now=now, is_stale=is_stale, lease_seconds=lease_seconds
@@ -361,7 +264,7 @@ class Claims(Engine):
                         return self._take(tx, record, owner, now, lease_seconds)
                 if len(rows) < _QUEUE_BATCH:
                     return None
-                last = sql.intent_from_row(rows[-1])
+                last = intent_from_row(rows[-1])
                 created_at, key = last.created_at, last.key
 
         return self._write(work, durable=True, busy=BEFORE_SEND)
@@ -422,7 +325,7 @@ class Claims(Engine):
 
     @staticmethod
     def _store_response(tx: Tx, key: str, response: StoredResponse) -> None:
-        tx.execute(sql.STORE_RESPONSE, (*_response_values(response), key))
+        tx.execute(sql.STORE_RESPONSE, (*response_values(response), key))
 
     def settle(
         self,
@@ -444,13 +347,13 @@ class Claims(Engine):
         def known(tx: Tx, held: IntentRecord, state: IntentState) -> IntentRecord | None:
             """Settle the row the claim created without reading it; None if the row is no
             longer that (the UPDATE matched nothing, and wrote nothing)."""
-            values = (*_response_values(response), state.value, now, acknowledged(state), key)
+            values = (*response_values(response), state.value, now, acknowledged(state), key)
             guard = (owner, held.state.value, held.created_at)
             if tx.execute(sql.SETTLE_KNOWN, (*values, *guard)) != 1:
                 return None
             self._end_attempt(tx, key, attempt, now, response.status, None, False)
             crash_point("during_settle")
-            return _settled_record(held, state, now, acknowledged(state), response)
+            return settled_record(held, state, now, acknowledged(state), response)
 
         def work(tx: Tx) -> IntentRecord:
             if kept is not None and kept.attempt_count == attempt:
@@ -462,10 +365,10 @@ class Claims(Engine):
             self._end_attempt(tx, key, attempt, now, response.status, None, False)
             tx.execute(
                 sql.SETTLE_WITH_RESPONSE,
-                (*_response_values(response), state.value, now, acknowledged(state), key),
+                (*response_values(response), state.value, now, acknowledged(state), key),
             )
             crash_point("during_settle")
-            return _settled_record(held, state, now, acknowledged(state), response)
+            return settled_record(held, state, now, acknowledged(state), response)
 
         # What the claim created, if this journal object did and nothing wrote it since.
         kept = self._kept.take(key, owner) if self._kept is not None else None

@@ -30,6 +30,7 @@ from ..errors import IntentStateError, JournalBusy, JournalError
 from . import _sql as sql
 from ._acks import PendingAcknowledgements, acknowledge_all, flusher
 from ._records import IntentRecord, JournalCommitted
+from ._rows import intent_from_row
 from ._schema import APPLICATION, SCHEMA_VERSION
 
 __all__ = [
@@ -325,7 +326,7 @@ class Engine(abc.ABC):
     ) -> IntentRecord | None:
         suffix = tx.dialect.lock_rows if lock else ""
         row = tx.one(sql.SELECT_INTENT + where + suffix, params)
-        return sql.intent_from_row(row) if row else None
+        return intent_from_row(row) if row else None
 
     def _reread(self, tx: Tx, key: str) -> IntentRecord:
         record = self._select(tx, sql.BY_KEY, (key,))

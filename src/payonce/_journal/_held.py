@@ -1,4 +1,5 @@
-"""The rows a journal object has just created for its callers, kept for their settle.
+"""What a held intent's row holds, known without reading it: the records a claim creates
+and a settle leaves, and the created ones a journal object keeps for their settle.
 
 A one-shot intent is created, sent and settled by one call, under a lease whose owner
 names that call alone (``new_owner``: host, pid, start time, random). While that lease
@@ -15,9 +16,15 @@ one, and past ``_LIMIT`` they are all dropped (each settle then reads its row, a
 
 from __future__ import annotations
 
-from ._records import IntentRecord
+from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["HeldRecords"]
+from .._lifecycle import IntentState
+from .._version import __version__
+from ._records import IntentDraft, IntentRecord, IntentRequest, StoredResponse
+from ._schema import SCHEMA_VERSION
+
+__all__ = ["HeldRecords", "created_record", "settled_record"]
 
 _LIMIT = 1024
 
@@ -42,3 +49,86 @@ class HeldRecords:
 
     def forget(self, key: str) -> None:
         self._records.pop(key, None)
+
+
+def _record(
+    request: IntentRequest,
+    headers: tuple[tuple[str, str], ...],
+    body: bytes,
+    **rest: Any,
+) -> IntentRecord:
+    """A record of ``request``'s intent, built in one go (``attrs.evolve`` costs a pass over
+    every field per change, on every intent)."""
+    return IntentRecord(
+        key=request.key,
+        scope=request.scope,
+        reference=request.reference,
+        account=request.account,
+        provider=request.provider,
+        method=request.method,
+        url=request.url,
+        fingerprint=request.fingerprint,
+        request_headers=headers,
+        body=body,
+        **rest,
+    )
+
+
+def _kept_headers(headers: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """Headers as a read of their JSON column returns them."""
+    return tuple((str(name), str(value)) for name, value in headers)
+
+
+def created_record(
+    draft: IntentDraft, owner: str, now: float, lease_seconds: float
+) -> IntentRecord:
+    """The row ``Claims._create`` has just inserted, as reading it back would return it."""
+    return _record(
+        draft,
+        _kept_headers(draft.request_headers),
+        bytes(draft.body),
+        state=IntentState.PENDING,
+        created_at=now,
+        updated_at=now,
+        first_sent_at=now,
+        lease_owner=owner,
+        lease_expires_at=now + lease_seconds,
+        unknown_reason=None,
+        response=None,
+        acknowledged_at=None,
+        attempt_count=1,
+    )
+
+
+def settled_record(
+    held: IntentRecord,
+    state: IntentState,
+    now: float,
+    acknowledged: float | None,
+    response: StoredResponse,
+) -> IntentRecord:
+    """The held row as ``_sql.SETTLE_WITH_RESPONSE`` leaves it, without reading it back: the
+    lease was held, so no one else wrote it in between."""
+    return _record(
+        held,
+        held.request_headers,
+        held.body,
+        state=state,
+        created_at=held.created_at,
+        updated_at=now,
+        first_sent_at=held.first_sent_at,
+        lease_owner=None,
+        lease_expires_at=None,
+        unknown_reason=None,
+        response=StoredResponse(
+            status=response.status,
+            headers=_kept_headers(response.headers),
+            body=bytes(response.body),
+            body_stored=response.body_stored,
+            stored_by=__version__,
+            schema_version=SCHEMA_VERSION,
+        ),
+        acknowledged_at=held.acknowledged_at if held.acknowledged_at is not None else acknowledged,
+        attempt_count=held.attempt_count,
+        abandon_reason=held.abandon_reason,
+    )

@@ -21,7 +21,7 @@ import attrs
 
 from .._lifecycle import lease_blocks, lease_live, owner_is_dead
 from ._engine import Engine, Tx
-from ._sql import EVENT_FIELDS, typed
+from ._rows import EVENT_FIELDS, typed
 
 __all__ = [
     "LIST_EVENTS",

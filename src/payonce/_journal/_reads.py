@@ -38,6 +38,7 @@ from ._records import (
     JournalReport,
     ReconciliationRecord,
 )
+from ._rows import attempt_from_row, intent_from_row, reconciliation_from_row
 from ._schema import parts_at
 
 __all__ = ["Journal"]
@@ -85,7 +86,7 @@ class Journal(Engine):
 
     def reconciliations(self, key: str) -> list[ReconciliationRecord]:
         rows = self._read(lambda tx: tx.all(sql.RECONCILIATIONS + tx.dialect.tiebreak, (key,)))
-        return [sql.reconciliation_from_row(row) for row in rows]
+        return [reconciliation_from_row(row) for row in rows]
 
     def abandon(self, key: str, *, reason: str, now: float) -> IntentRecord:
         def work(tx: Tx) -> IntentRecord:
@@ -120,7 +121,7 @@ class Journal(Engine):
 
     def _intents(self, statement: str, params: Sequence[Any]) -> list[IntentRecord]:
         rows = self._read(lambda tx: tx.all(statement, params))
-        return [sql.intent_from_row(row) for row in rows]
+        return [intent_from_row(row) for row in rows]
 
     def pending(
         self, *, account: str, provider: str, limit: int | None = None
@@ -170,7 +171,7 @@ class Journal(Engine):
 
     def attempts(self, key: str) -> list[AttemptRecord]:
         rows = self._read(lambda tx: tx.all(sql.ATTEMPTS, (key,)))
-        return [sql.attempt_from_row(row) for row in rows]
+        return [attempt_from_row(row) for row in rows]
 
     # -- pruning ----------------------------------------------------------------------------
 

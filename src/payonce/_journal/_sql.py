@@ -4,44 +4,36 @@ The statements are written with ``?`` placeholders in the SQL that SQLite (3.24 
 and PostgreSQL both accept: ``INSERT … ON CONFLICT``, ``coalesce``, ``LIMIT``. A
 ``Dialect`` carries the few things that differ: the placeholder, the row-locking clauses
 (PostgreSQL locks rows; SQLite's ``BEGIN IMMEDIATE`` already serialises every writer), the
-two column types of the schema, and how to ask whether the meta table exists.
+two column types of the schema, and how to ask whether the meta table exists. The columns
+and how a record goes to and comes from its row are ``_rows``'s.
 """
 
 from __future__ import annotations
 
-import functools
-import json
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping
 
 import attrs
 
 from .._lifecycle import IntentState
-from ._records import (
-    AttemptRecord,
-    IntentRecord,
-    ReconciliationRecord,
-    StoredResponse,
+from ._rows import (
+    ATTEMPT_COLUMNS,
+    ATTEMPT_FIELDS,
+    EVENT_FIELDS,
+    INTENT_COLUMNS,
+    INTENT_FIELDS,
+    RECONCILIATION_COLUMNS,
+    RECONCILIATION_FIELDS,
 )
 from ._schema import render_migrations
 
 __all__ = [
-    "typed",
-    "EVENT_FIELDS",
-    "ATTEMPT_COLUMNS",
-    "INTENT_COLUMNS",
     "POSTGRES",
-    "RECONCILIATION_COLUMNS",
     "SQLITE",
     "Dialect",
-    "attempt_from_row",
-    "headers_to_json",
-    "intent_from_row",
     "is_postgres_url",
     "NEEDED_INDEXES",
     "needed_columns",
     "newest_in_states",
-    "reconciliation_from_row",
 ]
 
 
@@ -106,69 +98,16 @@ def is_postgres_url(text: str) -> bool:
     return bool(sep) and scheme.lower() in ("postgresql", "postgres")
 
 
-# -- columns and rows ----------------------------------------------------------------------
-
-_INTENT_FIELDS = (
-    "key",
-    "scope",
-    "reference",
-    "account",
-    "provider",
-    "method",
-    "url",
-    "fingerprint",
-    "request_headers",
-    "request_body",
-    "state",
-    "created_at",
-    "updated_at",
-    "first_sent_at",
-    "lease_owner",
-    "lease_expires_at",
-    "unknown_reason",
-    "response_status",
-    "response_headers",
-    "response_body",
-    "response_body_stored",
-    "response_stored_by",
-    "response_schema",
-    "acknowledged_at",
-    "abandon_reason",
-)
-EVENT_FIELDS = (
-    "endpoint",
-    "event_id",
-    "type",
-    "payload_hash",
-    "received_at",
-    "updated_at",
-    "processed_at",
-    "lease_owner",
-    "lease_expires_at",
-    "deliveries",
-    "handler_runs",
-    "last_error",
-)
-"""Every column of ``webhook_events`` the statements read (checked by ``journal.check``)."""
-
-_ATTEMPT_FIELDS = ("key", "number", "started_at", "ended_at", "status_code", "error", "ambiguous")
-_RECONCILIATION_FIELDS = ("key", "at", "outcome", "detail", "status_code")
-
-INTENT_COLUMNS = (
-    ", ".join(_INTENT_FIELDS)
-    + ", (SELECT count(*) FROM attempts a WHERE a.key = intents.key) AS attempt_count"
-)
-ATTEMPT_COLUMNS = ", ".join(_ATTEMPT_FIELDS)
-RECONCILIATION_COLUMNS = ", ".join(_RECONCILIATION_FIELDS)
+# -- columns -------------------------------------------------------------------------------
 
 
 def needed_columns() -> dict[str, tuple[str, ...]]:
     """Every column the statements here read, by table: what a journal must have."""
     return {
         "payonce_meta": ("name", "value"),
-        "intents": _INTENT_FIELDS,
-        "attempts": _ATTEMPT_FIELDS,
-        "reconciliations": _RECONCILIATION_FIELDS,
+        "intents": INTENT_FIELDS,
+        "attempts": ATTEMPT_FIELDS,
+        "reconciliations": RECONCILIATION_FIELDS,
         "webhook_events": EVENT_FIELDS,
     }
 
@@ -176,135 +115,6 @@ def needed_columns() -> dict[str, tuple[str, ...]]:
 NEEDED_INDEXES = ("intents_scope_reference",)
 """Indexes correctness depends on: the unique (scope, reference) index is what lets only
 one of two workers create the same intent."""
-
-
-_quote = json.encoder.encode_basestring_ascii
-"""How ``json.dumps`` writes a string (its C speed-up where there is one)."""
-_decode = json.JSONDecoder().decode
-
-
-def headers_to_json(headers: Sequence[tuple[str, str]]) -> str:
-    """``json.dumps([list(pair) for pair in headers])``, character for character, written
-    directly: it runs for the request's headers and the answer's, on every intent."""
-    try:
-        return (
-            "[" + ", ".join([f"[{_quote(name)}, {_quote(value)}]" for name, value in headers]) + "]"
-        )
-    except TypeError:  # a name or value that is not a string: written as JSON writes it
-        return json.dumps([list(pair) for pair in headers])
-
-
-@functools.lru_cache(maxsize=64)
-def _headers_from_json(text: str | None) -> tuple[tuple[str, str], ...]:
-    """Cached: the same few header sets come back on every row (the request's content type,
-    a provider's usual answer headers), and the tuple is immutable."""
-    if not text:
-        return ()
-    return tuple((str(name), str(value)) for name, value in _decode(text))
-
-
-def _real(value: Any) -> float | None:
-    return None if value is None else float(value)
-
-
-def typed(
-    fields: dict[str, Any],
-    *,
-    times: Sequence[str] = (),
-    optional_times: Sequence[str] = (),
-    counts: Sequence[str] = (),
-) -> dict[str, Any]:
-    """A row's values (by column name) as the records hold them: SQLite hands a REAL column
-    back as the number it stored, and a NULL stays None."""
-    for name in times:
-        fields[name] = float(fields[name])
-    for name in optional_times:
-        fields[name] = _real(fields[name])
-    for name in counts:
-        fields[name] = int(fields[name])
-    return fields
-
-
-def _stored_response(
-    status: Any, headers: Any, body: Any, body_stored: Any, stored_by: Any, schema: Any
-) -> StoredResponse | None:
-    """The response columns, in their table order, as the answer they store (if any)."""
-    if status is None:
-        return None
-    return StoredResponse(
-        status=int(status),
-        headers=_headers_from_json(headers),
-        body=bytes(body or b""),
-        # Rows stored by schema 1 predate the size cap: their bodies are whole.
-        body_stored=body_stored is None or bool(body_stored),
-        stored_by=stored_by,
-        schema_version=int(schema) if schema is not None else 1,
-    )
-
-
-def intent_from_row(row: Sequence[Any]) -> IntentRecord:
-    """A row of ``INTENT_COLUMNS`` as its record. Read by position, without a dict of the
-    columns: every read of an intent comes through here."""
-    key, scope, reference, account, provider, method, url, fingerprint = row[:8]
-    (
-        request_headers,
-        body,
-        state,
-        created_at,
-        updated_at,
-        first_sent_at,
-        lease_owner,
-        lease_expires_at,
-        unknown_reason,
-    ) = row[8:17]
-    acknowledged_at, abandon_reason, attempt_count = row[23:]
-    return IntentRecord(
-        key=key,
-        scope=scope,
-        reference=reference,
-        account=account,
-        provider=provider,
-        method=method,
-        url=url,
-        fingerprint=fingerprint,
-        request_headers=_headers_from_json(request_headers),
-        body=bytes(body),
-        state=IntentState(state),
-        created_at=float(created_at),
-        updated_at=float(updated_at),
-        first_sent_at=_real(first_sent_at),
-        lease_owner=lease_owner,
-        lease_expires_at=_real(lease_expires_at),
-        unknown_reason=unknown_reason,
-        response=_stored_response(*row[17:23]),
-        acknowledged_at=_real(acknowledged_at),
-        attempt_count=int(attempt_count),
-        abandon_reason=abandon_reason,
-    )
-
-
-def attempt_from_row(row: Sequence[Any]) -> AttemptRecord:
-    key, number, started_at, ended_at, status_code, error, ambiguous = row
-    return AttemptRecord(
-        key=key,
-        number=int(number),
-        started_at=float(started_at),
-        ended_at=_real(ended_at),
-        status_code=None if status_code is None else int(status_code),
-        error=error,
-        ambiguous=None if ambiguous is None else bool(ambiguous),
-    )
-
-
-def reconciliation_from_row(row: Sequence[Any]) -> ReconciliationRecord:
-    key, at, outcome, detail, status_code = row
-    return ReconciliationRecord(
-        key=key,
-        at=float(at),
-        outcome=outcome,
-        detail=detail,
-        status_code=None if status_code is None else int(status_code),
-    )
 
 
 # -- statements ----------------------------------------------------------------------------

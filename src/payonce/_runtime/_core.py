@@ -2,7 +2,8 @@
 
 ``Client`` and ``AsyncClient`` differ only in how they send bytes, sleep and wait; they
 call these steps in the same order. Which state an answer leads to is decided in
-``payonce._lifecycle``; the words of each error are in ``_refusals``.
+``payonce._lifecycle``; the words of each error are in ``_refusals``; what each step tells
+the hooks and the log is in ``_telling``.
 """
 
 from __future__ import annotations
@@ -42,26 +43,14 @@ from .._lifecycle import (
 from .._providers._profile import ProviderProfile
 from ..errors import ConfigurationError, JournalError, PayonceError
 from . import _refusals as refusals
-from ._events import (
-    AttemptEnded,
-    AttemptStarted,
-    IntentEnded,
-    IntentReplayed,
-    IntentSettled,
-    IntentStarted,
-    IntentUnknown,
-    RetryEvent,
-    about,
-    log_extra,
-)
-from ._hooks import Hooks, HookSet
+from ._events import log_extra
+from ._hooks import HookSet
 from ._lease_keeper import Lease
 from ._responses import replayed, stored, tagged
 from ._retrying import Retry, RetryPolicy, retrying_kwargs
+from ._telling import Telling, logger
 
 __all__ = ["IntentCore", "Replay", "Run", "Step", "Wait"]
-
-logger = logging.getLogger("payonce")
 
 
 @attrs.define(eq=False)
@@ -107,8 +96,9 @@ class Wait:
 Step = Run | Replay | Wait
 
 
-class IntentCore:
-    """The decisions shared by Client and AsyncClient."""
+class IntentCore(Telling):
+    """The decisions shared by Client and AsyncClient; what it tells of them is
+    ``Telling``'s."""
 
     def __init__(
         self,
@@ -315,9 +305,7 @@ class IntentCore:
         headers[self.profile.key_header] = self.profile.key_header_value(record.key)
         headers.update(self._auth_headers)
         if self.hooks:
-            self.hooks.emit(
-                Hooks.attempt_started, AttemptStarted(**about(record), attempt=run.attempt)
-            )
+            self._attempt_started(run)
         return client.build_request(
             record.method,
             self.sent_url(record.url),
@@ -348,26 +336,14 @@ class IntentCore:
         crash_point("after_response")
         verdict = classify_response(response, self.profile)
         transition = transition_for(verdict)
-        if logger.isEnabledFor(logging.DEBUG):  # its extra= costs a dict per attempt
-            logger.debug(
-                "intent %s attempt %d: HTTP %d (%s)",
-                run.key,
-                run.attempt,
-                response.status_code,
-                verdict.outcome.value,
-                extra=log_extra(run.record),
-            )
+        if logger.isEnabledFor(logging.DEBUG):
+            self._log_answer(run, response.status_code, verdict)
         if verdict.outcome is Outcome.RETRY:
             status = response.status_code
             self._retryable(run, verdict, transition, status_code=status, error=verdict.diagnosis)
         if verdict.outcome is Outcome.REFUSED:
             self._end_attempt(run, transition, status_code=response.status_code)
-            logger.warning(
-                "intent %s: refused with HTTP %d before execution; it stays pending",
-                run.key,
-                response.status_code,
-                extra=log_extra(run.record),
-            )
+            self._log_refused(run, response.status_code)
             raise refusals.authentication(run.record, response)
         return self._settle(run, response, transition)
 
@@ -375,13 +351,7 @@ class IntentCore:
         """An attempt raised: retry transport failures, journal anything else and re-raise."""
         verdict = classify_error(error)
         if logger.isEnabledFor(logging.DEBUG):
-            logger.debug(
-                "intent %s attempt %d: %s",
-                run.key,
-                run.attempt,
-                type(error).__name__,
-                extra=log_extra(run.record),
-            )
+            self._log_error(run, error)
         if verdict is not None and verdict.outcome is Outcome.NOT_SENT:
             # Provably never left: the intent stays pending, free, and not ambiguous.
             self._end_attempt(run, Transition.ATTEMPT_NOT_SENT, error=type(error).__name__)
@@ -413,18 +383,6 @@ class IntentCore:
         if self.hooks:
             self._attempt_ended(run, transition, status_code, error)
 
-    def _attempt_ended(
-        self, run: Run, transition: Transition, status_code: int | None, error: str | None
-    ) -> None:
-        event = AttemptEnded(
-            **about(run.record),
-            attempt=run.attempt,
-            outcome=transition.value,
-            status_code=status_code,
-            error=error,
-        )
-        self.hooks.emit(Hooks.attempt_ended, event)
-
     def _retryable(
         self,
         run: Run,
@@ -453,15 +411,7 @@ class IntentCore:
             acknowledge_success=run.acknowledge_on_success,
         )
         if logger.isEnabledFor(logging.INFO):
-            logger.info(
-                "intent %s%s %s after %d attempt(s): HTTP %d",
-                record.key,
-                f" ({record.reference})" if record.reference else "",
-                record.state.value,
-                record.attempt_count,
-                response.status_code,
-                extra=log_extra(record),
-            )
+            self._log_settled(record, response.status_code)
         provider_replayed = None  # read from the response only if someone asks
         if self.hooks:
             provider_replayed = self.profile.was_replayed(response)
@@ -502,10 +452,7 @@ class IntentCore:
         if response is None:
             raise refusals.unknown(record)
         if self.hooks:
-            event = IntentReplayed(
-                **about(record), state=record.state, status_code=response.status_code
-            )
-            self.hooks.emit(Hooks.replayed, event)
+            self._answered_from_journal(record, response.status_code)
         return self.deliver(record, response)
 
     def deliver(self, record: IntentRecord, response: httpx.Response) -> httpx.Response:
@@ -519,57 +466,5 @@ class IntentCore:
         ``began``: when the intent's first attempt started, outside the loop."""
         if run is None:
             return retrying_kwargs(self.retry, began=began)
-
-        def event(attempt: int, wait: float, verdict: Verdict) -> RetryEvent:
-            return RetryEvent(
-                **about(run.record),
-                attempt=run.attempt,
-                wait=wait,
-                reason=verdict.reason,
-                ambiguous=verdict.ambiguous,
-            )
-
-        def on_retry(event: RetryEvent) -> None:
-            self.hooks.emit(Hooks.retrying, event)
-
-        return retrying_kwargs(
-            self.retry, event=event, on_retry=on_retry if self.hooks else None, began=began
-        )
-
-    # -- what the hooks are told -------------------------------------------------------------
-
-    def drive_started(self, run: Run) -> None:
-        """Both clients call this as a drive of ``run`` begins, and ``drive_ended`` after."""
-        if self.hooks:
-            event = IntentStarted(**about(run.record), resumed=run.resumed)
-            self.hooks.emit(Hooks.intent_started, event)
-
-    def drive_ended(self, run: Run) -> None:
-        if self.hooks:
-            record = run.record
-            event = IntentEnded(**about(record), state=record.state, attempts=run.attempt)
-            self.hooks.emit(Hooks.intent_ended, event)
-
-    def settled(self, record: IntentRecord, *, provider_replayed: bool) -> None:
-        if self.hooks:
-            answer = record.response
-            event = IntentSettled(
-                **about(record),
-                state=record.state,
-                status_code=answer.status if answer else None,
-                attempts=record.attempt_count,
-                provider_replayed=provider_replayed,
-            )
-            self.hooks.emit(Hooks.settled, event)
-
-    def _went_unknown(self, record: IntentRecord, reason: str) -> None:
-        # An operator must hear of it without debug logging: money may have moved.
-        logger.warning(
-            "intent %s%s went unknown: %s; run `payonce reconcile` for it",
-            record.key,
-            f" ({record.reference})" if record.reference else "",
-            reason,
-            extra=log_extra(record),
-        )
-        if self.hooks:
-            self.hooks.emit(Hooks.unknown, IntentUnknown(**about(record), reason=reason))
+        event, on_retry = self._retry_events(run)
+        return retrying_kwargs(self.retry, event=event, on_retry=on_retry, began=began)

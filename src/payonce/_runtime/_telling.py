@@ -1,0 +1,165 @@
+"""What a drive of an intent tells: the records its hooks get and the lines it logs.
+
+``IntentCore`` decides and journals; after each step it tells what came of it with the
+methods here, which it inherits. A record costs a dict and an object and a log line's
+``extra=`` a dict, so callers test ``self.hooks`` (False without hooks) or the log level
+first, as ``HookSet`` asks: a client nobody watches pays for neither.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from .._journal._records import IntentRecord
+from .._lifecycle import Transition, Verdict
+from ._events import (
+    AttemptEnded,
+    AttemptStarted,
+    IntentEnded,
+    IntentReplayed,
+    IntentSettled,
+    IntentStarted,
+    IntentUnknown,
+    RetryEvent,
+    about,
+    log_extra,
+)
+from ._hooks import Hooks, HookSet
+
+if TYPE_CHECKING:
+    from ._core import Run
+
+__all__ = ["Telling", "logger"]
+
+logger = logging.getLogger("payonce")
+
+
+class Telling:
+    """The hooks' records and the log lines of a drive, for ``IntentCore``."""
+
+    hooks: HookSet
+
+    # -- a drive -----------------------------------------------------------------------------
+
+    def drive_started(self, run: Run) -> None:
+        """Both clients call this as a drive of ``run`` begins, and ``drive_ended`` after."""
+        if self.hooks:
+            event = IntentStarted(**about(run.record), resumed=run.resumed)
+            self.hooks.emit(Hooks.intent_started, event)
+
+    def drive_ended(self, run: Run) -> None:
+        if self.hooks:
+            record = run.record
+            event = IntentEnded(**about(record), state=record.state, attempts=run.attempt)
+            self.hooks.emit(Hooks.intent_ended, event)
+
+    # -- one attempt -------------------------------------------------------------------------
+
+    def _attempt_started(self, run: Run) -> None:
+        event = AttemptStarted(**about(run.record), attempt=run.attempt)
+        self.hooks.emit(Hooks.attempt_started, event)
+
+    def _attempt_ended(
+        self, run: Run, transition: Transition, status_code: int | None, error: str | None
+    ) -> None:
+        event = AttemptEnded(
+            **about(run.record),
+            attempt=run.attempt,
+            outcome=transition.value,
+            status_code=status_code,
+            error=error,
+        )
+        self.hooks.emit(Hooks.attempt_ended, event)
+
+    @staticmethod
+    def _log_answer(run: Run, status_code: int, verdict: Verdict) -> None:
+        logger.debug(
+            "intent %s attempt %d: HTTP %d (%s)",
+            run.key,
+            run.attempt,
+            status_code,
+            verdict.outcome.value,
+            extra=log_extra(run.record),
+        )
+
+    @staticmethod
+    def _log_error(run: Run, error: BaseException) -> None:
+        logger.debug(
+            "intent %s attempt %d: %s",
+            run.key,
+            run.attempt,
+            type(error).__name__,
+            extra=log_extra(run.record),
+        )
+
+    @staticmethod
+    def _log_refused(run: Run, status_code: int) -> None:
+        logger.warning(
+            "intent %s: refused with HTTP %d before execution; it stays pending",
+            run.key,
+            status_code,
+            extra=log_extra(run.record),
+        )
+
+    def _retry_events(
+        self, run: Run
+    ) -> tuple[Callable[[int, float, Verdict], RetryEvent], Callable[[RetryEvent], None] | None]:
+        """What tenacity's loop builds before each wait, and whom it hands that to."""
+
+        def event(attempt: int, wait: float, verdict: Verdict) -> RetryEvent:
+            return RetryEvent(
+                **about(run.record),
+                attempt=run.attempt,
+                wait=wait,
+                reason=verdict.reason,
+                ambiguous=verdict.ambiguous,
+            )
+
+        def on_retry(event: RetryEvent) -> None:
+            self.hooks.emit(Hooks.retrying, event)
+
+        return event, on_retry if self.hooks else None
+
+    # -- how it ended ------------------------------------------------------------------------
+
+    @staticmethod
+    def _log_settled(record: IntentRecord, status_code: int) -> None:
+        logger.info(
+            "intent %s%s %s after %d attempt(s): HTTP %d",
+            record.key,
+            f" ({record.reference})" if record.reference else "",
+            record.state.value,
+            record.attempt_count,
+            status_code,
+            extra=log_extra(record),
+        )
+
+    def settled(self, record: IntentRecord, *, provider_replayed: bool) -> None:
+        if self.hooks:
+            answer = record.response
+            event = IntentSettled(
+                **about(record),
+                state=record.state,
+                status_code=answer.status if answer else None,
+                attempts=record.attempt_count,
+                provider_replayed=provider_replayed,
+            )
+            self.hooks.emit(Hooks.settled, event)
+
+    def _answered_from_journal(self, record: IntentRecord, status_code: int) -> None:
+        event = IntentReplayed(**about(record), state=record.state, status_code=status_code)
+        self.hooks.emit(Hooks.replayed, event)
+
+    def _went_unknown(self, record: IntentRecord, reason: str) -> None:
+        # An operator must hear of it without debug logging: money may have moved.
+        logger.warning(
+            "intent %s%s went unknown: %s; run `payonce reconcile` for it",
+            record.key,
+            f" ({record.reference})" if record.reference else "",
+            reason,
+            extra=log_extra(record),
+        )
+        if self.hooks:
+            self.hooks.emit(Hooks.unknown, IntentUnknown(**about(record), reason=reason))
