@@ -143,6 +143,36 @@ def test_an_invalid_caller_key_is_refused_before_anything_is_journaled(
     assert _states(journal_path) == {}
 
 
+@pytest.mark.parametrize(
+    ("reference", "complaint"),
+    [
+        ("", "empty or blank"),
+        ("   ", "empty or blank"),
+        ("order-1 ", "whitespace"),
+        ("\torder-1", "whitespace"),
+        ("order\n1", "control character"),
+        (42, "must be a string"),
+    ],
+)
+def test_a_reference_that_would_merge_orders_is_refused_and_the_journal_keeps_what_it_held(
+    client: payonce.Client,
+    sandbox: SandboxServer,
+    journal_path: Path,
+    reference: object,
+    complaint: str,
+) -> None:
+    paid = client.post("/v1/payments", json=PAYMENT, reference="order-1")
+    held = _states(journal_path)
+
+    with pytest.raises(payonce.ConfigurationError, match=complaint):
+        client.post("/v1/payments", json=PAYMENT, reference=reference)  # type: ignore[arg-type]
+    with pytest.raises(payonce.ConfigurationError, match=complaint):
+        client.intent(reference)  # type: ignore[arg-type]
+
+    assert _states(journal_path) == held
+    assert sandbox.store.executions() == {payonce.response_info(paid).key: 1}  # type: ignore[union-attr]
+
+
 # -- mismatches -----------------------------------------------------------------------------
 
 

@@ -20,6 +20,7 @@ from ._identity import (
     make_scope,
     new_key,
     validate_key,
+    validate_reference,
 )
 from ._key_age import KEY_LIFETIME_MARGIN, may_have_executed, resend_refusal
 from ._leases import lease_blocks, lease_live, new_owner, owner_is_dead
@@ -82,4 +83,5 @@ __all__ = [
     "target",
     "transition_for",
     "validate_key",
+    "validate_reference",
 ]

@@ -27,6 +27,7 @@ __all__ = [
     "make_scope",
     "new_key",
     "validate_key",
+    "validate_reference",
 ]
 
 KeyFormat = Literal["ulid", "uuid4"]
@@ -63,6 +64,32 @@ def validate_key(key: str, *, max_length: int = MAX_KEY_LENGTH) -> str:
             "no control characters)"
         )
     return key
+
+
+def validate_reference(reference: str) -> str:
+    """Check a caller's reference (an order id): the same reference is the same intent, so
+    one that is empty, blank, padded or holds control characters is refused rather than
+    let two orders that a caller's bug gave the same blank name share one payment."""
+    if not isinstance(reference, str):
+        raise ConfigurationError(
+            f"reference must be a string, not {type(reference).__name__} ({reference!r}): "
+            "pass str(...) of your order id"
+        )
+    if not reference.strip():
+        raise ConfigurationError(
+            f"reference {reference!r} is empty or blank: every order it stood for would be "
+            "one intent, paid once. Pass the order's id, or no reference at all"
+        )
+    if reference != reference.strip():
+        raise ConfigurationError(
+            f"reference {reference!r} starts or ends with whitespace, so it differs from "
+            "the same id without it: strip it first"
+        )
+    if _CONTROL.search(reference):
+        raise ConfigurationError(
+            f"reference {reference!r} holds a control character (a newline, a tab, NUL…)"
+        )
+    return reference
 
 
 def make_scope(account: str, method: str, path: str) -> str:

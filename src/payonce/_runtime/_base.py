@@ -25,7 +25,14 @@ from .._journal._open import open_store
 from .._journal._reads import Journal
 from .._journal._records import IntentDraft, IntentRecord, JournalCommitted
 from .._journal._store import IntentStore
-from .._lifecycle import IntentState, KeyFormat, canonical_request, check_headers, new_key
+from .._lifecycle import (
+    IntentState,
+    KeyFormat,
+    canonical_request,
+    check_headers,
+    new_key,
+    validate_reference,
+)
 from .._providers._profile import ProviderProfile, get_profile
 from .._version import __version__
 from ..errors import ConfigurationError
@@ -142,7 +149,7 @@ class OperationBase:
         acknowledge: bool,
     ) -> None:
         self._core = client._core
-        self.reference = reference
+        self.reference = None if reference is None else validate_reference(reference)
         self._acknowledge = acknowledge
         self._key = key
         self._key_supplied = key is not None
