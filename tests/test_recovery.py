@@ -127,6 +127,37 @@ def test_an_intent_resume_leaves_unknown_is_one_warning_and_other_failures_still
     assert "ProviderUnavailable" in still_pending
 
 
+@pytest.mark.parametrize(
+    ("provider", "remedy"),
+    [
+        ("sandbox", "payonce reconcile"),
+        ("generic", "no status look-up"),
+    ],
+)
+def test_an_unknown_outcome_names_the_remedy_its_provider_profile_allows(
+    make_client: MakeClient,
+    sandbox: SandboxServer,
+    caplog: pytest.LogCaptureFixture,
+    provider: str,
+    remedy: str,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="payonce"):
+        record = make_unknown(make_client, sandbox, "order-u", "drop_after", provider=provider)
+    client = make_client(provider=provider)
+
+    with pytest.raises(payonce.OutcomeUnknown) as again:
+        client.post("/v1/payments", json=PAYMENT, reference="order-u")
+
+    (warned,) = _warnings_about(record.key, caplog)
+    for said in (str(again.value), warned):
+        assert remedy in said
+        if provider == "generic":
+            assert f"payonce abandon {record.key}" in said
+            assert "payonce reconcile" not in said, "a command that cannot work here"
+    assert client.journal.get(record.key).state is payonce.IntentState.UNKNOWN  # type: ignore[union-attr]
+    assert sandbox.store.total_executions() == 1
+
+
 class _MangledFor(httpx.HTTPTransport):
     """A proxy that mangles the answers about one key: a body that cannot be decoded, or a
     refused status look-up. Everything else passes through to the real sandbox."""

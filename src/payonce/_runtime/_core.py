@@ -197,7 +197,7 @@ class IntentCore(Telling):
             case ClaimKind.FINAL:
                 return Replay(record, self.replay(record))
             case ClaimKind.UNKNOWN:
-                raise refusals.unknown(record)
+                raise refusals.unknown(record, reconcilable=self.reconcilable)
             case ClaimKind.LEASED:
                 return Wait(record)
             case ClaimKind.CLAIMED:
@@ -235,7 +235,7 @@ class IntentCore(Telling):
                 reason=refusal,
             )
             self._went_unknown(run.record, refusal)
-            raise refusals.unknown(run.record)
+            raise refusals.unknown(run.record, reconcilable=self.reconcilable)
         return run
 
     @staticmethod
@@ -291,6 +291,11 @@ class IntentCore(Telling):
             return current.lease_owner == run.owner or current.attempt_count <= run.attempt
 
         return Lease(f"intent {run.key}", renew, log_extra=log_extra(run.record))
+
+    @property
+    def reconcilable(self) -> bool:
+        """Whether an unknown intent of this profile can be asked about (a status look-up)."""
+        return self.profile.lookup is not None
 
     def auth_headers(self) -> dict[str, str]:
         return dict(self._auth_headers)
@@ -440,7 +445,7 @@ class IntentCore(Telling):
                 reason=reason,
             )
             self._went_unknown(run.record, reason)
-            return refusals.unknown(run.record)
+            return refusals.unknown(run.record, reconcilable=self.reconcilable)
         # Exhausted, never executed: the intent stays pending and the lease goes.
         self.journal.release(run.key, owner=run.owner)
         return refusals.unavailable(run.record, run.last_reason)
@@ -450,7 +455,7 @@ class IntentCore(Telling):
             raise refusals.abandoned(record)
         response = replayed(record)
         if response is None:
-            raise refusals.unknown(record)
+            raise refusals.unknown(record, reconcilable=self.reconcilable)
         if self.hooks:
             self._answered_from_journal(record, response.status_code)
         return self.deliver(record, response)

@@ -49,13 +49,26 @@ def in_flight(record: IntentRecord) -> IntentInFlight:
     )
 
 
-def unknown(record: IntentRecord) -> OutcomeUnknown:
+def unknown(record: IntentRecord, *, reconcilable: bool) -> OutcomeUnknown:
     reason = record.unknown_reason or "outcome unknown"
     what = (
-        f"has an unknown outcome ({reason}); it will not be resent blindly. Reconcile it: "
-        f"payonce reconcile {record.key}"
+        f"has an unknown outcome ({reason}); it will not be resent blindly. "
+        f"{unknown_remedy(record.key, reconcilable=reconcilable)}"
     )
     return _about(OutcomeUnknown, record, what, reason=reason)
+
+
+def unknown_remedy(key: str, *, reconcilable: bool) -> str:
+    """What to do about an unknown intent: ask the provider, or, when its profile has no
+    status look-up to ask with, look at the provider by hand."""
+    if reconcilable:
+        return f"Reconcile it: payonce reconcile {key}"
+    return (
+        "This provider profile has no status look-up, so payonce cannot ask: check at the "
+        "provider whether it executed, then close the intent with "
+        f"`payonce abandon {key} --reason ...`; do not pay again under a new reference "
+        "before you know"
+    )
 
 
 def abandoned(record: IntentRecord) -> IntentStateError:

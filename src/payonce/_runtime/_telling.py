@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from .._journal._records import IntentRecord
 from .._lifecycle import Transition, Verdict
+from .._providers._profile import ProviderProfile
 from ._events import (
     AttemptEnded,
     AttemptStarted,
@@ -27,6 +28,7 @@ from ._events import (
     log_extra,
 )
 from ._hooks import Hooks, HookSet
+from ._refusals import unknown_remedy
 
 if TYPE_CHECKING:
     from ._core import Run
@@ -40,6 +42,7 @@ class Telling:
     """The hooks' records and the log lines of a drive, for ``IntentCore``."""
 
     hooks: HookSet
+    profile: ProviderProfile
 
     # -- a drive -----------------------------------------------------------------------------
 
@@ -155,10 +158,11 @@ class Telling:
     def _went_unknown(self, record: IntentRecord, reason: str) -> None:
         # An operator must hear of it without debug logging: money may have moved.
         logger.warning(
-            "intent %s%s went unknown: %s; run `payonce reconcile` for it",
+            "intent %s%s went unknown: %s. %s",
             record.key,
             f" ({record.reference})" if record.reference else "",
             reason,
+            unknown_remedy(record.key, reconcilable=self.profile.lookup is not None),
             extra=log_extra(record),
         )
         if self.hooks:
