@@ -20,6 +20,7 @@ the payments it settles to this receiver over loopback, redelivering some on pur
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import collections
 import json
@@ -210,6 +211,10 @@ def demo(workdir: Path) -> int:
 
 
 def main() -> int:
+    # No options: the parser is there so that -h prints what this script does, not runs it.
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     with tempfile.TemporaryDirectory(prefix="payonce-webhooks-") as workdir:
         return demo(Path(workdir))
