@@ -231,6 +231,35 @@ def test_stripe_sends_the_same_form_bytes_with_the_metadata_tag_on_every_attempt
     assert b"payonce_idempotency_key" not in record.body
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"json": PAYMENT},
+        {"content": b'{"amount": 4200}', "headers": {"Content-Type": "application/json"}},
+    ],
+    ids=["json=", "raw JSON content"],
+)
+def test_a_json_body_for_stripe_s_v1_api_is_refused_before_it_is_journaled(
+    like: Like, body: dict[str, Any]
+) -> None:
+    server, client = like("stripe")
+    client.post("/v1/payments", data=PAYMENT, reference="order-paid")
+    held = [(r.key, r.state) for r in client.journal.list_intents()]
+
+    with pytest.raises(payonce.ConfigurationError, match=r"form-encoded bodies.*data=") as error:
+        client.post("/v1/payment_intents", reference="order-j", **body)
+
+    assert "POST /v1/payment_intents" in str(error.value)
+    assert [(r.key, r.state) for r in client.journal.list_intents()] == held
+    assert server.store.total_executions() == 1
+
+
+def test_stripe_s_v2_api_takes_json() -> None:
+    assert stripe_profile().refuse_request("POST", "/v2/core/events", "application/json") is None
+    form = "application/x-www-form-urlencoded"
+    assert stripe_profile().refuse_request("POST", "/v1/payment_intents", form) is None
+
+
 def test_stripe_without_metadata_tagging_sends_the_body_untouched(like: Like) -> None:
     _, client = like("stripe", profile=stripe_profile(tag_metadata=False))
     sent = _requests(client)

@@ -83,6 +83,10 @@ def _body_as_is(body: bytes, content_type: str | None, key: str) -> bytes:
     return body
 
 
+def _any_request(method: str, path: str, content_type: str | None) -> str | None:
+    return None
+
+
 @attrs.frozen
 class ProviderProfile:
     """What payonce needs to know about one provider's idempotency contract.
@@ -130,6 +134,10 @@ class ProviderProfile:
     refine: Callable[[httpx.Response], Verdict | None] = _no_verdict
     """A provider-specific verdict that wins over everything else (None: no opinion), e.g.
     telling a 409 "key in use, retry" from a 409 "key reused with another body"."""
+    refuse_request: Callable[[str, str, str | None], str | None] = _any_request
+    """Why the provider cannot take a request (method, path, content type), or None. A
+    reason is raised as ``ConfigurationError`` before anything is journaled: a request the
+    provider is known to refuse would only be journaled as a failure of that reference."""
     resend: Literal["verify", "same-key"] | None = None
     """What follows an attempt that may have executed. ``"verify"``: ask the status look-up
     first, and resend (under the same key) only once the provider has no record and the

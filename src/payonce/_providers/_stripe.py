@@ -40,6 +40,20 @@ _CONCURRENT_CODES = frozenset({"idempotency_key_in_use", "lock_timeout"})
 _MISMATCH_WORDING = "keys for idempotent requests can only be used"
 
 
+def stripe_refuse_request(method: str, path: str, content_type: str | None) -> str | None:
+    """Stripe's v1 API takes form-encoded bodies only (its v2 API takes JSON)."""
+    media_type = (content_type or "").split(";")[0].strip().lower()
+    if path.startswith("/v1/") and (
+        media_type == "application/json" or media_type.endswith("+json")
+    ):
+        return (
+            f"Stripe's v1 API takes form-encoded bodies, not JSON: pass data={{...}} (nested "
+            f"fields in brackets, e.g. 'metadata[order]') for {method} {path}. A JSON body "
+            "would be refused, and could not carry the metadata tag reconciliation looks for"
+        )
+    return None
+
+
 def stripe_should_retry(response: httpx.Response) -> bool | None:
     value = response.headers.get("stripe-should-retry", "").strip().lower()
     return {"true": True, "false": False}.get(value)
@@ -200,6 +214,7 @@ def stripe_profile(
         lookup=lookup,
         should_retry_hint=stripe_should_retry,
         refine=stripe_refine,
+        refuse_request=stripe_refuse_request,
         prepare_body=_TagMetadata(metadata_key) if tag_metadata else _body_as_is,
         encode_form=stripe_form_pairs,
     )

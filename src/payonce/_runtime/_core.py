@@ -146,6 +146,11 @@ class IntentCore(Telling):
     ) -> IntentDraft:
         if key is not None:
             validate_key(key, max_length=self.profile.key_max_length)
+        unfit = self.profile.refuse_request(
+            canonical.method, canonical.path, canonical.content_type
+        )
+        if unfit is not None:
+            raise ConfigurationError(unfit)
         check_headers(headers)
         secret = self._unjournaled_headers
         if refused := sorted(name for name in headers or {} if name.lower() in secret):
