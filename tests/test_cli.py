@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -593,9 +594,14 @@ def test_control_characters_from_the_journal_are_printed_escaped_never_raw(
             "/v1/payments",
             content=b"note=\x1b[31mred\x1b[0m",
             headers={"Content-Type": "text/plain"},
-            reference=hostile,
+            reference="ref-plain",
         )
-    (record,) = client.journal.find(hostile)
+    client.close()
+    # payonce refuses such a reference from a caller; a journal written by an older payonce,
+    # another tool or a hand may still hold one.
+    with sqlite3.connect(journal_path) as db:
+        db.execute("UPDATE intents SET reference = ? WHERE reference = 'ref-plain'", (hostile,))
+    (record,) = make_client().journal.find(hostile)
 
     for args in (
         ["intents", "list"],
