@@ -143,26 +143,40 @@ async def test_an_intent_resume_leaves_unknown_is_warned_of_once(
     assert "went unknown: retries exhausted" in said[0]
 
 
-class _UndecodableFor(httpx.AsyncHTTPTransport):
-    """Passes everything through to the sandbox but the answers about one key, whose body
-    cannot be decoded."""
+class _MangledFor(httpx.AsyncHTTPTransport):
+    """Passes everything through to the sandbox but the answers about one key: a body that
+    cannot be decoded, or a bug after sending."""
 
-    def __init__(self, key: str) -> None:
+    def __init__(self, key: str, how: str) -> None:
         super().__init__()
-        self.key = key
+        self.key, self.how = key, how
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         response = await super().handle_async_request(request)
         if request.headers.get("idempotency-key") != self.key:
             return response
         await response.aread()
+        if self.how == "broken":
+            raise RuntimeError("a bug in the transport")
         return httpx.Response(201, headers={"content-encoding": "gzip"}, content=b"not gzip")
 
 
+@pytest.mark.parametrize(
+    ("how", "state", "said"),
+    [
+        # An answer arrived: the provider may have executed it, so it goes unknown.
+        ("undecodable", payonce.IntentState.UNKNOWN, "DecodingError"),
+        # Not a transport failure: the error is reported, the intent left pending.
+        ("broken", payonce.IntentState.PENDING, "a bug in the transport"),
+    ],
+)
 async def test_one_intent_failing_in_any_way_does_not_stop_resume(
     make_client: Callable[..., payonce.Client],
     make_async_client: MakeAsyncClient,
     sandbox: SandboxServer,
+    how: str,
+    state: payonce.IntentState,
+    said: str,
 ) -> None:
     unreachable = make_client(
         base_url="http://127.0.0.1:9", retry=payonce.RetryPolicy(max_attempts=1)
@@ -173,14 +187,14 @@ async def test_one_intent_failing_in_any_way_does_not_stop_resume(
             unreachable.post("/v1/payments", json=PAYMENT, reference=f"order-{n}")
         keys.append(caught.value.key)
 
-    results = await make_async_client(transport=_UndecodableFor(keys[1])).resume()
+    results = await make_async_client(transport=_MangledFor(keys[1], how)).resume()
 
     assert [(r.key, r.state) for r in results] == [
         (keys[0], payonce.IntentState.SUCCEEDED),
-        (keys[1], payonce.IntentState.PENDING),
+        (keys[1], state),
         (keys[2], payonce.IntentState.SUCCEEDED),
     ]
-    assert "DecodingError" in results[1].detail
+    assert said in results[1].detail
 
 
 def _record_threads(journal: payonce.journal.SQLiteJournal) -> set[int]:

@@ -159,8 +159,9 @@ def test_an_unknown_outcome_names_the_remedy_its_provider_profile_allows(
 
 
 class _MangledFor(httpx.HTTPTransport):
-    """A proxy that mangles the answers about one key: a body that cannot be decoded, or a
-    refused status look-up. Everything else passes through to the real sandbox."""
+    """A proxy that mangles the answers about one key: a body that cannot be decoded, a
+    refused status look-up, or a bug after sending. Everything else passes through to the
+    real sandbox."""
 
     def __init__(self, key: str, how: str) -> None:
         super().__init__()
@@ -174,28 +175,41 @@ class _MangledFor(httpx.HTTPTransport):
         if not about_key:
             return response
         response.read()
+        if self.how == "broken":
+            raise RuntimeError("a bug in the transport")
         if self.how == "undecodable":
             return httpx.Response(201, headers={"content-encoding": "gzip"}, content=b"not gzip")
         return httpx.Response(403, json={"error": "forbidden"})
 
 
-def test_an_undecodable_answer_to_one_intent_does_not_stop_resume(
-    make_client: MakeClient, sandbox: SandboxServer
+@pytest.mark.parametrize(
+    ("how", "state", "said"),
+    [
+        # An answer arrived: the provider may have executed it, so it goes unknown.
+        ("undecodable", payonce.IntentState.UNKNOWN, "DecodingError"),
+        # Not a transport failure: the error is reported, the intent left pending.
+        ("broken", payonce.IntentState.PENDING, "a bug in the transport"),
+    ],
+)
+def test_an_undecodable_answer_or_a_bug_for_one_intent_does_not_stop_resume(
+    make_client: MakeClient,
+    sandbox: SandboxServer,
+    how: str,
+    state: payonce.IntentState,
+    said: str,
 ) -> None:
     left = [leave_pending(make_client, f"order-{n}") for n in range(3)]
     seen: list[payonce.records.ResumeResult] = []
 
-    results = make_client(transport=_MangledFor(left[0].key, "undecodable")).resume(
-        on_result=seen.append
-    )
+    results = make_client(transport=_MangledFor(left[0].key, how)).resume(on_result=seen.append)
 
     assert seen == results
     assert [(r.key, r.state) for r in results] == [
-        (left[0].key, payonce.IntentState.PENDING),
+        (left[0].key, state),
         (left[1].key, payonce.IntentState.SUCCEEDED),
         (left[2].key, payonce.IntentState.SUCCEEDED),
     ]
-    assert "DecodingError" in results[0].detail
+    assert said in results[0].detail
     assert sandbox.store.executions() == {record.key: 1 for record in left}
     held = make_client().journal.get(left[0].key)
     assert held is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import email.utils
+import json
 import random
 
 import httpx
@@ -24,6 +25,13 @@ def _response(status: int, **headers: str) -> httpx.Response:
     return httpx.Response(status, headers=headers, request=REQUEST)
 
 
+def _problem(status: int) -> httpx.Response:
+    """A refusal as the IETF draft's server writes it: a problem document (RFC 9457)."""
+    body = b'{"title": "refused", "status": %d}' % status
+    headers = {"content-type": "application/problem+json"}
+    return httpx.Response(status, headers=headers, content=body, request=REQUEST)
+
+
 @pytest.mark.parametrize("status", [200, 201, 204])
 def test_2xx_is_a_definitive_success(status: int) -> None:
     assert classify_response(_response(status), GENERIC).outcome is Outcome.SUCCEEDED
@@ -40,7 +48,7 @@ def test_an_authentication_refusal_executed_nothing_and_is_not_final(status: int
 
 @pytest.mark.parametrize("status", [400, 402, 404])
 def test_other_4xx_are_definitive_failures(status: int) -> None:
-    verdict = classify_response(_response(status), GENERIC)
+    verdict = classify_response(_problem(status), GENERIC)
     assert verdict.outcome is Outcome.FAILED
     assert not verdict.ambiguous
 
@@ -65,7 +73,7 @@ def test_409_in_flight_is_retried_and_ambiguous() -> None:
 
 
 def test_422_is_a_key_mismatch() -> None:
-    assert classify_response(_response(422), GENERIC).outcome is Outcome.MISMATCH
+    assert classify_response(_problem(422), GENERIC).outcome is Outcome.MISMATCH
 
 
 def test_a_provider_retry_hint_wins_over_the_status() -> None:
@@ -211,3 +219,17 @@ def test_any_answer_gets_exactly_one_verdict_and_never_an_exception(
         assert 200 <= status < 300
     if 200 <= status < 300 and verdict.outcome is not Outcome.SUCCEEDED:
         assert verdict.ambiguous, "a 2xx that does not settle may have executed"
+    if verdict.outcome in (Outcome.FAILED, Outcome.MISMATCH):
+        told = profile.should_retry_hint(response) is False  # the provider's own header
+        assert told or _is_json(response), "only the provider's own words settle a refusal"
+
+
+def _is_json(response: httpx.Response) -> bool:
+    media_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type != "application/json" and not media_type.endswith("+json"):
+        return False
+    try:
+        json.loads(response.content)
+    except ValueError:
+        return False
+    return True

@@ -1,7 +1,7 @@
 """A real HTTP proxy on loopback between payonce and the provider, that can answer in the
-provider's place (a captive portal's or a misconfigured proxy's page, which never reached
-the provider) or relay the provider's answer one byte at a time, as a congested or hostile
-middlebox does."""
+provider's place (a captive portal's or a load balancer's page, which never reached the
+provider), relay the provider's answer one byte at a time, as a congested or hostile
+middlebox does, or relay it mislabelled as gzip-compressed."""
 
 from __future__ import annotations
 
@@ -10,11 +10,23 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import httpx
 
 PORTAL_PAGE = b"<html><head><title>Sign in to the hotel Wi-Fi</title></head></html>"
+
+
+class Page(NamedTuple):
+    """An answer the proxy writes itself, in the provider's place."""
+
+    status: int
+    content_type: str | None
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+PORTAL = Page(200, "text/html; charset=utf-8", PORTAL_PAGE)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -25,17 +37,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _relay(self) -> None:
         body = self.rfile.read(int(self.headers.get("content-length") or 0))
-        if self.server.take_portal_turn():
-            self.send_response(200)
-            self.send_header("content-type", "text/html; charset=utf-8")
-            self.send_header("content-length", str(len(PORTAL_PAGE)))
-            self.end_headers()
-            self.wfile.write(PORTAL_PAGE)
+        if (page := self.server.next_page()) is not None:
+            self._answer(page)
             return
         headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
-        answer = httpx.request(
-            self.command, self.server.upstream + self.path, headers=headers, content=body
-        )
+        try:
+            answer = httpx.request(
+                self.command, self.server.upstream + self.path, headers=headers, content=body
+            )
+        except httpx.TransportError:
+            # The provider's answer was lost on the way (it dropped the connection): so is
+            # the client's.
+            self.close_connection = True
+            return
         if self.server.trickle is not None:
             self._trickle(answer, self.server.trickle)
             return
@@ -43,9 +57,21 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         for name, value in answer.headers.items():
             if name.lower() not in ("content-length", "transfer-encoding", "connection"):
                 self.send_header(name, value)
+        if self.command in self.server.false_gzip:
+            self.send_header("content-encoding", "gzip")  # and the body is not
         self.send_header("content-length", str(len(answer.content)))
         self.end_headers()
         self.wfile.write(answer.content)
+
+    def _answer(self, page: Page) -> None:
+        self.send_response(page.status)
+        if page.content_type is not None:
+            self.send_header("content-type", page.content_type)
+        for name, value in page.headers:
+            self.send_header(name, value)
+        self.send_header("content-length", str(len(page.body)))
+        self.end_headers()
+        self.wfile.write(page.body)
 
     def _trickle(self, answer: httpx.Response, part: Trickled) -> None:
         """The provider's answer, ``part`` of it one byte per ``TRICKLE_INTERVAL``; the
@@ -87,17 +113,17 @@ class _ProxyServer(http.server.ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.upstream = upstream
         self._lock = threading.Lock()
-        self.portal_turns = 0
-        """How many of the next requests the portal answers instead of the provider."""
+        self.pages: list[Page | None] = []
+        """What answers each of the next requests: a page of the proxy's own, or None for
+        the provider (relayed). Once the list is used up, every request is relayed."""
         self.trickle: Trickled | None = None
         """Which part of the provider's answers to relay one byte at a time."""
+        self.false_gzip: frozenset[str] = frozenset()
+        """The methods whose answers are relayed labelled gzip-compressed, which they are not."""
 
-    def take_portal_turn(self) -> bool:
+    def next_page(self) -> Page | None:
         with self._lock:
-            if self.portal_turns <= 0:
-                return False
-            self.portal_turns -= 1
-            return True
+            return self.pages.pop(0) if self.pages else None
 
     @property
     def url(self) -> str:
@@ -108,8 +134,24 @@ class _ProxyServer(http.server.ThreadingHTTPServer):
 @contextmanager
 def portal_in_front_of(upstream: str, *, turns: int) -> Iterator[_ProxyServer]:
     """A proxy to ``upstream`` whose first ``turns`` answers are a portal's 200 HTML page."""
+    with pages_in_front_of(upstream, [PORTAL] * turns) as server:
+        yield server
+
+
+@contextmanager
+def pages_in_front_of(upstream: str, pages: list[Page | None]) -> Iterator[_ProxyServer]:
+    """A proxy to ``upstream`` whose next answers are ``pages`` (None: the provider's)."""
     with _proxy_to(upstream) as server:
-        server.portal_turns = turns
+        server.pages = list(pages)
+        yield server
+
+
+@contextmanager
+def mislabelling_in_front_of(upstream: str, *methods: str) -> Iterator[_ProxyServer]:
+    """A proxy that relays ``upstream``'s answers to ``methods`` labelled
+    ``Content-Encoding: gzip``, as a misconfigured one does, though they are not."""
+    with _proxy_to(upstream) as server:
+        server.false_gzip = frozenset(methods)
         yield server
 
 

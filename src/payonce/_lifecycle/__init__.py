@@ -26,6 +26,7 @@ from ._key_age import KEY_LIFETIME_MARGIN, may_have_executed, resend_refusal
 from ._leases import lease_blocks, lease_live, new_owner, owner_is_dead
 from ._states import RULES, IntentState, Rule, Transition, contract_table, rule, target
 from ._verdicts import (
+    LOOKUP_FAILURES,
     LookupKind,
     LookupVerdict,
     Outcome,
@@ -42,6 +43,7 @@ from ._verify import LOOK_UP, LookUp, Verification, quiet_after
 __all__ = [
     "KEY_LIFETIME_MARGIN",
     "LOOK_UP",
+    "LOOKUP_FAILURES",
     "MAX_KEY_LENGTH",
     "RULES",
     "CanonicalRequest",

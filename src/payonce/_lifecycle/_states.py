@@ -23,7 +23,7 @@ class IntentState(enum.StrEnum):
     SUCCEEDED = "succeeded"
     """The provider answered 2xx; the answer is stored and replayed."""
     FAILED = "failed"
-    """The provider refused definitively (non-retryable 4xx); stored and replayed."""
+    """The provider refused definitively (a non-retryable 4xx it wrote); stored and replayed."""
     UNKNOWN = "unknown"
     """The provider may or may not have executed it. Only reconciliation moves it."""
     ABANDONED = "abandoned"
@@ -100,7 +100,8 @@ RULES: tuple[Rule, ...] = (
         (_P,),
         None,
         "the attempt ended in a retryable way that may have executed (timeout, dropped "
-        "connection, 5xx, in-flight 409): retried under the same key",
+        "connection, 5xx, in-flight 409, an answer that is not the provider's or cannot be "
+        "decoded): retried under the same key",
         attempt_ambiguous=True,
     ),
     Rule(
@@ -148,7 +149,8 @@ RULES: tuple[Rule, ...] = (
         Transition.FAILED,
         (_P,),
         IntentState.FAILED,
-        "a definitive refusal (non-retryable 4xx, a do-not-retry hint), stored",
+        "a definitive refusal in the provider's own words (non-retryable 3xx or 4xx, a "
+        "do-not-retry hint), stored",
         releases_lease=True,
     ),
     Rule(

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .._providers._profile import Lookup, ProviderProfile
 
 __all__ = [
+    "LOOKUP_FAILURES",
     "LookupKind",
     "LookupVerdict",
     "Outcome",
@@ -68,15 +69,23 @@ def _media_type(response: httpx.Response) -> str:
     return str(response.headers.get("content-type", "")).split(";")[0].strip().lower()
 
 
-def _not_genuine(response: httpx.Response, profile: ProviderProfile) -> str | None:
-    """Why a 2xx is not the provider's own answer, or None when it is."""
+def _not_genuine(
+    response: httpx.Response, profile: ProviderProfile, *, refusal: bool = False
+) -> str | None:
+    """Why an answer is not the provider's own, or None when it is.
+
+    ``refusal``: the answer would settle the intent as failed. An empty, typeless 2xx has
+    nothing that could be misread (a 204), but an empty, typeless refusal is not one any
+    built-in provider writes (they all explain a refusal in a JSON body): it cannot tell a
+    proxy's bare 404 or 413 from the provider's, so it proves no refusal.
+    """
     accepted = profile.answer_media_types
     if not accepted:
         return None
     media_type = _media_type(response)
     body = response.content
     if not body and not media_type:
-        return None  # nothing that could be misread
+        return "an empty, typeless answer" if refusal else None
     json_expected = "application/json" in accepted
     if media_type not in accepted and not (json_expected and media_type.endswith("+json")):
         return f"a {media_type or 'typeless'} answer"
@@ -91,6 +100,28 @@ def _not_genuine(response: httpx.Response, profile: ProviderProfile) -> str | No
 def _diagnosis(response: httpx.Response, why: str) -> str:
     head = response.content[:80].decode("utf-8", "replace")
     return f"not the provider's answer: {why}, {len(response.content)} bytes: {head!r}"
+
+
+def _foreign(response: httpx.Response, why: str) -> Verdict:
+    # A proxy's, a load balancer's or a captive portal's page proves neither that the
+    # payment ran nor that it did not (the attempt before it may have executed): ambiguous,
+    # retried under the same key, and reconciled if it persists.
+    return Verdict(
+        Outcome.RETRY,
+        ambiguous=True,
+        reason=f"HTTP {response.status_code}, not the provider's answer ({why})",
+        diagnosis=_diagnosis(response, why),
+    )
+
+
+def _refusal(response: httpx.Response, profile: ProviderProfile, verdict: Verdict) -> Verdict:
+    """``verdict`` (failed or mismatch) if the provider wrote this refusal, else ambiguous.
+
+    Settled as failed, an intent tells its caller to use a new reference: after a first
+    attempt whose answer was lost, a load balancer's 404 would make that a second payment.
+    """
+    why = _not_genuine(response, profile, refusal=True)
+    return verdict if why is None else _foreign(response, why)
 
 
 def transition_for(verdict: Verdict) -> Transition:
@@ -146,19 +177,14 @@ def classify_response(response: httpx.Response, profile: ProviderProfile) -> Ver
     if 200 <= status < 300:
         why = _not_genuine(response, profile)
         if why is not None:
-            # A proxy's or a captive portal's page never proves the payment ran, nor that
-            # it did not: ambiguous, retried, and reconciled if it persists.
-            return Verdict(
-                Outcome.RETRY,
-                ambiguous=True,
-                reason=f"HTTP {status}, not the provider's answer ({why})",
-                diagnosis=_diagnosis(response, why),
-            )
+            return _foreign(response, why)
         return Verdict(Outcome.SUCCEEDED, ambiguous=False, reason=f"HTTP {status}")
     if hint is False:
+        # The provider's own header (no proxy writes Stripe-Should-Retry): its word.
         return Verdict(Outcome.FAILED, ambiguous=False, reason=f"HTTP {status} (do not retry)")
     if status in profile.mismatch_statuses:
-        return Verdict(Outcome.MISMATCH, ambiguous=False, reason=f"HTTP {status} key mismatch")
+        mismatch = Verdict(Outcome.MISMATCH, ambiguous=False, reason=f"HTTP {status} key mismatch")
+        return _refusal(response, profile, mismatch)
     retry_after = parse_retry_after(response.headers.get("retry-after"))
     if status in profile.in_flight_statuses:
         # Another request with our key is executing at the provider: it may well succeed.
@@ -178,7 +204,8 @@ def classify_response(response: httpx.Response, profile: ProviderProfile) -> Ver
             Outcome.RETRY, ambiguous=True, retry_after=retry_after, reason=f"HTTP {status}"
         )
     if 300 <= status < 500:
-        return Verdict(Outcome.FAILED, ambiguous=False, reason=f"HTTP {status}")
+        failed = Verdict(Outcome.FAILED, ambiguous=False, reason=f"HTTP {status}")
+        return _refusal(response, profile, failed)
     return Verdict(Outcome.RETRY, ambiguous=True, retry_after=retry_after, reason=f"HTTP {status}")
 
 
@@ -225,10 +252,18 @@ def classify_error(error: BaseException) -> Verdict | None:
         return Verdict(Outcome.NOT_SENT, ambiguous=False, reason=f"{name} (request not sent)")
     if isinstance(error, _AMBIGUOUS):
         return Verdict(Outcome.RETRY, ambiguous=True, reason=name)
+    if isinstance(error, httpx.DecodingError):
+        # An answer arrived, so the provider may have executed the request; its body could
+        # not be decoded (a proxy labelled it gzip and it is not): an unreadable answer.
+        reason = f"{name}: an answer arrived that could not be decoded ({error!s:.80})"
+        return Verdict(Outcome.RETRY, ambiguous=True, reason=reason)
     return None
 
 
 # -- status look-ups (reconciliation) ----------------------------------------------------
+
+LOOKUP_FAILURES: tuple[type[Exception], ...] = (httpx.TransportError, httpx.DecodingError)
+"""What a status look-up's exchange may raise instead of answering: asked again later."""
 
 
 class LookupKind(enum.Enum):
@@ -294,8 +329,8 @@ def classify_lookup(response: httpx.Response, lookup: Lookup) -> LookupVerdict:
 
 
 def classify_lookup_error(error: BaseException) -> LookupVerdict | None:
-    """A look-up is a GET that executes nothing: every transport failure is worth asking
-    again. None for what is not a transport failure."""
-    if isinstance(error, httpx.TransportError):
+    """A look-up is a GET that executes nothing: every transport failure, and an answer
+    that could not be decoded, is worth asking again. None for anything else."""
+    if isinstance(error, LOOKUP_FAILURES):
         return LookupVerdict(LookupKind.RETRY, type(error).__name__)
     return None

@@ -17,7 +17,7 @@ from typing import Any, ParamSpec, TypeVar, Unpack
 import httpx
 
 from .._journal._records import IntentDraft, IntentRecord
-from .._lifecycle import new_owner
+from .._lifecycle import LOOKUP_FAILURES, new_owner
 from . import _reconcile, _verifying
 from . import _refusals as refusals
 from ._base import BaseClient, OneShotOptions, OneShotVerbs, OperationBase, RequestOptions, Verbs
@@ -132,7 +132,7 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
                     request = _reconcile.lookup_request(core, claimed, self._http)
                     try:
                         response = await self._exchange(request)
-                    except httpx.TransportError as exc:
+                    except LOOKUP_FAILURES as exc:
                         raise _reconcile.transport_failure(core, claimed, exc) from exc
                     return await _off_loop(_reconcile.conclude, core, claimed, owner, response)
         except Retry as exc:
@@ -220,7 +220,7 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
             request = _reconcile.lookup_request(core, run.record, self._http)
             try:
                 response = await self._exchange(request)
-            except httpx.TransportError as exc:
+            except LOOKUP_FAILURES as exc:
                 await _off_loop(_verifying.lookup_failed, core, run, exc)
                 continue
             if (settled := await _off_loop(_verifying.looked_up, core, run, response)) is not None:

@@ -13,7 +13,7 @@ from typing import Any, Unpack
 import httpx
 
 from .._journal._records import IntentDraft, IntentRecord
-from .._lifecycle import new_owner
+from .._lifecycle import LOOKUP_FAILURES, new_owner
 from . import _reconcile, _verifying
 from . import _refusals as refusals
 from ._base import BaseClient, OneShotOptions, OneShotVerbs, OperationBase, RequestOptions, Verbs
@@ -134,7 +134,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
                     request = _reconcile.lookup_request(core, claimed, self._http)
                     try:
                         response = self._exchange(request)
-                    except httpx.TransportError as exc:
+                    except LOOKUP_FAILURES as exc:
                         raise _reconcile.transport_failure(core, claimed, exc) from exc
                     return _reconcile.conclude(core, claimed, owner, response)
         except Retry as exc:
@@ -220,7 +220,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
                 continue
             try:
                 response = self._exchange(_reconcile.lookup_request(core, run.record, self._http))
-            except httpx.TransportError as exc:
+            except LOOKUP_FAILURES as exc:
                 _verifying.lookup_failed(core, run, exc)
                 continue
             if (settled := _verifying.looked_up(core, run, response)) is not None:
