@@ -817,6 +817,37 @@ def test_a_journal_error_before_anything_was_sent_says_nothing_executed(
         journal.close()
 
 
+# -- a damaged row --------------------------------------------------------------------------
+
+
+def test_a_damaged_row_is_reported_as_damage_to_restore_not_as_a_failed_operation(
+    sandbox: SandboxServer, journal_path: Path
+) -> None:
+    """A page overwritten with garbage can leave a row whose text no longer decodes: the
+    error must send the operator to the backups, as any other damage does."""
+    with sandbox_client(sandbox, journal_path) as client:
+        client.post("/v1/payments", json=PAYMENT, reference="order-0")
+    with contextlib.closing(sqlite3.connect(journal_path)) as db, db:
+        db.execute("UPDATE intents SET url = CAST(X'687474703a2f2fa5ff80c3' AS TEXT)")
+    held = "SELECT key, state, hex(url), (SELECT count(*) FROM attempts) FROM intents"
+    before = read_rows(journal_path, held)
+
+    with (
+        sandbox_client(sandbox, journal_path) as client,
+        pytest.raises(payonce.JournalError) as caught,
+    ):
+        client.post("/v1/payments", json=PAYMENT, reference="order-0")
+
+    message = str(caught.value)
+    assert "it is damaged or not a payonce journal: restore it from a backup" in message
+    assert "column 'url'" in message
+    assert "journal operation failed" not in message
+    assert "nothing was sent" in message
+    assert "\ufffd" not in message, "the garbage itself is not quoted"
+    assert sandbox.store.total_executions() == 1
+    assert read_rows(journal_path, held) == before
+
+
 # -- concurrency -----------------------------------------------------------------------------
 
 

@@ -40,6 +40,14 @@ T = TypeVar("T")
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 _SIDES = ("-wal", "-shm")
+_DAMAGE_SAID = (
+    "could not decode to utf-8",  # a text column holds bytes that are not text: sqlite3's
+    "malformed",  # "database disk image is malformed", "malformed database schema (…)"
+    "file is not a database",
+    "unsupported file format",
+)
+"""How the ``OperationalError``s that mean a damaged file begin or read: SQLite raises its
+own damage as ``DatabaseError``, but a row whose bytes no longer decode is Python's."""
 
 
 class SQLiteJournal(GroupCommit, IntentStore):
@@ -265,9 +273,13 @@ class SQLiteJournal(GroupCommit, IntentStore):
         missing = "no such table" in message or "no such column" in message
         if missing and (reason := self._cannot_read()) is not None:
             return reason
-        if type(exc) is sqlite3.DatabaseError:
+        if type(exc) is sqlite3.DatabaseError or any(
+            said in message.lower() for said in _DAMAGE_SAID
+        ):
+            # The undecodable bytes themselves are garbage: name the column, not its text.
+            found = message.split(" with text ", 1)[0]
             return self._error(
-                f"the journal cannot be read ({exc}); it is damaged or not a payonce "
+                f"the journal cannot be read ({found}); it is damaged or not a payonce "
                 "journal: restore it from a backup or move it away",
                 then=busy,
             )
