@@ -790,13 +790,108 @@ def test_a_journal_write_failing_right_after_the_request_left_says_it_may_have_e
         assert sandbox.store.total_executions() == 1
 
         journal._conn.execute("PRAGMA query_only = 0")  # the disk has room again
-        now[0] += 3600  # past the failed worker's lease, well inside the key's lifetime
-        with sandbox_client(sandbox, journal, clock=lambda: now[0]) as client:
+        # At once: the failed call has ended, so the lease it could not release holds
+        # this process's next call back no longer (no wait for it to expire).
+        with sandbox_client(sandbox, journal, clock=lambda: now[0], in_flight_wait=1) as client:
             again = client.post("/v1/payments", json=PAYMENT, reference="order-disk")
         assert again.status_code == 201
         assert sandbox.store.total_executions() == 1, "settled under the same key"
     finally:
         journal.close()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real filesystem of 2 MB (tmpfs) of the test's own, to fill."""
+    mount_point = tmp_path / "small-disk"
+    mount_point.mkdir()
+    try:
+        mounted = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(mount_point)],
+            capture_output=True,
+            text=True,
+        )
+    except FileNotFoundError:
+        pytest.skip("no mount command here to mount a 2 MB tmpfs to fill")
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a 2 MB tmpfs to fill (needs root): {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=True)
+
+
+class FillsTheDiskAsItIsSent(payonce.Hooks):
+    """Fills the journal's filesystem as the intent of ``reference`` is sent: its answer
+    comes back to a full disk, and the settle cannot be written."""
+
+    def __init__(self, disk: Path, reference: str) -> None:
+        self.filler = disk / "filler"
+        self.reference = reference
+        self.filled = False
+
+    def attempt_started(self, event: payonce.hooks.AttemptStarted) -> None:
+        if event.reference != self.reference or self.filled:
+            return
+        self.filled = True
+        with self.filler.open("ab", buffering=0) as filler, contextlib.suppress(OSError):
+            while True:
+                filler.write(b"\0" * 65536)
+
+    def make_room(self) -> None:
+        self.filler.unlink()
+
+
+def _pending_on_a_full_disk(error: payonce.JournalError, journal: Path) -> tuple[Any, ...]:
+    """What the failed call left: its error says to call again, and its intent is pending
+    under the key the provider executed."""
+    assert error.may_have_executed is True
+    assert "calling again with the same reference once the journal is free settles it" in str(error)
+    assert "disk is full" in str(error)
+    (row,) = read_rows(journal, "SELECT key, state FROM intents WHERE reference = 'order-9'")
+    assert row[1] == "pending"
+    return row
+
+
+def test_an_answer_a_full_disk_kept_out_is_settled_by_calling_again_at_once(
+    sandbox: SandboxServer, small_disk: Path
+) -> None:
+    journal = small_disk / "journal.db"
+    disk = FillsTheDiskAsItIsSent(small_disk, "order-9")
+    with sandbox_client(sandbox, journal, hooks=disk, in_flight_wait=2) as client:
+        with pytest.raises(payonce.JournalError) as caught:
+            client.post("/v1/payments", json=PAYMENT, reference="order-9")
+        key, _ = _pending_on_a_full_disk(caught.value, journal)
+        assert sandbox.store.executions() == {key: 1}
+
+        disk.make_room()
+        # The same process calls again, as the error advised: its own ended call is not
+        # "another worker" sending it, for a whole lease.
+        again = client.post("/v1/payments", json=PAYMENT, reference="order-9")
+
+    assert again.status_code == 201
+    assert again.json()["idempotency_key"] == key
+    assert sandbox.store.executions() == {key: 1}, "settled under the same key"
+    assert read_rows(journal, "SELECT key, state FROM intents") == [(key, "succeeded")]
+
+
+@pytest.mark.anyio
+async def test_an_async_answer_a_full_disk_kept_out_is_settled_by_calling_again_at_once(
+    sandbox: SandboxServer, small_disk: Path, make_async_client: Callable[..., payonce.AsyncClient]
+) -> None:
+    journal = small_disk / "journal.db"
+    disk = FillsTheDiskAsItIsSent(small_disk, "order-9")
+    async with make_async_client(journal=journal, hooks=disk, in_flight_wait=2) as client:
+        with pytest.raises(payonce.JournalError) as caught:
+            await client.post("/v1/payments", json=PAYMENT, reference="order-9")
+        key, _ = _pending_on_a_full_disk(caught.value, journal)
+
+        disk.make_room()
+        again = await client.post("/v1/payments", json=PAYMENT, reference="order-9")
+
+    assert again.status_code == 201
+    assert sandbox.store.executions() == {key: 1}, "settled under the same key"
+    assert read_rows(journal, "SELECT key, state FROM intents") == [(key, "succeeded")]
 
 
 def test_a_journal_error_before_anything_was_sent_says_nothing_executed(
