@@ -912,6 +912,76 @@ def test_a_journal_error_before_anything_was_sent_says_nothing_executed(
         journal.close()
 
 
+# -- a journal removed or replaced under a running process ----------------------------------
+
+
+@contextlib.contextmanager
+def a_worker_that_paid_order_0(sandbox: SandboxServer, volume: Path) -> Iterator[payonce.Client]:
+    """A running client whose journal is ``volume/journal.db``, order-0 paid and settled."""
+    volume.mkdir()
+    with sandbox_client(sandbox, volume / "journal.db") as client:
+        client.post("/v1/payments", json=PAYMENT, reference="order-0")
+        yield client
+
+
+def emptied(volume: Path) -> None:
+    """What a clean-up, or a volume recreated by a deploy, leaves: no file at all."""
+    for entry in volume.iterdir():
+        entry.unlink()
+
+
+def test_a_journal_removed_under_a_running_client_sends_nothing_and_keeps_what_it_held(
+    sandbox: SandboxServer, tmp_path: Path
+) -> None:
+    """An operator "cleans up" the volume while the service runs: the client must not go
+    on journaling into a file no one else can see, nor pay an order the next process will
+    not know it paid."""
+    volume = tmp_path / "volume"
+    path = volume / "journal.db"
+    with a_worker_that_paid_order_0(sandbox, volume) as client:
+        emptied(volume)
+
+        with pytest.raises(payonce.JournalError) as caught:
+            client.post("/v1/payments", json={**PAYMENT, "amount": 4300}, reference="order-1")
+
+        message = str(caught.value)
+        assert f"removed or replaced under this process: {path} no longer exists" in message
+        assert "nothing was sent" in message
+        assert "Put the journal back at that path" in message
+        assert "restart the process" in message
+        assert caught.value.may_have_executed is False
+        assert not isinstance(caught.value, payonce.JournalBusy)
+        assert sandbox.store.total_executions() == 1, "order-1 never left"
+        # The removed file still holds what it held, and this process can copy it out.
+        rescued = client.journal.backup(tmp_path / "rescued.db")
+        assert list(volume.iterdir()) == [], "nothing was made up at the path"
+    assert read_rows(rescued, "SELECT reference, state FROM intents") == [("order-0", "succeeded")]
+
+
+def test_a_journal_replaced_under_a_running_client_is_left_to_the_new_file_s_owners(
+    sandbox: SandboxServer, tmp_path: Path
+) -> None:
+    """A deploy recreates the volume: a new journal at the path, written by a new worker,
+    while an old worker still runs. The old one refuses to send, and writes nothing into
+    either file."""
+    volume = tmp_path / "volume"
+    path = volume / "journal.db"
+    with a_worker_that_paid_order_0(sandbox, volume) as old_worker:
+        emptied(volume)
+        with sandbox_client(sandbox, path) as new_worker:
+            new_worker.post("/v1/payments", json={**PAYMENT, "amount": 4400}, reference="order-2")
+        before = snapshot(volume)
+
+        with pytest.raises(payonce.JournalError, match="names another file than the one it"):
+            old_worker.post("/v1/payments", json={**PAYMENT, "amount": 4300}, reference="order-1")
+
+        assert sandbox.store.total_executions() == 2, "order-0 and order-2 only"
+        assert snapshot(volume) == before
+        (order_0,) = old_worker.journal.find("order-0")
+        assert order_0.state is payonce.IntentState.SUCCEEDED
+    assert read_rows(path, "SELECT reference FROM intents") == [("order-2",)]
+
+
 # -- a damaged row --------------------------------------------------------------------------
 
 
