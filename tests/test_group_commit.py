@@ -259,6 +259,45 @@ def test_a_busy_journal_fails_each_member_with_its_own_message(tmp_path: Path) -
         assert [r.key for r in journal.list_intents()] == ["key-00001"]
 
 
+def test_a_journal_replaced_under_a_batch_fails_each_member_after_one_look(
+    tmp_path: Path,
+) -> None:
+    """The file at the journal's path was replaced (a volume recreated): the batch's leader
+    looks once, and every member is told so in its own words, with nothing written."""
+    path = tmp_path / "journal.db"
+    with SQLiteJournal(path) as journal:
+        assert claim(journal, 1, "w") is ClaimKind.CREATED
+        for side in ("", "-wal", "-shm"):
+            path.with_name(path.name + side).unlink(missing_ok=True)
+        SQLiteJournal(path).close()  # the new deploy's journal at the same path
+        looks = []
+        look = journal._file_identity
+
+        def counted() -> tuple[int, int] | None:
+            looks.append(1)
+            return look()
+
+        journal._file_identity = counted  # type: ignore[method-assign]
+        outcomes = one_batch(
+            journal,
+            [lambda: claim(journal, 2, "w"), lambda: settle(journal, "key-00001", "w")],
+            commits=0,
+        )
+        assert len(looks) == 1, "one stat for the whole batch"
+
+    (kind_claim, claimed), (kind_settle, settled) = outcomes
+    assert (kind_claim, kind_settle) == ("raised", "raised")
+    for error in (claimed, settled):
+        assert isinstance(error, payonce.JournalError)
+        assert "removed or replaced under this process" in str(error)
+    assert "nothing was sent" in str(claimed)
+    assert claimed.may_have_executed is False
+    assert "stays pending under its key" in str(settled)
+    assert settled.may_have_executed is True
+    with SQLiteJournal(path) as journal:
+        assert journal.list_intents() == [], "the new journal got nothing of the old one's"
+
+
 def test_a_transaction_sqlite_aborts_is_rerun_member_by_member(journal: SQLiteJournal) -> None:
     """SQLite rolls a whole transaction back on some errors (a full disk, an I/O error):
     the other members' decisions may have rested on rows that are gone, so each is

@@ -790,13 +790,108 @@ def test_a_journal_write_failing_right_after_the_request_left_says_it_may_have_e
         assert sandbox.store.total_executions() == 1
 
         journal._conn.execute("PRAGMA query_only = 0")  # the disk has room again
-        now[0] += 3600  # past the failed worker's lease, well inside the key's lifetime
-        with sandbox_client(sandbox, journal, clock=lambda: now[0]) as client:
+        # At once: the failed call has ended, so the lease it could not release holds
+        # this process's next call back no longer (no wait for it to expire).
+        with sandbox_client(sandbox, journal, clock=lambda: now[0], in_flight_wait=1) as client:
             again = client.post("/v1/payments", json=PAYMENT, reference="order-disk")
         assert again.status_code == 201
         assert sandbox.store.total_executions() == 1, "settled under the same key"
     finally:
         journal.close()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real filesystem of 2 MB (tmpfs) of the test's own, to fill."""
+    mount_point = tmp_path / "small-disk"
+    mount_point.mkdir()
+    try:
+        mounted = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(mount_point)],
+            capture_output=True,
+            text=True,
+        )
+    except FileNotFoundError:
+        pytest.skip("no mount command here to mount a 2 MB tmpfs to fill")
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a 2 MB tmpfs to fill (needs root): {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=True)
+
+
+class FillsTheDiskAsItIsSent(payonce.Hooks):
+    """Fills the journal's filesystem as the intent of ``reference`` is sent: its answer
+    comes back to a full disk, and the settle cannot be written."""
+
+    def __init__(self, disk: Path, reference: str) -> None:
+        self.filler = disk / "filler"
+        self.reference = reference
+        self.filled = False
+
+    def attempt_started(self, event: payonce.hooks.AttemptStarted) -> None:
+        if event.reference != self.reference or self.filled:
+            return
+        self.filled = True
+        with self.filler.open("ab", buffering=0) as filler, contextlib.suppress(OSError):
+            while True:
+                filler.write(b"\0" * 65536)
+
+    def make_room(self) -> None:
+        self.filler.unlink()
+
+
+def _pending_on_a_full_disk(error: payonce.JournalError, journal: Path) -> tuple[Any, ...]:
+    """What the failed call left: its error says to call again, and its intent is pending
+    under the key the provider executed."""
+    assert error.may_have_executed is True
+    assert "calling again with the same reference once the journal is free settles it" in str(error)
+    assert "disk is full" in str(error)
+    (row,) = read_rows(journal, "SELECT key, state FROM intents WHERE reference = 'order-9'")
+    assert row[1] == "pending"
+    return row
+
+
+def test_an_answer_a_full_disk_kept_out_is_settled_by_calling_again_at_once(
+    sandbox: SandboxServer, small_disk: Path
+) -> None:
+    journal = small_disk / "journal.db"
+    disk = FillsTheDiskAsItIsSent(small_disk, "order-9")
+    with sandbox_client(sandbox, journal, hooks=disk, in_flight_wait=2) as client:
+        with pytest.raises(payonce.JournalError) as caught:
+            client.post("/v1/payments", json=PAYMENT, reference="order-9")
+        key, _ = _pending_on_a_full_disk(caught.value, journal)
+        assert sandbox.store.executions() == {key: 1}
+
+        disk.make_room()
+        # The same process calls again, as the error advised: its own ended call is not
+        # "another worker" sending it, for a whole lease.
+        again = client.post("/v1/payments", json=PAYMENT, reference="order-9")
+
+    assert again.status_code == 201
+    assert again.json()["idempotency_key"] == key
+    assert sandbox.store.executions() == {key: 1}, "settled under the same key"
+    assert read_rows(journal, "SELECT key, state FROM intents") == [(key, "succeeded")]
+
+
+@pytest.mark.anyio
+async def test_an_async_answer_a_full_disk_kept_out_is_settled_by_calling_again_at_once(
+    sandbox: SandboxServer, small_disk: Path, make_async_client: Callable[..., payonce.AsyncClient]
+) -> None:
+    journal = small_disk / "journal.db"
+    disk = FillsTheDiskAsItIsSent(small_disk, "order-9")
+    async with make_async_client(journal=journal, hooks=disk, in_flight_wait=2) as client:
+        with pytest.raises(payonce.JournalError) as caught:
+            await client.post("/v1/payments", json=PAYMENT, reference="order-9")
+        key, _ = _pending_on_a_full_disk(caught.value, journal)
+
+        disk.make_room()
+        again = await client.post("/v1/payments", json=PAYMENT, reference="order-9")
+
+    assert again.status_code == 201
+    assert sandbox.store.executions() == {key: 1}, "settled under the same key"
+    assert read_rows(journal, "SELECT key, state FROM intents") == [(key, "succeeded")]
 
 
 def test_a_journal_error_before_anything_was_sent_says_nothing_executed(
@@ -815,6 +910,107 @@ def test_a_journal_error_before_anything_was_sent_says_nothing_executed(
         assert sandbox.store.total_executions() == 0
     finally:
         journal.close()
+
+
+# -- a journal removed or replaced under a running process ----------------------------------
+
+
+@contextlib.contextmanager
+def a_worker_that_paid_order_0(sandbox: SandboxServer, volume: Path) -> Iterator[payonce.Client]:
+    """A running client whose journal is ``volume/journal.db``, order-0 paid and settled."""
+    volume.mkdir()
+    with sandbox_client(sandbox, volume / "journal.db") as client:
+        client.post("/v1/payments", json=PAYMENT, reference="order-0")
+        yield client
+
+
+def emptied(volume: Path) -> None:
+    """What a clean-up, or a volume recreated by a deploy, leaves: no file at all."""
+    for entry in volume.iterdir():
+        entry.unlink()
+
+
+def test_a_journal_removed_under_a_running_client_sends_nothing_and_keeps_what_it_held(
+    sandbox: SandboxServer, tmp_path: Path
+) -> None:
+    """An operator "cleans up" the volume while the service runs: the client must not go
+    on journaling into a file no one else can see, nor pay an order the next process will
+    not know it paid."""
+    volume = tmp_path / "volume"
+    path = volume / "journal.db"
+    with a_worker_that_paid_order_0(sandbox, volume) as client:
+        emptied(volume)
+
+        with pytest.raises(payonce.JournalError) as caught:
+            client.post("/v1/payments", json={**PAYMENT, "amount": 4300}, reference="order-1")
+
+        message = str(caught.value)
+        assert f"removed or replaced under this process: {path} no longer exists" in message
+        assert "nothing was sent" in message
+        assert "Put the journal back at that path" in message
+        assert "restart the process" in message
+        assert caught.value.may_have_executed is False
+        assert not isinstance(caught.value, payonce.JournalBusy)
+        assert sandbox.store.total_executions() == 1, "order-1 never left"
+        # The removed file still holds what it held, and this process can copy it out.
+        rescued = client.journal.backup(tmp_path / "rescued.db")
+        assert list(volume.iterdir()) == [], "nothing was made up at the path"
+    assert read_rows(rescued, "SELECT reference, state FROM intents") == [("order-0", "succeeded")]
+
+
+def test_a_journal_replaced_under_a_running_client_is_left_to_the_new_file_s_owners(
+    sandbox: SandboxServer, tmp_path: Path
+) -> None:
+    """A deploy recreates the volume: a new journal at the path, written by a new worker,
+    while an old worker still runs. The old one refuses to send, and writes nothing into
+    either file."""
+    volume = tmp_path / "volume"
+    path = volume / "journal.db"
+    with a_worker_that_paid_order_0(sandbox, volume) as old_worker:
+        emptied(volume)
+        with sandbox_client(sandbox, path) as new_worker:
+            new_worker.post("/v1/payments", json={**PAYMENT, "amount": 4400}, reference="order-2")
+        before = snapshot(volume)
+
+        with pytest.raises(payonce.JournalError, match="names another file than the one it"):
+            old_worker.post("/v1/payments", json={**PAYMENT, "amount": 4300}, reference="order-1")
+
+        assert sandbox.store.total_executions() == 2, "order-0 and order-2 only"
+        assert snapshot(volume) == before
+        (order_0,) = old_worker.journal.find("order-0")
+        assert order_0.state is payonce.IntentState.SUCCEEDED
+    assert read_rows(path, "SELECT reference FROM intents") == [("order-2",)]
+
+
+# -- a damaged row --------------------------------------------------------------------------
+
+
+def test_a_damaged_row_is_reported_as_damage_to_restore_not_as_a_failed_operation(
+    sandbox: SandboxServer, journal_path: Path
+) -> None:
+    """A page overwritten with garbage can leave a row whose text no longer decodes: the
+    error must send the operator to the backups, as any other damage does."""
+    with sandbox_client(sandbox, journal_path) as client:
+        client.post("/v1/payments", json=PAYMENT, reference="order-0")
+    with contextlib.closing(sqlite3.connect(journal_path)) as db, db:
+        db.execute("UPDATE intents SET url = CAST(X'687474703a2f2fa5ff80c3' AS TEXT)")
+    held = "SELECT key, state, hex(url), (SELECT count(*) FROM attempts) FROM intents"
+    before = read_rows(journal_path, held)
+
+    with (
+        sandbox_client(sandbox, journal_path) as client,
+        pytest.raises(payonce.JournalError) as caught,
+    ):
+        client.post("/v1/payments", json=PAYMENT, reference="order-0")
+
+    message = str(caught.value)
+    assert "it is damaged or not a payonce journal: restore it from a backup" in message
+    assert "column 'url'" in message
+    assert "journal operation failed" not in message
+    assert "nothing was sent" in message
+    assert "\ufffd" not in message, "the garbage itself is not quoted"
+    assert sandbox.store.total_executions() == 1
+    assert read_rows(journal_path, held) == before
 
 
 # -- concurrency -----------------------------------------------------------------------------

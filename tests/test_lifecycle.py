@@ -20,6 +20,7 @@ from payonce._lifecycle import (
     IntentState,
     LookupKind,
     Transition,
+    _leases,
     classify_lookup,
     classify_lookup_error,
     contract_table,
@@ -28,6 +29,7 @@ from payonce._lifecycle import (
     lease_blocks,
     may_have_executed,
     new_owner,
+    owner_ended,
     owner_is_dead,
     resend_refusal,
     target,
@@ -182,6 +184,50 @@ def test_a_zombie_process_is_dead() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_call_of_this_process_holds_its_lease_until_it_has_ended() -> None:
+    ended, running = new_owner(), new_owner()
+    owner_ended(ended)
+    assert owner_is_dead(ended), "it will never renew nor release its lease"
+    assert not lease_blocks(ended, 110.0, owner=new_owner(), now=100.0)
+    assert not owner_is_dead(running), "another thread's call, still running"
+    assert lease_blocks(running, 110.0, owner=new_owner(), now=100.0)
+
+
+def test_only_the_latest_ended_calls_are_remembered_and_a_forgotten_one_waits_as_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_leases, "_ended", {})
+    monkeypatch.setattr(_leases, "_ENDED_KEPT", 2)
+    first, second, third = new_owner(), new_owner(), new_owner()
+    for owner in (first, second, third):
+        owner_ended(owner)
+    assert not owner_is_dead(first), "forgotten: alive again, its lease runs to expiry"
+    assert owner_is_dead(second)
+    assert owner_is_dead(third)
+
+
+def test_a_forked_child_starts_with_no_ended_calls_and_a_free_lock() -> None:
+    """Forked while another thread registers an ended call (the lock held): the child must
+    neither inherit the parent's calls nor wait forever for the lock."""
+    parent_call = new_owner()
+    owner_ended(parent_call)
+    with _leases._ended_lock:
+        pid = os.fork()
+        if pid == 0:  # the child: judge, register, and say how it went
+            child_call = new_owner()
+            owner_ended(child_call)
+            fine = owner_is_dead(child_call) and list(_leases._ended) == [child_call]
+            os._exit(0 if fine else 1)
+    deadline = time.monotonic() + 20
+    while (waited := os.waitpid(pid, os.WNOHANG)) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the child waited for the lock its parent's thread held at the fork")
+        time.sleep(0.01)
+    assert os.waitstatus_to_exitcode(waited[1]) == 0
 
 
 # -- claims ----------------------------------------------------------------------------------

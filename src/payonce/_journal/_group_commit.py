@@ -239,8 +239,9 @@ class GroupCommit(abc.ABC):
             # The safety level cannot change inside a transaction: it is the batch's.
             cur = self._begin(durable=durable)
         except sqlite3.Error as exc:
-            # The journal stayed locked (by another process) past the busy timeout, for
-            # every member alike: each is told so, in its own words.
+            # The journal stayed locked (by another process) past the busy timeout, or its
+            # file was removed or replaced (checked once, here, for a durable batch): for
+            # every member alike, each is told so in its own words.
             for member in batch:
                 member.fail(self._translate(exc, member.busy))
                 member.finished = True

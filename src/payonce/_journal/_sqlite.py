@@ -9,6 +9,12 @@ only leaves the intent pending under its old key, which a resend replays at the 
 Group commit (``group_commit=True``, the default) is ``_group_commit``'s: threads that
 write at the same time share one transaction and one fsync.
 
+Every durable write (a write-ahead record, an attempt's start) first checks that the path
+still names the file the connection has open: a journal removed or replaced under a
+running process (a clean-up, a volume recreated by a deploy) would otherwise take its
+writes into an unlinked inode, without an error, while the next process starts a fresh
+journal at the path and mints new keys for intents this one has already sent.
+
 Everything but the file, the connection and its pragmas lives in ``_engine`` and ``_sql``,
 shared with the PostgreSQL journal.
 """
@@ -40,6 +46,22 @@ T = TypeVar("T")
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 _SIDES = ("-wal", "-shm")
+_DAMAGE_SAID = (
+    "could not decode to utf-8",  # a text column holds bytes that are not text: sqlite3's
+    "malformed",  # "database disk image is malformed", "malformed database schema (…)"
+    "file is not a database",
+    "unsupported file format",
+)
+"""How the ``OperationalError``s that mean a damaged file begin or read: SQLite raises its
+own damage as ``DatabaseError``, but a row whose bytes no longer decode is Python's."""
+
+
+class _Replaced(sqlite3.OperationalError):
+    """The journal's path no longer names the file its connection has open.
+
+    An ``OperationalError`` of SQLite's kind so that every write path (alone, or a whole
+    group-commit batch) turns it into each caller's ``JournalError`` as it does an I/O
+    error: ``_translate`` words it."""
 
 
 class SQLiteJournal(GroupCommit, IntentStore):
@@ -83,6 +105,9 @@ class SQLiteJournal(GroupCommit, IntentStore):
         """Write transactions committed by this instance (a figure for benchmarks)."""
         self._synchronous: str | None = None
         self._prepare_file(create_directories)
+        # Taken before connecting: a file swapped in between is then caught as replaced
+        # at the first durable write, never taken for the one that was opened.
+        self._identity = self._file_identity()
         self._conn = self._connect()
         try:
             self._open(check_integrity)
@@ -167,6 +192,32 @@ class SQLiteJournal(GroupCommit, IntentStore):
                         path,
                         mode,
                     )
+
+    def _file_identity(self) -> tuple[int, int] | None:
+        """The device and inode the path names now; None when nothing is there."""
+        try:
+            info = os.stat(self._path)
+        except OSError:
+            return None
+        return info.st_dev, info.st_ino
+
+    def _still_the_opened_file(self) -> None:
+        """Raise ``_Replaced`` when the path no longer names the file opened as the journal.
+
+        One ``stat`` per durable write (a group-commit batch makes one for all of its
+        writers). A child after a fork keeps its parent's identity: its new connection
+        opens the path again, and must find the same file there."""
+        now = self._file_identity()
+        if now == self._identity and now is not None:
+            return
+        what = "no longer exists" if now is None else "names another file than the one it opened"
+        raise _Replaced(
+            f"the journal file was removed or replaced under this process: {self._path} "
+            f"{what}, so what it journals would be seen by no other process, nor by itself "
+            "after a restart. Put the journal back at that path (from a backup; this "
+            "process can still copy the file it has open with client.journal.backup(path)) "
+            "and restart the process"
+        )
 
     def _connect(self) -> sqlite3.Connection:
         # A read-only connection cannot write the file, whatever a bug elsewhere might ask.
@@ -262,12 +313,18 @@ class SQLiteJournal(GroupCommit, IntentStore):
 
     def _translate(self, exc: sqlite3.Error, busy: str) -> JournalError:
         message = str(exc)
+        if isinstance(exc, _Replaced):
+            return self._error(message, then=busy)
         missing = "no such table" in message or "no such column" in message
         if missing and (reason := self._cannot_read()) is not None:
             return reason
-        if type(exc) is sqlite3.DatabaseError:
+        if type(exc) is sqlite3.DatabaseError or any(
+            said in message.lower() for said in _DAMAGE_SAID
+        ):
+            # The undecodable bytes themselves are garbage: name the column, not its text.
+            found = message.split(" with text ", 1)[0]
             return self._error(
-                f"the journal cannot be read ({exc}); it is damaged or not a payonce "
+                f"the journal cannot be read ({found}); it is damaged or not a payonce "
                 "journal: restore it from a backup or move it away",
                 then=busy,
             )
@@ -288,6 +345,8 @@ class SQLiteJournal(GroupCommit, IntentStore):
     def _begin(self, *, durable: bool) -> sqlite3.Cursor:
         # BEGIN IMMEDIATE takes the write lock up front, which avoids SQLITE_BUSY_SNAPSHOT
         # under concurrency and makes every read of the transaction a locked read.
+        if durable:
+            self._still_the_opened_file()
         self._set_synchronous("FULL" if durable else "NORMAL")
         cur = self._conn.cursor()
         cur.execute("BEGIN IMMEDIATE")

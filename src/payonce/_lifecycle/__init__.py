@@ -23,7 +23,7 @@ from ._identity import (
     validate_reference,
 )
 from ._key_age import KEY_LIFETIME_MARGIN, may_have_executed, resend_refusal
-from ._leases import lease_blocks, lease_live, new_owner, owner_is_dead
+from ._leases import lease_blocks, lease_live, new_owner, owner_ended, owner_is_dead
 from ._states import RULES, IntentState, Rule, Transition, contract_table, rule, target
 from ._verdicts import (
     LOOKUP_FAILURES,
@@ -77,6 +77,7 @@ __all__ = [
     "may_have_executed",
     "new_key",
     "new_owner",
+    "owner_ended",
     "owner_is_dead",
     "parse_retry_after",
     "quiet_after",

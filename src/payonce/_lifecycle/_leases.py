@@ -9,6 +9,11 @@ PID namespace (containers sharing a hostname do not share pids). An owner is pro
 only when it ran on this host, in this boot and PID namespace, and its process is gone, is
 a zombie, or its pid now belongs to a process started at another time. Owners elsewhere are
 never judged: their leases run to expiry.
+
+An owner of this very process is alive while its call runs; once the call has ended
+(``owner_ended``) it never writes again, so its lease no longer keeps this process's next
+call of the same intent waiting: a settle the journal could not write (a full disk) is
+settled by calling again, as the error says, not after the lease has run out.
 """
 
 from __future__ import annotations
@@ -17,12 +22,13 @@ import contextlib
 import functools
 import os
 import socket
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 from ._key_age import CLOCK_TOLERANCE
 
-__all__ = ["lease_blocks", "lease_live", "new_owner", "owner_is_dead"]
+__all__ = ["lease_blocks", "lease_live", "new_owner", "owner_ended", "owner_is_dead"]
 
 
 def _host_identity() -> str:
@@ -62,6 +68,34 @@ def new_owner() -> str:
     return f"{_HOST}:{pid}:{_own_start_time(pid)}:{os.urandom(6).hex()}"
 
 
+_ENDED_KEPT = 4096
+"""How many ended owners this process remembers. One forgotten is judged alive again, and
+its lease runs to expiry, as before this was known: the safe side."""
+_ended: dict[str, None] = {}
+"""The owners of this process whose call has ended while (perhaps) still holding a lease,
+oldest first."""
+_ended_lock = threading.Lock()
+
+
+def _forget_ended_in_child() -> None:
+    # The parent's calls are not the child's, and a lock held by another thread at the
+    # fork would never be released in the child.
+    global _ended, _ended_lock
+    _ended, _ended_lock = {}, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_ended_in_child)
+
+
+def owner_ended(owner: str) -> None:
+    """The call ``owner`` names has ended (returned or raised): it will not renew, write or
+    release its lease any more, so this process's next call may take it at once."""
+    with _ended_lock:
+        _ended[owner] = None
+        if len(_ended) > _ENDED_KEPT:
+            del _ended[next(iter(_ended))]
+
+
 def owner_is_dead(owner: str | None) -> bool:
     """Whether the owner's process is provably gone (see the module's docstring)."""
     if not owner:
@@ -71,7 +105,8 @@ def owner_is_dead(owner: str | None) -> bool:
         return False
     pid = int(parts[1])
     if pid == os.getpid():
-        return False  # another thread of this very process: alive
+        # A call of this very process: alive while it runs (another thread, another task).
+        return owner in _ended
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

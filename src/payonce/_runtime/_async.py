@@ -183,6 +183,7 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
         except Retry:
             raise await _off_loop(self._core.give_up, run) from None
         finally:
+            self._core.run_over(run)
             self._core.drive_ended(run)
 
     async def _attempts(self, run: Run) -> httpx.Response:

@@ -35,6 +35,7 @@ from .._lifecycle import (
     make_scope,
     may_have_executed,
     new_key,
+    owner_ended,
     quiet_after,
     resend_refusal,
     transition_for,
@@ -301,6 +302,18 @@ class IntentCore(Telling):
     def reconcilable(self) -> bool:
         """Whether an unknown intent of this profile can be asked about (a status look-up)."""
         return self.profile.lookup is not None
+
+    @staticmethod
+    def run_over(run: Run) -> None:
+        """Both clients call this when a drive of ``run`` has returned or raised.
+
+        A drive that ended still holding its lease (its settle could not be written: a full
+        disk, a lost journal) will never renew or release it: this process's next call of
+        the intent may take it at once, and settle it under its key as the error advised,
+        rather than be told for a whole lease that "another worker" is sending it. A drive
+        that settled released its lease already and costs one comparison."""
+        if run.record.lease_owner == run.owner:
+            owner_ended(run.owner)
 
     def auth_headers(self) -> dict[str, str]:
         return dict(self._auth_headers)

@@ -189,6 +189,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         except Retry:
             raise self._core.give_up(run) from None
         finally:
+            self._core.run_over(run)
             self._core.drive_ended(run)
 
     def _attempts(self, run: Run) -> httpx.Response:
