@@ -595,6 +595,8 @@ def test_a_portal_that_never_lets_go_leaves_the_intent_unknown_not_succeeded(
         ({"headers": {"X-Note": "a\r\nInjected: yes"}}, "X-Note"),
         ({"headers": {"X-Note": "nul\x00"}}, "X-Note"),
         ({"headers": {"X-Note": "café"}}, "X-Note"),
+        ({"headers": {"X-Note": "padded "}}, "X-Note' starts or ends with whitespace"),
+        ({"headers": {"X-Note": "\ttabbed"}}, "X-Note' starts or ends with whitespace"),
         ({"headers": {"Bad Name": "x"}}, "header name"),
         ({"path": "/v1/payments\r\nX: y"}, "control character"),
         ({"content": "text, not bytes"}, "content= takes bytes"),

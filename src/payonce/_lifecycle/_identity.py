@@ -23,6 +23,7 @@ __all__ = [
     "canonical_request",
     "check_headers",
     "form_pairs",
+    "header_value_problem",
     "journaled_fingerprint_matches",
     "make_scope",
     "new_key",
@@ -182,6 +183,22 @@ _FIELD_VALUE = re.compile(r"[\t\x20-\x7e]*")
 """Printable ASCII and tabs: what every HTTP/1.1 stack sends a header value as, the same."""
 
 
+def header_value_problem(value: str) -> str | None:
+    """Why no HTTP stack would send ``value`` as given in a header, or None when one would.
+
+    Never quotes the value: it may be a secret. Leading or trailing whitespace counts: h11
+    refuses to write it (its field-value rule), and a stack that accepts it strips it, so
+    what is sent is not what was given.
+    """
+    if value != value.strip():
+        return "starts or ends with whitespace (a space, a tab, a line break)"
+    if not value.isascii():
+        return "holds a non-ASCII character"
+    if not _FIELD_VALUE.fullmatch(value):
+        return "holds a line break or another control character"
+    return None
+
+
 _FORM = "application/x-www-form-urlencoded"
 
 
@@ -225,10 +242,12 @@ def check_headers(headers: Mapping[str, str] | None) -> None:
     for name, value in (headers or {}).items():
         if not isinstance(name, str) or not _TOKEN.fullmatch(name):
             raise ConfigurationError(f"header name {name!r} is not a valid HTTP header name")
-        if not isinstance(value, str) or not _FIELD_VALUE.fullmatch(value):
+        problem = header_value_problem(value) if isinstance(value, str) else "is not a str"
+        if problem is not None:
             raise ConfigurationError(
-                f"the value of header {name!r} must be printable ASCII text (no CR, LF, NUL or "
-                "other control characters, no non-ASCII characters): encode it first"
+                f"the value of header {name!r} {problem}: a header value is printable ASCII "
+                "text (no CR, LF, NUL or other control characters) with nothing to strip at "
+                "either end. Encode or strip it first"
             )
 
 
