@@ -20,6 +20,7 @@ from ._identity import (
     journaled_fingerprint_matches,
     make_scope,
     new_key,
+    request_differences,
     validate_key,
     validate_reference,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "header_value_problem",
     "form_pairs",
     "journaled_fingerprint_matches",
+    "request_differences",
     "classify_error",
     "classify_lookup",
     "classify_lookup_error",
