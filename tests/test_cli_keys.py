@@ -155,6 +155,7 @@ def test_a_set_key_is_only_a_fallback_to_the_environment(plaintext: PlaintextKey
         (f"{SECRET}\n{OTHER_SECRET}\n", "more than one line"),
         ("sk_test_with space", "without spaces"),
         ("sk_test_\x07bell", "without spaces"),
+        ("sk_test_café", "printable ASCII"),
     ],
 )
 def test_unusable_input_is_refused_and_nothing_is_written(

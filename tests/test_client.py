@@ -189,8 +189,79 @@ def test_the_same_intent_with_another_body_is_refused_before_sending(
     assert error.key in str(error)
     assert error.stored_fingerprint != error.new_fingerprint
     assert error.stored_fingerprint[:16] in str(error)
+    assert "differs from the one first journaled for it in the body (" in str(error)
+    assert "That intent succeeded" in str(error)
     assert sandbox.store.total_executions() == 1
     assert list(_states(journal_path).values()) == ["succeeded"]
+
+
+def _journaled(client: payonce.Client, key: str) -> tuple[Any, ...]:
+    return (client.journal.get(key), client.journal.attempts(key))
+
+
+@pytest.mark.parametrize(
+    ("first_headers", "said"),
+    [
+        (None, "header x-request-id (not sent the first time)"),
+        ({"X-Request-Id": "req-first-call"}, "header x-request-id (another value)"),
+    ],
+)
+def test_an_unknown_intent_asked_for_with_another_header_says_which_and_to_reconcile(
+    make_client: MakeClient,
+    sandbox: SandboxServer,
+    first_headers: dict[str, str] | None,
+    said: str,
+) -> None:
+    first = make_client(retry=payonce.RetryPolicy(max_attempts=1))
+    sandbox.script(["drop_after"])  # the first attempt executes; its answer is lost
+    with pytest.raises(payonce.OutcomeUnknown) as lost:
+        first.post("/v1/payments", json=PAYMENT, reference="order-1", headers=first_headers)
+    key = lost.value.key
+    held = _journaled(first, key)
+
+    # The caller retries the same order, with a per-call tracing header.
+    retry = make_client()
+    with pytest.raises(payonce.IntentMismatch) as caught:
+        retry.post(
+            "/v1/payments", json=PAYMENT, reference="order-1", headers={"X-Request-Id": "req-retry"}
+        )
+
+    message = str(caught.value)
+    assert f"differs from the one first journaled for it in {said} (" in message
+    assert "the body" not in message
+    assert "req-retry" not in message, "header names, never values"
+    assert "req-first-call" not in message
+    assert "Nothing was sent. That intent is unknown" in message
+    assert "a new reference could pay twice" in message
+    assert f"Reconcile it first (`payonce reconcile {key}`)" in message
+    assert "Use a new reference" not in message
+    assert _journaled(retry, key) == held
+    assert sandbox.store.executions() == {key: 1}
+
+
+def test_a_pending_intent_asked_for_with_another_body_and_query_says_to_call_again(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    record = leave_pending(make_client, "order-2")
+    client = make_client()
+    held = _journaled(client, record.key)
+
+    with pytest.raises(payonce.IntentMismatch) as caught:
+        client.post(
+            "/v1/payments",
+            json={**PAYMENT, "amount": 4300},
+            params={"expand": "charges"},
+            reference="order-2",
+        )
+
+    message = str(caught.value)
+    assert "differs from the one first journaled for it in the query string, the body (" in (
+        message
+    )
+    assert "That intent is pending: its first request may have reached the provider" in message
+    assert "call again with the request first journaled, or run `payonce resume`" in message
+    assert _journaled(client, record.key) == held
+    assert sandbox.store.executions() == {record.key: 1}
 
 
 def test_a_second_request_in_one_operation_must_be_the_same_request(
@@ -595,6 +666,8 @@ def test_a_portal_that_never_lets_go_leaves_the_intent_unknown_not_succeeded(
         ({"headers": {"X-Note": "a\r\nInjected: yes"}}, "X-Note"),
         ({"headers": {"X-Note": "nul\x00"}}, "X-Note"),
         ({"headers": {"X-Note": "café"}}, "X-Note"),
+        ({"headers": {"X-Note": "padded "}}, "X-Note' starts or ends with whitespace"),
+        ({"headers": {"X-Note": "\ttabbed"}}, "X-Note' starts or ends with whitespace"),
         ({"headers": {"Bad Name": "x"}}, "header name"),
         ({"path": "/v1/payments\r\nX: y"}, "control character"),
         ({"content": "text, not bytes"}, "content= takes bytes"),

@@ -16,12 +16,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
+import httpx
 import pytest
 from click.testing import CliRunner
 
 import payonce
 import payonce.cli
-from helpers.payments import DECLINED, FAST_RETRY, PAYMENT
+from helpers.keyrings import SessionKeyring
+from helpers.payments import DECLINED, FAST_RETRY, PAYMENT, free_port
 from payonce.sandbox import SandboxServer
 
 ACCOUNT = "acct_canary"
@@ -181,3 +184,223 @@ def test_the_api_key_appears_in_no_journal_log_error_or_cli_output(
     other = run_cli("intents", "list", "--json", "--journal", str(journals / "other.db"))
     assert len(json.loads(other)) == 1
     assert not leaks(canary, other)
+
+
+# -- a key no header can carry ---------------------------------------------------------------
+
+# How a key gets mangled on its way in: a secrets file's trailing newline, a padded
+# `export PAYONCE_API_KEY="sk_live_... "`, a pasted tab, a typographic character, or an
+# attempt to smuggle a header in. h11 refuses to write each of these, quoting the header.
+FLAWS = {
+    "trailing-space": (lambda key: key + " ", "starts or ends with whitespace"),
+    "trailing-newline": (lambda key: key + "\n", "starts or ends with whitespace"),
+    "leading-tab": (lambda key: "\t" + key, "starts or ends with whitespace"),
+    "non-ascii": (lambda key: key + "é", "non-ASCII"),
+    "header-injection": (lambda key: key + "\r\nX-Evil: 1", "control character"),
+}
+SOURCES = {
+    "argument": "api_key=",
+    "environment": "PAYONCE_API_KEY",
+    "keyring": "the keyring, service 'payonce', entry 'acct_canary'",
+}
+
+
+def journal_rows(path: Path) -> list[tuple[payonce.IntentRecord, list[Any]]]:
+    journal = payonce.open_journal(path)
+    try:
+        return [(r, journal.attempts(r.key)) for r in journal.list_intents()]
+    finally:
+        journal.close()
+
+
+def leave_unsent(journal: Path, canary: str, reference: str) -> None:
+    """An intent whose one attempt could not connect: pending, never executed."""
+    with (
+        payonce.Client(
+            base_url=f"http://127.0.0.1:{free_port()}",
+            provider="sandbox",
+            account=ACCOUNT,
+            api_key=canary,
+            journal=journal,
+            retry=payonce.RetryPolicy(max_attempts=1),
+        ) as unreachable,
+        pytest.raises(payonce.ProviderUnavailable),
+    ):
+        unreachable.post("/v1/payments", json=PAYMENT, reference=reference)
+
+
+@pytest.mark.parametrize("flaw", FLAWS)
+@pytest.mark.parametrize("source", SOURCES)
+def test_a_key_no_header_can_carry_is_refused_from_every_source_and_never_shown(
+    source: str,
+    flaw: str,
+    canary: str,
+    provider: SandboxServer,
+    tmp_path: Path,
+    logs: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    use_keyring: Callable[[Any], None],
+) -> None:
+    journal = tmp_path / "journal.db"
+    options: dict[str, Any] = {
+        "base_url": provider.url,
+        "provider": "sandbox",
+        "account": ACCOUNT,
+        "journal": journal,
+    }
+    with payonce.Client(**options, api_key=canary) as earlier:
+        earlier.post("/v1/payments", json=PAYMENT, reference="order-earlier")
+    held = journal_rows(journal)
+    files = journal_bytes(tmp_path)
+
+    mangle, complaint = FLAWS[flaw]
+    mangled = mangle(canary)
+    if source == "argument":
+        options["api_key"] = mangled
+    elif source == "environment":
+        monkeypatch.setenv("PAYONCE_API_KEY", mangled)
+    else:
+        ring = SessionKeyring()
+        ring.set_password("payonce", ACCOUNT, mangled)
+        use_keyring(ring)
+
+    with pytest.raises(payonce.ConfigurationError, match=complaint) as refused:
+        payonce.Client(**options)
+
+    message = str(refused.value)
+    assert f"the API key of account {ACCOUNT!r} (from {SOURCES[source]})" in message
+    for text in exception_texts(refused.value):
+        assert not leaks(canary, text)
+    assert not leaks(canary, logs.text)
+    assert journal_bytes(tmp_path) == files, "the journal was not even opened"
+    assert journal_rows(journal) == held
+    assert provider.store.total_executions() == 1, "only the earlier payment"
+
+
+@pytest.mark.parametrize("command", [["resume"], ["reconcile", "--all"]])
+def test_the_cli_refuses_a_padded_key_from_the_environment_and_never_shows_it(
+    command: list[str], canary: str, provider: SandboxServer, tmp_path: Path
+) -> None:
+    journal = tmp_path / "journal.db"
+    with payonce.Client(
+        base_url=provider.url,
+        provider="sandbox",
+        account=ACCOUNT,
+        api_key=canary,
+        journal=journal,
+        retry=payonce.RetryPolicy(max_attempts=1),
+    ) as client:
+        provider.script(["drop_after"])
+        with pytest.raises(payonce.OutcomeUnknown):
+            client.post("/v1/payments", json=PAYMENT, reference="order-lost")
+    leave_unsent(journal, canary, "order-waiting")
+    held = journal_rows(journal)
+
+    result = CliRunner().invoke(
+        payonce.cli.cli,
+        command,
+        env={
+            "PAYONCE_API_KEY": canary + " ",
+            "PAYONCE_BASE_URL": provider.url,
+            "PAYONCE_PROVIDER": "sandbox",
+            "PAYONCE_ACCOUNT": ACCOUNT,
+            "PAYONCE_JOURNAL": str(journal),
+        },
+    )
+
+    assert result.exit_code != 0
+    output = result.stdout + result.stderr
+    assert "(from PAYONCE_API_KEY) starts or ends with whitespace" in output, output
+    assert not leaks(canary, output)
+    assert journal_rows(journal) == held
+    assert provider.store.total_executions() == 1, "only the lost attempt executed"
+
+
+# -- defence in depth: an error that quotes the auth header ---------------------------------
+
+
+class PadsAuthorization(httpx.HTTPTransport):
+    """A middleware that mangles the credential header on its way out: the real HTTP stack
+    (h11) then refuses to write it, quoting the header value in its error, as it did for a
+    padded key before payonce refused those at construction."""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        request.headers["Authorization"] = request.headers["Authorization"] + " "
+        return super().handle_request(request)
+
+
+class AsyncPadsAuthorization(httpx.AsyncHTTPTransport):
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        request.headers["Authorization"] = request.headers["Authorization"] + " "
+        return await super().handle_async_request(request)
+
+
+@attrs.frozen
+class Waiting:
+    """A journal holding one pending intent that never reached the provider."""
+
+    journal: Path
+    held: list[tuple[payonce.IntentRecord, list[Any]]]
+    options: dict[str, Any]
+
+
+@pytest.fixture
+def waiting(canary: str, provider: SandboxServer, tmp_path: Path) -> Waiting:
+    journal = tmp_path / "journal.db"
+    leave_unsent(journal, canary, "order-waiting")
+    options = {
+        "base_url": provider.url,
+        "provider": "sandbox",
+        "account": ACCOUNT,
+        "api_key": canary,
+        "journal": journal,
+    }
+    return Waiting(journal, journal_rows(journal), options)
+
+
+def assert_resumed_without_the_key(
+    result: payonce.ResumeResult,
+    canary: str,
+    logs: pytest.LogCaptureFixture,
+    waiting: Waiting,
+    provider: SandboxServer,
+) -> None:
+    assert result.state is payonce.IntentState.PENDING
+    assert result.detail.startswith("LocalProtocolError: Illegal header value")
+    assert "[redacted]" in result.detail
+    assert not leaks(canary, repr(result))
+    assert any("[redacted]" in r.getMessage() for r in logs.records if r.name == "payonce")
+    for record in logs.records:
+        if record.name == "payonce":
+            assert not leaks(canary, record.getMessage())
+            assert not leaks(canary, repr(record.args))
+            assert record.exc_info is None, "a traceback quoting the key is logged as text"
+    ((before, _),) = waiting.held
+    ((after, attempts),) = journal_rows(waiting.journal)
+    assert after.state is payonce.IntentState.PENDING
+    assert after.lease_owner is None
+    assert after.attempt_count == before.attempt_count + 1
+    assert attempts[-1].error == "LocalProtocolError", "the journal keeps the type, never words"
+    assert attempts[-1].ambiguous is False, "refused before a byte left"
+    assert not leaks(canary, repr(after))
+    assert provider.store.total_executions() == 0
+
+
+def test_resume_redacts_the_key_from_an_error_that_quotes_the_auth_header(
+    canary: str, provider: SandboxServer, waiting: Waiting, logs: pytest.LogCaptureFixture
+) -> None:
+    with payonce.Client(**waiting.options, transport=PadsAuthorization()) as mangling:
+        (result,) = mangling.resume()
+
+    assert_resumed_without_the_key(result, canary, logs, waiting, provider)
+
+
+@pytest.mark.anyio
+async def test_async_resume_redacts_the_key_from_an_error_that_quotes_the_auth_header(
+    canary: str, provider: SandboxServer, waiting: Waiting, logs: pytest.LogCaptureFixture
+) -> None:
+    transport = AsyncPadsAuthorization()
+    async with payonce.AsyncClient(**waiting.options, transport=transport) as mangling:
+        (result,) = await mangling.resume()
+
+    assert_resumed_without_the_key(result, canary, logs, waiting, provider)

@@ -18,6 +18,7 @@ import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from ._lifecycle._identity import header_value_problem
 from .errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -100,14 +101,36 @@ def plaintext_allowed(explicit: bool | None) -> bool:
     return os.environ.get(ALLOW_PLAINTEXT_ENV, "").strip().lower() in {"1", "true", "yes"}
 
 
+def _sendable(secret: object, *, account: str, source: str) -> str:
+    """``secret`` when an HTTP header can carry it as given; otherwise a ConfigurationError
+    that says what is wrong with it and where it came from.
+
+    Refused here, before any journal is opened, because it would otherwise fail inside every
+    attempt, with the HTTP stack's own error quoting the whole header: the key with it.
+    """
+    if isinstance(secret, str):
+        problem = header_value_problem(secret)
+        if problem is None:
+            return secret
+    else:
+        problem = f"is a {type(secret).__name__}, not a str"
+    # Never quoted, not even in part.
+    raise ConfigurationError(
+        f"the API key of account {account!r} (from {source}) {problem}, which an HTTP header "
+        "cannot carry as given: check how it was copied. The key is not shown"
+    )
+
+
 def resolve_api_key(
     api_key: str | None, *, account: str, allow_plaintext_keyring: bool | None = None
 ) -> str:
+    """The API key of ``account``: the argument, else ``PAYONCE_API_KEY``, else the keyring;
+    from wherever it comes, one an HTTP header can carry as given."""
     if api_key:
-        return api_key
+        return _sendable(api_key, account=account, source="api_key=")
     from_env = os.environ.get(API_KEY_ENV)
     if from_env:
-        return from_env
+        return _sendable(from_env, account=account, source=API_KEY_ENV)
     how = _HOW_TO.format(account=account)
     if account == ACCOUNT_INDEX:
         raise ConfigurationError(
@@ -140,7 +163,9 @@ def resolve_api_key(
         raise ConfigurationError(
             f"no API key for account {account!r} in the keyring. To fix: {how}"
         )
-    return secret
+    # Stored by other means than `payonce keys set` (which refuses such a key), or edited.
+    where = f"the keyring, service {KEYRING_SERVICE!r}, entry {account!r}"
+    return _sendable(secret, account=account, source=where)
 
 
 # -- managing stored keys ----------------------------------------------------------------------
@@ -176,10 +201,10 @@ def _check_account(account: str) -> None:
 def _check_secret(secret: str) -> None:
     if not secret:
         raise ConfigurationError("the API key is empty")
-    if any(char.isspace() or not char.isprintable() for char in secret):
-        # Never quote the secret, not even in part.
+    if not secret.isascii() or any(char.isspace() or not char.isprintable() for char in secret):
+        # Never quote the secret, not even in part. Non-ASCII too: no header can carry it.
         raise ConfigurationError(
-            "the API key must be one line of printable characters without spaces"
+            "the API key must be one line of printable ASCII characters without spaces"
         )
 
 

@@ -84,7 +84,10 @@ class IntentMismatch(IntentError, ValueError):
     """The same intent was asked for with a different request. Nothing was sent.
 
     Either the caller reused a reference (or key) for another operation, or the request
-    was built differently this time. Use a new reference for a new operation.
+    was built differently this time. The message says what differs and the state of the
+    intent already journaled: a pending or unknown one may have executed, so call again
+    with the first request (or reconcile it) rather than pay under a new reference. Use a
+    new reference for a new operation.
     """
 
     def __init__(

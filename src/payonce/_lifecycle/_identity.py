@@ -7,7 +7,7 @@ import json
 import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import attrs
@@ -23,9 +23,12 @@ __all__ = [
     "canonical_request",
     "check_headers",
     "form_pairs",
+    "JournaledRequest",
+    "header_value_problem",
     "journaled_fingerprint_matches",
     "make_scope",
     "new_key",
+    "request_differences",
     "validate_key",
     "validate_reference",
 ]
@@ -182,7 +185,73 @@ _FIELD_VALUE = re.compile(r"[\t\x20-\x7e]*")
 """Printable ASCII and tabs: what every HTTP/1.1 stack sends a header value as, the same."""
 
 
+def header_value_problem(value: str) -> str | None:
+    """Why no HTTP stack would send ``value`` as given in a header, or None when one would.
+
+    Never quotes the value: it may be a secret. Leading or trailing whitespace counts: h11
+    refuses to write it (its field-value rule), and a stack that accepts it strips it, so
+    what is sent is not what was given.
+    """
+    if value != value.strip():
+        return "starts or ends with whitespace (a space, a tab, a line break)"
+    if not value.isascii():
+        return "holds a non-ASCII character"
+    if not _FIELD_VALUE.fullmatch(value):
+        return "holds a line break or another control character"
+    return None
+
+
 _FORM = "application/x-www-form-urlencoded"
+
+
+def _canonical_bodies(content_type: str | None, body: bytes) -> list[bytes]:
+    """What a journaled body may have been fingerprinted as: the body itself and, for a
+    form, its sorted pairs (raw content= sent with a form content type was fingerprinted as
+    it is, a data= form by its sorted pairs; either may be what this one was)."""
+    candidates = [body]
+    if (content_type or "").split(";")[0].strip().lower() == _FORM:
+        pairs = sorted(parse_qsl(body.decode("latin-1"), keep_blank_values=True))
+        candidates.append(urlencode(pairs).encode("latin-1"))
+    return candidates
+
+
+class JournaledRequest(Protocol):
+    """A request as an intent journals it (a draft or a record)."""
+
+    @property
+    def url(self) -> str: ...
+    @property
+    def request_headers(self) -> tuple[tuple[str, str], ...]: ...
+    @property
+    def body(self) -> bytes: ...
+
+
+def request_differences(first: JournaledRequest, again: JournaledRequest) -> list[str]:
+    """What makes ``again`` another request than ``first`` of the same method and path: the
+    parts the fingerprint covers that differ, in words. Headers by name (lower case), never
+    by value: a value is not for an error message."""
+    found: list[str] = []
+
+    def query(request: JournaledRequest) -> list[tuple[str, str]]:
+        return sorted(parse_qsl(urlsplit(request.url).query, keep_blank_values=True))
+
+    if query(first) != query(again):
+        found.append("the query string")
+    before, after = dict(first.request_headers), dict(again.request_headers)
+    content_types = before.pop("content-type", None), after.pop("content-type", None)
+    if content_types[0] != content_types[1]:
+        found.append("the content type")
+    bodies = _canonical_bodies(content_types[0], first.body)
+    if not set(bodies) & set(_canonical_bodies(content_types[1], again.body)):
+        found.append("the body")
+    for name in sorted(before.keys() | after.keys()):
+        if name not in before:
+            found.append(f"header {name} (not sent the first time)")
+        elif name not in after:
+            found.append(f"header {name} (sent the first time, not now)")
+        elif before[name] != after[name]:
+            found.append(f"header {name} (another value)")
+    return found
 
 
 def journaled_fingerprint_matches(
@@ -199,13 +268,7 @@ def journaled_fingerprint_matches(
     content_type = dict(request_headers).get("content-type")
     meaningful = [(name, value) for name, value in request_headers if name != "content-type"]
     query_pairs = tuple(parse_qsl(urlsplit(url).query, keep_blank_values=True))
-    candidates = [body]
-    if (content_type or "").split(";")[0].strip().lower() == _FORM:
-        # A form body's canonical form is its sorted pairs; raw content= sent with a form
-        # content type was fingerprinted as it is. Either may be what this one was.
-        pairs = sorted(parse_qsl(body.decode("latin-1"), keep_blank_values=True))
-        candidates.append(urlencode(pairs).encode("latin-1"))
-    for canonical_body in candidates:
+    for canonical_body in _canonical_bodies(content_type, body):
         request = CanonicalRequest(
             method=method,
             path=path,
@@ -225,10 +288,12 @@ def check_headers(headers: Mapping[str, str] | None) -> None:
     for name, value in (headers or {}).items():
         if not isinstance(name, str) or not _TOKEN.fullmatch(name):
             raise ConfigurationError(f"header name {name!r} is not a valid HTTP header name")
-        if not isinstance(value, str) or not _FIELD_VALUE.fullmatch(value):
+        problem = header_value_problem(value) if isinstance(value, str) else "is not a str"
+        if problem is not None:
             raise ConfigurationError(
-                f"the value of header {name!r} must be printable ASCII text (no CR, LF, NUL or "
-                "other control characters, no non-ASCII characters): encode it first"
+                f"the value of header {name!r} {problem}: a header value is printable ASCII "
+                "text (no CR, LF, NUL or other control characters) with nothing to strip at "
+                "either end. Encode or strip it first"
             )
 
 

@@ -26,6 +26,7 @@ from ._core import IntentCore, Run
 from ._events import IntentResumed, log_extra
 from ._hooks import Hooks
 from ._reconcile import ReconcileResult
+from ._redacting import Redactor
 
 __all__ = [
     "Claimed",
@@ -49,6 +50,11 @@ class Batch(Protocol[T, R]):
 
     def record(self, target: T) -> IntentRecord: ...
 
+    @property
+    def redactor(self) -> Redactor:
+        """What an error's words pass through before they are logged or reported."""
+        ...
+
     def failed(self, target: T, error: Exception) -> R:
         """The result of a target whose drive raised (may read and write the journal)."""
         ...
@@ -58,27 +64,27 @@ class Batch(Protocol[T, R]):
         ...
 
 
-def _log_failure(record: IntentRecord, error: Exception) -> None:
+def _log_failure(record: IntentRecord, error: Exception, redactor: Redactor) -> None:
     if isinstance(error, OutcomeUnknown):
         # The core warned as the intent went unknown, with its fields and the reason: the
         # one record of that event, whichever path led there.
         return
     if isinstance(error, PayonceError):
         logger.warning(
-            "intent %s: %s: %s",
+            "intent %s: %s",
             record.key,
-            type(error).__name__,
-            error,
+            redactor.describe(error),
             extra=log_extra(record),
         )
+        return
+    message = "intent %s: unexpected %s; the pass goes on with the next intent"
+    name = type(error).__name__
+    shown = redactor.traceback(error)
+    if shown is None:
+        logger.error(message, record.key, name, exc_info=error, extra=log_extra(record))
     else:
-        logger.error(
-            "intent %s: unexpected %s; the pass goes on with the next intent",
-            record.key,
-            type(error).__name__,
-            exc_info=error,
-            extra=log_extra(record),
-        )
+        # The traceback quotes a credential: logged as text, redacted, never as exc_info.
+        logger.error(message + "\n%s", record.key, name, shown, extra=log_extra(record))
 
 
 def run_batch(
@@ -89,7 +95,7 @@ def run_batch(
         try:
             result = drive(target)
         except Exception as exc:
-            _log_failure(batch.record(target), exc)
+            _log_failure(batch.record(target), exc, batch.redactor)
             result = batch.failed(target, exc)
         batch.report(result)
         results.append(result)
@@ -110,7 +116,7 @@ async def arun_batch(
         try:
             result = await drive(target)
         except Exception as exc:
-            _log_failure(batch.record(target), exc)
+            _log_failure(batch.record(target), exc, batch.redactor)
             result = await off_loop(batch.failed, target, exc)
         batch.report(result)
         results.append(result)
@@ -162,6 +168,10 @@ class ResumeBatch:
     def record(self, target: Claimed) -> IntentRecord:
         return target.record
 
+    @property
+    def redactor(self) -> Redactor:
+        return self._core.redactor
+
     def report(self, result: ResumeResult) -> None:
         core = self._core
         if core.hooks:
@@ -200,7 +210,7 @@ class ResumeBatch:
         elif isinstance(error, ProviderError):
             detail = f"HTTP {error.status_code}"
         else:
-            detail = f"{type(error).__name__}: {error}"
+            detail = self._core.redactor.describe(error)
         logger.info(
             "resumed intent %s: %s (%s)",
             record.key,
@@ -241,6 +251,10 @@ class ReconcileBatch:
     def record(self, target: IntentRecord) -> IntentRecord:
         return target
 
+    @property
+    def redactor(self) -> Redactor:
+        return self._core.redactor
+
     def report(self, result: ReconcileResult) -> None:
         _reconcile.reported(self._core, result)
 
@@ -249,6 +263,6 @@ class ReconcileBatch:
         now = journal.get(target.key)
         # What the journal wrote down names no key, so the same cause groups in a summary.
         written = [e.detail for e in journal.reconciliations(target.key) if e.at >= self._started]
-        detail = written[-1] if written else f"{type(error).__name__}: {error}"
+        detail = written[-1] if written else self._core.redactor.describe(error)
         after = now.state if now else target.state
         return ReconcileResult(target.key, target.reference, target.state, after, "error", detail)

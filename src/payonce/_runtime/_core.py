@@ -47,6 +47,7 @@ from . import _refusals as refusals
 from ._events import log_extra
 from ._hooks import HookSet
 from ._lease_keeper import Lease
+from ._redacting import Redactor
 from ._responses import replayed, stored, tagged
 from ._retrying import Retry, RetryPolicy, retrying_kwargs
 from ._telling import Telling, logger
@@ -132,6 +133,8 @@ class IntentCore(Telling):
         self._own_urls = None if "?" in base_url or "#" in base_url else base_url + "/"
         """What every URL journaled by a client of this base URL starts with."""
         self._auth_headers = profile.auth_headers(api_key)
+        self.redactor = Redactor.of([api_key, *self._auth_headers.values()])
+        """What an exception's words pass through before a log, a result or the CLI."""
         self._unjournaled_headers = profile.secret_headers() | {profile.key_header.lower()}
 
     # -- the intent --------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 import httpx
 
 from .._journal._records import IntentDraft, IntentRecord
-from .._lifecycle import Outcome, Verdict
+from .._lifecycle import IntentState, Outcome, Verdict, request_differences
 from ..errors import (
     AuthenticationError,
     IntentError,
@@ -92,14 +92,49 @@ def mismatch(draft: IntentDraft, record: IntentRecord) -> IntentMismatch:
         what = f"key {record.key} belongs to {record.scope!r}, not {draft.scope!r}"
     else:
         what = "the request differs from the one first journaled for it"
+        if differences := request_differences(record, draft):
+            what += f" in {', '.join(differences)}"
     return _about(
         IntentMismatch,
         record,
         f"cannot be sent: {what} (stored fingerprint {record.fingerprint[:16]}…, new "
-        f"{draft.fingerprint[:16]}…). Nothing was sent. Use a new reference for a new operation",
+        f"{draft.fingerprint[:16]}…). Nothing was sent. {_what_now(record)}",
         stored_fingerprint=record.fingerprint,
         new_fingerprint=draft.fingerprint,
     )
+
+
+def _what_now(record: IntentRecord) -> str:
+    """What to do about a mismatch, by the state of the intent already journaled: "a new
+    reference" pays twice when its first request may have executed."""
+    twice = "so a new reference could pay twice: keep it for a new operation"
+    match record.state:
+        case IntentState.PENDING:
+            return (
+                f"That intent is pending: its first request may have reached the provider, "
+                f"{twice}. To finish it, call again with the request first journaled, or run "
+                "`payonce resume`"
+            )
+        case IntentState.UNKNOWN:
+            return (
+                f"That intent is unknown: the provider may have executed it, {twice}. "
+                f"Reconcile it first (`payonce reconcile {record.key}`): if the provider has no "
+                "record of it, it is pending again and `payonce resume` sends it under its key"
+            )
+        case IntentState.SUCCEEDED:
+            return (
+                "That intent succeeded: its operation is done, and the request first journaled "
+                "gets its stored answer. Use a new reference for a new operation"
+            )
+        case IntentState.FAILED:
+            return (
+                "That intent failed: the provider refused it. Use a new reference for a new "
+                "operation"
+            )
+        case IntentState.ABANDONED:
+            return (
+                "That intent was abandoned by an operator. Use a new reference for a new operation"
+            )
 
 
 def refused(record: IntentRecord, response: httpx.Response, verdict: Verdict) -> IntentError:
