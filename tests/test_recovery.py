@@ -147,9 +147,11 @@ def test_an_unknown_outcome_names_the_remedy_its_provider_profile_allows(
 
     with pytest.raises(payonce.OutcomeUnknown) as again:
         client.post("/v1/payments", json=PAYMENT, reference="order-u")
+    with pytest.raises(payonce.IntentMismatch) as changed:
+        client.post("/v1/payments", json={**PAYMENT, "amount": 1}, reference="order-u")
 
     (warned,) = _warnings_about(record.key, caplog)
-    for said in (str(again.value), warned):
+    for said in (str(again.value), warned, str(changed.value)):
         assert remedy in said
         if provider == "generic":
             assert f"payonce abandon {record.key}" in said

@@ -202,7 +202,7 @@ class IntentCore(Telling):
                 crash_point("after_write_ahead")
                 return Run(record, owner, attempt=claim.attempt_number, ambiguous=False)
             case ClaimKind.MISMATCH:
-                raise refusals.mismatch(draft, record)
+                raise refusals.mismatch(draft, record, reconcilable=self.reconcilable)
             case ClaimKind.FINAL:
                 return Replay(record, self.replay(record))
             case ClaimKind.UNKNOWN:

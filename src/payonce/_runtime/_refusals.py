@@ -85,7 +85,7 @@ def unavailable(record: IntentRecord, reason: str) -> ProviderUnavailable:
     )
 
 
-def mismatch(draft: IntentDraft, record: IntentRecord) -> IntentMismatch:
+def mismatch(draft: IntentDraft, record: IntentRecord, *, reconcilable: bool) -> IntentMismatch:
     if draft.key_supplied and record.key != draft.key:
         what = f"reference {draft.reference!r} is bound to key {record.key}, not {draft.key}"
     elif record.scope != draft.scope:
@@ -98,13 +98,13 @@ def mismatch(draft: IntentDraft, record: IntentRecord) -> IntentMismatch:
         IntentMismatch,
         record,
         f"cannot be sent: {what} (stored fingerprint {record.fingerprint[:16]}…, new "
-        f"{draft.fingerprint[:16]}…). Nothing was sent. {_what_now(record)}",
+        f"{draft.fingerprint[:16]}…). Nothing was sent. {_what_now(record, reconcilable)}",
         stored_fingerprint=record.fingerprint,
         new_fingerprint=draft.fingerprint,
     )
 
 
-def _what_now(record: IntentRecord) -> str:
+def _what_now(record: IntentRecord, reconcilable: bool) -> str:
     """What to do about a mismatch, by the state of the intent already journaled: "a new
     reference" pays twice when its first request may have executed."""
     twice = "so a new reference could pay twice: keep it for a new operation"
@@ -116,6 +116,11 @@ def _what_now(record: IntentRecord) -> str:
                 "`payonce resume`"
             )
         case IntentState.UNKNOWN:
+            if not reconcilable:
+                remedy = unknown_remedy(record.key, reconcilable=False)
+                return (
+                    f"That intent is unknown: the provider may have executed it, {twice}. {remedy}"
+                )
             return (
                 f"That intent is unknown: the provider may have executed it, {twice}. "
                 f"Reconcile it first (`payonce reconcile {record.key}`): if the provider has no "
