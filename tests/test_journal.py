@@ -1077,3 +1077,25 @@ def test_workers_starting_together_on_a_new_journal_all_open_it(tmp_path: Path) 
         with payonce.journal.SQLiteJournal(path) as journal:
             assert journal.check().ok
     assert set(outcomes) == {"opened"}, [o for o in outcomes if o != "opened"][:3]
+
+
+def test_a_journal_on_a_read_only_filesystem_says_so_and_sends_nothing(
+    sandbox: SandboxServer, small_disk: Path
+) -> None:
+    journal = small_disk / "journal.db"
+    with sandbox_client(sandbox, journal) as client:
+        paid = client.post("/v1/payments", json=PAYMENT, reference="order-ro")
+    held = read_rows(journal, "SELECT key, state FROM intents")
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    try:
+        with (
+            pytest.raises(payonce.JournalError, match="read-only filesystem") as caught,
+            sandbox_client(sandbox, journal) as client,
+        ):
+            client.post("/v1/payments", json=PAYMENT, reference="order-ro-2")
+        assert "Make it writable" in str(caught.value)
+        assert caught.value.may_have_executed is False
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", str(small_disk)], check=True)
+    assert read_rows(journal, "SELECT key, state FROM intents") == held
+    assert sandbox.store.executions() == {payonce.response_info(paid).key: 1}  # type: ignore[union-attr]

@@ -328,6 +328,15 @@ class SQLiteJournal(GroupCommit, IntentStore):
                 "journal: restore it from a backup or move it away",
                 then=busy,
             )
+        if ("readonly" in message or "unable to open" in message) and (
+            why := self._unwritable()
+        ):
+            return self._error(
+                f"the journal cannot be written ({why}): payonce writes every intent before "
+                "sending it, and a replay takes the intent's lock. Make it writable (or open "
+                "it read-only to look: `payonce intents list`)",
+                then=busy,
+            )
         if "locked" in message or "busy" in message:
             return self._error(
                 f"the journal stayed locked by another process for more than "
@@ -336,6 +345,17 @@ class SQLiteJournal(GroupCommit, IntentStore):
                 then=busy,
             )
         return self._error(f"journal operation failed: {message}", then=busy)
+
+    def _unwritable(self) -> str | None:
+        """Why this process cannot write the journal's file or directory, if it cannot."""
+        directory = self._path.parent
+        with contextlib.suppress(OSError):
+            if os.statvfs(directory).f_flag & os.ST_RDONLY:
+                return f"{directory} is on a read-only filesystem"
+        for path in (self._path, directory):
+            if path.exists() and not os.access(path, os.W_OK):
+                return f"{path} is not writable by this process (its owner and mode)"
+        return None
 
     def _commit(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T:
         self._in_this_process()
