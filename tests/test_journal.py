@@ -1095,6 +1095,15 @@ def test_a_journal_on_a_read_only_filesystem_says_so_and_sends_nothing(
             client.post("/v1/payments", json=PAYMENT, reference="order-ro-2")
         assert "Make it writable" in str(caught.value)
         assert caught.value.may_have_executed is False
+        # An operator can still look: the file is read as the fixed file it is.
+        listed = subprocess.run(
+            [sys.executable, "-m", "payonce", "intents", "list", "--journal", str(journal)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert listed.returncode == 0, listed.stderr
+        assert "order-ro\tsucceeded" in listed.stdout
     finally:
         subprocess.run(["mount", "-o", "remount,rw", str(small_disk)], check=True)
     assert read_rows(journal, "SELECT key, state FROM intents") == held

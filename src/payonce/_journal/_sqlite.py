@@ -222,6 +222,10 @@ class SQLiteJournal(GroupCommit, IntentStore):
     def _connect(self) -> sqlite3.Connection:
         # A read-only connection cannot write the file, whatever a bug elsewhere might ask.
         target = f"{self._path.as_uri()}?mode=ro" if self._read_only else str(self._path)
+        if self._read_only and self._frozen():
+            # Nothing can write a file on a read-only filesystem, and SQLite could not even
+            # create the -shm index its WAL readers share: read it as the fixed file it is.
+            target += "&immutable=1"
         try:
             conn = sqlite3.connect(
                 target,
@@ -328,13 +332,15 @@ class SQLiteJournal(GroupCommit, IntentStore):
                 "journal: restore it from a backup or move it away",
                 then=busy,
             )
-        if ("readonly" in message or "unable to open" in message) and (
-            why := self._unwritable()
-        ):
+        if ("readonly" in message or "unable to open" in message) and (why := self._unwritable()):
+            look = (
+                "; the read-only commands (`payonce intents list`) can still look at it"
+                if self._frozen()
+                else ""
+            )
             return self._error(
                 f"the journal cannot be written ({why}): payonce writes every intent before "
-                "sending it, and a replay takes the intent's lock. Make it writable (or open "
-                "it read-only to look: `payonce intents list`)",
+                f"sending it, and a replay takes the intent's lock. Make it writable{look}",
                 then=busy,
             )
         if "locked" in message or "busy" in message:
@@ -345,6 +351,14 @@ class SQLiteJournal(GroupCommit, IntentStore):
                 then=busy,
             )
         return self._error(f"journal operation failed: {message}", then=busy)
+
+    def _frozen(self) -> bool:
+        """On a read-only filesystem, with no WAL left beside it: a file nothing changes."""
+        wal = self._path.with_name(self._path.name + "-wal")
+        with contextlib.suppress(OSError):
+            read_only = bool(os.statvfs(self._path.parent).f_flag & os.ST_RDONLY)
+            return read_only and not (wal.exists() and wal.stat().st_size > 0)
+        return False
 
     def _unwritable(self) -> str | None:
         """Why this process cannot write the journal's file or directory, if it cannot."""
