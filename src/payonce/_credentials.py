@@ -178,8 +178,8 @@ def _keyring_errors() -> tuple[type[Exception], ...]:
 
 
 _INSTALL_HOW_TO = (
-    "use the OS keyring (Secret Service or KWallet on Linux, Keychain on macOS, Credential "
-    "Manager on Windows); on a headless host, pip install keyrings.alt and opt in to its "
+    "use the OS keyring (Secret Service or KWallet on Linux, Keychain on macOS); on a "
+    "headless host, pip install keyrings.alt and opt in to its "
     "plaintext file with PAYONCE_ALLOW_PLAINTEXT_KEYRING=1; or store no key at all and set "
     "PAYONCE_API_KEY in the environment of the process that pays"
 )
