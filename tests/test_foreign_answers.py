@@ -9,6 +9,7 @@ intent is retried under its key and, if the page persists, goes unknown and is r
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 
 import httpx
@@ -23,7 +24,9 @@ from payonce._providers._adyen import ADYEN
 from payonce._providers._mollie import MOLLIE
 from payonce._providers._profile import GENERIC, SANDBOX
 from payonce._providers._stripe import STRIPE
-from payonce.sandbox import SandboxServer
+from payonce.sandbox import DEFAULT_API_KEY, SandboxConfig, SandboxServer
+
+DAY = 24 * 3600.0
 
 MakeAsyncClient = Callable[..., payonce.AsyncClient]
 
@@ -136,6 +139,59 @@ def test_a_credentials_refusal_page_still_leaves_the_intent_pending(
     paid = client.post("/v1/payments", json=PAYMENT, reference="order-denied")
     assert paid.status_code == 201
     assert sandbox.store.executions() == {key: 1}
+
+
+def test_a_firewall_s_refusal_of_an_executed_payment_is_never_resent_once_its_key_expired(
+    make_client: MakeClient,
+) -> None:
+    """A firewall that inspects answers lets the payment through, then answers its own 403
+    page. payonce cannot tell that from a refusal before the request ran: the intent stays
+    pending (AuthenticationError), but its attempt may have executed, so once the provider
+    has forgotten the key it is never resent: it goes unknown, to be reconciled."""
+    forgets = SandboxServer(SandboxConfig(key_lifetime=0.5))
+    with forgets:
+        page = Page(403, "text/html", b"<html>Request blocked</html>", after_relaying=True)
+        with pages_in_front_of(forgets.url, [page]) as firewall:
+            behind = make_client(base_url=firewall.url)
+            with pytest.raises(payonce.AuthenticationError, match="not the provider") as refused:
+                behind.post("/v1/payments", json=PAYMENT, reference="order-waf")
+        assert "Nothing was executed" not in str(refused.value)
+        key = refused.value.key
+        assert forgets.store.executions() == {key: 1}
+        (attempt,) = behind.journal.attempts(key)
+        assert attempt.ambiguous
+        assert behind.journal.get(key).state is payonce.IntentState.PENDING  # type: ignore[union-attr]
+
+        time.sleep(0.6)  # the provider forgets the key; the client's clock says a day went by
+        later = make_client(base_url=forgets.url, clock=lambda: time.time() + 2 * DAY)
+        with pytest.raises(payonce.OutcomeUnknown):
+            later.post("/v1/payments", json=PAYMENT, reference="order-waf")
+
+        assert forgets.store.executions() == {key: 1}, "never resent with its key forgotten"
+        assert later.journal.get(key).state is payonce.IntentState.UNKNOWN  # type: ignore[union-attr]
+
+
+def test_a_page_that_quotes_the_api_key_back_is_journaled_and_told_redacted(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    echo = b"denied: authorization=Bearer " + DEFAULT_API_KEY.encode()
+    seen: list[str] = []
+
+    class Ended(payonce.Hooks):
+        def attempt_ended(self, event: payonce.hooks.AttemptEnded) -> None:
+            seen.append(str(event.error))
+
+    pages = [Page(404, "text/plain", echo), Page(403, "text/plain", echo)]
+    with pages_in_front_of(sandbox.url, pages) as proxy:
+        behind = make_client(base_url=proxy.url, hooks=[Ended()])
+        with pytest.raises(payonce.AuthenticationError) as refused:
+            behind.post("/v1/payments", json=PAYMENT, reference="order-echo")
+
+    errors = [attempt.error or "" for attempt in behind.journal.attempts(refused.value.key)]
+    assert len(errors) == 2
+    for said in [*errors, *seen]:
+        assert "[redacted]" in said
+        assert DEFAULT_API_KEY not in said
 
 
 # -- one decision per answer, per profile ----------------------------------------------------------

@@ -41,9 +41,16 @@ def test_2xx_is_a_definitive_success(status: int) -> None:
 def test_an_authentication_refusal_executed_nothing_and_is_not_final(status: int) -> None:
     for hint in ("true", "false", None):
         headers = {"Stripe-Should-Retry": hint} if hint else {}
-        verdict = classify_response(_response(status, **headers), GENERIC)
+        provider_s = _problem(status)
+        provider_s.headers.update(headers)
+        verdict = classify_response(provider_s, GENERIC)
         assert verdict.outcome is Outcome.REFUSED
         assert not verdict.ambiguous
+        # The same status from something that is not the provider (an empty, typeless
+        # answer): still a refusal, never retried, but it proves nothing about execution.
+        foreign = classify_response(_response(status, **headers), GENERIC)
+        assert foreign.outcome is Outcome.REFUSED
+        assert foreign.ambiguous
 
 
 @pytest.mark.parametrize("status", [400, 402, 404])

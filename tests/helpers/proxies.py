@@ -24,6 +24,9 @@ class Page(NamedTuple):
     content_type: str | None
     body: bytes
     headers: tuple[tuple[str, str], ...] = ()
+    after_relaying: bool = False
+    """Relay the request to the provider first and answer this page instead of its answer,
+    as a firewall that inspects answers does: the provider has executed the request."""
 
 
 PORTAL = Page(200, "text/html; charset=utf-8", PORTAL_PAGE)
@@ -37,7 +40,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _relay(self) -> None:
         body = self.rfile.read(int(self.headers.get("content-length") or 0))
-        if (page := self.server.next_page()) is not None:
+        page = self.server.next_page()
+        if page is not None and not page.after_relaying:
             self._answer(page)
             return
         headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
@@ -49,6 +53,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             # The provider's answer was lost on the way (it dropped the connection): so is
             # the client's.
             self.close_connection = True
+            return
+        if page is not None:
+            self._answer(page)
             return
         if self.server.trickle is not None:
             self._trickle(answer, self.server.trickle)

@@ -46,6 +46,7 @@ class Transition(enum.Enum):
     ATTEMPT_NOT_EXECUTED = "attempt ended, not executed"
     ATTEMPT_INTERRUPTED = "attempt interrupted"
     ATTEMPT_REFUSED = "attempt refused before execution"
+    ATTEMPT_REFUSED_UNPROVEN = "attempt refused, not by the provider"
     ATTEMPT_NOT_SENT = "attempt not sent"
     SUCCEEDED = "settled, succeeded"
     FAILED = "settled, failed"
@@ -128,6 +129,16 @@ RULES: tuple[Rule, ...] = (
         "lease released, AuthenticationError; sent under the same key once the key is fixed",
         releases_lease=True,
         attempt_ambiguous=False,
+    ),
+    Rule(
+        Transition.ATTEMPT_REFUSED_UNPROVEN,
+        (_P,),
+        None,
+        "a 401 or 403 that is not the provider's answer (a firewall's page): not retried, "
+        "lease released, AuthenticationError; the attempt may have executed, so its key's "
+        "age rules a resend",
+        releases_lease=True,
+        attempt_ambiguous=True,
     ),
     Rule(
         Transition.ATTEMPT_NOT_SENT,

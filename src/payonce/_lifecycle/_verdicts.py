@@ -132,7 +132,11 @@ def transition_for(verdict: Verdict) -> Transition:
         case Outcome.FAILED | Outcome.MISMATCH:
             return Transition.FAILED
         case Outcome.REFUSED:
-            return Transition.ATTEMPT_REFUSED
+            return (
+                Transition.ATTEMPT_REFUSED_UNPROVEN
+                if verdict.ambiguous
+                else Transition.ATTEMPT_REFUSED
+            )
         case Outcome.NOT_SENT:
             return Transition.ATTEMPT_NOT_SENT
         case Outcome.RETRY:
@@ -171,7 +175,18 @@ def classify_response(response: httpx.Response, profile: ProviderProfile) -> Ver
     status = response.status_code
     if status in profile.refused_statuses:
         # Whatever hint comes with it: an authentication refusal executed nothing, and the
-        # same request with a working key must still be possible under the same key.
+        # same request with a working key must still be possible under the same key. Not
+        # retried either way; but one the provider did not write (a firewall's page, which
+        # may block an answer after the provider ran the request) proves nothing executed:
+        # its attempt may have, and the key's age then rules any resend.
+        why = _not_genuine(response, profile, refusal=True)
+        if why is not None:
+            return Verdict(
+                Outcome.REFUSED,
+                ambiguous=True,
+                reason=f"HTTP {status} refused, not the provider's answer ({why})",
+                diagnosis=_diagnosis(response, why),
+            )
         return Verdict(Outcome.REFUSED, ambiguous=False, reason=f"HTTP {status} refused")
     hint = profile.should_retry_hint(response)
     if 200 <= status < 300:

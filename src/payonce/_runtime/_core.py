@@ -364,13 +364,16 @@ class IntentCore(Telling):
         transition = transition_for(verdict)
         if logger.isEnabledFor(logging.DEBUG):
             self._log_answer(run, response.status_code, verdict)
+        # A page that is not the provider's may quote the request's headers back.
+        diagnosis = verdict.diagnosis and self.redactor.text(verdict.diagnosis)
         if verdict.outcome is Outcome.RETRY:
             status = response.status_code
-            self._retryable(run, verdict, transition, status_code=status, error=verdict.diagnosis)
+            self._retryable(run, verdict, transition, status_code=status, error=diagnosis)
         if verdict.outcome is Outcome.REFUSED:
-            self._end_attempt(run, transition, status_code=response.status_code)
-            self._log_refused(run, response.status_code)
-            raise refusals.authentication(run.record, response)
+            status = response.status_code
+            self._end_attempt(run, transition, status_code=status, error=diagnosis)
+            self._log_refused(run, status, executed=verdict.ambiguous)
+            raise refusals.authentication(run.record, response, foreign=verdict.ambiguous)
         return self._settle(run, response, transition)
 
     def on_error(self, run: Run, error: BaseException) -> None:

@@ -30,7 +30,7 @@ def _quoted_forms(secret: str) -> set[str]:
 
 @attrs.frozen
 class Redactor:
-    secrets: tuple[str, ...]
+    secrets: tuple[str, ...] = attrs.field(repr=False)
     """Longest first, so that a header value goes whole before the key inside it."""
 
     @classmethod

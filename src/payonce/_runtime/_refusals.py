@@ -162,7 +162,18 @@ def refused(record: IntentRecord, response: httpx.Response, verdict: Verdict) ->
     return _about(ProviderError, record, what, response=response)
 
 
-def authentication(record: IntentRecord, response: httpx.Response) -> AuthenticationError:
+def authentication(
+    record: IntentRecord, response: httpx.Response, *, foreign: bool = False
+) -> AuthenticationError:
+    if foreign:
+        what = (
+            f"was refused with HTTP {response.status_code} by something that is not the "
+            "provider (its answer is not the provider's: a firewall, a proxy): the request may "
+            "have reached the provider. The intent stays pending under its key: fix what "
+            "blocks it, then call again (or `payonce resume`); payonce resends it only while "
+            "the provider still remembers the key"
+        )
+        return _about(AuthenticationError, record, what, response=response)
     what = (
         f"was refused by the provider with HTTP {response.status_code} before it executed "
         "it: the API key is wrong, revoked or lacks a permission. Nothing was executed and "

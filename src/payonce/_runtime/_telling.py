@@ -98,11 +98,14 @@ class Telling:
         )
 
     @staticmethod
-    def _log_refused(run: Run, status_code: int) -> None:
+    def _log_refused(run: Run, status_code: int, *, executed: bool) -> None:
         logger.warning(
-            "intent %s: refused with HTTP %d before execution; it stays pending",
+            "intent %s: refused with HTTP %d %s; it stays pending",
             run.key,
             status_code,
+            "by something that is not the provider, and may have executed"
+            if executed
+            else "before execution",
             extra=log_extra(run.record),
         )
 
