@@ -1108,3 +1108,38 @@ def test_a_journal_on_a_read_only_filesystem_says_so_and_sends_nothing(
         subprocess.run(["mount", "-o", "remount,rw", str(small_disk)], check=True)
     assert read_rows(journal, "SELECT key, state FROM intents") == held
     assert sandbox.store.executions() == {payonce.response_info(paid).key: 1}  # type: ignore[union-attr]
+
+
+def test_a_read_only_bind_mount_of_a_journal_still_sees_what_the_service_writes(
+    sandbox: SandboxServer, tmp_path: Path
+) -> None:
+    """A monitoring sidecar mounts the service's journal directory read-only: nothing can
+    write through its mount, but the service writes through its own, so the reader must
+    not take the file for a fixed one, even when it opened it while the service was down."""
+    written, mounted = tmp_path / "service", tmp_path / "sidecar"
+    written.mkdir()
+    mounted.mkdir()
+    with sandbox_client(sandbox, written / "journal.db") as client:
+        client.post("/v1/payments", json=PAYMENT, reference="order-b1")
+    try:
+        bound = subprocess.run(
+            ["mount", "--bind", str(written), str(mounted)], capture_output=True, text=True
+        )
+    except FileNotFoundError:
+        pytest.skip("no mount command here to bind-mount a directory")
+    if bound.returncode != 0:
+        pytest.skip(f"cannot bind-mount a directory (needs root): {bound.stderr.strip()}")
+    try:
+        subprocess.run(
+            ["mount", "-o", "remount,ro,bind", str(mounted)], check=True, capture_output=True
+        )
+        # The service is stopped (its WAL checkpointed away) as the sidecar starts watching.
+        assert not (written / "journal.db-wal").exists()
+        with payonce.open_journal(mounted / "journal.db", read_only=True) as watching:
+            assert [r.reference for r in watching.list_intents()] == ["order-b1"]
+            with sandbox_client(sandbox, written / "journal.db") as client:
+                client.post("/v1/payments", json=PAYMENT, reference="order-b2")
+                seen = {r.reference for r in watching.list_intents()}
+        assert seen == {"order-b1", "order-b2"}
+    finally:
+        subprocess.run(["umount", "-l", str(mounted)], check=True)

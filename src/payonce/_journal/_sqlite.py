@@ -222,10 +222,46 @@ class SQLiteJournal(GroupCommit, IntentStore):
     def _connect(self) -> sqlite3.Connection:
         # A read-only connection cannot write the file, whatever a bug elsewhere might ask.
         target = f"{self._path.as_uri()}?mode=ro" if self._read_only else str(self._path)
-        if self._read_only and self._frozen():
-            # Nothing can write a file on a read-only filesystem, and SQLite could not even
-            # create the -shm index its WAL readers share: read it as the fixed file it is.
-            target += "&immutable=1"
+        conn = self._open_connection(target)
+        self._fixed_as: tuple[int, int] | None = None
+        if self._read_only and self._frozen() and not self._readable(conn):
+            # On a read-only filesystem SQLite cannot create the -shm index WAL readers
+            # share. With no WAL left, read the file as it is now; a service writing it
+            # through another mount (a read-only bind mount of its directory) would change
+            # it, so every read checks first that it has not (``_still_fixed``).
+            conn.close()
+            conn = self._open_connection(target + "&immutable=1")
+            self._fixed_as = self._file_version()
+        self._synchronous = None
+        return conn
+
+    def _file_version(self) -> tuple[int, int] | None:
+        """The file's change time and size, or None when a WAL beside it holds changes."""
+        wal = self._path.with_name(self._path.name + "-wal")
+        with contextlib.suppress(OSError):
+            if wal.stat().st_size > 0:
+                return None
+        try:
+            info = self._path.stat()
+        except OSError:
+            return None  # gone: not the file read as fixed
+        return info.st_mtime_ns, info.st_size
+
+    def _still_fixed(self) -> None:
+        """Reopen a journal read as a fixed file once it has changed after all."""
+        if self._fixed_as is not None and self._file_version() != self._fixed_as:
+            self._conn.close()
+            self._conn = self._connect()
+
+    @staticmethod
+    def _readable(conn: sqlite3.Connection) -> bool:
+        try:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except sqlite3.OperationalError:
+            return False
+        return True
+
+    def _open_connection(self, target: str) -> sqlite3.Connection:
         try:
             conn = sqlite3.connect(
                 target,
@@ -238,7 +274,6 @@ class SQLiteJournal(GroupCommit, IntentStore):
             conn.execute("PRAGMA foreign_keys = ON")
         except sqlite3.Error as exc:
             raise self._error(f"cannot open the journal: {exc}") from exc
-        self._synchronous = None
         return conn
 
     def _in_this_process(self) -> None:
@@ -409,6 +444,7 @@ class SQLiteJournal(GroupCommit, IntentStore):
         self._in_this_process()
         with self._lock:
             try:
+                self._still_fixed()
                 cur = self._conn.cursor()
                 if not snapshot:
                     return work(Tx(cur, self._dialect))
