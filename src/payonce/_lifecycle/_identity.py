@@ -86,13 +86,22 @@ def validate_reference(reference: str) -> str:
     if reference != reference.strip():
         raise ConfigurationError(
             f"reference {reference!r} starts or ends with whitespace, so it differs from "
-            "the same id without it: strip it first"
+            f"the same id without it: strip it in your code. {_EARLIER}"
         )
     if _CONTROL.search(reference):
         raise ConfigurationError(
-            f"reference {reference!r} holds a control character (a newline, a tab, NUL…)"
+            f"reference {reference!r} holds a control character (a newline, a tab, NUL…). "
+            f"{_EARLIER}"
         )
     return reference
+
+
+_EARLIER = (
+    "If an earlier payonce journaled intents under it, they keep their keys: find them with "
+    "`payonce intents list`, finish pending ones with `payonce resume` and reconcile unknown "
+    "ones; the stripped reference is another intent, and paying one of them under it again "
+    "would pay twice"
+)
 
 
 def make_scope(account: str, method: str, path: str) -> str:
