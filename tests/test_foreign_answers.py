@@ -453,3 +453,16 @@ async def test_a_verifying_look_up_that_cannot_be_decoded_sends_nothing_more_asy
 
     key = _verified_in_vain(client, "order-verify")
     assert sandbox.store.executions() == {key: 1}
+
+
+@pytest.mark.parametrize("status", [204, 205])
+def test_a_no_content_answer_labelled_json_is_a_success(status: int) -> None:
+    """Web frameworks label an answer with no content by definition with their default
+    type (FastAPI's 204 says application/json): there is nothing in it to misread."""
+    for profile in (GENERIC, SANDBOX, STRIPE, ADYEN, MOLLIE):
+        answer = _answer(status, "application/json", b"")
+        assert classify_response(answer, profile).outcome is Outcome.SUCCEEDED, profile.name
+    # A 200 that says JSON and carries nothing is still not the provider's.
+    empty_200 = classify_response(_answer(200, "application/json", b""), GENERIC)
+    assert empty_200.outcome is Outcome.RETRY
+    assert empty_200.ambiguous

@@ -69,6 +69,17 @@ def _media_type(response: httpx.Response) -> str:
     return str(response.headers.get("content-type", "")).split(";")[0].strip().lower()
 
 
+def _to_head(response: httpx.Response) -> bool:
+    try:
+        return response.request.method == "HEAD"
+    except RuntimeError:  # a response built without its request
+        return False
+
+
+_BODILESS = frozenset({204, 205, 304})
+"""Answers that carry no content (RFC 9110): an empty body is all they can have."""
+
+
 def _not_genuine(
     response: httpx.Response, profile: ProviderProfile, *, refusal: bool = False
 ) -> str | None:
@@ -82,8 +93,10 @@ def _not_genuine(
     accepted = profile.answer_media_types
     if not accepted:
         return None
-    media_type = _media_type(response)
     body = response.content
+    if not body and not refusal and (response.status_code in _BODILESS or _to_head(response)):
+        return None  # no content by definition, whatever type a framework labels it with
+    media_type = _media_type(response)
     if not body and not media_type:
         return "an empty, typeless answer" if refusal else None
     json_expected = "application/json" in accepted
