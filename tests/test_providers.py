@@ -254,6 +254,16 @@ def test_a_json_body_for_stripe_s_v1_api_is_refused_before_it_is_journaled(
     assert server.store.total_executions() == 1
 
 
+def test_a_json_body_is_refused_for_stripe_s_v1_api_when_v1_is_in_the_base_url(
+    like: Like, make_client: MakeClient
+) -> None:
+    server, _ = like("stripe")
+    client = make_client(base_url=server.url + "/v1", provider="stripe")
+    with pytest.raises(payonce.ConfigurationError, match="POST /v1/payment_intents"):
+        client.post("/payment_intents", json=PAYMENT, reference="order-j1")
+    assert server.store.total_executions() == 0
+
+
 def test_stripe_s_v2_api_takes_json() -> None:
     assert stripe_profile().refuse_request("POST", "/v2/core/events", "application/json") is None
     form = "application/x-www-form-urlencoded"

@@ -135,7 +135,8 @@ class ProviderProfile:
     """A provider-specific verdict that wins over everything else (None: no opinion), e.g.
     telling a 409 "key in use, retry" from a 409 "key reused with another body"."""
     refuse_request: Callable[[str, str, str | None], str | None] = _any_request
-    """Why the provider cannot take a request (method, path, content type), or None. A
+    """Why the provider cannot take a request (method, the path the provider sees, with the
+    base URL's own path, and content type), or None. A
     reason is raised as ``ConfigurationError`` before anything is journaled: a request the
     provider is known to refuse would only be journaled as a failure of that reference."""
     resend: Literal["verify", "same-key"] | None = None

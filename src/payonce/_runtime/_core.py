@@ -130,6 +130,8 @@ class IntentCore(Telling):
         self.hooks = hooks
         # Fixed for the client's life, so computed once rather than on every intent.
         self._base = httpx.URL(base_url)
+        self._base_path = self._base.path.rstrip("/")
+        """The base URL's own path (``/v71`` of Adyen's): what a provider sees before a path."""
         self._own_urls = None if "?" in base_url or "#" in base_url else base_url + "/"
         """What every URL journaled by a client of this base URL starts with."""
         self._auth_headers = profile.auth_headers(api_key)
@@ -151,7 +153,7 @@ class IntentCore(Telling):
         if key is not None:
             validate_key(key, max_length=self.profile.key_max_length)
         unfit = self.profile.refuse_request(
-            canonical.method, canonical.path, canonical.content_type
+            canonical.method, self._base_path + canonical.path, canonical.content_type
         )
         if unfit is not None:
             raise ConfigurationError(unfit)
