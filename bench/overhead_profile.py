@@ -94,7 +94,7 @@ def instrument(client: payonce.Client | payonce.AsyncClient, spent: Spent) -> No
         (core, "begin", OWN["begin"]),
         (core, "build_request", OWN["build_request"]),
         (core, "on_response", OWN["on_response"]),
-        (core, "draft", OWN["draft"]),
+        (core.drafter, "draft", OWN["draft"]),
     ):
         setattr(obj, name, wrap(spent, label, getattr(obj, name)))
     exchange = atimed if isinstance(client, payonce.AsyncClient) else timed

@@ -127,7 +127,7 @@ def test_a_lease_the_run_released_itself_is_not_reported_lost(
     # The keeper renews a snapshot of its leases: a settle may release one in between.
     client = make_client()
     core = client._core
-    draft = core.draft(
+    draft = core.drafter.draft(
         canonical_request("POST", "/v1/payments", json_body={"amount": 1, "currency": "eur"}),
         reference="order-released",
         key=None,

@@ -195,7 +195,7 @@ class OperationBase:
             content=options.get("content"),
             content_type=_content_type(headers),
         )
-        return self._core.draft(
+        return self._core.drafter.draft(
             canonical,
             reference=self.reference,
             key=self._key,

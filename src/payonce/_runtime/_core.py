@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import attrs
@@ -20,7 +20,6 @@ from .._crash import crash_armed, crash_atrace, crash_point, crash_trace
 from .._journal._records import Claim, IntentDraft, IntentRecord
 from .._journal._store import IntentStore
 from .._lifecycle import (
-    CanonicalRequest,
     ClaimKind,
     IntentState,
     KeyFormat,
@@ -28,22 +27,19 @@ from .._lifecycle import (
     Transition,
     Verdict,
     Verification,
-    check_headers,
     classify_error,
     classify_response,
     journaled_fingerprint_matches,
-    make_scope,
     may_have_executed,
-    new_key,
     owner_ended,
     quiet_after,
     resend_refusal,
     transition_for,
-    validate_key,
 )
 from .._providers._profile import ProviderProfile
-from ..errors import ConfigurationError, JournalError, PayonceError
+from ..errors import JournalError, PayonceError
 from . import _refusals as refusals
+from ._drafting import Drafter
 from ._events import log_extra
 from ._hooks import HookSet
 from ._lease_keeper import Lease
@@ -123,73 +119,21 @@ class IntentCore(Telling):
         self._api_key = api_key
         self.journal = journal
         self.retry = retry
-        self.key_format = key_format
         self.max_stored_bytes = max_stored_bytes
         self.lease_seconds = lease_seconds
         self.clock = clock
         self.hooks = hooks
         # Fixed for the client's life, so computed once rather than on every intent.
         self._base = httpx.URL(base_url)
-        self._base_path = self._base.path.rstrip("/")
-        """The base URL's own path (``/v71`` of Adyen's): what a provider sees before a path."""
         self._own_urls = None if "?" in base_url or "#" in base_url else base_url + "/"
         """What every URL journaled by a client of this base URL starts with."""
         self._auth_headers = profile.auth_headers(api_key)
         self.redactor = Redactor.of([api_key, *self._auth_headers.values()])
         """What an exception's words pass through before a log, a result or the CLI."""
-        self._unjournaled_headers = profile.secret_headers() | {profile.key_header.lower()}
+        self.drafter = Drafter(profile, account, base_url, key_format)
+        """Turns each request of the client into an intent's draft."""
 
     # -- the intent --------------------------------------------------------------------------
-
-    def draft(
-        self,
-        canonical: CanonicalRequest,
-        *,
-        reference: str | None,
-        key: str | None,
-        key_supplied: bool,
-        headers: Mapping[str, str] | None,
-    ) -> IntentDraft:
-        if key is not None:
-            validate_key(key, max_length=self.profile.key_max_length)
-        unfit = self.profile.refuse_request(
-            canonical.method, self._base_path + canonical.path, canonical.content_type
-        )
-        if unfit is not None:
-            raise ConfigurationError(unfit)
-        check_headers(headers)
-        secret = self._unjournaled_headers
-        if refused := sorted(name for name in headers or {} if name.lower() in secret):
-            # Never journaled, so never sent again after a restart; and never quoted.
-            raise ConfigurationError(
-                f"header {refused[0]!r} is not an intent's to carry: payonce never journals "
-                "credentials and sets the idempotency key itself. Give the API key as "
-                "api_key= (or PAYONCE_API_KEY), proxy credentials to the transport, and a key "
-                "of your own as key="
-            )
-        kept = sorted(
-            (name.lower(), value)
-            for name, value in (headers or {}).items()
-            if name.lower() != "content-type"
-        )
-        # Headers such as Stripe-Account change what the request does: the same intent
-        # with other headers is another request.
-        fingerprint = canonical.fingerprint_with(kept)
-        if canonical.content_type:
-            kept.append(("content-type", canonical.content_type))
-        return IntentDraft(
-            key=key or new_key(self.key_format),
-            key_supplied=key_supplied,
-            scope=make_scope(self.account, canonical.method, canonical.path),
-            reference=reference,
-            account=self.account,
-            provider=self.profile.name,
-            method=canonical.method,
-            url=self.base_url + canonical.target,
-            fingerprint=fingerprint,
-            request_headers=tuple(kept),
-            body=canonical.body,
-        )
 
     def begin(self, draft: IntentDraft, owner: str) -> Step:
         """Claim the intent; decide whether to send, replay, wait, or refuse."""
