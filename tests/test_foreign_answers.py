@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 import payonce
-from helpers.payments import DECLINED, PAYMENT, MakeClient, make_unknown
+from helpers.payments import DECLINED, PAYMENT, MakeClient, leave_pending, make_unknown
 from helpers.proxies import Page, mislabelling_in_front_of, pages_in_front_of
 from payonce import ProviderProfile
 from payonce._lifecycle import Outcome, classify_response
@@ -466,3 +466,42 @@ def test_a_no_content_answer_labelled_json_is_a_success(status: int) -> None:
     empty_200 = classify_response(_answer(200, "application/json", b""), GENERIC)
     assert empty_200.outcome is Outcome.RETRY
     assert empty_200.ambiguous
+
+
+def test_a_no_content_answer_of_another_type_is_still_not_the_provider_s() -> None:
+    """A proxy's bare ``204 text/html`` is not a framework's empty JSON answer."""
+    for status in (204, 205):
+        verdict = classify_response(_answer(status, "text/html", b""), GENERIC)
+        assert verdict.outcome is Outcome.RETRY
+        assert verdict.ambiguous
+
+
+def test_a_key_the_excerpt_would_cut_in_half_is_redacted_whole(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    """The excerpt journaled of a foreign page is cut at 80 characters: redacted first,
+    so a key crossing the cut leaves no part of itself behind."""
+    padding = b"x" * (80 - len(b"Authorization: Bearer ") - 4)
+    echo = padding + b"Authorization: Bearer " + DEFAULT_API_KEY.encode()
+    with pages_in_front_of(sandbox.url, [Page(404, "text/plain", echo)] * 5) as proxy:
+        behind = make_client(base_url=proxy.url, retry=payonce.RetryPolicy(max_attempts=1))
+        with pytest.raises(payonce.OutcomeUnknown) as unknown:
+            behind.post("/v1/payments", json=PAYMENT, reference="order-cut")
+    (attempt,) = behind.journal.attempts(unknown.value.key)
+    assert attempt.error is not None
+    assert DEFAULT_API_KEY[:4] not in attempt.error.split("bytes: ", 1)[1]
+
+
+def test_resume_says_a_firewall_s_refusal_may_have_executed(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    record = leave_pending(make_client, "order-rw")
+    page = Page(403, "text/html", b"<html>Request blocked</html>", after_relaying=True)
+    with pages_in_front_of(sandbox.url, [page]) as firewall:
+        (result,) = make_client(base_url=firewall.url).resume()
+
+    assert result.key == record.key
+    assert result.state is payonce.IntentState.PENDING
+    assert "may have executed" in result.detail
+    assert "fix the API key" not in result.detail
+    assert sandbox.store.executions() == {record.key: 1}

@@ -1139,7 +1139,10 @@ def test_a_read_only_bind_mount_of_a_journal_still_sees_what_the_service_writes(
             assert [r.reference for r in watching.list_intents()] == ["order-b1"]
             with sandbox_client(sandbox, written / "journal.db") as client:
                 client.post("/v1/payments", json=PAYMENT, reference="order-b2")
+                copy = watching.backup(tmp_path / "copy.db")
                 seen = {r.reference for r in watching.list_intents()}
         assert seen == {"order-b1", "order-b2"}
+        copied = read_rows(copy, "SELECT reference FROM intents")
+        assert sorted(copied) == [("order-b1",), ("order-b2",)], "a backup is no stale copy"
     finally:
         subprocess.run(["umount", "-l", str(mounted)], check=True)

@@ -156,13 +156,28 @@ class ProviderError(IntentError):
 
 
 class AuthenticationError(ProviderError):
-    """The provider refused the request before executing it (401, 403, or another status
-    the profile lists in ``refused_statuses``): a wrong, revoked or rotated API key, or a
-    missing permission.
+    """The request was refused with 401, 403 (or another status the profile lists in
+    ``refused_statuses``): a wrong, revoked or rotated API key, or a missing permission.
 
-    Nothing was executed, so the intent stays ``pending`` under its key and holds no
-    lease: once the key or permission is fixed, calling again sends it under the same key.
+    The intent stays ``pending`` under its key and holds no lease: once the key or
+    permission is fixed, calling again sends it under the same key. When the provider wrote
+    the refusal, nothing was executed (``may_have_executed`` False). When something else did
+    (a firewall's page, which may block the answer of a request the provider already ran),
+    ``may_have_executed`` is True: do not pay the order again under a new reference, and
+    payonce resends it only while the provider still remembers the key.
     """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        key: str,
+        reference: str | None,
+        response: httpx.Response,
+        may_have_executed: bool = False,
+    ) -> None:
+        super().__init__(message, key=key, reference=reference, response=response)
+        self.may_have_executed = may_have_executed
 
 
 class WebhookError(PayonceError):

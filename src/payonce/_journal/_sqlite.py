@@ -230,8 +230,8 @@ class SQLiteJournal(GroupCommit, IntentStore):
             # through another mount (a read-only bind mount of its directory) would change
             # it, so every read checks first that it has not (``_still_fixed``).
             conn.close()
+            self._fixed_as = self._file_version()  # before: a change meanwhile shows later
             conn = self._open_connection(target + "&immutable=1")
-            self._fixed_as = self._file_version()
         self._synchronous = None
         return conn
 
@@ -508,6 +508,7 @@ class SQLiteJournal(GroupCommit, IntentStore):
         self._in_this_process()
         try:
             with contextlib.closing(sqlite3.connect(target)) as copy, self._lock:
+                self._still_fixed()
                 self._conn.backup(copy)
         except sqlite3.Error as exc:
             target.unlink(missing_ok=True)

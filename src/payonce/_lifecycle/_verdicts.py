@@ -12,6 +12,7 @@ import enum
 import json
 import ssl
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -94,9 +95,14 @@ def _not_genuine(
     if not accepted:
         return None
     body = response.content
-    if not body and not refusal and (response.status_code in _BODILESS or _to_head(response)):
-        return None  # no content by definition, whatever type a framework labels it with
     media_type = _media_type(response)
+    if (
+        not body
+        and not refusal
+        and (response.status_code in _BODILESS or _to_head(response))
+        and media_type in ("", *accepted)
+    ):
+        return None  # no content by definition, labelled as the provider labels answers
     if not body and not media_type:
         return "an empty, typeless answer" if refusal else None
     json_expected = "application/json" in accepted
@@ -110,12 +116,21 @@ def _not_genuine(
     return None
 
 
-def _diagnosis(response: httpx.Response, why: str) -> str:
-    head = response.content[:80].decode("utf-8", "replace")
+def _as_is(text: str) -> str:
+    return text
+
+
+Redact = Callable[[str], str]
+"""What the words of an answer pass through before they are kept (the client's secrets out)."""
+
+
+def _diagnosis(response: httpx.Response, why: str, redact: Redact) -> str:
+    # Redacted whole, then cut: a secret the cut went through would no longer be whole.
+    head = redact(response.content.decode("utf-8", "replace"))[:80]
     return f"not the provider's answer: {why}, {len(response.content)} bytes: {head!r}"
 
 
-def _foreign(response: httpx.Response, why: str) -> Verdict:
+def _foreign(response: httpx.Response, why: str, redact: Redact) -> Verdict:
     # A proxy's, a load balancer's or a captive portal's page proves neither that the
     # payment ran nor that it did not (the attempt before it may have executed): ambiguous,
     # retried under the same key, and reconciled if it persists.
@@ -123,18 +138,20 @@ def _foreign(response: httpx.Response, why: str) -> Verdict:
         Outcome.RETRY,
         ambiguous=True,
         reason=f"HTTP {response.status_code}, not the provider's answer ({why})",
-        diagnosis=_diagnosis(response, why),
+        diagnosis=_diagnosis(response, why, redact),
     )
 
 
-def _refusal(response: httpx.Response, profile: ProviderProfile, verdict: Verdict) -> Verdict:
+def _refusal(
+    response: httpx.Response, profile: ProviderProfile, verdict: Verdict, redact: Redact
+) -> Verdict:
     """``verdict`` (failed or mismatch) if the provider wrote this refusal, else ambiguous.
 
     Settled as failed, an intent tells its caller to use a new reference: after a first
     attempt whose answer was lost, a load balancer's 404 would make that a second payment.
     """
     why = _not_genuine(response, profile, refusal=True)
-    return verdict if why is None else _foreign(response, why)
+    return verdict if why is None else _foreign(response, why, redact)
 
 
 def transition_for(verdict: Verdict) -> Transition:
@@ -180,8 +197,11 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
     return max(seconds, 0.0)
 
 
-def classify_response(response: httpx.Response, profile: ProviderProfile) -> Verdict:
-    """The verdict on one attempt's answer: settle it, or retry under the same key."""
+def classify_response(
+    response: httpx.Response, profile: ProviderProfile, *, redact: Redact = _as_is
+) -> Verdict:
+    """The verdict on one attempt's answer: settle it, or retry under the same key.
+    ``redact``: what the excerpt of an answer that is not the provider's passes through."""
     refined = profile.refine(response)
     if refined is not None:
         return refined
@@ -198,21 +218,21 @@ def classify_response(response: httpx.Response, profile: ProviderProfile) -> Ver
                 Outcome.REFUSED,
                 ambiguous=True,
                 reason=f"HTTP {status} refused, not the provider's answer ({why})",
-                diagnosis=_diagnosis(response, why),
+                diagnosis=_diagnosis(response, why, redact),
             )
         return Verdict(Outcome.REFUSED, ambiguous=False, reason=f"HTTP {status} refused")
     hint = profile.should_retry_hint(response)
     if 200 <= status < 300:
         why = _not_genuine(response, profile)
         if why is not None:
-            return _foreign(response, why)
+            return _foreign(response, why, redact)
         return Verdict(Outcome.SUCCEEDED, ambiguous=False, reason=f"HTTP {status}")
     if hint is False:
         # The provider's own header (no proxy writes Stripe-Should-Retry): its word.
         return Verdict(Outcome.FAILED, ambiguous=False, reason=f"HTTP {status} (do not retry)")
     if status in profile.mismatch_statuses:
         mismatch = Verdict(Outcome.MISMATCH, ambiguous=False, reason=f"HTTP {status} key mismatch")
-        return _refusal(response, profile, mismatch)
+        return _refusal(response, profile, mismatch, redact)
     retry_after = parse_retry_after(response.headers.get("retry-after"))
     if status in profile.in_flight_statuses:
         # Another request with our key is executing at the provider: it may well succeed.
@@ -233,7 +253,7 @@ def classify_response(response: httpx.Response, profile: ProviderProfile) -> Ver
         )
     if 300 <= status < 500:
         failed = Verdict(Outcome.FAILED, ambiguous=False, reason=f"HTTP {status}")
-        return _refusal(response, profile, failed)
+        return _refusal(response, profile, failed, redact)
     return Verdict(Outcome.RETRY, ambiguous=True, retry_after=retry_after, reason=f"HTTP {status}")
 
 

@@ -205,7 +205,12 @@ class ResumeBatch:
         self._core.journal.release(record.key, owner=target.owner)
         current = self._core.journal.get(record.key)
         state = current.state if current else record.state
-        if isinstance(error, AuthenticationError):
+        if isinstance(error, AuthenticationError) and error.may_have_executed:
+            detail = (
+                f"HTTP {error.status_code}: refused, not by the provider (a firewall?); it may "
+                "have executed: do not pay it again under a new reference"
+            )
+        elif isinstance(error, AuthenticationError):
             detail = f"HTTP {error.status_code}: refused before execution, fix the API key"
         elif isinstance(error, ProviderError):
             detail = f"HTTP {error.status_code}"

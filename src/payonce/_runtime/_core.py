@@ -306,12 +306,11 @@ class IntentCore(Telling):
     def on_response(self, run: Run, response: httpx.Response) -> httpx.Response:
         """Settle a definitive answer, or raise ``Retry`` for a transient one."""
         crash_point("after_response")
-        verdict = classify_response(response, self.profile)
+        verdict = classify_response(response, self.profile, redact=self.redactor.text)
         transition = transition_for(verdict)
         if logger.isEnabledFor(logging.DEBUG):
             self._log_answer(run, response.status_code, verdict)
-        # A page that is not the provider's may quote the request's headers back.
-        diagnosis = verdict.diagnosis and self.redactor.text(verdict.diagnosis)
+        diagnosis = verdict.diagnosis  # redacted: a foreign page may quote the request back
         if verdict.outcome is Outcome.RETRY:
             status = response.status_code
             self._retryable(run, verdict, transition, status_code=status, error=diagnosis)
@@ -434,7 +433,9 @@ class IntentCore(Telling):
         """The answer of a settled intent: returned when it succeeded, raised otherwise."""
         if record.state is IntentState.SUCCEEDED:
             return response
-        raise refusals.refused(record, response, classify_response(response, self.profile))
+        raise refusals.refused(
+            record, response, classify_response(response, self.profile, redact=self.redactor.text)
+        )
 
     def retrying(self, run: Run | None, began: float | None = None) -> dict[str, Any]:
         """tenacity settings of an intent's attempt loop, or of a look-up's (``run`` None).

@@ -173,7 +173,7 @@ def authentication(
             "blocks it, then call again (or `payonce resume`); payonce resends it only while "
             "the provider still remembers the key"
         )
-        return _about(AuthenticationError, record, what, response=response)
+        return _about(AuthenticationError, record, what, response=response, may_have_executed=True)
     what = (
         f"was refused by the provider with HTTP {response.status_code} before it executed "
         "it: the API key is wrong, revoked or lacks a permission. Nothing was executed and "
