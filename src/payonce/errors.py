@@ -23,6 +23,8 @@ ever contains an API key or a stored request body.
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 
 __all__ = [
@@ -167,16 +169,8 @@ class AuthenticationError(ProviderError):
     payonce resends it only while the provider still remembers the key.
     """
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        key: str,
-        reference: str | None,
-        response: httpx.Response,
-        may_have_executed: bool = False,
-    ) -> None:
-        super().__init__(message, key=key, reference=reference, response=response)
+    def __init__(self, message: str, *, may_have_executed: bool = False, **about: Any) -> None:
+        super().__init__(message, **about)
         self.may_have_executed = may_have_executed
 
 
