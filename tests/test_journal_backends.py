@@ -1404,3 +1404,27 @@ def test_headers_are_stored_as_the_json_every_payonce_wrote(headers: Any) -> Non
 
     assert text == json.dumps([list(pair) for pair in headers])
     assert _rows._headers_from_json(text) == tuple((str(n), str(v)) for n, v in headers)
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [("state", "half-settled"), ("request_headers", "[not json")],
+)
+def test_a_row_whose_values_no_longer_decode_is_damage_to_restore_on_both_backends(
+    journal: IntentStore, location: str, column: str, value: str
+) -> None:
+    """Bit rot or a hand edit leaves a value payonce never writes: the error sends the
+    operator to the backups, names the row, and nothing is changed."""
+    claim = journal.claim(draft_for(5), owner="w", now=1000.0, lease_seconds=30)
+    key = claim.record.key
+    with raw_transaction(location) as tx:
+        tx.execute(f"UPDATE intents SET {column} = ? WHERE key = ?", (value, key))
+    held = rows(location, "SELECT * FROM intents")
+
+    with pytest.raises(payonce.JournalError, match="it is damaged") as caught:
+        journal.get(key)
+    assert key in str(caught.value)
+    assert "restore it from a backup" in str(caught.value)
+    with pytest.raises(payonce.JournalError, match="it is damaged"):
+        journal.claim(draft_for(5), owner="w2", now=1001.0, lease_seconds=30)
+    assert rows(location, "SELECT * FROM intents") == held

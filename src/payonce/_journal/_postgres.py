@@ -37,6 +37,7 @@ from ..errors import ConfigurationError, JournalError
 from . import _sql as sql
 from ._engine import BEFORE_SEND, NO_SEND, Tx, migrate, schema_found
 from ._postgres_url import Target
+from ._rows import DamagedRow
 from ._store import IntentStore
 
 __all__ = ["PostgresJournal"]
@@ -267,6 +268,12 @@ class PostgresJournal(IntentStore):
                 ) from None
             try:
                 return self._run(conn, work, begin=begin, busy=busy)
+            except DamagedRow as exc:
+                raise self._error(
+                    f"the journal cannot be read ({exc}); it is damaged: restore it from a "
+                    "backup, or repair that row",
+                    then=busy,
+                ) from None
             except psycopg.Error as exc:
                 lost = isinstance(exc, psycopg.OperationalError) and conn.broken
                 if round_ < _ROUNDS and (lost or isinstance(exc, _RETRYABLE)):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,6 +32,7 @@ __all__ = [
     "RECONCILIATION_COLUMNS",
     "RECONCILIATION_FIELDS",
     "attempt_from_row",
+    "DamagedRow",
     "headers_to_json",
     "intent_from_row",
     "reconciliation_from_row",
@@ -122,6 +124,12 @@ def response_values(response: StoredResponse) -> tuple[Any, ...]:
     )
 
 
+class DamagedRow(sqlite3.DatabaseError):
+    """A journal row whose values no longer decode: damage, whichever database holds it.
+    A ``sqlite3.DatabaseError``, so that SQLite's own damage handling takes it; the
+    PostgreSQL journal catches it by name."""
+
+
 @functools.lru_cache(maxsize=64)
 def _headers_from_json(text: str | None) -> tuple[tuple[str, str], ...]:
     """Cached: the same few header sets come back on every row (the request's content type,
@@ -172,7 +180,15 @@ def _stored_response(
 
 def intent_from_row(row: Sequence[Any]) -> IntentRecord:
     """A row of ``INTENT_COLUMNS`` as its record. Read by position, without a dict of the
-    columns: every read of an intent comes through here."""
+    columns: every read of an intent comes through here. A row whose values no longer
+    decode (a state payonce never writes, headers that are not JSON) is ``DamagedRow``."""
+    try:
+        return _intent(row)
+    except (ValueError, TypeError, LookupError) as exc:
+        raise DamagedRow(f"malformed row in intents (key {row[0]!r}): {exc}") from exc
+
+
+def _intent(row: Sequence[Any]) -> IntentRecord:
     key, scope, reference, account, provider, method, url, fingerprint = row[:8]
     (
         request_headers,
