@@ -1146,3 +1146,38 @@ def test_a_read_only_bind_mount_of_a_journal_still_sees_what_the_service_writes(
         assert sorted(copied) == [("order-b1",), ("order-b2",)], "a backup is no stale copy"
     finally:
         subprocess.run(["umount", "-l", str(mounted)], check=True)
+
+
+def test_a_reconciliation_a_full_disk_cut_short_can_be_run_again_at_once(
+    sandbox: SandboxServer, small_disk: Path
+) -> None:
+    """The disk fills while the status look-up is out: neither its result nor the lease's
+    release can be written. The same process reconciles again once there is room: its
+    ended look-up is not "another worker" holding the intent for a whole lease."""
+    journal = small_disk / "journal.db"
+    with sandbox_client(sandbox, journal, retry=payonce.RetryPolicy(max_attempts=1)) as client:
+        sandbox.script(["drop_after"])
+        with pytest.raises(payonce.OutcomeUnknown) as unknown:
+            client.post("/v1/payments", json=PAYMENT, reference="order-rc")
+        key = unknown.value.key
+        filler = small_disk / "filler"
+
+        def fill(request: httpx.Request) -> None:
+            if request.method == "GET":
+                with filler.open("ab", buffering=0) as disk, contextlib.suppress(OSError):
+                    while True:
+                        disk.write(b"\0" * 65536)
+
+        client._http.event_hooks["request"].append(fill)
+        (cut_short,) = client.reconcile(key)
+        client._http.event_hooks["request"].remove(fill)
+        filler.unlink()
+        assert cut_short.outcome == "error"
+        assert "disk is full" in cut_short.detail
+        assert "reconcile it again" in cut_short.detail
+        assert "stays pending" not in cut_short.detail, "a look-up is not a send"
+
+        (again,) = client.reconcile(key)
+
+    assert (again.outcome, again.after) == ("found", payonce.IntentState.SUCCEEDED)
+    assert sandbox.store.executions() == {key: 1}

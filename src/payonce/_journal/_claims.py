@@ -23,7 +23,7 @@ from .._lifecycle import (
 )
 from ..errors import IntentInFlight
 from . import _sql as sql
-from ._engine import AFTER_SEND, BEFORE_SEND, Engine, Tx
+from ._engine import AFTER_LOOKUP, AFTER_SEND, BEFORE_SEND, Engine, Tx
 from ._held import HeldRecords, created_record, settled_record
 from ._records import Claim, IntentDraft, IntentRecord, StoredResponse
 from ._rows import headers_to_json, intent_from_row, response_values
@@ -433,4 +433,4 @@ class Claims(Engine):
             tx.execute(sql.SET_STATE, (state.value, reason, now, key))
             return self._reread(tx, key)
 
-        return self._write(work, durable=False, busy=AFTER_SEND)
+        return self._write(work, durable=False, busy=AFTER_LOOKUP)

@@ -60,6 +60,10 @@ AFTER_SEND = (
     "the journal is free settles it without paying twice"
 )
 NO_SEND = "nothing was changed"
+AFTER_LOOKUP = (
+    "the status look-up's finding was not recorded (a look-up executes nothing): the intent "
+    "is as it was; reconcile it again once the journal is free"
+)
 FOREIGN_KEY_DAMAGE = "foreign key violation"
 """How a storage check words a row that lost the row it points to: the file itself reads."""
 NOT_A_JOURNAL_YET = (
@@ -287,7 +291,7 @@ class Engine(abc.ABC):
         ``AFTER_SEND``, ``NO_SEND``), said after ``what``."""
         cls = JournalBusy if busy else JournalError
         message = f"{what}; {then}" if then else what
-        if busy and then in (BEFORE_SEND, NO_SEND):
+        if busy and then in (BEFORE_SEND, NO_SEND, AFTER_LOOKUP):
             message += ". Retry later"  # a lock or a pool frees itself; damage does not
         return cls(
             f"{message} (journal: {self.location})",

@@ -138,7 +138,7 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
         except Retry as exc:
             return await _off_loop(_reconcile.give_up, core, claimed, owner, str(exc))
         finally:
-            await _off_loop(core.journal.release, record.key, owner=owner)
+            await _off_loop(_reconcile.end, core, record.key, owner)
         raise AssertionError("unreachable: tenacity either returns or raises")
 
     async def abandon(self, key: str, *, reason: str) -> IntentRecord:

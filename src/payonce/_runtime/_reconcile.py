@@ -27,10 +27,11 @@ from .._lifecycle import (
     Verdict,
     classify_lookup,
     classify_lookup_error,
+    owner_ended,
     quiet_after,
     resend_refusal,
 )
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, JournalError
 from . import _refusals as refusals
 from ._core import IntentCore
 from ._events import IntentReconciled, LookupEnded, about, log_extra
@@ -109,6 +110,21 @@ def begin(core: IntentCore, record: IntentRecord, owner: str) -> IntentRecord | 
     if claim is None or claim.record.lease_owner != owner:
         return skipped(record, "another worker holds it right now")
     return claim.record
+
+
+def end(core: IntentCore, key: str, owner: str) -> None:
+    """Give the look-up's lease back. When that cannot be written (a full disk), the lease
+    stays with an owner that will never use it again: this process's next reconciliation
+    of the intent may take it at once, and any other once it expires. So that failure is
+    not the pass's news: the error that came first (recording the finding) is."""
+    try:
+        core.journal.release(key, owner=owner)
+    except JournalError as exc:
+        owner_ended(owner)
+        logger.debug("intent %s: the look-up's lease was not given back: %s", key, exc)
+    except BaseException:
+        owner_ended(owner)
+        raise
 
 
 def check_lookup(core: IntentCore, record: IntentRecord) -> None:

@@ -140,7 +140,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         except Retry as exc:
             return _reconcile.give_up(core, claimed, owner, str(exc))
         finally:
-            core.journal.release(record.key, owner=owner)
+            _reconcile.end(core, record.key, owner)
         raise AssertionError("unreachable: tenacity either returns or raises")
 
     def abandon(self, key: str, *, reason: str) -> IntentRecord:
