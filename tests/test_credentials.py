@@ -169,6 +169,7 @@ def test_a_plaintext_keyring_holding_the_key_is_refused_without_opt_in(
     use_keyring(plaintext_keyring_holding(RING_KEY))
     error = refused("plaintext")
     assert "PAYONCE_ALLOW_PLAINTEXT_KEYRING=1" in str(error)
+    assert "pip install keyrings.alt" not in str(error), "it is the keyring in use"
 
 
 def test_a_plaintext_keyring_is_used_when_the_caller_opts_in(

@@ -143,6 +143,8 @@ def resolve_api_key(
     allow_plaintext = plaintext_allowed(allow_plaintext_keyring)
     problem = keyring_problem(backend, allow_plaintext=allow_plaintext)
     if problem is not None:
+        if "plaintext file" in problem:  # keyrings.alt is installed already: no need to say so
+            how = "pass api_key=, set PAYONCE_API_KEY, or opt in to that file as above"
         raise ConfigurationError(f"no API key for account {account!r}: {problem}. To fix: {how}")
     secret = None
     try:
