@@ -75,6 +75,29 @@ async def test_no_more_threads_than_the_cap_and_every_call_is_still_served() -> 
     assert threads.threads <= 2
 
 
+async def test_a_thread_the_system_refuses_leaves_no_call_behind_and_no_thread_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ "can't start new thread": the call is not made (nobody would ever take it, and
+    it must not run later with no one awaiting it), and the next call starts a thread."""
+    threads = JournalThreads(max_threads=1)
+    ran: list[str] = []
+    start = threading.Thread.start
+
+    def refused(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        await threads.run(ran.append, "refused call")
+    assert threads.threads == 0
+    monkeypatch.setattr(threading.Thread, "start", start)
+
+    assert await threads.run(lambda: "served") == "served"
+    await threads.run(time.sleep, 0.05)  # anything queued before would have run by now
+    assert ran == [], "the refused call never ran"
+
+
 async def test_idle_threads_end_and_new_calls_start_one_again() -> None:
     threads = JournalThreads(idle_seconds=0.05)
     await asyncio.gather(*(threads.run(time.sleep, 0.01) for _ in range(3)))

@@ -77,13 +77,21 @@ class JournalThreads:
         future: asyncio.Future[T] = loop.create_future()
         call = functools.partial(function, *args, **kwargs)
         with self._lock:
+            # More calls waiting than threads free to take them: one more thread. Started
+            # before the call is queued: a thread the system refuses ("can't start new
+            # thread") must leave no call queued that nobody awaits, nor count as one.
+            if self._waiting + 1 > self._idle and self._threads < self._max:
+                thread = threading.Thread(target=self._serve, name="payonce-journal", daemon=True)
+                try:
+                    thread.start()
+                except RuntimeError:
+                    if self._threads == 0:
+                        raise  # no thread would ever take the call: it is not made
+                else:  # it waits for this lock before it counts itself busy
+                    self._threads += 1
+                    self._idle += 1
             self._jobs.put((loop, future, contextvars.copy_context(), call))
             self._waiting += 1
-            # More calls waiting than threads free to take them: one more thread.
-            if self._waiting > self._idle and self._threads < self._max:
-                self._threads += 1
-                self._idle += 1
-                threading.Thread(target=self._serve, name="payonce-journal", daemon=True).start()
         return await future
 
     def _serve(self) -> None:
