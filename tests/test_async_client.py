@@ -230,3 +230,40 @@ async def test_journal_writes_never_run_on_the_event_loop_thread(
     assert threads, "the journal was used"
     assert threading.get_ident() not in threads, "an fsync would block the loop"
     journal.close()
+
+
+async def test_a_call_cancelled_while_its_settle_is_being_written_still_holds_the_intent(
+    make_async_client: MakeAsyncClient, sandbox: SandboxServer
+) -> None:
+    """Cancelled while its settle runs in a journal thread, the first call is not over:
+    that settle still writes under its lease. The same process's next call must wait for
+    it, not take the intent over and send it again before the answer is journaled."""
+    client = make_async_client(in_flight_wait=0.3)
+    journal = client._core.journal
+    settle = journal.settle
+    writing, go_on = threading.Event(), threading.Event()
+
+    def held_up_settle(*args: Any, **kwargs: Any) -> Any:
+        writing.set()
+        assert go_on.wait(10)
+        return settle(*args, **kwargs)
+
+    journal.settle = held_up_settle  # type: ignore[method-assign]
+    first = asyncio.create_task(client.post("/v1/payments", json=PAYMENT, reference="order-c"))
+    assert await asyncio.to_thread(writing.wait, 10)
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+
+    with pytest.raises(payonce.IntentInFlight):
+        await client.post("/v1/payments", json=PAYMENT, reference="order-c")
+    go_on.set()
+    (record,) = await asyncio.to_thread(journal.find, "order-c")
+    while record.state is payonce.IntentState.PENDING:
+        await asyncio.sleep(0.01)
+        (record,) = await asyncio.to_thread(journal.find, "order-c")
+
+    replay = await client.post("/v1/payments", json=PAYMENT, reference="order-c")
+    assert payonce.response_info(replay).replayed  # type: ignore[union-attr]
+    assert sandbox.store.executions() == {record.key: 1}
+    assert len(journal.attempts(record.key)) == 1, "sent once"

@@ -177,13 +177,18 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
 
     async def _send(self, run: Run) -> httpx.Response:
         self._core.drive_started(run)
+        failure = None
         try:
-            async with self._keeper.holding(self._core.lease(run)):
-                return await self._attempts(run)
-        except Retry:
-            raise await _off_loop(self._core.give_up, run) from None
+            try:
+                async with self._keeper.holding(self._core.lease(run)):
+                    return await self._attempts(run)
+            except Retry:
+                raise await _off_loop(self._core.give_up, run) from None
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
-            self._core.run_over(run)
+            self._core.run_over(run, failure)
             self._core.drive_ended(run)
 
     async def _attempts(self, run: Run) -> httpx.Response:

@@ -253,15 +253,17 @@ class IntentCore(Telling):
         return self.profile.lookup is not None
 
     @staticmethod
-    def run_over(run: Run) -> None:
-        """Both clients call this when a drive of ``run`` has returned or raised.
+    def run_over(run: Run, failure: BaseException | None) -> None:
+        """Both clients call this when a drive of ``run`` has returned or raised ``failure``.
 
-        A drive that ended still holding its lease (its settle could not be written: a full
-        disk, a lost journal) will never renew or release it: this process's next call of
-        the intent may take it at once, and settle it under its key as the error advised,
-        rather than be told for a whole lease that "another worker" is sending it. A drive
-        that settled released its lease already and costs one comparison."""
-        if run.record.lease_owner == run.owner:
+        A drive the journal failed (its settle could not be written: a full disk, a lost
+        journal) ended still holding its lease and will never renew or release it: this
+        process's next call of the intent may take it at once, and settle it under its key
+        as the error advised, rather than be told for a whole lease that "another worker" is
+        sending it. Nothing else ends a lease early: a drive cancelled or interrupted while
+        its request may still be at the provider, or while a journal call still runs in its
+        thread, keeps it until it expires or is given back."""
+        if isinstance(failure, JournalError) and run.record.lease_owner == run.owner:
             owner_ended(run.owner)
 
     def auth_headers(self) -> dict[str, str]:

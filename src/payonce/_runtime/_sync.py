@@ -183,13 +183,18 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
 
     def _send(self, run: Run) -> httpx.Response:
         self._core.drive_started(run)
+        failure = None
         try:
-            with self._keeper.holding(self._core.lease(run)):
-                return self._attempts(run)
-        except Retry:
-            raise self._core.give_up(run) from None
+            try:
+                with self._keeper.holding(self._core.lease(run)):
+                    return self._attempts(run)
+            except Retry:
+                raise self._core.give_up(run) from None
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
-            self._core.run_over(run)
+            self._core.run_over(run, failure)
             self._core.drive_ended(run)
 
     def _attempts(self, run: Run) -> httpx.Response:
