@@ -982,6 +982,34 @@ def test_a_journal_replaced_under_a_running_client_is_left_to_the_new_file_s_own
     assert read_rows(path, "SELECT reference FROM intents") == [("order-2",)]
 
 
+class EmptiesTheVolumeAsItIsSent(payonce.Hooks):
+    """The volume is cleaned up while the intent's request is on its way."""
+
+    def __init__(self, volume: Path) -> None:
+        self.volume = volume
+
+    def attempt_started(self, event: payonce.hooks.AttemptStarted) -> None:
+        emptied(self.volume)
+
+
+def test_an_answer_is_never_recorded_in_a_journal_removed_while_it_was_sent(
+    sandbox: SandboxServer, tmp_path: Path
+) -> None:
+    """The journal goes while the request is out: its answer cannot be journaled where any
+    process will find it, so the call says so (the provider may have executed it) instead
+    of returning as if the payment were recorded."""
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    hooks = EmptiesTheVolumeAsItIsSent(volume)
+    with sandbox_client(sandbox, volume / "journal.db", hooks=hooks) as client:
+        with pytest.raises(payonce.JournalError, match="removed or replaced") as caught:
+            client.post("/v1/payments", json=PAYMENT, reference="order-gone")
+        assert caught.value.may_have_executed is True
+        rescued = client.journal.backup(tmp_path / "rescued.db")
+    assert sandbox.store.total_executions() == 1
+    assert read_rows(rescued, "SELECT reference, state FROM intents") == [("order-gone", "pending")]
+
+
 # -- a damaged row --------------------------------------------------------------------------
 
 

@@ -204,8 +204,9 @@ class SQLiteJournal(GroupCommit, IntentStore):
     def _still_the_opened_file(self) -> None:
         """Raise ``_Replaced`` when the path no longer names the file opened as the journal.
 
-        One ``stat`` per durable write (a group-commit batch makes one for all of its
-        writers). A child after a fork keeps its parent's identity: its new connection
+        One ``stat`` per write transaction (a group-commit batch makes one for all of its
+        writers): before a write-ahead, so that nothing is sent; before a settle, so that
+        an answer is never "recorded" in a file no one will read. A child after a fork keeps its parent's identity: its new connection
         opens the path again, and must find the same file there."""
         now = self._file_identity()
         if now == self._identity and now is not None:
@@ -414,8 +415,7 @@ class SQLiteJournal(GroupCommit, IntentStore):
     def _begin(self, *, durable: bool) -> sqlite3.Cursor:
         # BEGIN IMMEDIATE takes the write lock up front, which avoids SQLITE_BUSY_SNAPSHOT
         # under concurrency and makes every read of the transaction a locked read.
-        if durable:
-            self._still_the_opened_file()
+        self._still_the_opened_file()
         self._set_synchronous("FULL" if durable else "NORMAL")
         cur = self._conn.cursor()
         cur.execute("BEGIN IMMEDIATE")
