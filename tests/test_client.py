@@ -173,6 +173,35 @@ def test_a_reference_that_would_merge_orders_is_refused_and_the_journal_keeps_wh
     assert sandbox.store.executions() == {payonce.response_info(paid).key: 1}  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize(
+    ("options", "complaint"),
+    [
+        ({"headers": [("X-Order", "42")]}, "takes a mapping"),
+        ({"headers": {1: "x"}}, "not a valid HTTP header name"),
+        ({"headers": {"Content-Type": 5}}, "is not a str"),
+        ({"params": 5}, "take a mapping or a sequence"),
+        ({"params": "a=1"}, "take a mapping or a sequence"),
+        ({"params": [("a", "1", "extra")]}, "pairs"),
+        ({"data": [1, 2]}, "pairs"),
+    ],
+)
+def test_a_malformed_option_is_a_clear_error_and_the_journal_keeps_what_it_held(
+    client: payonce.Client,
+    sandbox: SandboxServer,
+    journal_path: Path,
+    options: dict[str, Any],
+    complaint: str,
+) -> None:
+    client.post("/v1/payments", json=PAYMENT, reference="order-held")
+    held = _states(journal_path)
+
+    with pytest.raises(payonce.ConfigurationError, match=complaint):
+        client.post("/v1/payments", reference="order-bad", **options)
+
+    assert _states(journal_path) == held
+    assert sandbox.store.total_executions() == 1
+
+
 # -- mismatches -----------------------------------------------------------------------------
 
 

@@ -1425,6 +1425,31 @@ def test_a_row_whose_values_no_longer_decode_is_damage_to_restore_on_both_backen
         journal.get(key)
     assert key in str(caught.value)
     assert "restore it from a backup" in str(caught.value)
-    with pytest.raises(payonce.JournalError, match="it is damaged"):
-        journal.claim(draft_for(5), owner="w2", now=1001.0, lease_seconds=30)
+    for read in (
+        lambda: journal.find(key),
+        journal.list_intents,
+        lambda: journal.claim(draft_for(5), owner="w2", now=1001.0, lease_seconds=30),
+    ):
+        with pytest.raises(payonce.JournalError, match="it is damaged"):
+            read()
     assert rows(location, "SELECT * FROM intents") == held
+
+
+def test_an_attempt_row_that_no_longer_decodes_is_damage_to_restore(
+    tmp_path: Path,
+) -> None:
+    """SQLite keeps what it is given (a number written as text); PostgreSQL's typed
+    columns refuse such a value in the first place."""
+    location = str(tmp_path / "journal.db")
+    journal = open_store(location)
+    try:
+        key = journal.claim(draft_for(6), owner="w", now=1000.0, lease_seconds=30).record.key
+        with raw_transaction(location) as tx:
+            tx.execute("UPDATE attempts SET started_at = 'noon' WHERE key = ?", (key,))
+        held = rows(location, "SELECT * FROM attempts")
+        with pytest.raises(payonce.JournalError, match="it is damaged") as caught:
+            journal.attempts(key)
+        assert "attempts" in str(caught.value)
+        assert rows(location, "SELECT * FROM attempts") == held
+    finally:
+        journal.close()

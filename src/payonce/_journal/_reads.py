@@ -85,8 +85,13 @@ class Journal(Engine):
         return self._schema_version
 
     def reconciliations(self, key: str) -> list[ReconciliationRecord]:
-        rows = self._read(lambda tx: tx.all(sql.RECONCILIATIONS + tx.dialect.tiebreak, (key,)))
-        return [reconciliation_from_row(row) for row in rows]
+        # Decoded inside the read: a row that no longer decodes is the journal's damage.
+        return self._read(
+            lambda tx: [
+                reconciliation_from_row(row)
+                for row in tx.all(sql.RECONCILIATIONS + tx.dialect.tiebreak, (key,))
+            ]
+        )
 
     def abandon(self, key: str, *, reason: str, now: float) -> IntentRecord:
         def work(tx: Tx) -> IntentRecord:
@@ -120,8 +125,7 @@ class Journal(Engine):
     # -- reading ---------------------------------------------------------------------------
 
     def _intents(self, statement: str, params: Sequence[Any]) -> list[IntentRecord]:
-        rows = self._read(lambda tx: tx.all(statement, params))
-        return [intent_from_row(row) for row in rows]
+        return self._read(lambda tx: [intent_from_row(row) for row in tx.all(statement, params)])
 
     def pending(
         self, *, account: str, provider: str, limit: int | None = None
@@ -170,8 +174,9 @@ class Journal(Engine):
         return self._intents(statement, params)
 
     def attempts(self, key: str) -> list[AttemptRecord]:
-        rows = self._read(lambda tx: tx.all(sql.ATTEMPTS, (key,)))
-        return [attempt_from_row(row) for row in rows]
+        return self._read(
+            lambda tx: [attempt_from_row(row) for row in tx.all(sql.ATTEMPTS, (key,))]
+        )
 
     # -- pruning ----------------------------------------------------------------------------
 

@@ -228,6 +228,13 @@ def _intent(row: Sequence[Any]) -> IntentRecord:
 
 
 def attempt_from_row(row: Sequence[Any]) -> AttemptRecord:
+    try:
+        return _attempt(row)
+    except (ValueError, TypeError) as exc:
+        raise DamagedRow(f"malformed row in attempts (key {row[0]!r}): {exc}") from exc
+
+
+def _attempt(row: Sequence[Any]) -> AttemptRecord:
     key, number, started_at, ended_at, status_code, error, ambiguous = row
     return AttemptRecord(
         key=key,
@@ -241,6 +248,13 @@ def attempt_from_row(row: Sequence[Any]) -> AttemptRecord:
 
 
 def reconciliation_from_row(row: Sequence[Any]) -> ReconciliationRecord:
+    try:
+        return _reconciliation(row)
+    except (ValueError, TypeError) as exc:
+        raise DamagedRow(f"malformed row in reconciliations (key {row[0]!r}): {exc}") from exc
+
+
+def _reconciliation(row: Sequence[Any]) -> ReconciliationRecord:
     key, at, outcome, detail, status_code = row
     return ReconciliationRecord(
         key=key,

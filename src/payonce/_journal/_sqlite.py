@@ -36,6 +36,7 @@ from ..errors import JournalError
 from . import _sql as sql
 from ._engine import BEFORE_SEND, FOREIGN_KEY_DAMAGE, NO_SEND, Tx, migrate, schema_found
 from ._group_commit import GroupCommit
+from ._rows import DamagedRow
 from ._store import IntentStore
 
 __all__ = ["SQLiteJournal"]
@@ -206,8 +207,9 @@ class SQLiteJournal(GroupCommit, IntentStore):
 
         One ``stat`` per write transaction (a group-commit batch makes one for all of its
         writers): before a write-ahead, so that nothing is sent; before a settle, so that
-        an answer is never "recorded" in a file no one will read. A child after a fork keeps its parent's identity: its new connection
-        opens the path again, and must find the same file there."""
+        an answer is never "recorded" in a file no one will read. A child after a fork
+        keeps its parent's identity: its new connection opens the path again, and must find
+        the same file there."""
         now = self._file_identity()
         if now == self._identity and now is not None:
             return
@@ -224,7 +226,7 @@ class SQLiteJournal(GroupCommit, IntentStore):
         # A read-only connection cannot write the file, whatever a bug elsewhere might ask.
         target = f"{self._path.as_uri()}?mode=ro" if self._read_only else str(self._path)
         conn = self._open_connection(target)
-        self._fixed_as: tuple[int, int] | None = None
+        self._fixed_as: tuple[int, ...] | None = None
         if self._read_only and self._frozen() and not self._readable(conn):
             # On a read-only filesystem SQLite cannot create the -shm index WAL readers
             # share. With no WAL left, read the file as it is now; a service writing it
@@ -236,8 +238,10 @@ class SQLiteJournal(GroupCommit, IntentStore):
         self._synchronous = None
         return conn
 
-    def _file_version(self) -> tuple[int, int] | None:
-        """The file's change time and size, or None when a WAL beside it holds changes."""
+    def _file_version(self) -> tuple[int, ...] | None:
+        """Which file, changed when, how large; None when a WAL beside it holds changes (a
+        restore with ``cp -p`` keeps the size and modification time, not the inode or the
+        change time)."""
         wal = self._path.with_name(self._path.name + "-wal")
         with contextlib.suppress(OSError):
             if wal.stat().st_size > 0:
@@ -246,13 +250,14 @@ class SQLiteJournal(GroupCommit, IntentStore):
             info = self._path.stat()
         except OSError:
             return None  # gone: not the file read as fixed
-        return info.st_mtime_ns, info.st_size
+        return info.st_dev, info.st_ino, info.st_ctime_ns, info.st_mtime_ns, info.st_size
 
     def _still_fixed(self) -> None:
-        """Reopen a journal read as a fixed file once it has changed after all."""
+        """Reopen a journal read as a fixed file once it has changed after all: the new
+        connection first, so that one that fails to open leaves the old one in use."""
         if self._fixed_as is not None and self._file_version() != self._fixed_as:
-            self._conn.close()
-            self._conn = self._connect()
+            old, self._conn = self._conn, self._connect()
+            old.close()
 
     @staticmethod
     def _readable(conn: sqlite3.Connection) -> bool:
@@ -358,7 +363,7 @@ class SQLiteJournal(GroupCommit, IntentStore):
         missing = "no such table" in message or "no such column" in message
         if missing and (reason := self._cannot_read()) is not None:
             return reason
-        if type(exc) is sqlite3.DatabaseError or any(
+        if type(exc) in (sqlite3.DatabaseError, DamagedRow) or any(
             said in message.lower() for said in _DAMAGE_SAID
         ):
             # The undecodable bytes themselves are garbage: name the column, not its text.

@@ -6,7 +6,7 @@ import hashlib
 import json
 import re
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
@@ -180,8 +180,19 @@ def form_pairs(data: FormData) -> list[tuple[str, str]]:
 
 def _form_pairs(data: FormData) -> list[tuple[str, str]]:
     items = data.items() if isinstance(data, Mapping) else data
+    if isinstance(items, str | bytes) or not isinstance(items, Iterable):
+        raise ConfigurationError(
+            f"params= and data= take a mapping or a sequence of (name, value) pairs, not "
+            f"{type(data).__name__}"
+        )
     pairs: list[tuple[str, str]] = []
-    for name, value in items:
+    for pair in items:
+        if not isinstance(pair, tuple | list) or len(pair) != 2:
+            raise ConfigurationError(
+                f"params= and data= take (name, value) pairs; got {type(pair).__name__} "
+                f"{pair!r:.40}"
+            )
+        name, value = pair
         values = value if isinstance(value, list | tuple) else [value]
         pairs.extend((str(name), "" if v is None else str(v)) for v in values)
     return pairs
@@ -294,6 +305,10 @@ def journaled_fingerprint_matches(
 
 def check_headers(headers: Mapping[str, str] | None) -> None:
     """Refuse, before anything is journaled, headers no HTTP stack could send as given."""
+    if headers is not None and not isinstance(headers, Mapping):
+        raise ConfigurationError(
+            f"headers= takes a mapping of names to values (a dict), not {type(headers).__name__}"
+        )
     for name, value in (headers or {}).items():
         if not isinstance(name, str) or not _TOKEN.fullmatch(name):
             raise ConfigurationError(f"header name {name!r} is not a valid HTTP header name")

@@ -232,8 +232,11 @@ class OperationBase:
 
 
 def _content_type(headers: Mapping[str, str] | None) -> str | None:
-    for name, value in (headers or {}).items():
-        if name.lower() == "content-type":
+    # Headers are checked when the draft is made (check_headers): here, skip what is not.
+    if not isinstance(headers, Mapping):
+        return None
+    for name, value in headers.items():
+        if isinstance(name, str) and name.lower() == "content-type":
             return value
     return None
 
