@@ -121,7 +121,9 @@ def end(core: IntentCore, key: str, owner: str) -> None:
         core.journal.release(key, owner=owner)
     except JournalError as exc:
         owner_ended(owner)
-        logger.debug("intent %s: the look-up's lease was not given back: %s", key, exc)
+        # Said once: after a failure already on its way out, this one is its echo.
+        level = logging.DEBUG if exc.__context__ is not None else logging.WARNING
+        logger.log(level, "intent %s: the look-up's lease was not given back: %s", key, exc)
     except BaseException:
         owner_ended(owner)
         raise
