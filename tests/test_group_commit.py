@@ -37,6 +37,7 @@ from helpers.crash import (
 )
 from helpers.journals import RESPONSE, draft_for
 from payonce._crash import CRASH_POINTS
+from payonce._journal import _sqlite_file as journal_file
 from payonce._journal._engine import Tx
 from payonce._journal._group_commit import Member
 from payonce._journal._sqlite import SQLiteJournal
@@ -260,7 +261,7 @@ def test_a_busy_journal_fails_each_member_with_its_own_message(tmp_path: Path) -
 
 
 def test_a_journal_replaced_under_a_batch_fails_each_member_after_one_look(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The file at the journal's path was replaced (a volume recreated): the batch's leader
     looks once, and every member is told so in its own words, with nothing written."""
@@ -271,13 +272,13 @@ def test_a_journal_replaced_under_a_batch_fails_each_member_after_one_look(
             path.with_name(path.name + side).unlink(missing_ok=True)
         SQLiteJournal(path).close()  # the new deploy's journal at the same path
         looks = []
-        look = journal._file_identity
+        look = journal_file.identity
 
-        def counted() -> tuple[int, int] | None:
+        def counted(path: Path) -> tuple[int, int] | None:
             looks.append(1)
-            return look()
+            return look(path)
 
-        journal._file_identity = counted  # type: ignore[method-assign]
+        monkeypatch.setattr(journal_file, "identity", counted)
         outcomes = one_batch(
             journal,
             [lambda: claim(journal, 2, "w"), lambda: settle(journal, "key-00001", "w")],

@@ -9,8 +9,8 @@ only leaves the intent pending under its old key, which a resend replays at the 
 Group commit (``group_commit=True``, the default) is ``_group_commit``'s: threads that
 write at the same time share one transaction and one fsync.
 
-Every durable write (a write-ahead record, an attempt's start) first checks that the path
-still names the file the connection has open: a journal removed or replaced under a
+Every write first checks that the path still names the file the connection has open
+(``_sqlite_file`` watches the file on disk): a journal removed or replaced under a
 running process (a clean-up, a volume recreated by a deploy) would otherwise take its
 writes into an unlinked inode, without an error, while the next process starts a fresh
 journal at the path and mints new keys for intents this one has already sent.
@@ -34,6 +34,7 @@ from typing import TypeVar
 from .._fork import ForkGuard
 from ..errors import JournalError
 from . import _sql as sql
+from . import _sqlite_file as files
 from ._engine import BEFORE_SEND, FOREIGN_KEY_DAMAGE, NO_SEND, Tx, migrate, schema_found
 from ._group_commit import GroupCommit
 from ._rows import DamagedRow
@@ -45,8 +46,6 @@ logger = logging.getLogger("payonce")
 
 T = TypeVar("T")
 
-_SQLITE_MAGIC = b"SQLite format 3\x00"
-_SIDES = ("-wal", "-shm")
 _DAMAGE_SAID = (
     "could not decode to utf-8",  # a text column holds bytes that are not text: sqlite3's
     "malformed",  # "database disk image is malformed", "malformed database schema (…)"
@@ -105,10 +104,10 @@ class SQLiteJournal(GroupCommit, IntentStore):
         self._commits = 0
         """Write transactions committed by this instance (a figure for benchmarks)."""
         self._synchronous: str | None = None
-        self._prepare_file(create_directories)
+        files.prepare(self._path, self._error, create=not read_only, directories=create_directories)
         # Taken before connecting: a file swapped in between is then caught as replaced
         # at the first durable write, never taken for the one that was opened.
-        self._identity = self._file_identity()
+        self._identity = files.identity(self._path)
         self._conn = self._connect()
         try:
             self._open(check_integrity)
@@ -125,83 +124,6 @@ class SQLiteJournal(GroupCommit, IntentStore):
 
     # -- opening ---------------------------------------------------------------------------
 
-    def _prepare_file(self, create_directories: bool) -> None:
-        directory = self._path.parent
-        if self._read_only and not self._path.exists():
-            raise self._error("no journal at this path, and a read-only open never creates one")
-        if not directory.is_dir():
-            if not create_directories:
-                raise self._error(
-                    f"the journal's directory {directory} does not exist; create it or "
-                    "point PAYONCE_JOURNAL / journal= at an existing directory"
-                )
-            directory.mkdir(parents=True, mode=0o700, exist_ok=True)
-        if self._path.exists():
-            if not self._path.is_file():
-                raise self._error("the journal path exists but is not a regular file")
-            self._check_ownership()
-            try:
-                with self._path.open("rb") as handle:
-                    head = handle.read(len(_SQLITE_MAGIC))
-            except PermissionError:
-                raise self._error(
-                    "the journal file cannot be read by this user (permission denied): run "
-                    "payonce as the user that owns it, or give the journal to this user"
-                ) from None
-            if head and head != _SQLITE_MAGIC:
-                raise self._error(
-                    "this file is not a payonce journal (not an SQLite database); payonce "
-                    "will not overwrite it: move it away or choose another journal path"
-                )
-            return
-        try:
-            fd = os.open(self._path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-        except FileExistsError:
-            return  # another process created it first; it is validated on open
-        except OSError as exc:
-            raise self._error(f"cannot create the journal file: {exc}") from exc
-        os.close(fd)
-
-    def _check_ownership(self) -> None:
-        """A journal is one user's: refuse another user's file, and close one that others
-        may read (it holds request bodies and answers), e.g. after a restore with ``cp``."""
-        info = self._path.stat()
-        euid = os.geteuid()
-        if info.st_uid != euid and euid != 0:
-            raise self._error(
-                f"the journal file belongs to another user (uid {info.st_uid}); payonce will "
-                "not share it: run payonce as that user, or give it a journal of its own"
-            )
-        if info.st_uid != euid:
-            return  # root operating another user's journal: its mode is that user's to keep
-        for path in (self._path, *(self._path.with_name(self._path.name + s) for s in _SIDES)):
-            with contextlib.suppress(FileNotFoundError):
-                mode = path.stat().st_mode & 0o777
-                if mode & 0o077 and self._read_only:
-                    logger.warning(
-                        "the journal file %s is readable or writable by other users (mode "
-                        "%o): it holds payment requests and answers. chmod 600 it (payonce "
-                        "does when it opens the journal to write)",
-                        path,
-                        mode,
-                    )
-                elif mode & 0o077:
-                    path.chmod(0o600)
-                    logger.warning(
-                        "the journal file %s was readable or writable by other users (mode "
-                        "%o); payonce set it to 0600: it holds payment requests and answers",
-                        path,
-                        mode,
-                    )
-
-    def _file_identity(self) -> tuple[int, int] | None:
-        """The device and inode the path names now; None when nothing is there."""
-        try:
-            info = os.stat(self._path)
-        except OSError:
-            return None
-        return info.st_dev, info.st_ino
-
     def _still_the_opened_file(self) -> None:
         """Raise ``_Replaced`` when the path no longer names the file opened as the journal.
 
@@ -210,7 +132,7 @@ class SQLiteJournal(GroupCommit, IntentStore):
         an answer is never "recorded" in a file no one will read. A child after a fork
         keeps its parent's identity: its new connection opens the path again, and must find
         the same file there."""
-        now = self._file_identity()
+        now = files.identity(self._path)
         if now == self._identity and now is not None:
             return
         what = "no longer exists" if now is None else "names another file than the one it opened"
@@ -227,35 +149,21 @@ class SQLiteJournal(GroupCommit, IntentStore):
         target = f"{self._path.as_uri()}?mode=ro" if self._read_only else str(self._path)
         conn = self._open_connection(target)
         self._fixed_as: tuple[int, ...] | None = None
-        if self._read_only and self._frozen() and not self._readable(conn):
+        if self._read_only and files.frozen(self._path) and not self._readable(conn):
             # On a read-only filesystem SQLite cannot create the -shm index WAL readers
             # share. With no WAL left, read the file as it is now; a service writing it
             # through another mount (a read-only bind mount of its directory) would change
             # it, so every read checks first that it has not (``_still_fixed``).
             conn.close()
-            self._fixed_as = self._file_version()  # before: a change meanwhile shows later
+            self._fixed_as = files.version(self._path)  # before: a change meanwhile shows later
             conn = self._open_connection(target + "&immutable=1")
         self._synchronous = None
         return conn
 
-    def _file_version(self) -> tuple[int, ...] | None:
-        """Which file, changed when, how large; None when a WAL beside it holds changes (a
-        restore with ``cp -p`` keeps the size and modification time, not the inode or the
-        change time)."""
-        wal = self._path.with_name(self._path.name + "-wal")
-        with contextlib.suppress(OSError):
-            if wal.stat().st_size > 0:
-                return None
-        try:
-            info = self._path.stat()
-        except OSError:
-            return None  # gone: not the file read as fixed
-        return info.st_dev, info.st_ino, info.st_ctime_ns, info.st_mtime_ns, info.st_size
-
     def _still_fixed(self) -> None:
         """Reopen a journal read as a fixed file once it has changed after all: the new
         connection first, so that one that fails to open leaves the old one in use."""
-        if self._fixed_as is not None and self._file_version() != self._fixed_as:
+        if self._fixed_as is not None and files.version(self._path) != self._fixed_as:
             old, self._conn = self._conn, self._connect()
             old.close()
 
@@ -373,10 +281,12 @@ class SQLiteJournal(GroupCommit, IntentStore):
                 "journal: restore it from a backup or move it away",
                 then=busy,
             )
-        if ("readonly" in message or "unable to open" in message) and (why := self._unwritable()):
+        if ("readonly" in message or "unable to open" in message) and (
+            why := files.unwritable(self._path)
+        ):
             look = (
                 "; the read-only commands (`payonce intents list`) can still look at it"
-                if self._frozen()
+                if files.frozen(self._path)
                 else ""
             )
             return self._error(
@@ -392,25 +302,6 @@ class SQLiteJournal(GroupCommit, IntentStore):
                 then=busy,
             )
         return self._error(f"journal operation failed: {message}", then=busy)
-
-    def _frozen(self) -> bool:
-        """On a read-only filesystem, with no WAL left beside it: a file nothing changes."""
-        wal = self._path.with_name(self._path.name + "-wal")
-        with contextlib.suppress(OSError):
-            read_only = bool(os.statvfs(self._path.parent).f_flag & os.ST_RDONLY)
-            return read_only and not (wal.exists() and wal.stat().st_size > 0)
-        return False
-
-    def _unwritable(self) -> str | None:
-        """Why this process cannot write the journal's file or directory, if it cannot."""
-        directory = self._path.parent
-        with contextlib.suppress(OSError):
-            if os.statvfs(directory).f_flag & os.ST_RDONLY:
-                return f"{directory} is on a read-only filesystem"
-        for path in (self._path, directory):
-            if path.exists() and not os.access(path, os.W_OK):
-                return f"{path} is not writable by this process (its owner and mode)"
-        return None
 
     def _commit(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T:
         self._in_this_process()
@@ -485,9 +376,7 @@ class SQLiteJournal(GroupCommit, IntentStore):
 
     def _size_bytes(self, tx: Tx) -> int:
         return sum(
-            path.stat().st_size
-            for path in (self._path, self._path.with_name(self._path.name + "-wal"))
-            if path.exists()
+            path.stat().st_size for path in (self._path, files.wal(self._path)) if path.exists()
         )
 
     def backup(self, destination: str | os.PathLike[str]) -> Path:
