@@ -11,8 +11,8 @@ from collections.abc import Callable
 import pytest
 
 import payonce
+from payonce._lifecycle import _drive as drive
 from payonce._lifecycle import canonical_request
-from payonce._runtime._core import Run
 from payonce._runtime._lease_keeper import Lease, ThreadLeaseKeeper
 from payonce._runtime._lease_task import TaskLeaseKeeper
 
@@ -134,8 +134,11 @@ def test_a_lease_the_run_released_itself_is_not_reported_lost(
         key_supplied=False,
         headers=None,
     )
-    run = core.begin(draft, "worker-1")
-    assert isinstance(run, Run)
+    commands = drive.call(core.settings, draft, "worker-1", acknowledge_on_success=False)
+    claim = core.journal_command(next(commands))  # the write-ahead
+    holding = commands.send(claim)
+    assert isinstance(holding, drive.Holding)
+    run = holding.run
     lease = core.lease(run)
     journal = client.journal
     journal.release(run.key, owner="worker-1")  # what the run's settle does

@@ -1,34 +1,35 @@
-"""``payonce.AsyncClient``: the same decisions as ``Client``, awaited.
+"""``payonce.AsyncClient``: the async executor, carrying out the same drive as ``Client``.
 
-Only the I/O edge differs: httpx.AsyncClient sends, asyncio sleeps, leases are kept alive
-from a task, and every journal call (an fsync may take milliseconds) runs in one of
-payonce's journal threads (``_journal_threads``) so the event loop never blocks on the
-disk. Runs under asyncio; trio is not supported (the hand-off answers through the asyncio
-loop).
+Only the I/O edge differs: the drive runs on the event loop, httpx.AsyncClient sends,
+asyncio sleeps, leases are kept alive from a task, and every journal command (an fsync may
+take milliseconds) runs in one of payonce's journal threads (``_journal_threads``) so the
+event loop never blocks on the disk. Runs under asyncio; trio is not supported (the
+hand-off answers through the asyncio loop).
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
+import contextlib
+import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar, Unpack
 
 import httpx
 
+from .._crash import crash_point
 from .._journal._records import IntentDraft, IntentRecord
 from .._lifecycle import LOOKUP_FAILURES, new_owner
-from . import _reconcile, _verifying
-from . import _refusals as refusals
+from .._lifecycle import _drive as drive
+from . import _reconcile
 from ._base import BaseClient, OneShotOptions, OneShotVerbs, OperationBase, RequestOptions, Verbs
 from ._batch import Claimed, ReconcileBatch, ResumeBatch, ResumeResult, arun_batch
-from ._core import Replay, Run, Wait
 from ._deadline import Deadline
 from ._journal_threads import off_loop
 from ._lease_task import TaskLeaseKeeper
 from ._reconcile import ReconcileResult
 from ._retrying import Attempts, Retry
-from ._sync import IN_FLIGHT_POLL
+from ._telling import logger
 
 __all__ = ["AsyncClient", "AsyncOperation"]
 
@@ -96,11 +97,11 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
         self._in_this_process()
         batch = ResumeBatch(self._core)
 
-        async def drive(target: Claimed) -> ResumeResult:
-            run = await _off_loop(batch.run, target)
-            return batch.settled(target, await self._send(run))
+        async def resume(target: Claimed) -> ResumeResult:
+            resumed = drive.resume(self._core.settings, target.claim, target.owner)
+            return batch.settled(target, await self._execute(resumed))
 
-        return await arun_batch(batch, drive, on_result)
+        return await arun_batch(batch, resume, on_result)
 
     async def reconcile(
         self,
@@ -158,80 +159,87 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
 
     async def _drive(self, op: AsyncOperation, draft: IntentDraft) -> httpx.Response:
         self._in_this_process()
-        core = self._core
-        owner = new_owner()
-        deadline = self._deadline()
-        step = await _off_loop(core.begin, draft, owner)
-        while isinstance(step, Wait):
-            if time.monotonic() >= deadline:
-                raise refusals.in_flight(step.record)
-            await asyncio.sleep(IN_FLIGHT_POLL)
-            step = await _off_loop(core.begin, draft, owner)
-        op._start(step)
-        if isinstance(step, Replay):
-            return step.response
-        try:
-            return await self._send(step)
-        finally:
-            op._bind(step.record)
+        ack = op._folds_acknowledgement
+        call = drive.call(self._core.settings, draft, new_owner(), acknowledge_on_success=ack)
+        return await self._execute(call, op._bind)
 
-    async def _send(self, run: Run) -> httpx.Response:
-        self._core.drive_started(run)
-        failure = None
+    async def _execute(
+        self, commands: drive.Drive, bind: Callable[[IntentRecord], None] | None = None
+    ) -> httpx.Response:
+        """See ``Client._execute``: the drive runs on the loop; only its journal commands
+        leave it, one journal thread hop each."""
+        core = self._core
+        run: drive.Run | None = None
+        failure: BaseException | None = None
+        interrupted = False
+        """Cancelled mid-attempt (a timeout, a caller that went away): the journal commands
+        that follow run at once on the loop, without awaiting."""
+        holding = contextlib.AsyncExitStack()
         try:
-            try:
-                async with self._keeper.holding(self._core.lease(run)):
-                    return await self._attempts(run)
-            except Retry:
-                raise await _off_loop(self._core.give_up, run) from None
+            answer: Any = None
+            while True:
+                try:
+                    command = commands.send(answer)
+                except StopIteration as done:
+                    response: httpx.Response = done.value
+                    return response
+                match command:
+                    case drive.Send(current):
+                        answer = await self._send(current)
+                        interrupted = isinstance(answer, drive.Failed) and not isinstance(
+                            answer.error, Exception
+                        )
+                    case drive.LookUp(record):
+                        answer = await self._look_up(record)
+                    case drive.Sleep(seconds):
+                        core.told(command)
+                        await asyncio.sleep(seconds)
+                        answer = None
+                    case drive.Holding(run):
+                        if bind is not None:
+                            bind(run.record)
+                        await holding.enter_async_context(self._keeper.holding(core.lease(run)))
+                        core.drive_started(run)
+                        answer = None
+                    case drive.Replay(record):
+                        if bind is not None:
+                            bind(record)
+                        answer = core.told(command)
+                    case drive.Resending():
+                        answer = core.told(command)
+                    case _ if interrupted:
+                        answer = core.journal_command(command)
+                    case _:
+                        answer = await off_loop(core.journal_command, command)
         except BaseException as exc:
             failure = exc
             raise
         finally:
-            self._core.run_over(run, failure)
-            self._core.drive_ended(run)
+            commands.close()
+            await holding.aclose()
+            if run is not None:
+                if bind is not None:
+                    bind(run.record)
+                core.run_over(run, failure)
+                core.drive_ended(run)
 
-    async def _attempts(self, run: Run) -> httpx.Response:
-        async for attempt in Attempts(self._core.retrying, run):
-            with attempt:
-                return await self._attempt(run)
-        raise AssertionError("unreachable: tenacity either returns or raises")
-
-    async def _attempt(self, run: Run) -> httpx.Response:
-        core = self._core
-        if run.verification is not None and (found := await self._verified(run)):
-            return found
-        if not run.started:  # the claim journaled the first attempt's start
-            await _off_loop(core.start_attempt, run)
+    async def _send(self, run: drive.Run) -> drive.Answered | drive.Failed:
+        """One attempt: its answer, or what it raised (a cancellation too)."""
         try:
-            request = core.build_request(run, self._http)
-            response = await self._exchange(request)
-        except Exception as exc:
-            await _off_loop(core.on_error, run, exc)
-            raise
-        except BaseException as exc:
-            # Cancelled mid-attempt (a timeout, a caller that went away): journal the
-            # attempt as ambiguous and give the lease back now, without awaiting.
-            core.on_error(run, exc)
-            raise
-        return await _off_loop(core.on_response, run, response)
+            response = await self._exchange(self._core.build_request(run, self._http))
+        except BaseException as exc:  # cancelled too: the drive journals it
+            if logger.isEnabledFor(logging.DEBUG):
+                self._core._log_error(run, exc)
+            return drive.Failed(exc)
+        crash_point("after_response")
+        return drive.Answered(response)
 
-    async def _verified(self, run: Run) -> httpx.Response | None:
-        """See ``Client._verified``: the same steps, awaited, the journal off the loop."""
-        core = self._core
-        while (step := _verifying.step(core, run)) is not None:
-            if isinstance(step, float):
-                await asyncio.sleep(step)
-                continue
-            request = _reconcile.lookup_request(core, run.record, self._http)
-            try:
-                response = await self._exchange(request)
-            except LOOKUP_FAILURES as exc:
-                await _off_loop(_verifying.lookup_failed, core, run, exc)
-                continue
-            if (settled := await _off_loop(_verifying.looked_up, core, run, response)) is not None:
-                return settled
-        return None
+    async def _look_up(self, record: IntentRecord) -> drive.Answered | drive.Failed:
+        try:
+            request = _reconcile.lookup_request(self._core, record, self._http)
+            return drive.Answered(await self._exchange(request))
+        except Exception as exc:
+            return drive.Failed(exc)
 
     async def _exchange(self, request: httpx.Request) -> httpx.Response:
         """One request and its whole answer, within the exchange's total deadline."""

@@ -36,7 +36,7 @@ from .._lifecycle import (
 from .._providers._profile import ProviderProfile, get_profile
 from .._version import __version__
 from ..errors import ConfigurationError
-from ._core import IntentCore, Run, Step
+from ._core import IntentCore
 from ._deadline import default_attempt_timeout
 from ._events import RetryEvent
 from ._hooks import Hooks, HookSet
@@ -176,12 +176,6 @@ class OperationBase:
         self._key_supplied = True
         self._state = record.state
         self._acknowledged = record.acknowledged_at is not None
-
-    def _start(self, step: Step) -> None:
-        """Bind the first step of a request: its record, and whether its run acknowledges."""
-        self._bind(step.record)
-        if isinstance(step, Run):
-            step.acknowledge_on_success = self._folds_acknowledgement
 
     def _draft(self, method: str, path: str, options: RequestOptions) -> IntentDraft:
         headers = options.get("headers")
@@ -331,7 +325,7 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
         else:
             self._attempt_timeout = check_seconds("attempt_timeout", attempt_timeout, positive=True)
         max_stored = check_count("max_stored_response_bytes", max_stored_response_bytes, minimum=0)
-        self._in_flight_wait = check_seconds("in_flight_wait", in_flight_wait)
+        check_seconds("in_flight_wait", in_flight_wait)
         if lease_seconds is None:
             # Renewed while an attempt runs; it must still outlast a stall of the renewer.
             slowest = max(t or 0.0 for t in (timeouts.connect, timeouts.read, timeouts.write))
@@ -381,6 +375,7 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
             lease_seconds=lease_seconds,
             clock=clock,
             hooks=hook_set,
+            in_flight_wait=check_seconds("in_flight_wait", in_flight_wait),
         )
         self._http_options: dict[str, Any] = {
             "timeout": timeouts,
@@ -434,7 +429,3 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
     @property
     def provider(self) -> ProviderProfile:
         return self._core.profile
-
-    def _deadline(self) -> float:
-        """When a wait for another worker's attempt on an intent gives up."""
-        return time.monotonic() + self._in_flight_wait

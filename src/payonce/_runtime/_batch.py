@@ -22,7 +22,7 @@ from .._journal._records import Claim, IntentRecord
 from .._lifecycle import IntentState, new_owner
 from ..errors import AuthenticationError, OutcomeUnknown, PayonceError, ProviderError
 from . import _reconcile
-from ._core import IntentCore, Run
+from ._core import IntentCore
 from ._events import IntentResumed, log_extra
 from ._hooks import Hooks
 from ._reconcile import ReconcileResult
@@ -184,9 +184,6 @@ class ResumeBatch:
                 detail=result.detail,
             )
             core.hooks.emit(Hooks.resumed, event)
-
-    def run(self, target: Claimed) -> Run:
-        return self._core.resumed(target.claim, target.owner)
 
     def settled(self, target: Claimed, response: httpx.Response) -> ResumeResult:
         record = target.record

@@ -1,9 +1,9 @@
-"""Everything the clients decide per intent, doing no I/O but journal calls.
+"""What both executors share: a client's settings, the request of an attempt, and how
+each journal command of a drive is carried out and told.
 
-``Client`` and ``AsyncClient`` differ only in how they send bytes, sleep and wait; they
-call these steps in the same order. Which state an answer leads to is decided in
-``payonce._lifecycle``; the words of each error are in ``_refusals``; what each step tells
-the hooks and the log is in ``_telling``.
+Which command comes next is the drive's (``payonce._lifecycle._drive``); ``Client`` and
+``AsyncClient`` differ only in how they send bytes, sleep, and reach the journal (the async
+one from a journal thread). What each step tells the hooks and the log is in ``_telling``.
 """
 
 from __future__ import annotations
@@ -11,92 +11,72 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
 import attrs
 import httpx
 
 from .._crash import crash_armed, crash_atrace, crash_point, crash_trace
-from .._journal._records import Claim, IntentDraft, IntentRecord
+from .._journal._records import Claim, IntentRecord
 from .._journal._store import IntentStore
-from .._lifecycle import (
-    ClaimKind,
-    IntentState,
-    KeyFormat,
-    Outcome,
-    Transition,
-    Verdict,
-    Verification,
-    classify_error,
-    classify_response,
-    journaled_fingerprint_matches,
-    may_have_executed,
-    owner_ended,
-    quiet_after,
-    resend_refusal,
-    transition_for,
+from .._lifecycle import ClaimKind, KeyFormat, LookupKind, Transition, owner_ended, rule
+from .._lifecycle._drive import (
+    ClaimIntent,
+    DriveSettings,
+    EndAttempt,
+    LookedUp,
+    MarkUnknown,
+    ReadAttempts,
+    Release,
+    Replay,
+    Resending,
+    Run,
+    Settle,
+    Sleep,
+    StartAttempt,
+    Verified,
 )
 from .._providers._profile import ProviderProfile
-from ..errors import JournalError, PayonceError
-from . import _refusals as refusals
+from ..errors import JournalError
 from ._drafting import Drafter
 from ._events import log_extra
 from ._hooks import HookSet
 from ._lease_keeper import Lease
 from ._redacting import Redactor
-from ._responses import replayed, stored, tagged
-from ._retrying import Retry, RetryPolicy, retrying_kwargs
+from ._responses import from_lookup, replayed, stored, tagged
+from ._retrying import RetryPolicy, retrying_kwargs
 from ._telling import Telling, logger
 
-__all__ = ["IntentCore", "Replay", "Run", "Step", "Wait"]
+__all__ = ["IntentCore", "JournalCommand", "SystemClock"]
 
-
-@attrs.define(eq=False)
-class Run:
-    """One drive of one intent by one worker: holds the lease while it lasts."""
-
-    record: IntentRecord
-    """The intent as the last journal write of this run left it."""
-    owner: str
-    attempt: int
-    ambiguous: bool
-    """True once any attempt of this intent may have reached the provider."""
-    started: bool = True
-    """False until the current attempt's start is journaled (the first one is, by claim)."""
-    last_reason: str = ""
-    verification: Verification | None = None
-    """Set after an attempt that may have executed, for a profile that verifies before it
-    resends: the look-ups still to make (see ``payonce._lifecycle._verify``)."""
-    began: float = attrs.field(factory=time.monotonic)
-    """When this drive began: verification waits count against ``max_elapsed`` too."""
-    acknowledge_on_success: bool = False
-    """Acknowledge in the settle's own transaction if it succeeds: a one-shot call, where
-    nothing runs between the answer and the acknowledgement (see ``Client.request``)."""
-    resumed: bool = False
-    """An intent journaled earlier and still pending, picked up by this run."""
-
-    @property
-    def key(self) -> str:
-        return self.record.key
+JournalCommand = (
+    ClaimIntent
+    | ReadAttempts
+    | StartAttempt
+    | EndAttempt
+    | Settle
+    | MarkUnknown
+    | Release
+    | LookedUp
+    | Verified
+)
 
 
 @attrs.frozen
-class Replay:
-    record: IntentRecord
-    response: httpx.Response
+class SystemClock:
+    """A drive's clock: the client's wall clock (tests move it), and the monotonic one."""
 
+    wall: Callable[[], float]
 
-@attrs.frozen
-class Wait:
-    record: IntentRecord
+    def now(self) -> float:
+        return self.wall()
 
-
-Step = Run | Replay | Wait
+    def monotonic(self) -> float:
+        return time.monotonic()
 
 
 class IntentCore(Telling):
-    """The decisions shared by Client and AsyncClient; what it tells of them is
-    ``Telling``'s."""
+    """What Client and AsyncClient share beneath the drive; what it tells is ``Telling``'s."""
 
     def __init__(
         self,
@@ -112,6 +92,7 @@ class IntentCore(Telling):
         lease_seconds: float,
         clock: Callable[[], float],
         hooks: HookSet,
+        in_flight_wait: float,
     ) -> None:
         self.base_url = base_url
         self.profile = profile
@@ -132,78 +113,17 @@ class IntentCore(Telling):
         """What an exception's words pass through before a log, a result or the CLI."""
         self.drafter = Drafter(profile, account, base_url, key_format)
         """Turns each request of the client into an intent's draft."""
+        self.settings = DriveSettings(
+            profile=profile,
+            retry=retry,
+            clock=SystemClock(clock),
+            redact=self.redactor.text,
+            in_flight_wait=in_flight_wait,
+            journal_location=journal.location,
+        )
+        """What every drive of this client knows."""
 
     # -- the intent --------------------------------------------------------------------------
-
-    def begin(self, draft: IntentDraft, owner: str) -> Step:
-        """Claim the intent; decide whether to send, replay, wait, or refuse."""
-        # A lease of a worker that provably died is taken over at once (``owner_is_dead``).
-        claim = self.journal.claim(
-            draft, owner=owner, now=self.clock(), lease_seconds=self.lease_seconds
-        )
-        record = claim.record
-        match claim.kind:
-            case ClaimKind.CREATED:
-                assert claim.attempt_number is not None
-                crash_point("after_write_ahead")
-                return Run(record, owner, attempt=claim.attempt_number, ambiguous=False)
-            case ClaimKind.MISMATCH:
-                raise refusals.mismatch(draft, record, reconcilable=self.reconcilable)
-            case ClaimKind.FINAL:
-                return Replay(record, self.replay(record))
-            case ClaimKind.UNKNOWN:
-                raise refusals.unknown(record, reconcilable=self.reconcilable)
-            case ClaimKind.LEASED:
-                return Wait(record)
-            case ClaimKind.CLAIMED:
-                return self.resumed(claim, owner)
-
-    def resumed(self, claim: Claim, owner: str) -> Run:
-        """An existing pending intent ``owner`` has claimed: resend under its key, unless an
-        attempt may have executed and the key may be gone at the provider by now."""
-        record = claim.record
-        if not self._intact(record):
-            self.journal.release(record.key, owner=owner)
-            raise JournalError(
-                f"intent {record.key}: its journaled request no longer matches the fingerprint "
-                "it was journaled with, so the journal was edited by hand or damaged; it is "
-                "not sent. Restore the journal from a backup, or check the payment at the "
-                "provider and abandon the intent",
-                location=self.journal.location,
-            )
-        attempts = self.journal.attempts(record.key)
-        ambiguous = may_have_executed(attempts)
-        run = Run(record, owner, attempt=0, ambiguous=ambiguous, started=False, resumed=True)
-        until = quiet_after(attempts, self.profile.max_processing)
-        if self.profile.verifies and until is not None:
-            # After a crash with an attempt in flight, as after a timeout: look before sending.
-            run.verification = Verification(until=until)
-        refusal = resend_refusal(
-            record.first_sent_at, self.clock(), self.profile.key_lifetime, executed=ambiguous
-        )
-        if refusal is not None:
-            run.record = self.journal.mark_unknown(
-                record.key,
-                transition=Transition.KEY_WINDOW_PASSED,
-                owner=owner,
-                now=self.clock(),
-                reason=refusal,
-            )
-            self._went_unknown(run.record, refusal)
-            raise refusals.unknown(run.record, reconcilable=self.reconcilable)
-        return run
-
-    @staticmethod
-    def _intact(record: IntentRecord) -> bool:
-        path = record.scope[len(record.account) + len(record.method) + 2 :]
-        return journaled_fingerprint_matches(
-            method=record.method,
-            path=path,
-            url=record.url,
-            request_headers=record.request_headers,
-            body=record.body,
-            fingerprint=record.fingerprint,
-        )
 
     def claim_next_resumable(self, owner: str, after: tuple[float, str] | None) -> Claim | None:
         """Lease the next pending intent of this account that no live worker holds.
@@ -219,15 +139,6 @@ class IntentCore(Telling):
             lease_seconds=self.lease_seconds,
             after=after,
         )
-
-    def start_attempt(self, run: Run) -> None:
-        if run.started:
-            return
-        run.attempt = self.journal.start_attempt(
-            run.key, owner=run.owner, now=self.clock(), lease_seconds=self.lease_seconds
-        )
-        run.started = True
-        crash_point("after_write_ahead")
 
     def lease(self, run: Run) -> Lease:
         """The run's lease, for the lease keeper to renew while an attempt waits."""
@@ -305,83 +216,86 @@ class IntentCore(Telling):
             return None
         return {"trace": crash_atrace if isinstance(client, httpx.AsyncClient) else crash_trace}
 
-    def on_response(self, run: Run, response: httpx.Response) -> httpx.Response:
-        """Settle a definitive answer, or raise ``Retry`` for a transient one."""
-        crash_point("after_response")
-        verdict = classify_response(response, self.profile, redact=self.redactor.text)
-        transition = transition_for(verdict)
-        if logger.isEnabledFor(logging.DEBUG):
-            self._log_answer(run, response.status_code, verdict)
-        diagnosis = verdict.diagnosis  # redacted: a foreign page may quote the request back
-        if verdict.outcome is Outcome.RETRY:
-            status = response.status_code
-            self._retryable(run, verdict, transition, status_code=status, error=diagnosis)
-        if verdict.outcome is Outcome.REFUSED:
-            status = response.status_code
-            self._end_attempt(run, transition, status_code=status, error=diagnosis)
-            self._log_refused(run, status, executed=verdict.ambiguous)
-            raise refusals.authentication(run.record, response, foreign=verdict.ambiguous)
-        return self._settle(run, response, transition)
+    def retrying(self, _: None, began: float | None = None) -> dict[str, Any]:
+        """tenacity settings of a reconciliation's look-ups. ``began``: when the first
+        look-up started, outside the loop."""
+        return retrying_kwargs(self.retry, began=began)
 
-    def on_error(self, run: Run, error: BaseException) -> None:
-        """An attempt raised: retry transport failures, journal anything else and re-raise."""
-        verdict = classify_error(error)
-        if logger.isEnabledFor(logging.DEBUG):
-            self._log_error(run, error)
-        if verdict is not None and verdict.outcome is Outcome.NOT_SENT:
-            # Provably never left: the intent stays pending, free, and not ambiguous.
-            self._end_attempt(run, Transition.ATTEMPT_NOT_SENT, error=type(error).__name__)
-            return
-        if verdict is not None:
-            self._retryable(run, verdict, transition_for(verdict), error=type(error).__name__)
-        # Not a transport failure (a bug, an interrupt): the attempt may have left. Leave the
-        # intent pending under its key, so a later call resends it safely within the
-        # provider's key lifetime, and let the error through.
-        self._end_attempt(run, Transition.ATTEMPT_INTERRUPTED, error=type(error).__name__)
+    # -- a drive's commands ------------------------------------------------------------------
 
-    def _end_attempt(
-        self,
-        run: Run,
-        transition: Transition,
-        *,
-        status_code: int | None = None,
-        error: str | None = None,
-    ) -> None:
-        self.journal.end_attempt(
+    def journal_command(self, command: JournalCommand) -> Any:
+        """Carry out one of a drive's journal commands, then tell what came of it."""
+        store, now = self.journal, self.clock()
+        match command:
+            case ClaimIntent(draft, owner):
+                claim: Claim = store.claim(
+                    draft, owner=owner, now=now, lease_seconds=self.lease_seconds
+                )
+                if claim.kind is ClaimKind.CREATED:
+                    crash_point("after_write_ahead")
+                return claim
+            case ReadAttempts(key):
+                return store.attempts(key)
+            case StartAttempt(run):
+                number = store.start_attempt(
+                    run.key, owner=run.owner, now=now, lease_seconds=self.lease_seconds
+                )
+                crash_point("after_write_ahead")
+                return number
+            case EndAttempt(run, transition, status_code, error, verdict):
+                debug = logger.isEnabledFor(logging.DEBUG)
+                if debug and verdict is not None and status_code is not None:
+                    self._log_answer(run, status_code, verdict)
+                store.end_attempt(
+                    run.key,
+                    run.attempt,
+                    transition=transition,
+                    owner=run.owner,
+                    now=now,
+                    status_code=status_code,
+                    error=error,
+                )
+                if self.hooks:
+                    self._attempt_ended(run, transition, status_code, error)
+                if transition in _REFUSALS and status_code is not None:
+                    ambiguous = bool(rule(transition).attempt_ambiguous)
+                    self._log_refused(run, status_code, executed=ambiguous)
+                return None
+            case Settle(run, transition, response, verdict):
+                if logger.isEnabledFor(logging.DEBUG):
+                    self._log_answer(run, response.status_code, verdict)
+                return self._settle(run, transition, response, now)
+            case MarkUnknown(run, transition, reason):
+                record = store.mark_unknown(
+                    run.key, transition=transition, owner=run.owner, now=now, reason=reason
+                )
+                self._went_unknown(record, reason)
+                return record
+            case Release(run, _):
+                store.release(run.key, owner=run.owner)
+                return None
+            case LookedUp(run, kind, outcome, detail, response):
+                self.lookup_ended(run.record, kind, response, before_resend=True)
+                store.looked_up(
+                    run.key,
+                    owner=run.owner,
+                    now=now,
+                    outcome=outcome,
+                    detail=detail,
+                    status_code=None if response is None else response.status_code,
+                )
+                return None
+            case Verified(run, transition, detail, response, found):
+                return self._verified(run, transition, detail, response, found, now)
+
+    def _settle(
+        self, run: Run, transition: Transition, response: httpx.Response, now: float
+    ) -> IntentRecord:
+        record = self.journal.settle(
             run.key,
-            run.attempt,
             transition=transition,
             owner=run.owner,
-            now=self.clock(),
-            status_code=status_code,
-            error=error,
-        )
-        if self.hooks:
-            self._attempt_ended(run, transition, status_code, error)
-
-    def _retryable(
-        self,
-        run: Run,
-        verdict: Verdict,
-        transition: Transition,
-        *,
-        status_code: int | None = None,
-        error: str | None = None,
-    ) -> NoReturn:
-        run.ambiguous = run.ambiguous or verdict.ambiguous
-        run.last_reason = verdict.reason
-        self._end_attempt(run, transition, status_code=status_code, error=error)
-        run.started = False
-        if verdict.ambiguous and self.profile.verifies:
-            run.verification = Verification(until=self.clock() + self.profile.max_processing)
-        raise Retry(verdict)
-
-    def _settle(self, run: Run, response: httpx.Response, transition: Transition) -> httpx.Response:
-        run.record = record = self.journal.settle(
-            run.key,
-            transition=transition,
-            owner=run.owner,
-            now=self.clock(),
+            now=now,
             response=stored(response, record=run.record, max_bytes=self.max_stored_bytes),
             attempt=run.attempt,
             acknowledge_success=run.acknowledge_on_success,
@@ -400,49 +314,60 @@ class IntentCore(Telling):
             provider_replayed=provider_replayed,
             profile=self.profile,
         )
-        return self.deliver(record, response)
+        return record
 
-    # -- giving up, replaying ----------------------------------------------------------------
-
-    def give_up(self, run: Run) -> PayonceError:
-        """Attempts ran out: the error to raise, after journaling what is known."""
-        if run.ambiguous:
-            reason = f"retries exhausted; last failure: {run.last_reason}"
-            run.record = self.journal.mark_unknown(
-                run.key,
-                transition=Transition.EXHAUSTED,
-                owner=run.owner,
-                now=self.clock(),
-                reason=reason,
-            )
-            self._went_unknown(run.record, reason)
-            return refusals.unknown(run.record, reconcilable=self.reconcilable)
-        # Exhausted, never executed: the intent stays pending and the lease goes.
-        self.journal.release(run.key, owner=run.owner)
-        return refusals.unavailable(run.record, run.last_reason)
-
-    def replay(self, record: IntentRecord) -> httpx.Response:
-        if record.state is IntentState.ABANDONED:
-            raise refusals.abandoned(record)
-        response = replayed(record)
-        if response is None:
-            raise refusals.unknown(record, reconcilable=self.reconcilable)
-        if self.hooks:
-            self._answered_from_journal(record, response.status_code)
-        return self.deliver(record, response)
-
-    def deliver(self, record: IntentRecord, response: httpx.Response) -> httpx.Response:
-        """The answer of a settled intent: returned when it succeeded, raised otherwise."""
-        if record.state is IntentState.SUCCEEDED:
-            return response
-        raise refusals.refused(
-            record, response, classify_response(response, self.profile, redact=self.redactor.text)
+    def _verified(
+        self,
+        run: Run,
+        transition: Transition,
+        detail: str,
+        response: httpx.Response,
+        found: dict[str, Any],
+        now: float,
+    ) -> IntentRecord:
+        self.lookup_ended(run.record, LookupKind.FOUND, response, before_resend=True)
+        status = response.status_code
+        record = self.journal.reconciled(
+            run.key,
+            transition=transition,
+            owner=run.owner,
+            now=now,
+            outcome="found",
+            detail=detail,
+            status_code=status,
+            response=from_lookup(found, status),
         )
+        logger.info(
+            "intent %s settled from the provider's record: %s",
+            run.key,
+            detail,
+            extra=log_extra(record),
+        )
+        self.settled(record, provider_replayed=True)
+        return record
 
-    def retrying(self, run: Run | None, began: float | None = None) -> dict[str, Any]:
-        """tenacity settings of an intent's attempt loop, or of a look-up's (``run`` None).
-        ``began``: when the intent's first attempt started, outside the loop."""
-        if run is None:
-            return retrying_kwargs(self.retry, began=began)
-        event, on_retry = self._retry_events(run)
-        return retrying_kwargs(self.retry, event=event, on_retry=on_retry, began=began)
+    def told(self, command: Replay | Resending | Sleep) -> httpx.Response | None:
+        """Carry out a command that only builds an answer or tells something."""
+        match command:
+            case Replay(record, provider_replayed=True):
+                answer = replayed(record)
+                if answer is not None:
+                    tagged(answer, record, replayed=False, provider_replayed=True)
+                return answer
+            case Replay(record):
+                response = replayed(record)
+                if response is not None and self.hooks:
+                    self._answered_from_journal(record, response.status_code)
+                return response
+            case Resending(run):
+                logger.info(
+                    "intent %s: the provider has no record of it; resending",
+                    run.key,
+                    extra=log_extra(run.record),
+                )
+            case Sleep(seconds, run, retry) if run is not None and retry is not None:
+                self.retrying_after(run, seconds, retry)
+        return None
+
+
+_REFUSALS = (Transition.ATTEMPT_REFUSED, Transition.ATTEMPT_REFUSED_UNPROVEN)

@@ -31,12 +31,12 @@ from .._lifecycle import (
     quiet_after,
     resend_refusal,
 )
+from .._lifecycle import _refusals as refusals
 from ..errors import ConfigurationError, JournalError
-from . import _refusals as refusals
 from ._core import IntentCore
-from ._events import IntentReconciled, LookupEnded, about, log_extra
+from ._events import IntentReconciled, log_extra
 from ._hooks import Hooks
-from ._responses import elapsed, from_lookup
+from ._responses import from_lookup
 from ._retrying import Retry
 
 __all__ = [
@@ -44,7 +44,6 @@ __all__ = [
     "begin",
     "conclude",
     "give_up",
-    "looked_up",
     "lookup_request",
     "reported",
     "targets",
@@ -159,34 +158,6 @@ def lookup_request(
     )
 
 
-_OUTCOMES = {
-    LookupKind.ABSENT: "not_found",
-    LookupKind.UNDECIDED: "still_unknown",
-    LookupKind.UNREADABLE: "error",
-}
-
-
-def looked_up(
-    core: IntentCore,
-    record: IntentRecord,
-    kind: LookupKind | None,
-    response: httpx.Response | None,
-    *,
-    before_resend: bool,
-) -> None:
-    """Tell the hooks of a look-up's answer (``kind`` None: it got none)."""
-    outcome = "error" if kind is None else _OUTCOMES.get(kind, kind.value)
-    if core.hooks:
-        event = LookupEnded(
-            **about(record),
-            outcome=outcome,
-            status_code=None if response is None else response.status_code,
-            before_resend=before_resend,
-            elapsed=None if response is None else elapsed(response),
-        )
-        core.hooks.emit(Hooks.lookup_ended, event)
-
-
 def reported(core: IntentCore, result: ReconcileResult) -> None:
     """Tell the hooks what one intent of a pass came to."""
     if core.hooks:
@@ -205,7 +176,7 @@ def reported(core: IntentCore, result: ReconcileResult) -> None:
 
 def transport_failure(core: IntentCore, record: IntentRecord, error: Exception) -> Retry:
     """A look-up is a GET: every transport failure is worth retrying."""
-    looked_up(core, record, None, None, before_resend=False)
+    core.lookup_ended(record, None, None, before_resend=False)
     verdict = classify_lookup_error(error)
     reason = verdict.detail if verdict is not None else type(error).__name__
     return Retry(Verdict(Outcome.RETRY, False, reason=reason))
@@ -219,7 +190,7 @@ def conclude(
     assert lookup is not None
     verdict = classify_lookup(response, lookup)
     status = response.status_code
-    looked_up(core, record, verdict.kind, response, before_resend=False)
+    core.lookup_ended(record, verdict.kind, response, before_resend=False)
     match verdict.kind:
         case LookupKind.RETRY:
             raise Retry(Verdict(Outcome.RETRY, False, reason=verdict.detail))

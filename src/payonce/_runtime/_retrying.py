@@ -8,12 +8,13 @@ its own first one, so waits, events and limits are those of a loop that ran it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import attrs
 import tenacity
@@ -64,6 +65,30 @@ class RetryPolicy:
         if retry_after is not None:
             return min(max(retry_after, 0.0), self.max_retry_after)
         return self.backoff(retry_number)
+
+    def next_wait(self, tried: int, elapsed: float, retry_after: float | None) -> float | None:
+        """After ``tried`` attempts that failed in a retryable way, ``elapsed`` seconds since
+        the first one started: the wait before the next, or None once the attempts are
+        over. tenacity's own stop rules decide (``stop_after_attempt | stop_before_delay``):
+        no attempt starts past ``max_elapsed``."""
+        wait = self.wait(tried, retry_after)
+        state = _Tried(attempt_number=tried, seconds_since_start=elapsed, upcoming_sleep=wait)
+        return None if self._stop(cast(tenacity.RetryCallState, state)) else wait
+
+    @functools.cached_property
+    def _stop(self) -> tenacity.stop.stop_base:
+        return tenacity.stop_after_attempt(self.max_attempts) | tenacity.stop_before_delay(
+            self.max_elapsed
+        )
+
+
+@attrs.frozen
+class _Tried:
+    """What tenacity's stop rules read of a retry state, as a drive knows it."""
+
+    attempt_number: int
+    seconds_since_start: float
+    upcoming_sleep: float
 
 
 class Retry(Exception):

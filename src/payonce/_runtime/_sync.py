@@ -1,33 +1,34 @@
-"""``payonce.Client`` and its per-operation context manager: the sync I/O edge.
+"""``payonce.Client`` and its per-operation context manager: the sync executor.
 
-Every decision is ``IntentCore``'s; this module sends bytes with httpx, sleeps with
-``time.sleep`` and keeps leases alive from a thread. ``_async`` is its awaited twin.
+Every decision is the drive's (``payonce._lifecycle._drive``); this module carries its
+commands out: it sends bytes with httpx, sleeps with ``time.sleep``, calls the journal and
+keeps leases alive from a thread. ``_async`` is its awaited twin.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from collections.abc import Callable
 from typing import Any, Unpack
 
 import httpx
 
+from .._crash import crash_point
 from .._journal._records import IntentDraft, IntentRecord
 from .._lifecycle import LOOKUP_FAILURES, new_owner
-from . import _reconcile, _verifying
-from . import _refusals as refusals
+from .._lifecycle import _drive as drive
+from . import _reconcile
 from ._base import BaseClient, OneShotOptions, OneShotVerbs, OperationBase, RequestOptions, Verbs
-from ._batch import ReconcileBatch, ResumeBatch, ResumeResult, run_batch
-from ._core import Replay, Run, Wait
+from ._batch import Claimed, ReconcileBatch, ResumeBatch, ResumeResult, run_batch
 from ._deadline import Deadline
 from ._lease_keeper import ThreadLeaseKeeper
 from ._reconcile import ReconcileResult
 from ._retrying import Attempts, Retry
+from ._telling import logger
 
-__all__ = ["IN_FLIGHT_POLL", "Client", "Operation"]
-
-IN_FLIGHT_POLL = 0.05
-"""Seconds between looks at an intent another worker is sending."""
+__all__ = ["Client", "Operation"]
 
 
 class Operation(OperationBase, Verbs[httpx.Response]):
@@ -100,10 +101,11 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         self._in_this_process()
         batch = ResumeBatch(self._core)
 
-        def drive(target: Any) -> ResumeResult:
-            return batch.settled(target, self._send(batch.run(target)))
+        def resume(target: Claimed) -> ResumeResult:
+            resumed = drive.resume(self._core.settings, target.claim, target.owner)
+            return batch.settled(target, self._execute(resumed))
 
-        return run_batch(batch, drive, on_result)
+        return run_batch(batch, resume, on_result)
 
     def reconcile(
         self,
@@ -164,74 +166,79 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
 
     def _drive(self, op: Operation, draft: IntentDraft) -> httpx.Response:
         self._in_this_process()
-        core = self._core
-        owner = new_owner()
-        deadline = self._deadline()
-        step = core.begin(draft, owner)
-        while isinstance(step, Wait):
-            if time.monotonic() >= deadline:
-                raise refusals.in_flight(step.record)
-            time.sleep(IN_FLIGHT_POLL)
-            step = core.begin(draft, owner)
-        op._start(step)
-        if isinstance(step, Replay):
-            return step.response
-        try:
-            return self._send(step)
-        finally:
-            op._bind(step.record)
+        ack = op._folds_acknowledgement
+        call = drive.call(self._core.settings, draft, new_owner(), acknowledge_on_success=ack)
+        return self._execute(call, op._bind)
 
-    def _send(self, run: Run) -> httpx.Response:
-        self._core.drive_started(run)
-        failure = None
+    def _execute(
+        self, commands: drive.Drive, bind: Callable[[IntentRecord], None] | None = None
+    ) -> httpx.Response:
+        """Carry a drive's commands out until it returns the caller's answer or raises.
+        ``bind``: told each record the caller's operation should show."""
+        core = self._core
+        run: drive.Run | None = None
+        failure: BaseException | None = None
+        holding = contextlib.ExitStack()
         try:
-            try:
-                with self._keeper.holding(self._core.lease(run)):
-                    return self._attempts(run)
-            except Retry:
-                raise self._core.give_up(run) from None
+            answer: Any = None
+            while True:
+                try:
+                    command = commands.send(answer)
+                except StopIteration as done:
+                    response: httpx.Response = done.value
+                    return response
+                match command:
+                    case drive.Send(current):
+                        answer = self._send(current)
+                    case drive.LookUp(record):
+                        answer = self._look_up(record)
+                    case drive.Sleep(seconds):
+                        core.told(command)
+                        time.sleep(seconds)
+                        answer = None
+                    case drive.Holding(run):
+                        if bind is not None:
+                            bind(run.record)
+                        holding.enter_context(self._keeper.holding(core.lease(run)))
+                        core.drive_started(run)
+                        answer = None
+                    case drive.Replay(record):
+                        if bind is not None:
+                            bind(record)
+                        answer = core.told(command)
+                    case drive.Resending():
+                        answer = core.told(command)
+                    case _:
+                        answer = core.journal_command(command)
         except BaseException as exc:
             failure = exc
             raise
         finally:
-            self._core.run_over(run, failure)
-            self._core.drive_ended(run)
+            commands.close()
+            holding.close()
+            if run is not None:
+                if bind is not None:
+                    bind(run.record)
+                core.run_over(run, failure)
+                core.drive_ended(run)
 
-    def _attempts(self, run: Run) -> httpx.Response:
-        for attempt in Attempts(self._core.retrying, run):
-            with attempt:
-                return self._attempt(run)
-        raise AssertionError("unreachable: tenacity either returns or raises")
-
-    def _attempt(self, run: Run) -> httpx.Response:
-        core = self._core
-        if run.verification is not None and (found := self._verified(run)):
-            return found
-        core.start_attempt(run)
+    def _send(self, run: drive.Run) -> drive.Answered | drive.Failed:
+        """One attempt: its answer, or what it raised (an interrupt too)."""
         try:
-            request = core.build_request(run, self._http)
-            response = self._exchange(request)
-        except BaseException as exc:  # KeyboardInterrupt too: give the lease back
-            core.on_error(run, exc)
-            raise
-        return core.on_response(run, response)
+            response = self._exchange(self._core.build_request(run, self._http))
+        except BaseException as exc:  # KeyboardInterrupt too: the drive journals it
+            if logger.isEnabledFor(logging.DEBUG):
+                self._core._log_error(run, exc)
+            return drive.Failed(exc)
+        crash_point("after_response")
+        return drive.Answered(response)
 
-    def _verified(self, run: Run) -> httpx.Response | None:
-        """Verify before resend: look the intent up until its record settles it (returned)
-        or nothing found after the earlier attempt can no longer run lets it be resent."""
-        core = self._core
-        while (step := _verifying.step(core, run)) is not None:
-            if isinstance(step, float):
-                time.sleep(step)
-                continue
-            try:
-                response = self._exchange(_reconcile.lookup_request(core, run.record, self._http))
-            except LOOKUP_FAILURES as exc:
-                _verifying.lookup_failed(core, run, exc)
-                continue
-            if (settled := _verifying.looked_up(core, run, response)) is not None:
-                return settled
-        return None
+    def _look_up(self, record: IntentRecord) -> drive.Answered | drive.Failed:
+        try:
+            request = _reconcile.lookup_request(self._core, record, self._http)
+            return drive.Answered(self._exchange(request))
+        except Exception as exc:
+            return drive.Failed(exc)
 
     def _exchange(self, request: httpx.Request) -> httpx.Response:
         """One request and its whole answer, within the exchange's total deadline."""

@@ -9,11 +9,13 @@ first, as ``HookSet`` asks: a client nobody watches pays for neither.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+
+import httpx
 
 from .._journal._records import IntentRecord
-from .._lifecycle import Transition, Verdict
+from .._lifecycle import LookupKind, Transition, Verdict
+from .._lifecycle._drive import Run
+from .._lifecycle._refusals import unknown_remedy
 from .._providers._profile import ProviderProfile
 from ._events import (
     AttemptEnded,
@@ -23,19 +25,23 @@ from ._events import (
     IntentSettled,
     IntentStarted,
     IntentUnknown,
+    LookupEnded,
     RetryEvent,
     about,
     log_extra,
 )
 from ._hooks import Hooks, HookSet
-from ._refusals import unknown_remedy
-
-if TYPE_CHECKING:
-    from ._core import Run
+from ._responses import elapsed
 
 __all__ = ["Telling", "logger"]
 
 logger = logging.getLogger("payonce")
+
+_LOOKUP_OUTCOMES = {
+    LookupKind.ABSENT: "not_found",
+    LookupKind.UNDECIDED: "still_unknown",
+    LookupKind.UNREADABLE: "error",
+}
 
 
 class Telling:
@@ -109,24 +115,46 @@ class Telling:
             extra=log_extra(run.record),
         )
 
-    def _retry_events(
-        self, run: Run
-    ) -> tuple[Callable[[int, float, Verdict], RetryEvent], Callable[[RetryEvent], None] | None]:
-        """What tenacity's loop builds before each wait, and whom it hands that to."""
+    def retrying_after(self, run: Run, seconds: float, verdict: Verdict) -> None:
+        """Before the wait that follows a retryable attempt."""
+        if not (self.hooks or logger.isEnabledFor(logging.DEBUG)):
+            return
+        retry = RetryEvent(
+            **about(run.record),
+            attempt=run.attempt,
+            wait=seconds,
+            reason=verdict.reason,
+            ambiguous=verdict.ambiguous,
+        )
+        logger.debug(
+            "intent %s: retrying in %.3fs after %s",
+            retry.key,
+            seconds,
+            retry.reason,
+            extra=log_extra(run.record),
+        )
+        if self.hooks:
+            self.hooks.emit(Hooks.retrying, retry)
 
-        def event(attempt: int, wait: float, verdict: Verdict) -> RetryEvent:
-            return RetryEvent(
-                **about(run.record),
-                attempt=run.attempt,
-                wait=wait,
-                reason=verdict.reason,
-                ambiguous=verdict.ambiguous,
+    def lookup_ended(
+        self,
+        record: IntentRecord,
+        kind: LookupKind | None,
+        response: httpx.Response | None,
+        *,
+        before_resend: bool,
+    ) -> None:
+        """Tell the hooks of a look-up's answer (``kind`` None: it got none)."""
+        if self.hooks:
+            outcome = "error" if kind is None else _LOOKUP_OUTCOMES.get(kind, kind.value)
+            event = LookupEnded(
+                **about(record),
+                outcome=outcome,
+                status_code=None if response is None else response.status_code,
+                before_resend=before_resend,
+                elapsed=None if response is None else elapsed(response),
             )
-
-        def on_retry(event: RetryEvent) -> None:
-            self.hooks.emit(Hooks.retrying, event)
-
-        return event, on_retry if self.hooks else None
+            self.hooks.emit(Hooks.lookup_ended, event)
 
     # -- how it ended ------------------------------------------------------------------------
 

@@ -7,7 +7,6 @@ from typing import Any, TypeVar
 import httpx
 
 from .._journal._records import IntentDraft, IntentRecord
-from .._lifecycle import IntentState, Outcome, Verdict, request_differences
 from ..errors import (
     AuthenticationError,
     IntentError,
@@ -18,6 +17,9 @@ from ..errors import (
     ProviderError,
     ProviderUnavailable,
 )
+from ._identity import request_differences
+from ._states import IntentState
+from ._verdicts import Outcome, Verdict
 
 __all__ = [
     "abandoned",

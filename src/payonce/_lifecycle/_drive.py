@@ -1,0 +1,629 @@
+"""The drive: what to do next for one intent, given what came of the last thing done.
+
+A drive is a generator in the manner of httpx's auth flows and tenacity's ``iter()``: it
+yields a command (journal a named transition, send the request, look the intent up,
+sleep), receives what came of it, and finally returns the answer the caller gets or raises
+the error the caller gets. It does no I/O: time comes in through a ``Clock``, answers and
+journal records through ``send()``. ``payonce._runtime``'s executors carry the commands out
+and decide nothing; the sync and the async one run the very same drive.
+
+The same steps serve a caller's request (``call``: claim it, then replay, wait, refuse or
+send), ``resume`` (``resume``: an intent already claimed) and verify before resend (inside
+both): ::
+
+    claim ─┬─ final ───────────────▶ replay ──▶ return / raise the stored refusal
+           ├─ unknown, mismatch ───▶ raise
+           ├─ leased ──────────────▶ sleep, claim again (until in_flight_wait)
+           └─ created / claimed ───▶ hold the lease ─▶ attempts:
+                 [verify: look up ─▶ found: settle from it | absent long enough: resend]
+                 start ─▶ send ─▶ 2xx/4xx: settle ─▶ return / raise
+                                  401/403: end the attempt ─▶ raise
+                                  retryable: end the attempt ─▶ sleep ─▶ next attempt
+                                  attempts ran out: unknown (may have executed) or release
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+import httpx
+
+from ..errors import JournalError, PayonceError
+from . import _refusals as refusals
+from ._claims import ClaimKind
+from ._identity import journaled_fingerprint_matches
+from ._key_age import may_have_executed, resend_refusal
+from ._states import IntentState, Transition
+from ._verdicts import (
+    LOOKUP_FAILURES,
+    LookupKind,
+    Outcome,
+    Verdict,
+    classify_error,
+    classify_lookup,
+    classify_response,
+    transition_for,
+)
+from ._verify import Verification, quiet_after
+
+if TYPE_CHECKING:
+    from .._journal._records import AttemptRecord, Claim, IntentDraft, IntentRecord
+    from .._providers._profile import ProviderProfile
+
+__all__ = [
+    "IN_FLIGHT_POLL",
+    "Answered",
+    "ClaimIntent",
+    "Clock",
+    "Command",
+    "Drive",
+    "DriveSettings",
+    "EndAttempt",
+    "Failed",
+    "Holding",
+    "LookUp",
+    "LookedUp",
+    "MarkUnknown",
+    "ReadAttempts",
+    "Release",
+    "Replay",
+    "Resending",
+    "RetryRules",
+    "Run",
+    "Send",
+    "Settle",
+    "Sleep",
+    "StartAttempt",
+    "Verified",
+    "call",
+    "resume",
+]
+
+IN_FLIGHT_POLL = 0.05
+"""Seconds between looks at an intent another worker is sending."""
+
+
+class Clock(Protocol):
+    """The drive's only sources of time."""
+
+    def now(self) -> float:
+        """Wall-clock seconds: key ages, leases, when an earlier attempt stops running."""
+        ...
+
+    def monotonic(self) -> float:
+        """Seconds that never step: ``max_elapsed``, how long to wait for another worker."""
+        ...
+
+
+class RetryRules(Protocol):
+    """How hard to try (``payonce.RetryPolicy``)."""
+
+    @property
+    def max_elapsed(self) -> float: ...
+
+    def next_wait(self, tried: int, elapsed: float, retry_after: float | None) -> float | None:
+        """The wait before the next attempt, or None when there is none."""
+        ...
+
+    def backoff(self, retry_number: int) -> float: ...
+
+
+@attrs.frozen
+class DriveSettings:
+    """What a drive knows besides the intent: one client's, for all its intents."""
+
+    profile: ProviderProfile
+    retry: RetryRules
+    clock: Clock
+    redact: Callable[[str], str]
+    """What a foreign page's words pass through before they reach an error or the journal."""
+    in_flight_wait: float
+    """Seconds to wait for another worker's attempt before ``IntentInFlight``."""
+    journal_location: str
+    """Named by an error about the journal's own content."""
+
+    @property
+    def reconcilable(self) -> bool:
+        """Whether an unknown intent of this profile can be asked about (a status look-up)."""
+        return self.profile.lookup is not None
+
+
+@attrs.define(eq=False)
+class Run:
+    """One drive of one intent by one worker, holding its lease: what the drive has learnt
+    so far. The executors read it; only the drive changes it."""
+
+    record: IntentRecord
+    """The intent as the last journal write of this run left it."""
+    owner: str
+    attempt: int
+    ambiguous: bool
+    """True once any attempt of this intent may have reached the provider."""
+    began: float
+    """When this drive began (monotonic): verification waits count against
+    ``max_elapsed`` too."""
+    started: bool = True
+    """False until the current attempt's start is journaled (the first one is, by claim)."""
+    last_reason: str = ""
+    verification: Verification | None = None
+    """Set after an attempt that may have executed, for a profile that verifies before it
+    resends: the look-ups still to make (see ``payonce._lifecycle._verify``)."""
+    acknowledge_on_success: bool = False
+    """Acknowledge in the settle's own transaction if it succeeds: a one-shot call, where
+    nothing runs between the answer and the acknowledgement."""
+    resumed: bool = False
+    """An intent journaled earlier and still pending, picked up by this run."""
+
+    @property
+    def key(self) -> str:
+        return self.record.key
+
+
+# -- commands: what the drive asks its executor to do ---------------------------------------
+
+
+@attrs.frozen
+class ClaimIntent:
+    """Journal: claim the draft's intent; a new one is written ahead (and its first attempt
+    started) in the same transaction. Answers a ``Claim``."""
+
+    draft: IntentDraft
+    owner: str
+
+
+@attrs.frozen
+class ReadAttempts:
+    """Journal: the intent's attempts so far. Answers a list of ``AttemptRecord``."""
+
+    key: str
+
+
+@attrs.frozen
+class StartAttempt:
+    """Journal (``ATTEMPT_STARTED``, flushed): the next attempt's start, before it is sent.
+    Answers its number."""
+
+    run: Run
+    transition: Transition = Transition.ATTEMPT_STARTED
+
+
+@attrs.frozen
+class EndAttempt:
+    """Journal: how the current attempt ended, when that does not settle the intent."""
+
+    run: Run
+    transition: Transition
+    status_code: int | None = None
+    error: str | None = None
+    verdict: Verdict | None = None
+
+
+@attrs.frozen
+class Settle:
+    """Journal: the provider's definitive answer, stored. Answers the settled record; the
+    executor tags ``response`` with it."""
+
+    run: Run
+    transition: Transition
+    response: httpx.Response
+    verdict: Verdict
+
+
+@attrs.frozen
+class MarkUnknown:
+    """Journal: the intent may have executed and will not be resent. Answers the record."""
+
+    run: Run
+    transition: Transition
+    reason: str
+
+
+@attrs.frozen
+class Release:
+    """Journal: give the lease back; the intent stays as it is. ``transition`` None: no
+    transition is applied (a damaged intent left untouched)."""
+
+    run: Run
+    transition: Transition | None
+
+
+@attrs.frozen
+class LookedUp:
+    """Journal (``LOOKED_UP``): a look-up before a resend that settles nothing. ``kind``
+    None: it got no answer."""
+
+    run: Run
+    kind: LookupKind | None
+    outcome: str
+    detail: str
+    response: httpx.Response | None
+    transition: Transition = Transition.LOOKED_UP
+
+
+@attrs.frozen
+class Verified:
+    """Journal: a look-up before a resend found the provider's record; the intent settles
+    from it, nothing is resent. Answers the settled record."""
+
+    run: Run
+    transition: Transition
+    detail: str
+    response: httpx.Response
+    found: dict[str, Any]
+
+
+@attrs.frozen
+class Holding:
+    """The run holds the intent's lease from now until the drive ends: keep it alive."""
+
+    run: Run
+
+
+@attrs.frozen
+class Send:
+    """Send the run's current attempt. Answers ``Answered`` or ``Failed``."""
+
+    run: Run
+
+
+@attrs.frozen
+class LookUp:
+    """Ask the provider's status endpoint about the intent. Answers ``Answered`` or
+    ``Failed``."""
+
+    record: IntentRecord
+
+
+@attrs.frozen
+class Sleep:
+    """Wait. ``retry``: the verdict on the attempt this wait follows, to be told."""
+
+    seconds: float
+    run: Run | None = None
+    retry: Verdict | None = None
+
+
+@attrs.frozen
+class Replay:
+    """The settled intent's journaled answer as a response (None when none is stored)."""
+
+    record: IntentRecord
+    provider_replayed: bool = False
+    """Settled from the provider's record (verify), rather than replayed from the journal."""
+
+
+@attrs.frozen
+class Resending:
+    """To be told: look-ups found nothing after the earlier attempt could no longer run."""
+
+    run: Run
+
+
+Command = (
+    ClaimIntent
+    | ReadAttempts
+    | StartAttempt
+    | EndAttempt
+    | Settle
+    | MarkUnknown
+    | Release
+    | LookedUp
+    | Verified
+    | Holding
+    | Send
+    | LookUp
+    | Sleep
+    | Replay
+    | Resending
+)
+
+JOURNAL_COMMANDS = (
+    ClaimIntent,
+    ReadAttempts,
+    StartAttempt,
+    EndAttempt,
+    Settle,
+    MarkUnknown,
+    Release,
+    LookedUp,
+    Verified,
+)
+"""The commands an executor carries out in the journal (off the event loop, for async)."""
+
+
+# -- events: what came of a send or a look-up ------------------------------------------------
+
+
+@attrs.frozen
+class Answered:
+    response: httpx.Response
+
+
+@attrs.frozen
+class Failed:
+    error: BaseException
+    """Raised while sending or reading the answer (an interrupt or a cancellation too)."""
+
+
+Drive = Generator[Command, Any, httpx.Response]
+
+
+# -- the drives -----------------------------------------------------------------------------
+
+
+def call(
+    settings: DriveSettings, draft: IntentDraft, owner: str, *, acknowledge_on_success: bool
+) -> Drive:
+    """A caller's request of an intent: claim it, then replay, wait, refuse, or send it."""
+    clock = settings.clock
+    give_up_waiting = clock.monotonic() + settings.in_flight_wait
+    while True:
+        claim: Claim = yield ClaimIntent(draft, owner)
+        record = claim.record
+        match claim.kind:
+            case ClaimKind.CREATED:
+                assert claim.attempt_number is not None
+                run = Run(
+                    record,
+                    owner,
+                    attempt=claim.attempt_number,
+                    ambiguous=False,
+                    began=clock.monotonic(),
+                    acknowledge_on_success=acknowledge_on_success,
+                )
+                return (yield from _send(settings, run))
+            case ClaimKind.CLAIMED:
+                run = yield from _resumed(settings, claim, owner)
+                run.acknowledge_on_success = acknowledge_on_success
+                return (yield from _send(settings, run))
+            case ClaimKind.FINAL:
+                return (yield from _replay(settings, record))
+            case ClaimKind.MISMATCH:
+                raise refusals.mismatch(draft, record, reconcilable=settings.reconcilable)
+            case ClaimKind.UNKNOWN:
+                raise refusals.unknown(record, reconcilable=settings.reconcilable)
+            case ClaimKind.LEASED:
+                if clock.monotonic() >= give_up_waiting:
+                    raise refusals.in_flight(record)
+                yield Sleep(IN_FLIGHT_POLL)
+
+
+def resume(settings: DriveSettings, claim: Claim, owner: str) -> Drive:
+    """A pending intent ``owner`` has claimed (``resume``): resend it under its key."""
+    run = yield from _resumed(settings, claim, owner)
+    return (yield from _send(settings, run))
+
+
+def _resumed(settings: DriveSettings, claim: Claim, owner: str) -> Generator[Command, Any, Run]:
+    """An existing pending intent ``owner`` has claimed: resend under its key, unless an
+    attempt may have executed and the key may be gone at the provider by now."""
+    record = claim.record
+    profile, clock = settings.profile, settings.clock
+    if not _intact(record):
+        yield Release(_unheld(record, owner), None)
+        raise JournalError(
+            f"intent {record.key}: its journaled request no longer matches the fingerprint "
+            "it was journaled with, so the journal was edited by hand or damaged; it is "
+            "not sent. Restore the journal from a backup, or check the payment at the "
+            "provider and abandon the intent",
+            location=settings.journal_location,
+        )
+    attempts: Sequence[AttemptRecord] = yield ReadAttempts(record.key)
+    ambiguous = may_have_executed(attempts)
+    run = Run(
+        record,
+        owner,
+        attempt=0,
+        ambiguous=ambiguous,
+        began=clock.monotonic(),
+        started=False,
+        resumed=True,
+    )
+    until = quiet_after(attempts, profile.max_processing)
+    if profile.verifies and until is not None:
+        # After a crash with an attempt in flight, as after a timeout: look before sending.
+        run.verification = Verification(until=until)
+    refusal = resend_refusal(
+        record.first_sent_at, clock.now(), profile.key_lifetime, executed=ambiguous
+    )
+    if refusal is not None:
+        run.record = yield MarkUnknown(run, Transition.KEY_WINDOW_PASSED, refusal)
+        raise refusals.unknown(run.record, reconcilable=settings.reconcilable)
+    return run
+
+
+def _unheld(record: IntentRecord, owner: str) -> Run:
+    return Run(record, owner, attempt=0, ambiguous=False, began=0.0, started=False)
+
+
+def _intact(record: IntentRecord) -> bool:
+    path = record.scope[len(record.account) + len(record.method) + 2 :]
+    return journaled_fingerprint_matches(
+        method=record.method,
+        path=path,
+        url=record.url,
+        request_headers=record.request_headers,
+        body=record.body,
+        fingerprint=record.fingerprint,
+    )
+
+
+def _send(settings: DriveSettings, run: Run) -> Drive:
+    """The run's attempts, retried with backoff until one settles it or they run out."""
+    yield Holding(run)
+    retry, clock = settings.retry, settings.clock
+    began = clock.monotonic()
+    tries = 0
+    while True:
+        tries += 1
+        outcome = yield from _attempt(settings, run)
+        if isinstance(outcome, httpx.Response):
+            return outcome
+        wait = retry.next_wait(tries, clock.monotonic() - began, outcome.retry_after)
+        if wait is None:
+            raise (yield from _give_up(settings, run))
+        yield Sleep(wait, run, retry=outcome)
+
+
+def _attempt(
+    settings: DriveSettings, run: Run
+) -> Generator[Command, Any, httpx.Response | Verdict]:
+    """One attempt: the answer it settled, or the verdict of a retryable outcome."""
+    if run.verification is not None:
+        verified = yield from _verify(settings, run, run.verification)
+        if verified is not None:
+            return verified
+    if not run.started:
+        run.attempt = yield StartAttempt(run)
+        run.started = True
+    result: Answered | Failed = yield Send(run)
+    if isinstance(result, Failed):
+        return (yield from _failed(settings, run, result.error))
+    return (yield from _answered(settings, run, result.response))
+
+
+def _answered(
+    settings: DriveSettings, run: Run, response: httpx.Response
+) -> Generator[Command, Any, httpx.Response | Verdict]:
+    verdict = classify_response(response, settings.profile, redact=settings.redact)
+    transition = transition_for(verdict)
+    status = response.status_code
+    diagnosis = verdict.diagnosis  # redacted: a foreign page may quote the request back
+    if verdict.outcome is Outcome.RETRY:
+        return (yield from _retryable(settings, run, verdict, transition, status, error=diagnosis))
+    if verdict.outcome is Outcome.REFUSED:
+        yield EndAttempt(run, transition, status, error=diagnosis, verdict=verdict)
+        raise refusals.authentication(run.record, response, foreign=verdict.ambiguous)
+    run.record = yield Settle(run, transition, response, verdict)
+    return _deliver(settings, run.record, response)
+
+
+def _failed(
+    settings: DriveSettings, run: Run, error: BaseException
+) -> Generator[Command, Any, Verdict]:
+    """An attempt raised: retry transport failures, journal anything else and re-raise."""
+    verdict = classify_error(error)
+    name = type(error).__name__
+    if verdict is not None and verdict.outcome is Outcome.NOT_SENT:
+        # Provably never left: the intent stays pending, free, and not ambiguous.
+        yield EndAttempt(run, Transition.ATTEMPT_NOT_SENT, error=name)
+        raise error
+    if verdict is not None:
+        return (yield from _retryable(settings, run, verdict, transition_for(verdict), error=name))
+    # Not a transport failure (a bug, an interrupt): the attempt may have left. Leave the
+    # intent pending under its key, so a later call resends it safely within the
+    # provider's key lifetime, and let the error through.
+    yield EndAttempt(run, Transition.ATTEMPT_INTERRUPTED, error=name)
+    raise error
+
+
+def _retryable(
+    settings: DriveSettings,
+    run: Run,
+    verdict: Verdict,
+    transition: Transition,
+    status_code: int | None = None,
+    *,
+    error: str | None = None,
+) -> Generator[Command, Any, Verdict]:
+    run.ambiguous = run.ambiguous or verdict.ambiguous
+    run.last_reason = verdict.reason
+    yield EndAttempt(run, transition, status_code, error=error, verdict=verdict)
+    run.started = False
+    if verdict.ambiguous and settings.profile.verifies:
+        until = settings.clock.now() + settings.profile.max_processing
+        run.verification = Verification(until=until)
+    return verdict
+
+
+def _give_up(settings: DriveSettings, run: Run) -> Generator[Command, Any, PayonceError]:
+    """Attempts ran out: the error to raise, after journaling what is known."""
+    if run.ambiguous:
+        reason = f"retries exhausted; last failure: {run.last_reason}"
+        run.record = yield MarkUnknown(run, Transition.EXHAUSTED, reason)
+        return refusals.unknown(run.record, reconcilable=settings.reconcilable)
+    # Exhausted, never executed: the intent stays pending and the lease goes.
+    yield Release(run, Transition.EXHAUSTED_UNSENT)
+    return refusals.unavailable(run.record, run.last_reason)
+
+
+def _replay(settings: DriveSettings, record: IntentRecord) -> Drive:
+    if record.state is IntentState.ABANDONED:
+        raise refusals.abandoned(record)
+    response: httpx.Response | None = yield Replay(record)
+    if response is None:
+        raise refusals.unknown(record, reconcilable=settings.reconcilable)
+    return _deliver(settings, record, response)
+
+
+def _deliver(
+    settings: DriveSettings, record: IntentRecord, response: httpx.Response
+) -> httpx.Response:
+    """The answer of a settled intent: returned when it succeeded, raised otherwise."""
+    if record.state is IntentState.SUCCEEDED:
+        return response
+    verdict = classify_response(response, settings.profile, redact=settings.redact)
+    raise refusals.refused(record, response, verdict)
+
+
+# -- verify before resend --------------------------------------------------------------------
+
+_JOURNALED = {LookupKind.ABSENT: "not_found", LookupKind.UNDECIDED: "still_unknown"}
+
+
+def _verify(
+    settings: DriveSettings, run: Run, verification: Verification
+) -> Generator[Command, Any, httpx.Response | Verdict | None]:
+    """Look the intent up until its record settles it (its answer returned), or nothing
+    found after the earlier attempt can no longer run lets it be resent (None). A verdict:
+    waiting longer would pass ``max_elapsed``; the attempts end there."""
+    profile, clock = settings.profile, settings.clock
+    lookup = profile.lookup
+    assert lookup is not None
+    while True:
+        step = verification.next(clock.now())
+        if step is None:
+            run.verification = None
+            yield Resending(run)
+            return None
+        if isinstance(step, float):
+            if clock.monotonic() + step > run.began + settings.retry.max_elapsed:
+                reason = "no look-up could tell whether it executed before max_elapsed"
+                return Verdict(Outcome.RETRY, ambiguous=True, reason=reason)
+            yield Sleep(step)
+            continue
+        result: Answered | Failed = yield LookUp(run.record)
+        if isinstance(result, Failed):
+            if not isinstance(result.error, LOOKUP_FAILURES):
+                raise result.error
+            detail = f"status look-up failed: {type(result.error).__name__}"
+            yield LookedUp(run, None, "error", detail, None)
+            verification.answered(LookupKind.RETRY, clock.now(), _backoff(settings, verification))
+            continue
+        response = result.response
+        verdict = classify_lookup(response, lookup)
+        if verdict.kind is not LookupKind.FOUND:
+            outcome = _JOURNALED.get(verdict.kind, "error")
+            yield LookedUp(run, verdict.kind, outcome, verdict.detail, response)
+            verification.answered(verdict.kind, clock.now(), _backoff(settings, verification))
+            continue
+        assert verdict.record is not None
+        transition = (
+            Transition.VERIFIED_SUCCEEDED
+            if verdict.state is IntentState.SUCCEEDED
+            else Transition.VERIFIED_FAILED
+        )
+        run.record = yield Verified(run, transition, verdict.detail, response, verdict.record)
+        run.verification = None
+        answer: httpx.Response | None = yield Replay(run.record, provider_replayed=True)
+        assert answer is not None  # settled from a record: its answer is stored
+        return _deliver(settings, run.record, answer)
+
+
+def _backoff(settings: DriveSettings, verification: Verification) -> float:
+    # The retry policy's backoff, but not so fast that a short one floods the provider with
+    # look-ups while the earlier attempt may still run.
+    floor = settings.profile.max_processing / 10
+    return max(settings.retry.backoff(verification.asked + 1), floor)
