@@ -16,8 +16,7 @@ from typing import Any, ParamSpec, TypeVar, Unpack
 
 import httpx
 
-from .._journal._records import IntentDraft, IntentRecord
-from .._lifecycle import LOOKUP_FAILURES, new_owner
+from .._lifecycle import LOOKUP_FAILURES, IntentDraft, IntentRecord, new_owner
 from . import _reconcile, _verifying
 from . import _refusals as refusals
 from ._base import BaseClient, OneShotOptions, OneShotVerbs, OperationBase, RequestOptions, Verbs

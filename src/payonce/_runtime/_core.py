@@ -17,10 +17,12 @@ import attrs
 import httpx
 
 from .._crash import crash_armed, crash_atrace, crash_point, crash_trace
-from .._journal._records import Claim, IntentDraft, IntentRecord
 from .._journal._store import IntentStore
 from .._lifecycle import (
+    Claim,
     ClaimKind,
+    IntentDraft,
+    IntentRecord,
     IntentState,
     KeyFormat,
     Outcome,

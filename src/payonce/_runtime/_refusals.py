@@ -6,8 +6,14 @@ from typing import Any, TypeVar
 
 import httpx
 
-from .._journal._records import IntentDraft, IntentRecord
-from .._lifecycle import IntentState, Outcome, Verdict, request_differences
+from .._lifecycle import (
+    IntentDraft,
+    IntentRecord,
+    IntentState,
+    Outcome,
+    Verdict,
+    request_differences,
+)
 from ..errors import (
     AuthenticationError,
     IntentError,

@@ -12,8 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .._journal._records import IntentRecord
-from .._lifecycle import Transition, Verdict
+from .._lifecycle import IntentRecord, Transition, Verdict
 from .._providers._profile import ProviderProfile
 from ._events import (
     AttemptEnded,
