@@ -24,8 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 import payonce
-from payonce._journal._records import IntentDraft, StoredResponse
-from payonce._lifecycle import canonical_request, make_scope
+from payonce._lifecycle import IntentDraft, StoredResponse, canonical_request, make_scope
 
 API_KEY = "sk_test_payonce"
 ACCOUNT = "acct_demo"

@@ -30,9 +30,15 @@ import pytest
 
 import payonce
 from helpers.payments import PAYMENT
-from payonce._journal._records import IntentDraft, StoredResponse
 from payonce._journal._schema import SCHEMA_VERSION
-from payonce._lifecycle import ClaimKind, Transition, canonical_request, make_scope
+from payonce._lifecycle import (
+    ClaimKind,
+    IntentDraft,
+    StoredResponse,
+    Transition,
+    canonical_request,
+    make_scope,
+)
 from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
 
 DATA = Path(__file__).parent / "data"

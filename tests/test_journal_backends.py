@@ -36,10 +36,9 @@ from payonce._journal import _sql as sql
 from payonce._journal._engine import migrate
 from payonce._journal._open import open_store
 from payonce._journal._postgres import PostgresJournal
-from payonce._journal._records import IntentDraft, StoredResponse
 from payonce._journal._schema import SCHEMA_VERSION
 from payonce._journal._store import IntentStore
-from payonce._lifecycle import ClaimKind, Transition, make_scope
+from payonce._lifecycle import ClaimKind, IntentDraft, StoredResponse, Transition, make_scope
 from payonce.sandbox import SandboxServer
 from pgserver import PostgresServer
 

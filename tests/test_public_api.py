@@ -18,6 +18,7 @@ import payonce.errors
 PUBLIC_MODULES = {
     "cli",
     "credentials",
+    "demo",
     "errors",
     "hooks",
     "journal",

@@ -23,8 +23,7 @@ from . import providers as providers
 from . import records as records
 from ._journal._open import open_journal
 from ._journal._reads import Journal
-from ._journal._records import IntentRecord
-from ._lifecycle import IntentState
+from ._lifecycle import IntentRecord, IntentState
 from ._providers._profile import ProviderProfile, register_profile
 from ._runtime._hooks import Hooks
 from ._runtime._responses import response_info

@@ -8,14 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 from ._journal._open import default_journal_path, open_journal, postgres_journal_class
 from ._journal._reads import Journal
-from ._journal._records import (
-    AttemptRecord,
-    IntentRecord,
-    JournalReport,
-    ReconciliationRecord,
-    StoredResponse,
-)
+from ._journal._reports import JournalReport
 from ._journal._sqlite import SQLiteJournal
+from ._lifecycle import AttemptRecord, IntentRecord, ReconciliationRecord, StoredResponse
 
 if TYPE_CHECKING:
     from ._journal._postgres import PostgresJournal

@@ -11,9 +11,14 @@ import psycopg
 
 from payonce._journal import _sql as sql
 from payonce._journal._engine import Tx
-from payonce._journal._records import IntentDraft, StoredResponse
 from payonce._journal._store import IntentStore
-from payonce._lifecycle import Transition, canonical_request, make_scope
+from payonce._lifecycle import (
+    IntentDraft,
+    StoredResponse,
+    Transition,
+    canonical_request,
+    make_scope,
+)
 
 OpenJournal = Callable[..., IntentStore]
 

@@ -12,8 +12,12 @@ from collections.abc import Callable
 
 from .._crash import crash_point
 from .._lifecycle import (
+    Claim,
     ClaimKind,
+    IntentDraft,
+    IntentRecord,
     IntentState,
+    StoredResponse,
     Transition,
     decide_claim,
     is_mismatch,
@@ -25,7 +29,6 @@ from ..errors import IntentInFlight
 from . import _sql as sql
 from ._engine import AFTER_LOOKUP, AFTER_SEND, BEFORE_SEND, Engine, Tx
 from ._held import HeldRecords, created_record, settled_record
-from ._records import Claim, IntentDraft, IntentRecord, StoredResponse
 from ._rows import headers_to_json, intent_from_row, response_values
 
 __all__ = ["Claims"]

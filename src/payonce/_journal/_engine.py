@@ -24,12 +24,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, Self, TypeVar
 
-from .._lifecycle import IntentState, Transition, target
+from .._lifecycle import IntentRecord, IntentState, Transition, target
 from .._version import __version__
 from ..errors import IntentStateError, JournalBusy, JournalError
 from . import _sql as sql
 from ._acks import PendingAcknowledgements, acknowledge_all, flusher
-from ._records import IntentRecord, JournalCommitted
+from ._reports import JournalCommitted
 from ._rows import intent_from_row
 from ._schema import APPLICATION, SCHEMA_VERSION
 

@@ -19,9 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .._lifecycle import IntentState
+from .._lifecycle import IntentDraft, IntentRecord, IntentRequest, IntentState, StoredResponse
 from .._version import __version__
-from ._records import IntentDraft, IntentRecord, IntentRequest, StoredResponse
 from ._schema import SCHEMA_VERSION
 
 __all__ = ["HeldRecords", "created_record", "settled_record"]

@@ -18,7 +18,14 @@ from typing import Any
 
 import attrs
 
-from .._lifecycle import IntentState, Transition, lease_blocks
+from .._lifecycle import (
+    AttemptRecord,
+    IntentRecord,
+    IntentState,
+    ReconciliationRecord,
+    Transition,
+    lease_blocks,
+)
 from .._lifecycle._key_age import PRUNE_AFTER_KEY_LIFETIMES
 from .._providers._profile import key_lifetime_of
 from ..errors import IntentInFlight
@@ -32,12 +39,7 @@ from ._inbox import (
     event_from_row,
     select_event,
 )
-from ._records import (
-    AttemptRecord,
-    IntentRecord,
-    JournalReport,
-    ReconciliationRecord,
-)
+from ._reports import JournalReport
 from ._rows import attempt_from_row, intent_from_row, reconciliation_from_row
 from ._schema import parts_at
 

@@ -13,14 +13,14 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from .._lifecycle import IntentState
-from .._version import __version__
-from ._records import (
+from .._lifecycle import (
     AttemptRecord,
     IntentRecord,
+    IntentState,
     ReconciliationRecord,
     StoredResponse,
 )
+from .._version import __version__
 from ._schema import SCHEMA_VERSION
 
 __all__ = [

@@ -2,11 +2,12 @@
 
 States and the transition table (``_states``), identity: key, scope and the one
 fingerprint (``_identity``), verdicts on answers and look-ups (``_verdicts``), key age
-(``_key_age``), leases and owner liveness (``_leases``), and what a claim amounts to
-(``_claims``). The clients and the journal drive these; they decide nothing themselves.
+(``_key_age``), leases and owner liveness (``_leases``), what a claim amounts to
+(``_claims``), and the records they decide on (``_records``, which the journal stores). The
+clients and the journal drive these; they decide nothing themselves.
 """
 
-from ._claims import ClaimKind, decide_claim, is_mismatch
+from ._claims import Claim, ClaimKind, decide_claim, is_mismatch
 from ._identity import (
     MAX_KEY_LENGTH,
     CanonicalRequest,
@@ -26,6 +27,14 @@ from ._identity import (
 )
 from ._key_age import KEY_LIFETIME_MARGIN, may_have_executed, resend_refusal
 from ._leases import lease_blocks, lease_live, new_owner, owner_ended, owner_is_dead
+from ._records import (
+    AttemptRecord,
+    IntentDraft,
+    IntentRecord,
+    IntentRequest,
+    ReconciliationRecord,
+    StoredResponse,
+)
 from ._states import RULES, IntentState, Rule, Transition, contract_table, rule, target
 from ._verdicts import (
     LOOKUP_FAILURES,
@@ -48,17 +57,24 @@ __all__ = [
     "LOOKUP_FAILURES",
     "MAX_KEY_LENGTH",
     "RULES",
+    "AttemptRecord",
     "CanonicalRequest",
+    "Claim",
     "FormData",
     "FormEncoder",
     "ClaimKind",
+    "IntentDraft",
+    "IntentRecord",
+    "IntentRequest",
     "IntentState",
     "KeyFormat",
     "LookUp",
     "LookupKind",
     "LookupVerdict",
     "Outcome",
+    "ReconciliationRecord",
     "Rule",
+    "StoredResponse",
     "Transition",
     "Verdict",
     "Verification",

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+
+import attrs
 
 from ._leases import lease_blocks, owner_is_dead
+from ._records import IntentDraft, IntentRecord
 from ._states import IntentState
 
-if TYPE_CHECKING:
-    from .._journal._records import IntentDraft, IntentRecord
-
-__all__ = ["ClaimKind", "decide_claim", "is_mismatch"]
+__all__ = ["Claim", "ClaimKind", "decide_claim", "is_mismatch"]
 
 
 class ClaimKind(enum.Enum):
@@ -28,6 +27,15 @@ class ClaimKind(enum.Enum):
     """Another worker holds a live lease on it."""
     MISMATCH = "mismatch"
     """Same intent, different request (or a supplied key bound to another intent)."""
+
+
+@attrs.frozen
+class Claim:
+    """What a claim came to, the intent's record, and the attempt it opened (if it did)."""
+
+    kind: ClaimKind
+    record: IntentRecord
+    attempt_number: int | None = None
 
 
 def is_mismatch(record: IntentRecord, draft: IntentDraft) -> bool:

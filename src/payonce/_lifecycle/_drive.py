@@ -25,20 +25,23 @@ both): ::
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import attrs
 import httpx
 
 from ..errors import JournalError, PayonceError
 from . import _refusals as refusals
-from ._claims import ClaimKind
+from ._claims import Claim, ClaimKind
 from ._identity import journaled_fingerprint_matches
 from ._key_age import may_have_executed, resend_refusal
+from ._records import AttemptRecord, IntentDraft, IntentRecord
 from ._states import IntentState, Transition
 from ._verdicts import (
     LOOKUP_FAILURES,
+    AnswerRules,
     LookupKind,
+    LookupRules,
     Outcome,
     Verdict,
     classify_error,
@@ -48,10 +51,6 @@ from ._verdicts import (
 )
 from ._verify import Verification, quiet_after
 
-if TYPE_CHECKING:
-    from .._journal._records import AttemptRecord, Claim, IntentDraft, IntentRecord
-    from .._providers._profile import ProviderProfile
-
 __all__ = [
     "IN_FLIGHT_POLL",
     "Answered",
@@ -59,6 +58,7 @@ __all__ = [
     "Clock",
     "Command",
     "Drive",
+    "DriveProfile",
     "DriveSettings",
     "EndAttempt",
     "Failed",
@@ -97,6 +97,22 @@ class Clock(Protocol):
         ...
 
 
+class DriveProfile(AnswerRules, Protocol):
+    """What a drive asks of a provider profile (``ProviderProfile``)."""
+
+    @property
+    def key_lifetime(self) -> float: ...
+
+    @property
+    def max_processing(self) -> float: ...
+
+    @property
+    def verifies(self) -> bool: ...
+
+    @property
+    def lookup(self) -> LookupRules | None: ...
+
+
 class RetryRules(Protocol):
     """How hard to try (``payonce.RetryPolicy``)."""
 
@@ -114,7 +130,7 @@ class RetryRules(Protocol):
 class DriveSettings:
     """What a drive knows besides the intent: one client's, for all its intents."""
 
-    profile: ProviderProfile
+    profile: DriveProfile
     retry: RetryRules
     clock: Clock
     redact: Callable[[str], str]

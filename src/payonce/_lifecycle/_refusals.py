@@ -6,7 +6,6 @@ from typing import Any, TypeVar
 
 import httpx
 
-from .._journal._records import IntentDraft, IntentRecord
 from ..errors import (
     AuthenticationError,
     IntentError,
@@ -18,6 +17,7 @@ from ..errors import (
     ProviderUnavailable,
 )
 from ._identity import request_differences
+from ._records import IntentDraft, IntentRecord
 from ._states import IntentState
 from ._verdicts import Outcome, Verdict
 

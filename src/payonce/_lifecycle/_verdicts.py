@@ -2,7 +2,8 @@
 status look-up's answer, in one place.
 
 A provider profile plugs into it (``refine``, ``should_retry_hint``, its status sets, its
-``Lookup``); nothing else in payonce classifies.
+``Lookup``) through the protocols ``AnswerRules`` and ``LookupRules``, which the profiles
+satisfy: the lifecycle does not import the providers. Nothing else in payonce classifies.
 """
 
 from __future__ import annotations
@@ -13,19 +14,18 @@ import json
 import ssl
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import attrs
 import httpx
 
 from ._states import IntentState, Transition
 
-if TYPE_CHECKING:
-    from .._providers._profile import Lookup, ProviderProfile
-
 __all__ = [
     "LOOKUP_FAILURES",
+    "AnswerRules",
     "LookupKind",
+    "LookupRules",
     "LookupVerdict",
     "Outcome",
     "Verdict",
@@ -66,6 +66,27 @@ class Verdict:
     """What the attempt record keeps about an answer that was not the provider's."""
 
 
+class AnswerRules(Protocol):
+    """What classifying an answer asks of a provider profile (``ProviderProfile``)."""
+
+    @property
+    def answer_media_types(self) -> frozenset[str]: ...
+    @property
+    def refused_statuses(self) -> frozenset[int]: ...
+    @property
+    def mismatch_statuses(self) -> frozenset[int]: ...
+    @property
+    def in_flight_statuses(self) -> frozenset[int]: ...
+    @property
+    def not_executed_statuses(self) -> frozenset[int]: ...
+    @property
+    def retryable_statuses(self) -> frozenset[int]: ...
+    @property
+    def should_retry_hint(self) -> Callable[[httpx.Response], bool | None]: ...
+    @property
+    def refine(self) -> Callable[[httpx.Response], Verdict | None]: ...
+
+
 def _media_type(response: httpx.Response) -> str:
     return str(response.headers.get("content-type", "")).split(";")[0].strip().lower()
 
@@ -82,7 +103,7 @@ _BODILESS = frozenset({204, 205, 304})
 
 
 def _not_genuine(
-    response: httpx.Response, profile: ProviderProfile, *, refusal: bool = False
+    response: httpx.Response, profile: AnswerRules, *, refusal: bool = False
 ) -> str | None:
     """Why an answer is not the provider's own, or None when it is.
 
@@ -143,7 +164,7 @@ def _foreign(response: httpx.Response, why: str, redact: Redact) -> Verdict:
 
 
 def _refusal(
-    response: httpx.Response, profile: ProviderProfile, verdict: Verdict, redact: Redact
+    response: httpx.Response, profile: AnswerRules, verdict: Verdict, redact: Redact
 ) -> Verdict:
     """``verdict`` (failed or mismatch) if the provider wrote this refusal, else ambiguous.
 
@@ -198,7 +219,7 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
 
 
 def classify_response(
-    response: httpx.Response, profile: ProviderProfile, *, redact: Redact = _as_is
+    response: httpx.Response, profile: AnswerRules, *, redact: Redact = _as_is
 ) -> Verdict:
     """The verdict on one attempt's answer: settle it, or retry under the same key.
     ``redact``: what the excerpt of an answer that is not the provider's passes through."""
@@ -329,6 +350,19 @@ class LookupKind(enum.Enum):
     """Transient (429, 5xx, a transport failure): ask again."""
 
 
+class LookupRules(Protocol):
+    """What reading a status look-up's answer asks of a profile's ``Lookup``."""
+
+    @property
+    def list_field(self) -> str: ...
+    @property
+    def status_field(self) -> str: ...
+    @property
+    def succeeded(self) -> frozenset[str]: ...
+    @property
+    def failed(self) -> frozenset[str]: ...
+
+
 @attrs.frozen
 class LookupVerdict:
     kind: LookupKind
@@ -339,7 +373,7 @@ class LookupVerdict:
     """For ``FOUND``: the provider's record, stored as the intent's response."""
 
 
-def classify_lookup(response: httpx.Response, lookup: Lookup) -> LookupVerdict:
+def classify_lookup(response: httpx.Response, lookup: LookupRules) -> LookupVerdict:
     """The verdict on a status look-up's answer."""
     status = response.status_code
     if status == 429 or status >= 500:

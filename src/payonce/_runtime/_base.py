@@ -23,9 +23,11 @@ from .._credentials import resolve_api_key
 from .._fork import ForkGuard
 from .._journal._open import open_store
 from .._journal._reads import Journal
-from .._journal._records import IntentDraft, IntentRecord, JournalCommitted
+from .._journal._reports import JournalCommitted
 from .._journal._store import IntentStore
 from .._lifecycle import (
+    IntentDraft,
+    IntentRecord,
     IntentState,
     KeyFormat,
     canonical_request,

@@ -18,8 +18,7 @@ from typing import Protocol, TypeVar
 import attrs
 import httpx
 
-from .._journal._records import Claim, IntentRecord
-from .._lifecycle import IntentState, new_owner
+from .._lifecycle import Claim, IntentRecord, IntentState, new_owner
 from ..errors import AuthenticationError, OutcomeUnknown, PayonceError, ProviderError
 from . import _reconcile
 from ._core import IntentCore

@@ -17,9 +17,17 @@ import attrs
 import httpx
 
 from .._crash import crash_armed, crash_atrace, crash_point, crash_trace
-from .._journal._records import Claim, IntentRecord
 from .._journal._store import IntentStore
-from .._lifecycle import ClaimKind, KeyFormat, LookupKind, Transition, owner_ended, rule
+from .._lifecycle import (
+    Claim,
+    ClaimKind,
+    IntentRecord,
+    KeyFormat,
+    LookupKind,
+    Transition,
+    owner_ended,
+    rule,
+)
 from .._lifecycle._drive import (
     ClaimIntent,
     DriveSettings,

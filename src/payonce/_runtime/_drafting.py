@@ -7,9 +7,9 @@ from collections.abc import Mapping
 
 import httpx
 
-from .._journal._records import IntentDraft
 from .._lifecycle import (
     CanonicalRequest,
+    IntentDraft,
     KeyFormat,
     check_headers,
     make_scope,

@@ -10,8 +10,8 @@ from typing import Any
 
 import attrs
 
-from .._journal._records import IntentRecord, JournalCommitted
-from .._lifecycle import IntentState
+from .._journal._reports import JournalCommitted
+from .._lifecycle import IntentRecord, IntentState
 
 __all__ = [
     "AttemptEnded",

@@ -18,11 +18,12 @@ import logging
 import attrs
 import httpx
 
-from .._journal._records import IntentRecord, StoredResponse
 from .._lifecycle import (
+    IntentRecord,
     IntentState,
     LookupKind,
     Outcome,
+    StoredResponse,
     Transition,
     Verdict,
     classify_lookup,

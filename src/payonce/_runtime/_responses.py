@@ -10,8 +10,7 @@ from typing import Any
 import attrs
 import httpx
 
-from .._journal._records import IntentRecord, StoredResponse
-from .._lifecycle import IntentState
+from .._lifecycle import IntentRecord, IntentState, StoredResponse
 from .._providers._profile import ProviderProfile
 from ._events import log_extra
 

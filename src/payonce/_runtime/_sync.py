@@ -16,8 +16,7 @@ from typing import Any, Unpack
 import httpx
 
 from .._crash import crash_point
-from .._journal._records import IntentDraft, IntentRecord
-from .._lifecycle import LOOKUP_FAILURES, new_owner
+from .._lifecycle import LOOKUP_FAILURES, IntentDraft, IntentRecord, new_owner
 from .._lifecycle import _drive as drive
 from . import _reconcile
 from ._base import BaseClient, OneShotOptions, OneShotVerbs, OperationBase, RequestOptions, Verbs

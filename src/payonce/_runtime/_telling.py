@@ -12,8 +12,7 @@ import logging
 
 import httpx
 
-from .._journal._records import IntentRecord
-from .._lifecycle import LookupKind, Transition, Verdict
+from .._lifecycle import IntentRecord, LookupKind, Transition, Verdict
 from .._lifecycle._drive import Run
 from .._lifecycle._refusals import unknown_remedy
 from .._providers._profile import ProviderProfile

@@ -283,7 +283,7 @@ def demo(
     charged an order twice or never.
     """
     try:
-        from payonce.sandbox import run_demo
+        from payonce.demo import run_demo
     except ImportError as exc:
         raise _sandbox_missing(exc) from exc
     ok = run_demo(

@@ -1,20 +1,21 @@
-"""What the journal stores: intents, their attempts and their stored responses."""
+"""An intent's records: its request, its state and lease, its attempts, answer and look-ups.
+
+The lifecycle decides on these and owns them; the journal stores them and imports them from
+here, so the lifecycle never imports the journal.
+"""
 
 from __future__ import annotations
 
 import attrs
 
-from .._lifecycle import ClaimKind, IntentState, lease_live
-from ._schema import SCHEMA_VERSION
+from ._leases import lease_live
+from ._states import IntentState
 
 __all__ = [
     "AttemptRecord",
-    "Claim",
-    "ClaimKind",
     "IntentDraft",
     "IntentRecord",
     "IntentRequest",
-    "JournalReport",
     "ReconciliationRecord",
     "StoredResponse",
 ]
@@ -105,38 +106,3 @@ class ReconciliationRecord:
     """``found``, ``not_found``, ``still_unknown`` or ``error``."""
     detail: str
     status_code: int | None
-
-
-@attrs.frozen
-class JournalReport:
-    """The result of ``journal.check()``: integrity, schema, and what it holds."""
-
-    location: str
-    ok: bool
-    problems: tuple[str, ...]
-    schema_version: int
-    intents_by_state: dict[str, int]
-    unacknowledged: int
-    size_bytes: int
-    latest_schema_version: int = SCHEMA_VERSION
-    """This payonce's schema: a journal below it is read as it is, and migrated by the next
-    payonce that opens it to write."""
-    contents_read: bool = True
-    """False when the file is too damaged to read its schema version and counts: they are
-    then 0 and mean nothing. A damaged file whose rows still read has them, as read."""
-
-
-@attrs.frozen
-class Claim:
-    kind: ClaimKind
-    record: IntentRecord
-    attempt_number: int | None = None
-
-
-@attrs.frozen
-class JournalCommitted:
-    """One journal transaction committed; ``durable`` ones were fsynced first."""
-
-    location: str
-    seconds: float
-    durable: bool
