@@ -1,0 +1,633 @@
+"""The drive's decisions, run with scripted events: no sandbox, no journal file, no sleep.
+
+Each scenario hands the drive what a provider and a journal would answer (``Script``), in
+order, and checks the transitions it asked the journal for and what the caller gets. The
+journal here is a dictionary that applies each transition by the lifecycle's own table
+(``target``), so a transition asked from a state it may not start from fails the test.
+Time is a ``FakeClock``: waits move it, and a scenario can step it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+import httpx
+import pytest
+
+import payonce
+from payonce._lifecycle import (
+    AttemptRecord,
+    Claim,
+    ClaimKind,
+    IntentDraft,
+    IntentRecord,
+    IntentState,
+    StoredResponse,
+    Transition,
+    canonical_request,
+    rule,
+    target,
+)
+from payonce._lifecycle import _drive as drive
+from payonce._runtime._drafting import Drafter
+from payonce.providers import Lookup, ProviderProfile, get_profile
+
+KEY_LIFETIME = 24 * 3600.0
+GENERIC = get_profile("generic")
+VERIFYING = ProviderProfile(
+    name="verifying",
+    lookup=Lookup(path="/v1/payments"),
+    resend="verify",
+    max_processing=30.0,
+    key_lifetime=KEY_LIFETIME,
+)
+STEADY = payonce.RetryPolicy(max_attempts=4, initial_wait=1.0, max_wait=8.0, jitter=False)
+
+
+@attrs.define
+class FakeClock:
+    wall: float = 1_800_000_000.0
+    mono: float = 1_000.0
+
+    def now(self) -> float:
+        return self.wall
+
+    def monotonic(self) -> float:
+        return self.mono
+
+    def advance(self, seconds: float) -> None:
+        self.wall += seconds
+        self.mono += seconds
+
+
+def _json(status: int, body: Any, **headers: str) -> httpx.Response:
+    request = httpx.Request("POST", "https://provider.test/v1/payments")
+    return httpx.Response(status, json=body, headers=headers, request=request)
+
+
+def _page(status: int) -> httpx.Response:
+    request = httpx.Request("POST", "https://provider.test/v1/payments")
+    return httpx.Response(status, html="<html>gateway</html>", request=request)
+
+
+def _timeout() -> httpx.ReadTimeout:
+    return httpx.ReadTimeout("timed out", request=httpx.Request("POST", "https://provider.test"))
+
+
+def _refused_connection() -> httpx.ConnectError:
+    return httpx.ConnectError("refused", request=httpx.Request("POST", "https://provider.test"))
+
+
+def _found(status: str) -> httpx.Response:
+    return _json(200, {"data": [{"id": "pay_1", "status": status}]})
+
+
+ABSENT = _json(200, {"data": []})
+
+
+class Script:
+    """A journal (a dict, the lifecycle's table) and a provider (scripted answers) for one
+    drive; ``run`` carries the drive's commands out as an executor would."""
+
+    def __init__(
+        self,
+        profile: ProviderProfile = GENERIC,
+        *,
+        sends: list[httpx.Response | BaseException] | None = None,
+        lookups: list[httpx.Response | BaseException] | None = None,
+        claims: list[ClaimKind] | None = None,
+        clock: FakeClock | None = None,
+        retry: payonce.RetryPolicy = STEADY,
+    ) -> None:
+        self.profile = profile
+        self.sends = list(sends or [])
+        self.lookups = list(lookups or [])
+        self.claims = list(claims or [])
+        self.clock = clock or FakeClock()
+        self.settings = drive.DriveSettings(
+            profile=profile,
+            retry=retry,
+            clock=self.clock,
+            redact=lambda text: text,
+            in_flight_wait=1.0,
+            journal_location="journal.db",
+        )
+        self.drafter = Drafter(profile, "acct", "https://provider.test", "ulid")
+        self.record: IntentRecord | None = None
+        self.attempts: list[AttemptRecord] = []
+        self.transitions: list[Transition] = []
+        self.commands: list[drive.Command] = []
+        self.slept: list[float] = []
+        self.released = False
+
+    def draft(self, amount: int = 100) -> IntentDraft:
+        canonical = canonical_request("POST", "/v1/payments", json_body={"amount": amount})
+        return self.drafter.draft(
+            canonical, reference="order-1", key=None, key_supplied=False, headers=None
+        )
+
+    # -- the journal -------------------------------------------------------------------------
+
+    def journaled(self, draft: IntentDraft, *, state: IntentState, **changes: Any) -> None:
+        """An intent already in the journal (an earlier process's)."""
+        fields = {f.name: getattr(draft, f.name) for f in attrs.fields(type(draft))}
+        fields.pop("key_supplied")
+        self.record = IntentRecord(
+            **fields,
+            state=state,
+            created_at=self.clock.wall,
+            updated_at=self.clock.wall,
+            first_sent_at=self.clock.wall,
+            lease_owner=None,
+            lease_expires_at=None,
+            unknown_reason=None,
+            response=None,
+            acknowledged_at=None,
+            attempt_count=len(self.attempts),
+        )
+        self.record = attrs.evolve(self.record, **changes)
+
+    def attempt(self, *, ended: bool, ambiguous: bool | None, at: float | None = None) -> None:
+        started = self.clock.wall if at is None else at
+        number = len(self.attempts) + 1
+        end = started + 1 if ended else None
+        self.attempts.append(AttemptRecord("k", number, started, end, None, None, ambiguous))
+
+    def _apply(self, transition: Transition, **changes: Any) -> IntentRecord:
+        assert self.record is not None
+        to = target(transition, self.record.state)
+        assert to is not None, f"{transition} may not start from {self.record.state}"
+        self.transitions.append(transition)
+        self.record = attrs.evolve(self.record, state=to, **changes)
+        return self.record
+
+    def _claim(self, command: drive.ClaimIntent) -> Claim:
+        kind = self.claims.pop(0) if self.claims else None
+        if self.record is None:
+            self.journaled(command.draft, state=IntentState.PENDING)
+            self.transitions.append(Transition.WRITE_AHEAD)
+            self.attempt(ended=False, ambiguous=None)
+            assert self.record is not None
+            self.record = attrs.evolve(self.record, attempt_count=1, lease_owner=command.owner)
+            return Claim(kind or ClaimKind.CREATED, self.record, 1)
+        if kind is None:
+            kind = ClaimKind.FINAL if self.record.state.is_final else ClaimKind.CLAIMED
+        return Claim(kind, self.record)
+
+    def _journal(self, command: drive.Command) -> Any:
+        match command:
+            case drive.ClaimIntent():
+                return self._claim(command)
+            case drive.ReadAttempts():
+                return list(self.attempts)
+            case drive.StartAttempt(transition=transition):
+                self._apply(transition)
+                self.attempt(ended=False, ambiguous=None)
+                return len(self.attempts)
+            case drive.EndAttempt(transition=transition):
+                self._apply(transition)
+                ambiguous = rule(transition).attempt_ambiguous
+                last = self.attempts[-1]
+                self.attempts[-1] = attrs.evolve(
+                    last, ended_at=self.clock.wall, ambiguous=ambiguous
+                )
+                return None
+            case drive.Settle(transition=transition, response=response):
+                stored = StoredResponse(response.status_code, (), response.content)
+                return self._apply(transition, response=stored)
+            case drive.MarkUnknown(transition=transition, reason=reason):
+                return self._apply(transition, unknown_reason=reason)
+            case drive.Release(transition=transition):
+                if transition is not None:
+                    self._apply(transition)
+                self.released = True
+                return None
+            case drive.LookedUp(transition=transition):
+                self._apply(transition)
+                return None
+            case drive.Verified(transition=transition, response=response, found=found):
+                body = json.dumps(found).encode()
+                return self._apply(transition, response=StoredResponse(200, (), body))
+        raise AssertionError(f"not a journal command: {command}")
+
+    # -- the executor ------------------------------------------------------------------------
+
+    def _answer(self, queue: list[httpx.Response | BaseException]) -> drive.Answered | drive.Failed:
+        assert queue, "the drive sent more than the scenario scripted"
+        event = queue.pop(0)
+        if isinstance(event, BaseException):
+            return drive.Failed(event)
+        return drive.Answered(event)
+
+    def _replay(self, record: IntentRecord) -> httpx.Response | None:
+        if record.response is None:
+            return None
+        request = httpx.Request(record.method, record.url)
+        stored = record.response
+        return httpx.Response(stored.status, content=stored.body, request=request)
+
+    def _carry_out(self, commands: drive.Drive) -> httpx.Response:
+        answer: Any = None
+        while True:
+            try:
+                command = commands.send(answer)
+            except StopIteration as done:
+                response: httpx.Response = done.value
+                return response
+            self.commands.append(command)
+            match command:
+                case drive.Send():
+                    answer = self._answer(self.sends)
+                case drive.LookUp():
+                    answer = self._answer(self.lookups)
+                case drive.Sleep(seconds):
+                    self.slept.append(seconds)
+                    self.clock.advance(seconds)
+                    answer = None
+                case drive.Replay(record):
+                    answer = self._replay(record)
+                case drive.Holding() | drive.Resending():
+                    answer = None
+                case _:
+                    answer = self._journal(command)
+
+    def call(self, draft: IntentDraft | None = None, *, ack: bool = False) -> httpx.Response:
+        commands = drive.call(
+            self.settings, draft or self.draft(), "me", acknowledge_on_success=ack
+        )
+        return self._carry_out(commands)
+
+    def resume(self) -> httpx.Response:
+        assert self.record is not None
+        claim = Claim(ClaimKind.CLAIMED, self.record)
+        return self._carry_out(drive.resume(self.settings, claim, "me"))
+
+    @property
+    def sent(self) -> int:
+        return sum(isinstance(c, drive.Send) for c in self.commands)
+
+    @property
+    def state(self) -> IntentState:
+        assert self.record is not None
+        return self.record.state
+
+
+OK = _json(201, {"id": "pay_1", "status": "succeeded"})
+T = Transition
+
+
+# -- the happy path and its replays -----------------------------------------------------------
+
+
+def test_a_first_answer_settles_it_after_one_send() -> None:
+    script = Script(sends=[OK])
+    assert script.call().status_code == 201
+    assert script.transitions == [T.WRITE_AHEAD, T.SUCCEEDED]
+    assert script.sent == 1
+
+
+def test_1_an_identical_retry_after_success_is_replayed_without_sending() -> None:
+    script = Script(sends=[OK])
+    script.call()
+    again = script.call()
+    assert (again.status_code, again.content) == (201, OK.content)
+    assert script.sent == 1
+
+
+def test_7_a_stored_refusal_is_replayed_as_the_same_error() -> None:
+    script = Script(sends=[_json(402, {"error": "card_declined"})])
+    with pytest.raises(payonce.ProviderError) as first:
+        script.call()
+    with pytest.raises(payonce.ProviderError) as replayed:
+        script.call()
+    assert first.value.status_code == replayed.value.status_code == 402
+    assert script.transitions == [T.WRITE_AHEAD, T.FAILED]
+    assert script.sent == 1
+
+
+def test_4_a_one_shot_asks_for_its_acknowledgement_with_the_settle() -> None:
+    script = Script(sends=[OK])
+    script.call(ack=True)
+    (settle,) = [c for c in script.commands if isinstance(c, drive.Settle)]
+    assert settle.run.acknowledge_on_success
+
+
+# -- concurrency and mismatches ---------------------------------------------------------------
+
+
+def test_2_another_worker_s_intent_is_waited_for_then_replayed() -> None:
+    script = Script(sends=[OK])
+    script.call()
+    script.claims = [ClaimKind.LEASED, ClaimKind.LEASED]
+    assert script.call().status_code == 201
+    assert script.slept == [drive.IN_FLIGHT_POLL, drive.IN_FLIGHT_POLL]
+    assert script.sent == 1
+
+
+def test_2_another_worker_s_intent_past_in_flight_wait_is_in_flight() -> None:
+    script = Script()
+    script.journaled(script.draft(), state=IntentState.PENDING, lease_owner="them")
+    script.claims = [ClaimKind.LEASED] * 100
+    with pytest.raises(payonce.IntentInFlight):
+        script.call()
+    assert script.sent == 0
+    assert sum(script.slept) >= script.settings.in_flight_wait
+
+
+def test_3_the_same_intent_with_another_body_is_refused_before_sending() -> None:
+    script = Script(sends=[OK])
+    script.call(script.draft(100))
+    script.claims = [ClaimKind.MISMATCH]
+    with pytest.raises(payonce.IntentMismatch, match="differs"):
+        script.call(script.draft(999))
+    assert script.sent == 1
+
+
+def test_3_the_provider_s_mismatch_answer_is_intent_mismatch() -> None:
+    script = Script(sends=[_json(422, {"error": "idempotency key reused"})])
+    with pytest.raises(payonce.IntentMismatch):
+        script.call()
+    assert script.transitions == [T.WRITE_AHEAD, T.FAILED]
+
+
+# -- retries, giving up, unknown outcomes ---------------------------------------------------
+
+
+def test_retryable_answers_are_retried_with_the_policy_s_waits() -> None:
+    script = Script(sends=[_json(503, {}), _timeout(), OK])
+    assert script.call().status_code == 201
+    assert script.slept == [1.0, 2.0]
+    assert script.transitions == [
+        T.WRITE_AHEAD,
+        T.ATTEMPT_AMBIGUOUS,
+        T.ATTEMPT_STARTED,
+        T.ATTEMPT_AMBIGUOUS,
+        T.ATTEMPT_STARTED,
+        T.SUCCEEDED,
+    ]
+
+
+def test_retry_after_replaces_the_computed_wait() -> None:
+    script = Script(sends=[_json(429, {}, **{"Retry-After": "3"}), OK])
+    script.call()
+    assert script.slept == [3.0]
+    assert script.transitions[1] is T.ATTEMPT_NOT_EXECUTED
+
+
+def test_5_ambiguous_failures_that_exhaust_the_attempts_go_unknown() -> None:
+    script = Script(sends=[_timeout()] * 4)
+    with pytest.raises(payonce.OutcomeUnknown, match="retries exhausted"):
+        script.call()
+    assert script.state is IntentState.UNKNOWN
+    assert script.transitions[-1] is T.EXHAUSTED
+    assert script.sent == STEADY.max_attempts
+
+
+def test_attempts_that_never_executed_leave_it_pending_and_free() -> None:
+    script = Script(sends=[_refused_connection()] * 4)
+    with pytest.raises(payonce.ProviderUnavailable):
+        script.call()
+    assert script.state is IntentState.PENDING
+    assert script.released
+    assert script.transitions[-1] is T.EXHAUSTED_UNSENT
+
+
+def test_max_elapsed_ends_the_attempts_before_max_attempts() -> None:
+    policy = payonce.RetryPolicy(max_attempts=10, max_elapsed=5.0, initial_wait=2.0, jitter=False)
+    script = Script(sends=[_timeout()] * 10, retry=policy)
+    with pytest.raises(payonce.OutcomeUnknown):
+        script.call()
+    assert script.slept == [2.0]  # the next wait (4 s) would end past 5 s
+    assert script.sent == 2
+
+
+def test_a_refusal_by_the_provider_is_authentication_error_and_stays_pending() -> None:
+    script = Script(sends=[_json(401, {"error": "bad key"})])
+    with pytest.raises(payonce.AuthenticationError) as refused:
+        script.call()
+    assert not refused.value.may_have_executed
+    assert script.transitions == [T.WRITE_AHEAD, T.ATTEMPT_REFUSED]
+    assert script.state is IntentState.PENDING
+
+
+def test_a_refusal_not_by_the_provider_may_have_executed() -> None:
+    script = Script(sends=[_page(403)])
+    with pytest.raises(payonce.AuthenticationError) as refused:
+        script.call()
+    assert refused.value.may_have_executed
+    assert script.transitions == [T.WRITE_AHEAD, T.ATTEMPT_REFUSED_UNPROVEN]
+    assert rule(T.ATTEMPT_REFUSED_UNPROVEN).attempt_ambiguous
+
+
+def test_a_foreign_success_page_is_ambiguous_and_retried() -> None:
+    script = Script(sends=[_page(200), OK])
+    assert script.call().status_code == 201
+    assert script.transitions[1] is T.ATTEMPT_AMBIGUOUS
+
+
+def test_an_interrupt_mid_attempt_is_journaled_ambiguous_and_goes_through() -> None:
+    script = Script(sends=[KeyboardInterrupt()])
+    with pytest.raises(KeyboardInterrupt):
+        script.call()
+    assert script.transitions == [T.WRITE_AHEAD, T.ATTEMPT_INTERRUPTED]
+    assert not any(isinstance(c, drive.Sleep) for c in script.commands)
+
+
+def test_a_request_the_http_stack_refused_to_write_never_left() -> None:
+    unsupported = httpx.UnsupportedProtocol("ftp", request=httpx.Request("GET", "ftp://x"))
+    script = Script(sends=[unsupported])
+    with pytest.raises(httpx.UnsupportedProtocol):
+        script.call()
+    assert script.transitions == [T.WRITE_AHEAD, T.ATTEMPT_NOT_SENT]
+    assert script.state is IntentState.PENDING
+
+
+def test_a_lost_lease_found_at_the_settle_ends_the_drive_with_nothing_more_sent() -> None:
+    script = Script(sends=[OK])
+    original = script._journal
+
+    def journal(command: drive.Command) -> Any:
+        if isinstance(command, drive.Settle):
+            raise payonce.IntentInFlight("taken over", key="k", reference=None)
+        return original(command)
+
+    script._journal = journal  # type: ignore[method-assign]
+    with pytest.raises(payonce.IntentInFlight):
+        script.call()
+    assert script.sent == 1
+
+
+# -- resume: key windows and clocks ---------------------------------------------------------
+
+
+def _crashed_after_sending(script: Script, *, hours_ago: float) -> None:
+    """An earlier process journaled and sent it, then died with the attempt in flight."""
+    at = script.clock.wall - hours_ago * 3600
+    script.journaled(script.draft(), state=IntentState.PENDING, first_sent_at=at)
+    script.attempt(ended=False, ambiguous=None, at=at)
+
+
+def test_resume_resends_under_the_same_key_within_the_key_window() -> None:
+    script = Script(sends=[OK])
+    _crashed_after_sending(script, hours_ago=1)
+    key = script.record.key if script.record else None
+    assert script.resume().status_code == 201
+    assert script.transitions == [T.ATTEMPT_STARTED, T.SUCCEEDED]
+    (send,) = [c for c in script.commands if isinstance(c, drive.Send)]
+    assert send.run.key == key
+
+
+def test_6_past_the_key_window_an_attempt_that_may_have_executed_is_never_resent() -> None:
+    script = Script(sends=[OK])
+    _crashed_after_sending(script, hours_ago=23)  # past 90% of 24 h
+    with pytest.raises(payonce.OutcomeUnknown, match="key lifetime"):
+        script.resume()
+    assert script.transitions == [T.KEY_WINDOW_PASSED]
+    assert script.sent == 0
+
+
+def test_past_the_key_window_an_intent_that_never_executed_is_sent() -> None:
+    script = Script(sends=[OK])
+    at = script.clock.wall - 30 * 3600
+    script.journaled(script.draft(), state=IntentState.PENDING, first_sent_at=at)
+    script.attempt(ended=True, ambiguous=False, at=at)
+    assert script.resume().status_code == 201
+
+
+def test_a_clock_stepped_back_makes_every_first_attempt_look_future_and_never_resends() -> None:
+    script = Script(sends=[OK])
+    script.journaled(script.draft(), state=IntentState.PENDING)
+    script.attempt(ended=True, ambiguous=False)
+    script.clock.wall -= 3600  # NTP stepped the wall clock back an hour
+    with pytest.raises(payonce.OutcomeUnknown, match="in the future"):
+        script.resume()
+    assert script.sent == 0
+
+
+def test_a_wall_clock_step_does_not_move_max_elapsed() -> None:
+    policy = payonce.RetryPolicy(max_attempts=3, max_elapsed=60.0, initial_wait=1.0, jitter=False)
+    script = Script(sends=[_timeout(), OK], retry=policy)
+    script.clock.wall += 10 * 24 * 3600  # a wall clock a year... ten days ahead
+    assert script.call().status_code == 201
+
+
+def test_a_damaged_journaled_request_is_released_and_not_sent() -> None:
+    script = Script(sends=[OK])
+    script.journaled(script.draft(), state=IntentState.PENDING, body=b'{"amount":999}')
+    with pytest.raises(payonce.JournalError, match="fingerprint"):
+        script.resume()
+    assert script.released
+    assert script.sent == 0
+
+
+def test_8_resume_after_failover_sends_the_journaled_intent_with_its_key() -> None:
+    # Another host resumes what the first journaled: the same record, the same key.
+    script = Script(sends=[OK])
+    _crashed_after_sending(script, hours_ago=0.5)
+    assert script.record is not None
+    journaled_key = script.record.key
+    script.resume()
+    assert script.record.key == journaled_key
+
+
+# -- verify before resend -------------------------------------------------------------------
+
+
+def test_verify_found_succeeded_settles_from_the_record_and_sends_nothing_more() -> None:
+    script = Script(VERIFYING, sends=[_timeout()], lookups=[_found("succeeded")])
+    response = script.call()
+    assert response.json()["status"] == "succeeded"
+    assert script.sent == 1
+    assert script.transitions[-1] is T.VERIFIED_SUCCEEDED
+
+
+def test_verify_found_failed_raises_the_provider_s_refusal() -> None:
+    script = Script(VERIFYING, sends=[_timeout()], lookups=[_found("declined")])
+    with pytest.raises(payonce.ProviderError):
+        script.call()
+    assert script.transitions[-1] is T.VERIFIED_FAILED
+    assert script.sent == 1
+
+
+def test_verify_absent_resends_only_once_the_earlier_attempt_cannot_run() -> None:
+    script = Script(VERIFYING, sends=[_timeout(), OK], lookups=[ABSENT] * 10)
+    assert script.call().status_code == 201
+    resent_at = [i for i, c in enumerate(script.commands) if isinstance(c, drive.Send)][1]
+    looked = [c for c in script.commands[:resent_at] if isinstance(c, drive.LookUp)]
+    assert len(looked) >= 2
+    assert any(isinstance(c, drive.Resending) for c in script.commands)
+    # Nothing was resent before max_processing had passed since the attempt ended.
+    assert sum(script.slept) >= VERIFYING.max_processing
+    assert T.LOOKED_UP in script.transitions
+
+
+def test_verify_look_ups_that_never_answer_give_up_unknown_without_resending() -> None:
+    policy = payonce.RetryPolicy(max_attempts=5, max_elapsed=20.0, initial_wait=1.0, jitter=False)
+    script = Script(VERIFYING, sends=[_timeout()], lookups=[_timeout()] * 50, retry=policy)
+    with pytest.raises(payonce.OutcomeUnknown):
+        script.call()
+    assert script.sent == 1
+    assert script.state is IntentState.UNKNOWN
+
+
+def test_verify_a_record_not_final_yet_is_never_a_reason_to_resend() -> None:
+    policy = payonce.RetryPolicy(max_attempts=5, max_elapsed=40.0, initial_wait=1.0, jitter=False)
+    script = Script(
+        VERIFYING, sends=[_timeout()], lookups=[_found("processing")] * 50, retry=policy
+    )
+    with pytest.raises(payonce.OutcomeUnknown):
+        script.call()
+    assert script.sent == 1
+
+
+def test_verify_on_resume_looks_before_sending_after_a_crash_in_flight() -> None:
+    script = Script(VERIFYING, lookups=[_found("succeeded")])
+    _crashed_after_sending(script, hours_ago=1)
+    assert script.resume().json()["status"] == "succeeded"
+    assert script.sent == 0
+
+
+# -- the table, both ways ------------------------------------------------------------------
+
+
+def _every_transition_the_scenarios_apply() -> Iterator[Transition]:
+    for name, scenario in list(globals().items()):
+        if name.startswith("test_") and name != "test_every_row_of_the_table_is_applied":
+            yield from _applied_by(scenario)
+
+
+def _applied_by(scenario: Any) -> list[Transition]:
+    applied: list[Transition] = []
+    original = Script._apply
+
+    def recording(self: Script, transition: Transition, **changes: Any) -> IntentRecord:
+        applied.append(transition)
+        return original(self, transition, **changes)
+
+    Script._apply = recording  # type: ignore[method-assign]
+    try:
+        with contextlib.suppress(Exception):  # the scenario asserts on its own; here we listen
+            scenario()
+    finally:
+        Script._apply = original  # type: ignore[method-assign]
+    return applied
+
+
+def test_every_row_of_the_table_is_applied() -> None:
+    """Each transition of the drive's (not the operator's, nor reconciliation's) is asked for
+    by some scenario; reconciliation and operator commands are applied by the runtime's
+    reconcile and the journal's abandon and acknowledge."""
+    applied = set(_every_transition_the_scenarios_apply()) | {T.WRITE_AHEAD}
+    not_the_drive_s = {
+        T.RECONCILED_SUCCEEDED,
+        T.RECONCILED_FAILED,
+        T.RECONCILED_ABSENT,
+        T.RECONCILED_AMBIGUOUS,
+        T.ABANDONED,
+        T.ACKNOWLEDGED,
+    }
+    assert applied | not_the_drive_s == set(Transition)
