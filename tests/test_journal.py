@@ -29,6 +29,7 @@ import httpx
 import pytest
 
 import payonce
+from helpers.cli import run_cli_process
 from helpers.payments import PAYMENT
 from payonce._journal._records import IntentDraft, StoredResponse
 from payonce._journal._schema import SCHEMA_VERSION
@@ -1124,13 +1125,8 @@ def test_a_journal_on_a_read_only_filesystem_says_so_and_sends_nothing(
         assert "Make it writable" in str(caught.value)
         assert caught.value.may_have_executed is False
         # An operator can still look: the file is read as the fixed file it is.
-        listed = subprocess.run(
-            [sys.executable, "-m", "payonce", "intents", "list", "--journal", str(journal)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert listed.returncode == 0, listed.stderr
+        listed = run_cli_process(["intents", "list", "--journal", str(journal)])
+        assert listed.exit_code == 0, listed.stderr
         assert "order-ro\tsucceeded" in listed.stdout
     finally:
         subprocess.run(["mount", "-o", "remount,rw", str(small_disk)], check=True)
