@@ -30,10 +30,10 @@ import pytest
 
 import payonce
 from helpers.cli import run_cli_process
+from helpers.journals import draft_for
 from helpers.payments import PAYMENT
-from payonce._journal._records import IntentDraft, StoredResponse
 from payonce._journal._schema import SCHEMA_VERSION
-from payonce._lifecycle import ClaimKind, Transition, canonical_request, make_scope
+from payonce._lifecycle import ClaimKind, Transition
 from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
 
 DATA = Path(__file__).parent / "data"
@@ -42,27 +42,6 @@ SQLITE_SYNCHRONOUS_FULL = 2
 
 
 # -- helpers ---------------------------------------------------------------------------------
-
-
-def draft_for(number: int, *, account: str = "acct_demo", padding: int = 0) -> IntentDraft:
-    """The draft a client would journal for payment number ``number``."""
-    body: dict[str, Any] = {"amount": 1000 + number, "currency": "eur"}
-    if padding:
-        body["metadata"] = {"note": "x" * padding}
-    canonical = canonical_request("POST", "/v1/payments", json_body=body)
-    return IntentDraft(
-        key=f"key-{number:05d}",
-        key_supplied=False,
-        scope=make_scope(account, "POST", "/v1/payments"),
-        reference=f"order-{number:05d}",
-        account=account,
-        provider="sandbox",
-        method="POST",
-        url="http://127.0.0.1:9/v1/payments",
-        fingerprint=canonical.fingerprint,
-        request_headers=(("content-type", "application/json"),),
-        body=canonical.body,
-    )
 
 
 def write_real_journal(path: Path, *, intents: int) -> None:
@@ -80,7 +59,7 @@ def write_real_journal(path: Path, *, intents: int) -> None:
                 owner="writer",
                 now=1000.5 + number,
                 transition=Transition.SUCCEEDED,
-                response=StoredResponse(
+                response=payonce.journal.StoredResponse(
                     status=201,
                     headers=(("content-type", "application/json"),),
                     body=b'{"id":"pay_%05d","status":"succeeded"}' % number,

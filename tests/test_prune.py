@@ -16,10 +16,10 @@ import pytest
 import payonce
 from helpers.cli import run_cli
 from helpers.journals import RESPONSE, OpenJournal, draft_for, rows
-from payonce._journal._sqlite import SQLiteJournal
 from payonce._journal._store import IntentStore
 from payonce._lifecycle import ClaimKind, Transition
 from payonce.cli._journal import parse_duration
+from payonce.journal import SQLiteJournal
 
 HOUR = 3600.0
 DAY = 24 * HOUR
