@@ -16,11 +16,10 @@ from typing import Any
 import attrs
 import httpx
 import pytest
-from click.testing import CliRunner, Result
 
 import payonce
+from helpers.cli import CliResult, run_cli, run_cli_process
 from helpers.processes import python_env
-from payonce.cli import cli
 from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
 
 DECLINED_AMOUNT = 40200  # the sandbox declines exactly this amount with a 402
@@ -96,16 +95,6 @@ def populated(
     return Populated(journal_path, _keys(journal_path, references))
 
 
-def _run(args: Sequence[str], **env: str) -> Result:
-    # A wide console: these tests look for whole values, not for how a narrow table folds.
-    return CliRunner().invoke(cli, list(args), env={"COLUMNS": "200", **env})
-
-
-def _terminal(args: Sequence[str], *, columns: int = 200) -> Result:
-    """As on a terminal (rich's TTY_COMPATIBLE): tables rather than plain lines."""
-    return CliRunner().invoke(cli, list(args), env={"COLUMNS": str(columns), "TTY_COMPATIBLE": "1"})
-
-
 def _unstyled(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
@@ -116,12 +105,12 @@ def _section(out: str, header: str) -> list[str]:
     return section.splitlines()[1:]
 
 
-def _json(result: Result) -> Any:
+def _json(result: CliResult) -> Any:
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
 
 
-def _all_output(result: Result) -> str:
+def _all_output(result: CliResult) -> str:
     return result.stdout + result.stderr
 
 
@@ -129,7 +118,7 @@ def _all_output(result: Result) -> str:
 
 
 def test_list_shows_every_intent_newest_first(populated: Populated) -> None:
-    result = _run(["intents", "list", "--journal", str(populated.path)])
+    result = run_cli(["intents", "list", "--journal", str(populated.path)])
     assert result.exit_code == 0, result.output
     out = result.stdout
     positions = [out.index(ref) for ref in reversed(list(populated.keys))]
@@ -143,23 +132,23 @@ def test_list_shows_every_intent_newest_first(populated: Populated) -> None:
 
 
 def test_list_filters_by_state(populated: Populated) -> None:
-    result = _run(["intents", "list", "--state", "pending", "--journal", str(populated.path)])
+    result = run_cli(["intents", "list", "--state", "pending", "--journal", str(populated.path)])
     assert result.exit_code == 0, result.output
     assert "order-pending" in result.stdout
     assert "order-1" not in result.stdout
     assert "order-unknown" not in result.stdout
 
     both = _json(
-        _run(
+        run_cli(
             ["intents", "list", "--state", "pending", "--state", "UNKNOWN", "--json"],
-            PAYONCE_JOURNAL=str(populated.path),
+            env={"PAYONCE_JOURNAL": str(populated.path)},
         )
     )
     assert {item["reference"] for item in both} == {"order-pending", "order-unknown"}
 
 
 def test_list_json_is_machine_readable(populated: Populated) -> None:
-    result = _run(["intents", "list", "--journal", str(populated.path), "--json"])
+    result = run_cli(["intents", "list", "--journal", str(populated.path), "--json"])
     items = _json(result)
     assert [item["reference"] for item in items] == list(reversed(list(populated.keys)))
     by_reference = {item["reference"]: item for item in items}
@@ -179,16 +168,19 @@ def test_list_json_is_machine_readable(populated: Populated) -> None:
 
 def test_list_limit_and_empty_selection(populated: Populated) -> None:
     newest = _json(
-        _run(["intents", "list", "--limit", "2", "--json"], PAYONCE_JOURNAL=str(populated.path))
+        run_cli(
+            ["intents", "list", "--limit", "2", "--json"],
+            env={"PAYONCE_JOURNAL": str(populated.path)},
+        )
     )
     assert [item["reference"] for item in newest] == ["order-pending", "order-unknown"]
-    result = _run(["intents", "list", "--state", "abandoned", "--journal", str(populated.path)])
+    result = run_cli(["intents", "list", "--state", "abandoned", "--journal", str(populated.path)])
     assert result.exit_code == 0
     assert result.stdout == ""  # piped: records only; the message goes to stderr
     assert "no intents in state abandoned" in result.stderr
     assert (
         _json(
-            _run(
+            run_cli(
                 [
                     "intents",
                     "list",
@@ -205,14 +197,14 @@ def test_list_limit_and_empty_selection(populated: Populated) -> None:
 
 
 def test_list_help_names_the_valid_states() -> None:
-    result = _run(["intents", "list", "--help"])
+    result = run_cli(["intents", "list", "--help"])
     assert result.exit_code == 0
     for state in payonce.IntentState:
         assert state.value in result.stdout
 
 
 def test_bad_state_is_a_usage_error_without_traceback(populated: Populated) -> None:
-    result = _run(["intents", "list", "--state", "settled", "--journal", str(populated.path)])
+    result = run_cli(["intents", "list", "--state", "settled", "--journal", str(populated.path)])
     assert result.exit_code == 2
     assert "settled" in result.stderr
     assert "Traceback" not in _all_output(result)
@@ -223,9 +215,9 @@ def test_reference_is_never_taken_for_markup(
 ) -> None:
     reference = "order-[bold]7[/bold]"
     make_client().post("/v1/payments", json=_payment(reference), reference=reference)
-    result = _run(["intents", "list", "--journal", str(journal_path)])
+    result = run_cli(["intents", "list", "--journal", str(journal_path)])
     assert reference in result.stdout
-    result = _run(["intents", "show", reference, "--journal", str(journal_path)])
+    result = run_cli(["intents", "show", reference, "--journal", str(journal_path)])
     assert reference in result.stdout
 
 
@@ -243,8 +235,8 @@ def test_list_shows_the_lease_of_an_intent_in_flight(
     try:
         assert transport.entered.wait(30)
         # Journaled before the first byte went out: pending, and leased by the sender.
-        (item,) = _json(_run(["intents", "list", "--json", "--journal", str(journal_path)]))
-        table = _run(["intents", "list", "--journal", str(journal_path)])
+        (item,) = _json(run_cli(["intents", "list", "--json", "--journal", str(journal_path)]))
+        table = run_cli(["intents", "list", "--journal", str(journal_path)])
     finally:
         transport.gate.set()
         sender.join()
@@ -253,7 +245,7 @@ def test_list_shows_the_lease_of_an_intent_in_flight(
     assert item["lease_expires_at"]
     assert "lease" in table.stdout
     assert item["lease_owner"] in table.stdout
-    (settled,) = _json(_run(["intents", "list", "--json", "--journal", str(journal_path)]))
+    (settled,) = _json(run_cli(["intents", "list", "--json", "--journal", str(journal_path)]))
     assert settled["state"] == "succeeded"
     assert settled["lease_owner"] is None
 
@@ -276,10 +268,14 @@ def test_narrow_terminal_still_shows_leases_and_unknown_reasons(
         assert transport.entered.wait(30)
         (held,) = [
             item
-            for item in _json(_run(["intents", "list", "--json", "--journal", str(journal_path)]))
+            for item in _json(
+                run_cli(["intents", "list", "--json", "--journal", str(journal_path)])
+            )
             if item["reference"] == "order-slow"
         ]
-        narrow = _terminal(["intents", "list", "--journal", str(journal_path)], columns=80)
+        narrow = run_cli(
+            ["intents", "list", "--journal", str(journal_path)], columns=80, terminal=True
+        )
     finally:
         transport.gate.set()
         sender.join()
@@ -293,7 +289,9 @@ def test_narrow_terminal_still_shows_leases_and_unknown_reasons(
 
 
 def test_narrow_terminal_still_shows_every_value(populated: Populated) -> None:
-    result = _terminal(["intents", "list", "--journal", str(populated.path)], columns=80)
+    result = run_cli(
+        ["intents", "list", "--journal", str(populated.path)], columns=80, terminal=True
+    )
     assert result.exit_code == 0, result.output
     screen = _unstyled(result.stdout)
     assert all(len(line) <= 80 for line in screen.splitlines())
@@ -307,7 +305,7 @@ def test_narrow_terminal_still_shows_every_value(populated: Populated) -> None:
 
 def test_show_lists_the_attempts(populated: Populated) -> None:
     where = ["--journal", str(populated.path)]
-    result = _run(["intents", "show", "order-unknown", *where])
+    result = run_cli(["intents", "show", "order-unknown", *where])
     assert result.exit_code == 0, result.output
     out = result.stdout
     assert populated.keys["order-unknown"] in out
@@ -317,13 +315,13 @@ def test_show_lists_the_attempts(populated: Populated) -> None:
     assert [line.split("\t")[0] for line in attempts] == ["1", "2", "3", "4", "5"]
     assert [line.split("\t")[3] for line in attempts] == ["503"] * 5
     assert "5 attempt(s)" in _unstyled(
-        _terminal(["intents", "show", "order-unknown", *where]).stdout
+        run_cli(["intents", "show", "order-unknown", *where], terminal=True).stdout
     )
 
 
 def test_show_by_key(populated: Populated) -> None:
     key = populated.keys["order-1"]
-    result = _run(["intents", "show", key, "--journal", str(populated.path)])
+    result = run_cli(["intents", "show", key, "--journal", str(populated.path)])
     assert result.exit_code == 0, result.output
     assert "order-1" in result.stdout
     assert "response\tHTTP 201\n" in result.stdout
@@ -333,7 +331,7 @@ def test_show_by_key(populated: Populated) -> None:
 
 def test_show_json(populated: Populated) -> None:
     (intent,) = _json(
-        _run(["intents", "show", "order-declined", "--json", "--journal", str(populated.path)])
+        run_cli(["intents", "show", "order-declined", "--json", "--journal", str(populated.path)])
     )
     assert intent["key"] == populated.keys["order-declined"]
     assert intent["state"] == "failed"
@@ -346,7 +344,7 @@ def test_show_json(populated: Populated) -> None:
     assert "response" not in intent
 
     (pending,) = _json(
-        _run(["intents", "show", "order-pending", "--json", "--journal", str(populated.path)])
+        run_cli(["intents", "show", "order-pending", "--json", "--journal", str(populated.path)])
     )
     assert [a["status_code"] for a in pending["attempts"]] == [429] * 5
     assert all(a["ambiguous"] is False for a in pending["attempts"])
@@ -361,42 +359,42 @@ def test_show_includes_reconciliations(
         client.post("/v1/payments", json=_payment("order-r"), reference="order-r")
     client.reconcile("order-r")
     where = ["--journal", str(journal_path)]
-    (intent,) = _json(_run(["intents", "show", "order-r", "--json", *where]))
+    (intent,) = _json(run_cli(["intents", "show", "order-r", "--json", *where]))
     (entry,) = intent["reconciliations"]
     assert entry["outcome"] == "not_found"  # a 503 before executing: the provider has nothing
-    table = _run(["intents", "show", "order-r", *where])
+    table = run_cli(["intents", "show", "order-r", *where])
     (line,) = _section(table.stdout, "at_utc\toutcome\tstatus\tdetail")
     assert line.split("\t")[1] == "not_found"
     assert "1 reconciliation(s)" in _unstyled(
-        _terminal(["intents", "show", "order-r", *where]).stdout
+        run_cli(["intents", "show", "order-r", *where], terminal=True).stdout
     )
 
 
 def test_bodies_only_with_body_flag(populated: Populated) -> None:
     where = ["--journal", str(populated.path)]
-    plain = _run(["intents", "show", "order-1", *where])
-    plain_json = _run(["intents", "show", "order-1", "--json", *where])
-    listing = _run(["intents", "list", "--json", *where])
+    plain = run_cli(["intents", "show", "order-1", *where])
+    plain_json = run_cli(["intents", "show", "order-1", "--json", *where])
+    listing = run_cli(["intents", "list", "--json", *where])
     for result in (plain, plain_json, listing):
         assert result.exit_code == 0, result.output
         assert BODY_MARKER not in _all_output(result)
 
-    with_body = _run(["intents", "show", "order-1", "--body", *where])
+    with_body = run_cli(["intents", "show", "order-1", "--body", *where])
     assert with_body.exit_code == 0, with_body.output
     assert with_body.stdout.count(BODY_MARKER) == 2  # the request and the stored response
 
-    (intent,) = _json(_run(["intents", "show", "order-1", "--json", "--body", *where]))
+    (intent,) = _json(run_cli(["intents", "show", "order-1", "--json", "--body", *where]))
     assert intent["request"]["body_encoding"] == "utf-8"
     assert json.loads(intent["request"]["body"])["metadata"] == {"cart": BODY_MARKER}
     assert intent["response"]["status"] == 201
     assert json.loads(intent["response"]["body"])["reference"] == "order-1"
 
-    (pending,) = _json(_run(["intents", "show", "order-pending", "--json", "--body", *where]))
+    (pending,) = _json(run_cli(["intents", "show", "order-pending", "--json", "--body", *where]))
     assert pending["response"] is None
 
 
 def test_show_not_found_exits_1(populated: Populated) -> None:
-    result = _run(["intents", "show", "order-404", "--journal", str(populated.path)])
+    result = run_cli(["intents", "show", "order-404", "--journal", str(populated.path)])
     assert result.exit_code == 1
     assert result.stderr.startswith("error: ")
     assert "order-404" in result.stderr
@@ -425,7 +423,7 @@ def test_corrupt_journal_is_reported_and_left_alone(
 ) -> None:
     path = tmp_path / "journal.db"
     path.write_bytes(content)
-    result = _run([*command, "--journal", str(path)])
+    result = run_cli([*command, "--journal", str(path)])
     assert result.exit_code == 2
     assert result.stderr.startswith("error: ")
     assert len(result.stderr.strip().splitlines()) == 1
@@ -437,19 +435,19 @@ def test_corrupt_journal_is_reported_and_left_alone(
 @pytest.mark.parametrize("command", [["intents", "list"], ["intents", "show", "order-1"]])
 def test_missing_journal_is_not_created(tmp_path: Path, command: list[str]) -> None:
     path = tmp_path / "nowhere" / "journal.db"
-    result = _run([*command, "--journal", str(path)])
+    result = run_cli([*command, "--journal", str(path)])
     assert result.exit_code == 2
     assert result.stderr == f"error: no journal at {path}\n"
     assert not path.exists()
     assert not path.parent.exists()
 
     sibling = tmp_path / "journal.db"  # the directory exists, the file does not
-    assert _run([*command, "--journal", str(sibling)]).exit_code == 2
+    assert run_cli([*command, "--journal", str(sibling)]).exit_code == 2
     assert not sibling.exists()
 
 
 def test_default_journal_is_not_created_by_reading(tmp_path: Path) -> None:
-    result = _run(["intents", "list"])  # no --journal, no PAYONCE_JOURNAL: the default
+    result = run_cli(["intents", "list"])  # no --journal, no PAYONCE_JOURNAL: the default
     assert result.exit_code == 2
     assert "no journal at" in result.stderr
     assert "journal.db" in result.stderr
@@ -457,7 +455,7 @@ def test_default_journal_is_not_created_by_reading(tmp_path: Path) -> None:
 
 
 def test_a_directory_is_not_a_journal(tmp_path: Path) -> None:
-    result = _run(["intents", "list", "--journal", str(tmp_path)])
+    result = run_cli(["intents", "list", "--journal", str(tmp_path)])
     assert result.exit_code == 2
     assert result.stderr.startswith("error: ")
     assert "Traceback" not in _all_output(result)
@@ -481,13 +479,13 @@ def test_no_command_ever_prints_the_api_key(populated: Populated) -> None:
         ]
     runs += [["intents", "show", "nope", *where], ["intents", "list", "--journal", "/nonexistent"]]
     for args in runs:
-        result = _run(args)
+        result = run_cli(args)
         assert DEFAULT_API_KEY not in _all_output(result), args
         assert "Bearer" not in _all_output(result), args
 
 
 def test_version() -> None:
-    result = _run(["--version"])
+    result = run_cli(["--version"])
     assert result.exit_code == 0
     assert payonce.__version__ in result.stdout
 
@@ -497,26 +495,16 @@ def _env() -> dict[str, str]:
 
 
 def test_real_process_lists_the_journal(populated: Populated) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "payonce.cli", "intents", "list", "--json"],
-        env={**_env(), "PAYONCE_JOURNAL": str(populated.path)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    env = {"PAYONCE_JOURNAL": str(populated.path)}
+    done = run_cli_process(
+        ["intents", "list", "--json"], env=env, command=[sys.executable, "-m", "payonce.cli"]
     )
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     assert [item["reference"] for item in json.loads(done.stdout)][-1] == "order-1"
 
-    done = subprocess.run(
-        [sys.executable, "-c", "from payonce.cli import main; main()", "intents", "show", "x"],
-        env={**_env(), "PAYONCE_JOURNAL": str(populated.path)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 1
+    main = [sys.executable, "-c", "from payonce.cli import main; main()"]
+    done = run_cli_process(["intents", "show", "x"], env=env, command=main)
+    assert done.exit_code == 1
     assert done.stderr == "error: no intent with key or reference 'x'\n"
 
 
@@ -579,7 +567,7 @@ def test_sandbox_command_serves_until_interrupted(
 
 def test_sandbox_command_reports_a_busy_port(sandbox: SandboxServer) -> None:
     port = sandbox.url.rsplit(":", 1)[1]
-    result = _run(["sandbox", "--port", port])
+    result = run_cli(["sandbox", "--port", port])
     assert result.exit_code == 2
     assert result.stderr.startswith("error: cannot serve on 127.0.0.1:")
 
@@ -609,7 +597,7 @@ def test_control_characters_from_the_journal_are_printed_escaped_never_raw(
         ["ack", "--list"],
         ["ack", record.key],
     ):
-        result = _run([*args, "--journal", str(journal_path)])
+        result = run_cli([*args, "--journal", str(journal_path)])
         printed = result.stdout + result.stderr
         assert "\x1b" not in printed, args
         assert "\x07" not in printed, args

@@ -22,15 +22,16 @@ import attrs
 import click
 import httpx
 import pytest
-from click.testing import CliRunner
 
 import payonce
 import payonce.cli
+from helpers.cli import CliResult, run_cli, run_cli_process
 from payonce.cli import cli
 from payonce.sandbox import DEFAULT_ACCOUNT, DEFAULT_API_KEY
 from payonce.webhooks import parse_event, verify
 
 SRC = Path(__file__).resolve().parents[1] / "src"
+PAYONCE_SCRIPT = str(Path(sys.executable).with_name("payonce"))  # the installed console script
 
 COMMANDS = [
     (),
@@ -94,15 +95,9 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _python_m(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", *args],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+def _python_m(module: str, *args: str) -> CliResult:
+    """``python -m module *args`` at 120 columns, as an operator's console might be."""
+    return run_cli_process(args, command=[sys.executable, "-m", module], columns=120)
 
 
 def _options_in_help(text: str) -> set[str]:
@@ -120,9 +115,8 @@ def test_the_command_tree_is_the_documented_one() -> None:
 
 @pytest.mark.parametrize("path", COMMANDS, ids=lambda path: " ".join(path) or "payonce")
 def test_dash_h_is_help_on_every_command_and_group(path: tuple[str, ...]) -> None:
-    runner = CliRunner()
-    short = runner.invoke(cli, [*path, "-h"], prog_name="payonce")
-    long = runner.invoke(cli, [*path, "--help"], prog_name="payonce")
+    short = run_cli([*path, "-h"], prog_name="payonce")
+    long = run_cli([*path, "--help"], prog_name="payonce")
     assert short.exit_code == 0, short.output
     assert short.stdout.startswith(f"Usage: {' '.join(['payonce', *path])} ")
     assert "  -h, --help " in short.stdout
@@ -134,19 +128,19 @@ def test_dash_h_is_help_on_every_command_and_group(path: tuple[str, ...]) -> Non
 
 def test_python_m_payonce_is_the_payonce_command() -> None:
     version = _python_m("payonce", "--version")
-    assert version.returncode == 0, version.stderr
+    assert version.exit_code == 0, version.stderr
     assert version.stdout == f"payonce, version {payonce.__version__}\n"
 
     helped = _python_m("payonce", "-h")
-    assert helped.returncode == 0, helped.stderr
+    assert helped.exit_code == 0, helped.stderr
     assert helped.stdout.startswith("Usage: payonce [OPTIONS] COMMAND [ARGS]...\n")
-    in_process = CliRunner().invoke(cli, ["-h"], prog_name="payonce").stdout
+    in_process = run_cli(["-h"], prog_name="payonce").stdout
     assert helped.stdout.split() == in_process.split()  # wrapped to other widths
 
 
 def test_python_m_payonce_reports_errors_like_the_console_script(tmp_path: Path) -> None:
     done = _python_m("payonce", "intents", "list", "--journal", str(tmp_path / "none.db"))
-    assert done.returncode == 2
+    assert done.exit_code == 2
     assert done.stdout == ""
     assert done.stderr == f"error: no journal at {tmp_path / 'none.db'}\n"
 
@@ -158,7 +152,7 @@ def test_the_librarys_warnings_are_the_commands_own_warning_lines(tmp_path: Path
 
     done = _python_m("payonce", "intents", "list", "--journal", str(journal))
 
-    assert done.returncode == 0
+    assert done.exit_code == 0
     lines = done.stderr.splitlines()
     warnings = [line for line in lines if "readable or writable by other users" in line]
     assert len(warnings) == 1, done.stderr
@@ -171,7 +165,7 @@ def test_the_librarys_warnings_are_the_commands_own_warning_lines(tmp_path: Path
 def test_the_sandbox_module_and_command_take_the_same_options() -> None:
     module = _python_m("payonce.sandbox", "-h")
     command = _python_m("payonce", "sandbox", "-h")
-    assert module.returncode == command.returncode == 0, module.stderr + command.stderr
+    assert module.exit_code == command.exit_code == 0, module.stderr + command.stderr
     assert module.stdout.startswith("Usage: python -m payonce.sandbox [OPTIONS]\n")
     assert _options_in_help(module.stdout) == _options_in_help(command.stdout)
     assert _options_in_help(command.stdout) >= SANDBOX_OPTIONS_BEFORE
@@ -190,7 +184,7 @@ def test_the_sandbox_module_and_command_take_the_same_options() -> None:
     ],
 )
 def test_sandbox_refuses_bad_options_before_serving(args: list[str], message: str) -> None:
-    result = CliRunner().invoke(cli, ["sandbox", "--port", "0", *args])
+    result = run_cli(["sandbox", "--port", "0", *args])
     assert result.exit_code == 2
     assert message in result.stderr
     assert "listening" not in result.stdout
@@ -377,26 +371,21 @@ def test_every_command_module_stays_small() -> None:
 def _complete(*words: str, shell: str = "bash") -> str:
     """What the installed ``payonce`` script answers a shell asking to complete ``words``
     (the last one is being typed), as docs/cli.md sets it up."""
-    payonce_script = Path(sys.executable).with_name("payonce")
     environment = {
-        **os.environ,
         "COMP_WORDS": " ".join(("payonce", *words)),
         "COMP_CWORD": str(len(words)),
         "_PAYONCE_COMPLETE": f"{shell}_complete",
     }
-    done = subprocess.run(
-        [str(payonce_script)], env=environment, capture_output=True, text=True, check=True
-    )
+    done = run_cli_process([], env=environment, columns=None, command=[PAYONCE_SCRIPT])
+    assert done.exit_code == 0, done.stderr
     return done.stdout
 
 
 @pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
 def test_the_documented_completion_scripts_are_generated(shell: str) -> None:
-    payonce_script = Path(sys.executable).with_name("payonce")
-    environment = {**os.environ, "_PAYONCE_COMPLETE": f"{shell}_source"}
-    done = subprocess.run(
-        [str(payonce_script)], env=environment, capture_output=True, text=True, check=True
-    )
+    environment = {"_PAYONCE_COMPLETE": f"{shell}_source"}
+    done = run_cli_process([], env=environment, columns=None, command=[PAYONCE_SCRIPT])
+    assert done.exit_code == 0, done.stderr
     assert "_PAYONCE_COMPLETE" in done.stdout
     assert f"_PAYONCE_COMPLETE={shell}_source" in (SRC.parent / "docs" / "cli.md").read_text()
 

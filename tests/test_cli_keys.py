@@ -15,7 +15,6 @@ import select
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 import keyring
@@ -24,17 +23,17 @@ import keyring.backends.chainer
 import keyring.backends.fail
 import keyring.backends.null
 import pytest
-from click.testing import CliRunner, Result
 from keyrings.alt.file import PlaintextKeyring
 
 import payonce
+from helpers.cli import run_cli
 from helpers.keyrings import SessionKeyring, UseKeyring
 from helpers.processes import python_env
-from payonce.cli import cli
 from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
 
 SECRET = "sk_test_4eC39HqLyjWDarjtT1zdp7dc"
 OTHER_SECRET = "sk_test_rotated_51HxYz0000000000"
+SECRETS = (SECRET, OTHER_SECRET)  # never printed: every command here is run with secrets=SECRETS
 INDEX = ("payonce", "__accounts__")
 
 
@@ -48,21 +47,11 @@ def plaintext(use_keyring: UseKeyring) -> PlaintextKeyring:
 OPT_IN = {"PAYONCE_ALLOW_PLAINTEXT_KEYRING": "1"}
 
 
-def _run(args: Sequence[str], *, input: str | None = None, **env: str) -> Result:
-    result = CliRunner().invoke(cli, list(args), input=input, env=env)
-    output = result.stdout + result.stderr
-    assert "Traceback" not in output, output
-    assert result.exception is None or isinstance(result.exception, SystemExit), output
-    for secret in (SECRET, OTHER_SECRET):
-        assert secret not in output, "a secret was printed"
-    return result
-
-
 # -- a working (opted-in) plaintext keyring ---------------------------------------------------
 
 
 def test_set_list_delete_round_trip(plaintext: PlaintextKeyring) -> None:
-    stored = _run(["keys", "set", "acct_a"], input=SECRET + "\n", **OPT_IN)
+    stored = run_cli(["keys", "set", "acct_a"], input=SECRET + "\n", env=OPT_IN, secrets=SECRETS)
     assert stored.exit_code == 0, stored.output
     assert stored.stdout == (
         f"stored the API key of account 'acct_a' in "
@@ -70,35 +59,45 @@ def test_set_list_delete_round_trip(plaintext: PlaintextKeyring) -> None:
     )
     assert "plaintext file" in stored.stderr
     assert plaintext.get_password("payonce", "acct_a") == SECRET
-    assert _run(["keys", "set", "acct_b"], input=OTHER_SECRET, **OPT_IN).exit_code == 0
+    assert (
+        run_cli(
+            ["keys", "set", "acct_b"], input=OTHER_SECRET, env=OPT_IN, secrets=SECRETS
+        ).exit_code
+        == 0
+    )
 
-    listed = _run(["keys", "list"], **OPT_IN)
+    listed = run_cli(["keys", "list"], env=OPT_IN, secrets=SECRETS)
     assert listed.exit_code == 0
     assert listed.stdout == "acct_a\nacct_b\n"
-    as_json = _run(["keys", "list", "--json"], **OPT_IN)
+    as_json = run_cli(["keys", "list", "--json"], env=OPT_IN, secrets=SECRETS)
     assert json.loads(as_json.stdout) == [{"account": "acct_a"}, {"account": "acct_b"}]
     assert plaintext.get_password(*INDEX) == '["acct_a", "acct_b"]'  # names, never secrets
 
     # Setting again replaces the key; the account is listed once.
-    assert _run(["keys", "set", "acct_a"], input=OTHER_SECRET, **OPT_IN).exit_code == 0
+    assert (
+        run_cli(
+            ["keys", "set", "acct_a"], input=OTHER_SECRET, env=OPT_IN, secrets=SECRETS
+        ).exit_code
+        == 0
+    )
     assert plaintext.get_password("payonce", "acct_a") == OTHER_SECRET
-    assert _run(["keys", "list"], **OPT_IN).stdout == "acct_a\nacct_b\n"
+    assert run_cli(["keys", "list"], env=OPT_IN, secrets=SECRETS).stdout == "acct_a\nacct_b\n"
 
-    deleted = _run(["keys", "delete", "acct_a"], **OPT_IN)
+    deleted = run_cli(["keys", "delete", "acct_a"], env=OPT_IN, secrets=SECRETS)
     assert deleted.exit_code == 0
     assert deleted.stdout == "deleted the API key of account 'acct_a'\n"
     assert plaintext.get_password("payonce", "acct_a") is None
-    assert _run(["keys", "list"], **OPT_IN).stdout == "acct_b\n"
+    assert run_cli(["keys", "list"], env=OPT_IN, secrets=SECRETS).stdout == "acct_b\n"
 
-    again = _run(["keys", "delete", "acct_a"], **OPT_IN)
+    again = run_cli(["keys", "delete", "acct_a"], env=OPT_IN, secrets=SECRETS)
     assert again.exit_code == 1
     assert again.stderr == "error: no API key stored in the keyring for account 'acct_a'\n"
 
-    assert _run(["keys", "delete", "acct_b"], **OPT_IN).exit_code == 0
+    assert run_cli(["keys", "delete", "acct_b"], env=OPT_IN, secrets=SECRETS).exit_code == 0
     assert plaintext.get_password(*INDEX) is None  # no index left behind either
-    empty = _run(["keys", "list"], **OPT_IN)
+    empty = run_cli(["keys", "list"], env=OPT_IN, secrets=SECRETS)
     assert empty.stdout == "no API keys stored by payonce in the keyring\n"
-    assert json.loads(_run(["keys", "list", "--json"], **OPT_IN).stdout) == []
+    assert json.loads(run_cli(["keys", "list", "--json"], env=OPT_IN, secrets=SECRETS).stdout) == []
 
 
 def test_the_public_functions_behind_the_commands(plaintext: PlaintextKeyring) -> None:
@@ -117,7 +116,12 @@ def test_a_key_set_with_the_cli_is_used_by_a_client(
     journal_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert _run(["keys", "set", "acct_demo"], input=DEFAULT_API_KEY + "\n", **OPT_IN).exit_code == 0
+    assert (
+        run_cli(
+            ["keys", "set", "acct_demo"], input=DEFAULT_API_KEY + "\n", env=OPT_IN, secrets=SECRETS
+        ).exit_code
+        == 0
+    )
     monkeypatch.setenv("PAYONCE_ALLOW_PLAINTEXT_KEYRING", "1")
     assert "PAYONCE_API_KEY" not in os.environ
 
@@ -129,9 +133,10 @@ def test_a_key_set_with_the_cli_is_used_by_a_client(
     assert response.json()["account"] == "acct_demo"  # the provider took the stored key
 
     # The command line's own client finds it the same way.
-    resumed = _run(
+    resumed = run_cli(
         ["resume", "--base-url", sandbox.url, "--provider", "sandbox", "--account", "acct_demo"],
-        PAYONCE_JOURNAL=str(journal_path),
+        env={"PAYONCE_JOURNAL": str(journal_path)},
+        secrets=SECRETS,
     )
     assert resumed.exit_code == 0, resumed.output
     assert "nothing to resume" in resumed.stderr
@@ -139,7 +144,12 @@ def test_a_key_set_with_the_cli_is_used_by_a_client(
 
 
 def test_a_set_key_is_only_a_fallback_to_the_environment(plaintext: PlaintextKeyring) -> None:
-    result = _run(["keys", "set", "acct_e"], input=SECRET, PAYONCE_API_KEY=OTHER_SECRET, **OPT_IN)
+    result = run_cli(
+        ["keys", "set", "acct_e"],
+        input=SECRET,
+        env={"PAYONCE_API_KEY": OTHER_SECRET, **OPT_IN},
+        secrets=SECRETS,
+    )
     assert result.exit_code == 0
     assert "PAYONCE_API_KEY is set" in result.stderr
 
@@ -161,7 +171,7 @@ def test_a_set_key_is_only_a_fallback_to_the_environment(plaintext: PlaintextKey
 def test_unusable_input_is_refused_and_nothing_is_written(
     plaintext: PlaintextKeyring, typed: str, message: str
 ) -> None:
-    result = _run(["keys", "set", "acct_x"], input=typed, **OPT_IN)
+    result = run_cli(["keys", "set", "acct_x"], input=typed, env=OPT_IN, secrets=SECRETS)
     assert result.exit_code == 2
     (line,) = result.stderr.splitlines()
     assert line.startswith("error: ")
@@ -181,25 +191,29 @@ def test_unusable_input_is_refused_and_nothing_is_written(
 def test_a_key_is_never_taken_from_the_command_line(
     plaintext: PlaintextKeyring, args: list[str]
 ) -> None:
-    result = _run(args, input=SECRET, **OPT_IN)  # _run: the secret is never echoed back
+    result = run_cli(args, input=SECRET, env=OPT_IN, secrets=SECRETS)  # secrets=: never echoed back
     assert result.exit_code == 2
     assert "never accepted on the command line" in result.stderr
     assert not Path(plaintext.file_path).exists()
 
 
 def test_the_index_entry_is_not_an_account(plaintext: PlaintextKeyring) -> None:
-    result = _run(["keys", "set", "__accounts__"], input=SECRET, **OPT_IN)
+    result = run_cli(["keys", "set", "__accounts__"], input=SECRET, env=OPT_IN, secrets=SECRETS)
     assert result.exit_code == 2
     assert "reserved" in result.stderr
     assert not Path(plaintext.file_path).exists()
     for bad in ("", " acct", "acct\n"):
-        assert _run(["keys", "set", bad], input=SECRET, **OPT_IN).exit_code == 2
+        assert (
+            run_cli(["keys", "set", bad], input=SECRET, env=OPT_IN, secrets=SECRETS).exit_code == 2
+        )
 
 
 def test_the_index_is_never_sent_as_a_key(
     plaintext: PlaintextKeyring, sandbox: SandboxServer, journal_path: Path
 ) -> None:
-    assert _run(["keys", "set", "acct_i"], input=SECRET, **OPT_IN).exit_code == 0
+    assert (
+        run_cli(["keys", "set", "acct_i"], input=SECRET, env=OPT_IN, secrets=SECRETS).exit_code == 0
+    )
     with pytest.raises(payonce.ConfigurationError, match="index of accounts"):
         payonce.Client(
             base_url=sandbox.url,
@@ -212,10 +226,12 @@ def test_the_index_is_never_sent_as_a_key(
 
 def test_a_damaged_index_is_reported_not_overwritten(plaintext: PlaintextKeyring) -> None:
     plaintext.set_password(*INDEX, "not json")
-    result = _run(["keys", "list"], **OPT_IN)
+    result = run_cli(["keys", "list"], env=OPT_IN, secrets=SECRETS)
     assert result.exit_code == 2
     assert "keyring del payonce __accounts__" in result.stderr
-    assert _run(["keys", "set", "acct_y"], input=SECRET, **OPT_IN).exit_code == 2
+    assert (
+        run_cli(["keys", "set", "acct_y"], input=SECRET, env=OPT_IN, secrets=SECRETS).exit_code == 2
+    )
     assert plaintext.get_password("payonce", "acct_y") is None
     assert plaintext.get_password(*INDEX) == "not json"
 
@@ -226,21 +242,21 @@ def test_a_damaged_index_is_reported_not_overwritten(plaintext: PlaintextKeyring
 def test_a_plaintext_keyring_is_refused_without_opt_in_and_nothing_is_written(
     plaintext: PlaintextKeyring,
 ) -> None:
-    result = _run(["keys", "set", "acct_z"], input=SECRET)
+    result = run_cli(["keys", "set", "acct_z"], input=SECRET, secrets=SECRETS)
     assert result.exit_code == 2
     (line,) = result.stderr.splitlines()
     assert "plaintext file" in line
     assert "PAYONCE_ALLOW_PLAINTEXT_KEYRING=1" in line
     assert "PAYONCE_API_KEY" in line
     for command in (["keys", "list"], ["keys", "delete", "acct_z"]):
-        assert _run(command).exit_code == 2
+        assert run_cli(command, secrets=SECRETS).exit_code == 2
     assert not Path(plaintext.file_path).exists()
 
 
 def test_the_fail_backend_says_how_to_get_a_keyring(use_keyring: UseKeyring) -> None:
     use_keyring(keyring.backends.fail.Keyring())
     for command in (["keys", "set", "acct_f"], ["keys", "list"], ["keys", "delete", "acct_f"]):
-        result = _run(command, input=SECRET, **OPT_IN)
+        result = run_cli(command, input=SECRET, env=OPT_IN, secrets=SECRETS)
         assert result.exit_code == 2
         (line,) = result.stderr.splitlines()
         assert "no usable keyring backend" in line
@@ -251,7 +267,7 @@ def test_the_fail_backend_says_how_to_get_a_keyring(use_keyring: UseKeyring) -> 
 
 def test_the_null_backend_is_refused(use_keyring: UseKeyring) -> None:
     use_keyring(keyring.backends.null.Keyring())
-    result = _run(["keys", "set", "acct_n"], input=SECRET, **OPT_IN)
+    result = run_cli(["keys", "set", "acct_n"], input=SECRET, env=OPT_IN, secrets=SECRETS)
     assert result.exit_code == 2
     assert "stores nothing" in result.stderr
 
@@ -268,20 +284,22 @@ def test_a_chain_writes_to_its_first_usable_link_never_to_a_refused_one(
 
     use_keyring(DesktopChain())
 
-    result = _run(["keys", "set", "acct_c"], input=SECRET)
+    result = run_cli(["keys", "set", "acct_c"], input=SECRET, secrets=SECRETS)
     assert result.exit_code == 0, result.output
     assert "SessionKeyring" in result.stdout
     assert session.entries[("payonce", "acct_c")] == SECRET
     assert not Path(plaintext.file_path).exists()  # refused without opt-in: never touched
-    assert _run(["keys", "list"]).stdout == "acct_c\n"
+    assert run_cli(["keys", "list"], secrets=SECRETS).stdout == "acct_c\n"
 
-    opted_in = _run(["keys", "set", "acct_c2"], input=OTHER_SECRET, **OPT_IN)
+    opted_in = run_cli(["keys", "set", "acct_c2"], input=OTHER_SECRET, env=OPT_IN, secrets=SECRETS)
     assert "PlaintextKeyring" in opted_in.stdout  # now the first usable link
     assert plaintext.get_password("payonce", "acct_c2") == OTHER_SECRET
-    assert _run(["keys", "list"], **OPT_IN).stdout == "acct_c\nacct_c2\n"
-    assert _run(["keys", "list"]).stdout == "acct_c\n"  # the file is not read without opt-in
+    assert run_cli(["keys", "list"], env=OPT_IN, secrets=SECRETS).stdout == "acct_c\nacct_c2\n"
+    assert (
+        run_cli(["keys", "list"], secrets=SECRETS).stdout == "acct_c\n"
+    )  # the file is not read without opt-in
 
-    assert _run(["keys", "delete", "acct_c"]).exit_code == 0
+    assert run_cli(["keys", "delete", "acct_c"], secrets=SECRETS).exit_code == 0
     assert ("payonce", "acct_c") not in session.entries
 
 

@@ -12,20 +12,19 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from click.testing import CliRunner, Result
 
 import payonce
+from helpers.cli import CliResult, run_cli
 from helpers.journals import draft_for, raw_transaction, rows, settle
 from payonce._journal import _sql as sql
 from payonce._journal._open import open_store
 from payonce._journal._schema import SCHEMA_VERSION
-from payonce.cli import cli
 
 V1_JOURNAL = Path(__file__).parent / "data" / "journal_v1.sql"
 
@@ -41,11 +40,7 @@ READING = [
 ]
 
 
-def _run(args: Sequence[str], location: str | Path) -> Result:
-    return CliRunner().invoke(cli, [*args, "--journal", str(location)], env={"COLUMNS": "200"})
-
-
-def _json(result: Result) -> Any:
+def _json(result: CliResult) -> Any:
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
 
@@ -94,7 +89,7 @@ def test_a_file_that_is_no_journal_yet_is_reported_and_left_exactly_as_it_was(
     make(path)
     before = _file_state(path)
 
-    result = _run(command, path)
+    result = run_cli([*command, "--journal", str(path)])
 
     assert _file_state(path) == before  # not a byte written, not even touched
     assert "Traceback" not in result.output
@@ -118,7 +113,7 @@ def test_a_file_that_is_no_journal_yet_is_reported_and_left_exactly_as_it_was(
 def test_an_empty_postgres_database_gets_no_tables_from_a_reader(
     postgres_url: str, command: list[str]
 ) -> None:
-    result = _run(command, postgres_url)
+    result = run_cli([*command, "--journal", str(postgres_url)])
 
     assert _tables(postgres_url) == []
     assert result.exit_code == (1 if command[0] == "journal" else 2), result.output
@@ -165,11 +160,13 @@ def test_reading_commands_read_the_last_commit_while_a_writer_holds_the_journal(
 ) -> None:
     _two_intents(location)
     with _writer_holding_the_journal(location):
-        listed = _json(_run(["intents", "list", "--json"], location))
-        (shown,) = _json(_run(["intents", "show", "key-00001", "--json"], location))
-        (unacknowledged,) = _json(_run(["ack", "--list", "--json"], location))
-        report = _json(_run(["journal", "check", "--json"], location))
-        table = _run(["intents", "list"], location)
+        listed = _json(run_cli(["intents", "list", "--json", "--journal", str(location)]))
+        (shown,) = _json(
+            run_cli(["intents", "show", "key-00001", "--json", "--journal", str(location)])
+        )
+        (unacknowledged,) = _json(run_cli(["ack", "--list", "--json", "--journal", str(location)]))
+        report = _json(run_cli(["journal", "check", "--json", "--journal", str(location)]))
+        table = run_cli(["intents", "list", "--journal", str(location)])
 
     assert [item["reference"] for item in listed] == ["order-00002", "order-00001"]
     assert (shown["reference"], shown["state"]) == ("order-00001", "succeeded")
@@ -197,9 +194,9 @@ def test_an_older_schema_is_read_as_it_is_and_only_migrate_migrates_it(location:
     before = _file_state(path) if path else None
 
     for command in READING:
-        assert _run(command, location).exit_code == 0, command
-    report = _json(_run(["journal", "check", "--json"], location))
-    text = _run(["journal", "check"], location).stdout
+        assert run_cli([*command, "--journal", str(location)]).exit_code == 0, command
+    report = _json(run_cli(["journal", "check", "--json", "--journal", str(location)]))
+    text = run_cli(["journal", "check", "--journal", str(location)]).stdout
 
     assert (report["ok"], report["problems"]) == (True, [])
     assert (report["schema_version"], report["latest_schema_version"]) == (4, SCHEMA_VERSION)
@@ -208,11 +205,11 @@ def test_an_older_schema_is_read_as_it_is_and_only_migrate_migrates_it(location:
     if path:
         assert _file_state(path) == before
 
-    migrated = _run(["journal", "migrate"], location)
+    migrated = run_cli(["journal", "migrate", "--journal", str(location)])
     assert migrated.exit_code == 0, migrated.output
     assert f"from schema 4 to {SCHEMA_VERSION}" in migrated.stdout
     assert _schema_version(location) == str(SCHEMA_VERSION)
-    again = _run(["journal", "migrate"], location)
+    again = run_cli(["journal", "migrate", "--journal", str(location)])
     assert "nothing to migrate" in again.stdout
 
 
@@ -223,8 +220,8 @@ def test_schema_1_is_checked_as_it_is_but_listed_only_once_migrated(tmp_path: Pa
     path.chmod(0o600)
     before = _file_state(path)
 
-    listed = _run(["intents", "list"], path)
-    report = _json(_run(["journal", "check", "--json"], path))
+    listed = run_cli(["intents", "list", "--journal", str(path)])
+    report = _json(run_cli(["journal", "check", "--json", "--journal", str(path)]))
 
     assert listed.exit_code == 2
     assert "schema 1" in listed.stderr
@@ -234,14 +231,14 @@ def test_schema_1_is_checked_as_it_is_but_listed_only_once_migrated(tmp_path: Pa
     assert (report["intents_by_state"]["succeeded"], report["unacknowledged"]) == (1, 1)
     assert _file_state(path) == before
 
-    assert _run(["journal", "migrate"], path).exit_code == 0
-    assert "order-v1-0001" in _run(["intents", "list"], path).stdout
+    assert run_cli(["journal", "migrate", "--journal", str(path)]).exit_code == 0
+    assert "order-v1-0001" in run_cli(["intents", "list", "--journal", str(path)]).stdout
 
 
 def test_migrate_leaves_a_file_that_is_no_journal_yet_alone(tmp_path: Path) -> None:
     path = tmp_path / "journal.db"
     path.touch()
-    result = _run(["journal", "migrate"], path)
+    result = run_cli(["journal", "migrate", "--journal", str(path)])
     assert result.exit_code == 2
     assert "not a payonce journal yet" in result.stderr
     assert path.read_bytes() == b""

@@ -9,13 +9,10 @@ leaving the intent pending exactly as a crash after sending would.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sqlite3
-import subprocess
-import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,17 +20,17 @@ import keyring
 import keyring.backend
 import keyring.backends.fail
 import pytest
-from click.testing import CliRunner, Result
 
 import payonce
+from helpers.cli import CliResult, run_cli, run_cli_process
 from helpers.keyrings import SessionKeyring, UseKeyring
 from helpers.payments import PAYMENT, MakeClient, leave_pending, make_unknown
 from payonce._journal._schema import SCHEMA_VERSION
-from payonce.cli import cli
 from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
 
 ACCOUNT = "acct_demo"  # the sandbox's account for DEFAULT_API_KEY, as in conftest
 DAY = 24 * 3600.0
+SECRETS = (DEFAULT_API_KEY,)  # never printed: every command here is run with secrets=SECRETS
 
 
 def _pay(client: payonce.Client, reference: str, *, acknowledge: bool = True) -> str:
@@ -66,21 +63,11 @@ def env(sandbox: SandboxServer, journal_path: Path) -> dict[str, str]:
     }
 
 
-def _run(args: Sequence[str], env: dict[str, str] | None = None) -> Result:
-    result = CliRunner().invoke(cli, list(args), env={"COLUMNS": "200", **(env or {})})
-    output = result.stdout + result.stderr
-    assert "Traceback" not in output, output
-    assert DEFAULT_API_KEY not in output, output
-    # A crash shows as a SystemExit-less exception: only click's own exits are expected.
-    assert result.exception is None or isinstance(result.exception, SystemExit), output
-    return result
-
-
-def _json(result: Result) -> Any:
+def _json(result: CliResult) -> Any:
     return json.loads(result.stdout)
 
 
-def _summary(result: Result) -> str:
+def _summary(result: CliResult) -> str:
     """The summary line: piped, as under the runner, it goes to stderr, first, and stdout
     holds the records alone."""
     return result.stderr.splitlines()[0]
@@ -95,7 +82,7 @@ def test_resume_finishes_what_a_dead_worker_left_pending_under_the_same_key(
     left = [leave_pending(make_client, f"order-{n}") for n in range(3)]
     assert sandbox.store.total_executions() == 3  # the dead worker's requests did arrive
 
-    result = _run(["resume"], env)
+    result = run_cli(["resume"], env=env, secrets=SECRETS)
 
     assert result.exit_code == 0, result.output
     for record in left:
@@ -106,7 +93,7 @@ def test_resume_finishes_what_a_dead_worker_left_pending_under_the_same_key(
     )
     assert sandbox.store.executions() == {r.key: 1 for r in left}  # resent, never re-executed
 
-    again = _run(["resume"], env)
+    again = run_cli(["resume"], env=env, secrets=SECRETS)
     assert again.exit_code == 0
     assert "nothing to resume" in again.stderr
 
@@ -116,7 +103,7 @@ def test_resume_json_is_a_list_of_results_and_the_summary_goes_to_stderr(
 ) -> None:
     record = leave_pending(make_client, "order-j")
 
-    result = _run(["resume", "--json"], env)
+    result = run_cli(["resume", "--json"], env=env, secrets=SECRETS)
 
     assert result.exit_code == 0, result.output
     assert _json(result) == [
@@ -129,7 +116,7 @@ def test_resume_json_is_a_list_of_results_and_the_summary_goes_to_stderr(
         }
     ]
     assert result.stderr.startswith("resumed 1 intent(s): 1 settled")
-    assert _json(_run(["resume", "--json"], env)) == []
+    assert _json(run_cli(["resume", "--json"], env=env, secrets=SECRETS)) == []
 
 
 @pytest.mark.slow
@@ -140,7 +127,7 @@ def test_resume_exits_1_when_an_intent_ends_unknown_and_says_why(
     second = leave_pending(make_client, "order-b")
     sandbox.script(["fail_before"] * 5)  # every resend of the first sees a 503
 
-    result = _run(["resume", "--json"], env)
+    result = run_cli(["resume", "--json"], env=env, secrets=SECRETS)
 
     assert result.exit_code == 1, result.output
     by_key = {item["key"]: item for item in _json(result)}
@@ -164,16 +151,9 @@ def test_resume_warns_once_of_each_intent_that_goes_unknown(
 
     # A process of its own: under pytest, whose log capture is a root handler, the command
     # leaves logging alone and prints no warning lines at all.
-    done = subprocess.run(
-        [sys.executable, "-m", "payonce", "resume"],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_cli_process(["resume"], env=env, secrets=SECRETS)
 
-    assert done.returncode == 1, done.stderr
+    assert done.exit_code == 1, done.stderr
     warnings = [line for line in done.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings) == len(left), done.stderr
     for record, line in zip(left, warnings, strict=True):
@@ -184,7 +164,7 @@ def test_resume_only_touches_its_account(
     make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str]
 ) -> None:
     leave_pending(make_client, "order-x")
-    result = _run(["resume", "--account", "acct_other"], env)
+    result = run_cli(["resume", "--account", "acct_other"], env=env, secrets=SECRETS)
     assert result.exit_code == 0
     assert "nothing to resume: no pending intent of account 'acct_other'" in result.stderr
     assert result.stdout == ""
@@ -204,7 +184,11 @@ def test_without_provider_or_account_resume_drives_what_the_journal_holds(
     ours = leave_pending(make_client, "order-a")
     theirs = leave_pending(make_client, "order-b", account="acct_other")
 
-    result = _run(["resume", "--json"], _without(env, "PAYONCE_PROVIDER", "PAYONCE_ACCOUNT"))
+    result = run_cli(
+        ["resume", "--json"],
+        env=_without(env, "PAYONCE_PROVIDER", "PAYONCE_ACCOUNT"),
+        secrets=SECRETS,
+    )
 
     assert result.exit_code == 0, result.output
     assert {i["key"]: i["state"] for i in _json(result)} == {
@@ -226,8 +210,10 @@ def test_an_account_without_an_api_key_is_named_and_the_others_are_driven(
     use_keyring(SessionKeyring())
     payonce.credentials.store_api_key(ACCOUNT, DEFAULT_API_KEY)  # none for acct_other
 
-    result = _run(
-        ["resume"], _without(env, "PAYONCE_PROVIDER", "PAYONCE_ACCOUNT", "PAYONCE_API_KEY")
+    result = run_cli(
+        ["resume"],
+        env=_without(env, "PAYONCE_PROVIDER", "PAYONCE_ACCOUNT", "PAYONCE_API_KEY"),
+        secrets=SECRETS,
     )
 
     assert result.exit_code == 1, result.output
@@ -246,7 +232,9 @@ def test_work_for_several_providers_is_a_usage_error_that_names_them(
     sandboxed = leave_pending(make_client, "order-a")
     generic = leave_pending(make_client, "order-b", provider="generic")
 
-    result = _run(["resume"], _without(env, "PAYONCE_PROVIDER", "PAYONCE_ACCOUNT"))
+    result = run_cli(
+        ["resume"], env=_without(env, "PAYONCE_PROVIDER", "PAYONCE_ACCOUNT"), secrets=SECRETS
+    )
 
     assert result.exit_code == 2
     assert "pending intents of several providers: generic (1), sandbox (1)" in result.stderr
@@ -272,7 +260,7 @@ def test_each_provider_is_driven_at_its_own_base_url(
     else:
         args, everywhere = [], {**everywhere, "PAYONCE_BASE_URL": " ".join(pairs)}
 
-    result = _run(["resume", "--json", *args], everywhere)
+    result = run_cli(["resume", "--json", *args], env=everywhere, secrets=SECRETS)
 
     assert result.exit_code == 0, result.output
     assert {i["key"]: i["state"] for i in _json(result)} == {
@@ -289,7 +277,7 @@ def test_the_one_provider_named_without_its_base_url_is_a_usage_error(
     named = _without(env, "PAYONCE_BASE_URL")
     args = ["--provider", "generic", "--base-url", f"sandbox={sandbox.url}"]
 
-    result = _run(["resume", *args], named)
+    result = run_cli(["resume", *args], env=named, secrets=SECRETS)
 
     assert result.exit_code == 2
     assert result.stderr == "error: no --base-url for provider 'generic'\n"
@@ -303,7 +291,9 @@ def test_a_provider_without_a_base_url_is_named_and_the_others_are_driven(
     generic = leave_pending(make_client, "order-b", provider="generic")
     everywhere = _without(env, "PAYONCE_PROVIDER", "PAYONCE_ACCOUNT", "PAYONCE_BASE_URL")
 
-    result = _run(["resume", "--base-url", f"sandbox={sandbox.url}"], everywhere)
+    result = run_cli(
+        ["resume", "--base-url", f"sandbox={sandbox.url}"], env=everywhere, secrets=SECRETS
+    )
 
     assert result.exit_code == 1, result.output
     assert (
@@ -319,7 +309,7 @@ def test_nothing_for_the_account_named_says_where_the_work_is(
 ) -> None:
     leave_pending(make_client, "order-a")
 
-    result = _run(["resume", "--account", "acct_other"], env)
+    result = run_cli(["resume", "--account", "acct_other"], env=env, secrets=SECRETS)
 
     assert result.exit_code == 0, "what it was asked to drive is settled"
     assert result.stdout == ""
@@ -334,7 +324,11 @@ def test_reconcile_by_reference_finds_the_intent_s_account_and_provider(
 ) -> None:
     record = make_unknown(make_client, sandbox, "order-r", "drop_after")
 
-    result = _run(["reconcile", "order-r"], _without(env, "PAYONCE_PROVIDER", "PAYONCE_ACCOUNT"))
+    result = run_cli(
+        ["reconcile", "order-r"],
+        env=_without(env, "PAYONCE_PROVIDER", "PAYONCE_ACCOUNT"),
+        secrets=SECRETS,
+    )
 
     assert result.exit_code == 0, result.output
     assert _state(journal_path, record.key).state is payonce.IntentState.SUCCEEDED
@@ -349,7 +343,7 @@ def test_reconcile_settles_an_unknown_intent_the_provider_executed(
     record = make_unknown(make_client, sandbox, "order-1", "drop_after")
     assert sandbox.store.executions() == {record.key: 1}
 
-    result = _run(["reconcile", "order-1"], env)
+    result = run_cli(["reconcile", "order-1"], env=env, secrets=SECRETS)
 
     assert result.exit_code == 0, result.output
     assert f"{record.key}\torder-1\tunknown\tsucceeded\tfound\t" in result.stdout
@@ -359,7 +353,9 @@ def test_reconcile_settles_an_unknown_intent_the_provider_executed(
     assert _state(journal_path, record.key).state is payonce.IntentState.SUCCEEDED
     assert sandbox.store.executions() == {record.key: 1}
 
-    (again,) = _json(_run(["reconcile", record.key, "--json"], env))  # by key, now settled
+    (again,) = _json(
+        run_cli(["reconcile", record.key, "--json"], env=env, secrets=SECRETS)
+    )  # by key, now settled
     assert (again["outcome"], again["before"], again["after"]) == (
         "skipped",
         "succeeded",
@@ -372,7 +368,7 @@ def test_reconcile_json(
 ) -> None:
     record = make_unknown(make_client, sandbox, "order-2", "drop_after")
 
-    result = _run(["reconcile", record.key, "--json"], env)
+    result = run_cli(["reconcile", record.key, "--json"], env=env, secrets=SECRETS)
 
     assert result.exit_code == 0, result.output
     assert _json(result) == [
@@ -403,7 +399,7 @@ def test_reconcile_all_with_a_mix_groups_what_stays_unknown_and_exits_1(
     )
     other.close()
 
-    result = _run(["reconcile", "--all", "--json"], env)
+    result = run_cli(["reconcile", "--all", "--json"], env=env, secrets=SECRETS)
 
     assert result.exit_code == 1, result.output
     items = _json(result)
@@ -422,7 +418,7 @@ def test_reconcile_all_with_a_mix_groups_what_stays_unknown_and_exits_1(
     assert _state(journal_path, settled).state is payonce.IntentState.SUCCEEDED
 
     # The one the provider never saw is resent once by resume; nothing ran twice.
-    resumed = _run(["resume", "--json"], env)
+    resumed = run_cli(["resume", "--json"], env=env, secrets=SECRETS)
     assert {i["key"]: i["state"] for i in _json(resumed)} == {
         never_arrived.key: "succeeded",
         pending.key: "succeeded",
@@ -441,7 +437,7 @@ def test_reconcile_table_and_summary(
     make_unknown(make_client, sandbox, "order-t1", "drop_after")
     make_unknown(make_client, sandbox, "order-t2", "fail_before")
 
-    result = _run(["reconcile", "--all"], env)
+    result = run_cli(["reconcile", "--all"], env=env, secrets=SECRETS)
 
     assert result.exit_code == 1, "one is back to pending: not settled until resumed"
     header, *lines = result.stdout.splitlines()
@@ -452,7 +448,7 @@ def test_reconcile_table_and_summary(
     assert _summary(result) == (
         "reconciled 2 intent(s): 1 settled (1 succeeded), 1 back to pending, 0 still unknown"
     )
-    nothing = _run(["reconcile", "--all"], env)
+    nothing = run_cli(["reconcile", "--all"], env=env, secrets=SECRETS)
     assert nothing.exit_code == 0
     assert nothing.stdout == ""
     assert nothing.stderr.startswith("nothing to reconcile: no unknown intent")
@@ -466,18 +462,18 @@ def test_a_progress_bar_only_on_a_terminal_and_never_in_json(
     leave_pending(make_client, "order-p2")
     leave_pending(make_client, "order-p3")
 
-    reconciled = _run(["reconcile", "--all"], terminal)
+    reconciled = run_cli(["reconcile", "--all"], env=terminal, secrets=SECRETS)
     assert reconciled.exit_code == 0, reconciled.output
     assert "reconciling" in reconciled.stdout
     assert "1/1" in reconciled.stdout
 
-    resumed = _run(["resume"], terminal)
+    resumed = run_cli(["resume"], env=terminal, secrets=SECRETS)
     assert resumed.exit_code == 0, resumed.output
     assert "resuming" in resumed.stdout
     assert "2/2" in resumed.stdout
 
     make_unknown(make_client, sandbox, "order-p4", "drop_after")
-    as_json = _run(["reconcile", "--all", "--json"], terminal)
+    as_json = run_cli(["reconcile", "--all", "--json"], env=terminal, secrets=SECRETS)
     assert as_json.exit_code == 0
     assert [item["reference"] for item in _json(as_json)] == ["order-p4"]  # JSON only
 
@@ -489,7 +485,9 @@ def test_a_refused_status_lookup_stops_only_that_intent_and_exits_1(
     second = make_unknown(make_client, sandbox, "order-r2", "drop_after")
     wrong_key = "sk_test_revoked_0000"
 
-    result = _run(["reconcile", "--all", "--json"], {**env, "PAYONCE_API_KEY": wrong_key})
+    result = run_cli(
+        ["reconcile", "--all", "--json"], env={**env, "PAYONCE_API_KEY": wrong_key}, secrets=SECRETS
+    )
 
     assert result.exit_code == 1, result.output
     assert [(i["key"], i["outcome"], i["after"]) for i in _json(result)] == [
@@ -502,12 +500,15 @@ def test_a_refused_status_lookup_stops_only_that_intent_and_exits_1(
     )
     assert wrong_key not in result.stdout + result.stderr
     assert _state(journal_path, first.key).lease_owner is None
-    assert _json(_run(["reconcile", "--all", "--json"], env))[0]["outcome"] == "found"
+    assert (
+        _json(run_cli(["reconcile", "--all", "--json"], env=env, secrets=SECRETS))[0]["outcome"]
+        == "found"
+    )
 
 
 def test_reconcile_needs_exactly_one_target(env: dict[str, str]) -> None:
     for args in (["reconcile"], ["reconcile", "order-1", "--all"]):
-        result = _run(args, env)
+        result = run_cli(args, env=env, secrets=SECRETS)
         assert result.exit_code == 2
         assert "KEY_OR_REFERENCE or --all" in result.stderr
 
@@ -517,11 +518,13 @@ def test_reconcile_of_an_intent_that_is_not_there_or_not_ours(
 ) -> None:
     record = make_unknown(make_client, sandbox, "order-3", "drop_after")
 
-    missing = _run(["reconcile", "order-404"], env)
+    missing = run_cli(["reconcile", "order-404"], env=env, secrets=SECRETS)
     assert missing.exit_code == 1
     assert missing.stderr == "error: no intent with key or reference 'order-404'\n"
 
-    elsewhere = _run(["reconcile", "order-3", "--account", "acct_other"], env)
+    elsewhere = run_cli(
+        ["reconcile", "order-3", "--account", "acct_other"], env=env, secrets=SECRETS
+    )
     assert elsewhere.exit_code == 1
     assert "--account acct_demo --provider sandbox" in elsewhere.stderr
     assert _state(journal_path, record.key).state is payonce.IntentState.UNKNOWN
@@ -532,14 +535,16 @@ def test_only_intents_of_the_given_provider_are_reconciled(
 ) -> None:
     record = make_unknown(make_client, sandbox, "order-s", "drop_after")
 
-    other = _run(["reconcile", "--all", "--provider", "generic"], env)
+    other = run_cli(["reconcile", "--all", "--provider", "generic"], env=env, secrets=SECRETS)
     assert other.exit_code == 0
     assert "no unknown intent of account 'acct_demo' (provider 'generic')" in other.stderr
-    named = _run(["reconcile", "order-s", "--provider", "generic"], env)
+    named = run_cli(["reconcile", "order-s", "--provider", "generic"], env=env, secrets=SECRETS)
     assert named.exit_code == 1
     assert "--account acct_demo --provider sandbox" in named.stderr
 
-    unknown_profile = _run(["reconcile", "--all", "--provider", "acme"], env)
+    unknown_profile = run_cli(
+        ["reconcile", "--all", "--provider", "acme"], env=env, secrets=SECRETS
+    )
     assert unknown_profile.exit_code == 2
     assert "unknown provider 'acme'" in unknown_profile.stderr
     assert _state(journal_path, record.key).state is payonce.IntentState.UNKNOWN
@@ -550,7 +555,7 @@ def test_a_provider_without_a_status_lookup_is_a_configuration_error(
 ) -> None:
     record = make_unknown(make_client, sandbox, "order-g", "fail_before", provider="generic")
 
-    result = _run(["reconcile", "--all", "--provider", "generic"], env)
+    result = run_cli(["reconcile", "--all", "--provider", "generic"], env=env, secrets=SECRETS)
 
     assert result.exit_code == 2
     assert result.stdout == ""
@@ -564,21 +569,27 @@ def test_a_provider_without_a_status_lookup_is_a_configuration_error(
 def test_bad_base_url_and_missing_journal_are_configuration_errors(
     env: dict[str, str], tmp_path: Path
 ) -> None:
-    bad = _run(["resume", "--base-url", "sk_live_not_a_url"], env)
+    bad = run_cli(["resume", "--base-url", "sk_live_not_a_url"], env=env, secrets=SECRETS)
     assert bad.exit_code == 2
     assert bad.stderr == "error: --base-url must be an http(s) URL (or PROVIDER=URL)\n"
 
-    with_credentials = _run(["resume", "--base-url", "https://user:hunter2@api.example"], env)
+    with_credentials = run_cli(
+        ["resume", "--base-url", "https://user:hunter2@api.example"], env=env, secrets=SECRETS
+    )
     assert with_credentials.exit_code == 2
     assert "hunter2" not in with_credentials.stderr
 
     nowhere = tmp_path / "nowhere.db"
-    missing = _run(["reconcile", "--all", "--journal", str(nowhere)], env)
+    missing = run_cli(["reconcile", "--all", "--journal", str(nowhere)], env=env, secrets=SECRETS)
     assert missing.exit_code == 2
     assert missing.stderr == f"error: no journal at {nowhere}\n"
     assert not nowhere.exists()
 
-    no_url = _run(["resume"], {k: v for k, v in env.items() if k != "PAYONCE_BASE_URL"})
+    no_url = run_cli(
+        ["resume"],
+        env=({k: v for k, v in env.items() if k != "PAYONCE_BASE_URL"} or {}),
+        secrets=SECRETS,
+    )
     assert no_url.exit_code == 2
     assert "--base-url" in no_url.stderr
 
@@ -616,7 +627,11 @@ def test_without_an_api_key_nothing_is_sent_and_the_journal_is_left_alone(
     before = _files(journal_path)
     assert journal_path.name + "-wal" in before
 
-    result = _run(command, {k: v for k, v in env.items() if k != "PAYONCE_API_KEY"})
+    result = run_cli(
+        command,
+        env=({k: v for k, v in env.items() if k != "PAYONCE_API_KEY"} or {}),
+        secrets=SECRETS,
+    )
 
     assert result.exit_code == 2
     assert result.stdout == ""
@@ -639,7 +654,10 @@ def test_abandon_closes_an_unknown_intent_for_good(
     record = make_unknown(make_client, sandbox, "order-8", "fail_before")
     where = ["--journal", str(journal_path)]  # the journal only: no API key needed
 
-    result = _run(["abandon", record.key, "--reason", "refunded by hand, ticket OPS-12", *where])
+    result = run_cli(
+        ["abandon", record.key, "--reason", "refunded by hand, ticket OPS-12", *where],
+        secrets=SECRETS,
+    )
 
     assert result.exit_code == 0, result.output
     assert f"abandoned intent {record.key} (reference order-8)" in result.stdout
@@ -647,8 +665,8 @@ def test_abandon_closes_an_unknown_intent_for_good(
     assert after.state is payonce.IntentState.ABANDONED
     assert after.abandon_reason == "refunded by hand, ticket OPS-12"
     # Never sent again, by anything.
-    assert _json(_run(["resume", "--json"], env)) == []
-    assert _json(_run(["reconcile", "--all", "--json"], env)) == []
+    assert _json(run_cli(["resume", "--json"], env=env, secrets=SECRETS)) == []
+    assert _json(run_cli(["reconcile", "--all", "--json"], env=env, secrets=SECRETS)) == []
     assert sandbox.store.total_executions() == 0
 
 
@@ -659,9 +677,14 @@ def test_abandoning_a_pending_intent_works_and_a_settled_one_is_refused(
     paid = _pay(make_client(), "order-10")
     where = ["--journal", str(journal_path)]
 
-    assert _run(["abandon", pending.key, "--reason", "duplicate order", *where]).exit_code == 0
+    assert (
+        run_cli(
+            ["abandon", pending.key, "--reason", "duplicate order", *where], secrets=SECRETS
+        ).exit_code
+        == 0
+    )
 
-    refused = _run(["abandon", paid, "--reason", "oops", *where])
+    refused = run_cli(["abandon", paid, "--reason", "oops", *where], secrets=SECRETS)
     assert refused.exit_code == 1
     (line,) = refused.stderr.splitlines()
     assert line.startswith("error: ")
@@ -670,7 +693,7 @@ def test_abandoning_a_pending_intent_works_and_a_settled_one_is_refused(
     assert refused.stdout == ""
     assert _state(journal_path, paid).state is payonce.IntentState.SUCCEEDED
 
-    again = _run(["abandon", pending.key, "--reason", "twice", *where])
+    again = run_cli(["abandon", pending.key, "--reason", "twice", *where], secrets=SECRETS)
     assert again.exit_code == 1
     assert "already abandoned" in again.stderr
 
@@ -683,7 +706,9 @@ def test_an_intent_being_sent_cannot_be_abandoned(
     worker.claim_key(record.key, owner="other-host:7:w", now=time.time(), lease_seconds=60)
     worker.close()
 
-    result = _run(["abandon", record.key, "--reason", "x", "--journal", str(journal_path)])
+    result = run_cli(
+        ["abandon", record.key, "--reason", "x", "--journal", str(journal_path)], secrets=SECRETS
+    )
 
     assert result.exit_code == 1
     assert "is being sent by other-host:7:w right now" in result.stderr
@@ -696,13 +721,13 @@ def test_abandon_needs_a_reason_and_an_existing_key(
     record = leave_pending(make_client, "order-11")
     where = ["--journal", str(journal_path)]
 
-    no_reason = _run(["abandon", record.key, *where])
+    no_reason = run_cli(["abandon", record.key, *where], secrets=SECRETS)
     assert no_reason.exit_code == 2
     assert "--reason" in no_reason.stderr
-    blank = _run(["abandon", record.key, "--reason", "  ", *where])
+    blank = run_cli(["abandon", record.key, "--reason", "  ", *where], secrets=SECRETS)
     assert blank.exit_code == 2
 
-    missing = _run(["abandon", "01NOSUCHKEY", "--reason", "x", *where])
+    missing = run_cli(["abandon", "01NOSUCHKEY", "--reason", "x", *where], secrets=SECRETS)
     assert missing.exit_code == 1
     assert missing.stderr == "error: no intent with key or reference '01NOSUCHKEY'\n"
     assert _state(journal_path, record.key).state is payonce.IntentState.PENDING
@@ -715,8 +740,10 @@ def test_abandon_and_ack_take_a_reference_that_names_one_intent(
     paid = _pay(make_client(), "order-14", acknowledge=False)
     where = ["--journal", str(journal_path)]
 
-    abandoned = _run(["abandon", "order-13", "--reason", "checked by hand", *where])
-    acked = _run(["ack", "order-14", *where])
+    abandoned = run_cli(
+        ["abandon", "order-13", "--reason", "checked by hand", *where], secrets=SECRETS
+    )
+    acked = run_cli(["ack", "order-14", *where], secrets=SECRETS)
 
     assert abandoned.exit_code == 0, abandoned.output
     assert f"abandoned intent {pending.key} (reference order-13)" in abandoned.stdout
@@ -732,8 +759,8 @@ def test_a_reference_naming_several_intents_is_refused_with_their_keys(
     other = _pay(make_client(account="acct_other"), "order-15", acknowledge=False)
     where = ["--journal", str(journal_path)]
 
-    abandoned = _run(["abandon", "order-15", "--reason", "x", *where])
-    acked = _run(["ack", "order-15", *where])
+    abandoned = run_cli(["abandon", "order-15", "--reason", "x", *where], secrets=SECRETS)
+    acked = run_cli(["ack", "order-15", *where], secrets=SECRETS)
 
     for refused in (abandoned, acked):
         assert refused.exit_code == 2, refused.output
@@ -745,7 +772,7 @@ def test_a_reference_naming_several_intents_is_refused_with_their_keys(
 
 
 def test_abandon_help_names_the_states_it_accepts() -> None:
-    text = " ".join(_run(["abandon", "--help"]).stdout.split())
+    text = " ".join(run_cli(["abandon", "--help"], secrets=SECRETS).stdout.split())
     assert "Only pending and unknown intents can be abandoned" in text
     assert "succeeded, failed and abandoned ones are final" in text
 
@@ -763,13 +790,13 @@ def test_ack_lists_and_acknowledges_settled_outcomes(
     second = _pay(client, "order-21", acknowledge=False)
     where = ["--journal", str(journal_path)]
 
-    listed = _run(["ack", "--list", "--json", *where])
+    listed = run_cli(["ack", "--list", "--json", *where], secrets=SECRETS)
     assert listed.exit_code == 0
     assert [(i["key"], i["state"]) for i in _json(listed)] == [
         (first, "succeeded"),
         (second, "succeeded"),
     ]
-    table = _run(["ack", "--list", *where])
+    table = run_cli(["ack", "--list", *where], secrets=SECRETS)
     header, *lines = table.stdout.splitlines()  # piped: a header, then a record a line
     assert header.startswith("key\treference\tstate\t")
     assert [line.split("\t")[:3] for line in lines] == [
@@ -777,15 +804,22 @@ def test_ack_lists_and_acknowledges_settled_outcomes(
         [second, "order-21", "succeeded"],
     ]
 
-    acked = _run(["ack", first, *where])
+    acked = run_cli(["ack", first, *where], secrets=SECRETS)
     assert acked.exit_code == 0, acked.output
     assert acked.stdout == f"acknowledged: intent {first} (reference order-20), succeeded\n"
     assert [r.key for r in client.unacknowledged()] == [second]
-    assert _run(["ack", first, *where]).stdout.startswith("already acknowledged: ")
+    assert run_cli(["ack", first, *where], secrets=SECRETS).stdout.startswith(
+        "already acknowledged: "
+    )
 
-    assert _json(_run(["ack", "--list", "--json", "--account", "acct_other", *where])) == []
-    assert _run(["ack", second, *where]).exit_code == 0
-    nothing = _run(["ack", "--list", *where])
+    assert (
+        _json(
+            run_cli(["ack", "--list", "--json", "--account", "acct_other", *where], secrets=SECRETS)
+        )
+        == []
+    )
+    assert run_cli(["ack", second, *where], secrets=SECRETS).exit_code == 0
+    nothing = run_cli(["ack", "--list", *where], secrets=SECRETS)
     assert (nothing.stdout, nothing.stderr) == ("", "no unacknowledged intents\n")
 
 
@@ -795,7 +829,9 @@ def test_ack_refuses_what_is_not_settled_and_goes_on_with_the_rest(
     pending = leave_pending(make_client, "order-30")
     paid = _pay(make_client(), "order-31", acknowledge=False)
 
-    result = _run(["ack", pending.key, "nope", paid, "--journal", str(journal_path)])
+    result = run_cli(
+        ["ack", pending.key, "nope", paid, "--journal", str(journal_path)], secrets=SECRETS
+    )
 
     assert result.exit_code == 1
     errors = result.stderr.splitlines()
@@ -811,10 +847,10 @@ def test_ack_usage(journal_path: Path, make_client: MakeClient) -> None:
     key = _pay(make_client(), "order-40", acknowledge=False)
     where = ["--journal", str(journal_path)]
     for args in (["ack"], ["ack", key, "--list"], ["ack", key, "--json"]):
-        result = _run([*args, *where])
+        result = run_cli([*args, *where], secrets=SECRETS)
         assert result.exit_code == 2, args
         assert "Traceback" not in result.output
-    text = " ".join(_run(["ack", "--help"]).stdout.split())
+    text = " ".join(run_cli(["ack", "--help"], secrets=SECRETS).stdout.split())
     assert "Only succeeded and failed intents can be acknowledged" in text
 
 
@@ -831,7 +867,7 @@ def test_journal_check_on_a_good_journal(
     leave_pending(make_client, "order-53")
     where = ["--journal", str(journal_path)]
 
-    report = _run(["journal", "check", "--json", *where])
+    report = run_cli(["journal", "check", "--json", *where], secrets=SECRETS)
 
     assert report.exit_code == 0, report.output
     document = _json(report)
@@ -850,7 +886,7 @@ def test_journal_check_on_a_good_journal(
     assert document["unacknowledged"] == 1
     assert document["size_bytes"] > 0
 
-    piped = _run(["journal", "check", *where])
+    piped = run_cli(["journal", "check", *where], secrets=SECRETS)
     assert piped.exit_code == 0
     lines = piped.stdout.splitlines()
     assert lines[1:4] == [
@@ -896,12 +932,14 @@ def test_journal_check_finds_a_damaged_index(
     damaged = _settled_copy(journal_path, make_client, tmp_path)
     _flip_in_index(damaged, "intents_scope_reference", b"order-1")
 
-    result = _run(["journal", "check", "--journal", str(damaged)])
+    result = run_cli(["journal", "check", "--journal", str(damaged)], secrets=SECRETS)
 
     assert result.exit_code == 1, result.output
     assert "problem(s) found" in result.stdout
     assert "intents_scope_reference" in result.stdout
-    document = _json(_run(["journal", "check", "--json", "--journal", str(damaged)]))
+    document = _json(
+        run_cli(["journal", "check", "--json", "--journal", str(damaged)], secrets=SECRETS)
+    )
     assert document["ok"] is False
     assert any("intents_scope_reference" in problem for problem in document["problems"])
     # The rows still read: what the file holds is reported, not "schema 0, no intents".
@@ -916,7 +954,7 @@ def test_journal_check_piped_is_one_line_per_field_and_per_finding(
     damaged = _settled_copy(journal_path, make_client, tmp_path)
     _flip_in_index(damaged, "intents_scope_reference", b"order-1")
 
-    piped = _run(["journal", "check", "--journal", str(damaged)])
+    piped = run_cli(["journal", "check", "--journal", str(damaged)], secrets=SECRETS)
 
     assert piped.exit_code == 1
     lines = piped.stdout.splitlines()
@@ -937,7 +975,7 @@ def test_journal_check_finds_rows_that_point_nowhere(
         raw.execute("INSERT INTO attempts (key, number, started_at) VALUES ('ghost', 1, 0)")
     raw.close()
 
-    result = _run(["journal", "check", "--json", "--journal", str(damaged)])
+    result = run_cli(["journal", "check", "--json", "--journal", str(damaged)], secrets=SECRETS)
 
     assert result.exit_code == 1
     report = _json(result)
@@ -957,8 +995,8 @@ def test_journal_check_on_a_file_too_damaged_to_open_exits_1_with_its_findings(
     data[page_size:] = b"\x07" * (len(data) - page_size)  # every page but the schema's
     damaged.write_bytes(bytes(data))
 
-    as_json = _run(["journal", "check", "--json", "--journal", str(damaged)])
-    as_text = _run(["journal", "check", "--journal", str(damaged)])
+    as_json = run_cli(["journal", "check", "--json", "--journal", str(damaged)], secrets=SECRETS)
+    as_text = run_cli(["journal", "check", "--journal", str(damaged)], secrets=SECRETS)
 
     assert as_json.exit_code == 1, as_json.output
     report = _json(as_json)
@@ -975,12 +1013,17 @@ def test_journal_check_on_a_file_that_cannot_be_a_journal(tmp_path: Path) -> Non
     content = b"SQLite format 3\x00" + bytes(range(256)) * 16
     path.write_bytes(content)
 
-    result = _run(["journal", "check", "--journal", str(path)])
+    result = run_cli(["journal", "check", "--journal", str(path)], secrets=SECRETS)
 
     assert result.exit_code == 1
     (line,) = result.stderr.splitlines()
     assert line.startswith("error: the journal is damaged")
-    assert _json(_run(["journal", "check", "--json", "--journal", str(path)]))["ok"] is False
+    assert (
+        _json(run_cli(["journal", "check", "--json", "--journal", str(path)], secrets=SECRETS))[
+            "ok"
+        ]
+        is False
+    )
     assert path.read_bytes() == content
 
 
@@ -1003,7 +1046,9 @@ def test_backup_holds_rows_still_only_in_the_wal_and_never_overwrites(
     destination = tmp_path / "backups" / "journal-1.db"
     destination.parent.mkdir()
 
-    result = _run(["journal", "backup", str(destination), "--journal", str(journal_path)])
+    result = run_cli(
+        ["journal", "backup", str(destination), "--journal", str(journal_path)], secrets=SECRETS
+    )
 
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith(f"backed up {journal_path} to {destination} (")
@@ -1015,7 +1060,9 @@ def test_backup_holds_rows_still_only_in_the_wal_and_never_overwrites(
         copy.close()
     content = destination.read_bytes()
 
-    again = _run(["journal", "backup", str(destination), "--journal", str(journal_path)])
+    again = run_cli(
+        ["journal", "backup", str(destination), "--journal", str(journal_path)], secrets=SECRETS
+    )
     assert again.exit_code == 2
     assert "will not overwrite" in again.stderr
     assert destination.read_bytes() == content
@@ -1027,12 +1074,15 @@ def test_backup_into_a_missing_directory_or_of_a_missing_journal(
     _pay(make_client(), "order-1")
     where = ["--journal", str(journal_path)]
 
-    no_dir = _run(["journal", "backup", str(tmp_path / "no" / "such.db"), *where])
+    no_dir = run_cli(
+        ["journal", "backup", str(tmp_path / "no" / "such.db"), *where], secrets=SECRETS
+    )
     assert no_dir.exit_code == 2
     assert "does not exist" in no_dir.stderr
 
-    no_journal = _run(
-        ["journal", "backup", str(tmp_path / "b.db"), "--journal", str(tmp_path / "x.db")]
+    no_journal = run_cli(
+        ["journal", "backup", str(tmp_path / "b.db"), "--journal", str(tmp_path / "x.db")],
+        secrets=SECRETS,
     )
     assert no_journal.exit_code == 2
     assert not (tmp_path / "x.db").exists()
@@ -1041,7 +1091,9 @@ def test_backup_into_a_missing_directory_or_of_a_missing_journal(
 
 def test_a_postgresql_journal_is_backed_up_with_pg_dump(tmp_path: Path) -> None:
     url = "postgresql://payonce@db.invalid/payonce"
-    result = _run(["journal", "backup", str(tmp_path / "b.db"), "--journal", url])
+    result = run_cli(
+        ["journal", "backup", str(tmp_path / "b.db"), "--journal", url], secrets=SECRETS
+    )
     assert result.exit_code == 2
     assert "pg_dump" in result.stderr
     assert not (tmp_path / "b.db").exists()
@@ -1052,7 +1104,11 @@ def test_resume_with_a_refused_api_key_exits_1_and_leaves_the_intents_pending(
 ) -> None:
     left = [leave_pending(make_client, f"order-k{n}") for n in range(2)]
 
-    result = _run(["resume", "--json"], {**env, "PAYONCE_API_KEY": "sk_test_revoked_0000"})
+    result = run_cli(
+        ["resume", "--json"],
+        env={**env, "PAYONCE_API_KEY": "sk_test_revoked_0000"},
+        secrets=SECRETS,
+    )
 
     assert result.exit_code == 1, result.output
     assert [(i["key"], i["state"]) for i in _json(result)] == [

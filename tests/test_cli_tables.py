@@ -18,10 +18,10 @@ from pathlib import Path
 
 import click
 import pytest
-from click.testing import CliRunner, Result
 from rich.console import Console
 
 import payonce
+from helpers.cli import run_cli
 from helpers.journals import draft_for, settle
 from payonce._journal._open import open_store
 from payonce._lifecycle import Transition
@@ -130,19 +130,14 @@ def _unknown_intent(journal_path: Path) -> str:
     return KEY
 
 
-def _run(args: Sequence[str], *, terminal: bool, **env: str) -> Result:
-    env = {"COLUMNS": "80", "TTY_COMPATIBLE": "1" if terminal else "0", **env}
-    return CliRunner().invoke(cli, list(args), env=env)
-
-
 def test_intents_list_at_80_columns_keeps_the_key_and_every_word_of_the_reason(
     journal_path: Path,
 ) -> None:
     key = _unknown_intent(journal_path)
     where = ["--journal", str(journal_path)]
 
-    terminal = _run(["intents", "list", *where], terminal=True)
-    piped = _run(["intents", "list", *where], terminal=False)
+    terminal = run_cli(["intents", "list", *where], columns=80, terminal=True)
+    piped = run_cli(["intents", "list", *where], columns=80, terminal=False)
 
     assert terminal.exit_code == 0, terminal.output
     screen = _unstyled(terminal.stdout)
@@ -168,7 +163,7 @@ def test_intents_list_at_80_columns_keeps_the_key_and_every_word_of_the_reason(
 def test_a_value_with_tabs_and_newlines_stays_on_its_record_line(journal_path: Path) -> None:
     with open_store(str(journal_path)) as journal:
         journal.claim(draft_for(1, reference="a\tb\nc"), owner="w", now=1.0, lease_seconds=30)
-    piped = _run(["intents", "list", "--journal", str(journal_path)], terminal=False)
+    piped = run_cli(["intents", "list", "--journal", str(journal_path)], columns=80, terminal=False)
     header, line = piped.stdout.splitlines()
     assert line.split("\t")[1] == "a\\x09b\\x0ac"
     assert len(line.split("\t")) == len(header.split("\t"))
@@ -180,7 +175,7 @@ def test_intents_show_at_80_columns_keeps_every_word_terminal_and_piped(
     key = _unknown_intent(journal_path)
     where = ["--journal", str(journal_path)]
     for terminal in (True, False):
-        shown = _run(["intents", "show", key, *where], terminal=terminal)
+        shown = run_cli(["intents", "show", key, *where], columns=80, terminal=terminal)
         assert shown.exit_code == 0, shown.output
         output = _unstyled(shown.stdout)
         assert any(key in line for line in output.splitlines())
@@ -244,7 +239,7 @@ def test_json_output_is_one_json_document_on_stdout_even_on_a_terminal(
     with open_store(str(journal_path)) as journal:  # nothing for resume or reconcile to send
         journal.abandon(KEY, reason="checked by hand", now=2000.0)
 
-    result = _run([*command, "--journal", str(journal_path)], terminal=True)
+    result = run_cli([*command, "--journal", str(journal_path)], columns=80, terminal=True)
 
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)

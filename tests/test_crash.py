@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.cli import run_cli_process
 from helpers.crash import (
     KILLED,
     WORKER,
@@ -130,14 +131,10 @@ def test_a_kill_after_a_block_ended_leaves_its_outcome_listed_as_not_acknowledge
     assert _pay_in_a_block(provider, journal, "order-closed", "close", None) == 0
     assert _pay_in_a_block(provider, journal, "order-exited", "exit", None) == 0
 
-    listed = subprocess.run(
-        [sys.executable, "-m", "payonce", "ack", "--list", "--json", "--journal", str(journal)],
-        env=worker_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
+    listed = run_cli_process(
+        ["ack", "--list", "--json", "--journal", str(journal)], env=worker_env(), timeout=120
     )
+    assert listed.exit_code == 0, listed.stderr
     assert [(i["reference"], i["state"]) for i in json.loads(listed.stdout)] == [
         ("order-killed", "succeeded")
     ]

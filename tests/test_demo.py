@@ -7,13 +7,12 @@ from pathlib import Path
 
 import attrs
 import pytest
-from click.testing import CliRunner
 from rich.console import Console
 
 import payonce
+from helpers.cli import run_cli
 from payonce import _demo
 from payonce._demo import DemoResult, run_demo
-from payonce.cli import cli
 from payonce.sandbox import Faults
 
 # Harsher than the default mix, so that 40 payments reliably show the naive client's
@@ -127,22 +126,20 @@ def test_an_existing_journal_is_refused_untouched(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_demo_command(tmp_path: Path) -> None:
     journal = tmp_path / "demo.db"
-    runner = CliRunner()
-    env = {"COLUMNS": "120"}
     args = ["demo", "--payments", "6", "--seed", "3", "--journal", str(journal)]
     args += ["--orders", "4", "--workers", "2", "--kills", "1", "--processing", "0.05"]
-    result = runner.invoke(cli, args, env=env)
+    result = run_cli(args, columns=120)
     assert result.exit_code == 0, result.output
     assert "payonce demo: 6 payments" in result.stdout
     assert "executions at the provider" in result.stdout
     assert "4 orders paid by 2 worker processes, 1 SIGKILL at random moments" in result.stdout
     assert "duplicate executions / missing orders" in result.stdout
 
-    listed = runner.invoke(cli, ["intents", "list", "--journal", str(journal)], env=env)
+    listed = run_cli(["intents", "list", "--journal", str(journal)], columns=120)
     assert listed.exit_code == 0
     assert "demo-order-0006" in listed.stdout
 
-    again = runner.invoke(cli, args, env=env)
+    again = run_cli(args, columns=120)
     assert again.exit_code == 2
     assert again.stderr.startswith("error: ")
     assert "already exists" in again.stderr
@@ -162,6 +159,6 @@ def test_demo_command_fails_when_payonce_double_executes(
         return broken
 
     monkeypatch.setattr(_demo, "run_demo", fake_run_demo)
-    result = CliRunner().invoke(cli, ["demo", "--payments", "2"])
+    result = run_cli(["demo", "--payments", "2"])
     assert result.exit_code == 1
     assert not broken.ok

@@ -15,14 +15,13 @@ from pathlib import Path
 
 import attrs
 import pytest
-from click.testing import CliRunner
 from rich.console import Console
 
 import payonce
+from helpers.cli import run_cli
 from payonce._demo import KillScenario, KillStats
 from payonce._demo._kill_report import print_kill_report
 from payonce._demo._kills import run_kill_scenario
-from payonce.cli import cli
 from payonce.sandbox import SandboxConfig, SandboxServer, SandboxStore
 
 # A few orders, a few kills, and a provider slow enough that nearly every kill catches a
@@ -114,14 +113,14 @@ def test_the_demo_command_refuses_kill_numbers_that_do_not_fit(tmp_path: Path) -
     # Refused before any payment is sent: nothing is left behind, not even the journal.
     journal = tmp_path / "demo.db"
     args = ["demo", "--orders", "2", "--workers", "3", "--journal", str(journal)]
-    result = CliRunner().invoke(cli, args)
+    result = run_cli(args)
     assert result.exit_code == 2
     assert "3 workers for 2 orders" in result.stderr
     assert not journal.exists()
 
 
 def test_the_demo_command_documents_the_kill_knobs() -> None:
-    result = CliRunner().invoke(cli, ["demo", "--help"], env={"COLUMNS": "120"})
+    result = run_cli(["demo", "--help"], columns=120)
     assert result.exit_code == 0
     for knob in ("--seed", "--orders", "--workers", "--kills", "--processing"):
         assert knob in result.stdout

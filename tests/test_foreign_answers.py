@@ -20,12 +20,13 @@ from helpers.payments import DECLINED, PAYMENT, MakeClient, leave_pending, make_
 from helpers.proxies import Page, mislabelling_in_front_of, pages_in_front_of
 from payonce import ProviderProfile
 from payonce._lifecycle import Outcome, classify_response
-from payonce._providers._adyen import ADYEN
-from payonce._providers._mollie import MOLLIE
-from payonce._providers._profile import GENERIC, SANDBOX
-from payonce._providers._stripe import STRIPE
+from payonce.providers import get_profile
 from payonce.sandbox import DEFAULT_API_KEY, SandboxConfig, SandboxServer
 
+# The built-in profiles, as a client given provider="stripe" (and so on) uses them.
+GENERIC, SANDBOX, STRIPE, ADYEN, MOLLIE = map(
+    get_profile, ["generic", "sandbox", "stripe", "adyen", "mollie"]
+)
 DAY = 24 * 3600.0
 
 MakeAsyncClient = Callable[..., payonce.AsyncClient]

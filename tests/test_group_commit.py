@@ -40,8 +40,8 @@ from payonce._crash import CRASH_POINTS
 from payonce._journal import _sqlite_file as journal_file
 from payonce._journal._engine import Tx
 from payonce._journal._group_commit import Member
-from payonce._journal._sqlite import SQLiteJournal
 from payonce._lifecycle import ClaimKind, Transition
+from payonce.journal import SQLiteJournal
 from payonce.sandbox import SandboxServer
 
 SUCCEEDED = payonce.IntentState.SUCCEEDED

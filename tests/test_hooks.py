@@ -20,8 +20,7 @@ from payonce.hooks import (
     JournalCommitted,
     RetryEvent,
 )
-from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
-from payonce.sandbox._faults import Faults
+from payonce.sandbox import DEFAULT_API_KEY, Faults, SandboxServer
 
 BODY_MARK = "card-4242-body-mark"
 

@@ -29,16 +29,11 @@ import httpx
 import pytest
 
 import payonce
+from helpers.cli import run_cli_process
+from helpers.journals import draft_for
 from helpers.payments import PAYMENT
 from payonce._journal._schema import SCHEMA_VERSION
-from payonce._lifecycle import (
-    ClaimKind,
-    IntentDraft,
-    StoredResponse,
-    Transition,
-    canonical_request,
-    make_scope,
-)
+from payonce._lifecycle import ClaimKind, Transition
 from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
 
 DATA = Path(__file__).parent / "data"
@@ -47,27 +42,6 @@ SQLITE_SYNCHRONOUS_FULL = 2
 
 
 # -- helpers ---------------------------------------------------------------------------------
-
-
-def draft_for(number: int, *, account: str = "acct_demo", padding: int = 0) -> IntentDraft:
-    """The draft a client would journal for payment number ``number``."""
-    body: dict[str, Any] = {"amount": 1000 + number, "currency": "eur"}
-    if padding:
-        body["metadata"] = {"note": "x" * padding}
-    canonical = canonical_request("POST", "/v1/payments", json_body=body)
-    return IntentDraft(
-        key=f"key-{number:05d}",
-        key_supplied=False,
-        scope=make_scope(account, "POST", "/v1/payments"),
-        reference=f"order-{number:05d}",
-        account=account,
-        provider="sandbox",
-        method="POST",
-        url="http://127.0.0.1:9/v1/payments",
-        fingerprint=canonical.fingerprint,
-        request_headers=(("content-type", "application/json"),),
-        body=canonical.body,
-    )
 
 
 def write_real_journal(path: Path, *, intents: int) -> None:
@@ -85,7 +59,7 @@ def write_real_journal(path: Path, *, intents: int) -> None:
                 owner="writer",
                 now=1000.5 + number,
                 transition=Transition.SUCCEEDED,
-                response=StoredResponse(
+                response=payonce.journal.StoredResponse(
                     status=201,
                     headers=(("content-type", "application/json"),),
                     body=b'{"id":"pay_%05d","status":"succeeded"}' % number,
@@ -1130,13 +1104,8 @@ def test_a_journal_on_a_read_only_filesystem_says_so_and_sends_nothing(
         assert "Make it writable" in str(caught.value)
         assert caught.value.may_have_executed is False
         # An operator can still look: the file is read as the fixed file it is.
-        listed = subprocess.run(
-            [sys.executable, "-m", "payonce", "intents", "list", "--journal", str(journal)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert listed.returncode == 0, listed.stderr
+        listed = run_cli_process(["intents", "list", "--journal", str(journal)])
+        assert listed.exit_code == 0, listed.stderr
         assert "order-ro\tsucceeded" in listed.stdout
     finally:
         subprocess.run(["mount", "-o", "remount,rw", str(small_disk)], check=True)

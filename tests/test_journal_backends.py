@@ -29,7 +29,15 @@ import psycopg
 import pytest
 
 import payonce
-from helpers.journals import RESPONSE, OpenJournal, draft_for, raw_transaction, rows, settle
+from helpers.journals import (
+    RESPONSE,
+    IntentDraft,
+    OpenJournal,
+    draft_for,
+    raw_transaction,
+    rows,
+    settle,
+)
 from helpers.payments import PAYMENT, DiesAfterSending, MakeClient, paying_in_background
 from payonce._journal import _rows
 from payonce._journal import _sql as sql
@@ -38,7 +46,8 @@ from payonce._journal._open import open_store
 from payonce._journal._postgres import PostgresJournal
 from payonce._journal._schema import SCHEMA_VERSION
 from payonce._journal._store import IntentStore
-from payonce._lifecycle import ClaimKind, IntentDraft, StoredResponse, Transition, make_scope
+from payonce._lifecycle import ClaimKind, Transition, make_scope
+from payonce.journal import StoredResponse
 from payonce.sandbox import SandboxServer
 from pgserver import PostgresServer
 

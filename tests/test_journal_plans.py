@@ -15,8 +15,8 @@ import pytest
 
 import payonce
 from helpers.journals import RESPONSE, draft_for
-from payonce._journal._sqlite import SQLiteJournal
 from payonce._lifecycle import Transition
+from payonce.journal import SQLiteJournal
 
 NOW = 1_800_000_000.0
 

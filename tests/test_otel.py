@@ -20,8 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import payonce
 from helpers.payments import PAYMENT, MakeClient, make_unknown
 from payonce.otel import OpenTelemetryHooks
-from payonce.sandbox import SandboxServer
-from payonce.sandbox._faults import Faults
+from payonce.sandbox import Faults, SandboxServer
 
 
 class Telemetry:

@@ -12,15 +12,14 @@ from pathlib import Path
 
 import attrs
 import pytest
-from click.testing import CliRunner
 
 import payonce
+from helpers.cli import run_cli
 from helpers.journals import RESPONSE, OpenJournal, draft_for, rows
-from payonce._journal._sqlite import SQLiteJournal
 from payonce._journal._store import IntentStore
 from payonce._lifecycle import ClaimKind, Transition
-from payonce.cli import cli
 from payonce.cli._journal import parse_duration
+from payonce.journal import SQLiteJournal
 
 HOUR = 3600.0
 DAY = 24 * HOUR
@@ -269,15 +268,14 @@ def _keys(path: Path) -> list[str]:
 def test_the_command_shows_prunes_and_reports(tmp_path: Path) -> None:
     path = tmp_path / "journal.db"
     _old_acknowledged(path, [40, 40, 40, 10])
-    runner = CliRunner()
     base = ["prune", "--journal", str(path), "--older-than", "30d"]
 
-    dry = runner.invoke(cli, [*base, "--dry-run", "--json"])
+    dry = run_cli([*base, "--dry-run", "--json"])
     assert dry.exit_code == 0, dry.output
     report = json.loads(dry.output)
     assert (report["intents"], report["dry_run"]) == (3, True)
     assert sorted(i["key"] for i in report["sample"]) == ["key-00000", "key-00001", "key-00002"]
-    listed = runner.invoke(cli, [*base, "--dry-run"])
+    listed = run_cli([*base, "--dry-run"])
     assert listed.stderr.startswith("would prune 3 intent(s)")
     header, *lines = listed.stdout.splitlines()  # piped: a header, then a record a line
     assert header == "key\tstate\tprovider\tupdated_utc\treference"
@@ -287,11 +285,11 @@ def test_the_command_shows_prunes_and_reports(tmp_path: Path) -> None:
         ["key-00002", "succeeded"],
     ]
 
-    done = runner.invoke(cli, [*base, "--yes"])
+    done = run_cli([*base, "--yes"])
     assert done.exit_code == 0, done.output
     assert done.output.startswith("pruned 3 intent(s)")
 
-    again = runner.invoke(cli, [*base, "--json"])
+    again = run_cli([*base, "--json"])
     assert json.loads(again.output)["intents"] == 0, "nothing to delete: nothing to confirm"
     assert _keys(path) == ["key-00003"]
 
@@ -300,7 +298,7 @@ def test_a_script_must_say_yes_and_nothing_goes_until_it_does(tmp_path: Path) ->
     path = tmp_path / "journal.db"
     _old_acknowledged(path, [40, 40])
 
-    refused = CliRunner().invoke(cli, ["prune", "--journal", str(path), "--older-than", "30d"])
+    refused = run_cli(["prune", "--journal", str(path), "--older-than", "30d"])
 
     assert refused.exit_code == 2
     assert "would delete 2 intent(s)" in refused.output
@@ -316,9 +314,7 @@ def test_at_a_terminal_prune_asks_first(
     _old_acknowledged(path, [40, 40])
     monkeypatch.setattr("payonce.cli._journal._can_ask", lambda: True)
 
-    asked = CliRunner().invoke(
-        cli, ["prune", "--journal", str(path), "--older-than", "30d"], input=answer
-    )
+    asked = run_cli(["prune", "--journal", str(path), "--older-than", "30d"], input=answer)
 
     assert "Delete 2 intent(s)" in asked.output
     assert "pays again" in asked.output
@@ -332,9 +328,7 @@ def test_six_capital_m_deletes_nothing_and_says_why(tmp_path: Path) -> None:
     path = tmp_path / "journal.db"
     _old_acknowledged(path, [0.01, 40])
 
-    refused = CliRunner().invoke(
-        cli, ["prune", "--journal", str(path), "--older-than", "6M", "--yes"]
-    )
+    refused = run_cli(["prune", "--journal", str(path), "--older-than", "6M", "--yes"])
 
     assert refused.exit_code == 2
     assert "months or minutes" in refused.output
@@ -347,9 +341,7 @@ def test_a_one_second_cut_off_still_keeps_what_the_provider_may_be_retried_for(
     path = tmp_path / "journal.db"
     _old_acknowledged(path, [0.5, 1.9, 2.1])  # days; the sandbox's keys live 24 h
 
-    done = CliRunner().invoke(
-        cli, ["prune", "--journal", str(path), "--older-than", "1s", "--yes", "--json"]
-    )
+    done = run_cli(["prune", "--journal", str(path), "--older-than", "1s", "--yes", "--json"])
 
     assert done.exit_code == 0, done.output
     assert json.loads(done.output)["intents"] == 1
@@ -359,7 +351,7 @@ def test_a_one_second_cut_off_still_keeps_what_the_provider_may_be_retried_for(
 def test_wrong_durations_are_usage_errors(tmp_path: Path) -> None:
     path = tmp_path / "journal.db"
     _old_acknowledged(path, [40])
-    wrong = CliRunner().invoke(cli, ["prune", "--journal", str(path), "--older-than", "30"])
+    wrong = run_cli(["prune", "--journal", str(path), "--older-than", "30"])
     assert wrong.exit_code == 2
     assert "not a duration" in wrong.output
     assert _keys(path) == ["key-00000"]

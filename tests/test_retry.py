@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from payonce import ProviderProfile, RetryPolicy
 from payonce._lifecycle import Outcome, classify_error, classify_response, parse_retry_after
-from payonce._providers._adyen import ADYEN
-from payonce._providers._mollie import MOLLIE
-from payonce._providers._profile import GENERIC
-from payonce._providers._stripe import STRIPE
+from payonce.providers import get_profile
+
+# The built-in profiles, as a client given provider="stripe" (and so on) uses them.
+GENERIC, STRIPE, ADYEN, MOLLIE = map(get_profile, ["generic", "stripe", "adyen", "mollie"])
 
 REQUEST = httpx.Request("POST", "http://provider.test/v1/payments")
 

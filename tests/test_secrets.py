@@ -19,10 +19,9 @@ from typing import Any
 import attrs
 import httpx
 import pytest
-from click.testing import CliRunner
 
 import payonce
-import payonce.cli
+from helpers.cli import run_cli
 from helpers.keyrings import SessionKeyring
 from helpers.payments import DECLINED, FAST_RETRY, PAYMENT, free_port
 from payonce.sandbox import SandboxServer
@@ -61,12 +60,6 @@ def journal_bytes(directory: Path) -> dict[str, bytes]:
 
 def exception_texts(error: BaseException) -> list[str]:
     return [str(error), repr(error), "".join(traceback.format_exception(error))]
-
-
-def run_cli(*args: str) -> str:
-    result = CliRunner().invoke(payonce.cli.cli, list(args), catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 def drive_every_outcome(
@@ -171,19 +164,22 @@ def test_the_api_key_appears_in_no_journal_log_error_or_cli_output(
     for text in client_reprs:
         assert not leaks(canary, text)
 
-    listed = run_cli("intents", "list", "--json", "--journal", str(journals / "journal.db"))
-    assert not leaks(canary, listed)
-    keys = [intent["key"] for intent in json.loads(listed)]
+    listed = run_cli(["intents", "list", "--json", "--journal", str(journals / "journal.db")])
+    assert listed.exit_code == 0, listed.output
+    assert not leaks(canary, listed.output)
+    keys = [intent["key"] for intent in json.loads(listed.output)]
     assert len(keys) == 4
     for key in keys:
         shown = run_cli(
-            "intents", "show", key, "--json", "--body", "--journal", str(journals / "journal.db")
+            ["intents", "show", key, "--json", "--body", "--journal", str(journals / "journal.db")]
         )
-        assert key in shown
-        assert not leaks(canary, shown)
-    other = run_cli("intents", "list", "--json", "--journal", str(journals / "other.db"))
-    assert len(json.loads(other)) == 1
-    assert not leaks(canary, other)
+        assert shown.exit_code == 0, shown.output
+        assert key in shown.output
+        assert not leaks(canary, shown.output)
+    other = run_cli(["intents", "list", "--json", "--journal", str(journals / "other.db")])
+    assert other.exit_code == 0, other.output
+    assert len(json.loads(other.output)) == 1
+    assert not leaks(canary, other.output)
 
 
 # -- a key no header can carry ---------------------------------------------------------------
@@ -296,8 +292,7 @@ def test_the_cli_refuses_a_padded_key_from_the_environment_and_never_shows_it(
     leave_unsent(journal, canary, "order-waiting")
     held = journal_rows(journal)
 
-    result = CliRunner().invoke(
-        payonce.cli.cli,
+    result = run_cli(
         command,
         env={
             "PAYONCE_API_KEY": canary + " ",

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import strategies as st
 
 import payonce
-from payonce._signatures import sign, verify
+from payonce.webhooks import sign, verify
 
 PAYLOAD = b'{"id":"evt_1","type":"payment.succeeded"}'
 NOW = 1_800_000_000.0

@@ -12,13 +12,8 @@ import psycopg
 from payonce._journal import _sql as sql
 from payonce._journal._engine import Tx
 from payonce._journal._store import IntentStore
-from payonce._lifecycle import (
-    IntentDraft,
-    StoredResponse,
-    Transition,
-    canonical_request,
-    make_scope,
-)
+from payonce._lifecycle import IntentDraft, Transition, canonical_request, make_scope
+from payonce.journal import StoredResponse
 
 OpenJournal = Callable[..., IntentStore]
 
@@ -32,9 +27,16 @@ def draft_for(
     key_supplied: bool = False,
     amount: int | None = None,
     path: str = "/v1/payments",
+    padding: int = 0,
 ) -> IntentDraft:
-    """The draft a client would journal for payment number ``number``."""
-    body = {"amount": amount if amount is not None else 1000 + number, "currency": "eur"}
+    """The draft a client would journal for payment number ``number``; ``padding``
+    characters of metadata make its body that much longer."""
+    body: dict[str, Any] = {
+        "amount": amount if amount is not None else 1000 + number,
+        "currency": "eur",
+    }
+    if padding:
+        body["metadata"] = {"note": "x" * padding}
     canonical = canonical_request("POST", path, json_body=body)
     return IntentDraft(
         key=key or f"key-{number:05d}",
