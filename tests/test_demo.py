@@ -82,7 +82,8 @@ def test_payonce_executes_once_where_the_naive_client_duplicates(tmp_path: Path)
 
 def test_default_journal_is_temporary_and_a_calm_network_has_no_duplicates() -> None:
     console, _ = _console()
-    result = run_demo(5, 0, None, console, faults=Faults())
+    # No fault delays anything: a timeout here could only be this machine's load.
+    result = run_demo(5, 0, None, console, faults=Faults(), client_timeout=10.0)
     assert result.ok
     assert result.journal is None
     assert result.payonce.succeeded == 5
@@ -107,7 +108,9 @@ def test_ambiguous_failures_end_unknown_and_never_executed(tmp_path: Path) -> No
 def test_requests_that_never_arrived_stay_pending(tmp_path: Path) -> None:
     console, _ = _console()
     faults = Faults(rate_limit_rate=1.0, retry_after_seconds=0.0)
-    result = run_demo(3, 1, tmp_path / "j.db", console, faults=faults)
+    # Every answer is a prompt 429: a timeout here could only be this machine's load, and
+    # would make an attempt ambiguous.
+    result = run_demo(3, 1, tmp_path / "j.db", console, faults=faults, client_timeout=10.0)
     assert result.ok
     assert result.payonce.pending == 3
     assert result.payonce.executions == 0

@@ -52,13 +52,15 @@ def run_demo(
     *,
     faults: Faults | None = None,
     kills: KillScenario | None = None,
+    client_timeout: float = CLIENT_TIMEOUT,
 ) -> DemoResult:
     """Run the demo and print its report on ``console``.
 
     ``faults`` replaces the default fault mix; its seed is always replaced by ``seed``, so
     both clients meet the same faults. ``journal`` must not exist yet: the demo's counts
     only make sense on a fresh journal. ``kills`` adds the kill scenario (its seed, too,
-    replaced by ``seed``); None leaves it out.
+    replaced by ``seed``); None leaves it out. ``client_timeout``: both clients' timeout,
+    shorter than the injected delay so that a slow answer is a lost success.
     """
     if payments < 1:
         raise payonce.ConfigurationError("the demo needs at least one payment")
@@ -68,15 +70,15 @@ def run_demo(
         )
     faults = attrs.evolve(faults or DEMO_FAULTS, seed=seed)
     payment_plan = plan(payments)
-    print_intro(console, payments, faults)
+    print_intro(console, payments, faults, client_timeout)
     with ExitStack() as stack:
         if journal is None:
             directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="payonce-demo-"))
             journal_path = Path(directory) / "journal.db"
         else:
             journal_path = journal
-        payonce_stats = run_payonce(payment_plan, faults, journal_path, console)
-    naive_stats = run_naive(payment_plan, faults, console)
+        payonce_stats = run_payonce(payment_plan, faults, journal_path, console, client_timeout)
+    naive_stats = run_naive(payment_plan, faults, console, client_timeout)
     result = DemoResult(payments, faults, journal, payonce=payonce_stats, naive=naive_stats)
     print_report(console, result)
     if kills is not None:

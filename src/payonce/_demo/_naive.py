@@ -21,13 +21,18 @@ from payonce._demo._scenario import (
 from payonce.sandbox import DEFAULT_API_KEY, Faults, SandboxConfig, SandboxServer
 
 
-def run_naive(plan: Sequence[DemoPayment], faults: Faults, console: Console) -> NaiveStats:
+def run_naive(
+    plan: Sequence[DemoPayment],
+    faults: Faults,
+    console: Console,
+    client_timeout: float = CLIENT_TIMEOUT,
+) -> NaiveStats:
     attempts = answered = 0
     started = time.monotonic()
     headers = {"Authorization": f"Bearer {DEFAULT_API_KEY}"}
     with (
         SandboxServer(SandboxConfig(faults=faults)) as server,
-        httpx.Client(base_url=server.url, headers=headers, timeout=CLIENT_TIMEOUT) as http,
+        httpx.Client(base_url=server.url, headers=headers, timeout=client_timeout) as http,
     ):
         with progress(console, "naive client", len(plan)) as bar:
             for payment in plan:

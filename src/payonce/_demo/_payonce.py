@@ -27,7 +27,11 @@ _SETTLED = (payonce.IntentState.SUCCEEDED, payonce.IntentState.FAILED)
 
 
 def run_payonce(
-    plan: Sequence[DemoPayment], faults: Faults, journal: Path, console: Console
+    plan: Sequence[DemoPayment],
+    faults: Faults,
+    journal: Path,
+    console: Console,
+    client_timeout: float = CLIENT_TIMEOUT,
 ) -> PayonceStats:
     retries: list[payonce.records.RetryEvent] = []
     provider_replays = journal_replays = 0
@@ -42,7 +46,7 @@ def run_payonce(
                 api_key=DEFAULT_API_KEY,
                 journal=journal,
                 retry=DEMO_RETRY,
-                timeout=CLIENT_TIMEOUT,
+                timeout=client_timeout,
                 on_retry=retries.append,
             )
         )

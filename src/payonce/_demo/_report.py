@@ -53,7 +53,9 @@ def progress(console: Console, label: str, total: int) -> Iterator[Bar]:
         yield Bar(bar, bar.add_task(label, total=total, note=""))
 
 
-def print_intro(console: Console, payments: int, faults: Faults) -> None:
+def print_intro(
+    console: Console, payments: int, faults: Faults, client_timeout: float = CLIENT_TIMEOUT
+) -> None:
     console.print(
         Text.assemble(
             ("payonce demo", "bold"),
@@ -67,7 +69,7 @@ def print_intro(console: Console, payments: int, faults: Faults) -> None:
         f"{faults.drop_after_rate:.0%} execute, then drop the connection",
         f"{faults.rate_limit_rate:.0%} answer 429 (rate limited)",
         f"{faults.delay_rate:.0%} answer after {faults.delay_seconds:g}s; "
-        f"the clients time out after {CLIENT_TIMEOUT:g}s",
+        f"the clients time out after {client_timeout:g}s",
     ):
         console.print(Text(f"  {line}", style="dim"))
 
