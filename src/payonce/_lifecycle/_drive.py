@@ -42,10 +42,12 @@ from ._verdicts import (
     AnswerRules,
     LookupKind,
     LookupRules,
+    LookupVerdict,
     Outcome,
     Verdict,
     classify_error,
     classify_lookup,
+    classify_lookup_error,
     classify_response,
     transition_for,
 )
@@ -77,8 +79,16 @@ __all__ = [
     "Sleep",
     "StartAttempt",
     "Verified",
+    "ClaimKey",
+    "Leased",
+    "LookupRetried",
+    "Reconciled",
+    "Reconciliation",
+    "Reconciling",
     "call",
+    "reconcile",
     "resume",
+    "skip_reason",
 ]
 
 IN_FLIGHT_POLL = 0.05
@@ -99,6 +109,9 @@ class Clock(Protocol):
 
 class DriveProfile(AnswerRules, Protocol):
     """What a drive asks of a provider profile (``ProviderProfile``)."""
+
+    @property
+    def name(self) -> str: ...
 
     @property
     def key_lifetime(self) -> float: ...
@@ -271,6 +284,49 @@ class Verified:
 
 
 @attrs.frozen
+class ClaimKey:
+    """Journal: take an unknown intent's lease to look it up. Answers a ``Claim``, or None
+    when the intent is gone."""
+
+    key: str
+    owner: str
+
+
+@attrs.frozen
+class Reconciled:
+    """Journal: what a reconciliation's look-up means for the intent (a ``RECONCILED_*``
+    transition), with the look-up beside it. Answers the record. ``response`` is the
+    look-up's answer (None: attempts ran out without one)."""
+
+    record: IntentRecord
+    owner: str
+    transition: Transition
+    outcome: str
+    detail: str
+    response: httpx.Response | None = None
+    kind: LookupKind | None = None
+    found: dict[str, Any] | None = None
+
+
+@attrs.frozen
+class Leased:
+    """The drive holds the intent's lease for a look-up: give it back when the drive ends,
+    whatever happened (its transition gives it back too; this is the net under it)."""
+
+    key: str
+    owner: str
+
+
+@attrs.frozen
+class LookupRetried:
+    """To be told: a look-up to be asked again (``kind`` None: it got no answer)."""
+
+    record: IntentRecord
+    kind: LookupKind | None
+    response: httpx.Response | None
+
+
+@attrs.frozen
 class Holding:
     """The run holds the intent's lease from now until the drive ends: keep it alive."""
 
@@ -333,6 +389,10 @@ Command = (
     | Sleep
     | Replay
     | Resending
+    | ClaimKey
+    | Reconciled
+    | Leased
+    | LookupRetried
 )
 
 JOURNAL_COMMANDS = (
@@ -345,6 +405,8 @@ JOURNAL_COMMANDS = (
     Release,
     LookedUp,
     Verified,
+    ClaimKey,
+    Reconciled,
 )
 """The commands an executor carries out in the journal (off the event loop, for async)."""
 
@@ -364,6 +426,21 @@ class Failed:
 
 
 Drive = Generator[Command, Any, httpx.Response]
+
+
+@attrs.frozen
+class Reconciliation:
+    """What one reconciliation found and did: ``reconcile``'s end."""
+
+    record: IntentRecord
+    """The intent as it was before."""
+    after: IntentState
+    outcome: str
+    """``found``, ``not_found``, ``still_unknown``, ``error`` or ``skipped``."""
+    detail: str
+
+
+Reconciling = Generator[Command, Any, Reconciliation]
 
 
 # -- the drives -----------------------------------------------------------------------------
@@ -643,3 +720,148 @@ def _backoff(settings: DriveSettings, verification: Verification) -> float:
     # look-ups while the earlier attempt may still run.
     floor = settings.profile.max_processing / 10
     return max(settings.retry.backoff(verification.asked + 1), floor)
+
+
+# -- reconciliation ---------------------------------------------------------------------------
+
+
+def skip_reason(settings: DriveSettings, record: IntentRecord) -> str | None:
+    """Why this client does not look the intent up, or None when it does."""
+    if record.state is not IntentState.UNKNOWN:
+        return f"{record.state.value}: nothing to reconcile"
+    if record.provider != settings.profile.name:
+        return (
+            f"sent through provider profile {record.provider!r}: reconcile it with a client "
+            "for that provider"
+        )
+    return None
+
+
+def reconcile(settings: DriveSettings, record: IntentRecord, owner: str) -> Reconciling:
+    """Ask the provider about an unknown intent, never guess, and journal what its answer
+    means, once:
+
+    - a record with a definitive status: stored, succeeded or failed;
+    - no record, the key still within its lifetime (and no earlier attempt still able to
+      run): back to ``pending``, a resend under the same key cannot execute twice;
+    - no record past that, a record not final yet, an unreadable or refused answer, or no
+      answer at all: stays ``unknown`` with the reason.
+    """
+    if (reason := skip_reason(settings, record)) is not None:
+        return Reconciliation(record, record.state, "skipped", reason)
+    claim: Claim | None = yield ClaimKey(record.key, owner)
+    if claim is None or claim.record.lease_owner != owner:
+        return Reconciliation(record, record.state, "skipped", "another worker holds it right now")
+    yield Leased(record.key, owner)
+    current = claim.record
+    lookup = settings.profile.lookup
+    retry, clock = settings.retry, settings.clock
+    began = clock.monotonic()
+    tried = 0
+    while True:
+        tried += 1
+        result: Answered | Failed = yield LookUp(current)
+        if isinstance(result, Failed):
+            failure = classify_lookup_error(result.error)
+            if failure is None:  # not a transport failure: a bug, an interrupt, a bad profile
+                raise result.error
+            yield LookupRetried(current, None, None)
+            last = failure.detail
+        else:
+            assert lookup is not None  # the look-up was made
+            verdict = classify_lookup(result.response, lookup)
+            if verdict.kind is not LookupKind.RETRY:
+                return (yield from _concluded(settings, current, owner, verdict, result.response))
+            yield LookupRetried(current, verdict.kind, result.response)
+            last = verdict.detail
+        wait = retry.next_wait(tried, clock.monotonic() - began, None)
+        if wait is None:
+            detail = f"status look-up failed: {last}"
+            return (yield from _reconciled(current, owner, _AMBIGUOUS, "error", detail))
+        yield Sleep(wait)
+
+
+_AMBIGUOUS = Transition.RECONCILED_AMBIGUOUS
+
+
+def _concluded(
+    settings: DriveSettings,
+    record: IntentRecord,
+    owner: str,
+    verdict: LookupVerdict,
+    response: httpx.Response,
+) -> Reconciling:
+    kind, detail = verdict.kind, verdict.detail
+    match kind:
+        case LookupKind.ABSENT:
+            return (yield from _absent(settings, record, owner, response))
+        case LookupKind.REFUSED:
+            yield Reconciled(record, owner, _AMBIGUOUS, "error", detail, response, kind)
+            raise refusals.lookup_refused(record, response)
+        case LookupKind.FOUND:
+            transition = (
+                Transition.RECONCILED_SUCCEEDED
+                if verdict.state is IntentState.SUCCEEDED
+                else Transition.RECONCILED_FAILED
+            )
+            found = verdict.record
+            return (
+                yield from _reconciled(
+                    record, owner, transition, "found", detail, response, kind, found
+                )
+            )
+        case _:  # UNDECIDED, UNREADABLE
+            outcome = kind.value
+            return (
+                yield from _reconciled(record, owner, _AMBIGUOUS, outcome, detail, response, kind)
+            )
+
+
+def _absent(
+    settings: DriveSettings, record: IntentRecord, owner: str, response: httpx.Response
+) -> Reconciling:
+    profile, now = settings.profile, settings.clock.now()
+    attempts: Sequence[AttemptRecord] = yield ReadAttempts(record.key)
+    quiet = quiet_after(attempts, profile.max_processing)
+    absent = LookupKind.ABSENT
+    if profile.verifies and quiet is not None and now < quiet:
+        # A slow server may still be executing an earlier attempt: "no record" proves
+        # nothing yet, and back to pending would let a resend run beside it (a provider
+        # that guards such a duplicate, resend="same-key", answers it 409 instead).
+        detail = (
+            f"the provider has no record yet, but an earlier attempt may still be executing "
+            f"there for {quiet - now:.0f}s more: reconcile again after that"
+        )
+        return (
+            yield from _reconciled(
+                record, owner, _AMBIGUOUS, "still_unknown", detail, response, absent
+            )
+        )
+    if resend_refusal(record.first_sent_at, now, profile.key_lifetime) is None:
+        detail = "the provider has no record and the key is still valid: safe to resend"
+        transition = Transition.RECONCILED_ABSENT
+        return (
+            yield from _reconciled(record, owner, transition, "not_found", detail, response, absent)
+        )
+    detail = (
+        "the provider has no record, but the key may have expired there: a resend could "
+        "execute twice. Check by hand, then abandon it or pay again under a new reference"
+    )
+    return (
+        yield from _reconciled(record, owner, _AMBIGUOUS, "not_found", detail, response, absent)
+    )
+
+
+def _reconciled(
+    record: IntentRecord,
+    owner: str,
+    transition: Transition,
+    outcome: str,
+    detail: str,
+    response: httpx.Response | None = None,
+    kind: LookupKind | None = None,
+    found: dict[str, Any] | None = None,
+) -> Reconciling:
+    command = Reconciled(record, owner, transition, outcome, detail, response, kind, found)
+    after: IntentRecord = yield command
+    return Reconciliation(record, after.state, outcome, detail)

@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any, ParamSpec, TypeVar, Unpack
 
 import httpx
 
 from .._crash import crash_point
-from .._lifecycle import LOOKUP_FAILURES, IntentDraft, IntentRecord, new_owner
+from .._lifecycle import IntentDraft, IntentRecord, new_owner
 from .._lifecycle import _drive as drive
 from . import _reconcile
 from ._base import BaseClient, OneShotOptions, OneShotVerbs, OperationBase, RequestOptions, Verbs
@@ -27,7 +27,6 @@ from ._deadline import Deadline
 from ._journal_threads import off_loop
 from ._lease_task import TaskLeaseKeeper
 from ._reconcile import ReconcileResult
-from ._retrying import Attempts, Retry
 from ._telling import logger
 
 __all__ = ["AsyncClient", "AsyncOperation"]
@@ -121,25 +120,9 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
         return await arun_batch(ReconcileBatch(self._core, None), self._reconcile, on_result)
 
     async def _reconcile(self, record: IntentRecord) -> ReconcileResult:
-        core = self._core
-        owner = new_owner()
-        claimed = await _off_loop(_reconcile.begin, core, record, owner)
-        if isinstance(claimed, ReconcileResult):
-            return claimed
-        try:
-            async for attempt in Attempts(core.retrying, None):
-                with attempt:
-                    request = _reconcile.lookup_request(core, claimed, self._http)
-                    try:
-                        response = await self._exchange(request)
-                    except LOOKUP_FAILURES as exc:
-                        raise _reconcile.transport_failure(core, claimed, exc) from exc
-                    return await _off_loop(_reconcile.conclude, core, claimed, owner, response)
-        except Retry as exc:
-            return await _off_loop(_reconcile.give_up, core, claimed, owner, str(exc))
-        finally:
-            await _off_loop(_reconcile.end, core, record.key, owner)
-        raise AssertionError("unreachable: tenacity either returns or raises")
+        self._in_this_process()
+        reconciling = drive.reconcile(self._core.settings, record, new_owner())
+        return _reconcile.result(await self._execute(reconciling))
 
     async def abandon(self, key: str, *, reason: str) -> IntentRecord:
         return await _off_loop(self.journal.abandon, key, reason=reason, now=self._core.clock())
@@ -163,8 +146,10 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
         return await self._execute(call, op._bind)
 
     async def _execute(
-        self, commands: drive.Drive, bind: Callable[[IntentRecord], None] | None = None
-    ) -> httpx.Response:
+        self,
+        commands: Generator[drive.Command, Any, T],
+        bind: Callable[[IntentRecord], None] | None = None,
+    ) -> T:
         """See ``Client._execute``: the drive runs on the loop; only its journal commands
         leave it, one journal thread hop each."""
         core = self._core
@@ -180,8 +165,8 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
                 try:
                     command = commands.send(answer)
                 except StopIteration as done:
-                    response: httpx.Response = done.value
-                    return response
+                    ended: T = done.value
+                    return ended
                 match command:
                     case drive.Send(current):
                         answer = await self._send(current)
@@ -204,8 +189,11 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
                         if bind is not None:
                             bind(record)
                         answer = core.told(command)
-                    case drive.Resending():
+                    case drive.Resending() | drive.LookupRetried():
                         answer = core.told(command)
+                    case drive.Leased(key, owner):
+                        holding.push_async_callback(off_loop, _reconcile.end, core, key, owner)
+                        answer = None
                     case _ if interrupted:
                         answer = core.journal_command(command)
                     case _:

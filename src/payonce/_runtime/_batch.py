@@ -19,6 +19,7 @@ import attrs
 import httpx
 
 from .._lifecycle import Claim, IntentRecord, IntentState, new_owner
+from .._lifecycle._drive import skip_reason
 from ..errors import AuthenticationError, OutcomeUnknown, PayonceError, ProviderError
 from . import _reconcile
 from ._core import IntentCore
@@ -241,7 +242,7 @@ class ReconcileBatch:
             # A profile without a status look-up is the client's configuration, not one
             # intent's problem: said once, up front, rather than as every intent's failure.
             for record in self._targets:
-                if _reconcile.skip_reason(self._core, record) is None:
+                if skip_reason(self._core.settings, record) is None:
                     _reconcile.check_lookup(self._core, record)
                     break
         if not self._targets:

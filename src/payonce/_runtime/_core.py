@@ -30,11 +30,15 @@ from .._lifecycle import (
 )
 from .._lifecycle._drive import (
     ClaimIntent,
+    ClaimKey,
+    Command,
     DriveSettings,
     EndAttempt,
     LookedUp,
+    LookupRetried,
     MarkUnknown,
     ReadAttempts,
+    Reconciled,
     Release,
     Replay,
     Resending,
@@ -55,19 +59,7 @@ from ._responses import from_lookup, replayed, stored, tagged
 from ._retrying import RetryPolicy, retrying_kwargs
 from ._telling import Telling, logger
 
-__all__ = ["IntentCore", "JournalCommand", "SystemClock"]
-
-JournalCommand = (
-    ClaimIntent
-    | ReadAttempts
-    | StartAttempt
-    | EndAttempt
-    | Settle
-    | MarkUnknown
-    | Release
-    | LookedUp
-    | Verified
-)
+__all__ = ["IntentCore", "SystemClock"]
 
 
 @attrs.frozen
@@ -231,8 +223,9 @@ class IntentCore(Telling):
 
     # -- a drive's commands ------------------------------------------------------------------
 
-    def journal_command(self, command: JournalCommand) -> Any:
-        """Carry out one of a drive's journal commands, then tell what came of it."""
+    def journal_command(self, command: Command) -> Any:
+        """Carry out one of a drive's journal commands (``JOURNAL_COMMANDS``), then tell
+        what came of it."""
         store, now = self.journal, self.clock()
         match command:
             case ClaimIntent(draft, owner):
@@ -295,6 +288,38 @@ class IntentCore(Telling):
                 return None
             case Verified(run, transition, detail, response, found):
                 return self._verified(run, transition, detail, response, found, now)
+            case ClaimKey(key, owner):
+                return store.claim_key(
+                    key, owner=owner, now=now, lease_seconds=self.lease_seconds, unknown=True
+                )
+            case Reconciled():
+                return self._reconciled(command, now)
+        raise AssertionError(f"not a journal command: {command!r}")
+
+    def _reconciled(self, command: Reconciled, now: float) -> IntentRecord:
+        record, response = command.record, command.response
+        if response is not None:
+            self.lookup_ended(record, command.kind, response, before_resend=False)
+        status = None if response is None else response.status_code
+        found = command.found
+        after = self.journal.reconciled(
+            record.key,
+            transition=command.transition,
+            owner=command.owner,
+            now=now,
+            outcome=command.outcome,
+            detail=command.detail,
+            status_code=status,
+            response=None if found is None or status is None else from_lookup(found, status),
+        )
+        logger.info(
+            "intent %s reconciled: %s (%s)",
+            record.key,
+            command.outcome,
+            command.detail,
+            extra=log_extra(record, after.state),
+        )
+        return after
 
     def _settle(
         self, run: Run, transition: Transition, response: httpx.Response, now: float
@@ -354,7 +379,7 @@ class IntentCore(Telling):
         self.settled(record, provider_replayed=True)
         return record
 
-    def told(self, command: Replay | Resending | Sleep) -> httpx.Response | None:
+    def told(self, command: Replay | Resending | Sleep | LookupRetried) -> httpx.Response | None:
         """Carry out a command that only builds an answer or tells something."""
         match command:
             case Replay(record, provider_replayed=True):
@@ -375,6 +400,8 @@ class IntentCore(Telling):
                 )
             case Sleep(seconds, run, retry) if run is not None and retry is not None:
                 self.retrying_after(run, seconds, retry)
+            case LookupRetried(record, kind, response):
+                self.lookup_ended(record, kind, response, before_resend=False)
         return None
 
 

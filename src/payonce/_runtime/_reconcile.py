@@ -1,14 +1,9 @@
-"""Settling ``unknown`` intents by asking the provider, never by guessing.
+"""Reconciliation's runtime side: which unknown intents to ask about, the look-up request,
+giving the look-up's lease back, and the result a pass reports.
 
-Per intent: ask the profile's status endpoint (by key, or by the caller's reference), then
-write the conclusion once, with the look-up journaled beside it:
-
-- the provider has a record with a definitive status: store it, settle succeeded/failed;
-- it has none and the key is still within its lifetime: back to ``pending`` (a resend under
-  the same key cannot execute twice);
-- it has none and the key may have expired: stays ``unknown`` with the reason; only an
-  operator may close it (``abandon``);
-- anything else (a record still processing, an unreadable answer): stays ``unknown``.
+What a look-up's answer means, and which transition it applies, is the drive's
+(``payonce._lifecycle._drive.reconcile``); the clients carry it out as they carry out a
+send.
 """
 
 from __future__ import annotations
@@ -18,35 +13,20 @@ import logging
 import attrs
 import httpx
 
-from .._lifecycle import (
-    IntentRecord,
-    IntentState,
-    LookupKind,
-    Outcome,
-    StoredResponse,
-    Transition,
-    Verdict,
-    classify_lookup,
-    classify_lookup_error,
-    owner_ended,
-    quiet_after,
-    resend_refusal,
-)
-from .._lifecycle import _refusals as refusals
+from .._lifecycle import IntentRecord, IntentState, owner_ended
+from .._lifecycle._drive import Reconciliation
 from ..errors import ConfigurationError, JournalError
 from ._core import IntentCore
-from ._events import IntentReconciled, log_extra
+from ._events import IntentReconciled
 from ._hooks import Hooks
-from ._responses import from_lookup
-from ._retrying import Retry
 
 __all__ = [
     "ReconcileResult",
-    "begin",
-    "conclude",
-    "give_up",
+    "check_lookup",
+    "end",
     "lookup_request",
     "reported",
+    "result",
     "targets",
 ]
 
@@ -66,18 +46,12 @@ class ReconcileResult:
     detail: str
 
 
-def skipped(record: IntentRecord, detail: str) -> ReconcileResult:
-    return ReconcileResult(
-        record.key, record.reference, record.state, record.state, "skipped", detail
-    )
-
-
 def targets(core: IntentCore, key_or_reference: str | None) -> list[IntentRecord]:
     """The intents of this client's account to reconcile: one key/reference, or all unknown.
 
     ``--all`` takes only this client's provider: another provider's intents must be looked
     up at that provider, with its key lifetime. A named one is returned whatever its
-    provider, and ``begin`` says why it is skipped.
+    provider, and the drive says why it is skipped (``skip_reason``).
     """
     if key_or_reference is None:
         records = list(reversed(core.journal.list_intents(states=[IntentState.UNKNOWN])))
@@ -85,31 +59,6 @@ def targets(core: IntentCore, key_or_reference: str | None) -> list[IntentRecord
     else:
         records = core.journal.find(key_or_reference)
     return [r for r in records if r.account == core.account]
-
-
-def skip_reason(core: IntentCore, record: IntentRecord) -> str | None:
-    """Why this client does not look the intent up, or None when it does."""
-    if record.state is not IntentState.UNKNOWN:
-        return f"{record.state.value}: nothing to reconcile"
-    if record.provider != core.profile.name:
-        return (
-            f"sent through provider profile {record.provider!r}: reconcile it with a client "
-            "for that provider"
-        )
-    return None
-
-
-def begin(core: IntentCore, record: IntentRecord, owner: str) -> IntentRecord | ReconcileResult:
-    """Take the intent's lease for the look-up, or say why it is skipped."""
-    reason = skip_reason(core, record)
-    if reason is not None:
-        return skipped(record, reason)
-    claim = core.journal.claim_key(
-        record.key, owner=owner, now=core.clock(), lease_seconds=core.lease_seconds, unknown=True
-    )
-    if claim is None or claim.record.lease_owner != owner:
-        return skipped(record, "another worker holds it right now")
-    return claim.record
 
 
 def end(core: IntentCore, key: str, owner: str) -> None:
@@ -175,104 +124,14 @@ def reported(core: IntentCore, result: ReconcileResult) -> None:
         core.hooks.emit(Hooks.reconciled, event)
 
 
-def transport_failure(core: IntentCore, record: IntentRecord, error: Exception) -> Retry:
-    """A look-up is a GET: every transport failure is worth retrying."""
-    core.lookup_ended(record, None, None, before_resend=False)
-    verdict = classify_lookup_error(error)
-    reason = verdict.detail if verdict is not None else type(error).__name__
-    return Retry(Verdict(Outcome.RETRY, False, reason=reason))
-
-
-def conclude(
-    core: IntentCore, record: IntentRecord, owner: str, response: httpx.Response
-) -> ReconcileResult:
-    """Journal what the provider's answer means for the intent."""
-    lookup = core.profile.lookup
-    assert lookup is not None
-    verdict = classify_lookup(response, lookup)
-    status = response.status_code
-    core.lookup_ended(record, verdict.kind, response, before_resend=False)
-    match verdict.kind:
-        case LookupKind.RETRY:
-            raise Retry(Verdict(Outcome.RETRY, False, reason=verdict.detail))
-        case LookupKind.ABSENT:
-            return _not_found(core, record, owner, status)
-        case LookupKind.REFUSED:
-            _journal(core, record, owner, "error", verdict.detail, status, _AMBIGUOUS)
-            raise refusals.lookup_refused(record, response)
-        case LookupKind.FOUND:
-            assert verdict.record is not None
-            stored = from_lookup(verdict.record, status)
-            transition = (
-                Transition.RECONCILED_SUCCEEDED
-                if verdict.state is IntentState.SUCCEEDED
-                else Transition.RECONCILED_FAILED
-            )
-            return _journal(
-                core, record, owner, "found", verdict.detail, status, transition, stored
-            )
-        case LookupKind.UNDECIDED | LookupKind.UNREADABLE:
-            kind = verdict.kind.value
-            return _journal(core, record, owner, kind, verdict.detail, status, _AMBIGUOUS)
-
-
-def _not_found(core: IntentCore, record: IntentRecord, owner: str, status: int) -> ReconcileResult:
-    quiet = quiet_after(core.journal.attempts(record.key), core.profile.max_processing)
-    if core.profile.verifies and quiet is not None and core.clock() < quiet:
-        # A slow server may still be executing an earlier attempt: "no record" proves
-        # nothing yet, and back to pending would let a resend run beside it (a provider
-        # that guards such a duplicate, resend="same-key", answers it 409 instead).
-        detail = (
-            f"the provider has no record yet, but an earlier attempt may still be executing "
-            f"there for {quiet - core.clock():.0f}s more: reconcile again after that"
-        )
-        return _journal(core, record, owner, "still_unknown", detail, status, _AMBIGUOUS)
-    refusal = resend_refusal(record.first_sent_at, core.clock(), core.profile.key_lifetime)
-    if refusal is None:
-        detail = "the provider has no record and the key is still valid: safe to resend"
-        absent = Transition.RECONCILED_ABSENT
-        return _journal(core, record, owner, "not_found", detail, status, absent)
-    detail = (
-        "the provider has no record, but the key may have expired there: a resend could "
-        "execute twice. Check by hand, then abandon it or pay again under a new reference"
-    )
-    return _journal(core, record, owner, "not_found", detail, status, _AMBIGUOUS)
-
-
-def give_up(core: IntentCore, record: IntentRecord, owner: str, reason: str) -> ReconcileResult:
-    detail = f"status look-up failed: {reason}"
-    return _journal(core, record, owner, "error", detail, None, _AMBIGUOUS)
-
-
-_AMBIGUOUS = Transition.RECONCILED_AMBIGUOUS
-
-
-def _journal(
-    core: IntentCore,
-    record: IntentRecord,
-    owner: str,
-    outcome: str,
-    detail: str,
-    status_code: int | None,
-    transition: Transition,
-    response: StoredResponse | None = None,
-) -> ReconcileResult:
-    """Apply the look-up's transition, with the look-up journaled beside it."""
-    after = core.journal.reconciled(
+def result(reconciliation: Reconciliation) -> ReconcileResult:
+    """What a pass reports of one reconciliation."""
+    record = reconciliation.record
+    return ReconcileResult(
         record.key,
-        transition=transition,
-        owner=owner,
-        now=core.clock(),
-        outcome=outcome,
-        detail=detail,
-        status_code=status_code,
-        response=response,
-    ).state
-    logger.info(
-        "intent %s reconciled: %s (%s)",
-        record.key,
-        outcome,
-        detail,
-        extra=log_extra(record, after),
+        record.reference,
+        record.state,
+        reconciliation.after,
+        reconciliation.outcome,
+        reconciliation.detail,
     )
-    return ReconcileResult(record.key, record.reference, record.state, after, outcome, detail)

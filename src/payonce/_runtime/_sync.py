@@ -10,13 +10,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
-from typing import Any, Unpack
+from collections.abc import Callable, Generator
+from typing import Any, TypeVar, Unpack
 
 import httpx
 
 from .._crash import crash_point
-from .._lifecycle import LOOKUP_FAILURES, IntentDraft, IntentRecord, new_owner
+from .._lifecycle import IntentDraft, IntentRecord, new_owner
 from .._lifecycle import _drive as drive
 from . import _reconcile
 from ._base import BaseClient, OneShotOptions, OneShotVerbs, OperationBase, RequestOptions, Verbs
@@ -24,10 +24,11 @@ from ._batch import Claimed, ReconcileBatch, ResumeBatch, ResumeResult, run_batc
 from ._deadline import Deadline
 from ._lease_keeper import ThreadLeaseKeeper
 from ._reconcile import ReconcileResult
-from ._retrying import Attempts, Retry
 from ._telling import logger
 
 __all__ = ["Client", "Operation"]
+
+T = TypeVar("T")
 
 
 class Operation(OperationBase, Verbs[httpx.Response]):
@@ -125,24 +126,9 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         return run_batch(ReconcileBatch(self._core, None), self._reconcile, on_result)
 
     def _reconcile(self, record: IntentRecord) -> ReconcileResult:
-        core = self._core
-        claimed = _reconcile.begin(core, record, owner := new_owner())
-        if isinstance(claimed, ReconcileResult):
-            return claimed
-        try:
-            for attempt in Attempts(core.retrying, None):
-                with attempt:
-                    request = _reconcile.lookup_request(core, claimed, self._http)
-                    try:
-                        response = self._exchange(request)
-                    except LOOKUP_FAILURES as exc:
-                        raise _reconcile.transport_failure(core, claimed, exc) from exc
-                    return _reconcile.conclude(core, claimed, owner, response)
-        except Retry as exc:
-            return _reconcile.give_up(core, claimed, owner, str(exc))
-        finally:
-            _reconcile.end(core, record.key, owner)
-        raise AssertionError("unreachable: tenacity either returns or raises")
+        self._in_this_process()
+        reconciling = drive.reconcile(self._core.settings, record, new_owner())
+        return _reconcile.result(self._execute(reconciling))
 
     def abandon(self, key: str, *, reason: str) -> IntentRecord:
         """Close a pending or unknown intent for good, as an operator decision."""
@@ -170,8 +156,10 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         return self._execute(call, op._bind)
 
     def _execute(
-        self, commands: drive.Drive, bind: Callable[[IntentRecord], None] | None = None
-    ) -> httpx.Response:
+        self,
+        commands: Generator[drive.Command, Any, T],
+        bind: Callable[[IntentRecord], None] | None = None,
+    ) -> T:
         """Carry a drive's commands out until it returns the caller's answer or raises.
         ``bind``: told each record the caller's operation should show."""
         core = self._core
@@ -184,8 +172,8 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
                 try:
                     command = commands.send(answer)
                 except StopIteration as done:
-                    response: httpx.Response = done.value
-                    return response
+                    ended: T = done.value
+                    return ended
                 match command:
                     case drive.Send(current):
                         answer = self._send(current)
@@ -205,8 +193,11 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
                         if bind is not None:
                             bind(record)
                         answer = core.told(command)
-                    case drive.Resending():
+                    case drive.Resending() | drive.LookupRetried():
                         answer = core.told(command)
+                    case drive.Leased(key, owner):
+                        holding.callback(_reconcile.end, core, key, owner)
+                        answer = None
                     case _:
                         answer = core.journal_command(command)
         except BaseException as exc:
