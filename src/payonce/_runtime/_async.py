@@ -17,7 +17,8 @@ from typing import Any, ParamSpec, TypeVar, Unpack
 import httpx
 
 from .._journal._records import IntentDraft, IntentRecord
-from .._lifecycle import LOOKUP_FAILURES, new_owner
+from .._lifecycle import LOOKUP_FAILURES
+from .._owners import new_owner
 from . import _reconcile, _verifying
 from . import _refusals as refusals
 from ._base import BaseClient, OneShotOptions, OneShotVerbs, OperationBase, RequestOptions, Verbs

@@ -19,7 +19,8 @@ import attrs
 import httpx
 
 from .._journal._records import Claim, IntentRecord
-from .._lifecycle import IntentState, new_owner
+from .._lifecycle import IntentState
+from .._owners import new_owner
 from ..errors import AuthenticationError, OutcomeUnknown, PayonceError, ProviderError
 from . import _reconcile
 from ._core import IntentCore, Run

@@ -31,11 +31,11 @@ from .._lifecycle import (
     classify_response,
     journaled_fingerprint_matches,
     may_have_executed,
-    owner_ended,
     quiet_after,
     resend_refusal,
     transition_for,
 )
+from .._owners import owner_ended
 from .._providers._profile import ProviderProfile
 from ..errors import JournalError, PayonceError
 from . import _refusals as refusals

@@ -27,10 +27,10 @@ from .._lifecycle import (
     Verdict,
     classify_lookup,
     classify_lookup_error,
-    owner_ended,
     quiet_after,
     resend_refusal,
 )
+from .._owners import owner_ended
 from ..errors import ConfigurationError, JournalError
 from . import _refusals as refusals
 from ._core import IntentCore
