@@ -17,6 +17,7 @@ from payonce._lifecycle import (
     EventClaimKind,
     IntentState,
     LookupKind,
+    ReconcileOutcome,
     Transition,
     abandon_blocked,
     classify_lookup,
@@ -238,6 +239,21 @@ def test_the_same_request_under_its_reference_is_not_a_mismatch() -> None:
 )
 def test_another_body_scope_or_supplied_key_is_a_mismatch(asked: Asked) -> None:
     assert is_mismatch(Stored(), asked)
+
+
+def test_reconcile_outcomes_are_the_strings_they_were() -> None:
+    # Public (ReconcileResult.outcome, the reconciled hook, --json): a str enum, so code
+    # and documents that compared or printed the strings see no difference.
+    assert [outcome.value for outcome in ReconcileOutcome] == [
+        "found",
+        "not_found",
+        "still_unknown",
+        "error",
+        "skipped",
+    ]
+    assert ReconcileOutcome.NOT_FOUND == "not_found"
+    assert f"{ReconcileOutcome.NOT_FOUND}" == str(ReconcileOutcome.NOT_FOUND) == "not_found"
+    assert json.dumps({"outcome": ReconcileOutcome.SKIPPED}) == '{"outcome": "skipped"}'
 
 
 def test_a_claim_replays_final_refuses_unknown_waits_for_a_live_lease_and_takes_a_free_one() -> (

@@ -19,7 +19,7 @@ import attrs
 import httpx
 
 from .._journal._records import Claim, IntentRecord
-from .._lifecycle import IntentState
+from .._lifecycle import IntentState, ReconcileOutcome
 from .._owners import new_owner
 from ..errors import AuthenticationError, OutcomeUnknown, PayonceError, ProviderError
 from . import _reconcile
@@ -271,4 +271,6 @@ class ReconcileBatch:
         written = [e.detail for e in journal.reconciliations(target.key) if e.at >= self._started]
         detail = written[-1] if written else self._core.redactor.describe(error)
         after = now.state if now else target.state
-        return ReconcileResult(target.key, target.reference, target.state, after, "error", detail)
+        return ReconcileResult(
+            target.key, target.reference, target.state, after, ReconcileOutcome.ERROR, detail
+        )

@@ -23,6 +23,7 @@ from .._lifecycle import (
     IntentState,
     LookupKind,
     Outcome,
+    ReconcileOutcome,
     Transition,
     Verdict,
     classify_lookup,
@@ -61,14 +62,14 @@ class ReconcileResult:
     reference: str | None
     before: IntentState
     after: IntentState
-    outcome: str
-    """``found``, ``not_found``, ``still_unknown``, ``error`` or ``skipped``."""
+    outcome: ReconcileOutcome
+    """``found``, ``not_found``, ``still_unknown``, ``error`` or ``skipped`` (a ``str``)."""
     detail: str
 
 
 def skipped(record: IntentRecord, detail: str) -> ReconcileResult:
     return ReconcileResult(
-        record.key, record.reference, record.state, record.state, "skipped", detail
+        record.key, record.reference, record.state, record.state, ReconcileOutcome.SKIPPED, detail
     )
 
 
@@ -160,9 +161,9 @@ def lookup_request(
 
 
 _OUTCOMES = {
-    LookupKind.ABSENT: "not_found",
-    LookupKind.UNDECIDED: "still_unknown",
-    LookupKind.UNREADABLE: "error",
+    LookupKind.ABSENT: ReconcileOutcome.NOT_FOUND,
+    LookupKind.UNDECIDED: ReconcileOutcome.STILL_UNKNOWN,
+    LookupKind.UNREADABLE: ReconcileOutcome.ERROR,
 }
 
 
@@ -175,7 +176,7 @@ def looked_up(
     before_resend: bool,
 ) -> None:
     """Tell the hooks of a look-up's answer (``kind`` None: it got none)."""
-    outcome = "error" if kind is None else _OUTCOMES.get(kind, kind.value)
+    outcome = ReconcileOutcome.ERROR if kind is None else _OUTCOMES.get(kind, kind.value)
     if core.hooks:
         event = LookupEnded(
             **about(record),
@@ -226,7 +227,9 @@ def conclude(
         case LookupKind.ABSENT:
             return _not_found(core, record, owner, status)
         case LookupKind.REFUSED:
-            _journal(core, record, owner, "error", verdict.detail, status, _AMBIGUOUS)
+            _journal(
+                core, record, owner, ReconcileOutcome.ERROR, verdict.detail, status, _AMBIGUOUS
+            )
             raise refusals.lookup_refused(record, response)
         case LookupKind.FOUND:
             assert verdict.record is not None
@@ -237,11 +240,18 @@ def conclude(
                 else Transition.RECONCILED_FAILED
             )
             return _journal(
-                core, record, owner, "found", verdict.detail, status, transition, stored
+                core,
+                record,
+                owner,
+                ReconcileOutcome.FOUND,
+                verdict.detail,
+                status,
+                transition,
+                stored,
             )
         case LookupKind.UNDECIDED | LookupKind.UNREADABLE:
-            kind = verdict.kind.value
-            return _journal(core, record, owner, kind, verdict.detail, status, _AMBIGUOUS)
+            outcome = _OUTCOMES[verdict.kind]
+            return _journal(core, record, owner, outcome, verdict.detail, status, _AMBIGUOUS)
 
 
 def _not_found(core: IntentCore, record: IntentRecord, owner: str, status: int) -> ReconcileResult:
@@ -254,22 +264,23 @@ def _not_found(core: IntentCore, record: IntentRecord, owner: str, status: int) 
             f"the provider has no record yet, but an earlier attempt may still be executing "
             f"there for {quiet - core.clock():.0f}s more: reconcile again after that"
         )
-        return _journal(core, record, owner, "still_unknown", detail, status, _AMBIGUOUS)
+        still = ReconcileOutcome.STILL_UNKNOWN
+        return _journal(core, record, owner, still, detail, status, _AMBIGUOUS)
     refusal = resend_refusal(record.first_sent_at, core.clock(), core.profile.key_lifetime)
     if refusal is None:
         detail = "the provider has no record and the key is still valid: safe to resend"
         absent = Transition.RECONCILED_ABSENT
-        return _journal(core, record, owner, "not_found", detail, status, absent)
+        return _journal(core, record, owner, ReconcileOutcome.NOT_FOUND, detail, status, absent)
     detail = (
         "the provider has no record, but the key may have expired there: a resend could "
         "execute twice. Check by hand, then abandon it or pay again under a new reference"
     )
-    return _journal(core, record, owner, "not_found", detail, status, _AMBIGUOUS)
+    return _journal(core, record, owner, ReconcileOutcome.NOT_FOUND, detail, status, _AMBIGUOUS)
 
 
 def give_up(core: IntentCore, record: IntentRecord, owner: str, reason: str) -> ReconcileResult:
     detail = f"status look-up failed: {reason}"
-    return _journal(core, record, owner, "error", detail, None, _AMBIGUOUS)
+    return _journal(core, record, owner, ReconcileOutcome.ERROR, detail, None, _AMBIGUOUS)
 
 
 _AMBIGUOUS = Transition.RECONCILED_AMBIGUOUS
@@ -279,7 +290,7 @@ def _journal(
     core: IntentCore,
     record: IntentRecord,
     owner: str,
-    outcome: str,
+    outcome: ReconcileOutcome,
     detail: str,
     status_code: int | None,
     transition: Transition,

@@ -13,6 +13,7 @@ from .._lifecycle import (
     LookUp,
     LookupKind,
     Outcome,
+    ReconcileOutcome,
     Transition,
     Verdict,
     Verification,
@@ -28,7 +29,10 @@ __all__ = ["lookup_failed", "looked_up", "step"]
 
 logger = logging.getLogger("payonce")
 
-_JOURNALED = {LookupKind.ABSENT: "not_found", LookupKind.UNDECIDED: "still_unknown"}
+_JOURNALED = {
+    LookupKind.ABSENT: ReconcileOutcome.NOT_FOUND,
+    LookupKind.UNDECIDED: ReconcileOutcome.STILL_UNKNOWN,
+}
 
 
 def step(core: IntentCore, run: Run) -> float | LookUp | None:
@@ -65,7 +69,13 @@ def looked_up(core: IntentCore, run: Run, response: httpx.Response) -> httpx.Res
     now = core.clock()
     lookup_ended(core, run.record, verdict.kind, response, before_resend=True)
     if verdict.kind is not LookupKind.FOUND:
-        _journal(core, run, _JOURNALED.get(verdict.kind, "error"), verdict.detail, response)
+        _journal(
+            core,
+            run,
+            _JOURNALED.get(verdict.kind, ReconcileOutcome.ERROR),
+            verdict.detail,
+            response,
+        )
         verification.answered(verdict.kind, now, _backoff(core, verification))
         return None
     assert verdict.record is not None
@@ -75,7 +85,7 @@ def looked_up(core: IntentCore, run: Run, response: httpx.Response) -> httpx.Res
         transition=Transition.VERIFIED_SUCCEEDED if succeeded else Transition.VERIFIED_FAILED,
         owner=run.owner,
         now=now,
-        outcome="found",
+        outcome=ReconcileOutcome.FOUND,
         detail=verdict.detail,
         status_code=response.status_code,
         response=from_lookup(verdict.record, response.status_code),
@@ -99,12 +109,18 @@ def lookup_failed(core: IntentCore, run: Run, error: Exception) -> None:
     verification = run.verification
     assert verification is not None
     lookup_ended(core, run.record, None, None, before_resend=True)
-    _journal(core, run, "error", f"status look-up failed: {type(error).__name__}", None)
+    _journal(
+        core, run, ReconcileOutcome.ERROR, f"status look-up failed: {type(error).__name__}", None
+    )
     verification.answered(LookupKind.RETRY, core.clock(), _backoff(core, verification))
 
 
 def _journal(
-    core: IntentCore, run: Run, outcome: str, detail: str, response: httpx.Response | None
+    core: IntentCore,
+    run: Run,
+    outcome: ReconcileOutcome,
+    detail: str,
+    response: httpx.Response | None,
 ) -> None:
     core.journal.looked_up(
         run.key,
