@@ -4,11 +4,8 @@ look-up verdicts."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
+from typing import Any
 
 import attrs
 import httpx
@@ -17,23 +14,25 @@ import pytest
 from payonce._lifecycle import (
     RULES,
     ClaimKind,
+    EventClaimKind,
     IntentState,
     LookupKind,
+    ReconcileOutcome,
     Transition,
-    _leases,
+    abandon_blocked,
     classify_lookup,
     classify_lookup_error,
     contract_table,
     decide_claim,
+    decide_event_claim,
+    default_lease_seconds,
     is_mismatch,
     lease_blocks,
     may_have_executed,
-    new_owner,
-    owner_ended,
-    owner_is_dead,
     resend_refusal,
     target,
 )
+from payonce._lifecycle._leases import LEASE_MARGIN
 from payonce._providers._profile import Lookup
 
 CONTRACT = Path(__file__).parent.parent / "docs" / "contract.md"
@@ -138,96 +137,71 @@ def test_a_resend_is_safe_until_ninety_percent_of_the_key_lifetime() -> None:
 # -- leases ----------------------------------------------------------------------------------
 
 
+def _alive(owner: str) -> bool:
+    """No owner is provably dead: every live lease of another's stands."""
+    return False
+
+
 def test_a_live_lease_of_another_living_owner_blocks() -> None:
-    other = new_owner()  # this very process: alive
-    assert lease_blocks(other, 110.0, owner=new_owner(), now=100.0)
-    assert not lease_blocks(other, 100.0, owner=new_owner(), now=100.0), "expired"
-    assert not lease_blocks(other, 110.0, owner=other, now=100.0), "its own"
-    assert not lease_blocks(None, None, owner=other, now=100.0), "free"
-    assert not lease_blocks(other, 110.0, owner=new_owner(), now=100.0, is_stale=lambda o: True)
+    assert lease_blocks("other", 110.0, owner="me", now=100.0, is_stale=_alive)
+    assert not lease_blocks("other", 100.0, owner="me", now=100.0, is_stale=_alive), "expired"
+    assert not lease_blocks("other", 110.0, owner="other", now=100.0, is_stale=_alive), "its own"
+    assert not lease_blocks(None, None, owner="other", now=100.0, is_stale=_alive), "free"
+    assert not lease_blocks("other", 110.0, owner="me", now=100.0, is_stale=lambda o: True)
 
 
-def test_an_owner_on_another_host_is_never_judged_dead() -> None:
-    assert not owner_is_dead("elsewhere/abcd/123:1:1:deadbeef")
-    assert not owner_is_dead(None)
-    assert not owner_is_dead("garbage")
+def test_liveness_is_asked_only_about_a_live_lease_of_another_owner() -> None:
+    asked: list[str] = []
+
+    def probe(owner: str) -> bool:
+        asked.append(owner)
+        return False
+
+    lease_blocks("other", 100.0, owner="me", now=100.0, is_stale=probe)  # expired
+    lease_blocks("me", 110.0, owner="me", now=100.0, is_stale=probe)  # its own
+    lease_blocks(None, None, owner="me", now=100.0, is_stale=probe)  # free
+    assert asked == []
+    assert lease_blocks("other", 110.0, owner="me", now=100.0, is_stale=probe)
+    assert asked == ["other"]
 
 
-def _owner_of(pid: int) -> str:
-    host = new_owner().rsplit(":", 3)[0]
-    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return f"{host}:{pid}:{stat[19]}:0123456789ab"
+def test_the_default_lease_outlasts_two_stalled_waits_and_the_longest_pause() -> None:
+    # With the defaults (30 s timeouts, 30 s max_wait, 30 s max_retry_after): 120 s, as
+    # docs/contract.md says.
+    assert default_lease_seconds(slowest_wait=30.0, longest_pause=30.0) == 120.0
+    assert default_lease_seconds(slowest_wait=5.0, longest_pause=60.0) == 2 * 5 + 60 + LEASE_MARGIN
 
 
-def test_an_owner_whose_process_exited_and_was_reaped_is_dead() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    owner = _owner_of(child.pid)
-    assert not owner_is_dead(owner)
-    child.kill()
-    child.wait()
-    assert owner_is_dead(owner)
+def test_an_operator_may_not_abandon_while_a_living_worker_holds_a_live_lease() -> None:
+    assert abandon_blocked("w1", 110.0, now=100.0, is_stale=_alive)
+    assert not abandon_blocked("w1", 100.0, now=100.0, is_stale=_alive), "expired"
+    assert not abandon_blocked(None, None, now=100.0, is_stale=_alive), "free"
+    assert not abandon_blocked("w1", 110.0, now=100.0, is_stale=lambda o: o == "w1"), "dead"
+    # An operator knows no lease length: a lease however far ahead still blocks.
+    assert abandon_blocked("w1", 100.0 + 365 * 86_400.0, now=100.0, is_stale=_alive)
 
 
-def test_a_zombie_process_is_dead() -> None:
-    # A child that has exited but that its parent has not waited for yet keeps its pid:
-    # it will never renew or release a lease again.
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    owner = _owner_of(child.pid)
-    try:
-        assert not owner_is_dead(owner)
-        os.kill(child.pid, 9)
-        deadline = time.monotonic() + 10
-        while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-            assert time.monotonic() < deadline, "the child never became a zombie"
-            time.sleep(0.01)
-        assert owner_is_dead(owner)
-    finally:
-        child.kill()
-        child.wait()
+def test_a_later_delivery_of_an_event_is_a_duplicate_a_wait_or_a_retry() -> None:
+    def event(**row: object) -> EventClaimKind:
+        fields: dict[str, Any] = {
+            "processed": False,
+            "lease_owner": None,
+            "lease_expires_at": None,
+            "owner": "me",
+            "now": 100.0,
+            "is_stale": _alive,
+        }
+        return decide_event_claim(**(fields | row))
 
-
-def test_a_call_of_this_process_holds_its_lease_until_it_has_ended() -> None:
-    ended, running = new_owner(), new_owner()
-    owner_ended(ended)
-    assert owner_is_dead(ended), "it will never renew nor release its lease"
-    assert not lease_blocks(ended, 110.0, owner=new_owner(), now=100.0)
-    assert not owner_is_dead(running), "another thread's call, still running"
-    assert lease_blocks(running, 110.0, owner=new_owner(), now=100.0)
-
-
-def test_only_the_latest_ended_calls_are_remembered_and_a_forgotten_one_waits_as_before(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(_leases, "_ended", {})
-    monkeypatch.setattr(_leases, "_ENDED_KEPT", 2)
-    first, second, third = new_owner(), new_owner(), new_owner()
-    for owner in (first, second, third):
-        owner_ended(owner)
-    assert not owner_is_dead(first), "forgotten: alive again, its lease runs to expiry"
-    assert owner_is_dead(second)
-    assert owner_is_dead(third)
-
-
-def test_a_forked_child_starts_with_no_ended_calls_and_a_free_lock() -> None:
-    """Forked while another thread registers an ended call (the lock held): the child must
-    neither inherit the parent's calls nor wait forever for the lock."""
-    parent_call = new_owner()
-    owner_ended(parent_call)
-    with _leases._ended_lock:
-        pid = os.fork()
-        if pid == 0:  # the child: judge, register, and say how it went
-            child_call = new_owner()
-            owner_ended(child_call)
-            fine = owner_is_dead(child_call) and list(_leases._ended) == [child_call]
-            os._exit(0 if fine else 1)
-    deadline = time.monotonic() + 20
-    while (waited := os.waitpid(pid, os.WNOHANG)) == (0, 0):
-        if time.monotonic() > deadline:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            pytest.fail("the child waited for the lock its parent's thread held at the fork")
-        time.sleep(0.01)
-    assert os.waitstatus_to_exitcode(waited[1]) == 0
+    assert event(processed=True, lease_owner="w1", lease_expires_at=110.0) is EventClaimKind.DONE
+    assert event(lease_owner="w1", lease_expires_at=110.0) is EventClaimKind.LEASED
+    assert event() is EventClaimKind.RETRY, "released unprocessed: its handler failed"
+    assert event(lease_owner="w1", lease_expires_at=100.0) is EventClaimKind.RETRY, "expired"
+    dead = event(lease_owner="w1", lease_expires_at=110.0, is_stale=lambda o: o == "w1")
+    assert dead is EventClaimKind.RETRY, "its worker died"
+    assert event(lease_owner="me", lease_expires_at=110.0) is EventClaimKind.RETRY, "its own"
+    a_year = event(lease_owner="w1", lease_expires_at=100.0 + 365 * 86_400.0, lease_seconds=60.0)
+    assert a_year is EventClaimKind.RETRY, "no honest worker writes such a lease"
 
 
 # -- claims ----------------------------------------------------------------------------------
@@ -267,19 +241,40 @@ def test_another_body_scope_or_supplied_key_is_a_mismatch(asked: Asked) -> None:
     assert is_mismatch(Stored(), asked)
 
 
+def test_reconcile_outcomes_are_the_strings_they_were() -> None:
+    # Public (ReconcileResult.outcome, the reconciled hook, --json): a str enum, so code
+    # and documents that compared or printed the strings see no difference.
+    assert [outcome.value for outcome in ReconcileOutcome] == [
+        "found",
+        "not_found",
+        "still_unknown",
+        "error",
+        "skipped",
+    ]
+    assert ReconcileOutcome.NOT_FOUND == "not_found"
+    assert f"{ReconcileOutcome.NOT_FOUND}" == str(ReconcileOutcome.NOT_FOUND) == "not_found"
+    assert json.dumps({"outcome": ReconcileOutcome.SKIPPED}) == '{"outcome": "skipped"}'
+
+
 def test_a_claim_replays_final_refuses_unknown_waits_for_a_live_lease_and_takes_a_free_one() -> (
     None
 ):
-    me, other = new_owner(), new_owner()
-    assert decide_claim(Stored(state=SUCCEEDED), owner=me, now=1.0) is ClaimKind.FINAL
-    assert decide_claim(Stored(state=ABANDONED), owner=me, now=1.0) is ClaimKind.FINAL
-    assert decide_claim(Stored(state=UNKNOWN), owner=me, now=1.0) is ClaimKind.UNKNOWN
-    assert decide_claim(Stored(state=UNKNOWN), owner=me, now=1.0, unknown=True) is None
+    me, other = "me", "other"
+    final = decide_claim(Stored(state=SUCCEEDED), owner=me, now=1.0, is_stale=_alive)
+    assert final is ClaimKind.FINAL
+    closed = decide_claim(Stored(state=ABANDONED), owner=me, now=1.0, is_stale=_alive)
+    assert closed is ClaimKind.FINAL
+    unknown = decide_claim(Stored(state=UNKNOWN), owner=me, now=1.0, is_stale=_alive)
+    assert unknown is ClaimKind.UNKNOWN
+    assert (
+        decide_claim(Stored(state=UNKNOWN), owner=me, now=1.0, unknown=True, is_stale=_alive)
+        is None
+    )
     leased = Stored(lease_owner=other, lease_expires_at=10.0)
-    assert decide_claim(leased, owner=me, now=1.0) is ClaimKind.LEASED
+    assert decide_claim(leased, owner=me, now=1.0, is_stale=_alive) is ClaimKind.LEASED
     assert decide_claim(leased, owner=me, now=1.0, is_stale=lambda o: o == other) is None
-    assert decide_claim(leased, owner=me, now=10.0) is None
-    assert decide_claim(Stored(), owner=me, now=1.0) is None
+    assert decide_claim(leased, owner=me, now=10.0, is_stale=_alive) is None
+    assert decide_claim(Stored(), owner=me, now=1.0, is_stale=_alive) is None
 
 
 # -- look-up verdicts ------------------------------------------------------------------------
@@ -344,7 +339,10 @@ def test_a_first_attempt_dated_in_the_future_is_never_resent() -> None:
 
 
 def test_a_lease_no_honest_worker_would_write_blocks_no_one() -> None:
-    other = new_owner()
-    a_year = 365 * 86_400.0
-    assert not lease_blocks(other, 100.0 + a_year, owner="me", now=100.0, lease_seconds=120.0)
-    assert lease_blocks(other, 100.0 + 200.0, owner="me", now=100.0, lease_seconds=120.0)
+    other, a_year = "other", 365 * 86_400.0
+    assert not lease_blocks(
+        other, 100.0 + a_year, owner="me", now=100.0, is_stale=_alive, lease_seconds=120.0
+    )
+    assert lease_blocks(
+        other, 100.0 + 200.0, owner="me", now=100.0, is_stale=_alive, lease_seconds=120.0
+    )

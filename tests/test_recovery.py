@@ -295,7 +295,8 @@ def test_reconciliation_is_idempotent(make_client: MakeClient, sandbox: SandboxS
 
     (again,) = client.reconcile(record.key)
 
-    assert again.outcome == "skipped"
+    assert again.outcome is payonce.records.ReconcileOutcome.SKIPPED
+    assert again.outcome == "skipped", "a str enum: equal to the string it was"
     assert again.after is payonce.IntentState.SUCCEEDED
     assert len(client.journal.reconciliations(record.key)) == 1
 

@@ -37,10 +37,11 @@ import payonce
 from helpers.journals import OpenJournal, raw_transaction
 from helpers.processes import EXAMPLES, deployed_env, python_env, run_example
 from payonce._journal._engine import migrate
-from payonce._journal._inbox import EventClaim, EventClaimKind
+from payonce._journal._inbox import EventClaim
 from payonce._journal._schema import SCHEMA_VERSION
 from payonce._journal._store import IntentStore
-from payonce._lifecycle import owner_is_dead
+from payonce._lifecycle import EventClaimKind
+from payonce._owners import owner_is_dead
 from payonce.sandbox import (
     DEFAULT_ACCOUNT,
     DEFAULT_API_KEY,

@@ -42,6 +42,7 @@ except ImportError as missing:  # said in payonce's words, not as a bare ModuleN
         "OpenTelemetry SDK and exporters you use)"
     ) from missing
 
+from ._lifecycle import IntentState
 from ._runtime._events import (
     AttemptEnded,
     AttemptStarted,
@@ -227,7 +228,7 @@ class OpenTelemetryHooks(Hooks):
             drive.span.set_status(Status(StatusCode.ERROR, "outcome unknown: reconcile it"))
 
     def intent_ended(self, event: IntentEnded) -> None:
-        if event.state.value == "pending":
+        if event.state is IntentState.PENDING:
             self._intents.add(1, _series(event, **{"payonce.state": "pending"}))
         with self._lock:
             drive = self._drives.pop(event.key, None)
@@ -272,7 +273,7 @@ class OpenTelemetryHooks(Hooks):
         )
         for started, ended, found in lookups:
             self._lookup_span(span, started, ended, found)
-        if event.after.value == "unknown":
+        if event.after is IntentState.UNKNOWN:
             span.set_status(Status(StatusCode.ERROR, "outcome still unknown"))
         span.end(end_time=now)
 

@@ -46,11 +46,12 @@ from typing import Any, Final
 import attrs
 
 from ._fork import ForkGuard
-from ._journal._inbox import EventClaim, EventClaimKind, EventRecord
+from ._journal._inbox import EventClaim, EventRecord
 from ._journal._open import open_store
 from ._journal._reads import Journal
 from ._journal._store import IntentStore
-from ._lifecycle import new_owner
+from ._lifecycle import EVENT_LEASE_SECONDS, EventClaimKind
+from ._owners import new_owner
 from ._runtime._journal_threads import off_loop
 from ._runtime._lease_keeper import Lease, ThreadLeaseKeeper
 from ._runtime._lease_task import TaskLeaseKeeper
@@ -74,7 +75,6 @@ logger = logging.getLogger("payonce")
 
 DEFAULT_HEADER: Final = "Stripe-Signature"
 DEFAULT_ENDPOINT: Final = "default"
-DEFAULT_LEASE_SECONDS: Final = 60.0
 MAX_EVENT_ID_LENGTH: Final = 255
 
 
@@ -223,7 +223,7 @@ class WebhookInbox:
         endpoint: str = DEFAULT_ENDPOINT,
         tolerance: float = DEFAULT_TOLERANCE,
         header: str = DEFAULT_HEADER,
-        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        lease_seconds: float = EVENT_LEASE_SECONDS,
         clock: Callable[[], float] = time.time,
         parse: Callable[[bytes], Event] = parse_event,
     ) -> None:

@@ -1,6 +1,7 @@
 """The private store's writes, once, for every SQL backend: claims, leases, attempts, outcomes.
 
-Nothing is decided here. What a claim amounts to is ``_lifecycle.decide_claim``'s answer;
+Nothing is decided here. What a claim amounts to is ``_lifecycle.decide_claim``'s answer
+(the owner liveness it asks about is ``payonce._owners``' unless the caller passes its own);
 every other write applies a named ``Transition`` the caller chose, and the transition
 table says from which state it may start, where it leads and whether the lease goes with
 it. Each write is applied atomically, in one transaction of the backend's.
@@ -21,10 +22,10 @@ from .._lifecycle import (
     Transition,
     decide_claim,
     is_mismatch,
-    owner_is_dead,
     rule,
     target,
 )
+from .._owners import owner_is_dead
 from ..errors import IntentInFlight
 from . import _sql as sql
 from ._engine import AFTER_LOOKUP, AFTER_SEND, BEFORE_SEND, Engine, Tx

@@ -4,8 +4,9 @@ A received event is a row of ``webhook_events`` keyed by (endpoint, event id). H
 works like sending an intent: the worker that will run the handler first takes the row's
 lease, renews it while the handler runs, and either marks the event processed (it is then
 a duplicate forever after) or releases it unprocessed (the provider's redelivery is handled
-again). A lease whose owner died is taken over at once when ``is_stale`` says so (same
-host, process gone), otherwise when it expires.
+again). What a delivery amounts to is ``_lifecycle.decide_event_claim``'s answer; a lease
+whose owner died is taken over at once when ``is_stale`` says so (same host, process gone,
+``payonce._owners`` by default), otherwise when it expires.
 
 ``Inbox`` is a base class of every payonce journal (the reads are ``Journal``'s): it relies
 only on the backend's transaction runners, so SQLite and PostgreSQL both get it.
@@ -13,13 +14,13 @@ only on the backend's transaction runners, so SQLite and PostgreSQL both get it.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
 
-from .._lifecycle import lease_blocks, lease_live, owner_is_dead
+from .._lifecycle import EventClaimKind, decide_event_claim, lease_live
+from .._owners import owner_is_dead
 from ._engine import Engine, Tx
 from ._rows import EVENT_FIELDS, typed
 
@@ -113,18 +114,6 @@ class EventRecord:
         return lease_live(self.lease_owner, self.lease_expires_at, now)
 
 
-class EventClaimKind(enum.Enum):
-    NEW = "new"
-    """First delivery: recorded, lease held by the caller: run the handler."""
-    RETRY = "retry"
-    """Seen before but never processed (its handler failed or its worker died): lease now
-    held by the caller: run the handler."""
-    DONE = "done"
-    """Processed already: a duplicate, do not run the handler."""
-    LEASED = "leased"
-    """Another live worker is running the handler right now."""
-
-
 @attrs.frozen
 class EventClaim:
     kind: EventClaimKind
@@ -197,20 +186,17 @@ class Inbox(Engine):
                 if record is None:
                     continue  # pruned between the insert and the look-up: insert again
                 tx.execute(COUNT_DELIVERY, (now, endpoint, event_id))
-                if record.processed:
-                    kind = EventClaimKind.DONE
-                elif lease_blocks(
-                    record.lease_owner,
-                    record.lease_expires_at,
+                kind = decide_event_claim(
+                    processed=record.processed,
+                    lease_owner=record.lease_owner,
+                    lease_expires_at=record.lease_expires_at,
                     owner=owner,
                     now=now,
                     is_stale=is_stale,
                     lease_seconds=lease_seconds,
-                ):
-                    kind = EventClaimKind.LEASED
-                else:
+                )
+                if kind is EventClaimKind.RETRY:
                     tx.execute(TAKE_EVENT, (owner, now + lease_seconds, now, endpoint, event_id))
-                    kind = EventClaimKind.RETRY
                 current = select_event(tx, endpoint, event_id, lock=False)
                 assert current is not None, "a row this transaction holds cannot vanish"
                 return EventClaim(kind, current)

@@ -24,9 +24,10 @@ from .._lifecycle import (
     IntentState,
     ReconciliationRecord,
     Transition,
-    lease_blocks,
+    abandon_blocked,
 )
 from .._lifecycle._key_age import PRUNE_AFTER_KEY_LIFETIMES
+from .._owners import owner_is_dead
 from .._providers._profile import key_lifetime_of
 from ..errors import IntentInFlight
 from . import _sql as sql
@@ -99,7 +100,9 @@ class Journal(Engine):
         def work(tx: Tx) -> IntentRecord:
             record = self._existing(tx, key)
             self._allowed(record, Transition.ABANDONED, _CANNOT_ABANDON)
-            if lease_blocks(record.lease_owner, record.lease_expires_at, owner="", now=now):
+            if abandon_blocked(
+                record.lease_owner, record.lease_expires_at, now=now, is_stale=owner_is_dead
+            ):
                 raise IntentInFlight(
                     f"intent {key} is being sent by {record.lease_owner} right now; abandon "
                     "it once that attempt has ended",

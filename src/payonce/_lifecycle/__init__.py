@@ -2,12 +2,21 @@
 
 States and the transition table (``_states``), identity: key, scope and the one
 fingerprint (``_identity``), verdicts on answers and look-ups (``_verdicts``), key age
-(``_key_age``), leases and owner liveness (``_leases``), what a claim amounts to
-(``_claims``), and the records they decide on (``_records``, which the journal stores). The
-clients and the journal drive these; they decide nothing themselves.
+(``_key_age``), leases (``_leases``), what a claim of an intent or of a webhook event
+amounts to (``_claims``), the drive that sequences them all (``_drive``), and the records
+they decide on (``_records``, which the journal stores). The clients and the journal carry
+these out; they decide nothing themselves. Time and owner liveness come in as inputs
+(``payonce._owners`` probes the latter).
 """
 
-from ._claims import Claim, ClaimKind, decide_claim, is_mismatch
+from ._claims import (
+    Claim,
+    ClaimKind,
+    EventClaimKind,
+    decide_claim,
+    decide_event_claim,
+    is_mismatch,
+)
 from ._identity import (
     MAX_KEY_LENGTH,
     CanonicalRequest,
@@ -26,7 +35,13 @@ from ._identity import (
     validate_reference,
 )
 from ._key_age import KEY_LIFETIME_MARGIN, may_have_executed, resend_refusal
-from ._leases import lease_blocks, lease_live, new_owner, owner_ended, owner_is_dead
+from ._leases import (
+    EVENT_LEASE_SECONDS,
+    abandon_blocked,
+    default_lease_seconds,
+    lease_blocks,
+    lease_live,
+)
 from ._records import (
     AttemptRecord,
     IntentDraft,
@@ -41,6 +56,7 @@ from ._verdicts import (
     LookupKind,
     LookupVerdict,
     Outcome,
+    ReconcileOutcome,
     Verdict,
     classify_error,
     classify_lookup,
@@ -52,6 +68,7 @@ from ._verdicts import (
 from ._verify import LOOK_UP, LookUp, Verification, quiet_after
 
 __all__ = [
+    "EVENT_LEASE_SECONDS",
     "KEY_LIFETIME_MARGIN",
     "LOOK_UP",
     "LOOKUP_FAILURES",
@@ -63,6 +80,7 @@ __all__ = [
     "FormData",
     "FormEncoder",
     "ClaimKind",
+    "EventClaimKind",
     "IntentDraft",
     "IntentRecord",
     "IntentRequest",
@@ -72,6 +90,7 @@ __all__ = [
     "LookupKind",
     "LookupVerdict",
     "Outcome",
+    "ReconcileOutcome",
     "ReconciliationRecord",
     "Rule",
     "StoredResponse",
@@ -89,16 +108,16 @@ __all__ = [
     "classify_lookup_error",
     "classify_response",
     "contract_table",
+    "abandon_blocked",
     "decide_claim",
+    "decide_event_claim",
+    "default_lease_seconds",
     "is_mismatch",
     "lease_blocks",
     "lease_live",
     "make_scope",
     "may_have_executed",
     "new_key",
-    "new_owner",
-    "owner_ended",
-    "owner_is_dead",
     "parse_retry_after",
     "quiet_after",
     "resend_refusal",

@@ -1,4 +1,4 @@
-"""What asking for an intent amounts to: send it, replay it, wait, or refuse."""
+"""What a claim amounts to: send, replay, wait or refuse an intent; run an event's handler."""
 
 from __future__ import annotations
 
@@ -7,14 +7,23 @@ from collections.abc import Callable
 
 import attrs
 
-from ._leases import lease_blocks, owner_is_dead
+from ._leases import lease_blocks
 from ._records import IntentDraft, IntentRecord
 from ._states import IntentState
 
-__all__ = ["Claim", "ClaimKind", "decide_claim", "is_mismatch"]
+__all__ = [
+    "Claim",
+    "ClaimKind",
+    "EventClaimKind",
+    "decide_claim",
+    "decide_event_claim",
+    "is_mismatch",
+]
 
 
 class ClaimKind(enum.Enum):
+    """What a claim of an intent amounts to."""
+
     CREATED = "created"
     """New intent journaled, lease held, attempt 1 started: send now."""
     CLAIMED = "claimed"
@@ -53,7 +62,7 @@ def decide_claim(
     owner: str,
     now: float,
     unknown: bool = False,
-    is_stale: Callable[[str], bool] = owner_is_dead,
+    is_stale: Callable[[str], bool],
     lease_seconds: float | None = None,
 ) -> ClaimKind | None:
     """What a claim of an existing intent amounts to; None when its lease may be taken.
@@ -74,3 +83,44 @@ def decide_claim(
     ):
         return ClaimKind.LEASED
     return None
+
+
+class EventClaimKind(enum.Enum):
+    """What a delivery of a webhook event amounts to."""
+
+    NEW = "new"
+    """First delivery: recorded, lease held by the caller: run the handler."""
+    RETRY = "retry"
+    """Seen before but never processed (its handler failed or its worker died): lease now
+    held by the caller: run the handler."""
+    DONE = "done"
+    """Processed already: a duplicate, do not run the handler."""
+    LEASED = "leased"
+    """Another live worker is running the handler right now."""
+
+
+def decide_event_claim(
+    *,
+    processed: bool,
+    lease_owner: str | None,
+    lease_expires_at: float | None,
+    owner: str,
+    now: float,
+    is_stale: Callable[[str], bool],
+    lease_seconds: float | None = None,
+) -> EventClaimKind:
+    """What a later delivery of an event already recorded amounts to (the first one is
+    ``NEW``): a duplicate once processed, a wait while a live worker not provably dead holds
+    its lease, else its handler runs again under ``owner``'s lease (``RETRY``)."""
+    if processed:
+        return EventClaimKind.DONE
+    if lease_blocks(
+        lease_owner,
+        lease_expires_at,
+        owner=owner,
+        now=now,
+        is_stale=is_stale,
+        lease_seconds=lease_seconds,
+    ):
+        return EventClaimKind.LEASED
+    return EventClaimKind.RETRY

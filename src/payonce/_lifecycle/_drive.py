@@ -44,6 +44,7 @@ from ._verdicts import (
     LookupRules,
     LookupVerdict,
     Outcome,
+    ReconcileOutcome,
     Verdict,
     classify_error,
     classify_lookup,
@@ -265,7 +266,7 @@ class LookedUp:
 
     run: Run
     kind: LookupKind | None
-    outcome: str
+    outcome: ReconcileOutcome
     detail: str
     response: httpx.Response | None
     transition: Transition = Transition.LOOKED_UP
@@ -301,7 +302,7 @@ class Reconciled:
     record: IntentRecord
     owner: str
     transition: Transition
-    outcome: str
+    outcome: ReconcileOutcome
     detail: str
     response: httpx.Response | None = None
     kind: LookupKind | None = None
@@ -435,8 +436,7 @@ class Reconciliation:
     record: IntentRecord
     """The intent as it was before."""
     after: IntentState
-    outcome: str
-    """``found``, ``not_found``, ``still_unknown``, ``error`` or ``skipped``."""
+    outcome: ReconcileOutcome
     detail: str
 
 
@@ -663,7 +663,10 @@ def _deliver(
 
 # -- verify before resend --------------------------------------------------------------------
 
-_JOURNALED = {LookupKind.ABSENT: "not_found", LookupKind.UNDECIDED: "still_unknown"}
+_JOURNALED = {
+    LookupKind.ABSENT: ReconcileOutcome.NOT_FOUND,
+    LookupKind.UNDECIDED: ReconcileOutcome.STILL_UNKNOWN,
+}
 
 
 def _verify(
@@ -692,13 +695,13 @@ def _verify(
             if not isinstance(result.error, LOOKUP_FAILURES):
                 raise result.error
             detail = f"status look-up failed: {type(result.error).__name__}"
-            yield LookedUp(run, None, "error", detail, None)
+            yield LookedUp(run, None, ReconcileOutcome.ERROR, detail, None)
             verification.answered(LookupKind.RETRY, clock.now(), _backoff(settings, verification))
             continue
         response = result.response
         verdict = classify_lookup(response, lookup)
         if verdict.kind is not LookupKind.FOUND:
-            outcome = _JOURNALED.get(verdict.kind, "error")
+            outcome = _JOURNALED.get(verdict.kind, ReconcileOutcome.ERROR)
             yield LookedUp(run, verdict.kind, outcome, verdict.detail, response)
             verification.answered(verdict.kind, clock.now(), _backoff(settings, verification))
             continue
@@ -748,10 +751,12 @@ def reconcile(settings: DriveSettings, record: IntentRecord, owner: str) -> Reco
       answer at all: stays ``unknown`` with the reason.
     """
     if (reason := skip_reason(settings, record)) is not None:
-        return Reconciliation(record, record.state, "skipped", reason)
+        return Reconciliation(record, record.state, ReconcileOutcome.SKIPPED, reason)
     claim: Claim | None = yield ClaimKey(record.key, owner)
     if claim is None or claim.record.lease_owner != owner:
-        return Reconciliation(record, record.state, "skipped", "another worker holds it right now")
+        return Reconciliation(
+            record, record.state, ReconcileOutcome.SKIPPED, "another worker holds it right now"
+        )
     yield Leased(record.key, owner)
     current = claim.record
     lookup = settings.profile.lookup
@@ -777,7 +782,9 @@ def reconcile(settings: DriveSettings, record: IntentRecord, owner: str) -> Reco
         wait = retry.next_wait(tried, clock.monotonic() - began, None)
         if wait is None:
             detail = f"status look-up failed: {last}"
-            return (yield from _reconciled(current, owner, _AMBIGUOUS, "error", detail))
+            return (
+                yield from _reconciled(current, owner, _AMBIGUOUS, ReconcileOutcome.ERROR, detail)
+            )
         yield Sleep(wait)
 
 
@@ -796,7 +803,9 @@ def _concluded(
         case LookupKind.ABSENT:
             return (yield from _absent(settings, record, owner, response))
         case LookupKind.REFUSED:
-            yield Reconciled(record, owner, _AMBIGUOUS, "error", detail, response, kind)
+            yield Reconciled(
+                record, owner, _AMBIGUOUS, ReconcileOutcome.ERROR, detail, response, kind
+            )
             raise refusals.lookup_refused(record, response)
         case LookupKind.FOUND:
             transition = (
@@ -807,11 +816,11 @@ def _concluded(
             found = verdict.record
             return (
                 yield from _reconciled(
-                    record, owner, transition, "found", detail, response, kind, found
+                    record, owner, transition, ReconcileOutcome.FOUND, detail, response, kind, found
                 )
             )
         case _:  # UNDECIDED, UNREADABLE
-            outcome = kind.value
+            outcome = ReconcileOutcome(kind.value)
             return (
                 yield from _reconciled(record, owner, _AMBIGUOUS, outcome, detail, response, kind)
             )
@@ -834,21 +843,25 @@ def _absent(
         )
         return (
             yield from _reconciled(
-                record, owner, _AMBIGUOUS, "still_unknown", detail, response, absent
+                record, owner, _AMBIGUOUS, ReconcileOutcome.STILL_UNKNOWN, detail, response, absent
             )
         )
     if resend_refusal(record.first_sent_at, now, profile.key_lifetime) is None:
         detail = "the provider has no record and the key is still valid: safe to resend"
         transition = Transition.RECONCILED_ABSENT
         return (
-            yield from _reconciled(record, owner, transition, "not_found", detail, response, absent)
+            yield from _reconciled(
+                record, owner, transition, ReconcileOutcome.NOT_FOUND, detail, response, absent
+            )
         )
     detail = (
         "the provider has no record, but the key may have expired there: a resend could "
         "execute twice. Check by hand, then abandon it or pay again under a new reference"
     )
     return (
-        yield from _reconciled(record, owner, _AMBIGUOUS, "not_found", detail, response, absent)
+        yield from _reconciled(
+            record, owner, _AMBIGUOUS, ReconcileOutcome.NOT_FOUND, detail, response, absent
+        )
     )
 
 
@@ -856,7 +869,7 @@ def _reconciled(
     record: IntentRecord,
     owner: str,
     transition: Transition,
-    outcome: str,
+    outcome: ReconcileOutcome,
     detail: str,
     response: httpx.Response | None = None,
     kind: LookupKind | None = None,

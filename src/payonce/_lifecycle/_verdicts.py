@@ -28,6 +28,7 @@ __all__ = [
     "LookupRules",
     "LookupVerdict",
     "Outcome",
+    "ReconcileOutcome",
     "Verdict",
     "classify_error",
     "classify_lookup",
@@ -361,6 +362,22 @@ class LookupRules(Protocol):
     def succeeded(self) -> frozenset[str]: ...
     @property
     def failed(self) -> frozenset[str]: ...
+
+
+class ReconcileOutcome(enum.StrEnum):
+    """What a status look-up came to, as a reconciliation reports and the journal keeps it.
+    A ``str``: each member equals (and prints as) its value."""
+
+    FOUND = "found"
+    """The provider's record settled the intent."""
+    NOT_FOUND = "not_found"
+    """The provider has no record: back to pending when the key is still valid."""
+    STILL_UNKNOWN = "still_unknown"
+    """A record that settles nothing yet, or an earlier attempt that may still be running."""
+    ERROR = "error"
+    """No usable answer (a failed, refused or unreadable look-up): nothing concluded."""
+    SKIPPED = "skipped"
+    """Not looked up (not unknown, another provider's, leased by a worker)."""
 
 
 @attrs.frozen

@@ -18,8 +18,9 @@ from typing import Any, ParamSpec, TypeVar, Unpack
 import httpx
 
 from .._crash import crash_point
-from .._lifecycle import IntentDraft, IntentRecord, new_owner
+from .._lifecycle import IntentDraft, IntentRecord
 from .._lifecycle import _drive as drive
+from .._owners import new_owner
 from . import _reconcile
 from ._base import BaseClient, OneShotOptions, OneShotVerbs, OperationBase, RequestOptions, Verbs
 from ._batch import Claimed, ReconcileBatch, ResumeBatch, ResumeResult, arun_batch

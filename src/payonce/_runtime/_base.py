@@ -32,6 +32,7 @@ from .._lifecycle import (
     KeyFormat,
     canonical_request,
     check_headers,
+    default_lease_seconds,
     new_key,
     validate_reference,
 )
@@ -329,9 +330,12 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
         max_stored = check_count("max_stored_response_bytes", max_stored_response_bytes, minimum=0)
         check_seconds("in_flight_wait", in_flight_wait)
         if lease_seconds is None:
-            # Renewed while an attempt runs; it must still outlast a stall of the renewer.
-            slowest = max(t or 0.0 for t in (timeouts.connect, timeouts.read, timeouts.write))
-            lease_seconds = 2 * slowest + max(retry.max_wait, retry.max_retry_after) + 30.0
+            lease_seconds = default_lease_seconds(
+                slowest_wait=max(
+                    t or 0.0 for t in (timeouts.connect, timeouts.read, timeouts.write)
+                ),
+                longest_pause=max(retry.max_wait, retry.max_retry_after),
+            )
         lease_seconds = check_seconds("lease_seconds", lease_seconds, positive=True)
         if not callable(clock):
             raise ConfigurationError(f"clock must be callable, not {clock!r}")

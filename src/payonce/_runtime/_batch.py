@@ -18,8 +18,9 @@ from typing import Protocol, TypeVar
 import attrs
 import httpx
 
-from .._lifecycle import Claim, IntentRecord, IntentState, new_owner
+from .._lifecycle import Claim, IntentRecord, IntentState, ReconcileOutcome
 from .._lifecycle._drive import skip_reason
+from .._owners import new_owner
 from ..errors import AuthenticationError, OutcomeUnknown, PayonceError, ProviderError
 from . import _reconcile
 from ._core import IntentCore
@@ -267,4 +268,6 @@ class ReconcileBatch:
         written = [e.detail for e in journal.reconciliations(target.key) if e.at >= self._started]
         detail = written[-1] if written else self._core.redactor.describe(error)
         after = now.state if now else target.state
-        return ReconcileResult(target.key, target.reference, target.state, after, "error", detail)
+        return ReconcileResult(
+            target.key, target.reference, target.state, after, ReconcileOutcome.ERROR, detail
+        )

@@ -25,7 +25,6 @@ from .._lifecycle import (
     KeyFormat,
     LookupKind,
     Transition,
-    owner_ended,
     rule,
 )
 from .._lifecycle._drive import (
@@ -48,6 +47,7 @@ from .._lifecycle._drive import (
     StartAttempt,
     Verified,
 )
+from .._owners import owner_ended
 from .._providers._profile import ProviderProfile
 from ..errors import JournalError
 from ._drafting import Drafter

@@ -11,7 +11,7 @@ from typing import Any
 import attrs
 
 from .._journal._reports import JournalCommitted
-from .._lifecycle import IntentRecord, IntentState
+from .._lifecycle import IntentRecord, IntentState, ReconcileOutcome
 
 __all__ = [
     "AttemptEnded",
@@ -167,5 +167,6 @@ class IntentReconciled(IntentEvent):
 
     before: IntentState
     after: IntentState
-    outcome: str
+    outcome: ReconcileOutcome
+    """``found``, ``not_found``, ``still_unknown``, ``error`` or ``skipped`` (a ``str``)."""
     detail: str

@@ -13,8 +13,9 @@ import logging
 import attrs
 import httpx
 
-from .._lifecycle import IntentRecord, IntentState, owner_ended
+from .._lifecycle import IntentRecord, IntentState, ReconcileOutcome
 from .._lifecycle._drive import Reconciliation
+from .._owners import owner_ended
 from ..errors import ConfigurationError, JournalError
 from ._core import IntentCore
 from ._events import IntentReconciled
@@ -41,8 +42,8 @@ class ReconcileResult:
     reference: str | None
     before: IntentState
     after: IntentState
-    outcome: str
-    """``found``, ``not_found``, ``still_unknown``, ``error`` or ``skipped``."""
+    outcome: ReconcileOutcome
+    """``found``, ``not_found``, ``still_unknown``, ``error`` or ``skipped`` (a ``str``)."""
     detail: str
 
 

@@ -44,7 +44,7 @@ class Row:
     before: payonce.IntentState | None
     """None for resume: every resumed intent was pending."""
     after: payonce.IntentState
-    outcome: str | None
+    outcome: payonce.records.ReconcileOutcome | None
     """The reconciliation's outcome; None for resume."""
     detail: str
     reason: str | None
@@ -52,7 +52,10 @@ class Row:
 
     @property
     def category(self) -> Category:
-        if self.outcome == "skipped" and self.after is not payonce.IntentState.UNKNOWN:
+        if (
+            self.outcome is payonce.records.ReconcileOutcome.SKIPPED
+            and self.after is not payonce.IntentState.UNKNOWN
+        ):
             return "skipped"
         if self.after in _SETTLED:
             return "settled"
