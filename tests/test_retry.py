@@ -123,14 +123,27 @@ def test_non_transport_errors_are_not_retried() -> None:
 
 
 def test_retry_after_in_seconds_and_as_an_http_date() -> None:
-    assert parse_retry_after("7") == 7.0
-    assert parse_retry_after("1.5") == 1.5
+    assert parse_retry_after("7", now=None) == 7.0
+    assert parse_retry_after("1.5", now=None) == 1.5
     now = 1_800_000_000.0
     date = email.utils.formatdate(now + 30, usegmt=True)
     assert parse_retry_after(date, now=now) == pytest.approx(30.0)
     assert parse_retry_after(email.utils.formatdate(now - 30, usegmt=True), now=now) == 0.0
-    assert parse_retry_after("soon") is None
-    assert parse_retry_after(None) is None
+    assert parse_retry_after("soon", now=None) is None
+    assert parse_retry_after(None, now=None) is None
+    assert parse_retry_after(date, now=None) is None, "a date with nothing to count from"
+
+
+def test_an_http_date_retry_after_counts_from_the_answer_s_own_date() -> None:
+    # Both dates are the provider's: this host's clock, however wrong, plays no part.
+    sent = 1_000_000_000.0  # years before this host's clock
+    later = email.utils.formatdate(sent + 20, usegmt=True)
+    answer = _response(
+        503, **{"Retry-After": later, "Date": email.utils.formatdate(sent, usegmt=True)}
+    )
+    assert classify_response(answer, GENERIC).retry_after == pytest.approx(20.0)
+    undated = _response(503, **{"Retry-After": later})
+    assert classify_response(undated, GENERIC).retry_after is None
 
 
 def test_backoff_is_capped_exponential_with_full_jitter() -> None:

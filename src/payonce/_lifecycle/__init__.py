@@ -63,6 +63,7 @@ from ._verdicts import (
     classify_lookup_error,
     classify_response,
     parse_retry_after,
+    retry_after,
     transition_for,
 )
 from ._verify import LOOK_UP, LookUp, Verification, quiet_after
@@ -119,6 +120,7 @@ __all__ = [
     "may_have_executed",
     "new_key",
     "parse_retry_after",
+    "retry_after",
     "quiet_after",
     "resend_refusal",
     "rule",

@@ -12,7 +12,6 @@ import email.utils
 import enum
 import json
 import ssl
-import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -35,6 +34,7 @@ __all__ = [
     "classify_lookup_error",
     "classify_response",
     "parse_retry_after",
+    "retry_after",
     "transition_for",
 ]
 
@@ -199,8 +199,23 @@ def transition_for(verdict: Verdict) -> Transition:
             )
 
 
-def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
-    """Seconds to wait from a Retry-After header: delta-seconds or an HTTP-date."""
+def retry_after(response: httpx.Response) -> float | None:
+    """Seconds to wait from an answer's Retry-After: delta-seconds, or an HTTP-date counted
+    from the answer's own ``Date``. Both dates are the provider's clock, so a local clock
+    off by minutes cannot stretch or cut the wait; without a ``Date`` there is no telling
+    (None: the retry policy's own backoff)."""
+    value = response.headers.get("retry-after")
+    sent = response.headers.get("date")
+    try:
+        now = None if sent is None else email.utils.parsedate_to_datetime(sent).timestamp()
+    except (TypeError, ValueError):
+        now = None
+    return parse_retry_after(value, now=now)
+
+
+def parse_retry_after(value: str | None, *, now: float | None) -> float | None:
+    """Seconds to wait from a Retry-After header: delta-seconds, or an HTTP-date counted
+    from ``now`` (None: an HTTP-date cannot be told, None)."""
     if not value:
         return None
     value = value.strip()
@@ -211,9 +226,9 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
             when = email.utils.parsedate_to_datetime(value)
         except (TypeError, ValueError):
             return None
-        if when.tzinfo is None:
+        if when.tzinfo is None or now is None:
             return None
-        seconds = when.timestamp() - (time.time() if now is None else now)
+        seconds = when.timestamp() - now
     if seconds != seconds:  # NaN
         return None
     return max(seconds, 0.0)
@@ -255,28 +270,24 @@ def classify_response(
     if status in profile.mismatch_statuses:
         mismatch = Verdict(Outcome.MISMATCH, ambiguous=False, reason=f"HTTP {status} key mismatch")
         return _refusal(response, profile, mismatch, redact)
-    retry_after = parse_retry_after(response.headers.get("retry-after"))
+    wait = retry_after(response)
     if status in profile.in_flight_statuses:
         # Another request with our key is executing at the provider: it may well succeed.
         return Verdict(
             Outcome.RETRY,
             ambiguous=True,
-            retry_after=retry_after,
+            retry_after=wait,
             reason=f"HTTP {status} in flight",
         )
     if status in profile.not_executed_statuses:
-        return Verdict(
-            Outcome.RETRY, ambiguous=False, retry_after=retry_after, reason=f"HTTP {status}"
-        )
+        return Verdict(Outcome.RETRY, ambiguous=False, retry_after=wait, reason=f"HTTP {status}")
     if status in profile.retryable_statuses or hint is True:
         # A 5xx may come after the provider executed the payment (a lost success).
-        return Verdict(
-            Outcome.RETRY, ambiguous=True, retry_after=retry_after, reason=f"HTTP {status}"
-        )
+        return Verdict(Outcome.RETRY, ambiguous=True, retry_after=wait, reason=f"HTTP {status}")
     if 300 <= status < 500:
         failed = Verdict(Outcome.FAILED, ambiguous=False, reason=f"HTTP {status}")
         return _refusal(response, profile, failed, redact)
-    return Verdict(Outcome.RETRY, ambiguous=True, retry_after=retry_after, reason=f"HTTP {status}")
+    return Verdict(Outcome.RETRY, ambiguous=True, retry_after=wait, reason=f"HTTP {status}")
 
 
 # Failures that happen before a byte of the request is written: the request never left.

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import httpx
 
-from .._lifecycle import Outcome, Verdict, parse_retry_after
+from .._lifecycle import Outcome, Verdict, retry_after
 from ._profile import Lookup, ProviderProfile, json_object
 
 __all__ = ["ADYEN", "adyen_profile", "adyen_reference_lookup"]
@@ -49,7 +49,7 @@ def adyen_refine(response: httpx.Response) -> Verdict | None:
     return Verdict(
         Outcome.RETRY,
         ambiguous=True,
-        retry_after=parse_retry_after(response.headers.get("retry-after")),
+        retry_after=retry_after(response),
         reason=f"HTTP {response.status_code} errorCode 704 (in progress)",
     )
 

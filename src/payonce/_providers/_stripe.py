@@ -26,7 +26,7 @@ from urllib.parse import parse_qsl, urlencode
 import attrs
 import httpx
 
-from .._lifecycle import FormData, Outcome, Verdict, parse_retry_after
+from .._lifecycle import FormData, Outcome, Verdict, retry_after
 from ._profile import Lookup, ProviderProfile, json_object
 
 __all__ = ["STRIPE", "STRIPE_METADATA_KEY", "stripe_form_pairs", "stripe_profile"]
@@ -88,7 +88,7 @@ def stripe_refine(response: httpx.Response) -> Verdict | None:
     return Verdict(
         Outcome.RETRY,
         ambiguous=True,
-        retry_after=parse_retry_after(response.headers.get("retry-after")),
+        retry_after=retry_after(response),
         reason=f"HTTP 409 {code or 'conflict'}",
     )
 
