@@ -48,9 +48,8 @@ Spent = collections.Counter[str]
 JOURNAL = ("journal: claim (write-ahead)", "journal: settle (+ acknowledgement)")
 HTTPX = ("httpx: Client.build_request", "httpx: send + read (mock transport)")
 OWN = {
-    "begin": "begin",
+    "told": "journal_command",
     "build_request": "build_request",
-    "on_response": "on_response",
     "draft": "draft",
     "canonical": "canonical_request",
 }
@@ -91,9 +90,8 @@ def instrument(client: payonce.Client | payonce.AsyncClient, spent: Spent) -> No
         (core.journal, "claim", JOURNAL[0]),
         (core.journal, "settle", JOURNAL[1]),
         (client._http, "build_request", HTTPX[0]),
-        (core, "begin", OWN["begin"]),
+        (core, "journal_command", OWN["told"]),
         (core, "build_request", OWN["build_request"]),
-        (core, "on_response", OWN["on_response"]),
         (core.drafter, "draft", OWN["draft"]),
     ):
         setattr(obj, name, wrap(spent, label, getattr(obj, name)))
@@ -213,18 +211,17 @@ def partition(rounds: list[Round], args: argparse.Namespace) -> list[tuple[str, 
         cut |= {label: part[label] for label in (*JOURNAL, *HTTPX)}
         cut["payonce: canonical_request"] = part[OWN["canonical"]]
         cut["payonce: draft (key, fingerprint)"] = part[OWN["draft"]]
-        cut["payonce: begin, less the claim (Run)"] = part[OWN["begin"]] - part[JOURNAL[0]]
         cut["payonce: build_request, less httpx's (URL, headers)"] = (
             part[OWN["build_request"]] - part[HTTPX[0]]
         )
-        cut["payonce: on_response, less the settle (classify, store, tag)"] = (
-            part[OWN["on_response"]] - part[JOURNAL[1]]
+        cut["payonce: journal commands, less the journal (store, tag, tell)"] = (
+            part[OWN["told"]] - part[JOURNAL[0]] - part[JOURNAL[1]]
         )
         journal = part[JOURNAL[0]] + part[JOURNAL[1]]
         http = part[HTTPX[0]] + part[HTTPX[1]]
         own = whole - journal - http
         named = sum(value for label, value in cut.items() if label.startswith("payonce:"))
-        cut["payonce: the rest (operation, owner, lease, attempt loop, hops)"] = own - named
+        cut["payonce: the rest (the drive and its executor, classify, lease, hops)"] = own - named
         cut["= the journal"] = journal
         cut["= httpx"] = http
         cut["= payonce's own"] = own

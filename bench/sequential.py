@@ -480,12 +480,13 @@ def profile_payonce(url: str, workdir: Path, requests: int) -> None:
     # A method a later payonce renames is simply not broken out (its time lands in "rest").
     for label, owner, attribute in (
         ("drive", client, "_drive"),
-        ("send loop", client, "_send"),
+        ("executor loop", client, "_execute"),
+        ("send", client, "_send"),
         ("claim", client.journal, "claim"),
         ("settle", client.journal, "settle"),
         ("acknowledge", client.journal, "acknowledge"),
         ("build_request", core, "build_request"),
-        ("on_response", core, "on_response"),
+        ("journal commands", core, "journal_command"),
         ("httpx send", client._http, "send"),
     ):
         if hasattr(owner, attribute):
