@@ -56,7 +56,7 @@ from ._hooks import HookSet
 from ._lease_keeper import Lease
 from ._redacting import Redactor
 from ._responses import from_lookup, replayed, stored, tagged
-from ._retrying import RetryPolicy, retrying_kwargs
+from ._retrying import RetryPolicy
 from ._telling import Telling, logger
 
 __all__ = ["IntentCore", "SystemClock"]
@@ -215,11 +215,6 @@ class IntentCore(Telling):
         if not crash_armed():
             return None
         return {"trace": crash_atrace if isinstance(client, httpx.AsyncClient) else crash_trace}
-
-    def retrying(self, _: None, began: float | None = None) -> dict[str, Any]:
-        """tenacity settings of a reconciliation's look-ups. ``began``: when the first
-        look-up started, outside the loop."""
-        return retrying_kwargs(self.retry, began=began)
 
     # -- a drive's commands ------------------------------------------------------------------
 
