@@ -184,7 +184,7 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
                         if bind is not None:
                             bind(run.record)
                         await holding.enter_async_context(self._keeper.holding(core.lease(run)))
-                        core.drive_started(run)
+                        core.tell.drive_started(run)
                         answer = None
                     case drive.Replay(record):
                         if bind is not None:
@@ -209,7 +209,7 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
                 if bind is not None:
                     bind(run.record)
                 core.run_over(run, failure)
-                core.drive_ended(run)
+                core.tell.drive_ended(run)
 
     async def _send(self, run: drive.Run) -> drive.Answered | drive.Failed:
         """One attempt: its answer, or what it raised (a cancellation too)."""
@@ -217,7 +217,7 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
             response = await self._exchange(self._core.build_request(run, self._http))
         except BaseException as exc:  # cancelled too: the drive journals it
             if logger.isEnabledFor(logging.DEBUG):
-                self._core._log_error(run, exc)
+                self._core.tell.log_error(run, exc)
             return drive.Failed(exc)
         crash_point("after_response")
         return drive.Answered(response)

@@ -57,7 +57,7 @@ from ._lease_keeper import Lease
 from ._redacting import Redactor
 from ._responses import from_lookup, replayed, stored, tagged
 from ._retrying import RetryPolicy
-from ._telling import Telling, logger
+from ._telling import Teller, logger
 
 __all__ = ["IntentCore", "SystemClock"]
 
@@ -75,8 +75,8 @@ class SystemClock:
         return time.monotonic()
 
 
-class IntentCore(Telling):
-    """What Client and AsyncClient share beneath the drive; what it tells is ``Telling``'s."""
+class IntentCore:
+    """What Client and AsyncClient share beneath the drive; what it tells is its ``tell``'s."""
 
     def __init__(
         self,
@@ -104,6 +104,8 @@ class IntentCore(Telling):
         self.lease_seconds = lease_seconds
         self.clock = clock
         self.hooks = hooks
+        self.tell = Teller(hooks, profile)
+        """What the drives of this client tell the hooks and the log."""
         # Fixed for the client's life, so computed once rather than on every intent.
         self._base = httpx.URL(base_url)
         self._own_urls = None if "?" in base_url or "#" in base_url else base_url + "/"
@@ -190,7 +192,7 @@ class IntentCore(Telling):
         headers[self.profile.key_header] = self.profile.key_header_value(record.key)
         headers.update(self._auth_headers)
         if self.hooks:
-            self._attempt_started(run)
+            self.tell.attempt_started(run)
         return client.build_request(
             record.method,
             self.sent_url(record.url),
@@ -241,7 +243,7 @@ class IntentCore(Telling):
             case EndAttempt(run, transition, status_code, error, verdict):
                 debug = logger.isEnabledFor(logging.DEBUG)
                 if debug and verdict is not None and status_code is not None:
-                    self._log_answer(run, status_code, verdict)
+                    self.tell.log_answer(run, status_code, verdict)
                 store.end_attempt(
                     run.key,
                     run.attempt,
@@ -252,26 +254,26 @@ class IntentCore(Telling):
                     error=error,
                 )
                 if self.hooks:
-                    self._attempt_ended(run, transition, status_code, error)
+                    self.tell.attempt_ended(run, transition, status_code, error)
                 if transition in _REFUSALS and status_code is not None:
                     ambiguous = bool(rule(transition).attempt_ambiguous)
-                    self._log_refused(run, status_code, executed=ambiguous)
+                    self.tell.log_refused(run, status_code, executed=ambiguous)
                 return None
             case Settle(run, transition, response, verdict):
                 if logger.isEnabledFor(logging.DEBUG):
-                    self._log_answer(run, response.status_code, verdict)
+                    self.tell.log_answer(run, response.status_code, verdict)
                 return self._settle(run, transition, response, now)
             case MarkUnknown(run, transition, reason):
                 record = store.mark_unknown(
                     run.key, transition=transition, owner=run.owner, now=now, reason=reason
                 )
-                self._went_unknown(record, reason)
+                self.tell.went_unknown(record, reason)
                 return record
             case Release(run, _):
                 store.release(run.key, owner=run.owner)
                 return None
             case LookedUp(run, kind, outcome, detail, response):
-                self.lookup_ended(run.record, kind, response, before_resend=True)
+                self.tell.lookup_ended(run.record, kind, response, before_resend=True)
                 store.looked_up(
                     run.key,
                     owner=run.owner,
@@ -294,7 +296,7 @@ class IntentCore(Telling):
     def _reconciled(self, command: Reconciled, now: float) -> IntentRecord:
         record, response = command.record, command.response
         if response is not None:
-            self.lookup_ended(record, command.kind, response, before_resend=False)
+            self.tell.lookup_ended(record, command.kind, response, before_resend=False)
         status = None if response is None else response.status_code
         found = command.found
         after = self.journal.reconciled(
@@ -329,12 +331,12 @@ class IntentCore(Telling):
             acknowledge_success=run.acknowledge_on_success,
         )
         if logger.isEnabledFor(logging.INFO):
-            self._log_settled(record, response.status_code)
+            self.tell.log_settled(record, response.status_code)
         provider_replayed = None  # read from the response only if someone asks
         if self.hooks:
             provider_replayed = self.profile.was_replayed(response)
-            self._attempt_ended(run, transition, response.status_code, None)
-            self.settled(record, provider_replayed=provider_replayed)
+            self.tell.attempt_ended(run, transition, response.status_code, None)
+            self.tell.settled(record, provider_replayed=provider_replayed)
         tagged(
             response,
             record,
@@ -353,7 +355,7 @@ class IntentCore(Telling):
         found: dict[str, Any],
         now: float,
     ) -> IntentRecord:
-        self.lookup_ended(run.record, LookupKind.FOUND, response, before_resend=True)
+        self.tell.lookup_ended(run.record, LookupKind.FOUND, response, before_resend=True)
         status = response.status_code
         record = self.journal.reconciled(
             run.key,
@@ -371,7 +373,7 @@ class IntentCore(Telling):
             detail,
             extra=log_extra(record),
         )
-        self.settled(record, provider_replayed=True)
+        self.tell.settled(record, provider_replayed=True)
         return record
 
     def told(self, command: Replay | Resending | Sleep | LookupRetried) -> httpx.Response | None:
@@ -385,7 +387,7 @@ class IntentCore(Telling):
             case Replay(record):
                 response = replayed(record)
                 if response is not None and self.hooks:
-                    self._answered_from_journal(record, response.status_code)
+                    self.tell.answered_from_journal(record, response.status_code)
                 return response
             case Resending(run):
                 logger.info(
@@ -394,9 +396,9 @@ class IntentCore(Telling):
                     extra=log_extra(run.record),
                 )
             case Sleep(seconds, run, retry) if run is not None and retry is not None:
-                self.retrying_after(run, seconds, retry)
+                self.tell.retrying_after(run, seconds, retry)
             case LookupRetried(record, kind, response):
-                self.lookup_ended(record, kind, response, before_resend=False)
+                self.tell.lookup_ended(record, kind, response, before_resend=False)
         return None
 
 

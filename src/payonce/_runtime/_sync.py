@@ -188,7 +188,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
                         if bind is not None:
                             bind(run.record)
                         holding.enter_context(self._keeper.holding(core.lease(run)))
-                        core.drive_started(run)
+                        core.tell.drive_started(run)
                         answer = None
                     case drive.Replay(record):
                         if bind is not None:
@@ -211,7 +211,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
                 if bind is not None:
                     bind(run.record)
                 core.run_over(run, failure)
-                core.drive_ended(run)
+                core.tell.drive_ended(run)
 
     def _send(self, run: drive.Run) -> drive.Answered | drive.Failed:
         """One attempt: its answer, or what it raised (an interrupt too)."""
@@ -219,7 +219,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
             response = self._exchange(self._core.build_request(run, self._http))
         except BaseException as exc:  # KeyboardInterrupt too: the drive journals it
             if logger.isEnabledFor(logging.DEBUG):
-                self._core._log_error(run, exc)
+                self._core.tell.log_error(run, exc)
             return drive.Failed(exc)
         crash_point("after_response")
         return drive.Answered(response)

@@ -1,9 +1,9 @@
 """What a drive of an intent tells: the records its hooks get and the lines it logs.
 
-``IntentCore`` decides and journals; after each step it tells what came of it with the
-methods here, which it inherits. A record costs a dict and an object and a log line's
-``extra=`` a dict, so callers test ``self.hooks`` (False without hooks) or the log level
-first, as ``HookSet`` asks: a client nobody watches pays for neither.
+``IntentCore`` carries out each of a drive's commands, then tells what came of it through
+its ``tell``, a ``Teller``. A record costs a dict and an object and a log line's ``extra=``
+a dict, so callers test ``hooks`` (False without hooks) or the log level first, as
+``HookSet`` asks: a client nobody watches pays for neither.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from ._events import (
 from ._hooks import Hooks, HookSet
 from ._responses import elapsed
 
-__all__ = ["Telling", "logger"]
+__all__ = ["Teller", "logger"]
 
 logger = logging.getLogger("payonce")
 
@@ -43,11 +43,12 @@ _LOOKUP_OUTCOMES = {
 }
 
 
-class Telling:
-    """The hooks' records and the log lines of a drive, for ``IntentCore``."""
+class Teller:
+    """The hooks' records and the log lines of one client's drives."""
 
-    hooks: HookSet
-    profile: ProviderProfile
+    def __init__(self, hooks: HookSet, profile: ProviderProfile) -> None:
+        self.hooks = hooks
+        self.profile = profile
 
     # -- a drive -----------------------------------------------------------------------------
 
@@ -65,11 +66,11 @@ class Telling:
 
     # -- one attempt -------------------------------------------------------------------------
 
-    def _attempt_started(self, run: Run) -> None:
+    def attempt_started(self, run: Run) -> None:
         event = AttemptStarted(**about(run.record), attempt=run.attempt)
         self.hooks.emit(Hooks.attempt_started, event)
 
-    def _attempt_ended(
+    def attempt_ended(
         self, run: Run, transition: Transition, status_code: int | None, error: str | None
     ) -> None:
         event = AttemptEnded(
@@ -82,7 +83,7 @@ class Telling:
         self.hooks.emit(Hooks.attempt_ended, event)
 
     @staticmethod
-    def _log_answer(run: Run, status_code: int, verdict: Verdict) -> None:
+    def log_answer(run: Run, status_code: int, verdict: Verdict) -> None:
         logger.debug(
             "intent %s attempt %d: HTTP %d (%s)",
             run.key,
@@ -93,7 +94,7 @@ class Telling:
         )
 
     @staticmethod
-    def _log_error(run: Run, error: BaseException) -> None:
+    def log_error(run: Run, error: BaseException) -> None:
         logger.debug(
             "intent %s attempt %d: %s",
             run.key,
@@ -103,7 +104,7 @@ class Telling:
         )
 
     @staticmethod
-    def _log_refused(run: Run, status_code: int, *, executed: bool) -> None:
+    def log_refused(run: Run, status_code: int, *, executed: bool) -> None:
         logger.warning(
             "intent %s: refused with HTTP %d %s; it stays pending",
             run.key,
@@ -158,7 +159,7 @@ class Telling:
     # -- how it ended ------------------------------------------------------------------------
 
     @staticmethod
-    def _log_settled(record: IntentRecord, status_code: int) -> None:
+    def log_settled(record: IntentRecord, status_code: int) -> None:
         logger.info(
             "intent %s%s %s after %d attempt(s): HTTP %d",
             record.key,
@@ -181,11 +182,11 @@ class Telling:
             )
             self.hooks.emit(Hooks.settled, event)
 
-    def _answered_from_journal(self, record: IntentRecord, status_code: int) -> None:
+    def answered_from_journal(self, record: IntentRecord, status_code: int) -> None:
         event = IntentReplayed(**about(record), state=record.state, status_code=status_code)
         self.hooks.emit(Hooks.replayed, event)
 
-    def _went_unknown(self, record: IntentRecord, reason: str) -> None:
+    def went_unknown(self, record: IntentRecord, reason: str) -> None:
         # An operator must hear of it without debug logging: money may have moved.
         logger.warning(
             "intent %s%s went unknown: %s. %s",
