@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Generator, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
 
 import attrs
 import httpx
@@ -36,6 +37,7 @@ from payonce._lifecycle import _drive as drive
 from payonce._runtime._drafting import Drafter
 from payonce.providers import Lookup, ProviderProfile, get_profile
 
+R = TypeVar("R")
 KEY_LIFETIME = 24 * 3600.0
 GENERIC = get_profile("generic")
 VERIFYING = ProviderProfile(
@@ -209,6 +211,15 @@ class Script:
             case drive.LookedUp(transition=transition):
                 self._apply(transition)
                 return None
+            case drive.ClaimKey(owner=owner):
+                assert self.record is not None
+                self.record = attrs.evolve(self.record, lease_owner=owner)
+                return Claim(ClaimKind.CLAIMED, self.record)
+            case drive.Reconciled(transition=transition, found=found):
+                body = (
+                    None if found is None else StoredResponse(200, (), json.dumps(found).encode())
+                )
+                return self._apply(transition, response=body)
             case drive.Verified(transition=transition, response=response, found=found):
                 body = json.dumps(found).encode()
                 return self._apply(transition, response=StoredResponse(200, (), body))
@@ -230,14 +241,14 @@ class Script:
         stored = record.response
         return httpx.Response(stored.status, content=stored.body, request=request)
 
-    def _carry_out(self, commands: drive.Drive) -> httpx.Response:
+    def _carry_out(self, commands: Generator[drive.Command, Any, R]) -> R:
         answer: Any = None
         while True:
             try:
                 command = commands.send(answer)
             except StopIteration as done:
-                response: httpx.Response = done.value
-                return response
+                ended: R = done.value
+                return ended
             self.commands.append(command)
             match command:
                 case drive.Send():
@@ -250,7 +261,7 @@ class Script:
                     answer = None
                 case drive.Replay(record):
                     answer = self._replay(record)
-                case drive.Holding() | drive.Resending():
+                case drive.Holding() | drive.Resending() | drive.Leased() | drive.LookupRetried():
                     answer = None
                 case _:
                     answer = self._journal(command)
@@ -265,6 +276,14 @@ class Script:
         assert self.record is not None
         claim = Claim(ClaimKind.CLAIMED, self.record)
         return self._carry_out(drive.resume(self.settings, claim, "me"))
+
+    def reconcile(self) -> drive.Reconciliation:
+        assert self.record is not None
+        return self._carry_out(drive.reconcile(self.settings, self.record, "me"))
+
+    @property
+    def looked_up(self) -> int:
+        return sum(isinstance(c, drive.LookUp) for c in self.commands)
 
     @property
     def sent(self) -> int:
@@ -591,6 +610,83 @@ def test_verify_on_resume_looks_before_sending_after_a_crash_in_flight() -> None
     assert script.sent == 0
 
 
+# -- reconciliation ---------------------------------------------------------------------------
+
+
+def _unknown(script: Script, *, hours_ago: float = 1.0) -> None:
+    _crashed_after_sending(script, hours_ago=hours_ago)
+    assert script.record is not None
+    script.record = attrs.evolve(script.record, state=IntentState.UNKNOWN)
+    script.attempts[-1] = attrs.evolve(
+        script.attempts[-1], ended_at=script.attempts[-1].started_at + 1, ambiguous=True
+    )
+
+
+def test_reconcile_found_settles_from_the_provider_s_record() -> None:
+    script = Script(VERIFYING, lookups=[_found("succeeded")])
+    _unknown(script)
+    found = script.reconcile()
+    assert (found.outcome, found.after) == ("found", IntentState.SUCCEEDED)
+    assert script.transitions == [T.RECONCILED_SUCCEEDED]
+    assert script.sent == 0
+
+
+def test_reconcile_found_failed_settles_failed() -> None:
+    script = Script(VERIFYING, lookups=[_found("declined")])
+    _unknown(script)
+    assert script.reconcile().after is IntentState.FAILED
+    assert script.transitions == [T.RECONCILED_FAILED]
+
+
+def test_reconcile_absent_within_the_key_window_goes_back_to_pending() -> None:
+    script = Script(VERIFYING, lookups=[ABSENT])
+    _unknown(script)
+    absent = script.reconcile()
+    assert (absent.outcome, absent.after) == ("not_found", IntentState.PENDING)
+    assert script.transitions == [T.RECONCILED_ABSENT]
+
+
+def test_reconcile_absent_past_the_key_window_stays_unknown() -> None:
+    script = Script(VERIFYING, lookups=[ABSENT])
+    _unknown(script, hours_ago=23)
+    absent = script.reconcile()
+    assert (absent.outcome, absent.after) == ("not_found", IntentState.UNKNOWN)
+    assert "may have expired" in absent.detail
+    assert script.transitions == [T.RECONCILED_AMBIGUOUS]
+
+
+def test_reconcile_absent_while_an_earlier_attempt_may_run_stays_unknown() -> None:
+    script = Script(VERIFYING, lookups=[ABSENT])
+    _unknown(script, hours_ago=0)  # its attempt ended a second ago: it may still run
+    absent = script.reconcile()
+    assert (absent.outcome, absent.after) == ("still_unknown", IntentState.UNKNOWN)
+
+
+def test_reconcile_a_refused_look_up_is_journaled_then_raised() -> None:
+    script = Script(VERIFYING, lookups=[_json(401, {"error": "bad key"})])
+    _unknown(script)
+    with pytest.raises(payonce.ProviderError, match="refused the status look-up"):
+        script.reconcile()
+    assert script.transitions == [T.RECONCILED_AMBIGUOUS]
+
+
+def test_reconcile_look_ups_that_fail_are_retried_then_leave_it_unknown() -> None:
+    script = Script(VERIFYING, lookups=[_timeout(), _json(503, {})] * 2)
+    _unknown(script)
+    failed = script.reconcile()
+    assert (failed.outcome, failed.after) == ("error", IntentState.UNKNOWN)
+    assert script.looked_up == STEADY.max_attempts
+    assert script.slept == [1.0, 2.0, 4.0]
+
+
+def test_reconcile_skips_what_is_not_unknown_without_a_command() -> None:
+    script = Script(VERIFYING)
+    script.journaled(script.draft(), state=IntentState.PENDING)
+    skipped = script.reconcile()
+    assert skipped.outcome == "skipped"
+    assert script.commands == []
+
+
 # -- the table, both ways ------------------------------------------------------------------
 
 
@@ -618,16 +714,12 @@ def _applied_by(scenario: Any) -> list[Transition]:
 
 
 def test_every_row_of_the_table_is_applied() -> None:
-    """Each transition of the drive's (not the operator's, nor reconciliation's) is asked for
-    by some scenario; reconciliation and operator commands are applied by the runtime's
-    reconcile and the journal's abandon and acknowledge."""
+    """Every transition is asked for by some scenario of the drive's, but an operator's
+    abandon and a caller's acknowledgement: the journal's own commands, applied by name."""
     applied = set(_every_transition_the_scenarios_apply()) | {T.WRITE_AHEAD}
-    not_the_drive_s = {
-        T.RECONCILED_SUCCEEDED,
-        T.RECONCILED_FAILED,
-        T.RECONCILED_ABSENT,
-        T.RECONCILED_AMBIGUOUS,
-        T.ABANDONED,
-        T.ACKNOWLEDGED,
-    }
-    assert applied | not_the_drive_s == set(Transition)
+    operators = {T.ABANDONED, T.ACKNOWLEDGED}
+    assert applied | operators == set(Transition)
+    journal = Path(payonce.__file__).parent / "_journal"
+    applied_there = "".join(p.read_text() for p in journal.glob("*.py"))
+    for transition in operators:
+        assert f"Transition.{transition.name}" in applied_there

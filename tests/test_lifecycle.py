@@ -3,7 +3,9 @@ look-up verdicts."""
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from payonce._lifecycle import (
     EventClaimKind,
     IntentState,
     LookupKind,
+    Outcome,
     ReconcileOutcome,
     Transition,
     abandon_blocked,
@@ -31,6 +34,15 @@ from payonce._lifecycle import (
     may_have_executed,
     resend_refusal,
     target,
+)
+from payonce._lifecycle._guards import (
+    ATTEMPT_ENDED,
+    DECISION_POINTS,
+    GUARDS,
+    RECONCILED,
+    RESUMED,
+    Moment,
+    choose,
 )
 from payonce._lifecycle._leases import LEASE_MARGIN
 from payonce._providers._profile import Lookup
@@ -346,3 +358,57 @@ def test_a_lease_no_honest_worker_would_write_blocks_no_one() -> None:
     assert lease_blocks(
         other, 100.0 + 200.0, owner="me", now=100.0, is_stale=_alive, lease_seconds=120.0
     )
+
+
+# -- the guards: exactly one transition per moment at each decision point -------------------
+
+
+def _moments() -> Iterator[Moment]:
+    """Every moment the drive can describe: a look-up's record state is known exactly when
+    it found one."""
+    for outcome, ambiguous, refused, lookup, found, running in itertools.product(
+        [*Outcome, None],
+        [False, True],
+        [False, True],
+        [*LookupKind, None],
+        [IntentState.SUCCEEDED, IntentState.FAILED, None],
+        [False, True],
+    ):
+        if (lookup is LookupKind.FOUND) != (found is not None):
+            continue
+        yield Moment(outcome, ambiguous, refused, lookup, found, running)
+
+
+@pytest.mark.parametrize("point", sorted(DECISION_POINTS))
+def test_exactly_one_guard_holds_at_every_moment_of_a_decision_point(point: str) -> None:
+    candidates = DECISION_POINTS[point]
+    for moment in _moments():
+        holding = [t for t in candidates if GUARDS[t](moment)]
+        assert len(holding) == 1, f"{point} at {moment}: {holding}"
+        assert choose(candidates, moment) is holding[0]
+
+
+def test_every_chosen_transition_belongs_to_a_decision_point_and_has_a_rule() -> None:
+    chosen = {t for candidates in DECISION_POINTS.values() for t in candidates}
+    assert chosen == set(GUARDS)
+    commands = set(Transition) - chosen
+    assert commands == {
+        Transition.WRITE_AHEAD,
+        Transition.ABANDONED,
+        Transition.ACKNOWLEDGED,
+    }, "only these are applied as commands, chosen by no guard"
+
+
+def test_the_guards_read_as_the_contract_does() -> None:
+    assert choose(ATTEMPT_ENDED, Moment(Outcome.REFUSED, ambiguous=True)) is (
+        Transition.ATTEMPT_REFUSED_UNPROVEN
+    )
+    assert choose(ATTEMPT_ENDED, Moment(None)) is Transition.ATTEMPT_INTERRUPTED
+    assert choose(ATTEMPT_ENDED, Moment(Outcome.MISMATCH)) is Transition.FAILED
+    absent = Moment(lookup=LookupKind.ABSENT)
+    assert choose(RECONCILED, absent) is Transition.RECONCILED_ABSENT
+    running = attrs.evolve(absent, still_running=True)
+    assert choose(RECONCILED, running) is Transition.RECONCILED_AMBIGUOUS
+    expired = attrs.evolve(absent, resend_refused=True)
+    assert choose(RECONCILED, expired) is Transition.RECONCILED_AMBIGUOUS
+    assert choose(RESUMED, Moment(resend_refused=True)) is Transition.KEY_WINDOW_PASSED

@@ -17,6 +17,7 @@ from ._claims import (
     decide_event_claim,
     is_mismatch,
 )
+from ._guards import contract_table
 from ._identity import (
     MAX_KEY_LENGTH,
     CanonicalRequest,
@@ -50,7 +51,7 @@ from ._records import (
     ReconciliationRecord,
     StoredResponse,
 )
-from ._states import RULES, IntentState, Rule, Transition, contract_table, rule, target
+from ._states import RULES, IntentState, Rule, Transition, rule, target
 from ._verdicts import (
     LOOKUP_FAILURES,
     LookupKind,
@@ -64,7 +65,6 @@ from ._verdicts import (
     classify_response,
     parse_retry_after,
     retry_after,
-    transition_for,
 )
 from ._verify import LOOK_UP, LookUp, Verification, quiet_after
 
@@ -125,7 +125,6 @@ __all__ = [
     "resend_refusal",
     "rule",
     "target",
-    "transition_for",
     "validate_key",
     "validate_reference",
 ]

@@ -33,6 +33,15 @@ import httpx
 from ..errors import JournalError, PayonceError
 from . import _refusals as refusals
 from ._claims import Claim, ClaimKind
+from ._guards import (
+    ATTEMPT_ENDED,
+    ATTEMPTS_OVER,
+    RECONCILED,
+    RESUMED,
+    VERIFIED,
+    Moment,
+    choose,
+)
 from ._identity import journaled_fingerprint_matches
 from ._key_age import may_have_executed, resend_refusal
 from ._records import AttemptRecord, IntentDraft, IntentRecord
@@ -50,7 +59,6 @@ from ._verdicts import (
     classify_lookup,
     classify_lookup_error,
     classify_response,
-    transition_for,
 )
 from ._verify import Verification, quiet_after
 
@@ -521,7 +529,9 @@ def _resumed(settings: DriveSettings, claim: Claim, owner: str) -> Generator[Com
     refusal = resend_refusal(
         record.first_sent_at, clock.now(), profile.key_lifetime, executed=ambiguous
     )
-    if refusal is not None:
+    moment = Moment(resend_refused=refusal is not None)
+    if choose(RESUMED, moment) is Transition.KEY_WINDOW_PASSED:
+        assert refusal is not None
         run.record = yield MarkUnknown(run, Transition.KEY_WINDOW_PASSED, refusal)
         raise refusals.unknown(run.record, reconcilable=settings.reconcilable)
     return run
@@ -581,16 +591,20 @@ def _answered(
     settings: DriveSettings, run: Run, response: httpx.Response
 ) -> Generator[Command, Any, httpx.Response | Verdict]:
     verdict = classify_response(response, settings.profile, redact=settings.redact)
-    transition = transition_for(verdict)
+    transition = choose(ATTEMPT_ENDED, Moment(verdict.outcome, verdict.ambiguous))
     status = response.status_code
     diagnosis = verdict.diagnosis  # redacted: a foreign page may quote the request back
-    if verdict.outcome is Outcome.RETRY:
-        return (yield from _retryable(settings, run, verdict, transition, status, error=diagnosis))
-    if verdict.outcome is Outcome.REFUSED:
-        yield EndAttempt(run, transition, status, error=diagnosis, verdict=verdict)
-        raise refusals.authentication(run.record, response, foreign=verdict.ambiguous)
-    run.record = yield Settle(run, transition, response, verdict)
-    return _deliver(settings, run.record, response)
+    match transition:
+        case Transition.SUCCEEDED | Transition.FAILED:
+            run.record = yield Settle(run, transition, response, verdict)
+            return _deliver(settings, run.record, response)
+        case Transition.ATTEMPT_REFUSED | Transition.ATTEMPT_REFUSED_UNPROVEN:
+            yield EndAttempt(run, transition, status, error=diagnosis, verdict=verdict)
+            raise refusals.authentication(run.record, response, foreign=verdict.ambiguous)
+        case _:  # retryable, ambiguous or not
+            return (
+                yield from _retryable(settings, run, verdict, transition, status, error=diagnosis)
+            )
 
 
 def _failed(
@@ -598,17 +612,19 @@ def _failed(
 ) -> Generator[Command, Any, Verdict]:
     """An attempt raised: retry transport failures, journal anything else and re-raise."""
     verdict = classify_error(error)
+    moment = Moment(None) if verdict is None else Moment(verdict.outcome, verdict.ambiguous)
+    transition = choose(ATTEMPT_ENDED, moment)
     name = type(error).__name__
-    if verdict is not None and verdict.outcome is Outcome.NOT_SENT:
-        # Provably never left: the intent stays pending, free, and not ambiguous.
-        yield EndAttempt(run, Transition.ATTEMPT_NOT_SENT, error=name)
-        raise error
-    if verdict is not None:
-        return (yield from _retryable(settings, run, verdict, transition_for(verdict), error=name))
-    # Not a transport failure (a bug, an interrupt): the attempt may have left. Leave the
-    # intent pending under its key, so a later call resends it safely within the
-    # provider's key lifetime, and let the error through.
-    yield EndAttempt(run, Transition.ATTEMPT_INTERRUPTED, error=name)
+    if verdict is not None and transition in (
+        Transition.ATTEMPT_AMBIGUOUS,
+        Transition.ATTEMPT_NOT_EXECUTED,
+    ):
+        return (yield from _retryable(settings, run, verdict, transition, error=name))
+    # Provably never left (the intent stays pending, free, and not ambiguous), or not a
+    # transport failure at all (a bug, an interrupt): the attempt may have left, so the
+    # intent stays pending under its key and a later call resends it safely within the
+    # provider's key lifetime. Either way the error goes through.
+    yield EndAttempt(run, transition, error=name)
     raise error
 
 
@@ -633,7 +649,7 @@ def _retryable(
 
 def _give_up(settings: DriveSettings, run: Run) -> Generator[Command, Any, PayonceError]:
     """Attempts ran out: the error to raise, after journaling what is known."""
-    if run.ambiguous:
+    if choose(ATTEMPTS_OVER, Moment(ambiguous=run.ambiguous)) is Transition.EXHAUSTED:
         reason = f"retries exhausted; last failure: {run.last_reason}"
         run.record = yield MarkUnknown(run, Transition.EXHAUSTED, reason)
         return refusals.unknown(run.record, reconcilable=settings.reconcilable)
@@ -700,17 +716,13 @@ def _verify(
             continue
         response = result.response
         verdict = classify_lookup(response, lookup)
-        if verdict.kind is not LookupKind.FOUND:
+        transition = choose(VERIFIED, Moment(lookup=verdict.kind, found=verdict.state))
+        if transition is Transition.LOOKED_UP:
             outcome = _JOURNALED.get(verdict.kind, ReconcileOutcome.ERROR)
             yield LookedUp(run, verdict.kind, outcome, verdict.detail, response)
             verification.answered(verdict.kind, clock.now(), _backoff(settings, verification))
             continue
         assert verdict.record is not None
-        transition = (
-            Transition.VERIFIED_SUCCEEDED
-            if verdict.state is IntentState.SUCCEEDED
-            else Transition.VERIFIED_FAILED
-        )
         run.record = yield Verified(run, transition, verdict.detail, response, verdict.record)
         run.verification = None
         answer: httpx.Response | None = yield Replay(run.record, provider_replayed=True)
@@ -782,13 +794,10 @@ def reconcile(settings: DriveSettings, record: IntentRecord, owner: str) -> Reco
         wait = retry.next_wait(tried, clock.monotonic() - began, None)
         if wait is None:
             detail = f"status look-up failed: {last}"
-            return (
-                yield from _reconciled(current, owner, _AMBIGUOUS, ReconcileOutcome.ERROR, detail)
-            )
+            transition = choose(RECONCILED, Moment(lookup=None))
+            outcome = ReconcileOutcome.ERROR
+            return (yield from _reconciled(current, owner, transition, outcome, detail))
         yield Sleep(wait)
-
-
-_AMBIGUOUS = Transition.RECONCILED_AMBIGUOUS
 
 
 def _concluded(
@@ -798,71 +807,48 @@ def _concluded(
     verdict: LookupVerdict,
     response: httpx.Response,
 ) -> Reconciling:
-    kind, detail = verdict.kind, verdict.detail
-    match kind:
-        case LookupKind.ABSENT:
-            return (yield from _absent(settings, record, owner, response))
-        case LookupKind.REFUSED:
-            yield Reconciled(
-                record, owner, _AMBIGUOUS, ReconcileOutcome.ERROR, detail, response, kind
-            )
-            raise refusals.lookup_refused(record, response)
-        case LookupKind.FOUND:
-            transition = (
-                Transition.RECONCILED_SUCCEEDED
-                if verdict.state is IntentState.SUCCEEDED
-                else Transition.RECONCILED_FAILED
-            )
-            found = verdict.record
-            return (
-                yield from _reconciled(
-                    record, owner, transition, ReconcileOutcome.FOUND, detail, response, kind, found
-                )
-            )
-        case _:  # UNDECIDED, UNREADABLE
-            outcome = ReconcileOutcome(kind.value)
-            return (
-                yield from _reconciled(record, owner, _AMBIGUOUS, outcome, detail, response, kind)
-            )
-
-
-def _absent(
-    settings: DriveSettings, record: IntentRecord, owner: str, response: httpx.Response
-) -> Reconciling:
     profile, now = settings.profile, settings.clock.now()
-    attempts: Sequence[AttemptRecord] = yield ReadAttempts(record.key)
-    quiet = quiet_after(attempts, profile.max_processing)
-    absent = LookupKind.ABSENT
-    if profile.verifies and quiet is not None and now < quiet:
+    kind, detail = verdict.kind, verdict.detail
+    still_running = resend_refused = False
+    if kind is LookupKind.ABSENT:
+        attempts: Sequence[AttemptRecord] = yield ReadAttempts(record.key)
+        quiet = quiet_after(attempts, profile.max_processing)
         # A slow server may still be executing an earlier attempt: "no record" proves
         # nothing yet, and back to pending would let a resend run beside it (a provider
         # that guards such a duplicate, resend="same-key", answers it 409 instead).
+        still_running = profile.verifies and quiet is not None and now < quiet
+        resend_refused = resend_refusal(record.first_sent_at, now, profile.key_lifetime) is not None
+    moment = Moment(
+        lookup=kind, found=verdict.state, still_running=still_running, resend_refused=resend_refused
+    )
+    transition = choose(RECONCILED, moment)
+    if kind is LookupKind.FOUND:
+        outcome = ReconcileOutcome.FOUND
+    elif still_running:
+        assert quiet is not None
+        outcome = ReconcileOutcome.STILL_UNKNOWN
         detail = (
             f"the provider has no record yet, but an earlier attempt may still be executing "
             f"there for {quiet - now:.0f}s more: reconcile again after that"
         )
-        return (
-            yield from _reconciled(
-                record, owner, _AMBIGUOUS, ReconcileOutcome.STILL_UNKNOWN, detail, response, absent
-            )
+    elif kind is LookupKind.ABSENT:
+        outcome = ReconcileOutcome.NOT_FOUND
+        detail = (
+            "the provider has no record, but the key may have expired there: a resend could "
+            "execute twice. Check by hand, then abandon it or pay again under a new reference"
+            if resend_refused
+            else "the provider has no record and the key is still valid: safe to resend"
         )
-    if resend_refusal(record.first_sent_at, now, profile.key_lifetime) is None:
-        detail = "the provider has no record and the key is still valid: safe to resend"
-        transition = Transition.RECONCILED_ABSENT
-        return (
-            yield from _reconciled(
-                record, owner, transition, ReconcileOutcome.NOT_FOUND, detail, response, absent
-            )
-        )
-    detail = (
-        "the provider has no record, but the key may have expired there: a resend could "
-        "execute twice. Check by hand, then abandon it or pay again under a new reference"
-    )
-    return (
-        yield from _reconciled(
-            record, owner, _AMBIGUOUS, ReconcileOutcome.NOT_FOUND, detail, response, absent
-        )
-    )
+    elif kind is LookupKind.REFUSED:
+        outcome = ReconcileOutcome.ERROR
+    else:  # a record not final yet, several records, an unreadable answer
+        outcome = ReconcileOutcome(kind.value)
+    found = verdict.record if kind is LookupKind.FOUND else None
+    command = Reconciled(record, owner, transition, outcome, detail, response, kind, found)
+    after: IntentRecord = yield command
+    if kind is LookupKind.REFUSED:
+        raise refusals.lookup_refused(record, response)
+    return Reconciliation(record, after.state, outcome, detail)
 
 
 def _reconciled(

@@ -1,9 +1,9 @@
 """The states of an intent and every move between them, as one table.
 
 The journal applies a named ``Transition``; it never decides one. Which transition an
-event amounts to is decided by the rest of this package (verdicts, key age, leases,
-claims); this module only says, for each transition, from which states it may start and
-where it leads. ``docs/contract.md`` shows the same table, and a test keeps them equal.
+event amounts to is decided by its guard (``_guards``), asked by the drive; this module
+only says, for each transition, from which states it may start and where it leads.
+``docs/contract.md`` shows the same table, with the guards, and a test keeps them equal.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import enum
 
 import attrs
 
-__all__ = ["RULES", "IntentState", "Rule", "Transition", "contract_table", "rule", "target"]
+__all__ = ["RULES", "IntentState", "Rule", "Transition", "rule", "target"]
 
 
 class IntentState(enum.StrEnum):
@@ -71,8 +71,9 @@ class Rule:
     """The states it may start from; None is an intent not journaled yet."""
     to: IntentState | None
     """Where it leads; None keeps the state it started from."""
-    guard: str
-    """When it applies, in the words of the contract."""
+    when: str
+    """When it applies, in the words of the contract; the function that decides it is its
+    guard (``payonce._lifecycle._guards``)."""
     releases_lease: bool = False
     """Whether the worker gives the intent's lease up with it."""
     attempt_ambiguous: bool | None = None
@@ -266,13 +267,3 @@ def target(transition: Transition, state: IntentState | None) -> IntentState | N
     if state not in rule.sources:
         return None
     return rule.to if rule.to is not None else state
-
-
-def contract_table() -> str:
-    """The transition table as docs/contract.md shows it (Markdown)."""
-    lines = ["| transition | from | to | when |", "| --- | --- | --- | --- |"]
-    for rule in RULES:
-        sources = ", ".join("(new)" if s is None else f"`{s.value}`" for s in rule.sources)
-        to = f"`{rule.to.value}`" if rule.to is not None else "unchanged"
-        lines.append(f"| {rule.transition.value} | {sources} | {to} | {rule.guard} |")
-    return "\n".join(lines)

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import attrs
 import httpx
 
-from ._states import IntentState, Transition
+from ._states import IntentState
 
 __all__ = [
     "LOOKUP_FAILURES",
@@ -35,7 +35,6 @@ __all__ = [
     "classify_response",
     "parse_retry_after",
     "retry_after",
-    "transition_for",
 ]
 
 
@@ -174,29 +173,6 @@ def _refusal(
     """
     why = _not_genuine(response, profile, refusal=True)
     return verdict if why is None else _foreign(response, why, redact)
-
-
-def transition_for(verdict: Verdict) -> Transition:
-    """The transition an attempt's verdict applies to its intent."""
-    match verdict.outcome:
-        case Outcome.SUCCEEDED:
-            return Transition.SUCCEEDED
-        case Outcome.FAILED | Outcome.MISMATCH:
-            return Transition.FAILED
-        case Outcome.REFUSED:
-            return (
-                Transition.ATTEMPT_REFUSED_UNPROVEN
-                if verdict.ambiguous
-                else Transition.ATTEMPT_REFUSED
-            )
-        case Outcome.NOT_SENT:
-            return Transition.ATTEMPT_NOT_SENT
-        case Outcome.RETRY:
-            return (
-                Transition.ATTEMPT_AMBIGUOUS
-                if verdict.ambiguous
-                else Transition.ATTEMPT_NOT_EXECUTED
-            )
 
 
 def retry_after(response: httpx.Response) -> float | None:
