@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Coroutine, Generator
-from typing import Any, ParamSpec, TypeVar, Unpack
+from typing import Any, ParamSpec, TypeVar, Unpack, assert_never
 
 import httpx
 
@@ -168,6 +168,12 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
                 except StopIteration as done:
                     ended: T = done.value
                     return ended
+                if isinstance(command, drive.JOURNAL_COMMANDS):  # the most frequent, first
+                    if interrupted:
+                        answer = core.journal_command(command)
+                    else:
+                        answer = await off_loop(core.journal_command, command)
+                    continue
                 match command:
                     case drive.Send(current):
                         answer = await self._send(current)
@@ -195,10 +201,8 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
                     case drive.Leased(key, owner):
                         holding.push_async_callback(off_loop, _reconcile.end, core, key, owner)
                         answer = None
-                    case _ if interrupted:
-                        answer = core.journal_command(command)
                     case _:
-                        answer = await off_loop(core.journal_command, command)
+                        assert_never(command)
         except BaseException as exc:
             failure = exc
             raise

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Generator
-from typing import Any, TypeVar, Unpack
+from typing import Any, TypeVar, Unpack, assert_never
 
 import httpx
 
@@ -175,6 +175,9 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
                 except StopIteration as done:
                     ended: T = done.value
                     return ended
+                if isinstance(command, drive.JOURNAL_COMMANDS):  # the most frequent, first
+                    answer = core.journal_command(command)
+                    continue
                 match command:
                     case drive.Send(current):
                         answer = self._send(current)
@@ -200,7 +203,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
                         holding.callback(_reconcile.end, core, key, owner)
                         answer = None
                     case _:
-                        answer = core.journal_command(command)
+                        assert_never(command)
         except BaseException as exc:
             failure = exc
             raise
