@@ -38,7 +38,9 @@ from _harness import (
     workdir,
 )
 
+from payonce._journal._open import store_of
 from payonce._journal._sqlite import SQLiteJournal
+from payonce._journal._store import IntentStore
 from payonce._lifecycle import ClaimKind, Transition
 
 TARGET = 5.0
@@ -49,13 +51,15 @@ ARRANGEMENTS = ("per-thread", "inline", "group")
 WRITES: tuple[str, ...] = ("claim", "settle")
 
 
-def one_intent(journal: SQLiteJournal, number: int, tag: str, owner: str) -> None:
-    claim = journal.claim(draft(number, tag=tag), owner=owner, now=time.time(), lease_seconds=60)
+def one_intent(
+    journal: SQLiteJournal, store: IntentStore, number: int, tag: str, owner: str
+) -> None:
+    claim = store.claim(draft(number, tag=tag), owner=owner, now=time.time(), lease_seconds=60)
     if claim.kind is not ClaimKind.CREATED:
         raise RuntimeError(f"intent {number} was not created: {claim.kind}")
     key = claim.record.key
     if "settle" in WRITES:
-        journal.settle(
+        store.settle(
             key,
             owner=owner,
             now=time.time(),
@@ -81,6 +85,7 @@ def measure(directory: Path, arrangement: str, callers: int, seconds: float, tag
     journals = [shared]
     if arrangement == "per-thread":
         journals += [SQLiteJournal(path, group_commit=False) for _ in range(callers - 1)]
+    stores = [store_of(journal) for journal in journals]  # one per journal, as a client has
     counts = [0] * callers
     stop = threading.Event()
     start = threading.Barrier(callers + 1)
@@ -88,12 +93,13 @@ def measure(directory: Path, arrangement: str, callers: int, seconds: float, tag
 
     def worker(index: int) -> None:
         journal = journals[index % len(journals)]
+        store = stores[index % len(journals)]
         owner = f"w{index}"
         start.wait()
         numbers = itertools.count(index * 10_000_000)
         try:
             while not stop.is_set():
-                one_intent(journal, next(numbers), tag, owner)
+                one_intent(journal, store, next(numbers), tag, owner)
                 counts[index] += 1
         except BaseException as exc:
             errors.append(exc)
@@ -122,7 +128,7 @@ def measure(directory: Path, arrangement: str, callers: int, seconds: float, tag
 
 
 def _commits(journal: SQLiteJournal) -> int:
-    return journal._commits
+    return journal._engine.commits  # type: ignore[attr-defined]
 
 
 def main() -> None:

@@ -38,6 +38,7 @@ from click.testing import CliRunner
 
 from payonce import IntentState
 from payonce._journal import _sql as sql
+from payonce._journal._open import store_of
 from payonce._journal._sqlite import SQLiteJournal
 from payonce.cli import cli
 
@@ -142,7 +143,7 @@ def timed(function: object, repeat: int = 7) -> float:
 
 def plan_of(journal: SQLiteJournal, statement: str, params: tuple[object, ...]) -> str:
     explain = statement.replace("SELECT", "EXPLAIN QUERY PLAN SELECT", 1)
-    steps = journal._conn.execute(explain, params).fetchall()
+    steps = journal._engine.conn.execute(explain, params).fetchall()
     return "; ".join(str(step[3]) for step in steps)
 
 
@@ -159,10 +160,11 @@ def writer_alongside(path: Path) -> Iterator[list[float]]:
 
     def claim() -> None:
         with SQLiteJournal(path, check_integrity=False) as other:
+            store = store_of(other)
             number = 0
             while not stop.is_set():
                 began = time.perf_counter()
-                other.claim(draft(number, tag="w"), owner="w", now=time.time(), lease_seconds=60)
+                store.claim(draft(number, tag="w"), owner="w", now=time.time(), lease_seconds=60)
                 latencies.append(time.perf_counter() - began)
                 number += 1
                 time.sleep(0.002)

@@ -34,6 +34,7 @@ import tenacity
 from _harness import ACCOUNT, API_KEY, PATH, PAYMENT, RESPONSE, draft, header, median, table
 
 import payonce
+from payonce._journal._open import store_of
 from payonce._journal._sqlite import SQLiteJournal
 from payonce._lifecycle import Transition
 from payonce._runtime._journal_threads import off_loop
@@ -228,10 +229,11 @@ def journal_calls(journal: SQLiteJournal, tag: str, count: int) -> Callable[[int
     is payonce's own work, counted in its overhead, not the journal's.
     """
     drafts = [draft(number, tag=tag) for number in range(count)]
+    store = store_of(journal)  # the client's writes, on the journal's engine
 
     def journal_only(number: int) -> None:
-        claim = journal.claim(drafts[number], owner="w", now=time.time(), lease_seconds=60)
-        journal.settle(
+        claim = store.claim(drafts[number], owner="w", now=time.time(), lease_seconds=60)
+        store.settle(
             claim.record.key,
             owner="w",
             now=time.time(),

@@ -172,7 +172,7 @@ async def on_the_loop(function: Callable[..., Any], *args: Any, **kwargs: Any) -
 def replay_journal(client: Client, recording: Measured) -> None:
     """The journal's answers of the recording run, in order: the intent is not journaled."""
     claims, settles = iter(recording.claims), iter(recording.settles)
-    journal = client._core.journal
+    journal = client._core.store
     journal.claim = lambda *args, **kwargs: next(claims)  # type: ignore[method-assign]
     journal.settle = lambda *args, **kwargs: next(settles)  # type: ignore[method-assign]
 
@@ -215,7 +215,7 @@ def client_options(directory: Path, tag: str) -> dict[str, Any]:
 
 
 def recorder(client: Client, measured: Measured) -> None:
-    journal = client._core.journal
+    journal = client._core.store
     claim, settle = journal.claim, journal.settle
 
     def recorded_claim(*args: Any, **kwargs: Any) -> Any:

@@ -19,8 +19,7 @@ from helpers.journals import OpenJournal
 from helpers.keyrings import UseKeyring
 from helpers.payments import FAST_RETRY
 from helpers.sandboxes import SharedSandboxes
-from payonce._journal._open import open_store
-from payonce._journal._store import IntentStore
+from payonce._journal._open import open_to_write
 from payonce.sandbox import DEFAULT_API_KEY, SandboxConfig, SandboxServer
 
 # A PostgreSQL server of the session's own, started on first use, and a database per test.
@@ -164,8 +163,8 @@ def location(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> st
 def open_journal(location: str, closing: contextlib.ExitStack) -> OpenJournal:
     """Opens journals on the test's store, one per "host"; all closed at the end."""
 
-    def open_(**options: Any) -> IntentStore:
-        journal = open_store(location, **options)
+    def open_(**options: Any) -> payonce.Journal:
+        journal = open_to_write(location, **options)
         closing.callback(journal.close)
         return journal
 

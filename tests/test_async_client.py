@@ -198,18 +198,21 @@ async def test_one_intent_failing_in_any_way_does_not_stop_resume(
 
 
 def _record_threads(journal: payonce.journal.SQLiteJournal) -> set[int]:
-    """Wraps every public method of this journal to note the thread each call ran on."""
+    """Wraps every public method of this journal, and the transaction runners of its engine
+    (the client's private writes run in those), to note the thread each call ran on."""
     threads: set[int] = set()
-    for name in dir(journal):
-        method = getattr(journal, name)
-        if name.startswith("_") or not callable(method):
+    engine = journal._engine
+    wrapped = [(journal, name) for name in dir(journal) if not name.startswith("_")]
+    for owner, name in [*wrapped, (engine, "write"), (engine, "read")]:
+        method = getattr(owner, name)
+        if not callable(method):
             continue
 
         def call(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
             threads.add(threading.get_ident())
             return _method(*args, **kwargs)
 
-        setattr(journal, name, call)
+        setattr(owner, name, call)
     return threads
 
 
@@ -239,8 +242,8 @@ async def test_a_call_cancelled_while_its_settle_is_being_written_still_holds_th
     that settle still writes under its lease. The same process's next call must wait for
     it, not take the intent over and send it again before the answer is journaled."""
     client = make_async_client(in_flight_wait=0.3)
-    journal = client._core.journal
-    settle = journal.settle
+    store, journal = client._core.store, client.journal
+    settle = store.settle
     writing, go_on = threading.Event(), threading.Event()
 
     def held_up_settle(*args: Any, **kwargs: Any) -> Any:
@@ -248,7 +251,7 @@ async def test_a_call_cancelled_while_its_settle_is_being_written_still_holds_th
         assert go_on.wait(10)
         return settle(*args, **kwargs)
 
-    journal.settle = held_up_settle  # type: ignore[method-assign]
+    store.settle = held_up_settle  # type: ignore[method-assign]
     first = asyncio.create_task(client.post("/v1/payments", json=PAYMENT, reference="order-c"))
     assert await asyncio.to_thread(writing.wait, 10)
     first.cancel()

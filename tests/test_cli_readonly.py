@@ -21,9 +21,8 @@ import pytest
 
 import payonce
 from helpers.cli import CliResult, run_cli
-from helpers.journals import draft_for, raw_transaction, rows, settle
+from helpers.journals import draft_for, raw_transaction, rows, settle, store_of
 from payonce._journal import _sql as sql
-from payonce._journal._open import open_store
 from payonce._journal._schema import SCHEMA_VERSION
 
 V1_JOURNAL = Path(__file__).parent / "data" / "journal_v1.sql"
@@ -51,11 +50,12 @@ def _file_state(path: Path) -> tuple[bytes, int]:
 
 def _two_intents(location: str | Path) -> None:
     """order-00001 succeeded and not acknowledged yet; order-00002 pending."""
-    with open_store(str(location)) as journal:
-        journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
-        settle(journal, "key-00001", "w", 1001.0)
-        journal.claim(draft_for(2), owner="w", now=1002.0, lease_seconds=30)
-        journal.release("key-00002", owner="w")
+    with payonce.open_journal(str(location)) as journal:
+        store = store_of(journal)
+        store.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
+        settle(store, "key-00001", "w", 1001.0)
+        store.claim(draft_for(2), owner="w", now=1002.0, lease_seconds=30)
+        store.release("key-00002", owner="w")
 
 
 def _tables(location: str) -> list[str]:

@@ -23,6 +23,7 @@ import pytest
 
 import payonce
 from helpers.cli import CliResult, run_cli, run_cli_process
+from helpers.journals import store_of
 from helpers.keyrings import SessionKeyring, UseKeyring
 from helpers.payments import PAYMENT, MakeClient, leave_pending, make_unknown
 from payonce._journal._schema import SCHEMA_VERSION
@@ -394,7 +395,8 @@ def test_reconcile_all_with_a_mix_groups_what_stays_unknown_and_exits_1(
     settled = _pay(make_client(), "order-paid")
     # Another worker is reconciling this one right now: its lease is live.
     other = payonce.open_journal(journal_path)
-    other.claim_key(
+    other_store = store_of(other)
+    other_store.claim_key(
         held.key, owner="other-host:4242:w", now=time.time(), lease_seconds=60, unknown=True
     )
     other.close()
@@ -703,7 +705,8 @@ def test_an_intent_being_sent_cannot_be_abandoned(
 ) -> None:
     record = leave_pending(make_client, "order-12")
     worker = payonce.open_journal(journal_path)
-    worker.claim_key(record.key, owner="other-host:7:w", now=time.time(), lease_seconds=60)
+    worker_store = store_of(worker)
+    worker_store.claim_key(record.key, owner="other-host:7:w", now=time.time(), lease_seconds=60)
     worker.close()
 
     result = run_cli(

@@ -22,8 +22,7 @@ from rich.console import Console
 
 import payonce
 from helpers.cli import run_cli
-from helpers.journals import draft_for, settle
-from payonce._journal._open import open_store
+from helpers.journals import draft_for, settle, store_of
 from payonce._lifecycle import Transition
 from payonce.cli import cli
 from payonce.cli._recovery_views import Row, print_rows
@@ -120,13 +119,14 @@ def test_a_reference_too_long_to_sit_beside_its_name_gets_a_line_of_its_own_whol
 
 def _unknown_intent(journal_path: Path) -> str:
     """An unknown intent with a long reason, and a settled one: the real keys are ULIDs."""
-    with open_store(str(journal_path)) as journal:
-        journal.claim(draft_for(1, key=KEY), owner="w", now=1000.0, lease_seconds=30)
-        journal.mark_unknown(
+    with payonce.open_journal(str(journal_path)) as journal:
+        store = store_of(journal)
+        store.claim(draft_for(1, key=KEY), owner="w", now=1000.0, lease_seconds=30)
+        store.mark_unknown(
             KEY, transition=Transition.EXHAUSTED, owner="w", now=1001.0, reason=DETAIL
         )
-        journal.claim(draft_for(2), owner="w", now=1002.0, lease_seconds=30)
-        settle(journal, "key-00002", "w", 1003.0)
+        store.claim(draft_for(2), owner="w", now=1002.0, lease_seconds=30)
+        settle(store, "key-00002", "w", 1003.0)
     return KEY
 
 
@@ -161,8 +161,9 @@ def test_intents_list_at_80_columns_keeps_the_key_and_every_word_of_the_reason(
 
 
 def test_a_value_with_tabs_and_newlines_stays_on_its_record_line(journal_path: Path) -> None:
-    with open_store(str(journal_path)) as journal:
-        journal.claim(draft_for(1, reference="a\tb\nc"), owner="w", now=1.0, lease_seconds=30)
+    with payonce.open_journal(str(journal_path)) as journal:
+        store = store_of(journal)
+        store.claim(draft_for(1, reference="a\tb\nc"), owner="w", now=1.0, lease_seconds=30)
     piped = run_cli(["intents", "list", "--journal", str(journal_path)], columns=80, terminal=False)
     header, line = piped.stdout.splitlines()
     assert line.split("\t")[1] == "a\\x09b\\x0ac"
@@ -236,7 +237,9 @@ def test_json_output_is_one_json_document_on_stdout_even_on_a_terminal(
     journal_path: Path, command: list[str]
 ) -> None:
     _unknown_intent(journal_path)
-    with open_store(str(journal_path)) as journal:  # nothing for resume or reconcile to send
+    with payonce.open_journal(
+        str(journal_path)
+    ) as journal:  # nothing for resume or reconcile to send
         journal.abandon(KEY, reason="checked by hand", now=2000.0)
 
     result = run_cli([*command, "--journal", str(journal_path)], columns=80, terminal=True)

@@ -35,7 +35,7 @@ from helpers.crash import (
     settled_states,
     worker_env,
 )
-from helpers.journals import RESPONSE, draft_for
+from helpers.journals import RESPONSE, IntentStore, draft_for, store_of
 from payonce._crash import CRASH_POINTS
 from payonce._journal import _sqlite_file as journal_file
 from payonce._journal._engine import Tx
@@ -48,8 +48,8 @@ SUCCEEDED = payonce.IntentState.SUCCEEDED
 PENDING = payonce.IntentState.PENDING
 
 
-def settle(journal: SQLiteJournal, key: str, owner: str) -> payonce.IntentRecord:
-    return journal.settle(
+def settle(store: IntentStore, key: str, owner: str) -> payonce.IntentRecord:
+    return store.settle(
         key,
         owner=owner,
         now=time.time(),
@@ -59,9 +59,9 @@ def settle(journal: SQLiteJournal, key: str, owner: str) -> payonce.IntentRecord
     )
 
 
-def claim(journal: SQLiteJournal, number: int, owner: str, **changes: Any) -> ClaimKind:
+def claim(store: IntentStore, number: int, owner: str, **changes: Any) -> ClaimKind:
     draft = attrs.evolve(draft_for(number), **changes)
-    return journal.claim(draft, owner=owner, now=time.time(), lease_seconds=60).kind
+    return store.claim(draft, owner=owner, now=time.time(), lease_seconds=60).kind
 
 
 # -- a deterministic batch ------------------------------------------------------------------
@@ -71,19 +71,21 @@ def claim(journal: SQLiteJournal, number: int, owner: str, **changes: Any) -> Cl
 def queue_held(journal: SQLiteJournal) -> Iterator[None]:
     """A placeholder at the head of the writer queue: writes line up behind it, and the
     first of them leads them all as one batch once the block ends."""
-    with journal._queue_lock:
-        assert not journal._queue, "the journal must be idle"
-        journal._queue.append(Member(lambda tx: None, False, ""))
+    group = journal._engine._group  # the SQLite engine's group commit
+    with group._queue_lock:
+        assert not group._queue, "the journal must be idle"
+        group._queue.append(Member(lambda tx: None, False, ""))
     try:
         yield
     finally:
-        journal._hand_over(1)
+        group._hand_over(1)
 
 
 def wait_for_queue(journal: SQLiteJournal, length: int) -> None:
     deadline = time.monotonic() + 10
-    while len(journal._queue) < length:
-        assert time.monotonic() < deadline, f"only {len(journal._queue)} of {length} queued"
+    queue = journal._engine._group._queue
+    while len(queue) < length:
+        assert time.monotonic() < deadline, f"only {len(queue)} of {length} queued"
         time.sleep(0.001)
 
 
@@ -107,14 +109,14 @@ def one_batch(
             outcomes[index] = ("raised", exc)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
-    before = journal._commits
+    before = journal._engine.commits
     with queue_held(journal):
         for number, thread in enumerate(threads, start=2):
             thread.start()
             wait_for_queue(journal, number)  # one at a time: the queue order is the list's
     for thread in threads:
         thread.join(30)
-    assert journal._commits == before + commits
+    assert journal._engine.commits == before + commits
     return outcomes
 
 
@@ -122,6 +124,12 @@ def one_batch(
 def journal(tmp_path: Path) -> Iterator[SQLiteJournal]:
     with SQLiteJournal(tmp_path / "journal.db") as journal:
         yield journal
+
+
+@pytest.fixture
+def store(journal: payonce.Journal) -> IntentStore:
+    """The journal's private writes, as a client on it makes them."""
+    return store_of(journal)
 
 
 # -- isolation inside one batch --------------------------------------------------------------
@@ -133,12 +141,13 @@ class Boom(Exception):
 
 def test_a_member_s_refusal_or_failure_stays_its_own_and_its_writes_are_undone_alone(
     journal: SQLiteJournal,
+    store: IntentStore,
 ) -> None:
     # Before the batch: a settled intent 1, and pending intents 2 (held by "w2") and 3.
-    assert claim(journal, 1, "w1") is ClaimKind.CREATED
-    settle(journal, "key-00001", "w1")
-    assert claim(journal, 2, "w2") is ClaimKind.CREATED
-    assert claim(journal, 3, "w3") is ClaimKind.CREATED
+    assert claim(store, 1, "w1") is ClaimKind.CREATED
+    settle(store, "key-00001", "w1")
+    assert claim(store, 2, "w2") is ClaimKind.CREATED
+    assert claim(store, 3, "w3") is ClaimKind.CREATED
 
     def write_then_fail(tx: Tx) -> None:
         tx.execute("UPDATE intents SET state = 'failed' WHERE key = 'key-00003'")
@@ -147,14 +156,14 @@ def test_a_member_s_refusal_or_failure_stays_its_own_and_its_writes_are_undone_a
     outcomes = one_batch(
         journal,
         [
-            lambda: claim(journal, 10, "a"),  # new: created
-            lambda: claim(journal, 1, "b", fingerprint="f" * 64),  # same intent, other body
-            lambda: settle(journal, "key-00002", "not-the-holder"),  # refused
-            lambda: journal._write(write_then_fail, durable=True, busy="x"),
+            lambda: claim(store, 10, "a"),  # new: created
+            lambda: claim(store, 1, "b", fingerprint="f" * 64),  # same intent, other body
+            lambda: settle(store, "key-00002", "not-the-holder"),  # refused
+            lambda: journal._engine.write(write_then_fail, durable=True, busy="x"),
             lambda: journal.acknowledge("key-00002", now=time.time()),  # pending: refused
-            lambda: claim(journal, 10, "c"),  # sees the created intent 10: leased
-            lambda: settle(journal, "key-00002", "w2"),  # the holder: settles
-            lambda: claim(journal, 11, "d"),  # new: created
+            lambda: claim(store, 10, "c"),  # sees the created intent 10: leased
+            lambda: settle(store, "key-00002", "w2"),  # the holder: settles
+            lambda: claim(store, 11, "d"),  # new: created
         ],
     )
 
@@ -185,16 +194,17 @@ def test_a_member_s_refusal_or_failure_stays_its_own_and_its_writes_are_undone_a
 
 def test_a_batch_in_which_every_member_succeeds_costs_no_savepoints(
     journal: SQLiteJournal,
+    store: IntentStore,
 ) -> None:
-    assert claim(journal, 1, "w1") is ClaimKind.CREATED
+    assert claim(store, 1, "w1") is ClaimKind.CREATED
     log = StatementLog(journal)
 
     outcomes = one_batch(
         journal,
         [
-            lambda: claim(journal, 2, "a"),
-            lambda: settle(journal, "key-00001", "w1"),
-            lambda: claim(journal, 3, "b"),
+            lambda: claim(store, 2, "a"),
+            lambda: settle(store, "key-00001", "w1"),
+            lambda: claim(store, 3, "b"),
         ],
     )
 
@@ -209,15 +219,16 @@ def test_a_batch_in_which_every_member_succeeds_costs_no_savepoints(
 
 def test_a_member_that_fails_sends_the_batch_round_again_with_savepoints(
     journal: SQLiteJournal,
+    store: IntentStore,
 ) -> None:
     log = StatementLog(journal)
 
     outcomes = one_batch(
         journal,
         [
-            lambda: claim(journal, 1, "a"),
-            lambda: settle(journal, "key-00009", "nobody"),  # no such intent: refused
-            lambda: claim(journal, 2, "b"),
+            lambda: claim(store, 1, "a"),
+            lambda: settle(store, "key-00009", "nobody"),  # no such intent: refused
+            lambda: claim(store, 2, "b"),
         ],
     )
 
@@ -237,13 +248,14 @@ def test_a_member_that_fails_sends_the_batch_round_again_with_savepoints(
 def test_a_busy_journal_fails_each_member_with_its_own_message(tmp_path: Path) -> None:
     path = tmp_path / "journal.db"
     with SQLiteJournal(path, busy_timeout=0.3) as journal:
-        assert claim(journal, 1, "w") is ClaimKind.CREATED
+        store = store_of(journal)
+        assert claim(store, 1, "w") is ClaimKind.CREATED
         with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as other:
             other.execute("BEGIN IMMEDIATE")  # another process holds the journal
             try:
                 outcomes = one_batch(
                     journal,
-                    [lambda: claim(journal, 2, "w"), lambda: settle(journal, "key-00001", "w")],
+                    [lambda: claim(store, 2, "w"), lambda: settle(store, "key-00001", "w")],
                     commits=0,
                 )
             finally:
@@ -267,7 +279,8 @@ def test_a_journal_replaced_under_a_batch_fails_each_member_after_one_look(
     looks once, and every member is told so in its own words, with nothing written."""
     path = tmp_path / "journal.db"
     with SQLiteJournal(path) as journal:
-        assert claim(journal, 1, "w") is ClaimKind.CREATED
+        store = store_of(journal)
+        assert claim(store, 1, "w") is ClaimKind.CREATED
         for side in ("", "-wal", "-shm"):
             path.with_name(path.name + side).unlink(missing_ok=True)
         SQLiteJournal(path).close()  # the new deploy's journal at the same path
@@ -281,7 +294,7 @@ def test_a_journal_replaced_under_a_batch_fails_each_member_after_one_look(
         monkeypatch.setattr(journal_file, "identity", counted)
         outcomes = one_batch(
             journal,
-            [lambda: claim(journal, 2, "w"), lambda: settle(journal, "key-00001", "w")],
+            [lambda: claim(store, 2, "w"), lambda: settle(store, "key-00001", "w")],
             commits=0,
         )
         assert len(looks) == 1, "one stat for the whole batch"
@@ -299,7 +312,9 @@ def test_a_journal_replaced_under_a_batch_fails_each_member_after_one_look(
         assert journal.list_intents() == [], "the new journal got nothing of the old one's"
 
 
-def test_a_transaction_sqlite_aborts_is_rerun_member_by_member(journal: SQLiteJournal) -> None:
+def test_a_transaction_sqlite_aborts_is_rerun_member_by_member(
+    journal: SQLiteJournal, store: IntentStore
+) -> None:
     """SQLite rolls a whole transaction back on some errors (a full disk, an I/O error):
     the other members' decisions may have rested on rows that are gone, so each is
     decided again, alone, and gets the answer it would have got without batching."""
@@ -311,10 +326,10 @@ def test_a_transaction_sqlite_aborts_is_rerun_member_by_member(journal: SQLiteJo
     outcomes = one_batch(
         journal,
         [
-            lambda: claim(journal, 1, "a"),
-            lambda: journal._write(abort_the_transaction, durable=True, busy="x"),
-            lambda: claim(journal, 1, "b"),
-            lambda: claim(journal, 2, "c"),
+            lambda: claim(store, 1, "a"),
+            lambda: journal._engine.write(abort_the_transaction, durable=True, busy="x"),
+            lambda: claim(store, 1, "b"),
+            lambda: claim(store, 2, "c"),
         ],
         commits=3,  # the batch's commit never came: the three good members, alone
     )
@@ -333,6 +348,7 @@ def test_a_transaction_sqlite_aborts_is_rerun_member_by_member(journal: SQLiteJo
 
 def test_an_interrupt_in_the_leader_gives_up_its_own_write_and_the_others_go_on(
     journal: SQLiteJournal,
+    store: IntentStore,
 ) -> None:
     """Ctrl-C reaches the main thread while it leads a batch (here: while it runs another
     member's write): its own write is given up, the others are committed all the same."""
@@ -355,32 +371,32 @@ def test_an_interrupt_in_the_leader_gives_up_its_own_write_and_the_others_go_on(
         return thread
 
     placeholder = Member(lambda tx: None, False, "")
-    with journal._queue_lock:
-        journal._queue.append(placeholder)
+    with journal._engine._group._queue_lock:
+        journal._engine._group._queue.append(placeholder)
 
     def line_up_then_release() -> None:
         wait_for_queue(journal, 2)  # the main thread is queued first: it will lead
         threads.append(
-            member("other", lambda: journal._write(interrupt_once, durable=False, busy="x"))
+            member("other", lambda: journal._engine.write(interrupt_once, durable=False, busy="x"))
         )
         wait_for_queue(journal, 3)
-        threads.append(member("third", lambda: claim(journal, 3, "t")))
+        threads.append(member("third", lambda: claim(store, 3, "t")))
         wait_for_queue(journal, 4)
-        journal._hand_over(1)
+        journal._engine._group._hand_over(1)
 
     threads: list[threading.Thread] = []
     releaser = threading.Thread(target=line_up_then_release)
     releaser.start()
     with pytest.raises(KeyboardInterrupt):
-        claim(journal, 1, "main")
+        claim(store, 1, "main")
     releaser.join(10)
     for thread in threads:
         thread.join(10)
 
     assert results == {"other": "written", "third": ClaimKind.CREATED}
     assert [r.key for r in journal.list_intents()] == ["key-00003"]
-    assert not journal._queue
-    assert claim(journal, 1, "main") is ClaimKind.CREATED  # the journal goes on
+    assert not journal._engine._group._queue
+    assert claim(store, 1, "main") is ClaimKind.CREATED  # the journal goes on
 
 
 # -- many callers, end to end ---------------------------------------------------------------
@@ -423,9 +439,9 @@ class StatementLog:
     """Every statement the journal's connection runs, in order (they are serialised)."""
 
     def __init__(self, journal: SQLiteJournal) -> None:
-        level = journal._conn.execute("PRAGMA synchronous").fetchone()[0]
+        level = journal._engine.conn.execute("PRAGMA synchronous").fetchone()[0]
         self.statements = [f"PRAGMA synchronous = {_LEVELS[level]}"]
-        journal._conn.set_trace_callback(self.statements.append)
+        journal._engine.conn.set_trace_callback(self.statements.append)
 
     def durable_writes_committed_without_fsync(self) -> list[str]:
         """Transactions that wrote a write-ahead record (a new intent or a new attempt) and

@@ -274,7 +274,7 @@ def test_journal_commits_are_timed_only_for_hooks_that_want_them(
     make_client: MakeClient, sandbox: SandboxServer, recorder: Recorder
 ) -> None:
     quiet = make_client(hooks=recorder)
-    assert quiet.journal._commit_watchers == ()
+    assert quiet.journal._engine._commit_watchers == ()
     commits = Commits()
     client = make_client(hooks=commits)
 
@@ -285,7 +285,7 @@ def test_journal_commits_are_timed_only_for_hooks_that_want_them(
     assert {c.location for c in commits.commits} == {client.journal.location}
     assert min(c.seconds for c in commits.commits) >= 0
     client.close()
-    assert client.journal._commit_watchers == ()
+    assert client.journal._engine._commit_watchers == ()
 
 
 def test_on_retry_is_the_short_form_of_a_retrying_hook(

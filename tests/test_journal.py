@@ -30,7 +30,7 @@ import pytest
 
 import payonce
 from helpers.cli import run_cli_process
-from helpers.journals import draft_for
+from helpers.journals import draft_for, store_of
 from helpers.payments import PAYMENT
 from payonce._journal._schema import SCHEMA_VERSION
 from payonce._lifecycle import ClaimKind, Transition
@@ -47,14 +47,15 @@ SQLITE_SYNCHRONOUS_FULL = 2
 def write_real_journal(path: Path, *, intents: int) -> None:
     """A journal as payonce itself leaves it: intents claimed, answered and settled."""
     with payonce.journal.SQLiteJournal(path) as journal:
+        store = store_of(journal)
         for number in range(intents):
-            claim = journal.claim(
+            claim = store.claim(
                 draft_for(number, padding=250),
                 owner="writer",
                 now=1000.0 + number,
                 lease_seconds=30,
             )
-            journal.settle(
+            store.settle(
                 claim.record.key,
                 owner="writer",
                 now=1000.5 + number,
@@ -104,7 +105,8 @@ def test_a_new_journal_file_and_its_wal_files_are_readable_by_the_owner_only(
     journal_path: Path,
 ) -> None:
     with payonce.journal.SQLiteJournal(journal_path) as journal:
-        journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
+        store = store_of(journal)
+        store.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
         for suffix in ("", "-wal", "-shm"):
             mode = stat.S_IMODE(os.stat(f"{journal_path}{suffix}").st_mode)
             assert mode == 0o600, f"{journal_path.name}{suffix} has mode {oct(mode)}"
@@ -136,7 +138,8 @@ def test_another_local_user_can_read_neither_the_journal_nor_its_wal_files(
         "the control file must be readable: else this proves nothing"
     )
     with payonce.journal.SQLiteJournal(path) as journal:
-        journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
+        store = store_of(journal)
+        store.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
         for suffix in ("", "-wal", "-shm"):
             assert not readable_by_nobody(Path(f"{path}{suffix}")), f"journal.db{suffix}"
 
@@ -171,7 +174,8 @@ def test_a_journal_restored_readable_by_others_is_closed_to_its_owner_again(
     journal_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     with payonce.journal.SQLiteJournal(journal_path) as journal:
-        journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
+        store = store_of(journal)
+        store.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
     journal_path.chmod(0o644)  # as `cp` leaves a restored copy under a usual umask
 
     with payonce.journal.SQLiteJournal(journal_path) as journal:
@@ -186,7 +190,8 @@ def test_another_user_s_journal_is_refused_and_an_unreadable_one_explained(
 ) -> None:
     path = shared_directory / "journal.db"
     with payonce.journal.SQLiteJournal(path) as journal:
-        journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
+        store = store_of(journal)
+        store.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
     before = snapshot(shared_directory)
 
     foreign = _as_nobody(lambda: payonce.journal.SQLiteJournal(path))  # root's, mode 0600
@@ -230,7 +235,7 @@ def test_the_default_journal_directory_is_created_private(tmp_path: Path) -> Non
 
 def test_the_journal_runs_in_wal_mode(journal_path: Path) -> None:
     with payonce.journal.SQLiteJournal(journal_path) as journal:
-        (own,) = journal._conn.execute("PRAGMA journal_mode").fetchone()
+        (own,) = journal._engine.conn.execute("PRAGMA journal_mode").fetchone()
         assert own == "wal"
         # WAL is a property of the file: any other process opening it sees it too.
         assert read_rows(journal_path, "PRAGMA journal_mode") == [("wal",)]
@@ -239,10 +244,13 @@ def test_the_journal_runs_in_wal_mode(journal_path: Path) -> None:
 def test_write_ahead_records_commit_with_synchronous_full(journal_path: Path) -> None:
     """The claim and every later attempt start are fsynced, even right after a lighter write."""
     with payonce.journal.SQLiteJournal(journal_path) as journal:
-        first = journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
-        assert journal._conn.execute("PRAGMA synchronous").fetchone() == (SQLITE_SYNCHRONOUS_FULL,)
+        store = store_of(journal)
+        first = store.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
+        assert journal._engine.conn.execute("PRAGMA synchronous").fetchone() == (
+            SQLITE_SYNCHRONOUS_FULL,
+        )
 
-        journal.end_attempt(
+        store.end_attempt(
             first.record.key,
             1,
             owner="w",
@@ -251,10 +259,12 @@ def test_write_ahead_records_commit_with_synchronous_full(journal_path: Path) ->
             error=None,
             transition=Transition.ATTEMPT_AMBIGUOUS,
         )
-        journal.start_attempt(first.record.key, owner="w", now=1002.0, lease_seconds=30)
-        assert journal._conn.execute("PRAGMA synchronous").fetchone() == (SQLITE_SYNCHRONOUS_FULL,)
+        store.start_attempt(first.record.key, owner="w", now=1002.0, lease_seconds=30)
+        assert journal._engine.conn.execute("PRAGMA synchronous").fetchone() == (
+            SQLITE_SYNCHRONOUS_FULL,
+        )
 
-        journal.end_attempt(
+        store.end_attempt(
             first.record.key,
             2,
             owner="w",
@@ -263,8 +273,10 @@ def test_write_ahead_records_commit_with_synchronous_full(journal_path: Path) ->
             error=None,
             transition=Transition.ATTEMPT_AMBIGUOUS,
         )
-        journal.claim(draft_for(2), owner="w", now=1004.0, lease_seconds=30)
-        assert journal._conn.execute("PRAGMA synchronous").fetchone() == (SQLITE_SYNCHRONOUS_FULL,)
+        store.claim(draft_for(2), owner="w", now=1004.0, lease_seconds=30)
+        assert journal._engine.conn.execute("PRAGMA synchronous").fetchone() == (
+            SQLITE_SYNCHRONOUS_FULL,
+        )
 
 
 # -- write-ahead -----------------------------------------------------------------------------
@@ -274,7 +286,8 @@ def test_a_created_intent_is_already_pending_with_attempt_one_started_for_other_
     journal_path: Path,
 ) -> None:
     with payonce.journal.SQLiteJournal(journal_path) as journal:
-        claim = journal.claim(draft_for(7), owner="worker-1", now=1000.0, lease_seconds=30)
+        store = store_of(journal)
+        claim = store.claim(draft_for(7), owner="worker-1", now=1000.0, lease_seconds=30)
         assert claim.kind is ClaimKind.CREATED
         assert claim.attempt_number == 1
 
@@ -752,7 +765,7 @@ def test_a_journal_write_failing_right_after_the_request_left_says_it_may_have_e
             response = super().handle_request(request)
             response.read()
             # From now on every write of this connection fails, as on a full disk.
-            journal._conn.execute("PRAGMA query_only = 1")
+            journal._engine.conn.execute("PRAGMA query_only = 1")
             return response
 
     now = [1_000_000.0]
@@ -769,7 +782,7 @@ def test_a_journal_write_failing_right_after_the_request_left_says_it_may_have_e
         assert "nothing was sent" not in str(caught.value)
         assert sandbox.store.total_executions() == 1
 
-        journal._conn.execute("PRAGMA query_only = 0")  # the disk has room again
+        journal._engine.conn.execute("PRAGMA query_only = 0")  # the disk has room again
         # At once: the failed call has ended, so the lease it could not release holds
         # this process's next call back no longer (no wait for it to expire).
         with sandbox_client(sandbox, journal, clock=lambda: now[0], in_flight_wait=1) as client:
@@ -878,7 +891,7 @@ def test_a_journal_error_before_anything_was_sent_says_nothing_executed(
     sandbox: SandboxServer, journal_path: Path
 ) -> None:
     journal = payonce.journal.SQLiteJournal(journal_path, group_commit=False)
-    journal._conn.execute("PRAGMA query_only = 1")
+    journal._engine.conn.execute("PRAGMA query_only = 1")
     try:
         with (
             sandbox_client(sandbox, journal) as client,

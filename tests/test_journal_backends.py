@@ -32,20 +32,20 @@ import payonce
 from helpers.journals import (
     RESPONSE,
     IntentDraft,
+    IntentStore,
     OpenJournal,
     draft_for,
     raw_transaction,
     rows,
     settle,
+    store_of,
 )
 from helpers.payments import PAYMENT, DiesAfterSending, MakeClient, paying_in_background
 from payonce._journal import _rows
 from payonce._journal import _sql as sql
 from payonce._journal._engine import migrate
-from payonce._journal._open import open_store
 from payonce._journal._postgres import PostgresJournal
 from payonce._journal._schema import SCHEMA_VERSION
-from payonce._journal._store import IntentStore
 from payonce._lifecycle import ClaimKind, Transition, make_scope
 from payonce.journal import StoredResponse
 from payonce.sandbox import SandboxServer
@@ -60,17 +60,24 @@ UNKNOWN = payonce.IntentState.UNKNOWN
 
 
 @pytest.fixture
-def journal(open_journal: OpenJournal) -> IntentStore:
+def journal(open_journal: OpenJournal) -> payonce.Journal:
     return open_journal()
+
+
+@pytest.fixture
+def store(journal: payonce.Journal) -> IntentStore:
+    """The journal's private writes, as a client on it makes them."""
+    return store_of(journal)
 
 
 def test_a_closed_journal_raises_journal_error(open_journal: OpenJournal) -> None:
     journal = open_journal()
+    store = store_of(journal)
     journal.close()
     with pytest.raises(payonce.JournalError):
         journal.get("key-00001")
     with pytest.raises(payonce.JournalError):
-        journal.claim(draft_for(1), owner="w", now=1.0, lease_seconds=30)
+        store.claim(draft_for(1), owner="w", now=1.0, lease_seconds=30)
     journal.close()  # closing twice is fine
 
 
@@ -78,9 +85,9 @@ def test_a_closed_journal_raises_journal_error(open_journal: OpenJournal) -> Non
 
 
 def test_a_claim_creates_the_intent_with_its_first_attempt_started_for_every_reader(
-    journal: IntentStore, open_journal: OpenJournal
+    journal: payonce.Journal, store: IntentStore, open_journal: OpenJournal
 ) -> None:
-    claim = journal.claim(draft_for(7), owner="w1", now=1000.0, lease_seconds=30)
+    claim = store.claim(draft_for(7), owner="w1", now=1000.0, lease_seconds=30)
 
     assert (claim.kind, claim.attempt_number) == (ClaimKind.CREATED, 1)
     record = claim.record
@@ -97,12 +104,12 @@ def test_a_claim_creates_the_intent_with_its_first_attempt_started_for_every_rea
 
 @pytest.mark.parametrize("acknowledge", [False, True], ids=["answer-kept", "answer-returned"])
 def test_the_record_a_settle_returns_is_the_row_every_reader_then_reads(
-    journal: IntentStore, open_journal: OpenJournal, acknowledge: bool
+    journal: payonce.Journal, store: IntentStore, open_journal: OpenJournal, acknowledge: bool
 ) -> None:
     # Built from what the settle wrote, not read back: it must be exactly the stored row,
     # after a second attempt too (the attempt count and first send the claim did not know).
-    journal.claim(draft_for(3), owner="w1", now=1000.0, lease_seconds=30)
-    journal.end_attempt(
+    store.claim(draft_for(3), owner="w1", now=1000.0, lease_seconds=30)
+    store.end_attempt(
         "key-00003",
         1,
         transition=Transition.ATTEMPT_NOT_EXECUTED,
@@ -111,9 +118,9 @@ def test_the_record_a_settle_returns_is_the_row_every_reader_then_reads(
         status_code=503,
         error=None,
     )
-    number = journal.start_attempt("key-00003", owner="w1", now=1002.0, lease_seconds=30)
+    number = store.start_attempt("key-00003", owner="w1", now=1002.0, lease_seconds=30)
 
-    record = journal.settle(
+    record = store.settle(
         "key-00003",
         transition=Transition.SUCCEEDED,
         owner="w1",
@@ -131,12 +138,12 @@ def test_the_record_a_settle_returns_is_the_row_every_reader_then_reads(
 
 
 def test_a_settled_intent_is_replayed_byte_for_byte(
-    journal: IntentStore, open_journal: OpenJournal
+    journal: payonce.Journal, store: IntentStore, open_journal: OpenJournal
 ) -> None:
-    created = journal.claim(draft_for(1), owner="w1", now=1000.0, lease_seconds=30)
-    settle(journal, created.record.key, "w1", 1001.0)
+    created = store.claim(draft_for(1), owner="w1", now=1000.0, lease_seconds=30)
+    settle(store, created.record.key, "w1", 1001.0)
 
-    claim = open_journal().claim(
+    claim = store_of(open_journal()).claim(
         draft_for(1, key="another"), owner="w2", now=1002.0, lease_seconds=30
     )
 
@@ -155,10 +162,12 @@ def test_a_settled_intent_is_replayed_byte_for_byte(
     ]
 
 
-def test_a_body_over_the_cap_is_stored_as_not_kept(journal: IntentStore) -> None:
-    created = journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
+def test_a_body_over_the_cap_is_stored_as_not_kept(
+    journal: payonce.Journal, store: IntentStore
+) -> None:
+    created = store.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
     partial = StoredResponse(status=201, headers=(), body=b"", body_stored=False)
-    record = journal.settle(
+    record = store.settle(
         created.record.key,
         owner="w",
         now=1001.0,
@@ -181,13 +190,13 @@ def test_a_body_over_the_cap_is_stored_as_not_kept(journal: IntentStore) -> None
     ],
 )
 def test_the_same_intent_asked_for_differently_is_a_mismatch_and_changes_nothing(
-    journal: IntentStore, changed: Callable[[], IntentDraft]
+    journal: payonce.Journal, store: IntentStore, changed: Callable[[], IntentDraft]
 ) -> None:
-    journal.claim(draft_for(1), owner="w1", now=1000.0, lease_seconds=30)
-    journal.release("key-00001", owner="w1")
+    store.claim(draft_for(1), owner="w1", now=1000.0, lease_seconds=30)
+    store.release("key-00001", owner="w1")
     before = journal.get("key-00001")
 
-    claim = journal.claim(changed(), owner="w2", now=2000.0, lease_seconds=30)
+    claim = store.claim(changed(), owner="w2", now=2000.0, lease_seconds=30)
 
     assert claim.kind is ClaimKind.MISMATCH
     assert claim.record.key == "key-00001"
@@ -195,15 +204,17 @@ def test_the_same_intent_asked_for_differently_is_a_mismatch_and_changes_nothing
     assert len(journal.list_intents()) == 1
 
 
-def test_a_supplied_key_finds_its_intent_without_a_reference(journal: IntentStore) -> None:
-    journal.claim(
+def test_a_supplied_key_finds_its_intent_without_a_reference(
+    journal: payonce.Journal, store: IntentStore
+) -> None:
+    store.claim(
         draft_for(1, reference=None, key="k-1", key_supplied=True),
         owner="w",
         now=1.0,
         lease_seconds=30,
     )
-    settle(journal, "k-1", "w", 2.0)
-    again = journal.claim(
+    settle(store, "k-1", "w", 2.0)
+    again = store.claim(
         draft_for(1, reference=None, key="k-1", key_supplied=True),
         owner="x",
         now=3.0,
@@ -216,22 +227,25 @@ def test_a_supplied_key_finds_its_intent_without_a_reference(journal: IntentStor
 
 
 def test_a_live_lease_is_respected_by_another_host_until_it_expires(
-    journal: IntentStore, open_journal: OpenJournal
+    journal: payonce.Journal, store: IntentStore, open_journal: OpenJournal
 ) -> None:
-    journal.claim(draft_for(1), owner="host-a", now=1000.0, lease_seconds=30)
+    store.claim(draft_for(1), owner="host-a", now=1000.0, lease_seconds=30)
     other = open_journal()
+    other_store = store_of(other)
 
-    assert other.claim(draft_for(1), owner="host-b", now=1029.0, lease_seconds=30).kind is (
+    assert other_store.claim(draft_for(1), owner="host-b", now=1029.0, lease_seconds=30).kind is (
         ClaimKind.LEASED
     )
-    assert other.claim_key("key-00001", owner="host-b", now=1029.0, lease_seconds=30).kind is (  # type: ignore[union-attr]
+    assert other_store.claim_key(
+        "key-00001", owner="host-b", now=1029.0, lease_seconds=30
+    ).kind is (  # type: ignore[union-attr]
         ClaimKind.LEASED
     )
     # The holder itself may claim again (a retry in the same worker).
-    assert journal.claim(draft_for(1), owner="host-a", now=1029.0, lease_seconds=30).kind is (
+    assert store.claim(draft_for(1), owner="host-a", now=1029.0, lease_seconds=30).kind is (
         ClaimKind.CLAIMED
     )
-    taken = other.claim(draft_for(1), owner="host-b", now=1060.0, lease_seconds=30)
+    taken = other_store.claim(draft_for(1), owner="host-b", now=1060.0, lease_seconds=30)
     assert (taken.kind, taken.record.lease_owner, taken.record.lease_expires_at) == (
         ClaimKind.CLAIMED,
         "host-b",
@@ -240,29 +254,30 @@ def test_a_live_lease_is_respected_by_another_host_until_it_expires(
 
 
 def test_a_settle_right_after_its_claim_is_refused_once_the_lease_was_taken_over(
-    journal: IntentStore, open_journal: OpenJournal
+    journal: payonce.Journal, store: IntentStore, open_journal: OpenJournal
 ) -> None:
     # The settle trusts the record its claim created only as far as its UPDATE proves it:
     # taken over meanwhile, that UPDATE matches nothing and the settle is refused.
-    journal.claim(draft_for(1), owner="old", now=1000.0, lease_seconds=30)
+    store.claim(draft_for(1), owner="old", now=1000.0, lease_seconds=30)
     other = open_journal()
-    assert other.claim_key("key-00001", owner="new", now=1031.0, lease_seconds=30) is not None
+    other_store = store_of(other)
+    assert other_store.claim_key("key-00001", owner="new", now=1031.0, lease_seconds=30) is not None
     before = other.get("key-00001")
 
     with pytest.raises(payonce.IntentInFlight, match="no longer held"):
-        settle(journal, "key-00001", "old", 1032.0)
+        settle(store, "key-00001", "old", 1032.0)
 
     assert other.get("key-00001") == before
     assert [a.ended_at for a in other.attempts("key-00001")] == [None]
 
 
 def test_a_one_shot_settle_returns_the_row_every_reader_then_reads(
-    journal: IntentStore, open_journal: OpenJournal
+    journal: payonce.Journal, store: IntentStore, open_journal: OpenJournal
 ) -> None:
-    journal.claim(draft_for(4), owner="w1", now=1000.0, lease_seconds=30)
-    journal.renew_lease("key-00004", owner="w1", now=1010.0, lease_seconds=30)
+    store.claim(draft_for(4), owner="w1", now=1000.0, lease_seconds=30)
+    store.renew_lease("key-00004", owner="w1", now=1010.0, lease_seconds=30)
 
-    record = journal.settle(
+    record = store.settle(
         "key-00004",
         transition=Transition.SUCCEEDED,
         owner="w1",
@@ -279,13 +294,14 @@ def test_a_one_shot_settle_returns_the_row_every_reader_then_reads(
 
 
 def test_a_journal_keeps_no_created_record_past_its_intent_s_next_write(
-    journal: IntentStore,
+    journal: payonce.Journal,
+    store: IntentStore,
 ) -> None:
     for number in (1, 2, 3):
-        journal.claim(draft_for(number), owner="w", now=1000.0, lease_seconds=30)
-    settle(journal, "key-00001", "w", 1001.0)
-    journal.release("key-00002", owner="w")
-    journal.end_attempt(
+        store.claim(draft_for(number), owner="w", now=1000.0, lease_seconds=30)
+    settle(store, "key-00001", "w", 1001.0)
+    store.release("key-00002", owner="w")
+    store.end_attempt(
         "key-00003",
         1,
         transition=Transition.ATTEMPT_NOT_EXECUTED,
@@ -295,22 +311,23 @@ def test_a_journal_keeps_no_created_record_past_its_intent_s_next_write(
         error=None,
     )
 
-    assert journal._kept is not None
-    assert journal._kept._records == {}
+    assert store._kept is not None
+    assert store._kept._records == {}
 
 
 def test_a_worker_whose_lease_was_taken_over_can_neither_write_nor_renew(
-    journal: IntentStore, open_journal: OpenJournal
+    journal: payonce.Journal, store: IntentStore, open_journal: OpenJournal
 ) -> None:
-    journal.claim(draft_for(1), owner="old", now=1000.0, lease_seconds=30)
+    store.claim(draft_for(1), owner="old", now=1000.0, lease_seconds=30)
     other = open_journal()
-    assert other.claim_key("key-00001", owner="new", now=1031.0, lease_seconds=30) is not None
+    other_store = store_of(other)
+    assert other_store.claim_key("key-00001", owner="new", now=1031.0, lease_seconds=30) is not None
 
-    assert journal.renew_lease("key-00001", owner="old", now=1032.0, lease_seconds=30) is False
+    assert store.renew_lease("key-00001", owner="old", now=1032.0, lease_seconds=30) is False
     with pytest.raises(payonce.IntentInFlight, match="no longer held"):
-        journal.start_attempt("key-00001", owner="old", now=1032.0, lease_seconds=30)
+        store.start_attempt("key-00001", owner="old", now=1032.0, lease_seconds=30)
     with pytest.raises(payonce.IntentInFlight):
-        journal.end_attempt(
+        store.end_attempt(
             "key-00001",
             1,
             owner="old",
@@ -320,27 +337,29 @@ def test_a_worker_whose_lease_was_taken_over_can_neither_write_nor_renew(
             transition=Transition.ATTEMPT_AMBIGUOUS,
         )
     with pytest.raises(payonce.IntentInFlight):
-        settle(journal, "key-00001", "old", 1032.0)
+        settle(store, "key-00001", "old", 1032.0)
     with pytest.raises(payonce.IntentInFlight):
-        journal.mark_unknown(
+        store.mark_unknown(
             "key-00001", transition=Transition.EXHAUSTED, owner="old", now=1032.0, reason="x"
         )
-    journal.release("key-00001", owner="old")  # a no-op: not the holder
+    store.release("key-00001", owner="old")  # a no-op: not the holder
 
     record = other.get("key-00001")
     assert record is not None
     assert (record.state, record.lease_owner) == (PENDING, "new")
-    assert other.renew_lease("key-00001", owner="new", now=1040.0, lease_seconds=30) is True
+    assert other_store.renew_lease("key-00001", owner="new", now=1040.0, lease_seconds=30) is True
     assert other.get("key-00001").lease_expires_at == 1070.0  # type: ignore[union-attr]
 
 
-def test_a_dead_owner_s_live_lease_is_broken_and_no_one_else_s(journal: IntentStore) -> None:
-    journal.claim(draft_for(1), owner="dead", now=1000.0, lease_seconds=60)
+def test_a_dead_owner_s_live_lease_is_broken_and_no_one_else_s(
+    journal: payonce.Journal, store: IntentStore
+) -> None:
+    store.claim(draft_for(1), owner="dead", now=1000.0, lease_seconds=60)
 
-    refused = journal.claim(
+    refused = store.claim(
         draft_for(1), owner="me", now=1001.0, lease_seconds=60, is_stale=lambda o: o == "x"
     )
-    taken = journal.claim(
+    taken = store.claim(
         draft_for(1), owner="me", now=1001.0, lease_seconds=60, is_stale=lambda o: o == "dead"
     )
 
@@ -348,22 +367,26 @@ def test_a_dead_owner_s_live_lease_is_broken_and_no_one_else_s(journal: IntentSt
     assert (taken.kind, taken.record.lease_owner) == (ClaimKind.CLAIMED, "me")
 
 
-def test_a_lease_expiring_a_year_ahead_is_not_trusted(journal: IntentStore) -> None:
+def test_a_lease_expiring_a_year_ahead_is_not_trusted(
+    journal: payonce.Journal, store: IntentStore
+) -> None:
     a_year = 365 * 86_400.0
-    journal.claim(draft_for(1), owner="elsewhere/x:1:1:ab", now=1000.0, lease_seconds=a_year)
+    store.claim(draft_for(1), owner="elsewhere/x:1:1:ab", now=1000.0, lease_seconds=a_year)
 
-    taken = journal.claim(draft_for(1), owner="me", now=1001.0, lease_seconds=60)
+    taken = store.claim(draft_for(1), owner="me", now=1001.0, lease_seconds=60)
 
     assert (taken.kind, taken.record.lease_owner) == (ClaimKind.CLAIMED, "me")
 
 
-def test_release_leaves_the_intent_pending_and_free(journal: IntentStore) -> None:
-    journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=60)
-    journal.release("key-00001", owner="w")
+def test_release_leaves_the_intent_pending_and_free(
+    journal: payonce.Journal, store: IntentStore
+) -> None:
+    store.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=60)
+    store.release("key-00001", owner="w")
     record = journal.get("key-00001")
     assert record is not None
     assert (record.state, record.lease_owner, record.lease_expires_at) == (PENDING, None, None)
-    assert journal.claim(draft_for(1), owner="x", now=1001.0, lease_seconds=60).kind is (
+    assert store.claim(draft_for(1), owner="x", now=1001.0, lease_seconds=60).kind is (
         ClaimKind.CLAIMED
     )
 
@@ -371,9 +394,11 @@ def test_release_leaves_the_intent_pending_and_free(journal: IntentStore) -> Non
 # -- attempts -------------------------------------------------------------------------------
 
 
-def test_attempts_are_numbered_in_order_and_record_how_they_ended(journal: IntentStore) -> None:
-    journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
-    journal.end_attempt(
+def test_attempts_are_numbered_in_order_and_record_how_they_ended(
+    journal: payonce.Journal, store: IntentStore
+) -> None:
+    store.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
+    store.end_attempt(
         "key-00001",
         1,
         owner="w",
@@ -382,8 +407,8 @@ def test_attempts_are_numbered_in_order_and_record_how_they_ended(journal: Inten
         error=None,
         transition=Transition.ATTEMPT_NOT_EXECUTED,
     )
-    assert journal.start_attempt("key-00001", owner="w", now=1002.0, lease_seconds=30) == 2
-    journal.end_attempt(
+    assert store.start_attempt("key-00001", owner="w", now=1002.0, lease_seconds=30) == 2
+    store.end_attempt(
         "key-00001",
         2,
         owner="w",
@@ -392,7 +417,7 @@ def test_attempts_are_numbered_in_order_and_record_how_they_ended(journal: Inten
         error="ReadTimeout",
         transition=Transition.ATTEMPT_AMBIGUOUS,
     )
-    assert journal.start_attempt("key-00001", owner="w", now=1004.0, lease_seconds=45) == 3
+    assert store.start_attempt("key-00001", owner="w", now=1004.0, lease_seconds=45) == 3
 
     record = journal.get("key-00001")
     assert record is not None
@@ -415,10 +440,11 @@ def test_attempts_are_numbered_in_order_and_record_how_they_ended(journal: Inten
 
 
 def test_an_unknown_intent_is_never_claimed_for_sending_but_can_be_reconciled(
-    journal: IntentStore,
+    journal: payonce.Journal,
+    store: IntentStore,
 ) -> None:
-    journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
-    marked = journal.mark_unknown(
+    store.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
+    marked = store.mark_unknown(
         "key-00001",
         transition=Transition.EXHAUSTED,
         owner="w",
@@ -431,17 +457,17 @@ def test_an_unknown_intent_is_never_claimed_for_sending_but_can_be_reconciled(
         None,
     )
 
-    assert journal.claim(draft_for(1), owner="x", now=1002.0, lease_seconds=30).kind is (
+    assert store.claim(draft_for(1), owner="x", now=1002.0, lease_seconds=30).kind is (
         ClaimKind.UNKNOWN
     )
-    assert journal.claim_key("key-00001", owner="x", now=1002.0, lease_seconds=30).kind is (  # type: ignore[union-attr]
+    assert store.claim_key("key-00001", owner="x", now=1002.0, lease_seconds=30).kind is (  # type: ignore[union-attr]
         ClaimKind.UNKNOWN
     )
-    claim = journal.claim_key("key-00001", owner="r", now=1002.0, lease_seconds=30, unknown=True)
+    claim = store.claim_key("key-00001", owner="r", now=1002.0, lease_seconds=30, unknown=True)
     assert claim is not None
     assert claim.kind is ClaimKind.CLAIMED
 
-    still = journal.reconciled(
+    still = store.reconciled(
         "key-00001",
         owner="r",
         now=1003.0,
@@ -455,8 +481,8 @@ def test_an_unknown_intent_is_never_claimed_for_sending_but_can_be_reconciled(
         "provider says processing",
         None,
     )
-    journal.claim_key("key-00001", owner="r", now=1003.0, lease_seconds=30, unknown=True)
-    found = journal.reconciled(
+    store.claim_key("key-00001", owner="r", now=1003.0, lease_seconds=30, unknown=True)
+    found = store.reconciled(
         "key-00001",
         owner="r",
         now=1003.0,
@@ -475,11 +501,13 @@ def test_an_unknown_intent_is_never_claimed_for_sending_but_can_be_reconciled(
         (1003.0, "still_unknown", 200),
         (1003.0, "found", 200),
     ]
-    assert journal.claim_key("no-such-key", owner="r", now=1.0, lease_seconds=30) is None
+    assert store.claim_key("no-such-key", owner="r", now=1.0, lease_seconds=30) is None
 
 
-def test_abandon_closes_pending_or_unknown_intents_only(journal: IntentStore) -> None:
-    journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
+def test_abandon_closes_pending_or_unknown_intents_only(
+    journal: payonce.Journal, store: IntentStore
+) -> None:
+    store.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
     with pytest.raises(payonce.IntentInFlight, match="right now"):
         journal.abandon("key-00001", reason="ops", now=1001.0)
 
@@ -490,7 +518,7 @@ def test_abandon_closes_pending_or_unknown_intents_only(journal: IntentStore) ->
         "refunded by hand",
         None,
     )
-    assert journal.claim(draft_for(1), owner="x", now=1032.0, lease_seconds=30).kind is (
+    assert store.claim(draft_for(1), owner="x", now=1032.0, lease_seconds=30).kind is (
         ClaimKind.FINAL
     )
     with pytest.raises(payonce.IntentStateError, match="already abandoned"):
@@ -499,12 +527,14 @@ def test_abandon_closes_pending_or_unknown_intents_only(journal: IntentStore) ->
         journal.abandon("key-nope", reason="x", now=1.0)
 
 
-def test_acknowledge_takes_settled_intents_off_the_outbox_once(journal: IntentStore) -> None:
+def test_acknowledge_takes_settled_intents_off_the_outbox_once(
+    journal: payonce.Journal, store: IntentStore
+) -> None:
     for number, account in ((1, "acct_a"), (2, "acct_b"), (3, "acct_a")):
         draft = draft_for(number, account=account)
-        journal.claim(draft, owner="w", now=1000.0 + number, lease_seconds=30)
-        settle(journal, draft.key, "w", 1010.0)
-    journal.claim(draft_for(4), owner="w", now=1004.0, lease_seconds=30)
+        store.claim(draft, owner="w", now=1000.0 + number, lease_seconds=30)
+        settle(store, draft.key, "w", 1010.0)
+    store.claim(draft_for(4), owner="w", now=1004.0, lease_seconds=30)
     with pytest.raises(payonce.IntentStateError, match="only a settled intent"):
         journal.acknowledge("key-00004", now=1.0)
 
@@ -520,13 +550,14 @@ def test_acknowledge_takes_settled_intents_off_the_outbox_once(journal: IntentSt
 
 
 def test_pending_lists_oldest_first_leased_or_not_for_one_account_and_provider(
-    journal: IntentStore,
+    journal: payonce.Journal,
+    store: IntentStore,
 ) -> None:
     for number, now in ((1, 1003.0), (2, 1001.0), (3, 1002.0)):
-        journal.claim(draft_for(number), owner="w", now=now, lease_seconds=30)
-    journal.claim(draft_for(4, account="acct_other"), owner="w", now=1000.0, lease_seconds=30)
-    settle(journal, "key-00003", "w", 1005.0)
-    journal.release("key-00002", owner="w")
+        store.claim(draft_for(number), owner="w", now=now, lease_seconds=30)
+    store.claim(draft_for(4, account="acct_other"), owner="w", now=1000.0, lease_seconds=30)
+    settle(store, "key-00003", "w", 1005.0)
+    store.release("key-00002", owner="w")
 
     pending = journal.pending(account="acct_demo", provider="sandbox")
 
@@ -538,10 +569,10 @@ def test_pending_lists_oldest_first_leased_or_not_for_one_account_and_provider(
     assert journal.pending(account="acct_demo", provider="stripe") == []
 
 
-def test_list_and_find_order_and_filter(journal: IntentStore) -> None:
+def test_list_and_find_order_and_filter(journal: payonce.Journal, store: IntentStore) -> None:
     for number, now in ((1, 1000.0), (2, 1002.0), (3, 1001.0), (4, 1002.0)):
-        journal.claim(draft_for(number), owner="w", now=now, lease_seconds=30)
-    settle(journal, "key-00001", "w", 1010.0)
+        store.claim(draft_for(number), owner="w", now=now, lease_seconds=30)
+    settle(store, "key-00001", "w", 1010.0)
 
     assert [r.key for r in journal.list_intents()] == [
         "key-00004",
@@ -559,13 +590,15 @@ def test_list_and_find_order_and_filter(journal: IntentStore) -> None:
     assert journal.get("nothing") is None
 
 
-def test_listing_several_states_merges_them_newest_first(journal: IntentStore) -> None:
+def test_listing_several_states_merges_them_newest_first(
+    journal: payonce.Journal, store: IntentStore
+) -> None:
     # Created at 1000..1005, the two at 1004 tied (the greater key first); odd ones settle.
     for number, now in ((1, 1000.0), (2, 1001.0), (3, 1004.0), (4, 1004.0), (5, 1005.0)):
-        journal.claim(draft_for(number), owner="w", now=now, lease_seconds=30)
+        store.claim(draft_for(number), owner="w", now=now, lease_seconds=30)
     for key in ("key-00001", "key-00003", "key-00005"):
-        settle(journal, key, "w", 1010.0)
-    journal.release("key-00002", owner="w")
+        settle(store, key, "w", 1010.0)
+    store.release("key-00002", owner="w")
     journal.abandon("key-00002", reason="checked by hand", now=1011.0)
 
     both = [SUCCEEDED, PENDING]
@@ -596,19 +629,20 @@ def test_listing_several_states_merges_them_newest_first(journal: IntentStore) -
 
 
 def test_claim_next_pending_takes_free_expired_and_stale_leases_in_order_once_per_pass(
-    journal: IntentStore,
+    journal: payonce.Journal,
+    store: IntentStore,
 ) -> None:
     for number in range(1, 6):
-        journal.claim(draft_for(number), owner="w", now=1000.0 + number, lease_seconds=30)
-    journal.release("key-00001", owner="w")  # free
-    journal.claim_key("key-00002", owner="alive", now=1040.0, lease_seconds=30)  # live
-    journal.claim_key("key-00003", owner="dead", now=1040.0, lease_seconds=30)  # live, stale
-    journal.release("key-00004", owner="w")
-    journal.claim_key("key-00004", owner="alive", now=1000.0, lease_seconds=30)  # expired
-    settle(journal, "key-00005", "w", 1006.0)  # not pending
+        store.claim(draft_for(number), owner="w", now=1000.0 + number, lease_seconds=30)
+    store.release("key-00001", owner="w")  # free
+    store.claim_key("key-00002", owner="alive", now=1040.0, lease_seconds=30)  # live
+    store.claim_key("key-00003", owner="dead", now=1040.0, lease_seconds=30)  # live, stale
+    store.release("key-00004", owner="w")
+    store.claim_key("key-00004", owner="alive", now=1000.0, lease_seconds=30)  # expired
+    settle(store, "key-00005", "w", 1006.0)  # not pending
 
     taken, after = [], None
-    while claim := journal.claim_next_pending(
+    while claim := store.claim_next_pending(
         account="acct_demo",
         provider="sandbox",
         owner="resumer",
@@ -620,18 +654,18 @@ def test_claim_next_pending_takes_free_expired_and_stale_leases_in_order_once_pe
         assert (claim.kind, claim.record.lease_owner) == (ClaimKind.CLAIMED, "resumer")
         taken.append(claim.record.key)
         after = (claim.record.created_at, claim.record.key)
-        journal.release(claim.record.key, owner="resumer")  # left pending: not met again
+        store.release(claim.record.key, owner="resumer")  # left pending: not met again
 
     assert taken == ["key-00001", "key-00003", "key-00004"]
     assert journal.get("key-00002").lease_owner == "alive"  # type: ignore[union-attr]
 
 
 def test_resume_workers_on_two_hosts_drain_the_queue_each_intent_once(
-    journal: IntentStore, open_journal: OpenJournal
+    journal: payonce.Journal, store: IntentStore, open_journal: OpenJournal
 ) -> None:
     for number in range(60):
-        journal.claim(draft_for(number), owner="crashed", now=1000.0 + number, lease_seconds=1)
-    hosts = [journal, open_journal()]
+        store.claim(draft_for(number), owner="crashed", now=1000.0 + number, lease_seconds=1)
+    hosts = [store, store_of(open_journal())]
     start = threading.Barrier(8)
 
     def worker(index: int) -> list[str]:
@@ -656,9 +690,9 @@ def test_resume_workers_on_two_hosts_drain_the_queue_each_intent_once(
 
 
 def test_two_hosts_racing_to_create_the_same_intents_create_each_once(
-    journal: IntentStore, open_journal: OpenJournal
+    journal: payonce.Journal, store: IntentStore, open_journal: OpenJournal
 ) -> None:
-    hosts = [journal, open_journal()]
+    hosts = [store, store_of(open_journal())]
     start = threading.Barrier(16)
     drafts = [draft_for(n, key=None) for n in range(50)]
 
@@ -709,15 +743,16 @@ def test_a_journal_locked_past_the_busy_timeout_raises_busy_and_says_what_happen
     open_journal: OpenJournal, location: str
 ) -> None:
     journal = open_journal(busy_timeout=0.3)
-    journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
+    store = store_of(journal)
+    store.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
 
     with locked(location):
         began = time.monotonic()
         with pytest.raises(payonce.JournalBusy) as before_sending:
-            journal.claim(draft_for(2), owner="w", now=1001.0, lease_seconds=30)
+            store.claim(draft_for(2), owner="w", now=1001.0, lease_seconds=30)
         waited = time.monotonic() - began
         with pytest.raises(payonce.JournalBusy) as after_sending:
-            settle(journal, "key-00001", "w", 1002.0)
+            settle(store, "key-00001", "w", 1002.0)
 
     assert 0.25 <= waited < 5
     assert "nothing was sent" in str(before_sending.value)
@@ -813,7 +848,7 @@ def test_hosts_opening_a_new_journal_at_once_migrate_it_once(
 ) -> None:
     start = threading.Barrier(6)
 
-    def open_at_once(_: int) -> IntentStore:
+    def open_at_once(_: int) -> payonce.Journal:
         start.wait()
         return open_journal()
 
@@ -844,7 +879,8 @@ def test_a_journal_payonce_cannot_trust_is_refused_and_left_as_found(
     location: str, open_journal: OpenJournal, change: str, hint: str
 ) -> None:
     journal = open_journal()
-    journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
+    store = store_of(journal)
+    store.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
     journal.close()
     with raw_transaction(location) as tx:
         tx.execute(change)
@@ -859,10 +895,12 @@ def test_a_journal_payonce_cannot_trust_is_refused_and_left_as_found(
     assert rows(location, sql.META + " ORDER BY name") == meta
 
 
-def test_check_reports_an_intact_journal_and_what_it_holds(journal: IntentStore) -> None:
-    journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
-    settle(journal, "key-00001", "w", 1001.0)
-    journal.claim(draft_for(2), owner="w", now=1002.0, lease_seconds=30)
+def test_check_reports_an_intact_journal_and_what_it_holds(
+    journal: payonce.Journal, store: IntentStore
+) -> None:
+    store.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
+    settle(store, "key-00001", "w", 1001.0)
+    store.claim(draft_for(2), owner="w", now=1002.0, lease_seconds=30)
 
     report = journal.check()
 
@@ -877,13 +915,13 @@ def test_check_reports_an_intact_journal_and_what_it_holds(journal: IntentStore)
 
 
 def test_prune_through_the_public_journal_deletes_only_what_is_over_and_acknowledged(
-    journal: IntentStore, location: str
+    journal: payonce.Journal, store: IntentStore, location: str
 ) -> None:
     for number in (1, 2, 3):
-        journal.claim(draft_for(number), owner="w", now=1000.0, lease_seconds=30)
-    settle(journal, "key-00001", "w", 1001.0)
+        store.claim(draft_for(number), owner="w", now=1000.0, lease_seconds=30)
+    settle(store, "key-00001", "w", 1001.0)
     journal.acknowledge("key-00001", now=1002.0)
-    settle(journal, "key-00002", "w", 1001.0)  # its outcome not yet handed over
+    settle(store, "key-00002", "w", 1001.0)  # its outcome not yet handed over
 
     operator: payonce.Journal = payonce.open_journal(location)
     try:
@@ -895,10 +933,10 @@ def test_prune_through_the_public_journal_deletes_only_what_is_over_and_acknowle
 
 
 def test_backup_through_the_public_journal_copies_sqlite_and_leaves_postgres_to_pg_dump(
-    backend: str, journal: IntentStore, location: str, tmp_path: Path
+    backend: str, journal: payonce.Journal, store: IntentStore, location: str, tmp_path: Path
 ) -> None:
-    journal.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
-    settle(journal, "key-00001", "w", 1001.0)
+    store.claim(draft_for(1), owner="w", now=1000.0, lease_seconds=30)
+    settle(store, "key-00001", "w", 1001.0)
     operator: payonce.Journal = journal
     destination = tmp_path / "backup.db"
 
@@ -934,7 +972,7 @@ class ReadOnlyJournal:
 
 
 def test_a_journal_object_that_is_not_payonce_s_is_refused_when_a_client_is_built(
-    journal: IntentStore,
+    journal: payonce.Journal,
 ) -> None:
     view = ReadOnlyJournal(journal)
     builders: list[Callable[[], object]] = [
@@ -999,7 +1037,8 @@ def test_the_password_appears_in_no_location_error_or_log(
     caplog.set_level(logging.DEBUG, logger="psycopg")  # psycopg pins its loggers at WARNING
 
     with payonce.open_journal(good) as journal:  # type: ignore[attr-defined]
-        journal.claim(draft_for(1), owner="w", now=1.0, lease_seconds=30)
+        store = store_of(journal)
+        store.claim(draft_for(1), owner="w", now=1.0, lease_seconds=30)
         seen += [journal.location, repr(journal), str(journal.check())]
     for url, error in (
         (wrong, r"password authentication failed"),
@@ -1077,7 +1116,7 @@ def test_a_unix_socket_url_opens_the_same_journal(
         f"&user={postgres_server.user}"
     )
     with payonce.open_journal(pg_url) as tcp, payonce.open_journal(socket_url) as local:  # type: ignore[attr-defined]
-        tcp.claim(draft_for(1), owner="w", now=1.0, lease_seconds=30)
+        store_of(tcp).claim(draft_for(1), owner="w", now=1.0, lease_seconds=30)
         assert local.get("key-00001") == tcp.get("key-00001")
         assert local.location == socket_url
 
@@ -1107,7 +1146,8 @@ def test_a_shared_database_with_other_tables_is_fine_and_left_alone(
         conn.execute("INSERT INTO customers (name) VALUES ('Ada'), ('Grace')")
 
     with payonce.open_journal(pg_url) as journal:  # type: ignore[attr-defined]
-        journal.claim(draft_for(1), owner="w", now=1.0, lease_seconds=30)
+        store = store_of(journal)
+        store.claim(draft_for(1), owner="w", now=1.0, lease_seconds=30)
         assert journal.check().ok
 
     assert rows(pg_url, "SELECT name FROM customers ORDER BY id") == [("Ada",), ("Grace",)]
@@ -1125,8 +1165,9 @@ def test_a_foreign_table_of_the_same_name_is_refused_and_a_schema_of_its_own_wor
     assert rows(pg_url, "SELECT to_regclass('payonce_meta') IS NULL") == [(True,)]
 
     with payonce.open_journal(pg_url + "?schema=payonce") as journal:  # type: ignore[attr-defined]
+        store = store_of(journal)
         assert journal.location.endswith("?schema=payonce")
-        journal.claim(draft_for(1), owner="w", now=1.0, lease_seconds=30)
+        store.claim(draft_for(1), owner="w", now=1.0, lease_seconds=30)
         assert journal.check().ok
     assert rows(pg_url, "SELECT count(*) FROM payonce.intents") == [(1,)]
     assert rows(pg_url, "SELECT count(*) FROM public.attempts") == [(0,)]
@@ -1153,7 +1194,7 @@ def test_two_schemas_are_two_journals(pg_url: str) -> None:
         PostgresJournal(pg_url, schema="team_a") as a,
         PostgresJournal(pg_url, schema="team_b") as b,
     ):
-        a.claim(draft_for(1), owner="w", now=1.0, lease_seconds=30)
+        store_of(a).claim(draft_for(1), owner="w", now=1.0, lease_seconds=30)
         assert b.get("key-00001") is None
         assert [r.key for r in a.list_intents()] == ["key-00001"]
     with pytest.raises(payonce.ConfigurationError, match="plain SQL name"):
@@ -1169,7 +1210,8 @@ def test_write_ahead_commits_are_synchronous_and_the_rest_are_not(
         pg_url,
         f"ALTER DATABASE {pg_url.rsplit('/', 1)[1]} SET synchronous_commit = off",
     )
-    journal = open_store(pg_url)
+    journal = payonce.open_journal(pg_url)
+    store = store_of(journal)
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("CREATE TABLE commit_log (at_table TEXT, op TEXT, setting TEXT)")
         conn.execute(
@@ -1190,11 +1232,11 @@ def test_write_ahead_commits_are_synchronous_and_the_rest_are_not(
         return {setting for (setting,) in rows(pg_url, "SELECT setting FROM commit_log")}
 
     key = "key-00001"
+    assert settings_of(lambda: store.claim(draft_for(1), owner="w", now=1.0, lease_seconds=30)) == {
+        "on"
+    }
     assert settings_of(
-        lambda: journal.claim(draft_for(1), owner="w", now=1.0, lease_seconds=30)
-    ) == {"on"}
-    assert settings_of(
-        lambda: journal.end_attempt(
+        lambda: store.end_attempt(
             key,
             1,
             owner="w",
@@ -1204,36 +1246,37 @@ def test_write_ahead_commits_are_synchronous_and_the_rest_are_not(
             transition=Transition.ATTEMPT_NOT_EXECUTED,
         )
     ) == {"off"}
-    assert settings_of(
-        lambda: journal.start_attempt(key, owner="w", now=3.0, lease_seconds=30)
-    ) == {"on"}
-    assert settings_of(lambda: journal.renew_lease(key, owner="w", now=4.0, lease_seconds=30)) == {
+    assert settings_of(lambda: store.start_attempt(key, owner="w", now=3.0, lease_seconds=30)) == {
+        "on"
+    }
+    assert settings_of(lambda: store.renew_lease(key, owner="w", now=4.0, lease_seconds=30)) == {
         "off"
     }
-    assert settings_of(lambda: settle(journal, key, "w", 5.0, attempt=2)) == {"off"}
+    assert settings_of(lambda: settle(store, key, "w", 5.0, attempt=2)) == {"off"}
     journal.close()
 
 
 def test_a_replay_is_answered_without_a_row_lock_and_a_lease_is_not(pg_url: str) -> None:
     with payonce.open_journal(pg_url, busy_timeout=1.0) as journal:  # type: ignore[attr-defined]
-        journal.claim(draft_for(1), owner="w", now=1.0, lease_seconds=30)
-        settle(journal, "key-00001", "w", 2.0)
-        journal.claim(draft_for(2), owner="w", now=3.0, lease_seconds=30)
+        store = store_of(journal)
+        store.claim(draft_for(1), owner="w", now=1.0, lease_seconds=30)
+        settle(store, "key-00001", "w", 2.0)
+        store.claim(draft_for(2), owner="w", now=3.0, lease_seconds=30)
         with psycopg.connect(pg_url, autocommit=True) as other:
             other.execute("BEGIN")
             other.execute("SELECT key FROM intents FOR UPDATE")  # another worker mid-write
 
             began = time.monotonic()
-            replay = journal.claim(draft_for(1), owner="x", now=4.0, lease_seconds=30)
-            waiting = journal.claim(draft_for(2), owner="x", now=5.0, lease_seconds=30)
+            replay = store.claim(draft_for(1), owner="x", now=4.0, lease_seconds=30)
+            waiting = store.claim(draft_for(2), owner="x", now=5.0, lease_seconds=30)
             answered_in = time.monotonic() - began
             with pytest.raises(payonce.JournalBusy):
-                journal.claim(draft_for(2), owner="x", now=100.0, lease_seconds=30)
+                store.claim(draft_for(2), owner="x", now=100.0, lease_seconds=30)
             other.execute("ROLLBACK")
 
         assert (replay.kind, waiting.kind) == (ClaimKind.FINAL, ClaimKind.LEASED)
         assert answered_in < 0.5
-        taken = journal.claim(draft_for(2), owner="x", now=100.0, lease_seconds=30)
+        taken = store.claim(draft_for(2), owner="x", now=100.0, lease_seconds=30)
         assert taken.kind is ClaimKind.CLAIMED
 
 
@@ -1241,7 +1284,8 @@ def test_a_lost_connection_is_replaced_without_the_caller_noticing(
     postgres_server: PostgresServer, pg_url: str
 ) -> None:
     with payonce.open_journal(pg_url) as journal:  # type: ignore[attr-defined]
-        journal.claim(draft_for(1), owner="w", now=1.0, lease_seconds=30)
+        store = store_of(journal)
+        store.claim(draft_for(1), owner="w", now=1.0, lease_seconds=30)
         killed = admin_execute(
             postgres_server,
             pg_url,
@@ -1252,7 +1296,7 @@ def test_a_lost_connection_is_replaced_without_the_caller_noticing(
         assert all(ok for (ok,) in killed)
 
         assert journal.get("key-00001") is not None
-        assert journal.claim(draft_for(2), owner="w", now=2.0, lease_seconds=30).kind is (
+        assert store.claim(draft_for(2), owner="w", now=2.0, lease_seconds=30).kind is (
             ClaimKind.CREATED
         )
 
@@ -1419,11 +1463,11 @@ def test_headers_are_stored_as_the_json_every_payonce_wrote(headers: Any) -> Non
     [("state", "half-settled"), ("request_headers", "[not json")],
 )
 def test_a_row_whose_values_no_longer_decode_is_damage_to_restore_on_both_backends(
-    journal: IntentStore, location: str, column: str, value: str
+    journal: payonce.Journal, store: IntentStore, location: str, column: str, value: str
 ) -> None:
     """Bit rot or a hand edit leaves a value payonce never writes: the error sends the
     operator to the backups, names the row, and nothing is changed."""
-    claim = journal.claim(draft_for(5), owner="w", now=1000.0, lease_seconds=30)
+    claim = store.claim(draft_for(5), owner="w", now=1000.0, lease_seconds=30)
     key = claim.record.key
     with raw_transaction(location) as tx:
         tx.execute(f"UPDATE intents SET {column} = ? WHERE key = ?", (value, key))
@@ -1436,7 +1480,7 @@ def test_a_row_whose_values_no_longer_decode_is_damage_to_restore_on_both_backen
     for read in (
         lambda: journal.find(key),
         journal.list_intents,
-        lambda: journal.claim(draft_for(5), owner="w2", now=1001.0, lease_seconds=30),
+        lambda: store.claim(draft_for(5), owner="w2", now=1001.0, lease_seconds=30),
     ):
         with pytest.raises(payonce.JournalError, match="it is damaged"):
             read()
@@ -1449,9 +1493,10 @@ def test_an_attempt_row_that_no_longer_decodes_is_damage_to_restore(
     """SQLite keeps what it is given (a number written as text); PostgreSQL's typed
     columns refuse such a value in the first place."""
     location = str(tmp_path / "journal.db")
-    journal = open_store(location)
+    journal = payonce.open_journal(location)
+    store = store_of(journal)
     try:
-        key = journal.claim(draft_for(6), owner="w", now=1000.0, lease_seconds=30).record.key
+        key = store.claim(draft_for(6), owner="w", now=1000.0, lease_seconds=30).record.key
         with raw_transaction(location) as tx:
             tx.execute("UPDATE attempts SET started_at = 'noon' WHERE key = ?", (key,))
         held = rows(location, "SELECT * FROM attempts")

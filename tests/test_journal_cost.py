@@ -257,7 +257,7 @@ def test_acknowledgements_whose_write_failed_wait_for_the_next_one(
         raise payonce.JournalError("this write fails", location="here")
 
     with pytest.raises(payonce.JournalError):
-        client.journal._write(refused, durable=False, busy="x")
+        client.journal._engine.write(refused, durable=False, busy="x")
     assert _acknowledged_in_the_file(journal_path, "order-9") is None, "rolled back with it"
 
     client.post("/v1/payments", json=PAYMENT, reference="order-10")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import payonce
-from helpers.journals import RESPONSE, draft_for
+from helpers.journals import RESPONSE, IntentStore, draft_for, store_of
 from payonce._lifecycle import Transition
 from payonce.journal import SQLiteJournal
 
@@ -24,10 +24,11 @@ NOW = 1_800_000_000.0
 @pytest.fixture
 def journal(tmp_path: Path) -> SQLiteJournal:
     journal = SQLiteJournal(tmp_path / "journal.db")
+    store = store_of(journal)
     for number in range(3):
-        claim = journal.claim(draft_for(number), owner="w", now=NOW + number, lease_seconds=60)
+        claim = store.claim(draft_for(number), owner="w", now=NOW + number, lease_seconds=60)
         if number:
-            journal.settle(
+            store.settle(
                 claim.record.key,
                 owner="w",
                 now=NOW + number,
@@ -38,22 +39,28 @@ def journal(tmp_path: Path) -> SQLiteJournal:
     return journal
 
 
+@pytest.fixture
+def store(journal: SQLiteJournal) -> IntentStore:
+    """The journal's private writes, as a client on it makes them."""
+    return store_of(journal)
+
+
 def statements_of(journal: SQLiteJournal, read: object) -> list[str]:
     """The SELECTs of intents that ``read()`` ran, with their parameters filled in."""
     assert callable(read)
     seen: list[str] = []
-    journal._conn.set_trace_callback(seen.append)
+    journal._engine.conn.set_trace_callback(seen.append)
     try:
         read()
     finally:
-        journal._conn.set_trace_callback(None)
+        journal._engine.conn.set_trace_callback(None)
     return [s for s in seen if s.startswith("SELECT") and "FROM intents" in s]
 
 
 def plan_of(journal: SQLiteJournal, statement: str) -> list[str]:
     # The trace spells an infinite parameter "Inf", which SQLite cannot read back.
     statement = re.sub(r"\bInf\b", "9e999", statement)
-    steps = journal._conn.execute("EXPLAIN QUERY PLAN " + statement).fetchall()
+    steps = journal._engine.conn.execute("EXPLAIN QUERY PLAN " + statement).fetchall()
     return [str(step[-1]) for step in steps]
 
 
@@ -109,9 +116,11 @@ def test_listing_by_state_searches_the_state_index(
     ), plan
 
 
-def test_the_resume_queue_searches_the_state_index(journal: SQLiteJournal) -> None:
+def test_the_resume_queue_searches_the_state_index(
+    journal: SQLiteJournal, store: IntentStore
+) -> None:
     def next_pending() -> None:
-        claim = journal.claim_next_pending(
+        claim = store.claim_next_pending(
             account="acct_demo", provider="sandbox", owner="r", now=time.time(), lease_seconds=60
         )
         assert claim is not None

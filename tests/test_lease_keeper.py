@@ -140,14 +140,14 @@ def test_a_lease_the_run_released_itself_is_not_reported_lost(
     assert isinstance(holding, drive.Holding)
     run = holding.run
     lease = core.lease(run)
-    journal = client.journal
-    journal.release(run.key, owner="worker-1")  # what the run's settle does
+    store = core.store
+    store.release(run.key, owner="worker-1")  # what the run's settle does
 
     assert lease.renew(), "released by its own run: not lost"
-    taken = journal.claim_key(run.key, owner="worker-2", now=time.time(), lease_seconds=60)
+    taken = store.claim_key(run.key, owner="worker-2", now=time.time(), lease_seconds=60)
     assert taken is not None
     assert taken.record.lease_owner == "worker-2"
     assert not lease.renew(), "another worker holds it now: lost"
-    journal.start_attempt(run.key, owner="worker-2", now=time.time(), lease_seconds=60)
-    journal.release(run.key, owner="worker-2")
+    store.start_attempt(run.key, owner="worker-2", now=time.time(), lease_seconds=60)
+    store.release(run.key, owner="worker-2")
     assert not lease.renew(), "another worker took it over and let it go since: lost"

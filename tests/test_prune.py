@@ -15,8 +15,7 @@ import pytest
 
 import payonce
 from helpers.cli import run_cli
-from helpers.journals import RESPONSE, OpenJournal, draft_for, rows
-from payonce._journal._store import IntentStore
+from helpers.journals import RESPONSE, IntentStore, OpenJournal, draft_for, rows, store_of
 from payonce._lifecycle import ClaimKind, Transition
 from payonce.cli._journal import parse_duration
 from payonce.journal import SQLiteJournal
@@ -29,13 +28,19 @@ FAILED = payonce.IntentState.FAILED
 
 
 @pytest.fixture
-def journal(open_journal: OpenJournal) -> IntentStore:
+def journal(open_journal: OpenJournal) -> payonce.Journal:
     return open_journal()
 
 
-def settle(journal: IntentStore, number: int, at: float, state: payonce.IntentState) -> None:
+@pytest.fixture
+def store(journal: payonce.Journal) -> IntentStore:
+    """The journal's private writes, as a client on it makes them."""
+    return store_of(journal)
+
+
+def settle(store: IntentStore, number: int, at: float, state: payonce.IntentState) -> None:
     transition = Transition.SUCCEEDED if state is SUCCEEDED else Transition.FAILED
-    journal.settle(
+    store.settle(
         f"key-{number:05d}",
         transition=transition,
         owner="w",
@@ -45,7 +50,7 @@ def settle(journal: IntentStore, number: int, at: float, state: payonce.IntentSt
     )
 
 
-def fill(journal: IntentStore) -> dict[str, str]:
+def fill(journal: payonce.Journal, store: IntentStore) -> dict[str, str]:
     """Intents in every situation pruning must tell apart, 40 and 10 days old."""
     what = {}
     old, recent = NOW - 40 * DAY, NOW - 10 * DAY
@@ -62,15 +67,15 @@ def fill(journal: IntentStore) -> dict[str, str]:
         ("old reconciled, acknowledged", old, "reconciled", old + 5, True),
     ]
     for number, (name, created, state, acknowledged, _) in enumerate(cases):
-        journal.claim(draft_for(number), owner="w", now=created, lease_seconds=30)
+        store.claim(draft_for(number), owner="w", now=created, lease_seconds=30)
         key = f"key-{number:05d}"
         what[key] = name
         if state == "reconciled":
-            journal.mark_unknown(
+            store.mark_unknown(
                 key, transition=Transition.EXHAUSTED, owner="w", now=created + 2, reason="timed out"
             )
-            journal.claim_key(key, owner="r", now=created + 3, lease_seconds=30, unknown=True)
-            journal.reconciled(
+            store.claim_key(key, owner="r", now=created + 3, lease_seconds=30, unknown=True)
+            store.reconciled(
                 key,
                 owner="r",
                 now=created + 4,
@@ -81,26 +86,26 @@ def fill(journal: IntentStore) -> dict[str, str]:
                 response=RESPONSE,
             )
         elif state == "late":
-            settle(journal, number, recent, SUCCEEDED)
+            settle(store, number, recent, SUCCEEDED)
             journal.acknowledge(key, now=recent)
         elif state is not None:
-            settle(journal, number, created + 1, state)
+            settle(store, number, created + 1, state)
         if acknowledged is not None:
             journal.acknowledge(key, now=acknowledged)
         if name == "old abandoned":
-            journal.release(key, owner="w")
+            store.release(key, owner="w")
             journal.abandon(key, reason="checked by hand", now=created + 2)
         if name == "old unknown":
-            journal.mark_unknown(
+            store.mark_unknown(
                 key, transition=Transition.EXHAUSTED, owner="w", now=created + 2, reason="timed out"
             )
     return what
 
 
 def test_only_final_acknowledged_intents_untouched_since_the_cut_off_are_pruned(
-    journal: IntentStore, location: str
+    journal: payonce.Journal, store: IntentStore, location: str
 ) -> None:
-    names = fill(journal)
+    names = fill(journal, store)
     cutoff = NOW - 30 * DAY
 
     assert journal.prune(older_than=cutoff, dry_run=True, now=NOW) == 4
@@ -129,19 +134,20 @@ def test_only_final_acknowledged_intents_untouched_since_the_cut_off_are_pruned(
 
 
 def test_pruning_goes_in_batches_and_writers_get_in_between(
-    journal: IntentStore, open_journal: OpenJournal
+    journal: payonce.Journal, store: IntentStore, open_journal: OpenJournal
 ) -> None:
     for number in range(25):
-        journal.claim(draft_for(number), owner="w", now=NOW - 40 * DAY, lease_seconds=30)
-        settle(journal, number, NOW - 40 * DAY, SUCCEEDED)
+        store.claim(draft_for(number), owner="w", now=NOW - 40 * DAY, lease_seconds=30)
+        settle(store, number, NOW - 40 * DAY, SUCCEEDED)
         journal.acknowledge(f"key-{number:05d}", now=NOW - 40 * DAY)
     other_host = open_journal(busy_timeout=0.5)
+    other_host_store = store_of(other_host)
     progress: list[int] = []
 
     def between_batches(total: int) -> None:
         progress.append(total)
         # Another writer is not locked out: the batch before has committed.
-        claim = other_host.claim(draft_for(100 + total), owner="x", now=NOW, lease_seconds=30)
+        claim = other_host_store.claim(draft_for(100 + total), owner="x", now=NOW, lease_seconds=30)
         assert claim.kind is ClaimKind.CREATED
 
     pruned = journal.prune(
@@ -153,8 +159,10 @@ def test_pruning_goes_in_batches_and_writers_get_in_between(
     assert len(journal.list_intents()) == 3  # what the other host wrote meanwhile
 
 
-def test_unacknowledged_outcomes_go_only_when_given_up_by_name(journal: IntentStore) -> None:
-    names = fill(journal)
+def test_unacknowledged_outcomes_go_only_when_given_up_by_name(
+    journal: payonce.Journal, store: IntentStore
+) -> None:
+    names = fill(journal, store)
     cutoff = NOW - 30 * DAY
 
     pruned = journal.prune(older_than=cutoff, include_unacknowledged=True, now=NOW)
@@ -165,10 +173,12 @@ def test_unacknowledged_outcomes_go_only_when_given_up_by_name(journal: IntentSt
     assert {"old pending", "old unknown"} <= left, "pending and unknown: abandon them first"
 
 
-def _settled(journal: IntentStore, number: int, age: float, provider: str) -> str:
+def _settled(
+    journal: payonce.Journal, store: IntentStore, number: int, age: float, provider: str
+) -> str:
     draft = attrs.evolve(draft_for(number), provider=provider)
-    journal.claim(draft, owner="w", now=NOW - age, lease_seconds=30)
-    settle(journal, number, NOW - age, SUCCEEDED)
+    store.claim(draft, owner="w", now=NOW - age, lease_seconds=30)
+    settle(store, number, NOW - age, SUCCEEDED)
     journal.acknowledge(f"key-{number:05d}", now=NOW - age)
     return f"key-{number:05d}"
 
@@ -183,10 +193,10 @@ def _settled(journal: IntentStore, number: int, age: float, provider: str) -> st
     ],
 )
 def test_an_intent_younger_than_two_key_lifetimes_is_never_pruned(
-    journal: IntentStore, provider: str, kept_at: float, pruned_at: float
+    journal: payonce.Journal, store: IntentStore, provider: str, kept_at: float, pruned_at: float
 ) -> None:
-    kept = _settled(journal, 1, kept_at, provider)
-    gone = _settled(journal, 2, pruned_at, provider)
+    kept = _settled(journal, store, 1, kept_at, provider)
+    gone = _settled(journal, store, 2, pruned_at, provider)
 
     # A cut-off of one second: everything settled before it would go, but for the floor.
     assert journal.prune(older_than=NOW - 1, now=NOW) == 1
@@ -195,14 +205,14 @@ def test_an_intent_younger_than_two_key_lifetimes_is_never_pruned(
     assert journal.get(gone) is None
 
 
-def test_a_batch_size_below_one_is_refused(journal: IntentStore) -> None:
+def test_a_batch_size_below_one_is_refused(journal: payonce.Journal) -> None:
     with pytest.raises(ValueError, match="at least 1"):
         journal.prune(older_than=NOW, batch_size=0)
 
 
 def test_the_journal_has_the_index_pruning_reads_through(tmp_path: Path) -> None:
     with SQLiteJournal(tmp_path / "journal.db") as journal:
-        plan = journal._conn.execute(
+        plan = journal._engine.conn.execute(
             "EXPLAIN QUERY PLAN SELECT key FROM intents WHERE state IN (?, ?, ?)"
             " AND updated_at < ? LIMIT 10",
             ("succeeded", "failed", "abandoned", NOW),
@@ -253,10 +263,11 @@ def test_durations_that_could_mean_months_are_refused_with_a_hint(text: str, hin
 def _old_acknowledged(path: Path, ages_in_days: list[float]) -> None:
     now = time.time()
     with SQLiteJournal(path) as journal:
+        store = store_of(journal)
         for number, age in enumerate(ages_in_days):
             at = now - age * DAY
-            journal.claim(draft_for(number), owner="w", now=at, lease_seconds=30)
-            settle(journal, number, at, SUCCEEDED)
+            store.claim(draft_for(number), owner="w", now=at, lease_seconds=30)
+            settle(store, number, at, SUCCEEDED)
             journal.acknowledge(f"key-{number:05d}", now=at)
 
 

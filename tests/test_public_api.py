@@ -3,6 +3,7 @@ and what advanced users need in named public modules."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
 import subprocess
@@ -180,3 +181,42 @@ def test_known_vulnerable_releases_are_kept_out_by_the_version_floors() -> None:
     ]:
         assert not floors[name].contains(Version(vulnerable)), name
         assert floors[name].contains(Version(version(name))), f"installed {name} is allowed"
+
+
+PRIVATE_WRITES = (
+    "claim",
+    "claim_key",
+    "claim_next_pending",
+    "renew_lease",
+    "start_attempt",
+    "end_attempt",
+    "settle",
+    "mark_unknown",
+    "release",
+    "looked_up",
+    "reconciled",
+    "claim_event",
+    "renew_event_lease",
+    "finish_event",
+    "release_event",
+)
+"""The writes of payonce's own clients and inbox: never reachable from a public journal."""
+
+
+def test_a_client_s_journal_is_the_public_journal_and_nothing_more(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    sync = payonce.Client(base_url="http://127.0.0.1:9", api_key="k", journal=path)
+    asynchronous = payonce.AsyncClient(base_url="http://127.0.0.1:9", api_key="k", journal=path)
+    inbox = payonce.WebhookInbox(path, "whsec_test")
+    try:
+        for journal in (sync.journal, asynchronous.journal, inbox.journal):
+            assert isinstance(journal, payonce.journal.SQLiteJournal)
+            assert isinstance(journal, payonce.Journal)
+            assert [name for name in PRIVATE_WRITES if hasattr(journal, name)] == []
+        opened = payonce.journal.SQLiteJournal(path)
+        assert [name for name in PRIVATE_WRITES if hasattr(opened, name)] == []
+        opened.close()
+    finally:
+        sync.close()
+        asyncio.run(asynchronous.aclose())
+        inbox.close()

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 import payonce
+from helpers.journals import store_of
 from helpers.payments import (
     PAYMENT,
     MakeClient,
@@ -461,7 +462,9 @@ def test_the_lease_of_a_dead_worker_is_taken_over_once_it_expires(
     client = make_client(journal=journal)
     record = leave_pending(make_client, "order-12")
     # The dead worker had re-claimed it just before dying: its lease is still live.
-    journal.claim_key(record.key, owner="dead-host:1:x", now=time.time(), lease_seconds=60)
+    store_of(journal).claim_key(
+        record.key, owner="dead-host:1:x", now=time.time(), lease_seconds=60
+    )
     assert client.resume() == []
 
     (result,) = make_client(clock=lambda: time.time() + 61).resume()

@@ -34,12 +34,11 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 import payonce
-from helpers.journals import OpenJournal, raw_transaction
+from helpers.journals import Inbox, OpenJournal, inbox_of, raw_transaction
 from helpers.processes import EXAMPLES, deployed_env, python_env, run_example
 from payonce._journal._engine import migrate
 from payonce._journal._inbox import EventClaim
 from payonce._journal._schema import SCHEMA_VERSION
-from payonce._journal._store import IntentStore
 from payonce._lifecycle import EventClaimKind
 from payonce._owners import owner_is_dead
 from payonce.sandbox import (
@@ -131,24 +130,19 @@ def inbox(make_inbox: Callable[..., WebhookInbox]) -> WebhookInbox:
 
 
 @pytest.fixture
-def open_events(open_journal: OpenJournal) -> Callable[[], IntentStore]:
-    """Journals on the test's store (conftest's ``location``), one per "host"."""
-
-    def open_() -> IntentStore:
-        journal = open_journal()
-        assert isinstance(journal, IntentStore)
-        return journal
-
-    return open_
+def journal(open_journal: OpenJournal) -> payonce.Journal:
+    """A journal on the test's store (conftest's ``location``): one "host"'s reads."""
+    return open_journal()
 
 
 @pytest.fixture
-def events(open_events: Callable[[], IntentStore]) -> IntentStore:
-    return open_events()
+def events(journal: payonce.Journal) -> Inbox:
+    """The same host's inbox writes, on that journal's engine."""
+    return inbox_of(journal)
 
 
 def claim(
-    journal: IntentStore,
+    events: Inbox,
     event_id: str,
     owner: str,
     now: float,
@@ -157,7 +151,7 @@ def claim(
     lease_seconds: float = 30.0,
     is_stale: Callable[[str], bool] = owner_is_dead,
 ) -> EventClaim:
-    return journal.claim_event(
+    return events.claim_event(
         endpoint,
         event_id,
         event_type="payment.succeeded",
@@ -170,7 +164,7 @@ def claim(
 
 
 def test_a_first_delivery_is_new_a_concurrent_one_leased_a_later_one_done(
-    events: IntentStore,
+    events: Inbox,
 ) -> None:
     first = claim(events, "evt_1", "host-a:1:1:a", 1000.0)
     assert first.kind is EventClaimKind.NEW
@@ -192,19 +186,20 @@ def test_a_first_delivery_is_new_a_concurrent_one_leased_a_later_one_done(
 
 
 def test_a_released_event_stays_unprocessed_and_the_next_delivery_runs_it_again(
-    events: IntentStore,
+    events: Inbox,
+    journal: payonce.Journal,
 ) -> None:
     claim(events, "evt_1", "w1", 1000.0)
     events.release_event(
         "default", "evt_1", owner="w1", now=1001.0, error="RuntimeError: " + "x" * 900
     )
-    released = events.get_event("default", "evt_1")
+    released = journal.get_event("default", "evt_1")
     assert released is not None
     assert (released.processed_at, released.lease_owner) == (None, None)
     assert released.last_error is not None
     assert released.last_error.startswith("RuntimeError: x")
     assert len(released.last_error) == 500
-    assert [e.event_id for e in events.list_events(unprocessed=True)] == ["evt_1"]
+    assert [e.event_id for e in journal.list_events(unprocessed=True)] == ["evt_1"]
 
     again = claim(events, "evt_1", "w2", 1002.0)
     assert again.kind is EventClaimKind.RETRY
@@ -212,14 +207,15 @@ def test_a_released_event_stays_unprocessed_and_the_next_delivery_runs_it_again(
     # A release by a worker that no longer holds the event changes nothing.
     events.release_event("default", "evt_1", owner="w1", now=1003.0, error="late")
     assert events.finish_event("default", "evt_1", owner="w2", now=1004.0) is True
-    done = events.get_event("default", "evt_1")
+    done = journal.get_event("default", "evt_1")
     assert done is not None
     assert (done.processed_at, done.last_error) == (1004.0, None)
-    assert events.list_events(unprocessed=True) == []
+    assert journal.list_events(unprocessed=True) == []
 
 
 def test_an_expired_lease_is_taken_over_and_the_slow_worker_learns_it_lost(
-    events: IntentStore,
+    events: Inbox,
+    journal: payonce.Journal,
 ) -> None:
     claim(events, "evt_1", "other-host:1:1:a", 1000.0, lease_seconds=30)
     assert claim(events, "evt_1", "w2", 1029.0).kind is EventClaimKind.LEASED
@@ -237,12 +233,12 @@ def test_an_expired_lease_is_taken_over_and_the_slow_worker_learns_it_lost(
     # and the worker is told another one took it over.
     assert events.finish_event("default", "evt_1", owner="other-host:1:1:a", now=1062.0) is False
     assert events.finish_event("default", "evt_1", owner="w2", now=1063.0) is False
-    record = events.get_event("default", "evt_1")
+    record = journal.get_event("default", "evt_1")
     assert record is not None
     assert (record.processed_at, record.handler_runs, record.lease_owner) == (1062.0, 2, None)
 
 
-def test_a_dead_owners_live_lease_is_broken_at_once(events: IntentStore) -> None:
+def test_a_dead_owners_live_lease_is_broken_at_once(events: Inbox) -> None:
     claim(events, "evt_1", "dead-worker", 1000.0, lease_seconds=3600)
     judged: list[str] = []
 
@@ -259,7 +255,7 @@ def test_a_dead_owners_live_lease_is_broken_at_once(events: IntentStore) -> None
     assert judged == ["dead-worker"]
 
 
-def test_event_ids_are_scoped_per_endpoint(events: IntentStore) -> None:
+def test_event_ids_are_scoped_per_endpoint(events: Inbox, journal: payonce.Journal) -> None:
     assert claim(events, "evt_1", "w", 1000.0, endpoint="stripe:acct_1").kind is (
         EventClaimKind.NEW
     )
@@ -267,19 +263,20 @@ def test_event_ids_are_scoped_per_endpoint(events: IntentStore) -> None:
         EventClaimKind.NEW
     )
     assert events.finish_event("stripe:acct_1", "evt_1", owner="w", now=1001.0)
-    assert [e.endpoint for e in events.list_events(unprocessed=True)] == ["stripe:acct_2"]
-    assert [e.endpoint for e in events.list_events(endpoint="stripe:acct_1")] == ["stripe:acct_1"]
+    assert [e.endpoint for e in journal.list_events(unprocessed=True)] == ["stripe:acct_2"]
+    assert [e.endpoint for e in journal.list_events(endpoint="stripe:acct_1")] == ["stripe:acct_1"]
 
 
 def test_hosts_claiming_one_event_at_once_let_exactly_one_handle_it(
-    open_events: Callable[[], IntentStore],
+    open_journal: OpenJournal,
 ) -> None:
-    hosts = [open_events() for _ in range(4)]
+    hosts = [open_journal() for _ in range(4)]
+    inboxes = [inbox_of(host) for host in hosts]
     start = threading.Barrier(16)
 
     def deliver(number: int) -> EventClaimKind:
         start.wait()
-        return claim(hosts[number % 4], "evt_race", f"w{number}", 1000.0).kind
+        return claim(inboxes[number % 4], "evt_race", f"w{number}", 1000.0).kind
 
     with ThreadPoolExecutor(max_workers=16) as pool:
         kinds = collections.Counter(pool.map(deliver, range(16)))
@@ -291,16 +288,17 @@ def test_hosts_claiming_one_event_at_once_let_exactly_one_handle_it(
 
 
 def test_processed_events_can_be_pruned_and_a_pruned_id_is_new_again(
-    events: IntentStore,
+    events: Inbox,
+    journal: payonce.Journal,
 ) -> None:
     for number, now in ((1, 1000.0), (2, 2000.0), (3, 3000.0)):
         claim(events, f"evt_{number}", "w", now)
     events.finish_event("default", "evt_1", owner="w", now=1001.0)
     events.finish_event("default", "evt_2", owner="w", now=2001.0)
 
-    assert events.prune_events(processed_before=2001.0) == 1
-    assert [e.event_id for e in events.list_events()] == ["evt_2", "evt_3"]
-    assert [e.event_id for e in events.list_events(limit=1)] == ["evt_2"]
+    assert journal.prune_events(processed_before=2001.0) == 1
+    assert [e.event_id for e in journal.list_events()] == ["evt_2", "evt_3"]
+    assert [e.event_id for e in journal.list_events(limit=1)] == ["evt_2"]
     assert claim(events, "evt_1", "w", 4000.0).kind is EventClaimKind.NEW
 
 
@@ -316,8 +314,7 @@ def test_a_schema_2_journal_gains_the_inbox_on_open(location: str) -> None:
     try:
         report = journal.check()
         assert (report.ok, report.schema_version) == (True, SCHEMA_VERSION)
-        assert isinstance(journal, IntentStore)
-        assert claim(journal, "evt_1", "w", 1000.0).kind is EventClaimKind.NEW
+        assert claim(inbox_of(journal), "evt_1", "w", 1000.0).kind is EventClaimKind.NEW
     finally:
         journal.close()
     with raw_transaction(location) as tx:

@@ -47,9 +47,8 @@ import attrs
 
 from ._fork import ForkGuard
 from ._journal._inbox import EventClaim, EventRecord
-from ._journal._open import open_store
+from ._journal._open import inbox_of, open_to_write
 from ._journal._reads import Journal
-from ._journal._store import IntentStore
 from ._lifecycle import EVENT_LEASE_SECONDS, EventClaimKind
 from ._owners import new_owner
 from ._runtime._journal_threads import off_loop
@@ -240,7 +239,8 @@ class WebhookInbox:
         self._clock = clock
         self._parse = parse
         self._owns_journal = not isinstance(journal, Journal)
-        self.journal: IntentStore = open_store(journal)
+        self.journal: Journal = open_to_write(journal)
+        self._inbox = inbox_of(self.journal)
         # Handlers' leases are renewed every third of their length: from a thread for
         # receive, from a task for areceive.
         self._fork = ForkGuard()
@@ -280,7 +280,7 @@ class WebhookInbox:
 
     def _claim(self, event: Event, owner: str) -> EventClaim:
         digest = hashlib.sha256(event.payload).hexdigest()
-        claim = self.journal.claim_event(
+        claim = self._inbox.claim_event(
             self.endpoint,
             event.id,
             event_type=event.type,
@@ -308,7 +308,7 @@ class WebhookInbox:
         return claim
 
     def _renew(self, event: Event, owner: str) -> bool:
-        return self.journal.renew_event_lease(
+        return self._inbox.renew_event_lease(
             self.endpoint,
             event.id,
             owner=owner,
@@ -318,7 +318,7 @@ class WebhookInbox:
 
     def _release(self, event: Event, owner: str, exc: BaseException) -> None:
         try:
-            self.journal.release_event(
+            self._inbox.release_event(
                 self.endpoint, event.id, owner=owner, now=self._clock(), error=_failure(exc)
             )
         except PayonceError as release_error:
@@ -331,7 +331,7 @@ class WebhookInbox:
             )
 
     def _finish(self, event: Event, owner: str) -> None:
-        held = self.journal.finish_event(self.endpoint, event.id, owner=owner, now=self._clock())
+        held = self._inbox.finish_event(self.endpoint, event.id, owner=owner, now=self._clock())
         if not held:
             logger.warning(
                 "webhook event %s: its handler outlived its lease and another worker took "

@@ -1,4 +1,5 @@
-"""Journal rows made by hand, and the journal's store read or written around payonce."""
+"""Journal rows made by hand, the journal's store read or written around payonce, and the
+private store (``store_of``) through which the tests write to a journal as a client would."""
 
 from __future__ import annotations
 
@@ -11,11 +12,28 @@ import psycopg
 
 from payonce._journal import _sql as sql
 from payonce._journal._engine import Tx
+from payonce._journal._inbox import Inbox
+from payonce._journal._open import inbox_of, store_of
 from payonce._journal._store import IntentStore
 from payonce._lifecycle import IntentDraft, Transition, canonical_request, make_scope
-from payonce.journal import StoredResponse
+from payonce.journal import Journal, StoredResponse
 
-OpenJournal = Callable[..., IntentStore]
+__all__ = [
+    "RESPONSE",
+    "Inbox",
+    "IntentDraft",
+    "IntentStore",
+    "OpenJournal",
+    "draft_for",
+    "inbox_of",
+    "raw_transaction",
+    "rows",
+    "settle",
+    "store_of",
+]
+
+OpenJournal = Callable[..., Journal]
+"""Opens a journal (a "host") on the test's store; ``store_of`` gives its private writes."""
 
 
 def draft_for(
@@ -81,9 +99,9 @@ def rows(location: str, statement: str, params: tuple[Any, ...] = ()) -> list[tu
         return tx.all(statement, params)
 
 
-def settle(journal: IntentStore, key: str, owner: str, now: float, attempt: int = 1) -> None:
+def settle(store: IntentStore, key: str, owner: str, now: float, attempt: int = 1) -> None:
     """Settle a held intent as succeeded, with ``RESPONSE``."""
-    journal.settle(
+    store.settle(
         key,
         transition=Transition.SUCCEEDED,
         owner=owner,

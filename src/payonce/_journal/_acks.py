@@ -11,11 +11,12 @@ unacknowledged, the conservative state: they are listed by ``ack --list`` and
 ``unacknowledged()`` as outcomes the caller may not have seen, which is what an
 acknowledgement the block never reached would have left too.
 
-What bounds how long a key waits: the next write; a read of the same journal object,
-which applies them first (so it reads its own acknowledgements); ``close()``; a normal
-interpreter exit; and at the latest ``FLUSH_DELAY`` seconds later, the flusher thread (one
-per process, for every journal, started on first use). Keys are per process: a child of
-``os.fork()`` starts with none and the parent still applies its own.
+What bounds how long a key waits: the next write; a read through the same engine (by any
+object holding it), which applies them first (so it reads its own acknowledgements);
+``close()``; a normal interpreter exit; and at the latest ``FLUSH_DELAY`` seconds later,
+the flusher thread (one per process, for every journal, started on first use). Keys are
+per process: a child of ``os.fork()`` starts with none and the parent still applies its
+own.
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ class PendingAcknowledgements:
 
 
 class Flushable(Protocol):
-    def _flush_acknowledgements(self) -> None: ...
+    def flush_acknowledgements(self) -> None: ...
 
 
 class _Flusher:
@@ -155,7 +156,7 @@ class _Flusher:
     def _run(self) -> None:
         while True:
             for journal in self._ready():
-                journal._flush_acknowledgements()
+                journal.flush_acknowledgements()
 
     def flush_all(self) -> None:
         """At interpreter exit: write what waits, while the journals are still open."""
@@ -163,7 +164,7 @@ class _Flusher:
             journals = list(self._due.keys())
             self._due.clear()
         for journal in journals:
-            journal._flush_acknowledgements()
+            journal.flush_acknowledgements()
 
 
 flusher = _Flusher()

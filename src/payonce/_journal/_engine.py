@@ -1,16 +1,17 @@
-"""The journal's transactions, once, for every SQL backend.
+"""A journal's engine: one backend's transactions, and what every backend shares.
 
-Every journal method is written in terms of two transaction runners:
-``_write(work, durable=…, busy=…)`` runs ``work(tx)`` in one read-then-write transaction
-(durably committed or not), ``_read(work)`` runs it for reading. Both are here, around what
+Everything the journal does is written in terms of two transaction runners:
+``write(work, durable=…, busy=…)`` runs ``work(tx)`` in one read-then-write transaction
+(durably committed or not), ``read(work)`` runs it for reading. Both are here, around what
 a backend provides (``_commit`` and ``_query``), so that every write carries the
-acknowledgements waiting in memory (``_acks``) and every read sees them. A backend adds only
-what is its own: connecting, opening and checking, locking, durability settings and the
-translation of its driver's errors. ``Engine`` declares those runners; ``_claims`` (the
-private store's writes) and ``_reads`` (the public journal's reads and operator commands)
-are written on top of them, and ``_store.IntentStore`` puts the two together.
+acknowledgements waiting in memory (``_acks``) and every read sees them. A backend
+(``_sqlite.SQLiteEngine``, ``_postgres.PostgresEngine``) adds only what is its own:
+connecting, opening and checking, locking, durability settings and the translation of its
+driver's errors. The engine decides nothing about an intent: the private store
+(``_store.IntentStore``), the webhook inbox's writes (``_inbox.Inbox``) and the public
+``_reads.Journal`` each hold one and run their work in it.
 
-Inside ``_write`` every row read with ``lock=True`` stays locked until the commit (SQLite
+Inside ``write`` every row read with ``lock=True`` stays locked until the commit (SQLite
 holds the whole database with ``BEGIN IMMEDIATE``; PostgreSQL locks the rows with ``FOR
 UPDATE``), so a lease tested here cannot change hands before the write that relies on it.
 """
@@ -19,21 +20,22 @@ from __future__ import annotations
 
 import abc
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, Self, TypeVar
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
-from .._lifecycle import IntentRecord, IntentState, Transition, target
 from .._version import __version__
-from ..errors import IntentStateError, JournalBusy, JournalError
+from ..errors import JournalBusy, JournalError
 from . import _sql as sql
 from ._acks import PendingAcknowledgements, acknowledge_all, flusher
 from ._reports import JournalCommitted
-from ._rows import intent_from_row
-from ._schema import APPLICATION, SCHEMA_VERSION
+from ._schema import APPLICATION, SCHEMA_VERSION, parts_at
 
 __all__ = [
+    "AFTER_LOOKUP",
     "AFTER_SEND",
     "BEFORE_SEND",
     "FOREIGN_KEY_DAMAGE",
@@ -161,14 +163,24 @@ def migrate(tx: Tx, *, target: int = SCHEMA_VERSION, refuse: Callable[[str], Jou
 
 
 class Engine(abc.ABC):
-    """What a backend provides, and the few helpers every journal method shares."""
+    """One backend's transactions: what the store, the inbox and the public ``Journal``
+    run their work in, each holding the same engine.
 
-    _dialect: sql.Dialect
-    _commit_watchers: tuple[Callable[[JournalCommitted], None], ...] = ()
-    _read_only: bool = False
-    _schema_version: int = SCHEMA_VERSION
+    A backend provides ``_commit`` and ``_query`` (its own transactions, locking,
+    durability settings and the translation of its driver's errors), its location, close
+    and backup, and the few facts ``check`` asks of its storage. The rest is here, once:
+    the transaction runners ``write`` and ``read`` with the acknowledgements waiting in
+    memory and the commit watchers, the read-only refusal, the errors' wording, and the
+    schema check every open makes.
+    """
+
+    dialect: sql.Dialect
+    read_only: bool = False
+    """Opened with ``read_only=True``: never created, migrated or written through."""
+    schema_version: int = SCHEMA_VERSION
     """A writer migrates the journal to this payonce's schema on open; a read-only journal
     keeps the version it was found at (0: no payonce tables yet)."""
+    _commit_watchers: tuple[Callable[[JournalCommitted], None], ...] = ()
 
     @property
     @abc.abstractmethod
@@ -178,30 +190,38 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None: ...
 
+    @abc.abstractmethod
+    def backup(self, destination: str | os.PathLike[str]) -> Path:
+        """A consistent copy at ``destination`` (see ``Journal.backup``)."""
+
     # -- what a backend provides ------------------------------------------------------------
 
     @abc.abstractmethod
     def _commit(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T:
-        """Run ``work`` in one read-then-write transaction and commit it (see ``_write``)."""
+        """Run ``work`` in one read-then-write transaction and commit it (see ``write``)."""
 
     @abc.abstractmethod
     def _query(self, work: Callable[[Tx], T], *, snapshot: bool) -> T:
-        """Run ``work`` for reading (see ``_read``)."""
+        """Run ``work`` for reading (see ``read``)."""
 
     @abc.abstractmethod
-    def _storage_problems(self, tx: Tx) -> list[str]:
+    def storage_problems(self, tx: Tx) -> list[str]:
         """The backend's own integrity findings, for ``check``."""
 
     @abc.abstractmethod
-    def _size_bytes(self, tx: Tx) -> int: ...
+    def size_bytes(self, tx: Tx) -> int: ...
 
     @abc.abstractmethod
-    def _present_columns(self, tx: Tx, table: str) -> set[str]:
+    def present_columns(self, tx: Tx, table: str) -> set[str]:
         """The columns ``table`` has, or an empty set when there is no such table."""
+
+    @abc.abstractmethod
+    def between_batches(self, seconds: float) -> None:
+        """After a prune batch that held the journal ``seconds``: let writers in."""
 
     # -- the transaction runners ----------------------------------------------------------
 
-    def _write(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T:
+    def write(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T:
         """Run ``work`` in one read-then-write transaction and commit it.
 
         ``durable`` commits survive an operating-system crash before this returns; the
@@ -227,19 +247,19 @@ class Engine(abc.ABC):
                 acks.restore(taken)
             raise
 
-    def _read(self, work: Callable[[Tx], T], *, snapshot: bool = False) -> T:
+    def read(self, work: Callable[[Tx], T], *, snapshot: bool = False) -> T:
         """Run ``work`` for reading; ``snapshot`` makes its statements see one instant.
-        Acknowledgements waiting in memory are written first: this object reads its own."""
+        Acknowledgements waiting in memory are written first: this engine reads its own."""
         if self._acks:
-            self._flush_acknowledgements()
+            self.flush_acknowledgements()
         return self._query(work, snapshot=snapshot)
 
     # -- acknowledgements of blocks, written lazily (see ``_acks``) ---------------------------
 
     _acks: PendingAcknowledgements | None = None
 
-    def _acknowledge_later(self, key: str, *, now: float) -> None:
-        """Acknowledge the settled intent ``key`` in this journal's next write transaction
+    def acknowledge_later(self, key: str, *, now: float) -> None:
+        """Acknowledge the settled intent ``key`` in this engine's next write transaction
         (or within ``_acks.FLUSH_DELAY`` seconds, at ``close()``, at exit): no transaction
         of its own. A crash before then leaves it unacknowledged, listed by ``ack --list``."""
         if self._acks is None:
@@ -249,14 +269,14 @@ class Engine(abc.ABC):
         self._acks.add(key, now)
         flusher.schedule(self)
 
-    def _flush_acknowledgements(self) -> None:
+    def flush_acknowledgements(self) -> None:
         """Write the waiting acknowledgements now, in a transaction of their own. Never
         raises: one not written stays unacknowledged (the safe side) and waits for the next
         write."""
         if not self._acks:
             return
         try:
-            self._write(_nothing, durable=False, busy=NO_SEND)
+            self.write(_nothing, durable=False, busy=NO_SEND)
         except Exception as exc:  # busy, closed, gone: the next write carries them
             logger.warning(
                 "acknowledgements of finished blocks not written yet to the journal %s (%s);"
@@ -268,11 +288,11 @@ class Engine(abc.ABC):
 
     # -- commit latency, for hooks ----------------------------------------------------------
 
-    def _watch_commits(self, watcher: Callable[[JournalCommitted], None]) -> None:
+    def watch_commits(self, watcher: Callable[[JournalCommitted], None]) -> None:
         """Tell ``watcher`` of every write transaction committed from now on."""
         self._commit_watchers = (*self._commit_watchers, watcher)
 
-    def _unwatch_commits(self, watcher: Callable[[JournalCommitted], None]) -> None:
+    def unwatch_commits(self, watcher: Callable[[JournalCommitted], None]) -> None:
         self._commit_watchers = tuple(w for w in self._commit_watchers if w is not watcher)
 
     def _timed_write(self, write: Callable[[], T], durable: bool) -> T:
@@ -286,7 +306,7 @@ class Engine(abc.ABC):
 
     # -- errors ----------------------------------------------------------------------------
 
-    def _error(self, what: str, *, busy: bool = False, then: str | None = None) -> JournalError:
+    def error(self, what: str, *, busy: bool = False, then: str | None = None) -> JournalError:
         """The error to raise; ``then`` is what the caller may conclude (``BEFORE_SEND``,
         ``AFTER_SEND``, ``NO_SEND``), said after ``what``."""
         cls = JournalBusy if busy else JournalError
@@ -300,11 +320,11 @@ class Engine(abc.ABC):
         )
 
     def _refuse(self, kind: str) -> Callable[[str], JournalError]:
-        return lambda why: self._error(f"this {kind} is not a usable payonce journal: {why}")
+        return lambda why: self.error(f"this {kind} is not a usable payonce journal: {why}")
 
     def _refuse_writes(self) -> None:
-        if self._read_only:
-            raise self._error(
+        if self.read_only:
+            raise self.error(
                 "this journal was opened read-only: open it again without read_only=True "
                 "to change it"
             )
@@ -312,60 +332,48 @@ class Engine(abc.ABC):
     def _cannot_read(self) -> JournalError | None:
         """Why a read of a read-only journal found a table or column missing, when its
         schema says why: none yet, or an older one this payonce would have migrated."""
-        if not self._read_only or self._schema_version >= SCHEMA_VERSION:
+        if not self.read_only or self.schema_version >= SCHEMA_VERSION:
             return None  # the parts its schema promises are gone: damage, said as such
-        if self._schema_version == 0:
-            return self._error(NOT_A_JOURNAL_YET)
-        return self._error(
-            f"the journal has schema {self._schema_version}, older than this read needs "
+        if self.schema_version == 0:
+            return self.error(NOT_A_JOURNAL_YET)
+        return self.error(
+            f"the journal has schema {self.schema_version}, older than this read needs "
             f"(this payonce writes schema {SCHEMA_VERSION}), and a read-only open never "
             "migrates it: run payonce journal migrate, or let a payonce client open it, "
             "which migrates it, then read it again"
         )
 
-    # -- intents ---------------------------------------------------------------------------
+    # -- the schema's parts ------------------------------------------------------------------
 
-    def _select(
-        self, tx: Tx, where: str, params: Sequence[Any], *, lock: bool = False
-    ) -> IntentRecord | None:
-        suffix = tx.dialect.lock_rows if lock else ""
-        row = tx.one(sql.SELECT_INTENT + where + suffix, params)
-        return intent_from_row(row) if row else None
+    def missing_parts(self, tx: Tx) -> list[str]:
+        """What the statements need, the journal's schema version promises, and the journal
+        lacks (nothing, for an intact one). An older schema's journal does not lack what
+        only later migrations add: a writer adds it when it opens the journal."""
+        promised = parts_at(self.schema_version)
+        problems = []
+        for table, needed in sql.needed_columns().items():
+            owed = [c for c in needed if c in promised.columns.get(table, ())]
+            if not owed:
+                continue
+            present = self.present_columns(tx, table)
+            if not present:
+                problems.append(f"table {table} is missing")
+            elif missing := [c for c in owed if c not in present]:
+                problems.append(f"table {table} lacks column(s) {', '.join(missing)}")
+        problems += [
+            f"index {index} is missing"
+            for index in sql.NEEDED_INDEXES
+            if index in promised.indexes and tx.one(tx.dialect.has_relation, (index,)) is None
+        ]
+        return problems
 
-    def _reread(self, tx: Tx, key: str) -> IntentRecord:
-        record = self._select(tx, sql.BY_KEY, (key,))
-        assert record is not None, "a row this transaction holds cannot vanish"
-        return record
-
-    @staticmethod
-    def _allowed(
-        record: IntentRecord,
-        transition: Transition,
-        refusal: str = "intent {key} is {state}: '{transition}' does not apply to it",
-    ) -> IntentState:
-        """Where ``transition`` takes the intent; ``IntentStateError`` (worded by ``refusal``,
-        a format string) when the transition table does not let it start from there."""
-        to = target(transition, record.state)
-        if to is None:
-            state, what = record.state.value, transition.value
-            raise IntentStateError(
-                refusal.format(key=record.key, state=state, transition=what),
-                key=record.key,
-                reference=record.reference,
+    def _verify(self, tx: Tx) -> None:
+        """Refuse a journal whose schema version promises parts it does not have."""
+        if problems := self.missing_parts(tx):
+            raise self.error(
+                f"the journal is damaged ({'; '.join(problems[:3])}); restore it from a "
+                "backup or move it away to start a new one"
             )
-        return to
-
-    def _existing(self, tx: Tx, key: str) -> IntentRecord:
-        record = self._select(tx, sql.BY_KEY, (key,), lock=True)
-        if record is None:
-            raise self._error(f"no intent with key {key!r}")
-        return record
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 def _nothing(tx: Tx) -> None:

@@ -11,11 +11,14 @@ batch is then run again with each caller's work in a savepoint of its own (the f
 goes without them, which saves two statements per caller when none fails). A failure of
 the transaction as a whole runs every member again alone. Several processes on one file
 still serialise on SQLite's own lock, each with its own batches.
+
+``GroupCommit`` is a helper the SQLite engine owns (one per engine, a new one in a child
+after a fork): it holds the queue, and reaches the engine's connection, lock and lone
+writes through ``Connection``.
 """
 
 from __future__ import annotations
 
-import abc
 import contextlib
 import enum
 import itertools
@@ -23,13 +26,13 @@ import sqlite3
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from ..errors import JournalError
 from . import _sql as sql
 from ._engine import Tx
 
-__all__ = ["GroupCommit", "Member"]
+__all__ = ["Connection", "GroupCommit", "Member"]
 
 T = TypeVar("T")
 
@@ -101,33 +104,39 @@ def _wait(wake: threading.Lock) -> BaseException | None:
             return interrupted
 
 
-class GroupCommit(abc.ABC):
-    """The write queue of a SQLite journal, on top of its connection and lone writes."""
+class Connection(Protocol):
+    """What the group commit needs of the SQLite engine that owns it."""
 
-    _conn: sqlite3.Connection
-    _lock: threading.RLock
-    _dialect: sql.Dialect
-    _commits: int
+    dialect: sql.Dialect
+    commits: int
     """Write transactions committed (a figure for benchmarks)."""
-    _queue: deque[Member[Any]]
-    _queue_lock: threading.Lock
 
-    def _open_queue(self) -> None:
-        self._queue = deque()
-        self._queue_lock = threading.Lock()
+    @property
+    def conn(self) -> sqlite3.Connection: ...
 
-    @abc.abstractmethod
-    def _write_alone(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T:
+    @property
+    def lock(self) -> threading.RLock: ...
+
+    def write_alone(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T:
         """One write in one transaction of its own."""
 
-    @abc.abstractmethod
-    def _begin(self, *, durable: bool) -> sqlite3.Cursor:
+    def begin(self, *, durable: bool) -> sqlite3.Cursor:
         """A write transaction begun on the connection, at the safety level ``durable`` asks."""
 
-    @abc.abstractmethod
-    def _translate(self, exc: sqlite3.Error, busy: str) -> JournalError: ...
+    def translate(self, exc: sqlite3.Error, busy: str) -> JournalError: ...
 
-    def _write_together(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T:
+
+class GroupCommit:
+    """The write queue of one SQLite engine, on top of its connection and lone writes."""
+
+    __slots__ = ("_engine", "_queue", "_queue_lock")
+
+    def __init__(self, engine: Connection) -> None:
+        self._engine = engine
+        self._queue: deque[Member[Any]] = deque()
+        self._queue_lock = threading.Lock()
+
+    def write(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T:
         """Commit ``work`` with the writes queued beside it (or alone, if there are none)."""
         with self._queue_lock:
             solo = not self._queue
@@ -137,7 +146,7 @@ class GroupCommit(abc.ABC):
                 self._queue.append(_SOLO)
         if solo:
             try:
-                return self._write_alone(work, durable=durable, busy=busy)
+                return self._engine.write_alone(work, durable=durable, busy=busy)
             finally:
                 self._hand_over(1)
         member: Member[T] = Member(work, durable, busy)
@@ -207,7 +216,7 @@ class GroupCommit(abc.ABC):
             self._run_alone(batch[0])
             return
         durable = any(member.durable for member in batch)
-        with self._lock:
+        with self._engine.lock:
             # Members nearly always succeed: run them side by side first, without the
             # SAVEPOINT and RELEASE around each (per intent, four statements beside its own
             # four). If one raises, the whole batch is rolled back and run again, each in a
@@ -237,13 +246,13 @@ class GroupCommit(abc.ABC):
         """One transaction for the whole batch, each member's work run by ``run``."""
         try:
             # The safety level cannot change inside a transaction: it is the batch's.
-            cur = self._begin(durable=durable)
+            cur = self._engine.begin(durable=durable)
         except sqlite3.Error as exc:
             # The journal stayed locked (by another process) past the busy timeout, or its
             # file was removed or replaced (checked once, here, for a durable batch): for
             # every member alike, each is told so in its own words.
             for member in batch:
-                member.fail(self._translate(exc, member.busy))
+                member.fail(self._engine.translate(exc, member.busy))
                 member.finished = True
             return _Ended.ANSWERED
         try:
@@ -252,38 +261,38 @@ class GroupCommit(abc.ABC):
             cur.execute("COMMIT")
         except _MemberFailed:
             with contextlib.suppress(sqlite3.Error):
-                self._conn.execute("ROLLBACK")
+                self._engine.conn.execute("ROLLBACK")
             return _Ended.ISOLATE
         except (_BatchAborted, sqlite3.Error):
             with contextlib.suppress(sqlite3.Error):
-                self._conn.execute("ROLLBACK")
+                self._engine.conn.execute("ROLLBACK")
             return _Ended.ALONE
         except BaseException:
             with contextlib.suppress(sqlite3.Error):
-                self._conn.execute("ROLLBACK")
+                self._engine.conn.execute("ROLLBACK")
             raise
         for member in batch:
             member.finished = True
-        self._commits += 1
+        self._engine.commits += 1
         return _Ended.ANSWERED
 
     def _run_side_by_side(self, cur: sqlite3.Cursor, member: Member[Any]) -> None:
         try:
-            member.result = member.work(Tx(cur, self._dialect))
+            member.result = member.work(Tx(cur, self._engine.dialect))
         except Exception as exc:
             raise _MemberFailed from exc
 
     def _run_in_savepoint(self, cur: sqlite3.Cursor, member: Member[Any]) -> None:
         cur.execute("SAVEPOINT member")
         try:
-            member.result = member.work(Tx(cur, self._dialect))
+            member.result = member.work(Tx(cur, self._engine.dialect))
         except Exception as exc:
-            if not self._conn.in_transaction:
+            if not self._engine.conn.in_transaction:
                 raise _BatchAborted from exc
             # ROLLBACK TO keeps the transaction open: the members before this one stand.
             cur.execute("ROLLBACK TO member")
             if isinstance(exc, sqlite3.Error):
-                translated = self._translate(exc, member.busy)
+                translated = self._engine.translate(exc, member.busy)
                 translated.__cause__ = exc
                 member.fail(translated)
             else:
@@ -292,7 +301,9 @@ class GroupCommit(abc.ABC):
 
     def _run_alone(self, member: Member[Any]) -> None:
         try:
-            member.result = self._write_alone(member.work, durable=member.durable, busy=member.busy)
+            member.result = self._engine.write_alone(
+                member.work, durable=member.durable, busy=member.busy
+            )
         except Exception as exc:
             member.fail(exc)
         member.finished = True

@@ -81,7 +81,7 @@ def _kept_headers(headers: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], 
 def created_record(
     draft: IntentDraft, owner: str, now: float, lease_seconds: float
 ) -> IntentRecord:
-    """The row ``Claims._create`` has just inserted, as reading it back would return it."""
+    """The row ``IntentStore._create`` has just inserted, as reading it back would return it."""
     return _record(
         draft,
         _kept_headers(draft.request_headers),

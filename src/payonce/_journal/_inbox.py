@@ -1,4 +1,4 @@
-"""The webhook inbox's journal methods, once, for every SQL backend.
+"""The webhook inbox's writes to the journal: an event's claim, lease and end.
 
 A received event is a row of ``webhook_events`` keyed by (endpoint, event id). Handling it
 works like sending an intent: the worker that will run the handler first takes the row's
@@ -8,8 +8,9 @@ again). What a delivery amounts to is ``_lifecycle.decide_event_claim``'s answer
 whose owner died is taken over at once when ``is_stale`` says so (same host, process gone,
 ``payonce._owners`` by default), otherwise when it expires.
 
-``Inbox`` is a base class of every payonce journal (the reads are ``Journal``'s): it relies
-only on the backend's transaction runners, so SQLite and PostgreSQL both get it.
+``Inbox`` holds a journal's engine, as the public ``Journal`` (which has the events'
+reads) and the clients' ``IntentStore`` do: it relies only on the engine's transaction
+runners, so SQLite and PostgreSQL both get it.
 """
 
 from __future__ import annotations
@@ -140,8 +141,13 @@ def event_from_row(row: Sequence[Any]) -> EventRecord:
     return EventRecord(**fields)
 
 
-class Inbox(Engine):
-    """The webhook inbox's writes, for every SQL journal, on top of its transaction runners."""
+class Inbox:
+    """The webhook inbox's writes, in the transactions of the engine it holds."""
+
+    __slots__ = ("_engine",)
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
 
     def claim_event(
         self,
@@ -200,7 +206,7 @@ class Inbox(Engine):
                 current = select_event(tx, endpoint, event_id, lock=False)
                 assert current is not None, "a row this transaction holds cannot vanish"
                 return EventClaim(kind, current)
-            raise self._error(
+            raise self._engine.error(
                 f"webhook event {event_id}: its row kept appearing and disappearing under "
                 f"concurrent writers; {_NOT_RECORDED}"
             )
@@ -208,13 +214,13 @@ class Inbox(Engine):
         # Not fsynced: a claim only has to be visible to the other workers at once, which
         # every commit is. What must survive an operating-system crash is the processed
         # mark, and ``finish_event`` makes that durable.
-        return self._write(work, durable=False, busy=_NOT_RECORDED)
+        return self._engine.write(work, durable=False, busy=_NOT_RECORDED)
 
     def renew_event_lease(
         self, endpoint: str, event_id: str, *, owner: str, now: float, lease_seconds: float
     ) -> bool:
         """Extend the lease of a handler still running; False when it was lost."""
-        return self._write(
+        return self._engine.write(
             lambda tx: (
                 tx.execute(RENEW_EVENT, (now + lease_seconds, endpoint, event_id, owner)) == 1
             ),
@@ -233,7 +239,7 @@ class Inbox(Engine):
         def work(tx: Tx) -> bool:
             record = select_event(tx, endpoint, event_id, lock=True)
             if record is None:
-                raise self._error(
+                raise self._engine.error(
                     f"webhook event {event_id} vanished from the journal while its handler "
                     f"ran (pruned?); {_HANDLED_NOT_RECORDED}"
                 )
@@ -242,7 +248,7 @@ class Inbox(Engine):
             tx.execute(FINISH_EVENT, (now, now, endpoint, event_id))
             return record.lease_owner == owner
 
-        return self._write(work, durable=True, busy=_HANDLED_NOT_RECORDED)
+        return self._engine.write(work, durable=True, busy=_HANDLED_NOT_RECORDED)
 
     def release_event(
         self, endpoint: str, event_id: str, *, owner: str, now: float, error: str | None = None
@@ -250,7 +256,7 @@ class Inbox(Engine):
         """Give the lease up and leave the event unprocessed, noting why the handler failed."""
         if error is not None and len(error) > _ERROR_CHARS:
             error = error[: _ERROR_CHARS - 1] + "…"
-        self._write(
+        self._engine.write(
             lambda tx: tx.execute(RELEASE_EVENT, (now, error, endpoint, event_id, owner)),
             durable=False,
             busy=NOTHING_CHANGED,

@@ -1,4 +1,5 @@
-"""Opening a journal: from an instance, a path, a ``postgresql://`` URL, or the default place."""
+"""Opening a journal (from an instance, a path, a ``postgresql://`` URL, or the default
+place), and the private writers a client or an inbox builds on its engine."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigurationError
+from ._inbox import Inbox
 from ._reads import Journal
 from ._sql import is_postgres_url
 from ._sqlite import SQLiteJournal
@@ -18,9 +20,11 @@ if TYPE_CHECKING:
 __all__ = [
     "JOURNAL_ENV",
     "default_journal_path",
+    "inbox_of",
     "open_journal",
-    "open_store",
+    "open_to_write",
     "postgres_journal_class",
+    "store_of",
 ]
 
 JOURNAL_ENV = "PAYONCE_JOURNAL"
@@ -101,29 +105,35 @@ def open_journal(
     )
 
 
-def open_store(
+def open_to_write(
     journal: Journal | str | os.PathLike[str] | None,
     *,
     busy_timeout: float = 5.0,
     check_integrity: bool = True,
-) -> IntentStore:
-    """``open_journal`` for those who write intents: a client, the webhook inbox.
+) -> Journal:
+    """``open_journal`` for those who write intents or events: a client, the webhook inbox.
 
-    A journal object given to them must be a payonce journal (``SQLiteJournal``,
-    ``PostgresJournal``), which keeps the clients' writes; a ``Journal`` that only reads
-    is refused with ``ConfigurationError`` before anything is sent.
+    They build their writers (``IntentStore``, ``Inbox``) on the journal's engine. A
+    journal opened with ``read_only=True`` is refused with ``ConfigurationError`` before
+    anything is sent; an object that is not a payonce ``Journal`` is refused by
+    ``open_journal``.
     """
     opened = open_journal(journal, busy_timeout=busy_timeout, check_integrity=check_integrity)
     if opened.read_only:
+        # Only an object the caller gave can be read-only (a path never opens one so
+        # here), so it is the caller's to close.
         raise ConfigurationError(
             "journal= was opened with read_only=True: a client writes intents to its journal, "
             "so give it a path, a URL or a journal opened for writing"
         )
-    if not isinstance(opened, IntentStore):
-        # Only an object the caller gave can fail this (a path always opens a store), so
-        # it is the caller's to close.
-        raise ConfigurationError(
-            f"journal= must be a path, a postgresql:// URL, a SQLiteJournal or a "
-            f"PostgresJournal: a {type(opened).__name__} can be read but not written through"
-        )
     return opened
+
+
+def store_of(journal: Journal) -> IntentStore:
+    """The clients' writes to ``journal``, in the transactions of its engine."""
+    return IntentStore(journal._engine)
+
+
+def inbox_of(journal: Journal) -> Inbox:
+    """The webhook inbox's writes to ``journal``, in the transactions of its engine."""
+    return Inbox(journal._engine)

@@ -1,4 +1,5 @@
-"""The PostgreSQL journal: one journal shared by every host of a service.
+"""The PostgreSQL journal, one shared by every host of a service: its engine (a connection
+pool) and ``PostgresJournal``, the public journal that opens it.
 
 Needs the ``postgres`` extra (psycopg 3 and psycopg-pool). Everything but connecting,
 transactions, durability settings and error translation lives in ``_engine`` and ``_sql``,
@@ -35,12 +36,12 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 from .._fork import ForkGuard
 from ..errors import ConfigurationError, JournalError
 from . import _sql as sql
-from ._engine import BEFORE_SEND, NO_SEND, Tx, migrate, schema_found
+from ._engine import BEFORE_SEND, NO_SEND, Engine, Tx, migrate, schema_found
 from ._postgres_url import Target
+from ._reads import Journal
 from ._rows import DamagedRow
-from ._store import IntentStore
 
-__all__ = ["PostgresJournal"]
+__all__ = ["PostgresEngine", "PostgresJournal"]
 
 T = TypeVar("T")
 
@@ -56,25 +57,10 @@ _BUSY = (pg_errors.LockNotAvailable, pg_errors.DeadlockDetected, pg_errors.Seria
 _RETRYABLE = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
 
 
-class PostgresJournal(IntentStore):
-    """A journal in a PostgreSQL database, shared by every host and thread that opens it.
+class PostgresEngine(Engine):
+    """One PostgreSQL journal's transactions (see ``PostgresJournal`` for the options)."""
 
-    ``url`` is a libpq URL, ``postgresql://user:password@host:5432/dbname?sslmode=…``.
-    ``schema`` (or ``?schema=name`` in the URL) keeps the journal's tables in a schema of
-    their own, created on first open; by default they go where unqualified names resolve
-    (usually ``public``). ``busy_timeout`` bounds every wait for a row lock or a pooled
-    connection; ``pool_size`` is the most connections this journal holds at once.
-
-    ``location`` is the URL without its password, which appears in no message or log.
-
-    ``read_only`` runs every session with ``default_transaction_read_only``: the journal's
-    tables and schema are never created or migrated and no lock is taken to migrate them, so
-    it reads while writers hold rows. A journal of an older schema is read as it is; a read
-    that needs what only a newer schema has raises ``JournalError`` saying so, and so do
-    writes.
-    """
-
-    _dialect = sql.POSTGRES
+    dialect = sql.POSTGRES
 
     def __init__(
         self,
@@ -87,7 +73,7 @@ class PostgresJournal(IntentStore):
         check_integrity: bool = True,
         read_only: bool = False,
     ) -> None:
-        self._read_only = read_only
+        self.read_only = read_only
         target = Target(url)
         self._target = target
         self._schema = schema if schema is not None else target.schema
@@ -141,9 +127,6 @@ class PostgresJournal(IntentStore):
     def location(self) -> str:
         return self._location
 
-    def __repr__(self) -> str:
-        return f"PostgresJournal({self.location!r})"
-
     # -- opening ---------------------------------------------------------------------------
 
     def _open(self, connect: dict[str, Any], connect_timeout: float, check: bool) -> None:
@@ -152,27 +135,27 @@ class PostgresJournal(IntentStore):
         try:
             conn = psycopg.connect(self._target.conninfo, **connect)
         except psycopg.Error as exc:
-            raise self._error(
+            raise self.error(
                 f"cannot connect to the journal database: {self._describe(exc)}"
             ) from None
         with conn:
             try:
                 self._configure(conn)
-                if self._read_only:
-                    self._schema_version = self._run(
+                if self.read_only:
+                    self.schema_version = self._run(
                         conn, self._inspect, begin="BEGIN READ ONLY", busy=NO_SEND
                     )
-                    check = check and self._schema_version > 0
+                    check = check and self.schema_version > 0
                 else:
                     self._run(conn, self._migrate, begin="BEGIN", busy=BEFORE_SEND)
                 if check:
                     self._run(conn, self._verify, begin=None, busy=NO_SEND)
             except psycopg.Error as exc:
-                raise self._translate(exc, BEFORE_SEND) from None
+                raise self.translate(exc, BEFORE_SEND) from None
         try:
             self._pool.open(wait=True, timeout=connect_timeout)
         except PoolTimeout:
-            raise self._error(
+            raise self.error(
                 f"the journal database accepted one connection but the pool could not "
                 f"open one within {connect_timeout:g}s"
             ) from None
@@ -197,7 +180,7 @@ class PostgresJournal(IntentStore):
         try:
             migrate(tx, refuse=self._refuse(self._kind()))
         except pg_errors.DuplicateTable as exc:
-            raise self._error(
+            raise self.error(
                 f"the database already has a table or index payonce needs the name of "
                 f"({self._describe(exc)}); nothing was changed. Give the journal a schema of "
                 "its own: ?schema=payonce in the URL"
@@ -220,7 +203,7 @@ class PostgresJournal(IntentStore):
                 safety,
                 safety,
                 f'"{self._schema}"' if self._schema else None,
-                "on" if self._read_only else None,  # a writer keeps what the DBA set
+                "on" if self.read_only else None,  # a writer keeps what the DBA set
             ),
         ).fetchone()
         assert row is not None
@@ -258,9 +241,9 @@ class PostgresJournal(IntentStore):
             try:
                 conn = self._pool.getconn()
             except PoolClosed:
-                raise self._error("this journal was closed; open it again to use it") from None
+                raise self.error("this journal was closed; open it again to use it") from None
             except PoolTimeout:
-                raise self._error(
+                raise self.error(
                     f"no connection to the journal database became free within "
                     f"{self._busy_timeout:g}s (all in use, or the database is unreachable)",
                     busy=True,
@@ -269,7 +252,7 @@ class PostgresJournal(IntentStore):
             try:
                 return self._run(conn, work, begin=begin, busy=busy)
             except DamagedRow as exc:
-                raise self._error(
+                raise self.error(
                     f"the journal cannot be read ({exc}); it is damaged: restore it from a "
                     "backup, or repair that row",
                     then=busy,
@@ -279,7 +262,7 @@ class PostgresJournal(IntentStore):
                 if round_ < _ROUNDS and (lost or isinstance(exc, _RETRYABLE)):
                     logger.debug("journal transaction retried: %s", self._describe(exc))
                     continue
-                raise self._translate(exc, busy) from None
+                raise self.translate(exc, busy) from None
             finally:
                 self._pool.putconn(conn)
         raise AssertionError("unreachable: the last round returns or raises")
@@ -296,7 +279,7 @@ class PostgresJournal(IntentStore):
         try:
             if begin is not None:
                 cur.execute(begin)
-            result = work(Tx(cur, self._dialect))
+            result = work(Tx(cur, self.dialect))
         except BaseException:
             if not conn.broken and conn.info.transaction_status != TransactionStatus.IDLE:
                 try:
@@ -308,7 +291,7 @@ class PostgresJournal(IntentStore):
             try:
                 cur.execute("COMMIT")
             except psycopg.Error as exc:
-                raise self._error(
+                raise self.error(
                     f"the journal database failed while committing "
                     f"({self._describe(exc)}), so whether this write was recorded is unknown",
                     then=busy,
@@ -319,43 +302,47 @@ class PostgresJournal(IntentStore):
         text = " ".join(str(exc).split()) or type(exc).__name__
         return self._target.redact(text)
 
-    def _translate(self, exc: psycopg.Error, busy: str) -> JournalError:
+    def translate(self, exc: psycopg.Error, busy: str) -> JournalError:
         missing = isinstance(exc, pg_errors.UndefinedTable | pg_errors.UndefinedColumn)
         if missing and (reason := self._cannot_read()) is not None:
             return reason
         if isinstance(exc, pg_errors.QueryCanceled):
-            return self._error(
+            return self.error(
                 f"a journal statement ran for more than {self._safety_timeout:g}s and was "
                 "cancelled",
                 busy=True,
                 then=busy,
             )
         if isinstance(exc, _BUSY):
-            return self._error(
+            return self.error(
                 f"the journal's rows stayed locked by another worker for more than "
                 f"{self._busy_timeout:g}s",
                 busy=True,
                 then=busy,
             )
         if isinstance(exc, pg_errors.InsufficientPrivilege):
-            return self._error(
+            return self.error(
                 f"the database role lacks a privilege the journal needs "
                 f"({self._describe(exc)}): grant it, or give the journal a schema it may "
                 "create tables in (?schema=payonce)"
             )
         if isinstance(exc, psycopg.OperationalError):
-            return self._error(f"lost the journal database ({self._describe(exc)})", then=busy)
-        return self._error(f"journal operation failed ({self._describe(exc)})", then=busy)
+            return self.error(f"lost the journal database ({self._describe(exc)})", then=busy)
+        return self.error(f"journal operation failed ({self._describe(exc)})", then=busy)
 
     # -- operating --------------------------------------------------------------------------
 
-    def _storage_problems(self, tx: Tx) -> list[str]:
+    def between_batches(self, seconds: float) -> None:
+        """Nothing to wait for: a prune batch locks only the rows it deletes (``SKIP
+        LOCKED``), so no other writer was shut out of the journal meanwhile."""
+
+    def storage_problems(self, tx: Tx) -> list[str]:
         row = tx.one("SELECT current_setting('fsync')")
         if row is not None and row[0] == "off":
             return ["the database server runs with fsync=off: committed intents can be lost"]
         return []
 
-    def _present_columns(self, tx: Tx, table: str) -> set[str]:
+    def present_columns(self, tx: Tx, table: str) -> set[str]:
         rows = tx.all(
             "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(?)"
             " AND attnum > 0 AND NOT attisdropped",
@@ -363,7 +350,7 @@ class PostgresJournal(IntentStore):
         )
         return {str(row[0]) for row in rows}
 
-    def _size_bytes(self, tx: Tx) -> int:
+    def size_bytes(self, tx: Tx) -> int:
         row = tx.one(
             "SELECT coalesce(sum(pg_total_relation_size(to_regclass(t))), 0)"
             " FROM unnest(?::text[]) AS t",
@@ -378,7 +365,7 @@ class PostgresJournal(IntentStore):
         with WAL archiving, or the provider's point-in-time recovery).
         """
         only_schema = f" -n {self._schema}" if self._schema is not None else ""
-        raise self._error(
+        raise self.error(
             f"payonce does not copy a PostgreSQL journal to {os.fspath(destination)}: back it "
             f"up with pg_dump (e.g. pg_dump -Fc{only_schema} -f payonce.dump DBNAME), or "
             "with base backups and WAL archiving"
@@ -386,5 +373,47 @@ class PostgresJournal(IntentStore):
 
     def close(self) -> None:
         self._in_this_process()  # a child closes its own pool, never its parent's
-        self._flush_acknowledgements()
+        self.flush_acknowledgements()
         self._pool.close()
+
+
+class PostgresJournal(Journal):
+    """A journal in a PostgreSQL database, shared by every host and thread that opens it.
+
+    ``url`` is a libpq URL, ``postgresql://user:password@host:5432/dbname?sslmode=…``.
+    ``schema`` (or ``?schema=name`` in the URL) keeps the journal's tables in a schema of
+    their own, created on first open; by default they go where unqualified names resolve
+    (usually ``public``). ``busy_timeout`` bounds every wait for a row lock or a pooled
+    connection; ``pool_size`` is the most connections this journal holds at once.
+
+    ``location`` is the URL without its password, which appears in no message or log.
+
+    ``read_only`` runs every session with ``default_transaction_read_only``: the journal's
+    tables and schema are never created or migrated and no lock is taken to migrate them, so
+    it reads while writers hold rows. A journal of an older schema is read as it is; a read
+    that needs what only a newer schema has raises ``JournalError`` saying so, and so do
+    writes.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        busy_timeout: float = 5.0,
+        schema: str | None = None,
+        pool_size: int = 10,
+        connect_timeout: float = 10.0,
+        check_integrity: bool = True,
+        read_only: bool = False,
+    ) -> None:
+        super().__init__(
+            PostgresEngine(
+                url,
+                busy_timeout=busy_timeout,
+                schema=schema,
+                pool_size=pool_size,
+                connect_timeout=connect_timeout,
+                check_integrity=check_integrity,
+                read_only=read_only,
+            )
+        )

@@ -3,18 +3,21 @@
 Reads (of intents and of webhook events), and the operator's commands: ``abandon`` and
 ``acknowledge`` (refused for an intent they do not fit), ``prune`` in short batches,
 ``check`` and ``backup``. Writing intents and events (claims, leases, attempts, outcomes)
-is the clients' and the inbox's alone, through the private ``IntentStore`` (``_store``),
-so that no one settles an intent behind a lease's back.
+is the clients' and the inbox's alone, through the private ``IntentStore`` (``_store``)
+and ``Inbox`` (``_inbox``), so that no one settles an intent behind a lease's back.
+
+A ``Journal`` holds its backend's engine (``_engine``) and runs every method in the
+engine's transactions; ``SQLiteJournal`` and ``PostgresJournal`` are the journals whose
+constructors make that engine.
 """
 
 from __future__ import annotations
 
-import abc
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import attrs
 
@@ -40,9 +43,9 @@ from ._inbox import (
     event_from_row,
     select_event,
 )
+from ._intents import allowed, reread, select_intent
 from ._reports import JournalReport
 from ._rows import attempt_from_row, intent_from_row, reconciliation_from_row
-from ._schema import parts_at
 
 __all__ = ["Journal"]
 
@@ -55,41 +58,53 @@ _CANNOT_ACKNOWLEDGE = (
 )
 
 
-class Journal(Engine):
+class Journal:
     """The durable store of intents and attempts, as its readers and operators see it.
 
-    Every method is atomic. ``SQLiteJournal`` and ``PostgresJournal`` are journals, and
-    ``payonce.open_journal`` opens either.
+    Every method is atomic. ``SQLiteJournal(path)`` and ``PostgresJournal(url)`` open one,
+    and ``payonce.open_journal`` opens either.
     """
 
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
     @property
-    @abc.abstractmethod
     def location(self) -> str:
         """Where the journal lives (a path or a URL without credentials)."""
+        return self._engine.location
 
-    @abc.abstractmethod
     def backup(self, destination: str | os.PathLike[str]) -> Path:
         """A consistent copy at ``destination``, a new file; ``JournalError`` where the
         journal's own database tools must do it (PostgreSQL: ``pg_dump``)."""
+        return self._engine.backup(destination)
 
-    @abc.abstractmethod
-    def close(self) -> None: ...
+    def close(self) -> None:
+        self._engine.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.location!r})"
 
     @property
     def read_only(self) -> bool:
         """Opened with ``read_only=True``: never created, migrated or written through."""
-        return self._read_only
+        return self._engine.read_only
 
     @property
     def schema_version(self) -> int:
         """The journal's schema version. A journal opened to write has this payonce's (it
         migrated it on open); a read-only one has the version it was found at, 0 when the
         store holds no payonce tables yet."""
-        return self._schema_version
+        return self._engine.schema_version
 
     def reconciliations(self, key: str) -> list[ReconciliationRecord]:
         # Decoded inside the read: a row that no longer decodes is the journal's damage.
-        return self._read(
+        return self._engine.read(
             lambda tx: [
                 reconciliation_from_row(row)
                 for row in tx.all(sql.RECONCILIATIONS + tx.dialect.tiebreak, (key,))
@@ -99,7 +114,7 @@ class Journal(Engine):
     def abandon(self, key: str, *, reason: str, now: float) -> IntentRecord:
         def work(tx: Tx) -> IntentRecord:
             record = self._existing(tx, key)
-            self._allowed(record, Transition.ABANDONED, _CANNOT_ABANDON)
+            allowed(record, Transition.ABANDONED, _CANNOT_ABANDON)
             if abandon_blocked(
                 record.lease_owner, record.lease_expires_at, now=now, is_stale=owner_is_dead
             ):
@@ -110,27 +125,35 @@ class Journal(Engine):
                     reference=record.reference,
                 )
             tx.execute(sql.ABANDON, (IntentState.ABANDONED.value, reason, now, key))
-            return self._reread(tx, key)
+            return reread(tx, key)
 
         # Durable: an abandonment rolled back by an OS crash would let resume() send an
         # intent the operator closed (and perhaps paid again under a new reference).
-        return self._write(work, durable=True, busy=NO_SEND)
+        return self._engine.write(work, durable=True, busy=NO_SEND)
 
     def acknowledge(self, key: str, *, now: float) -> IntentRecord:
         def work(tx: Tx) -> IntentRecord:
             record = self._existing(tx, key)
-            self._allowed(record, Transition.ACKNOWLEDGED, _CANNOT_ACKNOWLEDGE)
+            allowed(record, Transition.ACKNOWLEDGED, _CANNOT_ACKNOWLEDGE)
             if record.acknowledged_at is not None:
                 return record  # acknowledged once: the first time stands
             tx.execute(sql.ACKNOWLEDGE, (now, key))
             return attrs.evolve(record, acknowledged_at=now)
 
-        return self._write(work, durable=False, busy=NO_SEND)
+        return self._engine.write(work, durable=False, busy=NO_SEND)
+
+    def _existing(self, tx: Tx, key: str) -> IntentRecord:
+        record = select_intent(tx, sql.BY_KEY, (key,), lock=True)
+        if record is None:
+            raise self._engine.error(f"no intent with key {key!r}")
+        return record
 
     # -- reading ---------------------------------------------------------------------------
 
     def _intents(self, statement: str, params: Sequence[Any]) -> list[IntentRecord]:
-        return self._read(lambda tx: [intent_from_row(row) for row in tx.all(statement, params)])
+        return self._engine.read(
+            lambda tx: [intent_from_row(row) for row in tx.all(statement, params)]
+        )
 
     def pending(
         self, *, account: str, provider: str, limit: int | None = None
@@ -152,7 +175,7 @@ class Journal(Engine):
         return self._intents(statement + " ORDER BY created_at, key", params)
 
     def get(self, key: str) -> IntentRecord | None:
-        return self._read(lambda tx: self._select(tx, sql.BY_KEY, (key,)))
+        return self._engine.read(lambda tx: select_intent(tx, sql.BY_KEY, (key,)))
 
     def find(self, key_or_reference: str) -> list[IntentRecord]:
         return self._intents(sql.FIND, (key_or_reference, key_or_reference))
@@ -179,7 +202,7 @@ class Journal(Engine):
         return self._intents(statement, params)
 
     def attempts(self, key: str) -> list[AttemptRecord]:
-        return self._read(
+        return self._engine.read(
             lambda tx: [attempt_from_row(row) for row in tx.all(sql.ATTEMPTS, (key,))]
         )
 
@@ -222,7 +245,7 @@ class Journal(Engine):
         return total
 
     def _count(self, statement: str, params: Sequence[Any]) -> int:
-        row = self._read(lambda tx: tx.one(statement, params))
+        row = self._engine.read(lambda tx: tx.one(statement, params))
         return int(row[0]) if row else 0
 
     def prunable(
@@ -245,7 +268,7 @@ class Journal(Engine):
     ) -> list[tuple[Any, ...]]:
         """The parameters of the prunable selection, one set per provider in the journal."""
         now = time.time() if now is None else now
-        providers = [row[0] for row in self._read(lambda tx: tx.all(sql.PROVIDERS, ()))]
+        providers = [row[0] for row in self._engine.read(lambda tx: tx.all(sql.PROVIDERS, ()))]
         return [
             (
                 *sql.PRUNABLE_STATES,
@@ -277,54 +300,23 @@ class Journal(Engine):
                 else NO_SEND
             )
             began = time.monotonic()
-            deleted = self._write(batch, durable=False, busy=busy)
+            deleted = self._engine.write(batch, durable=False, busy=busy)
             if deleted <= 0:
                 return total
             total += deleted
             if on_batch is not None:
                 on_batch(total)
-            self._between_batches(time.monotonic() - began)
-
-    def _between_batches(self, seconds: float) -> None:
-        """After a prune batch that held the journal ``seconds``: let writers in."""
+            self._engine.between_batches(time.monotonic() - began)
 
     # -- operating --------------------------------------------------------------------------
-
-    def _missing_parts(self, tx: Tx) -> list[str]:
-        """What the statements need, the journal's schema version promises, and the journal
-        lacks (nothing, for an intact one). An older schema's journal does not lack what
-        only later migrations add: a writer adds it when it opens the journal."""
-        promised = parts_at(self._schema_version)
-        problems = []
-        for table, needed in sql.needed_columns().items():
-            owed = [c for c in needed if c in promised.columns.get(table, ())]
-            if not owed:
-                continue
-            present = self._present_columns(tx, table)
-            if not present:
-                problems.append(f"table {table} is missing")
-            elif missing := [c for c in owed if c not in present]:
-                problems.append(f"table {table} lacks column(s) {', '.join(missing)}")
-        problems += [
-            f"index {index} is missing"
-            for index in sql.NEEDED_INDEXES
-            if index in promised.indexes and tx.one(tx.dialect.has_relation, (index,)) is None
-        ]
-        return problems
-
-    def _verify(self, tx: Tx) -> None:
-        """Refuse a journal whose schema version promises parts it does not have."""
-        if problems := self._missing_parts(tx):
-            raise self._error(
-                f"the journal is damaged ({'; '.join(problems[:3])}); restore it from a "
-                "backup or move it away to start a new one"
-            )
 
     def check(self) -> JournalReport:
         """Integrity, schema and contents, read at one instant (writers are not blocked)."""
 
+        engine = self._engine
+
         def work(tx: Tx) -> JournalReport:
-            if self._schema_version == 0:
+            if engine.schema_version == 0:
                 return JournalReport(
                     location=self.location,
                     ok=False,
@@ -332,11 +324,11 @@ class Journal(Engine):
                     schema_version=0,
                     intents_by_state={},
                     unacknowledged=0,
-                    size_bytes=self._size_bytes(tx),
+                    size_bytes=engine.size_bytes(tx),
                 )
-            size = self._size_bytes(tx)
-            storage = [p for p in self._storage_problems(tx) if p != "ok"]
-            missing = self._missing_parts(tx)
+            size = engine.size_bytes(tx)
+            storage = [p for p in engine.storage_problems(tx) if p != "ok"]
+            missing = engine.missing_parts(tx)
             problems = storage + missing
             meta: dict[str, str] = {}
             by_state: dict[str, int] = {}
@@ -368,13 +360,13 @@ class Journal(Engine):
                 contents_read=contents_read,
             )
 
-        return self._read(work, snapshot=True)
+        return self._engine.read(work, snapshot=True)
 
     def _contents(self, tx: Tx) -> tuple[dict[str, str], dict[str, int], int]:
         """The journal's meta rows, its intents by state and how many are unacknowledged."""
         meta = dict(tx.all(sql.META))
         by_state = {str(s): int(n) for s, n in tx.all(sql.COUNT_BY_STATE)}
-        if "acknowledged_at" in self._present_columns(tx, "intents"):
+        if "acknowledged_at" in self._engine.present_columns(tx, "intents"):
             row = tx.one(sql.COUNT_UNACKNOWLEDGED, _SETTLED)
             unacknowledged = int(row[0]) if row else 0
         else:  # schema 1 predates acknowledgements: no outcome was ever acknowledged
@@ -384,7 +376,7 @@ class Journal(Engine):
     # -- webhook events ------------------------------------------------------------------
 
     def get_event(self, endpoint: str, event_id: str) -> EventRecord | None:
-        return self._read(lambda tx: select_event(tx, endpoint, event_id, lock=False))
+        return self._engine.read(lambda tx: select_event(tx, endpoint, event_id, lock=False))
 
     def list_events(
         self,
@@ -408,7 +400,7 @@ class Journal(Engine):
         if limit is not None:
             statement += " LIMIT ?"
             params.append(limit)
-        rows = self._read(lambda tx: tx.all(statement, params))
+        rows = self._engine.read(lambda tx: tx.all(statement, params))
         return [event_from_row(row) for row in rows]
 
     def prune_events(self, *, processed_before: float) -> int:
@@ -417,7 +409,7 @@ class Journal(Engine):
         A pruned event's redelivery is handled again: keep events longer than the
         provider redelivers (Stripe: up to 3 days).
         """
-        return self._write(
+        return self._engine.write(
             lambda tx: tx.execute(PRUNE_EVENTS, (processed_before,)),
             durable=False,
             busy=NOTHING_CHANGED,

@@ -1,16 +1,467 @@
-"""``IntentStore``: a payonce journal with the writes only payonce's clients and webhook
-inbox make (claims, leases, attempts, outcomes, events). ``SQLiteJournal`` and
-``PostgresJournal`` are stores; a user's code reads and operates them as ``Journal``."""
+"""``IntentStore``: the writes payonce's own clients make to intents (claims, leases,
+attempts, outcomes), applied in the transactions of the engine it holds.
+
+The store is private: a user's code reads and operates a journal as ``Journal`` (``_reads``),
+which holds the same engine and none of these writes, so that no one settles an intent
+behind a lease's back. A client opens (or is given) a ``Journal`` and builds its store on
+that journal's engine.
+
+Nothing is decided here. What a claim amounts to is ``_lifecycle.decide_claim``'s answer
+(the owner liveness it asks about is ``payonce._owners``' unless the caller passes its own);
+every other write applies a named ``Transition`` the caller chose, and the transition
+table says from which state it may start, where it leads and whether the lease goes with
+it. Each write is applied atomically, in one transaction of the backend's.
+"""
 
 from __future__ import annotations
 
-from ._claims import Claims
-from ._inbox import Inbox
-from ._reads import Journal
+from collections.abc import Callable
+
+from .._crash import crash_point
+from .._lifecycle import (
+    Claim,
+    ClaimKind,
+    IntentDraft,
+    IntentRecord,
+    IntentState,
+    StoredResponse,
+    Transition,
+    decide_claim,
+    is_mismatch,
+    rule,
+    target,
+)
+from .._owners import owner_is_dead
+from ..errors import IntentInFlight
+from . import _sql as sql
+from ._engine import AFTER_LOOKUP, AFTER_SEND, BEFORE_SEND, Engine, Tx
+from ._held import HeldRecords, created_record, settled_record
+from ._intents import allowed, reread, select_intent
+from ._reports import JournalCommitted
+from ._rows import headers_to_json, intent_from_row, response_values
 
 __all__ = ["IntentStore"]
 
+_CLAIM_ROUNDS = 3
+_QUEUE_BATCH = 32
 
-class IntentStore(Claims, Journal, Inbox):
-    """Every method of the public ``Journal`` and every write, for any SQL backend that
-    provides the transaction runners (see ``Engine``)."""
+
+class IntentStore:
+    """Every write of payonce's clients to an intent, on any backend's engine."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._kept: HeldRecords | None = None
+        """The records this store's claims created, for their settles (see ``_held``)."""
+
+    @property
+    def location(self) -> str:
+        return self._engine.location
+
+    def acknowledge_later(self, key: str, *, now: float) -> None:
+        """Acknowledge the settled intent ``key`` with the engine's next write (``_acks``):
+        what leaving a block normally does, at no transaction of its own."""
+        self._engine.acknowledge_later(key, now=now)
+
+    def watch_commits(self, watcher: Callable[[JournalCommitted], None]) -> None:
+        """Tell ``watcher`` of every write transaction the engine commits from now on (this
+        store's, and any other's on the same engine)."""
+        self._engine.watch_commits(watcher)
+
+    def unwatch_commits(self, watcher: Callable[[JournalCommitted], None]) -> None:
+        self._engine.unwatch_commits(watcher)
+
+    def _keep(self, claim: Claim) -> Claim:
+        if claim.kind is ClaimKind.CREATED:
+            if self._kept is None:
+                # Two threads racing here may each make one: a record kept in the lost
+                # one only makes its settle read its row.
+                self._kept = HeldRecords()
+            self._kept.keep(claim.record)
+        return claim
+
+    def _held_by(self, tx: Tx, key: str, owner: str) -> IntentRecord:
+        if self._kept is not None:
+            self._kept.forget(key)  # written by other than its settle: read from now on
+        record = select_intent(tx, sql.BY_KEY, (key,), lock=True)
+        if record is None or record.lease_owner != owner:
+            raise IntentInFlight(
+                f"intent {key} is no longer held by this worker (its lease expired and "
+                "another worker took it over); its outcome will be settled by that worker",
+                key=key,
+                reference=record.reference if record else None,
+            )
+        return record
+
+    def _apply(
+        self, tx: Tx, key: str, owner: str, transition: Transition
+    ) -> tuple[IntentRecord, IntentState]:
+        """The held intent and the state ``transition`` takes it to; refused when the
+        transition may not start from the intent's state."""
+        record = self._held_by(tx, key, owner)
+        return record, allowed(record, transition)
+
+    def claim(
+        self,
+        draft: IntentDraft,
+        *,
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        is_stale: Callable[[str], bool] = owner_is_dead,
+    ) -> Claim:
+        def find(tx: Tx, lock: bool) -> IntentRecord | None:
+            record = None
+            if draft.reference is not None:
+                record = select_intent(
+                    tx, sql.BY_REFERENCE, (draft.scope, draft.reference), lock=lock
+                )
+            return record or select_intent(tx, sql.BY_KEY, (draft.key,), lock=lock)
+
+        def created() -> Claim:
+            return Claim(
+                ClaimKind.CREATED,
+                created_record(draft, owner, now, lease_seconds),
+                attempt_number=1,
+            )
+
+        def work(tx: Tx) -> Claim:
+            if not tx.dialect.lock_rows and self._create(tx, draft, owner, now, lease_seconds):
+                # Writers are serialised (SQLite holds the whole journal), so an insert the
+                # unique key and (scope, reference) let through is exactly a look-up that
+                # found nothing: a new intent costs no look-ups. Any other answer needs them.
+                return created()
+            for _ in range(_CLAIM_ROUNDS):
+                claim = self._claim_row(tx, find, draft, owner, now, lease_seconds, False, is_stale)
+                if claim is not None:
+                    return claim
+                if self._create(tx, draft, owner, now, lease_seconds):
+                    return created()
+                # Another worker created it between the look-up and the insert, and has
+                # committed: the next look-up finds its row.
+            raise self._engine.error(
+                f"intent {draft.key}: its row kept appearing and disappearing under "
+                "concurrent writers; nothing was sent. Retry later"
+            )
+
+        return self._keep(self._engine.write(work, durable=True, busy=BEFORE_SEND))
+
+    def _claim_row(
+        self,
+        tx: Tx,
+        find: Callable[[Tx, bool], IntentRecord | None],
+        draft: IntentDraft | None,
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        unknown: bool,
+        is_stale: Callable[[str], bool],
+    ) -> Claim | None:
+        """Ask ``decide_claim`` about the intent ``find`` returns, and take its lease if it
+        may be taken."""
+
+        def verdict(record: IntentRecord) -> ClaimKind | None:
+            if draft is not None and is_mismatch(record, draft):
+                return ClaimKind.MISMATCH
+            return decide_claim(
+                record,
+                owner=owner,
+                now=now,
+                unknown=unknown,
+                is_stale=is_stale,
+                lease_seconds=lease_seconds,
+            )
+
+        record = find(tx, False)
+        kind = verdict(record) if record is not None else None
+        if record is not None and kind is None and tx.dialect.lock_rows:
+            # Only taking the lease writes, so only it needs the row locked: replays,
+            # refusals and waits are answered from the committed row, without a row lock
+            # (and, in PostgreSQL, without the WAL flush a lock's commit would cost).
+            record = find(tx, True)
+            kind = verdict(record) if record is not None else None
+        if record is None:
+            return None
+        if kind is not None:
+            return Claim(kind, record)
+        return self._take(tx, record, owner, now, lease_seconds)
+
+    @staticmethod
+    def _create(tx: Tx, draft: IntentDraft, owner: str, now: float, lease_seconds: float) -> bool:
+        inserted = tx.execute(
+            sql.INSERT_INTENT,
+            (
+                draft.key,
+                draft.scope,
+                draft.reference,
+                draft.account,
+                draft.provider,
+                draft.method,
+                draft.url,
+                draft.fingerprint,
+                headers_to_json(draft.request_headers),
+                draft.body,
+                IntentState.PENDING.value,
+                now,
+                now,
+                now,
+                owner,
+                now + lease_seconds,
+            ),
+        )
+        if inserted != 1:
+            return False
+        tx.execute(sql.INSERT_ATTEMPT, (draft.key, 1, now))
+        return True
+
+    def _take(
+        self, tx: Tx, record: IntentRecord, owner: str, now: float, lease_seconds: float
+    ) -> Claim:
+        """Take the lease of a row this transaction holds and found free to take.
+
+        The update repeats the test atomically: it takes the lease only if the row still
+        has the holder it was judged on (or none, or an expired one)."""
+        tx.execute(
+            sql.TAKE_LEASE,
+            (owner, now + lease_seconds, now, record.key, owner, now, record.lease_owner),
+        )
+        claimed = reread(tx, record.key)
+        if claimed.lease_owner != owner:
+            return Claim(ClaimKind.LEASED, claimed)
+        return Claim(ClaimKind.CLAIMED, claimed)
+
+    def claim_key(
+        self,
+        key: str,
+        *,
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        unknown: bool = False,
+        is_stale: Callable[[str], bool] = owner_is_dead,
+    ) -> Claim | None:
+        def find(tx: Tx, lock: bool) -> IntentRecord | None:
+            return select_intent(tx, sql.BY_KEY, (key,), lock=lock)
+
+        return self._engine.write(
+            lambda tx: self._claim_row(
+                tx, find, None, owner, now, lease_seconds, unknown, is_stale
+            ),
+            durable=True,
+            busy=BEFORE_SEND,
+        )
+
+    def claim_next_pending(
+        self,
+        *,
+        account: str,
+        provider: str,
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        after: tuple[float, str] | None = None,
+        is_stale: Callable[[str], bool] = owner_is_dead,
+    ) -> Claim | None:
+        """Lease the oldest pending intent no live worker holds, after ``after``.
+
+        ``after`` is the ``(created_at, key)`` of the intent a queue pass handled last, so
+        one pass meets every intent at most once, even those it leaves pending. A lease
+        held by an owner ``is_stale`` judges dead counts as free. Rows another worker is
+        claiming right now are skipped, not waited for (PostgreSQL ``SKIP LOCKED``).
+        """
+
+        def work(tx: Tx) -> Claim | None:
+            created_at, key = after if after is not None else (float("-inf"), "")
+            while True:
+                rows = tx.all(
+                    sql.NEXT_PENDING + tx.dialect.skip_locked,
+                    (
+                        IntentState.PENDING.value,
+                        account,
+                        provider,
+                        created_at,
+                        created_at,
+                        key,
+                        _QUEUE_BATCH,
+                    ),
+                )
+                for row in rows:
+                    record = intent_from_row(row)
+                    # The row is locked already (or the whole journal is, in SQLite).
+                    verdict = decide_claim(
+                        record, owner=owner, now=now, is_stale=is_stale, lease_seconds=lease_seconds
+                    )
+                    if verdict is None:
+                        return self._take(tx, record, owner, now, lease_seconds)
+                if len(rows) < _QUEUE_BATCH:
+                    return None
+                last = intent_from_row(rows[-1])
+                created_at, key = last.created_at, last.key
+
+        return self._engine.write(work, durable=True, busy=BEFORE_SEND)
+
+    def renew_lease(self, key: str, *, owner: str, now: float, lease_seconds: float) -> bool:
+        return self._engine.write(
+            lambda tx: tx.execute(sql.RENEW_LEASE, (now + lease_seconds, key, owner)) == 1,
+            durable=False,
+            busy=AFTER_SEND,
+        )
+
+    def start_attempt(self, key: str, *, owner: str, now: float, lease_seconds: float) -> int:
+        def work(tx: Tx) -> int:
+            self._apply(tx, key, owner, Transition.ATTEMPT_STARTED)
+            row = tx.one(sql.LAST_ATTEMPT, (key,))
+            number = int(row[0] if row else 0) + 1
+            tx.execute(sql.INSERT_ATTEMPT, (key, number, now))
+            tx.execute(sql.ATTEMPT_STARTED, (now, now + lease_seconds, now, key))
+            return number
+
+        return self._engine.write(work, durable=True, busy=BEFORE_SEND)
+
+    @staticmethod
+    def _end_attempt(
+        tx: Tx,
+        key: str,
+        number: int,
+        now: float,
+        status_code: int | None,
+        error: str | None,
+        ambiguous: bool,
+    ) -> None:
+        tx.execute(sql.END_ATTEMPT, (now, status_code, error, int(ambiguous), key, number))
+
+    def end_attempt(
+        self,
+        key: str,
+        number: int,
+        *,
+        transition: Transition,
+        owner: str,
+        now: float,
+        status_code: int | None,
+        error: str | None,
+    ) -> None:
+        applied = rule(transition)
+        if applied.attempt_ambiguous is None:
+            raise ValueError(f"'{transition.value}' does not end an attempt")
+        ambiguous = applied.attempt_ambiguous
+
+        def work(tx: Tx) -> None:
+            self._apply(tx, key, owner, transition)
+            self._end_attempt(tx, key, number, now, status_code, error, ambiguous)
+            if applied.releases_lease:
+                tx.execute(sql.RELEASE_LEASE, (key, owner))
+
+        self._engine.write(work, durable=False, busy=AFTER_SEND)
+
+    @staticmethod
+    def _store_response(tx: Tx, key: str, response: StoredResponse) -> None:
+        tx.execute(sql.STORE_RESPONSE, (*response_values(response), key))
+
+    def settle(
+        self,
+        key: str,
+        *,
+        transition: Transition,
+        owner: str,
+        now: float,
+        response: StoredResponse,
+        attempt: int,
+        acknowledge_success: bool = False,
+    ) -> IntentRecord:
+        """Settle a held intent from its answer; ``acknowledge_success`` acknowledges it in
+        the same transaction when it succeeded (a caller that returns the answer at once)."""
+
+        def acknowledged(state: IntentState) -> float | None:
+            return now if acknowledge_success and state is IntentState.SUCCEEDED else None
+
+        def known(tx: Tx, held: IntentRecord, state: IntentState) -> IntentRecord | None:
+            """Settle the row the claim created without reading it; None if the row is no
+            longer that (the UPDATE matched nothing, and wrote nothing)."""
+            values = (*response_values(response), state.value, now, acknowledged(state), key)
+            guard = (owner, held.state.value, held.created_at)
+            if tx.execute(sql.SETTLE_KNOWN, (*values, *guard)) != 1:
+                return None
+            self._end_attempt(tx, key, attempt, now, response.status, None, False)
+            crash_point("during_settle")
+            return settled_record(held, state, now, acknowledged(state), response)
+
+        def work(tx: Tx) -> IntentRecord:
+            if kept is not None and kept.attempt_count == attempt:
+                state = target(transition, kept.state)
+                settled = known(tx, kept, state) if state is not None else None
+                if settled is not None:
+                    return settled
+            held, state = self._apply(tx, key, owner, transition)
+            self._end_attempt(tx, key, attempt, now, response.status, None, False)
+            tx.execute(
+                sql.SETTLE_WITH_RESPONSE,
+                (*response_values(response), state.value, now, acknowledged(state), key),
+            )
+            crash_point("during_settle")
+            return settled_record(held, state, now, acknowledged(state), response)
+
+        # What the claim created, if this journal object did and nothing wrote it since.
+        kept = self._kept.take(key, owner) if self._kept is not None else None
+
+        return self._engine.write(work, durable=False, busy=AFTER_SEND)
+
+    def mark_unknown(
+        self, key: str, *, transition: Transition, owner: str, now: float, reason: str
+    ) -> IntentRecord:
+        def work(tx: Tx) -> IntentRecord:
+            _, state = self._apply(tx, key, owner, transition)
+            tx.execute(sql.SET_STATE, (state.value, reason, now, key))
+            return reread(tx, key)
+
+        return self._engine.write(work, durable=False, busy=AFTER_SEND)
+
+    def release(self, key: str, *, owner: str) -> None:
+        if self._kept is not None:
+            self._kept.forget(key)
+        self._engine.write(
+            lambda tx: tx.execute(sql.RELEASE_LEASE, (key, owner)),
+            durable=False,
+            busy=AFTER_SEND,
+        )
+
+    def looked_up(
+        self,
+        key: str,
+        *,
+        owner: str,
+        now: float,
+        outcome: str,
+        detail: str,
+        status_code: int | None,
+    ) -> None:
+        """Journal a look-up made before a resend that settled nothing; the lease stays."""
+
+        def work(tx: Tx) -> None:
+            self._apply(tx, key, owner, Transition.LOOKED_UP)
+            tx.execute(sql.INSERT_RECONCILIATION, (key, now, outcome, detail, status_code))
+
+        self._engine.write(work, durable=False, busy=AFTER_SEND)
+
+    def reconciled(
+        self,
+        key: str,
+        *,
+        transition: Transition,
+        owner: str,
+        now: float,
+        outcome: str,
+        detail: str,
+        status_code: int | None,
+        response: StoredResponse | None = None,
+    ) -> IntentRecord:
+        def work(tx: Tx) -> IntentRecord:
+            _, state = self._apply(tx, key, owner, transition)
+            tx.execute(sql.INSERT_RECONCILIATION, (key, now, outcome, detail, status_code))
+            if response is not None:
+                self._store_response(tx, key, response)
+            reason = detail if state is IntentState.UNKNOWN else None
+            tx.execute(sql.SET_STATE, (state.value, reason, now, key))
+            return reread(tx, key)
+
+        return self._engine.write(work, durable=False, busy=AFTER_LOOKUP)

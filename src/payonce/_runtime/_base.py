@@ -21,10 +21,9 @@ import httpx
 from .._crash import crash_point
 from .._credentials import resolve_api_key
 from .._fork import ForkGuard
-from .._journal._open import open_store
+from .._journal._open import open_to_write, store_of
 from .._journal._reads import Journal
 from .._journal._reports import JournalCommitted
-from .._journal._store import IntentStore
 from .._lifecycle import (
     IntentDraft,
     IntentRecord,
@@ -219,7 +218,7 @@ class OperationBase:
             and not self._acknowledged
             and self._state in _SETTLED
         ):
-            self._core.journal._acknowledge_later(self._key, now=self._core.clock())
+            self._core.store.acknowledge_later(self._key, now=self._core.clock())
             self._acknowledged = True
         if exc_type is None:
             crash_point("after_block")
@@ -364,17 +363,20 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
                 base_url,
             )
         self._owns_journal = not isinstance(journal, Journal)
-        self.journal: IntentStore = open_store(journal)
+        self.journal: Journal = open_to_write(journal)
+        """The public journal: reads and operator commands (the writes are ``_core.store``'s)."""
+        store = store_of(self.journal)
         self._commit_watcher: Callable[[JournalCommitted], None] | None = None
         if hook_set.wants(Hooks.journal_committed):
             self._commit_watcher = functools.partial(hook_set.emit, Hooks.journal_committed)
-            self.journal._watch_commits(self._commit_watcher)
+            store.watch_commits(self._commit_watcher)
         self._core = IntentCore(
             base_url=base_url,
             profile=profile,
             account=account,
             api_key=secret,
             journal=self.journal,
+            store=store,
             retry=retry,
             key_format=key_format,
             max_stored_bytes=max_stored,
@@ -395,7 +397,7 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
     def _stop_watching(self) -> None:
         """On close: a journal shared with other clients stops telling this one's hooks."""
         if self._commit_watcher is not None:
-            self.journal._unwatch_commits(self._commit_watcher)
+            self._core.store.unwatch_commits(self._commit_watcher)
             self._commit_watcher = None
 
     def _in_this_process(self) -> None:

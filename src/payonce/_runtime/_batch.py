@@ -200,7 +200,7 @@ class ResumeBatch:
     def failed(self, target: Claimed, error: Exception) -> ResumeResult:
         record = target.record
         # Whatever went wrong, the lease is given back (a no-op when the drive did).
-        self._core.journal.release(record.key, owner=target.owner)
+        self._core.store.release(record.key, owner=target.owner)
         current = self._core.journal.get(record.key)
         state = current.state if current else record.state
         if isinstance(error, AuthenticationError) and error.may_have_executed:

@@ -17,6 +17,7 @@ import attrs
 import httpx
 
 from .._crash import crash_armed, crash_atrace, crash_point, crash_trace
+from .._journal._reads import Journal
 from .._journal._store import IntentStore
 from .._lifecycle import (
     Claim,
@@ -85,7 +86,8 @@ class IntentCore:
         profile: ProviderProfile,
         account: str,
         api_key: str,
-        journal: IntentStore,
+        journal: Journal,
+        store: IntentStore,
         retry: RetryPolicy,
         key_format: KeyFormat,
         max_stored_bytes: int,
@@ -99,6 +101,8 @@ class IntentCore:
         self.account = account
         self._api_key = api_key
         self.journal = journal
+        self.store = store
+        """The journal's private writes: every transition is applied through it."""
         self.retry = retry
         self.max_stored_bytes = max_stored_bytes
         self.lease_seconds = lease_seconds
@@ -133,7 +137,7 @@ class IntentCore:
         ``after`` is the (created_at, key) of the intent this pass handled last. Hosts
         resuming at once skip the rows the others are claiming instead of queueing on them.
         """
-        return self.journal.claim_next_pending(
+        return self.store.claim_next_pending(
             account=self.account,
             provider=self.profile.name,
             owner=owner,
@@ -146,7 +150,7 @@ class IntentCore:
         """The run's lease, for the lease keeper to renew while an attempt waits."""
 
         def renew() -> bool:
-            if self.journal.renew_lease(
+            if self.store.renew_lease(
                 run.key, owner=run.owner, now=self.clock(), lease_seconds=self.lease_seconds
             ):
                 return True
@@ -223,7 +227,7 @@ class IntentCore:
     def journal_command(self, command: Command) -> Any:
         """Carry out one of a drive's journal commands (``JOURNAL_COMMANDS``), then tell
         what came of it."""
-        store, now = self.journal, self.clock()
+        store, now = self.store, self.clock()
         match command:
             case ClaimIntent(draft, owner):
                 claim: Claim = store.claim(
@@ -233,7 +237,7 @@ class IntentCore:
                     crash_point("after_write_ahead")
                 return claim
             case ReadAttempts(key):
-                return store.attempts(key)
+                return self.journal.attempts(key)
             case StartAttempt(run):
                 number = store.start_attempt(
                     run.key, owner=run.owner, now=now, lease_seconds=self.lease_seconds
@@ -299,7 +303,7 @@ class IntentCore:
             self.tell.lookup_ended(record, command.kind, response, before_resend=False)
         status = None if response is None else response.status_code
         found = command.found
-        after = self.journal.reconciled(
+        after = self.store.reconciled(
             record.key,
             transition=command.transition,
             owner=command.owner,
@@ -321,7 +325,7 @@ class IntentCore:
     def _settle(
         self, run: Run, transition: Transition, response: httpx.Response, now: float
     ) -> IntentRecord:
-        record = self.journal.settle(
+        record = self.store.settle(
             run.key,
             transition=transition,
             owner=run.owner,
@@ -357,7 +361,7 @@ class IntentCore:
     ) -> IntentRecord:
         self.tell.lookup_ended(run.record, LookupKind.FOUND, response, before_resend=True)
         status = response.status_code
-        record = self.journal.reconciled(
+        record = self.store.reconciled(
             run.key,
             transition=transition,
             owner=run.owner,

@@ -68,7 +68,7 @@ def end(core: IntentCore, key: str, owner: str) -> None:
     of the intent may take it at once, and any other once it expires. So that failure is
     not the pass's news: the error that came first (recording the finding) is."""
     try:
-        core.journal.release(key, owner=owner)
+        core.store.release(key, owner=owner)
     except JournalError as exc:
         owner_ended(owner)
         # Said once: after a failure already on its way out, this one is its echo.
