@@ -15,6 +15,7 @@ from payonce.sandbox._config import SandboxConfig
 from payonce.sandbox._control import ControlApi
 from payonce.sandbox._errors import error_handlers, silence_injected_drops
 from payonce.sandbox._faults import FaultInjector
+from payonce.sandbox._guard import KeyGuard
 from payonce.sandbox._middleware import (
     Activity,
     ActivityMiddleware,
@@ -39,7 +40,8 @@ class Sandbox:
         self._owns_store = owns_store
         self._activity = Activity()
         silence_injected_drops()
-        payments = PaymentsApi(config, store, self.injector, self.webhooks)
+        guard = KeyGuard(config, store, self.injector)
+        payments = PaymentsApi(config, store, guard, self.webhooks)
         control = ControlApi(store, self.injector, self.webhooks, self.reset)
         self.app = Starlette(
             # Every endpoint in one table: the provider's API, then the test hooks.

@@ -123,7 +123,8 @@ class InProgress:
 
 @attrs.frozen
 class Mismatch:
-    pass
+    request_hash: str = ""
+    """The hash the key was first used with (it may name that request's endpoint)."""
 
 
 @attrs.frozen
@@ -220,7 +221,7 @@ class SandboxStore:
                 (account, key),
             ).fetchone()
         if row["request_hash"] != request_hash:
-            return Mismatch()
+            return Mismatch(row["request_hash"])
         if row["state"] == "in_progress":
             return InProgress()
         return Replay(StoredResponse(row["response_status"], bytes(row["response_body"])))
