@@ -24,9 +24,22 @@ from payonce.sandbox._middleware import (
 )
 from payonce.sandbox._payments import PaymentsApi
 from payonce.sandbox._store import SandboxStore
+from payonce.sandbox._stripe_api import PaymentIntentsApi
 from payonce.sandbox._webhooks import WebhookSender
 
 RESET_TIMEOUT: Final = 30.0
+
+
+def _stripe_routes(intents: PaymentIntentsApi) -> list[Route]:
+    """Stripe's own resources, served only when the sandbox speaks Stripe's dialect."""
+    return [
+        Route("/v1/payment_intents", intents.create, methods=["POST"]),
+        Route("/v1/payment_intents", intents.list, methods=["GET"]),
+        # Before the {intent_id} route, which would take "search" for an id.
+        Route("/v1/payment_intents/search", intents.search, methods=["GET"]),
+        Route("/v1/payment_intents/{intent_id}", intents.retrieve, methods=["GET"]),
+        Route("/v1/payment_intents/{intent_id}/confirm", intents.confirm, methods=["POST"]),
+    ]
 
 
 class Sandbox:
@@ -50,6 +63,11 @@ class Sandbox:
                 Route("/v1/payments", payments.list_payments, methods=["GET"]),
                 Route("/v1/payments/search", payments.search_payments, methods=["GET"]),
                 Route("/v1/payments/{payment_id}", payments.get_payment, methods=["GET"]),
+                *(
+                    _stripe_routes(PaymentIntentsApi(config, store, guard))
+                    if config.dialect == "stripe"
+                    else []
+                ),
                 Route("/_sandbox/executions", control.executions, methods=["GET"]),
                 Route("/_sandbox/script", control.script_faults, methods=["POST"]),
                 Route("/_sandbox/faults", control.set_faults, methods=["POST"]),
