@@ -15,6 +15,7 @@ from payonce.sandbox._config import SandboxConfig
 from payonce.sandbox._control import ControlApi
 from payonce.sandbox._errors import error_handlers, silence_injected_drops
 from payonce.sandbox._faults import FaultInjector
+from payonce.sandbox._guard import KeyGuard
 from payonce.sandbox._middleware import (
     Activity,
     ActivityMiddleware,
@@ -23,9 +24,22 @@ from payonce.sandbox._middleware import (
 )
 from payonce.sandbox._payments import PaymentsApi
 from payonce.sandbox._store import SandboxStore
+from payonce.sandbox._stripe_api import PaymentIntentsApi
 from payonce.sandbox._webhooks import WebhookSender
 
 RESET_TIMEOUT: Final = 30.0
+
+
+def _stripe_routes(intents: PaymentIntentsApi) -> list[Route]:
+    """Stripe's own resources, served only when the sandbox speaks Stripe's dialect."""
+    return [
+        Route("/v1/payment_intents", intents.create, methods=["POST"]),
+        Route("/v1/payment_intents", intents.list, methods=["GET"]),
+        # Before the {intent_id} route, which would take "search" for an id.
+        Route("/v1/payment_intents/search", intents.search, methods=["GET"]),
+        Route("/v1/payment_intents/{intent_id}", intents.retrieve, methods=["GET"]),
+        Route("/v1/payment_intents/{intent_id}/confirm", intents.confirm, methods=["POST"]),
+    ]
 
 
 class Sandbox:
@@ -39,7 +53,8 @@ class Sandbox:
         self._owns_store = owns_store
         self._activity = Activity()
         silence_injected_drops()
-        payments = PaymentsApi(config, store, self.injector, self.webhooks)
+        guard = KeyGuard(config, store, self.injector)
+        payments = PaymentsApi(config, store, guard, self.webhooks)
         control = ControlApi(store, self.injector, self.webhooks, self.reset)
         self.app = Starlette(
             # Every endpoint in one table: the provider's API, then the test hooks.
@@ -48,6 +63,11 @@ class Sandbox:
                 Route("/v1/payments", payments.list_payments, methods=["GET"]),
                 Route("/v1/payments/search", payments.search_payments, methods=["GET"]),
                 Route("/v1/payments/{payment_id}", payments.get_payment, methods=["GET"]),
+                *(
+                    _stripe_routes(PaymentIntentsApi(config, store, guard))
+                    if config.dialect == "stripe"
+                    else []
+                ),
                 Route("/_sandbox/executions", control.executions, methods=["GET"]),
                 Route("/_sandbox/script", control.script_faults, methods=["POST"]),
                 Route("/_sandbox/faults", control.set_faults, methods=["POST"]),

@@ -53,7 +53,9 @@ class SandboxConfig:
     dialect: Dialect = attrs.field(default="sandbox", validator=attrs.validators.in_(DIALECTS))
     """Shape of error bodies: the sandbox's, Stripe's (``type``/``code``, idempotency_error)
     or Adyen's (``errorCode``, 704 while in progress; payments answer 200 with a
-    ``resultCode``, ``Refused`` for a decline)."""
+    ``resultCode``, ``Refused`` for a decline). Stripe's dialect also serves Stripe's own
+    PaymentIntents API (``/v1/payment_intents``: create, confirm, retrieve, list, search)
+    for stripe-python; ``SandboxConfig.like("stripe")`` adds Stripe's retry hints."""
     form_bodies: bool = False
     """Also accept ``application/x-www-form-urlencoded`` payments, with Stripe's
     ``metadata[name]=value`` keys."""

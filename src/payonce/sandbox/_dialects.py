@@ -23,6 +23,15 @@ _STRIPE_ERRORS: Final[Mapping[str, tuple[str, str | None]]] = {
     "rate_limit": ("invalid_request_error", "rate_limit"),
     "service_unavailable": ("api_error", None),
     "not_found": ("invalid_request_error", "resource_missing"),
+    # The Stripe resources' own refusals, under the codes Stripe documents for them.
+    "parameter_missing": ("invalid_request_error", "parameter_missing"),
+    "parameter_unknown": ("invalid_request_error", "parameter_unknown"),
+    "parameter_invalid_integer": ("invalid_request_error", "parameter_invalid_integer"),
+    "payment_intent_unexpected_state": (
+        "invalid_request_error",
+        "payment_intent_unexpected_state",
+    ),
+    "card_declined": ("card_error", "card_declined"),
 }
 # Adyen numbers its errors; 704 is "request already processed or in progress". Other
 # errors keep the sandbox's type as their code.
@@ -46,12 +55,20 @@ def dumps(content: Any) -> bytes:
     return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
 
-def error_body(dialect: Dialect, status: int, type_: str, message: str) -> dict[str, Any]:
+def error_body(
+    dialect: Dialect,
+    status: int,
+    type_: str,
+    message: str,
+    fields: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The error's body in ``dialect``; ``fields`` add to Stripe's error object only."""
     if dialect == "stripe":
         kind, code = _STRIPE_ERRORS.get(type_, ("invalid_request_error", None))
-        error = {"type": kind, "message": message}
+        error: dict[str, Any] = {"type": kind, "message": message}
         if code is not None:
             error["code"] = code
+        error.update(fields or {})
         return {"error": error}
     if dialect == "adyen":
         kind = "security" if status in (401, 403) else "internal" if status >= 500 else "validation"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -18,13 +19,21 @@ ExceptionHandler = Callable[[Request, Exception], Awaitable[Response]]
 
 class ApiError(Exception):
     def __init__(
-        self, status: int, type_: str, message: str, headers: Mapping[str, str] | None = None
+        self,
+        status: int,
+        type_: str,
+        message: str,
+        headers: Mapping[str, str] | None = None,
+        *,
+        fields: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.type = type_
         self.message = message
         self.headers = dict(headers or {})
+        self.fields = dict(fields or {})
+        """More of the error object in Stripe's dialect (``param``, ``payment_intent``...)."""
 
 
 def error_handlers(dialect: Dialect) -> dict[type[Exception], ExceptionHandler]:
@@ -33,7 +42,7 @@ def error_handlers(dialect: Dialect) -> dict[type[Exception], ExceptionHandler]:
 
     async def api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
-        return _error(dialect, exc.status, exc.type, exc.message, exc.headers)
+        return _error(dialect, exc.status, exc.type, exc.message, exc.headers, exc.fields)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -44,9 +53,14 @@ def error_handlers(dialect: Dialect) -> dict[type[Exception], ExceptionHandler]:
 
 
 def _error(
-    dialect: Dialect, status: int, type_: str, message: str, headers: Mapping[str, str]
+    dialect: Dialect,
+    status: int,
+    type_: str,
+    message: str,
+    headers: Mapping[str, str],
+    fields: Mapping[str, Any] | None = None,
 ) -> Response:
-    response = JSONResponse(error_body(dialect, status, type_, message), status)
+    response = JSONResponse(error_body(dialect, status, type_, message, fields), status)
     response.headers.update(headers)
     return response
 

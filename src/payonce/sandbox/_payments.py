@@ -1,14 +1,12 @@
 """The provider's payments API: each payment executes at most once per idempotency key.
 
-A request draws its faults first, then claims its key: a key already completed replays the
-stored answer byte for byte, one in flight answers 409, one reused with other parameters is
-refused. Only a claimed key executes, and the execution, its count and its answer are
-recorded together, so no fault can leave half of them behind.
+Faults and the key's contract (replay, 409 in flight, refused mismatch) are the shared
+``KeyGuard``'s; a claimed key executes one payment here, and the payment, its count and its
+answer are recorded together, so no fault can leave half of them behind.
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Final
 
 import attrs
@@ -17,9 +15,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from payonce.sandbox._config import SandboxConfig
-from payonce.sandbox._dialects import key_message, mismatch_status, payment_answer
-from payonce.sandbox._errors import ApiError, DroppedResponse
-from payonce.sandbox._faults import FaultInjector
+from payonce.sandbox._dialects import payment_answer
+from payonce.sandbox._errors import ApiError
+from payonce.sandbox._guard import KeyGuard
 from payonce.sandbox._requests import (
     PaymentRequest,
     authenticate,
@@ -28,31 +26,10 @@ from payonce.sandbox._requests import (
     is_form,
     metadata_query,
 )
-from payonce.sandbox._store import (
-    Claimed,
-    ClaimResult,
-    InProgress,
-    Mismatch,
-    Payment,
-    Replay,
-    SandboxStore,
-    StoredResponse,
-    new_payment_id,
-)
+from payonce.sandbox._store import Claimed, Payment, SandboxStore, StoredResponse, new_payment_id
 from payonce.sandbox._webhooks import WebhookSender
 
 DECLINE_AMOUNT: Final = 40200
-_UNGUARDED: Final = "unguarded"
-"""The claim token of an execution no key guards: it completes or releases no key's row."""
-
-
-def _retry_after(seconds: float) -> str:
-    return str(int(seconds)) if float(seconds).is_integer() else str(seconds)
-
-
-def _stored(stored: StoredResponse, *, replayed: bool = False) -> Response:
-    headers = {"Idempotent-Replayed": "true"} if replayed else None
-    return Response(stored.body, stored.status, headers, media_type="application/json")
 
 
 @attrs.frozen
@@ -61,11 +38,8 @@ class PaymentsApi:
 
     config: SandboxConfig
     store: SandboxStore
-    injector: FaultInjector
+    guard: KeyGuard
     webhooks: WebhookSender | None
-
-    def _key_error(self, status: int, type_: str, message: str, key: str) -> ApiError:
-        return ApiError(status, type_, key_message(self.config.dialect, type_, key, message))
 
     async def create_payment(self, request: Request) -> Response:
         account = authenticate(request, self.config)
@@ -74,59 +48,14 @@ class PaymentsApi:
         form = self.config.form_bodies and is_form(request)
         params = PaymentRequest.parse(await request.body(), form=form)
         # Only well-formed requests draw faults, so a 400 never shifts a seeded run.
-        plan = self.injector.plan(forced)
-        faults = self.injector.faults
-        if plan.rate_limit:
-            retry_after = _retry_after(faults.retry_after_seconds)
-            raise ApiError(429, "rate_limit", "too many requests", {"Retry-After": retry_after})
-        if plan.fail_before:
-            raise ApiError(503, "service_unavailable", "the service is unavailable")
-        if plan.lock_timeout:
-            raise ApiError(409, "lock_timeout", "another request is using this payment's objects")
-        if plan.delay and faults.delay_seconds > 0:
-            await asyncio.sleep(faults.delay_seconds)
-
-        claim = await self._claim(account, key, params)
-        if isinstance(claim, Replay):
-            return _stored(claim.response, replayed=True)
-        if isinstance(claim, Mismatch):
-            status = self.config.mismatch_status or mismatch_status(self.config.dialect)
-            message = "this key was used with different parameters"
-            raise self._key_error(status, "idempotency_key_mismatch", message, key)
-        if isinstance(claim, InProgress):
-            message = "a request with this key is in flight"
-            raise self._key_error(409, "idempotency_key_in_use", message, key)
-
-        stored = await self._execute(account, key, claim, params)
-        if plan.fail_after:
-            raise ApiError(503, "service_unavailable", "the service is unavailable")
-        if plan.drop_after:
-            return DroppedResponse(stored)
-        return _stored(stored)
-
-    async def _claim(self, account: str, key: str, params: PaymentRequest) -> ClaimResult:
-        if self.config.idempotency == "none":
-            return Claimed(_UNGUARDED)  # every request executes
-        claim = await run_in_threadpool(
-            self.store.claim, account, key, params.fingerprint(), self.config.key_lifetime
+        plan = await self.guard.faults_before(forced)
+        claim = await self.guard.claim(account, key, params.fingerprint())
+        if not isinstance(claim, Claimed):
+            return claim  # the stored answer, replayed
+        stored = await self.guard.execute(
+            account, key, claim, lambda: self._record(account, key, claim, params)
         )
-        if isinstance(claim, InProgress) and self.config.idempotency == "racy":
-            # The flaw some servers have: only a completed key is a duplicate, so one that
-            # arrives while the first still runs executes as well.
-            return Claimed(_UNGUARDED)
-        return claim
-
-    async def _execute(
-        self, account: str, key: str, claim: Claimed, params: PaymentRequest
-    ) -> StoredResponse:
-        try:
-            if self.config.processing_seconds > 0:
-                await asyncio.sleep(self.config.processing_seconds)
-            return await run_in_threadpool(self._record, account, key, claim, params)
-        except BaseException:
-            # Nothing was executed (the record is all or nothing), so a retry may run it.
-            self.store.release(account, key, claim.token)
-            raise
+        return self.guard.faults_after(plan, stored)
 
     def _record(
         self, account: str, key: str, claim: Claimed, params: PaymentRequest

@@ -3,6 +3,7 @@ and its parameters, read from JSON or Stripe-style form bodies; anything malform
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import re
@@ -33,12 +34,24 @@ def authenticate(request: Request, config: SandboxConfig) -> str:
             raise ApiError(401, "authentication_error", "invalid API key")
         return account
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "basic" and config.dialect == "stripe":
+        # Stripe also takes the key as a Basic user name (curl -u sk_test_...:).
+        token = _basic_user(token)
+        scheme = "bearer"
     account = config.api_keys.get(token.strip()) if scheme.lower() == "bearer" else None
     if account is None:
         raise ApiError(
             401, "authentication_error", "invalid API key", {"WWW-Authenticate": "Bearer"}
         )
     return account
+
+
+def _basic_user(credentials: str) -> str:
+    try:
+        decoded = base64.b64decode(credentials.strip(), validate=True).decode()
+    except (ValueError, UnicodeDecodeError):
+        return ""
+    return decoded.partition(":")[0]
 
 
 def idempotency_key(request: Request, header: str = "Idempotency-Key") -> str:

@@ -149,15 +149,15 @@ class SandboxServer:
     def reset(self, timeout: float = RESET_TIMEOUT) -> None:
         """Put the running server back as it started, for its next user.
 
-        Payments, idempotency keys, execution counts and the clock offset are forgotten;
-        the faults are the configured ones again, with their random draws restarted from
-        the seed and no scripted fault left; queued webhook deliveries and recorded
-        attempts are dropped. The configuration itself (API keys, dialect, processing
-        time, ...) stays. It first waits, up to ``timeout`` seconds, for the API requests
-        still being handled to end, so that none of them lands in the fresh state;
-        ``RuntimeError`` if some never do. A test suite can so share one server between
-        its tests instead of starting one for each. ``POST /_sandbox/reset`` does the same
-        over HTTP.
+        Payments, PaymentIntents, idempotency keys, execution counts and the clock offset
+        are forgotten; the faults are the configured ones again, with their random draws
+        restarted from the seed and no scripted fault left; queued webhook deliveries and
+        recorded attempts are dropped. The configuration itself (API keys, dialect,
+        processing time, ...) stays. It first waits, up to ``timeout`` seconds, for the API
+        requests still being handled to end, so that none of them lands in the fresh state;
+        ``RuntimeError`` if some never do. A test suite can so share one server between its
+        tests instead of starting one for each. ``POST /_sandbox/reset`` does the same over
+        HTTP.
         """
         self._sandbox.reset(timeout)
 

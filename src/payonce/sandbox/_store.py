@@ -1,4 +1,4 @@
-"""The sandbox provider's own state: idempotency keys, payments and execution counts."""
+"""The sandbox provider's own state: keys, payments, PaymentIntents and execution counts."""
 
 from __future__ import annotations
 
@@ -10,12 +10,16 @@ import sqlite3
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
+
+from payonce.sandbox._intents import StripeIntent
+
+T = TypeVar("T")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -46,6 +50,23 @@ CREATE TABLE IF NOT EXISTS payments (
 );
 CREATE INDEX IF NOT EXISTS payments_by_key ON payments (account, idempotency_key);
 CREATE INDEX IF NOT EXISTS payments_by_reference ON payments (account, reference);
+CREATE TABLE IF NOT EXISTS payment_intents (
+    id TEXT PRIMARY KEY,
+    account TEXT NOT NULL,
+    amount INTEGER NOT NULL,
+    currency TEXT NOT NULL,
+    status TEXT NOT NULL,
+    capture_method TEXT NOT NULL,
+    payment_method TEXT,
+    payment_method_types TEXT NOT NULL,
+    metadata TEXT NOT NULL,
+    description TEXT,
+    client_secret TEXT NOT NULL,
+    latest_charge TEXT,
+    last_payment_error TEXT,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS payment_intents_by_account ON payment_intents (account, created_at);
 CREATE TABLE IF NOT EXISTS executions (
     account TEXT NOT NULL,
     key TEXT NOT NULL,
@@ -103,10 +124,27 @@ _INSERT_PAYMENT = (
 )
 
 
+# The same for StripeIntent and its table.
+_INTENT_FIELDS = [field.name for field in attrs.fields(StripeIntent)]
+_INTENT_COLUMNS = ", ".join(_INTENT_FIELDS)
+_SAVE_INTENT = (
+    f"INSERT OR REPLACE INTO payment_intents ({_INTENT_COLUMNS}) "  # noqa: S608
+    f"VALUES ({', '.join(':' + name for name in _INTENT_FIELDS)})"
+)
+
+
 @attrs.frozen
 class StoredResponse:
     status: int
     body: bytes
+
+
+@attrs.frozen
+class IntentChange:
+    """An execution on a PaymentIntent: the intent as it now is, and the answer to store."""
+
+    intent: StripeIntent
+    response: StoredResponse
 
 
 @attrs.frozen
@@ -123,7 +161,8 @@ class InProgress:
 
 @attrs.frozen
 class Mismatch:
-    pass
+    request_hash: str = ""
+    """The hash the key was first used with (it may name that request's endpoint)."""
 
 
 @attrs.frozen
@@ -150,6 +189,24 @@ class SandboxClock:
                 "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
                 (repr(_offset(db) + seconds),),
             )
+
+
+def _complete(
+    db: sqlite3.Connection, account: str, key: str, token: str, response: StoredResponse
+) -> None:
+    """Count an execution under ``key`` and store its answer for the key's replays."""
+    db.execute(
+        "INSERT INTO executions (account, key, count) VALUES (?, ?, 1) "
+        "ON CONFLICT (account, key) DO UPDATE SET count = count + 1",
+        (account, key),
+    )
+    # Matching on the claim token: if the key expired and was re-claimed meanwhile, the
+    # newer owner's row must not receive this response.
+    db.execute(
+        "UPDATE idempotency_keys SET state = 'completed', response_status = ?, "
+        "response_body = ? WHERE account = ? AND key = ? AND claim = ?",
+        (response.status, response.body, account, key, token),
+    )
 
 
 def _offset(db: sqlite3.Connection) -> float:
@@ -220,7 +277,7 @@ class SandboxStore:
                 (account, key),
             ).fetchone()
         if row["request_hash"] != request_hash:
-            return Mismatch()
+            return Mismatch(row["request_hash"])
         if row["state"] == "in_progress":
             return InProgress()
         return Replay(StoredResponse(row["response_status"], bytes(row["response_body"])))
@@ -238,18 +295,60 @@ class SandboxStore:
         """Create the payment, count it, and store the response, all or nothing."""
         with self._transaction() as db:
             db.execute(_INSERT_PAYMENT, payment.to_row())
-            db.execute(
-                "INSERT INTO executions (account, key, count) VALUES (?, ?, 1) "
-                "ON CONFLICT (account, key) DO UPDATE SET count = count + 1",
-                (payment.account, payment.idempotency_key),
-            )
-            # Matching on the claim token: if the key expired and was re-claimed meanwhile,
-            # the newer owner's row must not receive this response.
-            db.execute(
-                "UPDATE idempotency_keys SET state = 'completed', response_status = ?, "
-                "response_body = ? WHERE account = ? AND key = ? AND claim = ?",
-                (response.status, response.body, payment.account, payment.idempotency_key, token),
-            )
+            _complete(db, payment.account, payment.idempotency_key, token, response)
+
+    def record_intent(self, token: str, key: str, change: IntentChange) -> None:
+        """Create the PaymentIntent as executed under ``key``, count it, store the answer."""
+        with self._transaction() as db:
+            db.execute(_SAVE_INTENT, change.intent.to_row())
+            _complete(db, change.intent.account, key, token, change.response)
+
+    def change_intent(
+        self,
+        token: str,
+        account: str,
+        key: str,
+        intent_id: str,
+        decide: Callable[[StripeIntent | None], IntentChange | T],
+    ) -> IntentChange | T:
+        """Apply what ``decide`` makes of the intent as it is, in one transaction.
+
+        An ``IntentChange`` is saved, counted and stored under ``key``; anything else
+        (a refusal) is returned with nothing written. Reading and writing under one lock
+        is what keeps two confirmations of one intent, under two keys, from both charging.
+        """
+        with self._transaction() as db:
+            row = db.execute(
+                f"SELECT {_INTENT_COLUMNS} FROM payment_intents "  # noqa: S608
+                "WHERE account = ? AND id = ?",
+                (account, intent_id),
+            ).fetchone()
+            outcome = decide(None if row is None else StripeIntent.from_row(row))
+            if isinstance(outcome, IntentChange):
+                db.execute(_SAVE_INTENT, outcome.intent.to_row())
+                _complete(db, account, key, token, outcome.response)
+            return outcome
+
+    def find_intent(self, account: str, intent_id: str) -> StripeIntent | None:
+        found = self._select_intents("account = ? AND id = ?", (account, intent_id))
+        return found[0] if found else None
+
+    def account_intents(self, account: str) -> list[StripeIntent]:
+        """The account's PaymentIntents, newest first (as Stripe lists and searches them)."""
+        return self._select_intents("account = ?", (account,))[::-1]
+
+    def payment_intents(self) -> list[dict[str, Any]]:
+        """Every PaymentIntent, oldest first, as Stripe's API shows it."""
+        return [intent.to_json() for intent in self._select_intents("1 = 1", ())]
+
+    def _select_intents(self, where: str, params: tuple[str, ...]) -> list[StripeIntent]:
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {_INTENT_COLUMNS} FROM payment_intents WHERE {where} "  # noqa: S608
+                "ORDER BY created_at, rowid",
+                params,
+            ).fetchall()
+        return [StripeIntent.from_row(row) for row in rows]
 
     def find_payment(self, account: str, payment_id: str) -> Payment | None:
         rows = self._select_payments("account = ? AND id = ?", (account, payment_id))
@@ -306,7 +405,7 @@ class SandboxStore:
     def reset(self) -> None:
         """Forget everything, including the clock offset."""
         with self._transaction() as db:
-            for table in ("idempotency_keys", "payments", "executions", "meta"):
+            for table in ("idempotency_keys", "payments", "payment_intents", "executions", "meta"):
                 db.execute(f"DELETE FROM {table}")  # noqa: S608
 
     def close(self) -> None:
