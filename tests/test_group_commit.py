@@ -40,7 +40,7 @@ from payonce._crash import CRASH_POINTS
 from payonce._journal import _sqlite_file as journal_file
 from payonce._journal._engine import Tx
 from payonce._journal._group_commit import Member
-from payonce._lifecycle import ClaimKind, Transition
+from payonce._lifecycle import NOTHING_CHANGED, ClaimKind, Transition
 from payonce.journal import SQLiteJournal
 from payonce.sandbox import SandboxServer
 
@@ -159,7 +159,7 @@ def test_a_member_s_refusal_or_failure_stays_its_own_and_its_writes_are_undone_a
             lambda: claim(store, 10, "a"),  # new: created
             lambda: claim(store, 1, "b", fingerprint="f" * 64),  # same intent, other body
             lambda: settle(store, "key-00002", "not-the-holder"),  # refused
-            lambda: journal._engine.write(write_then_fail, durable=True, busy="x"),
+            lambda: journal._engine.write(write_then_fail, durable=True, busy=NOTHING_CHANGED),
             lambda: journal.acknowledge("key-00002", now=time.time()),  # pending: refused
             lambda: claim(store, 10, "c"),  # sees the created intent 10: leased
             lambda: settle(store, "key-00002", "w2"),  # the holder: settles
@@ -327,7 +327,9 @@ def test_a_transaction_sqlite_aborts_is_rerun_member_by_member(
         journal,
         [
             lambda: claim(store, 1, "a"),
-            lambda: journal._engine.write(abort_the_transaction, durable=True, busy="x"),
+            lambda: journal._engine.write(
+                abort_the_transaction, durable=True, busy=NOTHING_CHANGED
+            ),
             lambda: claim(store, 1, "b"),
             lambda: claim(store, 2, "c"),
         ],
@@ -377,7 +379,10 @@ def test_an_interrupt_in_the_leader_gives_up_its_own_write_and_the_others_go_on(
     def line_up_then_release() -> None:
         wait_for_queue(journal, 2)  # the main thread is queued first: it will lead
         threads.append(
-            member("other", lambda: journal._engine.write(interrupt_once, durable=False, busy="x"))
+            member(
+                "other",
+                lambda: journal._engine.write(interrupt_once, durable=False, busy=NOTHING_CHANGED),
+            )
         )
         wait_for_queue(journal, 3)
         threads.append(member("third", lambda: claim(store, 3, "t")))

@@ -18,6 +18,7 @@ from helpers.journals import OpenJournal
 from helpers.payments import PAYMENT
 from payonce._journal import _acks
 from payonce._journal._engine import Tx
+from payonce._lifecycle import NOTHING_CHANGED
 from payonce.sandbox import SandboxServer
 
 MakeClient = Callable[..., payonce.Client]
@@ -257,7 +258,7 @@ def test_acknowledgements_whose_write_failed_wait_for_the_next_one(
         raise payonce.JournalError("this write fails", location="here")
 
     with pytest.raises(payonce.JournalError):
-        client.journal._engine.write(refused, durable=False, busy="x")
+        client.journal._engine.write(refused, durable=False, busy=NOTHING_CHANGED)
     assert _acknowledged_in_the_file(journal_path, "order-9") is None, "rolled back with it"
 
     client.post("/v1/payments", json=PAYMENT, reference="order-10")

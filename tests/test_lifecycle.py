@@ -33,6 +33,7 @@ from payonce._lifecycle import (
     lease_blocks,
     may_have_executed,
     resend_refusal,
+    rule,
     target,
 )
 from payonce._lifecycle._guards import (
@@ -115,9 +116,9 @@ def test_a_transition_from_a_state_it_does_not_start_from_is_refused(
 
 
 def test_final_states_are_never_left_except_by_acknowledgement() -> None:
-    for rule in RULES:
-        if any(s is not None and s.is_final for s in rule.sources):
-            assert rule.transition is Transition.ACKNOWLEDGED
+    for each in RULES:
+        if any(s is not None and s.is_final for s in each.sources):
+            assert each.transition is Transition.ACKNOWLEDGED
 
 
 # -- key age ---------------------------------------------------------------------------------
@@ -412,3 +413,18 @@ def test_the_guards_read_as_the_contract_does() -> None:
     expired = attrs.evolve(absent, resend_refused=True)
     assert choose(RECONCILED, expired) is Transition.RECONCILED_AMBIGUOUS
     assert choose(RESUMED, Moment(resend_refused=True)) is Transition.KEY_WINDOW_PASSED
+
+
+def test_whether_a_failed_write_may_have_executed_is_the_rule_s() -> None:
+    # Before anything is sent, nothing can have executed; from the first attempt's end on,
+    # the request may have reached the provider; a look-up's finding and an operator's
+    # command change nothing at the provider either way.
+    before = {Transition.WRITE_AHEAD, Transition.ATTEMPT_STARTED}
+    looked = {t for t in Transition if t.name.startswith("RECONCILED_")}
+    operators = {Transition.ABANDONED, Transition.ACKNOWLEDGED}
+    for transition in Transition:
+        unwritten = rule(transition).unwritten
+        expected = transition not in before | looked | operators
+        assert unwritten.may_have_executed is expected, transition
+        if rule(transition).attempt_ambiguous is not None:
+            assert unwritten.may_have_executed, "an attempt's end comes after its send"

@@ -27,6 +27,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from .._lifecycle import (
+    LOOKUP_UNRECORDED,
+    MAY_HAVE_EXECUTED,
+    NOTHING_CHANGED,
+    NOTHING_SENT,
+    Unwritten,
+)
 from .._version import __version__
 from ..errors import JournalBusy, JournalError
 from . import _sql as sql
@@ -54,18 +61,12 @@ logger = logging.getLogger("payonce")
 
 _ACKS_CREATED = threading.Lock()
 
-# What a caller may conclude when a write could not take the journal's lock in time.
-BEFORE_SEND = "nothing was sent"
-AFTER_SEND = (
-    "the request may already have reached the provider, so this is not a refusal: the "
-    "intent stays pending under its key, and calling again with the same reference once "
-    "the journal is free settles it without paying twice"
-)
-NO_SEND = "nothing was changed"
-AFTER_LOOKUP = (
-    "the status look-up's finding was not recorded (a look-up executes nothing): the intent "
-    "is as it was; reconcile it again once the journal is free"
-)
+# What a caller may conclude when a write could not be made: a transition's own is its
+# rule's (``rule(transition).unwritten``); these name the writes no transition stands for.
+BEFORE_SEND = NOTHING_SENT
+AFTER_SEND = MAY_HAVE_EXECUTED
+NO_SEND = NOTHING_CHANGED
+AFTER_LOOKUP = LOOKUP_UNRECORDED
 FOREIGN_KEY_DAMAGE = "foreign key violation"
 """How a storage check words a row that lost the row it points to: the file itself reads."""
 NOT_A_JOURNAL_YET = (
@@ -197,7 +198,7 @@ class Engine(abc.ABC):
     # -- what a backend provides ------------------------------------------------------------
 
     @abc.abstractmethod
-    def _commit(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T:
+    def _commit(self, work: Callable[[Tx], T], *, durable: bool, busy: Unwritten) -> T:
         """Run ``work`` in one read-then-write transaction and commit it (see ``write``)."""
 
     @abc.abstractmethod
@@ -221,7 +222,7 @@ class Engine(abc.ABC):
 
     # -- the transaction runners ----------------------------------------------------------
 
-    def write(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T:
+    def write(self, work: Callable[[Tx], T], *, durable: bool, busy: Unwritten) -> T:
         """Run ``work`` in one read-then-write transaction and commit it.
 
         ``durable`` commits survive an operating-system crash before this returns; the
@@ -306,17 +307,19 @@ class Engine(abc.ABC):
 
     # -- errors ----------------------------------------------------------------------------
 
-    def error(self, what: str, *, busy: bool = False, then: str | None = None) -> JournalError:
-        """The error to raise; ``then`` is what the caller may conclude (``BEFORE_SEND``,
-        ``AFTER_SEND``, ``NO_SEND``), said after ``what``."""
+    def error(
+        self, what: str, *, busy: bool = False, then: Unwritten | None = None
+    ) -> JournalError:
+        """The error to raise; ``then`` is what the caller may conclude, said after
+        ``what``: whether a request may have reached the provider is ``then``'s."""
         cls = JournalBusy if busy else JournalError
-        message = f"{what}; {then}" if then else what
-        if busy and then in (BEFORE_SEND, NO_SEND, AFTER_LOOKUP):
+        message = f"{what}; {then.words}" if then else what
+        if busy and then is not None and then.retry_later:
             message += ". Retry later"  # a lock or a pool frees itself; damage does not
         return cls(
             f"{message} (journal: {self.location})",
             location=self.location,
-            may_have_executed=then == AFTER_SEND,
+            may_have_executed=then is not None and then.may_have_executed,
         )
 
     def _refuse(self, kind: str) -> Callable[[str], JournalError]:

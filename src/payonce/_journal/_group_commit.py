@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
+from .._lifecycle import Unwritten
 from ..errors import JournalError
 from . import _sql as sql
 from ._engine import Tx
@@ -61,7 +62,7 @@ class Member(Generic[T]):
 
     __slots__ = ("busy", "done", "durable", "error", "finished", "result", "wake", "work")
 
-    def __init__(self, work: Callable[[Tx], T], durable: bool, busy: str) -> None:
+    def __init__(self, work: Callable[[Tx], T], durable: bool, busy: Unwritten) -> None:
         self.work = work
         self.durable = durable
         self.busy = busy
@@ -87,7 +88,7 @@ class Member(Generic[T]):
         return self.result  # type: ignore[return-value]
 
 
-_SOLO: Member[None] = Member(lambda tx: None, False, "")
+_SOLO: Member[None] = Member(lambda tx: None, False, Unwritten(""))
 """Holds the head of the queue while a write commits alone (no one else was queued)."""
 
 
@@ -117,13 +118,13 @@ class Connection(Protocol):
     @property
     def lock(self) -> threading.RLock: ...
 
-    def write_alone(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T:
+    def write_alone(self, work: Callable[[Tx], T], *, durable: bool, busy: Unwritten) -> T:
         """One write in one transaction of its own."""
 
     def begin(self, *, durable: bool) -> sqlite3.Cursor:
         """A write transaction begun on the connection, at the safety level ``durable`` asks."""
 
-    def translate(self, exc: sqlite3.Error, busy: str) -> JournalError: ...
+    def translate(self, exc: sqlite3.Error, busy: Unwritten) -> JournalError: ...
 
 
 class GroupCommit:
@@ -136,7 +137,7 @@ class GroupCommit:
         self._queue: deque[Member[Any]] = deque()
         self._queue_lock = threading.Lock()
 
-    def write(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T:
+    def write(self, work: Callable[[Tx], T], *, durable: bool, busy: Unwritten) -> T:
         """Commit ``work`` with the writes queued beside it (or alone, if there are none)."""
         with self._queue_lock:
             solo = not self._queue

@@ -20,9 +20,9 @@ from typing import Any
 
 import attrs
 
-from .._lifecycle import EventClaimKind, decide_event_claim, lease_live
+from .._lifecycle import EventClaimKind, Unwritten, decide_event_claim, lease_live
 from .._owners import owner_is_dead
-from ._engine import Engine, Tx
+from ._engine import NO_SEND, Engine, Tx
 from ._rows import EVENT_FIELDS, typed
 
 __all__ = [
@@ -45,7 +45,11 @@ _NOT_RECORDED = (
 _HANDLED_NOT_RECORDED = (
     "the handler has run but the event could not be marked processed: a redelivery may run it again"
 )
-NOTHING_CHANGED = "nothing was changed"  # the same words as NO_SEND: "Retry later" when busy
+NOTHING_CHANGED = NO_SEND
+# A webhook delivery's own conclusions: a busy journal frees itself, but the provider's
+# redelivery, not a retry of this call, is what follows.
+_CLAIM_UNWRITTEN = Unwritten(_NOT_RECORDED, retry_later=False)
+_FINISH_UNWRITTEN = Unwritten(_HANDLED_NOT_RECORDED, retry_later=False)
 
 _CLAIM_ROUNDS = 3
 _ERROR_CHARS = 500
@@ -214,7 +218,7 @@ class Inbox:
         # Not fsynced: a claim only has to be visible to the other workers at once, which
         # every commit is. What must survive an operating-system crash is the processed
         # mark, and ``finish_event`` makes that durable.
-        return self._engine.write(work, durable=False, busy=_NOT_RECORDED)
+        return self._engine.write(work, durable=False, busy=_CLAIM_UNWRITTEN)
 
     def renew_event_lease(
         self, endpoint: str, event_id: str, *, owner: str, now: float, lease_seconds: float
@@ -248,7 +252,7 @@ class Inbox:
             tx.execute(FINISH_EVENT, (now, now, endpoint, event_id))
             return record.lease_owner == owner
 
-        return self._engine.write(work, durable=True, busy=_HANDLED_NOT_RECORDED)
+        return self._engine.write(work, durable=True, busy=_FINISH_UNWRITTEN)
 
     def release_event(
         self, endpoint: str, event_id: str, *, owner: str, now: float, error: str | None = None

@@ -34,6 +34,7 @@ from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from .._fork import ForkGuard
+from .._lifecycle import Unwritten
 from ..errors import ConfigurationError, JournalError
 from . import _sql as sql
 from ._engine import BEFORE_SEND, NO_SEND, Engine, Tx, migrate, schema_found
@@ -222,7 +223,7 @@ class PostgresEngine(Engine):
 
     # -- transactions ----------------------------------------------------------------------
 
-    def _commit(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T:
+    def _commit(self, work: Callable[[Tx], T], *, durable: bool, busy: Unwritten) -> T:
         begin = "BEGIN" if durable else "BEGIN; SET LOCAL synchronous_commit = off"
         return self._transact(work, begin=begin, busy=busy)
 
@@ -235,7 +236,7 @@ class PostgresEngine(Engine):
         )
         return self._transact(work, begin=begin, busy=NO_SEND)
 
-    def _transact(self, work: Callable[[Tx], T], *, begin: str | None, busy: str) -> T:
+    def _transact(self, work: Callable[[Tx], T], *, begin: str | None, busy: Unwritten) -> T:
         self._in_this_process()
         for round_ in range(1, _ROUNDS + 1):
             try:
@@ -273,7 +274,7 @@ class PostgresEngine(Engine):
         work: Callable[[Tx], T],
         *,
         begin: str | None,
-        busy: str,
+        busy: Unwritten,
     ) -> T:
         cur = conn.cursor()
         try:
@@ -302,7 +303,7 @@ class PostgresEngine(Engine):
         text = " ".join(str(exc).split()) or type(exc).__name__
         return self._target.redact(text)
 
-    def translate(self, exc: psycopg.Error, busy: str) -> JournalError:
+    def translate(self, exc: psycopg.Error, busy: Unwritten) -> JournalError:
         missing = isinstance(exc, pg_errors.UndefinedTable | pg_errors.UndefinedColumn)
         if missing and (reason := self._cannot_read()) is not None:
             return reason

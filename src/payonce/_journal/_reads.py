@@ -27,6 +27,7 @@ from .._lifecycle import (
     IntentState,
     ReconciliationRecord,
     Transition,
+    Unwritten,
     abandon_blocked,
 )
 from .._lifecycle._key_age import PRUNE_AFTER_KEY_LIFETIMES
@@ -295,7 +296,10 @@ class Journal:
 
         while True:
             busy = (
-                f"{total} intent(s) were pruned before it; prune again to go on"
+                Unwritten(
+                    f"{total} intent(s) were pruned before it; prune again to go on",
+                    retry_later=False,
+                )
                 if total
                 else NO_SEND
             )

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from .._fork import ForkGuard
+from .._lifecycle import Unwritten
 from ..errors import JournalError
 from . import _sql as sql
 from . import _sqlite_file as files
@@ -247,7 +248,7 @@ class SQLiteEngine(Engine):
             self.conn.execute(f"PRAGMA synchronous = {level}")
             self._synchronous = level
 
-    def translate(self, exc: sqlite3.Error, busy: str) -> JournalError:
+    def translate(self, exc: sqlite3.Error, busy: Unwritten) -> JournalError:
         message = str(exc)
         if isinstance(exc, _Replaced):
             return self.error(message, then=busy)
@@ -286,7 +287,7 @@ class SQLiteEngine(Engine):
             )
         return self.error(f"journal operation failed: {message}", then=busy)
 
-    def _commit(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T:
+    def _commit(self, work: Callable[[Tx], T], *, durable: bool, busy: Unwritten) -> T:
         self._in_this_process()
         group = self._group
         if group is not None:
@@ -302,7 +303,7 @@ class SQLiteEngine(Engine):
         cur.execute("BEGIN IMMEDIATE")
         return cur
 
-    def write_alone(self, work: Callable[[Tx], T], *, durable: bool, busy: str) -> T:
+    def write_alone(self, work: Callable[[Tx], T], *, durable: bool, busy: Unwritten) -> T:
         """One write in one transaction of its own (group commit off, or a batch's fallback)."""
         with self.lock:
             try:

@@ -34,7 +34,7 @@ from .._lifecycle import (
 from .._owners import owner_is_dead
 from ..errors import IntentInFlight
 from . import _sql as sql
-from ._engine import AFTER_LOOKUP, AFTER_SEND, BEFORE_SEND, Engine, Tx
+from ._engine import AFTER_SEND, BEFORE_SEND, Engine, Tx
 from ._held import HeldRecords, created_record, settled_record
 from ._intents import allowed, reread, select_intent
 from ._reports import JournalCommitted
@@ -144,7 +144,8 @@ class IntentStore:
                 "concurrent writers; nothing was sent. Retry later"
             )
 
-        return self._keep(self._engine.write(work, durable=True, busy=BEFORE_SEND))
+        unwritten = rule(Transition.WRITE_AHEAD).unwritten
+        return self._keep(self._engine.write(work, durable=True, busy=unwritten))
 
     def _claim_row(
         self,
@@ -316,7 +317,9 @@ class IntentStore:
             tx.execute(sql.ATTEMPT_STARTED, (now, now + lease_seconds, now, key))
             return number
 
-        return self._engine.write(work, durable=True, busy=BEFORE_SEND)
+        return self._engine.write(
+            work, durable=True, busy=rule(Transition.ATTEMPT_STARTED).unwritten
+        )
 
     @staticmethod
     def _end_attempt(
@@ -352,7 +355,7 @@ class IntentStore:
             if applied.releases_lease:
                 tx.execute(sql.RELEASE_LEASE, (key, owner))
 
-        self._engine.write(work, durable=False, busy=AFTER_SEND)
+        self._engine.write(work, durable=False, busy=applied.unwritten)
 
     @staticmethod
     def _store_response(tx: Tx, key: str, response: StoredResponse) -> None:
@@ -404,7 +407,7 @@ class IntentStore:
         # What the claim created, if this journal object did and nothing wrote it since.
         kept = self._kept.take(key, owner) if self._kept is not None else None
 
-        return self._engine.write(work, durable=False, busy=AFTER_SEND)
+        return self._engine.write(work, durable=False, busy=rule(transition).unwritten)
 
     def mark_unknown(
         self, key: str, *, transition: Transition, owner: str, now: float, reason: str
@@ -414,7 +417,7 @@ class IntentStore:
             tx.execute(sql.SET_STATE, (state.value, reason, now, key))
             return reread(tx, key)
 
-        return self._engine.write(work, durable=False, busy=AFTER_SEND)
+        return self._engine.write(work, durable=False, busy=rule(transition).unwritten)
 
     def release(self, key: str, *, owner: str) -> None:
         if self._kept is not None:
@@ -441,7 +444,7 @@ class IntentStore:
             self._apply(tx, key, owner, Transition.LOOKED_UP)
             tx.execute(sql.INSERT_RECONCILIATION, (key, now, outcome, detail, status_code))
 
-        self._engine.write(work, durable=False, busy=AFTER_SEND)
+        self._engine.write(work, durable=False, busy=rule(Transition.LOOKED_UP).unwritten)
 
     def reconciled(
         self,
@@ -464,4 +467,4 @@ class IntentStore:
             tx.execute(sql.SET_STATE, (state.value, reason, now, key))
             return reread(tx, key)
 
-        return self._engine.write(work, durable=False, busy=AFTER_LOOKUP)
+        return self._engine.write(work, durable=False, busy=rule(transition).unwritten)

@@ -51,7 +51,19 @@ from ._records import (
     ReconciliationRecord,
     StoredResponse,
 )
-from ._states import RULES, IntentState, Rule, Transition, rule, target
+from ._states import (
+    LOOKUP_UNRECORDED,
+    MAY_HAVE_EXECUTED,
+    NOTHING_CHANGED,
+    NOTHING_SENT,
+    RULES,
+    IntentState,
+    Rule,
+    Transition,
+    Unwritten,
+    rule,
+    target,
+)
 from ._verdicts import (
     LOOKUP_FAILURES,
     LookupKind,
@@ -69,6 +81,11 @@ from ._verdicts import (
 from ._verify import LOOK_UP, LookUp, Verification, quiet_after
 
 __all__ = [
+    "LOOKUP_UNRECORDED",
+    "MAY_HAVE_EXECUTED",
+    "NOTHING_CHANGED",
+    "NOTHING_SENT",
+    "Unwritten",
     "EVENT_LEASE_SECONDS",
     "KEY_LIFETIME_MARGIN",
     "LOOK_UP",

@@ -12,7 +12,19 @@ import enum
 
 import attrs
 
-__all__ = ["RULES", "IntentState", "Rule", "Transition", "rule", "target"]
+__all__ = [
+    "LOOKUP_UNRECORDED",
+    "MAY_HAVE_EXECUTED",
+    "NOTHING_CHANGED",
+    "NOTHING_SENT",
+    "RULES",
+    "IntentState",
+    "Rule",
+    "Transition",
+    "Unwritten",
+    "rule",
+    "target",
+]
 
 
 class IntentState(enum.StrEnum):
@@ -65,6 +77,32 @@ class Transition(enum.Enum):
 
 
 @attrs.frozen
+class Unwritten:
+    """What a caller may conclude when a journal write could not be made: the words that end
+    its ``JournalError``, and whether the provider may have executed the request by then."""
+
+    words: str
+    may_have_executed: bool = False
+    retry_later: bool = True
+    """A journal that was only busy frees itself: "Retry later" is said then."""
+
+
+NOTHING_SENT = Unwritten("nothing was sent")
+MAY_HAVE_EXECUTED = Unwritten(
+    "the request may already have reached the provider, so this is not a refusal: the "
+    "intent stays pending under its key, and calling again with the same reference once "
+    "the journal is free settles it without paying twice",
+    may_have_executed=True,
+    retry_later=False,
+)
+LOOKUP_UNRECORDED = Unwritten(
+    "the status look-up's finding was not recorded (a look-up executes nothing): the intent "
+    "is as it was; reconcile it again once the journal is free"
+)
+NOTHING_CHANGED = Unwritten("nothing was changed")
+
+
+@attrs.frozen
 class Rule:
     transition: Transition
     sources: tuple[IntentState | None, ...]
@@ -78,6 +116,9 @@ class Rule:
     """Whether the worker gives the intent's lease up with it."""
     attempt_ambiguous: bool | None = None
     """For the end of an attempt: whether the provider may have executed it."""
+    unwritten: Unwritten = NOTHING_SENT
+    """What the caller may conclude if it cannot be journaled: whether a request may have
+    reached the provider by the time it is."""
 
 
 _P, _U = IntentState.PENDING, IntentState.UNKNOWN
@@ -105,6 +146,7 @@ RULES: tuple[Rule, ...] = (
         "connection, 5xx, in-flight 409, an answer that is not the provider's or cannot be "
         "decoded): retried under the same key",
         attempt_ambiguous=True,
+        unwritten=MAY_HAVE_EXECUTED,
     ),
     Rule(
         Transition.ATTEMPT_NOT_EXECUTED,
@@ -112,6 +154,7 @@ RULES: tuple[Rule, ...] = (
         None,
         "the attempt provably never executed (connection not established, 429): retried",
         attempt_ambiguous=False,
+        unwritten=MAY_HAVE_EXECUTED,
     ),
     Rule(
         Transition.ATTEMPT_INTERRUPTED,
@@ -121,6 +164,7 @@ RULES: tuple[Rule, ...] = (
         "journaled as ambiguous, lease released, the error goes through",
         releases_lease=True,
         attempt_ambiguous=True,
+        unwritten=MAY_HAVE_EXECUTED,
     ),
     Rule(
         Transition.ATTEMPT_REFUSED,
@@ -130,6 +174,7 @@ RULES: tuple[Rule, ...] = (
         "lease released, AuthenticationError; sent under the same key once the key is fixed",
         releases_lease=True,
         attempt_ambiguous=False,
+        unwritten=MAY_HAVE_EXECUTED,
     ),
     Rule(
         Transition.ATTEMPT_REFUSED_UNPROVEN,
@@ -140,6 +185,7 @@ RULES: tuple[Rule, ...] = (
         "age rules a resend",
         releases_lease=True,
         attempt_ambiguous=True,
+        unwritten=MAY_HAVE_EXECUTED,
     ),
     Rule(
         Transition.ATTEMPT_NOT_SENT,
@@ -149,6 +195,7 @@ RULES: tuple[Rule, ...] = (
         "it will not write): nothing left, lease released, the error goes through",
         releases_lease=True,
         attempt_ambiguous=False,
+        unwritten=MAY_HAVE_EXECUTED,
     ),
     Rule(
         Transition.SUCCEEDED,
@@ -156,6 +203,7 @@ RULES: tuple[Rule, ...] = (
         IntentState.SUCCEEDED,
         "a 2xx answer, stored",
         releases_lease=True,
+        unwritten=MAY_HAVE_EXECUTED,
     ),
     Rule(
         Transition.FAILED,
@@ -164,6 +212,7 @@ RULES: tuple[Rule, ...] = (
         "a definitive refusal in the provider's own words (non-retryable 3xx or 4xx, a "
         "do-not-retry hint), stored",
         releases_lease=True,
+        unwritten=MAY_HAVE_EXECUTED,
     ),
     Rule(
         Transition.LOOKED_UP,
@@ -172,6 +221,7 @@ RULES: tuple[Rule, ...] = (
         "after an attempt that may have executed, the status look-up (verify before resend) "
         "found no final record: journaled; resent only once nothing is found after the "
         "earlier attempt can no longer be running",
+        unwritten=MAY_HAVE_EXECUTED,
     ),
     Rule(
         Transition.VERIFIED_SUCCEEDED,
@@ -180,6 +230,7 @@ RULES: tuple[Rule, ...] = (
         "verify before resend found the provider's record, succeeded: settled from it, "
         "nothing resent",
         releases_lease=True,
+        unwritten=MAY_HAVE_EXECUTED,
     ),
     Rule(
         Transition.VERIFIED_FAILED,
@@ -187,6 +238,7 @@ RULES: tuple[Rule, ...] = (
         IntentState.FAILED,
         "verify before resend found the provider's record, failed: settled from it, nothing resent",
         releases_lease=True,
+        unwritten=MAY_HAVE_EXECUTED,
     ),
     Rule(
         Transition.EXHAUSTED,
@@ -194,6 +246,7 @@ RULES: tuple[Rule, ...] = (
         _U,
         "attempts ran out and at least one may have reached the provider",
         releases_lease=True,
+        unwritten=MAY_HAVE_EXECUTED,
     ),
     Rule(
         Transition.EXHAUSTED_UNSENT,
@@ -201,6 +254,7 @@ RULES: tuple[Rule, ...] = (
         None,
         "attempts ran out and none executed: stays pending, lease released (ProviderUnavailable)",
         releases_lease=True,
+        unwritten=MAY_HAVE_EXECUTED,
     ),
     Rule(
         Transition.KEY_WINDOW_PASSED,
@@ -209,6 +263,7 @@ RULES: tuple[Rule, ...] = (
         "picked up again after an attempt that may have executed, at 90% of the key "
         "lifetime or later: never resent",
         releases_lease=True,
+        unwritten=MAY_HAVE_EXECUTED,
     ),
     Rule(
         Transition.RECONCILED_SUCCEEDED,
@@ -216,6 +271,7 @@ RULES: tuple[Rule, ...] = (
         IntentState.SUCCEEDED,
         "the provider has one record, in a succeeded status",
         releases_lease=True,
+        unwritten=LOOKUP_UNRECORDED,
     ),
     Rule(
         Transition.RECONCILED_FAILED,
@@ -223,6 +279,7 @@ RULES: tuple[Rule, ...] = (
         IntentState.FAILED,
         "the provider has one record, in a failed status",
         releases_lease=True,
+        unwritten=LOOKUP_UNRECORDED,
     ),
     Rule(
         Transition.RECONCILED_ABSENT,
@@ -230,6 +287,7 @@ RULES: tuple[Rule, ...] = (
         _P,
         "the provider has no record and the key is still within 90% of its lifetime",
         releases_lease=True,
+        unwritten=LOOKUP_UNRECORDED,
     ),
     Rule(
         Transition.RECONCILED_AMBIGUOUS,
@@ -238,6 +296,7 @@ RULES: tuple[Rule, ...] = (
         "no record past the key window, a record not final yet, several records, an "
         "unreadable or refused look-up: stays unknown with the reason",
         releases_lease=True,
+        unwritten=LOOKUP_UNRECORDED,
     ),
     Rule(
         Transition.ABANDONED,
@@ -245,12 +304,14 @@ RULES: tuple[Rule, ...] = (
         IntentState.ABANDONED,
         "an operator's decision, while no worker holds a live lease on it",
         releases_lease=True,
+        unwritten=NOTHING_CHANGED,
     ),
     Rule(
         Transition.ACKNOWLEDGED,
         _SETTLED,
         None,
         "the caller has recorded the settled outcome (client-side outbox)",
+        unwritten=NOTHING_CHANGED,
     ),
 )
 
