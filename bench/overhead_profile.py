@@ -6,7 +6,7 @@ untouched). CPU time (``time.process_time_ns``, all threads). Each part is timed
 whole intents, not alone in a loop: alone, a step runs with warm caches and looks 2-6x
 cheaper than it costs in a real call.
 
-    journal        SQLiteJournal.claim (write-ahead) and .settle (with the acknowledgement)
+    journal        the store's claim (write-ahead) and settle (with the acknowledgement)
     httpx          httpx.Client.build_request, and the exchange (send, deadline, read)
     payonce        the rest: drafting (canonical JSON, fingerprint, key), building the
                    request's URL and headers, classifying and storing the answer, and the
@@ -87,8 +87,8 @@ def instrument(client: payonce.Client | payonce.AsyncClient, spent: Spent) -> No
     core = client._core
     wrap = timed
     for obj, name, label in (
-        (core.journal, "claim", JOURNAL[0]),
-        (core.journal, "settle", JOURNAL[1]),
+        (core.store, "claim", JOURNAL[0]),
+        (core.store, "settle", JOURNAL[1]),
         (client._http, "build_request", HTTPX[0]),
         (core, "journal_command", OWN["told"]),
         (core, "build_request", OWN["build_request"]),
