@@ -3,7 +3,7 @@
 A real sandbox provider, a real journal file, and real worker processes: one that holds an
 intent's lease while its request is on its way, then dies of a ``SIGKILL`` with the lease
 still written in the journal. The commands must not call that lease alive, and must keep their
-table at 80 columns for it.
+table at 80 columns for it; a usage error comes before a missing setting.
 """
 
 from __future__ import annotations
@@ -193,3 +193,20 @@ def test_the_intent_a_stale_lease_left_is_resumed_once(
     assert result.exit_code == 0, result.output
     assert record.key in result.stdout
     assert sandbox.store.executions() == {record.key: 1}
+
+
+# -- reconcile's usage error comes first -------------------------------------------------------
+
+
+def test_reconcile_without_key_or_all_says_so_before_asking_for_a_base_url(
+    journal_path: Path,
+) -> None:
+    bare = run_cli(["reconcile", "--journal", str(journal_path)])
+
+    assert bare.exit_code == 2
+    assert "give either one KEY_OR_REFERENCE or --all" in bare.stderr
+    assert "base-url" not in bare.stderr
+
+    every = run_cli(["reconcile", "--all", "--journal", str(journal_path)])
+    assert every.exit_code == 2
+    assert "--base-url is required" in every.stderr

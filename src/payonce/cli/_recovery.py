@@ -48,18 +48,25 @@ class _Connection:
     """Where the intents were sent, and the journal they are in: what clients are built from.
     ``provider`` and ``account`` are None when not given: then the journal says (``_targets``)."""
 
-    urls: BaseUrls
+    base_url: tuple[str, ...]
+    """``--base-url`` as given: parsed (and refused) only once the command's own arguments
+    are known to be right, so that a usage error is reported first."""
     provider: str | None
     account: str | None
     journal: JournalLocation | None
+
+    @property
+    def urls(self) -> BaseUrls:
+        return BaseUrls.parse(self.base_url)
 
     def targets(
         self, records: Callable[[payonce.Journal], list[payonce.IntentRecord]], what: str
     ) -> tuple[list[Target], Counter[Target]]:
         """The groups to drive, and what every group holds of ``records``."""
+        urls = self.urls  # a missing or bad --base-url before the journal
         with existing_journal(self.journal, read_only=True) as journal:
             held = holdings(records(journal))
-        return choose(held, self.provider, self.account, what=what, urls=self.urls), held
+        return choose(held, self.provider, self.account, what=what, urls=urls), held
 
     @contextmanager
     def client(self, target: Target, base_url: str) -> Iterator[payonce.Client]:
@@ -80,8 +87,9 @@ class _Connection:
         fails as before: the error, exit status 2."""
         rows: list[Row] = []
         undriven: list[str] = []
+        urls = self.urls
         for target in targets:
-            base_url = self.urls.of(target.provider)
+            base_url = urls.of(target.provider)
             if base_url is None:
                 if len(targets) == 1:
                     raise CliError(f"no --base-url for provider {target.provider!r}")
@@ -114,8 +122,7 @@ def _connection_options(command: Callable[..., None]) -> Callable[..., None]:
         journal_path: JournalLocation | None,
         **rest: Any,
     ) -> None:
-        urls = BaseUrls.parse(base_url)
-        command(connection=_Connection(urls, provider, account, journal_path), **rest)
+        command(connection=_Connection(base_url, provider, account, journal_path), **rest)
 
     options = [
         click.option(
