@@ -2,8 +2,9 @@
 
 A real sandbox provider, a real journal file, and real worker processes: one that holds an
 intent's lease while its request is on its way, then dies of a ``SIGKILL`` with the lease
-still written in the journal. The commands must not call that lease alive, and must keep their
-table at 80 columns for it; a usage error comes before a missing setting.
+still written in the journal. The commands must not call that lease alive, must keep their
+table at 80 columns for it, and ``resume`` must not say "all clear" while unknown intents
+it never resends wait for ``reconcile``.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from typing import Any
 import pytest
 
 import payonce
-from helpers.cli import run_cli
-from helpers.payments import PAYMENT, MakeClient
+from helpers.cli import CliResult, run_cli
+from helpers.payments import PAYMENT, MakeClient, leave_pending, make_unknown
 from helpers.processes import python_env
 from payonce.sandbox import DEFAULT_ACCOUNT, DEFAULT_API_KEY, SandboxServer
 
@@ -193,6 +194,65 @@ def test_the_intent_a_stale_lease_left_is_resumed_once(
     assert result.exit_code == 0, result.output
     assert record.key in result.stdout
     assert sandbox.store.executions() == {record.key: 1}
+
+
+# -- resume while unknown intents wait ---------------------------------------------------------
+
+
+def _summary(result: CliResult) -> str:
+    return result.stderr.splitlines()[0]
+
+
+WAITS = (
+    "unknown intent waits for reconciliation (resume never resends an unknown intent): "
+    "run `payonce reconcile --all`, then `payonce resume`"
+)
+
+
+def test_resume_says_how_many_unknown_intents_wait_and_what_to_run_then_exits_1(
+    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str]
+) -> None:
+    unknown = make_unknown(make_client, sandbox, "order-u", "fail_before")
+    pending = leave_pending(make_client, "order-p")
+
+    resumed = run_cli(["resume"], env=env, secrets=SECRETS)
+
+    assert resumed.exit_code == 1, resumed.output
+    assert _summary(resumed) == (
+        "resumed 1 intent(s): 1 settled (1 succeeded), 0 still pending, 0 still unknown; "
+        f"1 other {WAITS}"
+    )
+    again = run_cli(["resume"], env=env, secrets=SECRETS)
+    assert again.exit_code == 1
+    assert _summary(again) == (
+        "nothing to resume: no pending intent of account 'acct_demo' (provider 'sandbox'); "
+        f"1 {WAITS}"
+    )
+
+    # What it says to run settles everything: the 503 came before executing anything.
+    assert run_cli(["reconcile", "--all"], env=env, secrets=SECRETS).exit_code == 1  # pending
+    last = run_cli(["resume"], env=env, secrets=SECRETS)
+    assert last.exit_code == 0, last.output
+    assert _summary(last).endswith("0 still pending, 0 still unknown")
+    assert sandbox.store.executions() == {pending.key: 1, unknown.key: 1}
+
+
+def test_resume_counts_only_the_unknown_intents_of_the_account_it_drives(
+    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str]
+) -> None:
+    make_unknown(make_client, sandbox, "order-u", "fail_before", account="acct_other")
+
+    ours = run_cli(["resume"], env=env, secrets=SECRETS)
+    everyone = run_cli(
+        ["resume"],
+        env={k: v for k, v in env.items() if k not in ("PAYONCE_ACCOUNT", "PAYONCE_PROVIDER")},
+        secrets=SECRETS,
+    )
+
+    assert ours.exit_code == 0, ours.output
+    assert "unknown" not in ours.stderr
+    assert everyone.exit_code == 1, everyone.output
+    assert _summary(everyone).endswith(f"; 1 {WAITS}")
 
 
 # -- reconcile's usage error comes first -------------------------------------------------------
