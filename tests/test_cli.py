@@ -276,16 +276,26 @@ def test_narrow_terminal_still_shows_leases_and_unknown_reasons(
         narrow = run_cli(
             ["intents", "list", "--journal", str(journal_path)], columns=80, terminal=True
         )
+        detail = run_cli(
+            ["intents", "show", "order-slow", "--journal", str(journal_path)],
+            columns=80,
+            terminal=True,
+        )
     finally:
         transport.gate.set()
         sender.join()
     assert narrow.exit_code == 0, narrow.output
     screen = _unstyled(narrow.stdout)
     assert all(len(line) <= 80 for line in screen.splitlines())
-    # Values wrap at spaces, never inside a word: a table when one fits, else a record a line.
+    # Values wrap at spaces, never inside a word. The lease keeps the table: until when it
+    # holds, its owner's long name left to `intents show`, which has it whole.
+    assert "key / reference" in screen
     words = " ".join(screen.split())
-    assert f"{held['lease_owner']} until 20" in words
+    assert "lease: held until 20" in words
     assert "retries exhausted; last failure: HTTP 503" in words
+    shown = _unstyled(detail.stdout)
+    assert all(len(line) <= 80 for line in shown.splitlines())
+    assert f"{held['lease_owner']} until 20" in " ".join(shown.split())
 
 
 def test_narrow_terminal_still_shows_every_value(populated: Populated) -> None:

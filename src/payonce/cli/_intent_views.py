@@ -20,6 +20,7 @@ from rich.text import Text
 import payonce
 
 from ._common import console, echo_json, iso, redacted, shown
+from ._leases import LeaseStatus, interrupted_verdict, lease_status, lease_text, short_lease
 from ._tables import field_name, print_table
 
 __all__ = [
@@ -60,15 +61,6 @@ def request_target(record: payonce.IntentRecord) -> str:
     return f"{record.method} {target}"
 
 
-def _lease(record: payonce.IntentRecord, now: float) -> str | None:
-    if record.lease_owner is None:
-        return None
-    if record.lease_expires_at is None:
-        return record.lease_owner
-    expired = "" if record.lease_live(now) else " (expired)"
-    return f"{record.lease_owner} until {iso(record.lease_expires_at, precise=False)}{expired}"
-
-
 def _decoded(data: bytes) -> dict[str, str]:
     try:
         return {"body": data.decode("utf-8"), "body_encoding": "utf-8"}
@@ -97,6 +89,7 @@ def intent_json(record: payonce.IntentRecord) -> dict[str, Any]:
         "first_sent_at": iso(record.first_sent_at),
         "lease_owner": record.lease_owner,
         "lease_expires_at": iso(record.lease_expires_at),
+        "lease_status": lease_status(record, time.time()),
         "unknown_reason": record.unknown_reason,
         "abandon_reason": record.abandon_reason,
         "response_status": record.response.status if record.response else None,
@@ -104,7 +97,12 @@ def intent_json(record: payonce.IntentRecord) -> dict[str, Any]:
     }
 
 
-def attempt_json(attempt: payonce.journal.AttemptRecord) -> dict[str, Any]:
+def attempt_json(
+    attempt: payonce.journal.AttemptRecord, lease: LeaseStatus | None
+) -> dict[str, Any]:
+    """``lease``: the intent's ``lease_status``. An attempt that never ended is ``in_flight``
+    only while a live worker holds the lease; otherwise it was ``interrupted``."""
+    interrupted = attempt.in_flight and lease != "held"
     return {
         "number": attempt.number,
         "started_at": iso(attempt.started_at),
@@ -112,7 +110,8 @@ def attempt_json(attempt: payonce.journal.AttemptRecord) -> dict[str, Any]:
         "status_code": attempt.status_code,
         "error": attempt.error,
         "ambiguous": attempt.ambiguous,
-        "in_flight": attempt.in_flight,
+        "in_flight": attempt.in_flight and not interrupted,
+        "interrupted": interrupted,
     }
 
 
@@ -163,9 +162,10 @@ def print_intents(
         return
     now = time.time()
     title = title or f"{len(records)} intent(s), newest first"
+    # A lease's owner is a long word: shown whole where it fits, else only the lease's state.
     layouts = [_compact_table(records, now, title)]
     if out.width >= _WIDE_TABLE:
-        layouts.insert(0, _wide_table(records, now, title))
+        layouts[:0] = [_wide_table(records, now, title, owners=owners) for owners in (True, False)]
     print_table(out, layouts, fields=_wide_table(records, now, title, every_field=True))
 
 
@@ -174,10 +174,16 @@ def _table(title: str) -> Table:
 
 
 def _wide_table(
-    records: Sequence[payonce.IntentRecord], now: float, title: str, *, every_field: bool = False
+    records: Sequence[payonce.IntentRecord],
+    now: float,
+    title: str,
+    *,
+    every_field: bool = False,
+    owners: bool = True,
 ) -> Table:
     """One line per intent on a wide terminal; ``every_field``: the same fields for every
-    listing (account and provider too), for pipes and for a terminal too narrow for a table."""
+    listing (account and provider too), for pipes and for a terminal too narrow for a table;
+    ``owners``: the lease with its owner's whole name, else only until when it holds."""
     with_lease = every_field or any(r.lease_owner for r in records)
     with_reason = every_field or any(r.unknown_reason for r in records)
     table = _table(title)
@@ -205,7 +211,8 @@ def _wide_table(
             Text(iso(record.created_at, precise=False) or ""),
         ]
         if with_lease:
-            cells.append(Text(shown(_lease(record, now))))
+            lease = lease_text(record, now) if every_field or owners else short_lease(record, now)
+            cells.append(Text(shown(lease)))
         if with_reason:
             cells.append(Text(shown(record.unknown_reason)))
         table.add_row(*cells, style=_ROW_STYLES.get(record.state))
@@ -222,7 +229,7 @@ def _compact_table(records: Sequence[payonce.IntentRecord], now: float, title: s
     table.add_column("request / created (UTC)", overflow="fold", min_width=20)
     for record in records:
         details = [request_target(record), iso(record.created_at, precise=False) or ""]
-        lease = _lease(record, now)
+        lease = short_lease(record, now)
         if lease:
             details.append(f"lease: {lease}")
         if record.unknown_reason:
@@ -252,7 +259,7 @@ def print_intent_detail(
     request and response. Piped: ``name<TAB>value`` lines, then each table as plain lines
     after a blank line, then the payloads as they are."""
     fields = _fields(record)
-    sections = [_attempts_table(attempts)]
+    sections = [_attempts_table(attempts, lease_status(record, time.time()))]
     if reconciliations:
         sections.append(_reconciliations_table(reconciliations))
     payloads = _payload_texts(record) if with_body else []
@@ -293,7 +300,7 @@ def _fields(record: payonce.IntentRecord) -> list[tuple[str, Text]]:
         ("created", iso(record.created_at)),
         ("updated", iso(record.updated_at)),
         ("first sent", iso(record.first_sent_at)),
-        ("lease", _lease(record, time.time())),
+        ("lease", lease_text(record, time.time())),
         ("response", f"HTTP {stored.status}" if stored else None),
         ("acknowledged", iso(record.acknowledged_at)),
     ]
@@ -304,7 +311,9 @@ def _fields(record: payonce.IntentRecord) -> list[tuple[str, Text]]:
     ]
 
 
-def _attempts_table(attempts: Sequence[payonce.journal.AttemptRecord]) -> Table:
+def _attempts_table(
+    attempts: Sequence[payonce.journal.AttemptRecord], lease: LeaseStatus | None
+) -> Table:
     table = Table(
         title=f"{len(attempts)} attempt(s)",
         title_justify="left",
@@ -318,8 +327,10 @@ def _attempts_table(attempts: Sequence[payonce.journal.AttemptRecord]) -> Table:
     table.add_column("error", overflow="fold")
     table.add_column("may have executed", overflow="fold")
     for attempt in attempts:
-        if attempt.ended_at is None:
+        if attempt.ended_at is None and lease == "held":
             duration, verdict = "", Text("in flight", style="yellow")
+        elif attempt.ended_at is None:
+            duration, verdict = "", Text(interrupted_verdict(lease), style="yellow")
         else:
             duration = f"{(attempt.ended_at - attempt.started_at) * 1000:.0f} ms"
             verdict = Text("yes", style="yellow") if attempt.ambiguous else Text("no")

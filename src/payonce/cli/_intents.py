@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import click
@@ -18,6 +19,7 @@ from ._intent_views import (
     print_intents,
     reconciliation_json,
 )
+from ._leases import lease_status
 
 __all__ = ["intents"]
 
@@ -79,7 +81,8 @@ def show_intent(
         documents = []
         for record in records:
             document = intent_json(record)
-            document["attempts"] = [attempt_json(a) for a in attempts[record.key]]
+            lease = lease_status(record, time.time())
+            document["attempts"] = [attempt_json(a, lease) for a in attempts[record.key]]
             document["reconciliations"] = [
                 reconciliation_json(entry) for entry in reconciliations[record.key]
             ]

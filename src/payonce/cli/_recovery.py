@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -48,18 +48,39 @@ class _Connection:
     """Where the intents were sent, and the journal they are in: what clients are built from.
     ``provider`` and ``account`` are None when not given: then the journal says (``_targets``)."""
 
-    urls: BaseUrls
+    base_url: tuple[str, ...]
+    """``--base-url`` as given: parsed (and refused) only once the command's own arguments
+    are known to be right, so that a usage error is reported first."""
     provider: str | None
     account: str | None
     journal: JournalLocation | None
+
+    @property
+    def urls(self) -> BaseUrls:
+        return BaseUrls.parse(self.base_url)
 
     def targets(
         self, records: Callable[[payonce.Journal], list[payonce.IntentRecord]], what: str
     ) -> tuple[list[Target], Counter[Target]]:
         """The groups to drive, and what every group holds of ``records``."""
+        urls = self.urls  # a missing or bad --base-url before the journal
         with existing_journal(self.journal, read_only=True) as journal:
             held = holdings(records(journal))
-        return choose(held, self.provider, self.account, what=what, urls=self.urls), held
+        return choose(held, self.provider, self.account, what=what, urls=urls), held
+
+    def unknown_waiting(self, reported: Iterable[str]) -> int:
+        """How many unknown intents of the options' provider and account (every one, without
+        them) the journal holds besides the ``reported`` keys."""
+        reported = set(reported)
+        unknown = [payonce.IntentState.UNKNOWN]
+        with existing_journal(self.journal, read_only=True) as journal:
+            records = journal.list_intents(states=unknown)
+        return sum(
+            record.key not in reported
+            and self.provider in (None, record.provider)
+            and self.account in (None, record.account)
+            for record in records
+        )
 
     @contextmanager
     def client(self, target: Target, base_url: str) -> Iterator[payonce.Client]:
@@ -80,8 +101,9 @@ class _Connection:
         fails as before: the error, exit status 2."""
         rows: list[Row] = []
         undriven: list[str] = []
+        urls = self.urls
         for target in targets:
-            base_url = self.urls.of(target.provider)
+            base_url = urls.of(target.provider)
             if base_url is None:
                 if len(targets) == 1:
                     raise CliError(f"no --base-url for provider {target.provider!r}")
@@ -114,8 +136,7 @@ def _connection_options(command: Callable[..., None]) -> Callable[..., None]:
         journal_path: JournalLocation | None,
         **rest: Any,
     ) -> None:
-        urls = BaseUrls.parse(base_url)
-        command(connection=_Connection(urls, provider, account, journal_path), **rest)
+        command(connection=_Connection(base_url, provider, account, journal_path), **rest)
 
     options = [
         click.option(
@@ -161,10 +182,12 @@ def _finish(
     title: str,
     nothing: str,
     as_json: bool,
+    waiting: str = "",
 ) -> None:
-    """Print the results, what could not be driven, and the summary line; exit 1 unless
-    everything targeted is settled."""
-    line = summary(verb, rows) if rows else nothing
+    """Print the results, what could not be driven, and the summary line (``waiting`` at its
+    end: what else waits for the operator); exit 1 unless everything targeted is settled and
+    nothing waits."""
+    line = (summary(verb, rows) if rows else nothing) + waiting
     if as_json:
         echo_json([row.to_json() for row in rows])
         click.echo(line, err=True)  # stdout stays pure JSON
@@ -178,7 +201,7 @@ def _finish(
             click.echo(line, err=True)  # piped, stdout holds the records alone, as with --json
     for reason in undriven:
         click.echo(f"error: not driven: {reason}", err=True)
-    if undriven or any(row.needs_attention for row in rows):
+    if undriven or waiting or any(row.needs_attention for row in rows):
         raise click.exceptions.Exit(1)
 
 
@@ -196,9 +219,13 @@ def resume(connection: _Connection, as_json: bool) -> None:
     Without --provider and --account, every account of every provider whose pending
     intents the journal holds, each provider at its --base-url PROVIDER=URL.
 
-    Exits 0 when everything it targeted is settled; 1 if an intent is still pending (the
-    provider was unreachable, or refused the API key) or unknown, or an account could not
-    be driven (no API key, a profile this process does not know); 2 on a usage error.
+    Unknown intents are never resent: the summary says how many wait, and to run
+    `payonce reconcile --all`.
+
+    Exits 0 when everything it targeted is settled and no unknown intent waits; 1 if an
+    intent is still pending (the provider was unreachable, or refused the API key) or
+    unknown (left unknown by this run or before it), or an account could not be driven (no
+    API key, a profile this process does not know); 2 on a usage error.
     """
     pending = [payonce.IntentState.PENDING]
     targets, held = connection.targets(lambda j: j.list_intents(states=pending), "pending intents")
@@ -218,6 +245,19 @@ def resume(connection: _Connection, as_json: bool) -> None:
         nothing=f"nothing to resume: no pending intent of {_labels(targets)}"
         + elsewhere(held, targets),
         as_json=as_json,
+        waiting=_unknown_waiting(connection.unknown_waiting(row.key for row in rows), rows),
+    )
+
+
+def _unknown_waiting(count: int, rows: Sequence[Row]) -> str:
+    """The end of resume's summary when unknown intents it did not touch wait: resume never
+    resends an unknown intent, so "0 still unknown" alone would read as "all clear"."""
+    if not count:
+        return ""
+    intents = "intent waits" if count == 1 else "intents wait"
+    return (
+        f"; {count} {'other ' if rows else ''}unknown {intents} for reconciliation (resume "
+        "never resends an unknown intent): run `payonce reconcile --all`, then `payonce resume`"
     )
 
 
