@@ -103,8 +103,8 @@ def recover(client: payonce.Client) -> None:
     )
     if still := [r for r in still if r.account == client.account]:
         logger.warning(
-            "%d payment(s) still pending or unknown after recovery: run the resume worker "
-            "or `payonce resume && payonce reconcile --all`",
+            "%d payment(s) still pending or unknown after recovery: run the resume worker, "
+            "or `payonce resume; payonce reconcile --all; payonce resume`",
             len(still),
         )
 

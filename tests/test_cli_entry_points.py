@@ -360,11 +360,6 @@ def test_every_command_uses_the_public_api_only() -> None:
         assert found == [], f"{module.name} reaches into {found}"
 
 
-def test_every_command_module_stays_small() -> None:
-    for module in _cli_modules():
-        assert len(module.read_text().splitlines()) <= 450, module.name
-
-
 # -- shell completion -----------------------------------------------------------------------
 
 
