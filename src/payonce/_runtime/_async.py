@@ -10,7 +10,6 @@ hand-off answers through the asyncio loop).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, ParamSpec, TypeVar, Unpack, assert_never
@@ -26,6 +25,7 @@ from ._base import BaseClient, OneShotOptions, OneShotVerbs, OperationBase, Requ
 from ._batch import Claimed, ReconcileBatch, ResumeBatch, ResumeResult, arun_batch
 from ._deadline import Deadline
 from ._journal_threads import off_loop
+from ._lease_keeper import Lease
 from ._lease_task import TaskLeaseKeeper
 from ._reconcile import ReconcileResult
 from ._telling import logger
@@ -156,10 +156,11 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
         core = self._core
         run: drive.Run | None = None
         failure: BaseException | None = None
+        lease: Lease | None = None
+        leased: tuple[str, str] | None = None
         interrupted = False
         """Cancelled mid-attempt (a timeout, a caller that went away): the journal commands
         that follow run at once on the loop, without awaiting."""
-        holding = contextlib.AsyncExitStack()
         try:
             answer: Any = None
             while True:
@@ -189,7 +190,7 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
                     case drive.Holding(run):
                         if bind is not None:
                             bind(run.record)
-                        await holding.enter_async_context(self._keeper.holding(core.lease(run)))
+                        self._keeper.hold(lease := core.lease(run))
                         core.tell.drive_started(run)
                         answer = None
                     case drive.Replay(record):
@@ -199,7 +200,7 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
                     case drive.Resending() | drive.LookupRetried():
                         answer = core.told(command)
                     case drive.Leased(key, owner):
-                        holding.push_async_callback(off_loop, _reconcile.end, core, key, owner)
+                        leased = (key, owner)
                         answer = None
                     case _:
                         assert_never(command)
@@ -208,7 +209,10 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
             raise
         finally:
             commands.close()
-            await holding.aclose()
+            if lease is not None:
+                self._keeper.let_go(lease)
+            if leased is not None:
+                await off_loop(_reconcile.end, core, *leased)
             if run is not None:
                 if bind is not None:
                     bind(run.record)

@@ -90,6 +90,14 @@ class ThreadLeaseKeeper(Keeper):
 
     @contextlib.contextmanager
     def holding(self, lease: Lease) -> Iterator[Lease]:
+        self.hold(lease)
+        try:
+            yield lease
+        finally:
+            self.let_go(lease)
+
+    def hold(self, lease: Lease) -> None:
+        """Keep ``lease`` alive until ``let_go``; an executor holds one for a whole drive."""
         with self._lock:
             self._leases.add(lease)
             if self._thread is None:
@@ -98,11 +106,10 @@ class ThreadLeaseKeeper(Keeper):
                     target=self._tick, name="payonce-lease-keeper", daemon=True
                 )
                 self._thread.start()
-        try:
-            yield lease
-        finally:
-            with self._lock:
-                self._leases.discard(lease)
+
+    def let_go(self, lease: Lease) -> None:
+        with self._lock:
+            self._leases.discard(lease)
 
     def _tick(self) -> None:
         while not self._wake.wait(self.interval):

@@ -22,13 +22,20 @@ class TaskLeaseKeeper(Keeper):
 
     @contextlib.asynccontextmanager
     async def holding(self, lease: Lease) -> AsyncIterator[Lease]:
-        self._leases.add(lease)
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._tick())
+        self.hold(lease)
         try:
             yield lease
         finally:
-            self._leases.discard(lease)
+            self.let_go(lease)
+
+    def hold(self, lease: Lease) -> None:
+        """Keep ``lease`` alive until ``let_go`` (on the event loop's thread)."""
+        self._leases.add(lease)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._tick())
+
+    def let_go(self, lease: Lease) -> None:
+        self._leases.discard(lease)
 
     async def _tick(self) -> None:
         while True:

@@ -7,7 +7,6 @@ keeps leases alive from a thread. ``_async`` is its awaited twin.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Generator
@@ -23,7 +22,7 @@ from . import _reconcile
 from ._base import BaseClient, OneShotOptions, OneShotVerbs, OperationBase, RequestOptions, Verbs
 from ._batch import Claimed, ReconcileBatch, ResumeBatch, ResumeResult, run_batch
 from ._deadline import Deadline
-from ._lease_keeper import ThreadLeaseKeeper
+from ._lease_keeper import Lease, ThreadLeaseKeeper
 from ._reconcile import ReconcileResult
 from ._telling import logger
 
@@ -165,8 +164,9 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         ``bind``: told each record the caller's operation should show."""
         core = self._core
         run: drive.Run | None = None
+        lease: Lease | None = None
+        leased: tuple[str, str] | None = None
         failure: BaseException | None = None
-        holding = contextlib.ExitStack()
         try:
             answer: Any = None
             while True:
@@ -190,7 +190,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
                     case drive.Holding(run):
                         if bind is not None:
                             bind(run.record)
-                        holding.enter_context(self._keeper.holding(core.lease(run)))
+                        self._keeper.hold(lease := core.lease(run))
                         core.tell.drive_started(run)
                         answer = None
                     case drive.Replay(record):
@@ -200,7 +200,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
                     case drive.Resending() | drive.LookupRetried():
                         answer = core.told(command)
                     case drive.Leased(key, owner):
-                        holding.callback(_reconcile.end, core, key, owner)
+                        leased = (key, owner)
                         answer = None
                     case _:
                         assert_never(command)
@@ -209,7 +209,10 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
             raise
         finally:
             commands.close()
-            holding.close()
+            if lease is not None:
+                self._keeper.let_go(lease)
+            if leased is not None:
+                _reconcile.end(core, *leased)
             if run is not None:
                 if bind is not None:
                     bind(run.record)
