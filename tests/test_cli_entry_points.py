@@ -287,6 +287,32 @@ def test_python_m_payonce_sandbox_serves_until_terminated(tmp_path: Path) -> Non
     assert store.exists()
 
 
+def test_payonce_sandbox_like_stripe_serves_stripe_python(tmp_path: Path) -> None:
+    import requests
+    import stripe
+
+    with (
+        _serving("payonce", "sandbox", "--like", "stripe", ready_file=tmp_path / "ready") as run,
+        requests.Session() as session,
+    ):
+        client = stripe.StripeClient(
+            DEFAULT_API_KEY,
+            base_addresses={"api": run.url},
+            http_client=stripe.RequestsClient(session=session),
+        )
+        created = client.v1.payment_intents.create(
+            params={"amount": 4200, "currency": "eur", "payment_method": "pm_card_visa"},
+            options={"idempotency_key": "order-like-1"},
+        )
+        confirmed = client.v1.payment_intents.confirm(created.id)
+        executions = httpx.get(f"{run.url}/_sandbox/executions", timeout=10).json()
+
+    assert (created.status, confirmed.status) == ("requires_confirmation", "succeeded")
+    assert executions["executions"]["order-like-1"] == 1
+    assert run.returncode == 0, run.stderr
+    assert "answers like: stripe" in run.stdout.splitlines()
+
+
 def test_each_fault_option_sets_its_own_fault(tmp_path: Path) -> None:
     faults = ["--seed", "7", "--fail-before", "0.1", "--fail-after", "0.2", "--drop-after", "0.3"]
     faults += ["--rate-limit", "0.4", "--delay-rate", "0.5", "--delay", "1.5"]

@@ -130,6 +130,12 @@ def _warnings_to_stderr() -> Iterator[None]:
     help="The idempotency layer: strict (a duplicate in flight gets 409), racy (a duplicate "
     "arriving while the first still runs executes too, as some servers do), or none.",
 )
+@click.option(
+    "--like",
+    type=click.Choice(["stripe", "adyen", "mollie"]),
+    help="Answer as this provider documents it: its dialect and key lifetime (stripe: "
+    "form bodies, Stripe's errors and its PaymentIntents resources, for stripe-python).",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random faults.")
 # The faults, each named after its field of Faults: the command gets them together.
 @_rate("--fail-before", "Rate of 503 before executing.", name="fail_before_rate")
@@ -158,6 +164,7 @@ def sandbox(
     key_lifetime: float,
     processing: float,
     idempotency: Literal["strict", "racy", "none"],
+    like: Literal["stripe", "adyen", "mollie"] | None,
     seed: int,
     ready_file: Path | None,
     webhook_url: str | None,
@@ -175,14 +182,18 @@ def sandbox(
         raise _sandbox_missing(exc) from exc
     try:
         faults = Faults(seed=seed, **fault_settings)
-        config = SandboxConfig(
-            key_lifetime=key_lifetime,
-            processing_seconds=processing,
-            idempotency=idempotency,
-            faults=faults,
-            store_path=None if store is None else os.fspath(store),
-            webhooks=_webhooks(webhook_url, webhook_secrets, webhook_redeliver_rate, seed),
-        )
+        settings: dict[str, Any] = {
+            "processing_seconds": processing,
+            "idempotency": idempotency,
+            "faults": faults,
+            "store_path": None if store is None else os.fspath(store),
+            "webhooks": _webhooks(webhook_url, webhook_secrets, webhook_redeliver_rate, seed),
+        }
+        given = click.get_current_context().get_parameter_source("key_lifetime")
+        if like is None or given is not click.core.ParameterSource.DEFAULT:
+            # A provider's preset keeps its own key lifetime unless one is asked for.
+            settings["key_lifetime"] = key_lifetime
+        config = SandboxConfig(**settings) if like is None else SandboxConfig.like(like, **settings)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
 
@@ -196,6 +207,8 @@ def sandbox(
         say(f"payonce sandbox listening on {url}")
         # The sandbox's fixed, public test key: not a secret, and clients need it.
         say(f"test API key: {DEFAULT_API_KEY} (account {DEFAULT_ACCOUNT})")
+        if like is not None:
+            say(f"answers like: {like}")
         say(f"faults: {_describe_faults(faults) or 'none'}")
         if config.webhooks is not None:
             say(f"webhooks: to {config.webhooks.url}")
