@@ -19,6 +19,7 @@ from helpers.journals import OpenJournal
 from helpers.keyrings import UseKeyring
 from helpers.payments import FAST_RETRY
 from helpers.sandboxes import SharedSandboxes
+from helpers.secret_service import SecretService, SecretServiceError, skip_or_fail, unavailable
 from payonce._journal._open import open_to_write
 from payonce.sandbox import DEFAULT_API_KEY, SandboxConfig, SandboxServer
 
@@ -32,6 +33,8 @@ def _isolated_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
     monkeypatch.delenv("PAYONCE_API_KEY", raising=False)
     monkeypatch.delenv("PAYONCE_JOURNAL", raising=False)
     monkeypatch.delenv("PAYONCE_ALLOW_PLAINTEXT_KEYRING", raising=False)
+    # No desktop session's Secret Service either: only the one tests start (secret_service).
+    monkeypatch.delenv("DBUS_SESSION_BUS_ADDRESS", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "home" / ".local" / "share"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "home" / ".config"))
@@ -54,6 +57,40 @@ def use_keyring(monkeypatch: pytest.MonkeyPatch) -> Iterator[UseKeyring]:
     previous = keyring.get_keyring()
     yield keyring.set_keyring
     keyring.set_keyring(previous)
+
+
+@pytest.fixture(scope="session")
+def secret_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecretService]:
+    """GNOME Keyring on a private D-Bus session bus, for this session (each xdist worker has
+    its own); skips where it cannot run, fails instead with CI=true."""
+    reason = unavailable()
+    if reason is not None:
+        skip_or_fail(reason)
+    try:
+        service = SecretService.start(tmp_path_factory.mktemp("secret-service"))
+    except SecretServiceError as exc:
+        skip_or_fail(f"the Secret Service could not be started: {exc}")
+    yield service
+    service.close()
+
+
+@pytest.fixture
+def use_secret_service(
+    secret_service: SecretService, use_keyring: UseKeyring, monkeypatch: pytest.MonkeyPatch
+) -> SecretService:
+    """The session's Secret Service as this test's keyring, holding nothing of payonce's.
+
+    In this process through keyring's SecretService backend, set explicitly; the processes the
+    test starts find it as a user's would: keyring's own detection, through the session bus
+    in DBUS_SESSION_BUS_ADDRESS (and no PYTHON_KEYRING_BACKEND).
+    """
+    import keyring.backends.SecretService
+
+    secret_service.clear()
+    for name, value in secret_service.env.items():
+        monkeypatch.setenv(name, value)
+    use_keyring(keyring.backends.SecretService.Keyring())
+    return secret_service
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from keyrings.alt.file import PlaintextKeyring
 
 import payonce
 from helpers.cli import run_cli
-from helpers.keyrings import SessionKeyring, UseKeyring
+from helpers.keyrings import LockedKeyring, SessionKeyring, UseKeyring
 from helpers.processes import python_env
 from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
 
@@ -263,6 +263,22 @@ def test_the_fail_backend_says_how_to_get_a_keyring(use_keyring: UseKeyring) -> 
         assert "pip install keyrings.alt" in line
         assert "PAYONCE_ALLOW_PLAINTEXT_KEYRING=1" in line
         assert "PAYONCE_API_KEY" in line
+
+
+def test_a_locked_keyring_says_it_is_locked_and_nothing_else(use_keyring: UseKeyring) -> None:
+    use_keyring(LockedKeyring())
+    for command, doing in (
+        (["keys", "set", "acct_l"], "store the API key of account 'acct_l'"),
+        (["keys", "list"], "list the accounts with a stored API key"),
+        (["keys", "delete", "acct_l"], "delete the API key of account 'acct_l'"),
+    ):
+        result = run_cli(command, input=SECRET, secrets=SECRETS)
+        assert result.exit_code == 2
+        (line,) = result.stderr.splitlines()
+        assert line.startswith(
+            f"error: cannot {doing}: the keyring helpers.keyrings.LockedKeyring is locked"
+        )
+        assert "To fix: unlock it" in line
 
 
 def test_the_null_backend_is_refused(use_keyring: UseKeyring) -> None:

@@ -29,7 +29,7 @@ import pytest
 from keyrings.alt.file import EncryptedKeyring, PlaintextKeyring
 
 import payonce
-from helpers.keyrings import SessionKeyring, UseKeyring
+from helpers.keyrings import LockedKeyring, SessionKeyring, UseKeyring
 from helpers.payments import PAYMENT
 from helpers.processes import python_env
 from payonce.sandbox import SandboxServer
@@ -156,6 +156,19 @@ def test_the_fail_backend_is_refused_with_how_to_set_a_key(
     use_keyring(keyring.backends.fail.Keyring())
     error = refused("no usable keyring backend")
     assert f"payonce keys set {ACCOUNT}" in str(error)
+
+
+def test_a_locked_keyring_says_it_is_locked_and_how_to_unlock_it(
+    use_keyring: UseKeyring, refused: Refused
+) -> None:
+    use_keyring(LockedKeyring())
+    error = refused("is locked")
+    assert str(error).startswith(
+        f"no API key for account {ACCOUNT!r}: the keyring helpers.keyrings.LockedKeyring is "
+        "locked and was not unlocked"
+    )
+    assert "To fix: unlock it" in str(error)
+    assert "keyrings.alt" not in str(error)  # another keyring is not the answer
 
 
 def test_the_null_backend_is_refused(use_keyring: UseKeyring, refused: Refused) -> None:

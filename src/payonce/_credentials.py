@@ -147,20 +147,25 @@ def resolve_api_key(
             how = "pass api_key=, set PAYONCE_API_KEY, or opt in to that file as above"
         raise ConfigurationError(f"no API key for account {account!r}: {problem}. To fix: {how}")
     secret = None
-    try:
-        # Never get_password on a whole chain: it would also read the refused links (a
-        # plaintext file without opt-in, an encrypted file that prompts).
-        for usable in usable_backends(backend, allow_plaintext=allow_plaintext):
+    # Never get_password on a whole chain: it would also read the refused links (a
+    # plaintext file without opt-in, an encrypted file that prompts).
+    for usable in usable_backends(backend, allow_plaintext=allow_plaintext):
+        try:
             secret = usable.get_password(KEYRING_SERVICE, account)
-            if secret:
-                break
-    # Backends raise anything (secretstorage without D-Bus raises its own exceptions):
-    # whatever it is, it is a keyring that does not work here.
-    except Exception as exc:
-        raise ConfigurationError(
-            f"no API key for account {account!r}: the keyring failed "
-            f"({type(exc).__name__}). To fix: {how}"
-        ) from None
+        # Backends raise anything (secretstorage without D-Bus raises its own exceptions):
+        # whatever it is, it is a keyring that does not work here.
+        except Exception as exc:
+            if _is_locked(exc):
+                raise ConfigurationError(
+                    f"no API key for account {account!r}: {_locked(usable)}. To fix: "
+                    f"{_UNLOCK_HOW_TO}, or pass api_key= or set PAYONCE_API_KEY"
+                ) from None
+            raise ConfigurationError(
+                f"no API key for account {account!r}: the keyring failed "
+                f"({type(exc).__name__}). To fix: {how}"
+            ) from None
+        if secret:
+            break
     if not secret:
         raise ConfigurationError(
             f"no API key for account {account!r} in the keyring. To fix: {how}"
@@ -177,6 +182,27 @@ def _keyring_errors() -> tuple[type[Exception], ...]:
     import keyring.errors
 
     return (keyring.errors.KeyringError, RuntimeError, EOFError, OSError)
+
+
+def _is_locked(exc: Exception) -> bool:
+    import keyring.errors
+
+    return isinstance(exc, keyring.errors.KeyringLocked)
+
+
+def _locked(backend: keyring.backend.KeyringBackend) -> str:
+    """A locked keyring: a Secret Service collection after the screen locked, or one never
+    unlocked on a host without a desktop session, where no unlock prompt can be shown."""
+    return (
+        f"the keyring {_describe(backend)} is locked and was not unlocked (no unlock prompt "
+        "was answered; without a desktop session none can be shown)"
+    )
+
+
+_UNLOCK_HOW_TO = (
+    "unlock it (log in to the desktop session, or unlock the collection in the keyring "
+    "manager: Seahorse, KWalletManager) and run this again"
+)
 
 
 _INSTALL_HOW_TO = (
@@ -238,6 +264,10 @@ def _keyring_failures(doing: str, backend: keyring.backend.KeyringBackend) -> It
     try:
         yield
     except _keyring_errors() as exc:
+        if _is_locked(exc):
+            raise ConfigurationError(
+                f"cannot {doing}: {_locked(backend)}. To fix: {_UNLOCK_HOW_TO}"
+            ) from None
         # The exception's own text is left out: a backend could quote what it was given.
         raise ConfigurationError(
             f"cannot {doing}: the keyring {_describe(backend)} failed ({type(exc).__name__})"

@@ -68,6 +68,7 @@ def run_cli_process(
     args: Sequence[str],
     *,
     env: Mapping[str, str] | None = None,
+    input: str | None = None,
     columns: int | None = 200,
     terminal: bool | None = None,
     secrets: Iterable[str] = (),
@@ -75,9 +76,11 @@ def run_cli_process(
     timeout: float = 60,
 ) -> CliResult:
     """``payonce *args`` as a process of its own, started as ``command`` (``python -m
-    payonce`` unless told), this checkout's payonce first on its path."""
+    payonce`` unless told), this checkout's payonce first on its path; ``input`` is its
+    standard input (a pipe, not a terminal) when given."""
     done = subprocess.run(
         [*command, *args],
+        input=input,
         env=python_env(**_settings(env, columns, terminal)),
         capture_output=True,
         text=True,

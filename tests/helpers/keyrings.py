@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import keyring.backend
+import keyring.errors
 
 UseKeyring = Callable[[Any], None]
 """The ``use_keyring`` fixture: sets the process's keyring backend for one test."""
@@ -29,3 +30,17 @@ class SessionKeyring(keyring.backend.KeyringBackend):
 
     def delete_password(self, service: str, username: str) -> None:
         del self.entries[(service, username)]
+
+
+class LockedKeyring(SessionKeyring):
+    """An OS keyring whose collection is locked and whose unlock prompt was dismissed: every
+    call raises ``KeyringLocked``, as keyring's SecretService backend does then."""
+
+    def get_password(self, service: str, username: str) -> str | None:
+        raise keyring.errors.KeyringLocked("Failed to unlock the collection!")
+
+    def set_password(self, service: str, username: str, password: str) -> None:
+        raise keyring.errors.KeyringLocked("Failed to unlock the collection!")
+
+    def delete_password(self, service: str, username: str) -> None:
+        raise keyring.errors.KeyringLocked("Failed to unlock the collection!")
