@@ -405,6 +405,26 @@ def test_a_declined_payment_is_stored_and_replayed_as_a_failure(
     assert client.journal.get(first.value.key).state is payonce.IntentState.FAILED  # type: ignore[union-attr]
 
 
+def test_a_block_that_caught_a_replayed_refusal_acknowledges_it_as_it_would_a_first_one(
+    client: payonce.Client, sandbox: SandboxServer
+) -> None:
+    # A refusal the first block did not get to acknowledge (it ended by raising) waits in
+    # unacknowledged(); a later block that sees it replayed and deals with it (catches the
+    # error, ends normally) has seen the settled outcome, as a block seeing it first would.
+    with pytest.raises(payonce.ProviderError), client.intent("order-r") as op:
+        op.post("/v1/payments", json=DECLINED)
+    assert [r.reference for r in client.unacknowledged()] == ["order-r"]
+
+    with client.intent("order-r") as again:
+        with pytest.raises(payonce.ProviderError):
+            again.post("/v1/payments", json=DECLINED)
+        assert again.state is payonce.IntentState.FAILED
+        assert again.key == client.journal.find("order-r")[0].key
+
+    assert client.unacknowledged() == []
+    assert sandbox.store.total_executions() == 1
+
+
 def test_exhausted_ambiguous_retries_leave_the_intent_unknown_and_never_resend_it(
     make_client: MakeClient, sandbox: SandboxServer
 ) -> None:

@@ -887,6 +887,48 @@ async def test_an_async_answer_a_full_disk_kept_out_is_settled_by_calling_again_
     assert read_rows(journal, "SELECT key, state FROM intents") == [(key, "succeeded")]
 
 
+def _contexts(error: BaseException) -> list[BaseException]:
+    """The exceptions a traceback of ``error`` shows before it, nearest first."""
+    chain: list[BaseException] = []
+    while error.__context__ is not None and error.__context__ not in chain:
+        error = error.__context__
+        chain.append(error)
+    return chain
+
+
+def test_a_journal_that_cannot_record_a_lost_answer_names_the_loss_as_its_context(
+    sandbox: SandboxServer, small_disk: Path
+) -> None:
+    # The connection drops after the provider executed, and the disk fills as it does: the
+    # attempt's end cannot be journaled. The caller's traceback shows both, in order.
+    journal = small_disk / "journal.db"
+    disk = FillsTheDiskAsItIsSent(small_disk, "order-9")
+    sandbox.script(["drop_after"])
+    with (
+        sandbox_client(sandbox, journal, hooks=disk) as client,
+        pytest.raises(payonce.JournalError) as caught,
+    ):
+        client.post("/v1/payments", json=PAYMENT, reference="order-9")
+    assert any(isinstance(e, httpx.TransportError) for e in _contexts(caught.value))
+    key, _ = _pending_on_a_full_disk(caught.value, journal)
+    assert sandbox.store.executions() == {key: 1}
+
+
+@pytest.mark.anyio
+async def test_an_async_journal_that_cannot_record_a_lost_answer_names_the_loss(
+    sandbox: SandboxServer, small_disk: Path, make_async_client: Callable[..., payonce.AsyncClient]
+) -> None:
+    journal = small_disk / "journal.db"
+    disk = FillsTheDiskAsItIsSent(small_disk, "order-9")
+    sandbox.script(["drop_after"])
+    async with make_async_client(journal=journal, hooks=disk) as client:
+        with pytest.raises(payonce.JournalError) as caught:
+            await client.post("/v1/payments", json=PAYMENT, reference="order-9")
+    assert any(isinstance(e, httpx.TransportError) for e in _contexts(caught.value))
+    key, _ = _pending_on_a_full_disk(caught.value, journal)
+    assert sandbox.store.executions() == {key: 1}
+
+
 def test_a_journal_error_before_anything_was_sent_says_nothing_executed(
     sandbox: SandboxServer, journal_path: Path
 ) -> None:

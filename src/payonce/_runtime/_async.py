@@ -158,6 +158,8 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
         failure: BaseException | None = None
         lease: Lease | None = None
         leased: tuple[str, str] | None = None
+        failed: BaseException | None = None
+        """What the last send or look-up raised, for the journal command that records it."""
         interrupted = False
         """Cancelled mid-attempt (a timeout, a caller that went away): the journal commands
         that follow run at once on the loop, without awaiting."""
@@ -171,18 +173,19 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
                     return ended
                 if isinstance(command, drive.JOURNAL_COMMANDS):  # the most frequent, first
                     if interrupted:
-                        answer = core.journal_command(command)
+                        answer = core.journal_command(command, after=failed)
                     else:
-                        answer = await off_loop(core.journal_command, command)
+                        answer = await off_loop(core.journal_command, command, after=failed)
+                    failed = None
                     continue
                 match command:
                     case drive.Send(current):
                         answer = await self._send(current)
-                        interrupted = isinstance(answer, drive.Failed) and not isinstance(
-                            answer.error, Exception
-                        )
+                        failed = answer.error if isinstance(answer, drive.Failed) else None
+                        interrupted = failed is not None and not isinstance(failed, Exception)
                     case drive.LookUp(record):
                         answer = await self._look_up(record)
+                        failed = answer.error if isinstance(answer, drive.Failed) else None
                     case drive.Sleep(seconds):
                         core.told(command)
                         await asyncio.sleep(seconds)

@@ -224,9 +224,19 @@ class IntentCore:
 
     # -- a drive's commands ------------------------------------------------------------------
 
-    def journal_command(self, command: Command) -> Any:
+    def journal_command(self, command: Command, *, after: BaseException | None = None) -> Any:
         """Carry out one of a drive's journal commands (``JOURNAL_COMMANDS``), then tell
-        what came of it."""
+        what came of it. ``after``: what the send or look-up this command records raised;
+        a journal that fails to record it names it as its cause's context, so the caller's
+        traceback still shows what happened first."""
+        try:
+            return self._journal_command(command)
+        except BaseException as exc:
+            if after is not None:
+                _follows(exc, after)
+            raise
+
+    def _journal_command(self, command: Command) -> Any:
         store, now = self.store, self.clock()
         match command:
             case ClaimIntent(draft, owner):
@@ -407,3 +417,17 @@ class IntentCore:
 
 
 _REFUSALS = (Transition.ATTEMPT_REFUSED, Transition.ATTEMPT_REFUSED_UNPROVEN)
+
+
+def _follows(error: BaseException, earlier: BaseException) -> None:
+    """Chain ``earlier`` under ``error``'s implicit context, as raising ``error`` inside an
+    ``except`` for ``earlier`` would have."""
+    seen = {id(error)}
+    tail = error
+    while tail.__context__ is not None:
+        tail = tail.__context__
+        if id(tail) in seen or tail is earlier:
+            return
+        seen.add(id(tail))
+    if tail is not earlier:
+        tail.__context__ = earlier

@@ -167,6 +167,8 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         lease: Lease | None = None
         leased: tuple[str, str] | None = None
         failure: BaseException | None = None
+        failed: BaseException | None = None
+        """What the last send or look-up raised, for the journal command that records it."""
         try:
             answer: Any = None
             while True:
@@ -176,13 +178,16 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
                     ended: T = done.value
                     return ended
                 if isinstance(command, drive.JOURNAL_COMMANDS):  # the most frequent, first
-                    answer = core.journal_command(command)
+                    answer = core.journal_command(command, after=failed)
+                    failed = None
                     continue
                 match command:
                     case drive.Send(current):
                         answer = self._send(current)
+                        failed = answer.error if isinstance(answer, drive.Failed) else None
                     case drive.LookUp(record):
                         answer = self._look_up(record)
+                        failed = answer.error if isinstance(answer, drive.Failed) else None
                     case drive.Sleep(seconds):
                         core.told(command)
                         time.sleep(seconds)
