@@ -52,6 +52,25 @@ def test_a_payment_is_journaled_sent_once_and_settled(
     assert _states(journal_path) == {op.key: "succeeded"}
 
 
+def test_each_answered_attempt_journals_the_provider_s_date_beside_this_host_s_time(
+    client: payonce.Client, sandbox: SandboxServer
+) -> None:
+    sandbox.advance_clock(3600)  # the provider's clock, an hour ahead of this host's
+    sandbox.script(["fail_before", "drop_after"])  # a 503, then an answer lost on the way
+    response = client.post("/v1/payments", json=PAYMENT, reference="order-dated")
+    key = payonce.response_info(response).key  # type: ignore[union-attr]
+
+    answered_503, lost, settled = client.journal.attempts(key)
+    now = time.time()
+    for answered in (answered_503, settled):
+        assert answered.provider_date is not None
+        assert answered.ended_at is not None
+        assert abs(answered.provider_date - (now + 3600)) < 10
+        assert abs(answered.ended_at - now) < 10
+    assert lost.ended_at is not None
+    assert lost.provider_date is None
+
+
 def test_a_settled_intent_replays_from_the_journal_without_the_network(
     client: payonce.Client, sandbox: SandboxServer
 ) -> None:

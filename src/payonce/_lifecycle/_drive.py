@@ -44,6 +44,7 @@ from ._guards import (
 )
 from ._identity import journaled_fingerprint_matches
 from ._key_age import may_have_executed, resend_refusal
+from ._provider_clock import ProviderClock, provider_date
 from ._records import AttemptRecord, IntentDraft, IntentRecord
 from ._states import IntentState, Transition
 from ._verdicts import (
@@ -161,6 +162,9 @@ class DriveSettings:
     """Seconds to wait for another worker's attempt before ``IntentInFlight``."""
     journal_location: str
     """Named by an error about the journal's own content."""
+    provider_clock: ProviderClock = attrs.field(factory=ProviderClock, eq=False)
+    """What the provider's answers said of its clock: the latest reading, for this client's
+    drives to judge keys' ages by (``payonce._lifecycle._provider_clock``)."""
 
     @property
     def reconcilable(self) -> bool:
@@ -236,6 +240,8 @@ class EndAttempt:
     status_code: int | None = None
     error: str | None = None
     verdict: Verdict | None = None
+    provider_date: float | None = None
+    """The provider's time in the attempt's answer (its ``Date``), journaled beside ours."""
 
 
 @attrs.frozen
@@ -247,6 +253,8 @@ class Settle:
     transition: Transition
     response: httpx.Response
     verdict: Verdict
+    provider_date: float | None = None
+    """The provider's time in the answer (its ``Date``), journaled beside ours."""
 
 
 @attrs.frozen
@@ -594,17 +602,28 @@ def _answered(
     transition = choose(ATTEMPT_ENDED, Moment(verdict.outcome, verdict.ambiguous))
     status = response.status_code
     diagnosis = verdict.diagnosis  # redacted: a foreign page may quote the request back
+    date = _read_clock(settings, response)
     match transition:
         case Transition.SUCCEEDED | Transition.FAILED:
-            run.record = yield Settle(run, transition, response, verdict)
+            run.record = yield Settle(run, transition, response, verdict, date)
             return _deliver(settings, run.record, response)
         case Transition.ATTEMPT_REFUSED | Transition.ATTEMPT_REFUSED_UNPROVEN:
-            yield EndAttempt(run, transition, status, error=diagnosis, verdict=verdict)
+            yield EndAttempt(run, transition, status, diagnosis, verdict, date)
             raise refusals.authentication(run.record, response, foreign=verdict.ambiguous)
         case _:  # retryable, ambiguous or not
             return (
-                yield from _retryable(settings, run, verdict, transition, status, error=diagnosis)
+                yield from _retryable(
+                    settings, run, verdict, transition, status, error=diagnosis, date=date
+                )
             )
+
+
+def _read_clock(settings: DriveSettings, response: httpx.Response) -> float | None:
+    """The provider's time in an answer (its ``Date``), taken in as the client's latest
+    reading of the provider's clock."""
+    date = provider_date(response)
+    settings.provider_clock.read(date, settings.clock.monotonic())
+    return date
 
 
 def _failed(
@@ -636,10 +655,11 @@ def _retryable(
     status_code: int | None = None,
     *,
     error: str | None = None,
+    date: float | None = None,
 ) -> Generator[Command, Any, Verdict]:
     run.ambiguous = run.ambiguous or verdict.ambiguous
     run.last_reason = verdict.reason
-    yield EndAttempt(run, transition, status_code, error=error, verdict=verdict)
+    yield EndAttempt(run, transition, status_code, error, verdict, date)
     run.started = False
     if verdict.ambiguous and settings.profile.verifies:
         until = settings.clock.now() + settings.profile.max_processing
