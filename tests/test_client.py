@@ -891,13 +891,16 @@ def test_plain_http_to_another_host_is_warned_about(
 
 
 class RecordsUrls(httpx.BaseTransport):
-    """Answers every request 201 and keeps the URL it was sent to."""
+    """Answers every request 201 and keeps the URL it was sent to; a HEAD, which only asks
+    the provider's time (before a resend of what may have executed), apart."""
 
     def __init__(self) -> None:
         self.urls: list[str] = []
+        self.clock_reads: list[str] = []
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        self.urls.append(str(request.url))
+        sent = self.clock_reads if request.method == "HEAD" else self.urls
+        sent.append(str(request.url))
         return httpx.Response(201, json={"id": "pay_1", "status": "succeeded"})
 
 
@@ -932,6 +935,7 @@ def test_a_pending_intent_is_resumed_at_the_new_host_under_the_same_path(
     assert resumed.state is payonce.IntentState.SUCCEEDED
     assert resumed.key == record.key
     assert provider.urls == ["https://new.test/v71/v1/payments"]
+    assert provider.clock_reads == ["https://new.test/v71"], "its time asked at the new host"
 
 
 def test_an_intent_journaled_at_a_host_whose_name_extends_the_base_url_s_moves_to_it(
@@ -946,3 +950,4 @@ def test_an_intent_journaled_at_a_host_whose_name_extends_the_base_url_s_moves_t
 
     assert resumed.state is payonce.IntentState.SUCCEEDED
     assert provider.urls == ["https://pay.test/v1/pay%20ments/%C3%A9?q=a%2Fb"]
+    assert provider.clock_reads == ["https://pay.test"]

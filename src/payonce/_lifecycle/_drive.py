@@ -43,7 +43,7 @@ from ._guards import (
     choose,
 )
 from ._identity import journaled_fingerprint_matches
-from ._key_age import may_have_executed, resend_refusal
+from ._key_age import may_have_executed, provider_first_sent, resend_refusal
 from ._provider_clock import ProviderClock, provider_date
 from ._records import AttemptRecord, IntentDraft, IntentRecord
 from ._states import IntentState, Transition
@@ -79,6 +79,7 @@ __all__ = [
     "LookedUp",
     "MarkUnknown",
     "ReadAttempts",
+    "ReadClock",
     "Release",
     "Replay",
     "Resending",
@@ -366,6 +367,13 @@ class LookUp:
 
 
 @attrs.frozen
+class ReadClock:
+    """Ask the provider what time it is: any answer's ``Date`` tells it (a ``HEAD`` of the
+    base URL, which executes nothing and carries no credentials). Answers ``Answered`` or
+    ``Failed``."""
+
+
+@attrs.frozen
 class Sleep:
     """Wait. ``retry``: the verdict on the attempt this wait follows, to be told."""
 
@@ -403,6 +411,7 @@ Command = (
     | Holding
     | Send
     | LookUp
+    | ReadClock
     | Sleep
     | Replay
     | Resending
@@ -534,8 +543,16 @@ def _resumed(settings: DriveSettings, claim: Claim, owner: str) -> Generator[Com
     if profile.verifies and until is not None:
         # After a crash with an attempt in flight, as after a timeout: look before sending.
         run.verification = Verification(until=until)
+    # The provider forgets the key by its clock: where an attempt may have executed, its
+    # age is judged by that clock, read afresh if the last reading is stale.
+    provider_now = (yield from _provider_now(settings)) if ambiguous else None
     refusal = resend_refusal(
-        record.first_sent_at, clock.now(), profile.key_lifetime, executed=ambiguous
+        record.first_sent_at,
+        clock.now(),
+        profile.key_lifetime,
+        executed=ambiguous,
+        provider_now=provider_now,
+        provider_first=provider_first_sent(attempts),
     )
     moment = Moment(resend_refused=refusal is not None)
     if choose(RESUMED, moment) is Transition.KEY_WINDOW_PASSED:
@@ -543,6 +560,19 @@ def _resumed(settings: DriveSettings, claim: Claim, owner: str) -> Generator[Com
         run.record = yield MarkUnknown(run, Transition.KEY_WINDOW_PASSED, refusal)
         raise refusals.unknown(run.record, reconcilable=settings.reconcilable)
     return run
+
+
+def _provider_now(settings: DriveSettings) -> Generator[Command, Any, float | None]:
+    """The provider's time now: the client's latest reading while it is fresh, else the
+    provider is asked (``ReadClock``). None when it cannot tell (no answer, no ``Date``)."""
+    clock = settings.clock
+    known = settings.provider_clock.now(clock.monotonic())
+    if known is not None:
+        return known
+    result: Answered | Failed = yield ReadClock()
+    if isinstance(result, Answered):
+        _read_clock(settings, result.response)
+    return settings.provider_clock.now(clock.monotonic())
 
 
 def _unheld(record: IntentRecord, owner: str) -> Run:
@@ -602,7 +632,8 @@ def _answered(
     transition = choose(ATTEMPT_ENDED, Moment(verdict.outcome, verdict.ambiguous))
     status = response.status_code
     diagnosis = verdict.diagnosis  # redacted: a foreign page may quote the request back
-    date = _read_clock(settings, response)
+    # The provider's clock, from its own answers only: a proxy's page tells the proxy's.
+    date = _read_clock(settings, response) if verdict.diagnosis is None else None
     match transition:
         case Transition.SUCCEEDED | Transition.FAILED:
             run.record = yield Settle(run, transition, response, verdict, date)
@@ -735,6 +766,7 @@ def _verify(
             verification.answered(LookupKind.RETRY, clock.now(), _backoff(settings, verification))
             continue
         response = result.response
+        _read_clock(settings, response)
         verdict = classify_lookup(response, lookup)
         transition = choose(VERIFIED, Moment(lookup=verdict.kind, found=verdict.state))
         if transition is Transition.LOOKED_UP:
@@ -806,6 +838,7 @@ def reconcile(settings: DriveSettings, record: IntentRecord, owner: str) -> Reco
             last = failure.detail
         else:
             assert lookup is not None  # the look-up was made
+            _read_clock(settings, result.response)
             verdict = classify_lookup(result.response, lookup)
             if verdict.kind is not LookupKind.RETRY:
                 return (yield from _concluded(settings, current, owner, verdict, result.response))
@@ -827,9 +860,11 @@ def _concluded(
     verdict: LookupVerdict,
     response: httpx.Response,
 ) -> Reconciling:
-    profile, now = settings.profile, settings.clock.now()
+    profile, clock = settings.profile, settings.clock
+    now = clock.now()
     kind, detail = verdict.kind, verdict.detail
     still_running = resend_refused = False
+    refusal: str | None = None
     if kind is LookupKind.ABSENT:
         attempts: Sequence[AttemptRecord] = yield ReadAttempts(record.key)
         quiet = quiet_after(attempts, profile.max_processing)
@@ -837,7 +872,15 @@ def _concluded(
         # nothing yet, and back to pending would let a resend run beside it (a provider
         # that guards such a duplicate, resend="same-key", answers it 409 instead).
         still_running = profile.verifies and quiet is not None and now < quiet
-        resend_refused = resend_refusal(record.first_sent_at, now, profile.key_lifetime) is not None
+        # The look-up's answer just told the provider's time: the key's age is its clock's.
+        refusal = resend_refusal(
+            record.first_sent_at,
+            now,
+            profile.key_lifetime,
+            provider_now=settings.provider_clock.now(clock.monotonic()),
+            provider_first=provider_first_sent(attempts),
+        )
+        resend_refused = refusal is not None
     moment = Moment(
         lookup=kind, found=verdict.state, still_running=still_running, resend_refused=resend_refused
     )
@@ -854,8 +897,8 @@ def _concluded(
     elif kind is LookupKind.ABSENT:
         outcome = ReconcileOutcome.NOT_FOUND
         detail = (
-            "the provider has no record, but the key may have expired there: a resend could "
-            "execute twice. Check by hand, then abandon it or pay again under a new reference"
+            f"the provider has no record, but the key may have expired there ({refusal}). "
+            "Check by hand, then abandon it or pay again under a new reference"
             if resend_refused
             else "the provider has no record and the key is still valid: safe to resend"
         )

@@ -216,6 +216,11 @@ class IntentCore:
         # journaled path already holds the base URL's own path (``/v71`` of Adyen's).
         return self._base.copy_with(raw_path=httpx.URL(journaled).raw_path)
 
+    def clock_request(self, client: httpx.Client | httpx.AsyncClient) -> httpx.Request:
+        """A request whose answer only tells the provider's time (its ``Date``): a ``HEAD``
+        of the base URL, which executes nothing, with no credentials."""
+        return client.build_request("HEAD", self._base)
+
     @staticmethod
     def _crash_extensions(client: httpx.Client | httpx.AsyncClient) -> dict[str, Any] | None:
         if not crash_armed():

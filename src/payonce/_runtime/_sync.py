@@ -183,6 +183,8 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
                         answer = self._send(current)
                     case drive.LookUp(record):
                         answer = self._look_up(record)
+                    case drive.ReadClock():
+                        answer = self._read_clock()
                     case drive.Sleep(seconds):
                         core.told(command)
                         time.sleep(seconds)
@@ -234,6 +236,12 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         try:
             request = _reconcile.lookup_request(self._core, record, self._http)
             return drive.Answered(self._exchange(request))
+        except Exception as exc:
+            return drive.Failed(exc)
+
+    def _read_clock(self) -> drive.Answered | drive.Failed:
+        try:
+            return drive.Answered(self._exchange(self._core.clock_request(self._http)))
         except Exception as exc:
             return drive.Failed(exc)
 
