@@ -14,11 +14,12 @@ clock still 25 hours back. The truth is read from the sandbox's store and the jo
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
@@ -133,3 +134,70 @@ def test_the_same_crash_resumed_by_this_host_s_clock_alone_pays_twice(
 
     assert result.state is payonce.IntentState.SUCCEEDED
     assert sandbox.store.executions() == {key: 2}, "the forgotten key executed again"
+
+
+@pytest.mark.slow
+def test_a_worker_whose_clock_is_a_year_ahead_holds_no_intent_for_a_year(
+    make_sandbox: Callable[..., SandboxServer], tmp_path: Path
+) -> None:
+    """Leases are between payonce's workers, dated by their own clocks: a live worker a
+    year ahead writes a lease that expires a year from now. Another worker does not wait
+    for it (no honest worker writes a lease that long), and does not resend what the
+    year-ahead worker sent either: its first attempt is dated a year in the future."""
+    journal = tmp_path / "journal.db"
+    slow = make_sandbox(processing_seconds=3.0)  # the year-ahead worker's attempt runs 3 s
+    child = subprocess.Popen(
+        [sys.executable, "-c", _PAY, slow.url, str(journal), "order-ahead"],
+        env={**worker_env(), **libfaketime_env("+1y")},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        held = _wait_for_a_lease(journal, "order-ahead")
+        assert held > time.time() + 300 * 86_400, "its lease runs a year ahead"
+        began = time.monotonic()
+        with (
+            payonce.Client(
+                base_url=slow.url,
+                provider="sandbox",
+                account=ACCOUNT,
+                api_key=DEFAULT_API_KEY,
+                journal=str(journal),
+                in_flight_wait=30.0,
+            ) as client,
+            pytest.raises(payonce.OutcomeUnknown, match="in the future"),
+        ):
+            client.post(
+                "/v1/payments", json={"amount": 4200, "currency": "eur"}, reference="order-ahead"
+            )
+        assert time.monotonic() - began < 10, "not held for a year, nor for in_flight_wait"
+    finally:
+        child.communicate(timeout=60)
+    assert slow.wait_idle()
+    ((key, count),) = slow.store.executions().items()
+    assert count == 1, "executed once: the year-ahead worker's attempt, never resent"
+    with payonce.Client(
+        base_url=slow.url,
+        provider="sandbox",
+        account=ACCOUNT,
+        api_key=DEFAULT_API_KEY,
+        journal=str(journal),
+    ) as client:
+        (reconciled,) = client.reconcile(key)
+    assert reconciled.after is payonce.IntentState.SUCCEEDED
+
+
+def _wait_for_a_lease(journal: Path, reference: str) -> float:
+    """When the lease on ``reference`` expires, once a worker has written it."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if journal.exists():
+            with contextlib.suppress(sqlite3.OperationalError), sqlite3.connect(journal) as conn:
+                row = conn.execute(
+                    "SELECT lease_expires_at FROM intents WHERE reference = ?", (reference,)
+                ).fetchone()
+                if row is not None and row[0] is not None:
+                    return float(row[0])
+        time.sleep(0.05)
+    raise AssertionError("the worker never journaled the intent")
