@@ -13,7 +13,7 @@ BIN := $(VENV)/bin
 # worker starts its own sandbox and PostgreSQL server. PYTEST_WORKERS=0 runs in-process.
 PYTEST_WORKERS ?= 2
 
-.PHONY: demo test test-fast lint secret-service docs bench clean
+.PHONY: demo test test-fast lint test-packages docs bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,34 +44,41 @@ lint: $(VENV)/.dev-installed
 	$(BIN)/ruff format --check src tests bench examples
 	$(BIN)/mypy --strict src
 
-# The Secret Service the keyring tests run against (tests/helpers/secret_service.py):
-# Debian's dbus and gnome-keyring. Installed here when they are missing on a Debian host
-# where we are root (CI); anywhere else nothing is installed and those tests skip, saying
-# why (with CI=true they fail instead). Quiet when there is nothing to do.
-SECRET_SERVICE_PACKAGES := dbus gnome-keyring
+# Debian packages some tests run for real: libfaketime (`faketime`), for a host's clock set
+# back or ahead across a crash and resume; dbus and gnome-keyring, the Secret Service the
+# keyring tests run against (tests/helpers/secret_service.py). Installed here, in one apt
+# call, only where one is missing and this is root with apt (CI, a fresh machine); anywhere
+# else nothing is installed and those tests skip, saying why (with CI=true they fail
+# instead). Quiet when there is nothing to do.
+DEBIAN_TEST_PACKAGES := faketime dbus gnome-keyring
 APT_GET := DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=120 -qq
-secret-service:
-	@if command -v dbus-daemon >/dev/null && command -v gnome-keyring-daemon >/dev/null; then \
+test-packages:
+	@missing=""; \
+	for package in $(DEBIAN_TEST_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$package 2>/dev/null | grep -q 'ok installed' \
+	    || missing="$$missing $$package"; \
+	done; \
+	if [ -z "$$missing" ]; then \
 	  :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  echo "installing $(SECRET_SERVICE_PACKAGES) (Debian) for the Secret Service tests"; \
+	  echo "installing Debian packages the tests use:$$missing"; \
 	  log=$$(mktemp); \
-	  if { $(APT_GET) update && $(APT_GET) install -y --no-install-recommends \
-	       $(SECRET_SERVICE_PACKAGES); } >"$$log" 2>&1; then rm -f "$$log"; \
+	  if { $(APT_GET) update && $(APT_GET) install -y --no-install-recommends $$missing; } \
+	       >"$$log" 2>&1; then rm -f "$$log"; \
 	  else cat "$$log"; rm -f "$$log"; \
-	    echo "warning: apt-get failed: the Secret Service tests will skip (fail with CI=true)"; fi; \
+	    echo "warning: apt-get failed: the tests that need$$missing will skip (fail with CI=true)"; fi; \
 	else \
-	  echo "note: no dbus-daemon and gnome-keyring-daemon here: the Secret Service tests will" \
-	    "skip, or fail with CI=true (on Debian: apt-get install $(SECRET_SERVICE_PACKAGES))"; \
+	  echo "note: missing here:$$missing: the tests that need them will skip, or fail with" \
+	    "CI=true (on Debian: apt-get install$$missing)"; \
 	fi
 
 # pytest exits 5 when it collected no test; make treats that as a failure, as it should.
-test: lint secret-service
+test: lint test-packages
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS)
 
 # The inner loop: every test but the long scenarios (the crash soak, the examples run as
 # services, the many-process races), which `make test` and CI still run.
-test-fast: lint secret-service
+test-fast: lint test-packages
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m "not slow"
 
 # --strict turns every warning into a failure: a broken link or anchor, a page left out of

@@ -124,6 +124,23 @@ async def test_resume_finishes_pending_intents(
     assert sandbox.store.total_executions() == 1
 
 
+async def test_resume_judges_the_key_by_the_provider_s_clock(
+    make_client: Callable[..., payonce.Client],
+    make_async_client: MakeAsyncClient,
+    sandbox: SandboxServer,
+) -> None:
+    """The provider aged 25 h and forgot the key; this host's clock did not move: the
+    async client asks the provider its time, as the sync one does, and resends nothing."""
+    left = leave_pending(make_client, "order-aged")  # an attempt may have executed
+    sandbox.advance_clock(25 * 3600)
+
+    (result,) = await make_async_client().resume()
+
+    assert result.state is payonce.IntentState.UNKNOWN
+    assert "behind the provider's" in result.detail
+    assert sandbox.store.executions() == {left.key: 1}
+
+
 async def test_an_intent_resume_leaves_unknown_is_warned_of_once(
     make_client: Callable[..., payonce.Client],
     make_async_client: MakeAsyncClient,

@@ -181,9 +181,11 @@ def test_reading_commands_read_the_last_commit_while_a_writer_holds_the_journal(
 
 
 def _back_to_schema_4(location: str) -> None:
-    """What payonce with schema 4 left: schema 5 only added the index on references."""
+    """What payonce with schema 4 left: schema 5 added the index on references, schema 6 the
+    provider's Date of each attempt."""
     with raw_transaction(location) as tx:
         tx.execute("DROP INDEX intents_reference")
+        tx.execute("ALTER TABLE attempts DROP COLUMN provider_date")
         tx.execute("UPDATE payonce_meta SET value = '4' WHERE name = 'schema_version'")
 
 

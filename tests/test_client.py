@@ -52,6 +52,25 @@ def test_a_payment_is_journaled_sent_once_and_settled(
     assert _states(journal_path) == {op.key: "succeeded"}
 
 
+def test_each_answered_attempt_journals_the_provider_s_date_beside_this_host_s_time(
+    client: payonce.Client, sandbox: SandboxServer
+) -> None:
+    sandbox.advance_clock(3600)  # the provider's clock, an hour ahead of this host's
+    sandbox.script(["fail_before", "drop_after"])  # a 503, then an answer lost on the way
+    response = client.post("/v1/payments", json=PAYMENT, reference="order-dated")
+    key = payonce.response_info(response).key  # type: ignore[union-attr]
+
+    answered_503, lost, settled = client.journal.attempts(key)
+    now = time.time()
+    for answered in (answered_503, settled):
+        assert answered.provider_date is not None
+        assert answered.ended_at is not None
+        assert abs(answered.provider_date - (now + 3600)) < 10
+        assert abs(answered.ended_at - now) < 10
+    assert lost.ended_at is not None
+    assert lost.provider_date is None
+
+
 def test_a_settled_intent_replays_from_the_journal_without_the_network(
     client: payonce.Client, sandbox: SandboxServer
 ) -> None:
@@ -892,13 +911,16 @@ def test_plain_http_to_another_host_is_warned_about(
 
 
 class RecordsUrls(httpx.BaseTransport):
-    """Answers every request 201 and keeps the URL it was sent to."""
+    """Answers every request 201 and keeps the URL it was sent to; a HEAD, which only asks
+    the provider's time (before a resend of what may have executed), apart."""
 
     def __init__(self) -> None:
         self.urls: list[str] = []
+        self.clock_reads: list[str] = []
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        self.urls.append(str(request.url))
+        sent = self.clock_reads if request.method == "HEAD" else self.urls
+        sent.append(str(request.url))
         return httpx.Response(201, json={"id": "pay_1", "status": "succeeded"})
 
 
@@ -933,6 +955,7 @@ def test_a_pending_intent_is_resumed_at_the_new_host_under_the_same_path(
     assert resumed.state is payonce.IntentState.SUCCEEDED
     assert resumed.key == record.key
     assert provider.urls == ["https://new.test/v71/v1/payments"]
+    assert provider.clock_reads == ["https://new.test/v71"], "its time asked at the new host"
 
 
 def test_an_intent_journaled_at_a_host_whose_name_extends_the_base_url_s_moves_to_it(
@@ -947,3 +970,4 @@ def test_an_intent_journaled_at_a_host_whose_name_extends_the_base_url_s_moves_t
 
     assert resumed.state is payonce.IntentState.SUCCEEDED
     assert provider.urls == ["https://pay.test/v1/pay%20ments/%C3%A9?q=a%2Fb"]
+    assert provider.clock_reads == ["https://pay.test"]

@@ -10,6 +10,7 @@ Time is a ``FakeClock``: waits move it, and a scenario can step it.
 from __future__ import annotations
 
 import contextlib
+import email.utils
 import json
 from collections.abc import Generator, Iterator
 from pathlib import Path
@@ -54,6 +55,9 @@ STEADY = payonce.RetryPolicy(max_attempts=4, initial_wait=1.0, max_wait=8.0, jit
 class FakeClock:
     wall: float = 1_800_000_000.0
     mono: float = 1_000.0
+    provider: float = 1_800_000_000.0
+    """The provider's clock, which its answers' Date headers tell: stepping ``wall`` (this
+    host's) leaves it alone; time passing moves both."""
 
     def now(self) -> float:
         return self.wall
@@ -64,6 +68,10 @@ class FakeClock:
     def advance(self, seconds: float) -> None:
         self.wall += seconds
         self.mono += seconds
+        self.provider += seconds
+
+    def provider_date(self) -> str:
+        return email.utils.formatdate(self.provider, usegmt=True)
 
 
 def _json(status: int, body: Any, **headers: str) -> httpx.Response:
@@ -125,6 +133,8 @@ class Script:
         self.commands: list[drive.Command] = []
         self.slept: list[float] = []
         self.released = False
+        self.clock_answers: list[httpx.Response | BaseException] | None = None
+        """What the provider answers when asked its time; None: a 404 dated by its clock."""
 
     def draft(self, amount: int = 100) -> IntentDraft:
         canonical = canonical_request("POST", "/v1/payments", json_body={"amount": amount})
@@ -153,11 +163,21 @@ class Script:
         )
         self.record = attrs.evolve(self.record, **changes)
 
-    def attempt(self, *, ended: bool, ambiguous: bool | None, at: float | None = None) -> None:
+    def attempt(
+        self,
+        *,
+        ended: bool,
+        ambiguous: bool | None,
+        at: float | None = None,
+        provider_date: float | None = None,
+    ) -> None:
+        """An attempt journaled earlier; ``provider_date``: its answer's Date."""
         started = self.clock.wall if at is None else at
         number = len(self.attempts) + 1
         end = started + 1 if ended else None
-        self.attempts.append(AttemptRecord("k", number, started, end, None, None, ambiguous))
+        self.attempts.append(
+            AttemptRecord("k", number, started, end, None, None, ambiguous, provider_date)
+        )
 
     def _apply(self, transition: Transition, **changes: Any) -> IntentRecord:
         assert self.record is not None
@@ -234,6 +254,13 @@ class Script:
             return drive.Failed(event)
         return drive.Answered(event)
 
+    def _clock_answer(self) -> drive.Answered | drive.Failed:
+        if self.clock_answers is not None:
+            return self._answer(self.clock_answers)
+        request = httpx.Request("HEAD", "https://provider.test")
+        dated = {"Date": self.clock.provider_date()}
+        return drive.Answered(httpx.Response(404, headers=dated, request=request))
+
     def _replay(self, record: IntentRecord) -> httpx.Response | None:
         if record.response is None:
             return None
@@ -255,6 +282,8 @@ class Script:
                     answer = self._answer(self.sends)
                 case drive.LookUp():
                     answer = self._answer(self.lookups)
+                case drive.ReadClock():
+                    answer = self._clock_answer()
                 case drive.Sleep(seconds):
                     self.slept.append(seconds)
                     self.clock.advance(seconds)
@@ -284,6 +313,10 @@ class Script:
     @property
     def looked_up(self) -> int:
         return sum(isinstance(c, drive.LookUp) for c in self.commands)
+
+    @property
+    def clock_reads(self) -> int:
+        return sum(isinstance(c, drive.ReadClock) for c in self.commands)
 
     @property
     def sent(self) -> int:
@@ -551,6 +584,109 @@ def test_8_resume_after_failover_sends_the_journaled_intent_with_its_key() -> No
     journaled_key = script.record.key
     script.resume()
     assert script.record.key == journaled_key
+
+
+# -- resume: the provider's clock --------------------------------------------------------------
+
+HOUR, YEAR = 3600.0, 365 * 86_400.0
+
+
+def _crashed_and_aged(
+    script: Script, *, aged: float, answered: bool = False, local_step: float = 0.0
+) -> None:
+    """Sent now and crashed (the first attempt in flight, or ended by a retryable answer
+    that carried the provider's Date); then ``aged`` seconds pass, and this host's clock is
+    stepped by ``local_step`` (the provider's is not)."""
+    at = script.clock.wall
+    script.journaled(script.draft(), state=IntentState.PENDING, first_sent_at=at)
+    if answered:
+        script.attempt(ended=True, ambiguous=True, at=at, provider_date=script.clock.provider + 1)
+    else:
+        script.attempt(ended=False, ambiguous=None, at=at)
+    script.clock.advance(aged)
+    script.clock.wall += local_step
+
+
+def test_a_clock_set_back_25_hours_never_resends_a_key_the_provider_aged_25_hours() -> None:
+    """The issue: crashed after sending; the provider aged 25 h and forgot the key, and this
+    host's clock was set back 25 h, so by it the attempt looked a moment old."""
+    for answered in (False, True):
+        script = Script(sends=[OK])
+        _crashed_and_aged(script, aged=25 * HOUR, answered=answered, local_step=-25 * HOUR)
+        with pytest.raises(payonce.OutcomeUnknown) as unknown:
+            script.resume()
+        assert script.sent == 0
+        assert script.transitions == [T.KEY_WINDOW_PASSED]
+        assert script.clock_reads == 1, "the provider was asked its time before any resend"
+        assert script.record is not None
+        reason = script.record.unknown_reason or ""
+        assert "this host's clock is 90000s behind the provider's" in reason
+        assert "first sent 9000" in reason
+        assert reason in str(unknown.value)
+
+
+def test_a_clock_a_year_ahead_resends_only_by_the_provider_s_clock() -> None:
+    # The first answer dates the key at the provider: an hour old there, resent.
+    young = Script(sends=[OK])
+    _crashed_and_aged(young, aged=HOUR, answered=True, local_step=YEAR)
+    assert young.resume().status_code == 201
+    assert young.transitions == [T.ATTEMPT_STARTED, T.SUCCEEDED]
+    # The provider forgot it: not resent, though this host's clock is the one that is off.
+    forgotten = Script(sends=[OK])
+    _crashed_and_aged(forgotten, aged=25 * HOUR, answered=True, local_step=YEAR)
+    with pytest.raises(payonce.OutcomeUnknown, match="ahead of the provider's"):
+        forgotten.resume()
+    assert forgotten.sent == 0
+    # No answer ever dated it at the provider: the older age stands, never resent.
+    unanswered = Script(sends=[OK])
+    _crashed_and_aged(unanswered, aged=HOUR, local_step=YEAR)
+    with pytest.raises(payonce.OutcomeUnknown, match="got no answer"):
+        unanswered.resume()
+    assert unanswered.sent == 0
+
+
+def test_a_slow_clock_never_resends_a_key_past_the_provider_s_window() -> None:
+    for answered in (False, True):
+        script = Script(sends=[OK])
+        # 23 h at the provider (past 90% of 24 h); this host's clock, 10% slow, counted 20.7.
+        _crashed_and_aged(script, aged=23 * HOUR, answered=answered, local_step=-2.3 * HOUR)
+        with pytest.raises(payonce.OutcomeUnknown, match="behind the provider's"):
+            script.resume()
+        assert script.sent == 0
+
+
+def test_a_fresh_reading_of_the_provider_s_clock_is_not_asked_again() -> None:
+    script = Script(sends=[OK])
+    _crashed_and_aged(script, aged=HOUR)
+    script.settings.provider_clock.read(script.clock.provider - 5, script.clock.mono - 5)
+    assert script.resume().status_code == 201
+    assert script.clock_reads == 0
+
+
+def test_a_provider_that_cannot_tell_its_time_leaves_the_key_to_this_host_s_clock() -> None:
+    for answer in (_timeout(), _json(404, {})):  # no answer, an answer without a Date
+        young = Script(sends=[OK])
+        young.clock_answers = [answer]
+        _crashed_and_aged(young, aged=HOUR)
+        assert young.resume().status_code == 201
+        old = Script(sends=[OK])
+        old.clock_answers = [answer]
+        _crashed_and_aged(old, aged=23 * HOUR)
+        with pytest.raises(payonce.OutcomeUnknown, match="key lifetime"):
+            old.resume()
+
+
+def test_reconcile_judges_the_key_by_the_date_of_the_look_up_s_answer() -> None:
+    script = Script(VERIFYING)
+    _unknown(script, hours_ago=0)
+    script.clock.advance(25 * HOUR)
+    script.clock.wall -= 25 * HOUR  # this host's clock set back: by it, 1 s since the crash
+    script.clock.advance(VERIFYING.max_processing + 5)  # the attempt can no longer run
+    script.lookups = [_json(200, {"data": []}, date=script.clock.provider_date())]
+    absent = script.reconcile()
+    assert (absent.outcome, absent.after) == ("not_found", IntentState.UNKNOWN)
+    assert "behind the provider's" in absent.detail
+    assert script.transitions == [T.RECONCILED_AMBIGUOUS]
 
 
 # -- verify before resend -------------------------------------------------------------------

@@ -163,7 +163,7 @@ def test_a_firewall_s_refusal_of_an_executed_payment_is_never_resent_once_its_ke
         assert attempt.ambiguous
         assert behind.journal.get(key).state is payonce.IntentState.PENDING  # type: ignore[union-attr]
 
-        time.sleep(0.6)  # the provider forgets the key; the client's clock says a day went by
+        forgets.advance_clock(2 * DAY)  # two days go by, at the provider and here
         later = make_client(base_url=forgets.url, clock=lambda: time.time() + 2 * DAY)
         with pytest.raises(payonce.OutcomeUnknown):
             later.post("/v1/payments", json=PAYMENT, reference="order-waf")

@@ -723,7 +723,7 @@ def test_a_journal_locked_right_after_the_request_left_does_not_say_nothing_was_
             later.enter_context(held_exclusively(journal_path))
             return response
 
-    now = [1_000_000.0]
+    now = [time.time()]  # this host's clock, as the provider's (which its Date tells)
     journal = payonce.journal.SQLiteJournal(journal_path, busy_timeout=0.2)
     try:
         with (
@@ -768,7 +768,7 @@ def test_a_journal_write_failing_right_after_the_request_left_says_it_may_have_e
             journal._engine.conn.execute("PRAGMA query_only = 1")
             return response
 
-    now = [1_000_000.0]
+    now = [time.time()]  # this host's clock, as the provider's (which its Date tells)
     try:
         with (
             sandbox_client(

@@ -45,7 +45,9 @@ from payonce._lifecycle._guards import (
     Moment,
     choose,
 )
+from payonce._lifecycle._key_age import provider_first_sent
 from payonce._lifecycle._leases import LEASE_MARGIN
+from payonce._lifecycle._provider_clock import READING_FRESH, ProviderClock, provider_date
 from payonce._providers._profile import Lookup
 
 CONTRACT = Path(__file__).parent.parent / "docs" / "contract.md"
@@ -359,6 +361,111 @@ def test_a_lease_no_honest_worker_would_write_blocks_no_one() -> None:
     assert lease_blocks(
         other, 100.0 + 200.0, owner="me", now=100.0, is_stale=_alive, lease_seconds=120.0
     )
+
+
+# -- the provider's clock ---------------------------------------------------------------------
+
+HOUR, DAY, YEAR = 3600.0, 86_400.0, 365 * 86_400.0
+T0 = 1_800_000_000.0
+"""When the first attempt was sent, by the provider's clock (and this host's, then)."""
+
+
+@attrs.frozen
+class Dated:
+    number: int = 1
+    started_at: float = T0
+    ended_at: float | None = T0 + 2.0
+    provider_date: float | None = T0 + 2.0
+
+
+def test_the_provider_s_time_of_the_first_send_is_its_first_answer_s_date_less_the_wait() -> None:
+    # The first attempt took 2 s here; the provider's clock was an hour ahead of this host's.
+    first = Dated(provider_date=T0 + HOUR + 2.0)
+    assert provider_first_sent([Dated(number=2, provider_date=T0 + 9 * HOUR), first]) == T0 + HOUR
+    # A clock stepped back during the attempt never makes it look sent later than answered.
+    assert provider_first_sent([Dated(ended_at=T0 - 50.0)]) == T0 + 2.0
+    # No answer to the first attempt: a later answer's offset says nothing of the clock then.
+    unanswered = Dated(ended_at=None, provider_date=None)
+    assert provider_first_sent([unanswered, Dated(number=2, provider_date=T0 + DAY)]) is None
+    assert provider_first_sent([]) is None
+
+
+def test_a_clock_set_back_25_hours_cannot_make_a_key_the_provider_aged_25_hours_look_young() -> (
+    None
+):
+    # The issue's case: sent at T0, the provider 25 h later; this host's clock reads T0 again.
+    provider_now, now = T0 + 25 * HOUR, T0 + 60.0
+    for first in (None, T0):  # the first attempt got no answer (a crash), or one
+        refusal = resend_refusal(T0, now, DAY, provider_now=provider_now, provider_first=first)
+        assert refusal is not None
+        assert "this host's clock is 89940s behind the provider's" in refusal
+        assert "first sent 90000s ago" in refusal
+    # By this host's clock alone it looked an hour old: the very resend that paid twice.
+    assert resend_refusal(T0, now, DAY) is None
+
+
+def test_a_clock_a_year_ahead_gives_way_to_the_provider_s_where_an_answer_dates_the_key() -> None:
+    now = T0 + YEAR + HOUR
+    assert resend_refusal(T0, now, DAY) is not None, "by this host's clock: a year old"
+    assert resend_refusal(T0, now, DAY, provider_now=T0 + HOUR, provider_first=T0) is None
+    expired = resend_refusal(T0, now, DAY, provider_now=T0 + 23 * HOUR, provider_first=T0)
+    assert expired is not None
+    assert "ahead of the provider's" in expired
+    # Its first attempt unanswered: this host's clock may have been a year ahead then too,
+    # or right, so the older age stands: never resent, never dated by a guess.
+    unanswered = resend_refusal(T0, now, DAY, provider_now=T0 + HOUR)
+    assert unanswered is not None
+    assert "got no answer" in unanswered
+
+
+def test_a_slow_clock_cannot_stretch_the_key_window() -> None:
+    # 23 h passed at the provider; this host's clock, 10% slow, counted 20.7 h.
+    now, provider_now = T0 + 0.9 * 23 * HOUR, T0 + 23 * HOUR
+    assert resend_refusal(T0, now, DAY) is None, "by this host's clock alone: still valid"
+    assert resend_refusal(T0, now, DAY, provider_now=provider_now, provider_first=T0)
+    assert resend_refusal(T0, now, DAY, provider_now=provider_now)
+
+
+def test_clocks_that_agree_judge_as_this_host_s_did() -> None:
+    for hours in (1.0, 23.0):
+        now = T0 + hours * HOUR
+        alone = resend_refusal(T0, now, DAY)
+        assert resend_refusal(T0, now, DAY, provider_now=now + 30.0) == alone
+    # Never executed: the key's age does not matter, whatever the provider's clock says.
+    assert resend_refusal(T0, T0, DAY, executed=False, provider_now=T0 + YEAR) is None
+
+
+def test_a_provider_s_clock_gone_back_past_its_own_first_answer_refuses() -> None:
+    refusal = resend_refusal(T0, T0, DAY, provider_now=T0 - HOUR, provider_first=T0)
+    assert refusal is not None
+    assert "provider's clock moved back" in refusal
+
+
+def test_a_reading_of_the_provider_s_clock_is_carried_by_the_monotonic_clock_while_fresh() -> None:
+    clock = ProviderClock()
+    assert clock.now(10.0) is None
+    clock.read(None, 10.0)  # an answer without a Date
+    assert clock.now(10.0) is None
+    clock.read(T0, 10.0)
+    assert clock.now(40.0) == T0 + 30.0
+    assert clock.now(10.0 + READING_FRESH + 1) is None, "stale: ask again"
+    assert clock.now(5.0) is None, "a reading from the future of a monotonic clock"
+
+
+@pytest.mark.parametrize(
+    ("date", "expected"),
+    [
+        ("Sun, 17 Jan 2027 08:00:00 GMT", 1_800_172_800.0),
+        ("Sun, 17 Jan 2027 08:00:00 -0000", 1_800_172_800.0),
+        ("Sun, 17 Jan 2027 10:00:00 +0200", 1_800_172_800.0),
+        ("Thu, 01 Jan 1970 00:00:10 GMT", None),  # a server without a clock
+        ("yesterday", None),
+        ("", None),
+    ],
+)
+def test_an_answer_s_date_is_the_provider_s_time(date: str, expected: float | None) -> None:
+    response = httpx.Response(200, headers={"Date": date} if date else {})
+    assert provider_date(response) == expected
 
 
 # -- the guards: exactly one transition per moment at each decision point -------------------

@@ -276,6 +276,7 @@ def test_an_unknown_intent_whose_key_expired_stays_unknown_and_is_never_resent(
     make_client: MakeClient, sandbox: SandboxServer
 ) -> None:
     record = make_unknown(make_client, sandbox, "order-3", "fail_before")
+    sandbox.advance_clock(2 * DAY)  # the provider aged two days too, and forgot the key
     later = make_client(clock=lambda: time.time() + 2 * DAY)
 
     (result,) = later.reconcile("order-3")

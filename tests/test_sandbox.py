@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import email.utils
 import threading
 import time
 import uuid
@@ -203,6 +204,22 @@ def test_concurrent_requests_with_one_key_conflict() -> None:
         assert retry.status_code == 201
         assert retry.headers["Idempotent-Replayed"] == "true"
         assert server.store.executions() == {key: 1}
+
+
+def test_every_answer_is_dated_once_by_the_clock_keys_expire_by(
+    provider: SandboxServer, http: httpx.Client
+) -> None:
+    """A client judges a key's age by the provider's ``Date``: the sandbox's must be the
+    clock it forgets keys by, ``advance_clock`` included, on API and other answers alike."""
+
+    def dated(response: httpx.Response) -> float:
+        (date,) = response.headers.get_list("date")
+        return email.utils.parsedate_to_datetime(date).timestamp()
+
+    assert abs(dated(_pay(http, _key())) - time.time()) < 5
+    provider.advance_clock(DAY + 60)
+    assert abs(dated(_pay(http, _key())) - (time.time() + DAY + 60)) < 5
+    assert abs(dated(http.head("/")) - (time.time() + DAY + 60)) < 5
 
 
 def test_expired_key_is_forgotten(provider: SandboxServer, http: httpx.Client) -> None:

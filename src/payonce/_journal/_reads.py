@@ -47,6 +47,7 @@ from ._inbox import (
 from ._intents import allowed, reread, select_intent
 from ._reports import JournalReport
 from ._rows import attempt_from_row, intent_from_row, reconciliation_from_row
+from ._schema import PROVIDER_DATE_SCHEMA
 
 __all__ = ["Journal"]
 
@@ -203,8 +204,11 @@ class Journal:
         return self._intents(statement, params)
 
     def attempts(self, key: str) -> list[AttemptRecord]:
+        statement = sql.ATTEMPTS
+        if self._engine.schema_version < PROVIDER_DATE_SCHEMA:  # read-only, not migrated
+            statement = sql.ATTEMPTS_BEFORE_PROVIDER_DATE
         return self._engine.read(
-            lambda tx: [attempt_from_row(row) for row in tx.all(sql.ATTEMPTS, (key,))]
+            lambda tx: [attempt_from_row(row) for row in tx.all(statement, (key,))]
         )
 
     # -- pruning ----------------------------------------------------------------------------

@@ -85,7 +85,16 @@ EVENT_FIELDS = (
 )
 """Every column of ``webhook_events`` the statements read (checked by ``journal.check``)."""
 
-ATTEMPT_FIELDS = ("key", "number", "started_at", "ended_at", "status_code", "error", "ambiguous")
+ATTEMPT_FIELDS = (
+    "key",
+    "number",
+    "started_at",
+    "ended_at",
+    "status_code",
+    "error",
+    "ambiguous",
+    "provider_date",
+)
 RECONCILIATION_FIELDS = ("key", "at", "outcome", "detail", "status_code")
 
 INTENT_COLUMNS = (
@@ -235,7 +244,7 @@ def attempt_from_row(row: Sequence[Any]) -> AttemptRecord:
 
 
 def _attempt(row: Sequence[Any]) -> AttemptRecord:
-    key, number, started_at, ended_at, status_code, error, ambiguous = row
+    key, number, started_at, ended_at, status_code, error, ambiguous, provider_date = row
     return AttemptRecord(
         key=key,
         number=int(number),
@@ -244,6 +253,7 @@ def _attempt(row: Sequence[Any]) -> AttemptRecord:
         status_code=None if status_code is None else int(status_code),
         error=error,
         ambiguous=None if ambiguous is None else bool(ambiguous),
+        provider_date=_real(provider_date),
     )
 
 

@@ -20,6 +20,7 @@ import attrs
 __all__ = [
     "APPLICATION",
     "MIGRATIONS",
+    "PROVIDER_DATE_SCHEMA",
     "SCHEMA_VERSION",
     "SchemaParts",
     "parts_at",
@@ -119,9 +120,15 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 5: `payonce intents show REF` and `reconcile REF` find intents by the caller's
     #    reference alone (any scope); without this they scanned the whole table.
     ("CREATE INDEX intents_reference ON intents (reference) WHERE reference IS NOT NULL",),
+    # 6: the provider's time in an attempt's answer (its Date), beside this host's: a key's
+    #    age is judged by the clock the provider forgets it by.
+    ("ALTER TABLE attempts ADD COLUMN provider_date {REAL}",),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
+PROVIDER_DATE_SCHEMA = 6
+"""The schema whose attempts carry the provider's ``Date``: an older one, opened read-only,
+is read with none."""
 
 
 def render_migrations(types: Mapping[str, str]) -> tuple[tuple[str, ...], ...]:

@@ -152,8 +152,8 @@ ATTEMPT_STARTED = (
     " updated_at = ? WHERE key = ?"
 )
 END_ATTEMPT = (
-    "UPDATE attempts SET ended_at = ?, status_code = ?, error = ?, ambiguous = ?"
-    " WHERE key = ? AND number = ?"
+    "UPDATE attempts SET ended_at = ?, status_code = ?, error = ?, ambiguous = ?,"
+    " provider_date = ? WHERE key = ? AND number = ?"
 )
 STORE_RESPONSE = (
     "UPDATE intents SET response_status = ?, response_headers = ?, response_body = ?,"
@@ -221,6 +221,8 @@ def newest_in_states(count: int) -> str:
 
 
 ATTEMPTS = f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE key = ? ORDER BY number"
+ATTEMPTS_BEFORE_PROVIDER_DATE = ATTEMPTS.replace("provider_date", "NULL AS provider_date")
+"""The same, for a journal of schema 5 or older opened read-only (never migrated)."""
 RECONCILIATIONS = (
     f"SELECT {RECONCILIATION_COLUMNS} FROM reconciliations WHERE key = ? ORDER BY at, "
 )

@@ -330,8 +330,11 @@ class IntentStore:
         status_code: int | None,
         error: str | None,
         ambiguous: bool,
+        provider_date: float | None,
     ) -> None:
-        tx.execute(sql.END_ATTEMPT, (now, status_code, error, int(ambiguous), key, number))
+        tx.execute(
+            sql.END_ATTEMPT, (now, status_code, error, int(ambiguous), provider_date, key, number)
+        )
 
     def end_attempt(
         self,
@@ -343,7 +346,9 @@ class IntentStore:
         now: float,
         status_code: int | None,
         error: str | None,
+        provider_date: float | None = None,
     ) -> None:
+        """``provider_date``: the provider's time in the attempt's answer (its ``Date``)."""
         applied = rule(transition)
         if applied.attempt_ambiguous is None:
             raise ValueError(f"'{transition.value}' does not end an attempt")
@@ -351,7 +356,7 @@ class IntentStore:
 
         def work(tx: Tx) -> None:
             self._apply(tx, key, owner, transition)
-            self._end_attempt(tx, key, number, now, status_code, error, ambiguous)
+            self._end_attempt(tx, key, number, now, status_code, error, ambiguous, provider_date)
             if applied.releases_lease:
                 tx.execute(sql.RELEASE_LEASE, (key, owner))
 
@@ -371,9 +376,11 @@ class IntentStore:
         response: StoredResponse,
         attempt: int,
         acknowledge_success: bool = False,
+        provider_date: float | None = None,
     ) -> IntentRecord:
         """Settle a held intent from its answer; ``acknowledge_success`` acknowledges it in
-        the same transaction when it succeeded (a caller that returns the answer at once)."""
+        the same transaction when it succeeded (a caller that returns the answer at once).
+        ``provider_date``: the provider's time in the answer (its ``Date``)."""
 
         def acknowledged(state: IntentState) -> float | None:
             return now if acknowledge_success and state is IntentState.SUCCEEDED else None
@@ -385,7 +392,7 @@ class IntentStore:
             guard = (owner, held.state.value, held.created_at)
             if tx.execute(sql.SETTLE_KNOWN, (*values, *guard)) != 1:
                 return None
-            self._end_attempt(tx, key, attempt, now, response.status, None, False)
+            self._end_attempt(tx, key, attempt, now, response.status, None, False, provider_date)
             crash_point("during_settle")
             return settled_record(held, state, now, acknowledged(state), response)
 
@@ -396,7 +403,7 @@ class IntentStore:
                 if settled is not None:
                     return settled
             held, state = self._apply(tx, key, owner, transition)
-            self._end_attempt(tx, key, attempt, now, response.status, None, False)
+            self._end_attempt(tx, key, attempt, now, response.status, None, False, provider_date)
             tx.execute(
                 sql.SETTLE_WITH_RESPONSE,
                 (*response_values(response), state.value, now, acknowledged(state), key),

@@ -43,7 +43,8 @@ from ._guards import (
     choose,
 )
 from ._identity import journaled_fingerprint_matches
-from ._key_age import may_have_executed, resend_refusal
+from ._key_age import may_have_executed, provider_first_sent, resend_refusal
+from ._provider_clock import ProviderClock, provider_date
 from ._records import AttemptRecord, IntentDraft, IntentRecord
 from ._states import IntentState, Transition
 from ._verdicts import (
@@ -78,6 +79,7 @@ __all__ = [
     "LookedUp",
     "MarkUnknown",
     "ReadAttempts",
+    "ReadClock",
     "Release",
     "Replay",
     "Resending",
@@ -161,6 +163,9 @@ class DriveSettings:
     """Seconds to wait for another worker's attempt before ``IntentInFlight``."""
     journal_location: str
     """Named by an error about the journal's own content."""
+    provider_clock: ProviderClock = attrs.field(factory=ProviderClock, eq=False)
+    """What the provider's answers said of its clock: the latest reading, for this client's
+    drives to judge keys' ages by (``payonce._lifecycle._provider_clock``)."""
 
     @property
     def reconcilable(self) -> bool:
@@ -236,6 +241,8 @@ class EndAttempt:
     status_code: int | None = None
     error: str | None = None
     verdict: Verdict | None = None
+    provider_date: float | None = None
+    """The provider's time in the attempt's answer (its ``Date``), journaled beside ours."""
 
 
 @attrs.frozen
@@ -247,6 +254,8 @@ class Settle:
     transition: Transition
     response: httpx.Response
     verdict: Verdict
+    provider_date: float | None = None
+    """The provider's time in the answer (its ``Date``), journaled beside ours."""
 
 
 @attrs.frozen
@@ -358,6 +367,13 @@ class LookUp:
 
 
 @attrs.frozen
+class ReadClock:
+    """Ask the provider what time it is: any answer's ``Date`` tells it (a ``HEAD`` of the
+    base URL, which executes nothing and carries no credentials). Answers ``Answered`` or
+    ``Failed``."""
+
+
+@attrs.frozen
 class Sleep:
     """Wait. ``retry``: the verdict on the attempt this wait follows, to be told."""
 
@@ -395,6 +411,7 @@ Command = (
     | Holding
     | Send
     | LookUp
+    | ReadClock
     | Sleep
     | Replay
     | Resending
@@ -526,8 +543,16 @@ def _resumed(settings: DriveSettings, claim: Claim, owner: str) -> Generator[Com
     if profile.verifies and until is not None:
         # After a crash with an attempt in flight, as after a timeout: look before sending.
         run.verification = Verification(until=until)
+    # The provider forgets the key by its clock: where an attempt may have executed, its
+    # age is judged by that clock, read afresh if the last reading is stale.
+    provider_now = (yield from _provider_now(settings)) if ambiguous else None
     refusal = resend_refusal(
-        record.first_sent_at, clock.now(), profile.key_lifetime, executed=ambiguous
+        record.first_sent_at,
+        clock.now(),
+        profile.key_lifetime,
+        executed=ambiguous,
+        provider_now=provider_now,
+        provider_first=provider_first_sent(attempts),
     )
     moment = Moment(resend_refused=refusal is not None)
     if choose(RESUMED, moment) is Transition.KEY_WINDOW_PASSED:
@@ -535,6 +560,19 @@ def _resumed(settings: DriveSettings, claim: Claim, owner: str) -> Generator[Com
         run.record = yield MarkUnknown(run, Transition.KEY_WINDOW_PASSED, refusal)
         raise refusals.unknown(run.record, reconcilable=settings.reconcilable)
     return run
+
+
+def _provider_now(settings: DriveSettings) -> Generator[Command, Any, float | None]:
+    """The provider's time now: the client's latest reading while it is fresh, else the
+    provider is asked (``ReadClock``). None when it cannot tell (no answer, no ``Date``)."""
+    clock = settings.clock
+    known = settings.provider_clock.now(clock.monotonic())
+    if known is not None:
+        return known
+    result: Answered | Failed = yield ReadClock()
+    if isinstance(result, Answered):
+        _read_clock(settings, result.response)
+    return settings.provider_clock.now(clock.monotonic())
 
 
 def _unheld(record: IntentRecord, owner: str) -> Run:
@@ -594,17 +632,29 @@ def _answered(
     transition = choose(ATTEMPT_ENDED, Moment(verdict.outcome, verdict.ambiguous))
     status = response.status_code
     diagnosis = verdict.diagnosis  # redacted: a foreign page may quote the request back
+    # The provider's clock, from its own answers only: a proxy's page tells the proxy's.
+    date = _read_clock(settings, response) if verdict.diagnosis is None else None
     match transition:
         case Transition.SUCCEEDED | Transition.FAILED:
-            run.record = yield Settle(run, transition, response, verdict)
+            run.record = yield Settle(run, transition, response, verdict, date)
             return _deliver(settings, run.record, response)
         case Transition.ATTEMPT_REFUSED | Transition.ATTEMPT_REFUSED_UNPROVEN:
-            yield EndAttempt(run, transition, status, error=diagnosis, verdict=verdict)
+            yield EndAttempt(run, transition, status, diagnosis, verdict, date)
             raise refusals.authentication(run.record, response, foreign=verdict.ambiguous)
         case _:  # retryable, ambiguous or not
             return (
-                yield from _retryable(settings, run, verdict, transition, status, error=diagnosis)
+                yield from _retryable(
+                    settings, run, verdict, transition, status, error=diagnosis, date=date
+                )
             )
+
+
+def _read_clock(settings: DriveSettings, response: httpx.Response) -> float | None:
+    """The provider's time in an answer (its ``Date``), taken in as the client's latest
+    reading of the provider's clock."""
+    date = provider_date(response)
+    settings.provider_clock.read(date, settings.clock.monotonic())
+    return date
 
 
 def _failed(
@@ -636,10 +686,11 @@ def _retryable(
     status_code: int | None = None,
     *,
     error: str | None = None,
+    date: float | None = None,
 ) -> Generator[Command, Any, Verdict]:
     run.ambiguous = run.ambiguous or verdict.ambiguous
     run.last_reason = verdict.reason
-    yield EndAttempt(run, transition, status_code, error=error, verdict=verdict)
+    yield EndAttempt(run, transition, status_code, error, verdict, date)
     run.started = False
     if verdict.ambiguous and settings.profile.verifies:
         until = settings.clock.now() + settings.profile.max_processing
@@ -715,6 +766,7 @@ def _verify(
             verification.answered(LookupKind.RETRY, clock.now(), _backoff(settings, verification))
             continue
         response = result.response
+        _read_clock(settings, response)
         verdict = classify_lookup(response, lookup)
         transition = choose(VERIFIED, Moment(lookup=verdict.kind, found=verdict.state))
         if transition is Transition.LOOKED_UP:
@@ -786,6 +838,7 @@ def reconcile(settings: DriveSettings, record: IntentRecord, owner: str) -> Reco
             last = failure.detail
         else:
             assert lookup is not None  # the look-up was made
+            _read_clock(settings, result.response)
             verdict = classify_lookup(result.response, lookup)
             if verdict.kind is not LookupKind.RETRY:
                 return (yield from _concluded(settings, current, owner, verdict, result.response))
@@ -807,9 +860,11 @@ def _concluded(
     verdict: LookupVerdict,
     response: httpx.Response,
 ) -> Reconciling:
-    profile, now = settings.profile, settings.clock.now()
+    profile, clock = settings.profile, settings.clock
+    now = clock.now()
     kind, detail = verdict.kind, verdict.detail
     still_running = resend_refused = False
+    refusal: str | None = None
     if kind is LookupKind.ABSENT:
         attempts: Sequence[AttemptRecord] = yield ReadAttempts(record.key)
         quiet = quiet_after(attempts, profile.max_processing)
@@ -817,7 +872,15 @@ def _concluded(
         # nothing yet, and back to pending would let a resend run beside it (a provider
         # that guards such a duplicate, resend="same-key", answers it 409 instead).
         still_running = profile.verifies and quiet is not None and now < quiet
-        resend_refused = resend_refusal(record.first_sent_at, now, profile.key_lifetime) is not None
+        # The look-up's answer just told the provider's time: the key's age is its clock's.
+        refusal = resend_refusal(
+            record.first_sent_at,
+            now,
+            profile.key_lifetime,
+            provider_now=settings.provider_clock.now(clock.monotonic()),
+            provider_first=provider_first_sent(attempts),
+        )
+        resend_refused = refusal is not None
     moment = Moment(
         lookup=kind, found=verdict.state, still_running=still_running, resend_refused=resend_refused
     )
@@ -834,8 +897,8 @@ def _concluded(
     elif kind is LookupKind.ABSENT:
         outcome = ReconcileOutcome.NOT_FOUND
         detail = (
-            "the provider has no record, but the key may have expired there: a resend could "
-            "execute twice. Check by hand, then abandon it or pay again under a new reference"
+            f"the provider has no record, but the key may have expired there ({refusal}). "
+            "Check by hand, then abandon it or pay again under a new reference"
             if resend_refused
             else "the provider has no record and the key is still valid: safe to resend"
         )

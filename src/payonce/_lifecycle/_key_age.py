@@ -4,6 +4,22 @@ A provider remembers a key for its profile's ``key_lifetime``; past it the same 
 new request. payonce stops resending at 90% of that lifetime, so a clock a little off or a
 provider a little early never turns a retry into a second payment. An intent none of whose
 attempts may have reached the provider may be sent at any age: the provider never saw it.
+
+The provider forgets a key by its own clock, and says what time it is in every answer (its
+``Date``, see ``_provider_clock``). So where the provider's time now is known, a key's age
+is judged by it:
+
+- the first attempt got an answer: the provider's time then (its ``Date``, less how long the
+  attempt took here) against the provider's time now; this host's clock plays no part;
+- it got none (a crash or a timeout): when it was sent is known only by this host's clock
+  then. While this host's clock agrees with the provider's now (within ``CLOCK_TOLERANCE``)
+  that is taken as it is. When it does not, either clock may have been the wrong one when
+  the attempt was sent, so the key is given the older of the two ages they allow: a clock
+  stepped back (or slow) since cannot make an old key look young, and one stepped ahead
+  cannot either.
+
+Without the provider's time (its answers carry no ``Date``, or it could not be asked) the
+key's age is this host's clock's, as it was before.
 """
 
 from __future__ import annotations
@@ -16,7 +32,9 @@ __all__ = [
     "KEY_LIFETIME_MARGIN",
     "PRUNE_AFTER_KEY_LIFETIMES",
     "AttemptLike",
+    "DatedAttempt",
     "may_have_executed",
+    "provider_first_sent",
     "resend_refusal",
 ]
 
@@ -38,6 +56,33 @@ class AttemptLike(Protocol):
     def ambiguous(self) -> bool | None: ...
 
 
+class DatedAttempt(Protocol):
+    @property
+    def number(self) -> int: ...
+
+    @property
+    def started_at(self) -> float: ...
+
+    @property
+    def ended_at(self) -> float | None: ...
+
+    @property
+    def provider_date(self) -> float | None: ...
+
+
+def provider_first_sent(attempts: Iterable[DatedAttempt]) -> float | None:
+    """The provider's time when the key's first attempt was sent: that attempt's answer's
+    ``Date``, less how long the attempt took by this host's clock (never less than nothing).
+    None when the first attempt got no answer, or one without a ``Date``.
+
+    Only the first attempt's own answer dates it: an offset between the clocks learnt from
+    a later answer says nothing of this host's clock when the first one was sent."""
+    first = min(attempts, key=lambda attempt: attempt.number, default=None)
+    if first is None or first.provider_date is None or first.ended_at is None:
+        return None
+    return first.provider_date - max(0.0, first.ended_at - first.started_at)
+
+
 def may_have_executed(attempts: Iterable[AttemptLike]) -> bool:
     """Whether any attempt may have reached the provider: ambiguous, or still in flight
     (its worker died before journaling how it ended)."""
@@ -45,16 +90,83 @@ def may_have_executed(attempts: Iterable[AttemptLike]) -> bool:
 
 
 def resend_refusal(
-    first_sent_at: float | None, now: float, key_lifetime: float, *, executed: bool = True
+    first_sent_at: float | None,
+    now: float,
+    key_lifetime: float,
+    *,
+    executed: bool = True,
+    provider_now: float | None = None,
+    provider_first: float | None = None,
 ) -> str | None:
     """Why a resend under the key is no longer safe, or None while it still is.
 
     ``executed``: whether an attempt may have reached the provider. The key's age matters
     only then; a first attempt dated in the future is refused either way, since nothing
     about such a record can be trusted.
+
+    ``provider_now``: the provider's time now (a fresh reading of its ``Date``), None when
+    unknown; ``provider_first``: the provider's time when the first attempt was sent
+    (``provider_first_sent``), None when unknown. With ``provider_now``, the key's age is the
+    provider's clock's, as the module says.
     """
     if first_sent_at is None:
         return None
+    if not executed or provider_now is None:
+        return _by_this_host(first_sent_at, now, key_lifetime, executed=executed)
+    skew = now - provider_now
+    off = abs(skew) > CLOCK_TOLERANCE
+    if provider_first is not None:
+        age = provider_now - provider_first
+        clocks = _disagreeing(skew) if off else ""
+        if age < -CLOCK_TOLERANCE:
+            return (
+                f"{clocks}the provider's answer to its first attempt is dated {-age:.0f}s "
+                "ahead of the provider's time now: the provider's clock moved back; a "
+                "resend could execute twice"
+            )
+        if age < key_lifetime * (1 - KEY_LIFETIME_MARGIN):
+            return None
+        return (
+            f"{clocks}by the provider's clock it was first sent {age:.0f}s ago, beyond the "
+            f"provider's key lifetime of {key_lifetime:.0f}s; a resend could execute twice"
+        )
+    if not off:
+        return _by_this_host(first_sent_at, now, key_lifetime, executed=True)
+    # The first attempt got no answer, and the clocks disagree now: this host's clock may
+    # have been right when it was sent (and stepped since), or as far off as it is now.
+    ages = {"the provider's": provider_now - first_sent_at, "this host's": now - first_sent_at}
+    possible = {clock: age for clock, age in ages.items() if age >= -CLOCK_TOLERANCE}
+    unanswered = (
+        f"{_disagreeing(skew)}and its first attempt got no answer, so when it was sent is "
+        "known only by this host's clock then"
+    )
+    if not possible:
+        return (
+            f"{unanswered}, which dates it {-max(ages.values()):.0f}s in the future by "
+            "either clock: the record is not this journal's own, or the clocks moved "
+            "back; a resend could execute twice"
+        )
+    clock, age = max(possible.items(), key=lambda item: item[1])
+    if age < key_lifetime * (1 - KEY_LIFETIME_MARGIN):
+        return None
+    return (
+        f"{unanswered}: by {clock} clock now it was first sent {age:.0f}s ago, beyond the "
+        f"provider's key lifetime of {key_lifetime:.0f}s; a resend could execute twice"
+    )
+
+
+def _disagreeing(skew: float) -> str:
+    way = "ahead of" if skew > 0 else "behind"
+    return (
+        f"this host's clock is {abs(skew):.0f}s {way} the provider's (its Date header), so "
+        "the provider's clock judges the key's age; "
+    )
+
+
+def _by_this_host(
+    first_sent_at: float, now: float, key_lifetime: float, *, executed: bool
+) -> str | None:
+    """The key's age by this host's clock alone: the provider's time is not known."""
     age = now - first_sent_at
     if age < -CLOCK_TOLERANCE:
         return (

@@ -70,6 +70,10 @@ class AttemptRecord:
     error: str | None
     ambiguous: bool | None
     """Whether the provider may have executed this attempt; None while it is in flight."""
+    provider_date: float | None = None
+    """The provider's time in its answer (its ``Date``, epoch seconds) beside this host's
+    ``ended_at``; None: no answer, an answer without a ``Date``, or a row of schema 5 or
+    older."""
 
     @property
     def in_flight(self) -> bool:

@@ -186,6 +186,8 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
                     case drive.LookUp(record):
                         answer = await self._look_up(record)
                         failed = answer.error if isinstance(answer, drive.Failed) else None
+                    case drive.ReadClock():
+                        answer = await self._read_clock()
                     case drive.Sleep(seconds):
                         core.told(command)
                         await asyncio.sleep(seconds)
@@ -237,6 +239,12 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
         try:
             request = _reconcile.lookup_request(self._core, record, self._http)
             return drive.Answered(await self._exchange(request))
+        except Exception as exc:
+            return drive.Failed(exc)
+
+    async def _read_clock(self) -> drive.Answered | drive.Failed:
+        try:
+            return drive.Answered(await self._exchange(self._core.clock_request(self._http)))
         except Exception as exc:
             return drive.Failed(exc)
 

@@ -216,6 +216,11 @@ class IntentCore:
         # journaled path already holds the base URL's own path (``/v71`` of Adyen's).
         return self._base.copy_with(raw_path=httpx.URL(journaled).raw_path)
 
+    def clock_request(self, client: httpx.Client | httpx.AsyncClient) -> httpx.Request:
+        """A request whose answer only tells the provider's time (its ``Date``): a ``HEAD``
+        of the base URL, which executes nothing, with no credentials."""
+        return client.build_request("HEAD", self._base)
+
     @staticmethod
     def _crash_extensions(client: httpx.Client | httpx.AsyncClient) -> dict[str, Any] | None:
         if not crash_armed():
@@ -254,7 +259,7 @@ class IntentCore:
                 )
                 crash_point("after_write_ahead")
                 return number
-            case EndAttempt(run, transition, status_code, error, verdict):
+            case EndAttempt(run, transition, status_code, error, verdict, provider_date):
                 debug = logger.isEnabledFor(logging.DEBUG)
                 if debug and verdict is not None and status_code is not None:
                     self.tell.log_answer(run, status_code, verdict)
@@ -266,6 +271,7 @@ class IntentCore:
                     now=now,
                     status_code=status_code,
                     error=error,
+                    provider_date=provider_date,
                 )
                 if self.hooks:
                     self.tell.attempt_ended(run, transition, status_code, error)
@@ -273,10 +279,10 @@ class IntentCore:
                     ambiguous = bool(rule(transition).attempt_ambiguous)
                     self.tell.log_refused(run, status_code, executed=ambiguous)
                 return None
-            case Settle(run, transition, response, verdict):
+            case Settle(run, transition, response, verdict, provider_date):
                 if logger.isEnabledFor(logging.DEBUG):
                     self.tell.log_answer(run, response.status_code, verdict)
-                return self._settle(run, transition, response, now)
+                return self._settle(run, transition, response, now, provider_date)
             case MarkUnknown(run, transition, reason):
                 record = store.mark_unknown(
                     run.key, transition=transition, owner=run.owner, now=now, reason=reason
@@ -333,7 +339,12 @@ class IntentCore:
         return after
 
     def _settle(
-        self, run: Run, transition: Transition, response: httpx.Response, now: float
+        self,
+        run: Run,
+        transition: Transition,
+        response: httpx.Response,
+        now: float,
+        provider_date: float | None,
     ) -> IntentRecord:
         record = self.store.settle(
             run.key,
@@ -343,6 +354,7 @@ class IntentCore:
             response=stored(response, record=run.record, max_bytes=self.max_stored_bytes),
             attempt=run.attempt,
             acknowledge_success=run.acknowledge_on_success,
+            provider_date=provider_date,
         )
         if logger.isEnabledFor(logging.INFO):
             self.tell.log_settled(record, response.status_code)

@@ -188,6 +188,8 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
                     case drive.LookUp(record):
                         answer = self._look_up(record)
                         failed = answer.error if isinstance(answer, drive.Failed) else None
+                    case drive.ReadClock():
+                        answer = self._read_clock()
                     case drive.Sleep(seconds):
                         core.told(command)
                         time.sleep(seconds)
@@ -239,6 +241,12 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         try:
             request = _reconcile.lookup_request(self._core, record, self._http)
             return drive.Answered(self._exchange(request))
+        except Exception as exc:
+            return drive.Failed(exc)
+
+    def _read_clock(self) -> drive.Answered | drive.Failed:
+        try:
+            return drive.Answered(self._exchange(self._core.clock_request(self._http)))
         except Exception as exc:
             return drive.Failed(exc)
 

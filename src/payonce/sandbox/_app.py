@@ -19,6 +19,7 @@ from payonce.sandbox._guard import KeyGuard
 from payonce.sandbox._middleware import (
     Activity,
     ActivityMiddleware,
+    DateMiddleware,
     RequestIdMiddleware,
     RetryHintMiddleware,
 )
@@ -77,6 +78,7 @@ class Sandbox:
             ],
             middleware=[
                 Middleware(ActivityMiddleware, activity=self._activity),
+                Middleware(DateMiddleware, clock=store.clock.now),
                 Middleware(RequestIdMiddleware),
                 Middleware(
                     RetryHintMiddleware, header=config.retry_hint_header, hints=config.retry_hints

@@ -1,11 +1,13 @@
-"""What wraps every answer: a request id, a provider's retry hint, and a count of the API
-requests in flight (so that a reset can wait for none to be)."""
+"""What wraps every answer: its ``Date`` by the sandbox's own clock, a request id, a
+provider's retry hint, and a count of the API requests in flight (so that a reset can wait
+for none to be)."""
 
 from __future__ import annotations
 
+import email.utils
 import secrets
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -15,6 +17,29 @@ def _is_api(scope: Scope) -> bool:
     # The provider's API, as opposed to the control endpoints under /_sandbox/.
     path: str = scope.get("path", "")
     return scope["type"] == "http" and path.startswith("/v1/")
+
+
+class DateMiddleware:
+    """Dates every answer by the sandbox's clock (``advance_clock`` included), as a provider
+    dates its answers by the clock it forgets keys by: a client that judges a key's age by
+    the provider's clock reads it here. uvicorn's own ``Date`` (the host's clock) is off."""
+
+    def __init__(self, app: ASGIApp, clock: Callable[[], float]) -> None:
+        self.app = app
+        self.clock = clock
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_dated(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                date = email.utils.formatdate(self.clock(), usegmt=True)
+                MutableHeaders(scope=message)["Date"] = date
+            await send(message)
+
+        await self.app(scope, receive, send_dated)
 
 
 class RequestIdMiddleware:

@@ -58,6 +58,8 @@ def _uvicorn_server(app: ASGIApp) -> uvicorn.Server:
         log_config=None,
         log_level="warning",
         access_log=False,
+        # The sandbox dates its answers by its own clock (advance_clock included).
+        date_header=False,
         timeout_graceful_shutdown=5,
     )
     return uvicorn.Server(config)
