@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import math
 import os
 import platform
 import signal
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -151,6 +153,85 @@ def sandbox_process(directory: Path, *extra: str) -> Iterator[str]:
                 process.wait()
         if process.stderr is not None:
             process.stderr.close()
+
+
+def process_tree_cpu_seconds(pid: int) -> float:
+    """CPU time of a server and all its children, those that exited included.
+
+    The parent's own time, plus what it collected from the children it reaped (``cutime``,
+    ``cstime``), plus the children alive now: for PostgreSQL, the postmaster, every backend
+    that closed and every one still serving a connection. Sample it while the connections
+    of interest are still open (a backend exiting between two samples is counted once the
+    postmaster reaps it, which it does at once).
+    """
+    tick = os.sysconf("SC_CLK_TCK")
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    total = sum(int(fields[index]) for index in (11, 12, 13, 14))
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as stat:
+                child = stat.read().rsplit(")", 1)[1].split()
+        except OSError:  # exited while we looked
+            continue
+        if int(child[1]) == pid:
+            total += int(child[11]) + int(child[12])
+    return total / tick
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds all cores spent busy since boot (/proc/stat: all but idle and iowait)."""
+    with open("/proc/stat") as stat:
+        values = [int(v) for v in stat.readline().split()[1:9]]
+    return (sum(values) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")
+
+
+@contextlib.contextmanager
+def postgres_server() -> Iterator[Any]:
+    """A throwaway PostgreSQL server: tests/pgserver.py's, as the test suite starts it.
+
+    initdb into a temp dir (as the ``postgres`` user when we are root), ``pg_ctl start`` on
+    127.0.0.1 and a unix socket, ``fsync=on``, ``synchronous_commit=on``; stopped and
+    removed on exit. Yields the ``PostgresServer`` (``.url(server.create_database())``).
+    Raises ``RuntimeError`` saying why when PostgreSQL cannot be started here.
+
+    tests/pgserver.py also declares the suite's pytest fixtures. The benchmarks' virtualenv
+    (``make .venv/.bench-installed``) has no pytest, so then it is imported with a stand-in
+    that only lets those declarations through; the fixtures are never used here.
+    """
+    tests = str(Path(__file__).resolve().parents[1] / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    stand_in = None
+    try:
+        import pytest  # noqa: F401
+    except ModuleNotFoundError:
+        stand_in = types.ModuleType("pytest")
+
+        def fixture(function: Any = None, **_options: Any) -> Any:
+            return function if function is not None else (lambda f: f)
+
+        stand_in.fixture = fixture  # type: ignore[attr-defined]
+        sys.modules["pytest"] = stand_in
+    try:
+        from pgserver import PostgresServer, find_bindir
+    finally:
+        if stand_in is not None:
+            del sys.modules["pytest"]
+    server = PostgresServer(find_bindir())
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+def percentile(ordered: Sequence[float], fraction: float) -> float:
+    """Nearest-rank percentile of an already sorted sequence."""
+    rank = max(1, math.ceil(fraction * len(ordered)))
+    return ordered[rank - 1]
 
 
 def median(values: Sequence[float]) -> float:

@@ -287,20 +287,19 @@ def postgres_journal(enabled: bool) -> Iterator[None]:
     """A throwaway PostgreSQL server for the payonce/PostgreSQL variant, or drop it."""
     global VARIANTS, NAMES
     if enabled:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-        try:
-            from pgserver import PostgresServer, find_bindir
+        # tests/pgserver.py's server, through the harness: it imports without pytest, which
+        # the benchmarks' virtualenv lacks (this variant was skipped there, saying so).
+        from _harness import postgres_server
 
-            server = PostgresServer(find_bindir()).start()
-        except Exception as exc:  # no binaries, no postgres user: bench without it
-            console.print(f"PostgreSQL variant skipped: {exc}")
-        else:
+        with contextlib.ExitStack() as stack:
             try:
+                server = stack.enter_context(postgres_server())
+            except Exception as exc:  # no binaries, no postgres user: bench without it
+                console.print(f"PostgreSQL variant skipped: {exc}")
+            else:
                 PayoncePostgres.url = server.url(server.create_database())
                 yield
-            finally:
-                server.stop()
-            return
+                return
     VARIANTS = VARIANTS[:-1]
     NAMES = NAMES[:-1]
     yield
