@@ -86,7 +86,8 @@ test-fast: lint test-packages
 docs: $(VENV)/.docs-installed
 	$(BIN)/mkdocs build --strict --site-dir site
 
-# Every row of issue 10's table, each as a ratio within one run, in about 4 minutes on a
+# Every row of issue 10's table, each as a ratio within one run, and issue 19's many-process
+# table, in about 5 minutes on a
 # 2-CPU machine: shorter runs than each script's defaults (run one alone for those).
 bench: $(VENV)/.bench-installed
 	$(BIN)/python bench/sequential.py --requests 1000 --rounds 3 --warmup 100
@@ -97,6 +98,7 @@ bench: $(VENV)/.bench-installed
 	$(BIN)/python bench/journal.py --quick
 	$(BIN)/python bench/import_time.py --rounds 9
 	$(BIN)/python bench/verify.py --quick
+	$(BIN)/python bench/many_processes.py --quick
 
 clean:
 	rm -rf $(VENV) build dist site .pytest_cache .mypy_cache .ruff_cache
