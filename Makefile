@@ -87,8 +87,8 @@ docs: $(VENV)/.docs-installed
 	$(BIN)/mkdocs build --strict --site-dir site
 
 # Every row of issue 10's table, each as a ratio within one run, and issue 19's many-process
-# table, in about 5 minutes on a
-# 2-CPU machine: shorter runs than each script's defaults (run one alone for those).
+# table, in about 5 minutes on a 2-CPU machine: shorter runs than each script's defaults (run
+# one alone for those).
 bench: $(VENV)/.bench-installed
 	$(BIN)/python bench/sequential.py --requests 1000 --rounds 3 --warmup 100
 	$(BIN)/python bench/overhead.py --intents 2000 --rounds 3
