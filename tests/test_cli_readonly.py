@@ -186,7 +186,37 @@ def _back_to_schema_4(location: str) -> None:
     with raw_transaction(location) as tx:
         tx.execute("DROP INDEX intents_reference")
         tx.execute("ALTER TABLE attempts DROP COLUMN provider_date")
+        tx.execute("ALTER TABLE attempts DROP COLUMN sent_to")
         tx.execute("UPDATE payonce_meta SET value = '4' WHERE name = 'schema_version'")
+
+
+def _back_to_schema_6(location: str) -> None:
+    """What payonce with schema 6 left: schema 7 added the URL each attempt was sent to."""
+    with raw_transaction(location) as tx:
+        tx.execute("ALTER TABLE attempts DROP COLUMN sent_to")
+        tx.execute("UPDATE payonce_meta SET value = '6' WHERE name = 'schema_version'")
+
+
+def test_a_schema_6_journal_is_read_without_urls_and_migrates_with_none_for_old_attempts(
+    location: str,
+) -> None:
+    _two_intents(location)
+    _back_to_schema_6(location)
+
+    with payonce.open_journal(location, read_only=True) as journal:  # read as it is
+        assert [a.sent_to for a in journal.attempts("key-00001")] == [None]
+    assert _schema_version(location) == "6"
+
+    with payonce.open_journal(location) as journal:  # a writer migrates it
+        assert journal.schema_version == SCHEMA_VERSION == 7
+        store = store_of(journal)
+        assert store.claim_key("key-00002", owner="w", now=1003.0, lease_seconds=30)
+        store.start_attempt(
+            "key-00002", owner="w", now=1004.0, lease_seconds=30, sent_to="https://b.test/v1/p"
+        )
+        assert [a.sent_to for a in journal.attempts("key-00001")] == [None]
+        assert [a.sent_to for a in journal.attempts("key-00002")] == [None, "https://b.test/v1/p"]
+    assert _schema_version(location) == "7"
 
 
 def test_an_older_schema_is_read_as_it_is_and_only_migrate_migrates_it(location: str) -> None:

@@ -10,10 +10,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import httpx
 import pytest
 
 import payonce
+from helpers.journals import draft_for, store_of
 from helpers.payments import (
     DECLINED,
     PAYMENT,
@@ -956,6 +958,32 @@ def test_a_pending_intent_is_resumed_at_the_new_host_under_the_same_path(
     assert resumed.key == record.key
     assert provider.urls == ["https://new.test/v71/v1/payments"]
     assert provider.clock_reads == ["https://new.test/v71"], "its time asked at the new host"
+
+
+def test_each_attempt_journals_the_url_it_was_sent_to_never_with_userinfo(
+    make_client: MakeClient,
+) -> None:
+    old_host = make_client(base_url="https://old.test/v71", transport=DiesMidAttempt())
+    with pytest.raises(RuntimeError, match="worker died"):
+        old_host.post("/v1/payments", json=PAYMENT, params={"n": "1"}, reference="order-sent")
+    new_host = make_client(base_url="https://new.test/v71", transport=RecordsUrls())
+
+    (resumed,) = new_host.resume()
+
+    assert [a.sent_to for a in new_host.journal.attempts(resumed.key)] == [
+        "https://old.test/v71/v1/payments?n=1",
+        "https://new.test/v71/v1/payments?n=1",
+    ]
+    # An intent journaled with credentials in its URL (no client takes such a base URL):
+    # only its path is sent, and recorded.
+    draft = attrs.evolve(draft_for(1), url="https://user:secret@old.test/v71/v1/payments")
+    store_of(new_host.journal).claim(draft, owner="gone", now=time.time(), lease_seconds=30)
+    store_of(new_host.journal).release(draft.key, owner="gone")
+    (again,) = new_host.resume()
+    assert [a.sent_to for a in new_host.journal.attempts(again.key)] == [
+        None,  # journaled by the store alone, as before schema 7
+        "https://new.test/v71/v1/payments",
+    ]
 
 
 def test_an_intent_journaled_at_a_host_whose_name_extends_the_base_url_s_moves_to_it(

@@ -47,7 +47,7 @@ from ._inbox import (
 from ._intents import allowed, reread, select_intent
 from ._reports import JournalReport
 from ._rows import attempt_from_row, intent_from_row, reconciliation_from_row
-from ._schema import PROVIDER_DATE_SCHEMA
+from ._schema import PROVIDER_DATE_SCHEMA, SENT_TO_SCHEMA
 
 __all__ = ["Journal"]
 
@@ -207,6 +207,8 @@ class Journal:
         statement = sql.ATTEMPTS
         if self._engine.schema_version < PROVIDER_DATE_SCHEMA:  # read-only, not migrated
             statement = sql.ATTEMPTS_BEFORE_PROVIDER_DATE
+        elif self._engine.schema_version < SENT_TO_SCHEMA:
+            statement = sql.ATTEMPTS_BEFORE_SENT_TO
         return self._engine.read(
             lambda tx: [attempt_from_row(row) for row in tx.all(statement, (key,))]
         )

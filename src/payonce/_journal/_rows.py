@@ -94,6 +94,7 @@ ATTEMPT_FIELDS = (
     "error",
     "ambiguous",
     "provider_date",
+    "sent_to",
 )
 RECONCILIATION_FIELDS = ("key", "at", "outcome", "detail", "status_code")
 
@@ -244,7 +245,7 @@ def attempt_from_row(row: Sequence[Any]) -> AttemptRecord:
 
 
 def _attempt(row: Sequence[Any]) -> AttemptRecord:
-    key, number, started_at, ended_at, status_code, error, ambiguous, provider_date = row
+    key, number, started_at, ended_at, status_code, error, ambiguous, provider_date, sent_to = row
     return AttemptRecord(
         key=key,
         number=int(number),
@@ -254,6 +255,7 @@ def _attempt(row: Sequence[Any]) -> AttemptRecord:
         error=error,
         ambiguous=None if ambiguous is None else bool(ambiguous),
         provider_date=_real(provider_date),
+        sent_to=sent_to,
     )
 
 

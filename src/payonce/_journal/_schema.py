@@ -22,6 +22,7 @@ __all__ = [
     "MIGRATIONS",
     "PROVIDER_DATE_SCHEMA",
     "SCHEMA_VERSION",
+    "SENT_TO_SCHEMA",
     "SchemaParts",
     "parts_at",
     "render_migrations",
@@ -123,12 +124,18 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 6: the provider's time in an attempt's answer (its Date), beside this host's: a key's
     #    age is judged by the clock the provider forgets it by.
     ("ALTER TABLE attempts ADD COLUMN provider_date {REAL}",),
+    # 7: the URL each attempt was sent to: a resume by a client of another base URL sends
+    #    the journaled path to its own host, so the intent's URL alone does not tell where.
+    ("ALTER TABLE attempts ADD COLUMN sent_to TEXT",),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
 PROVIDER_DATE_SCHEMA = 6
 """The schema whose attempts carry the provider's ``Date``: an older one, opened read-only,
 is read with none."""
+SENT_TO_SCHEMA = 7
+"""The schema whose attempts carry the URL each was sent to: an older one, opened
+read-only, is read with none."""
 
 
 def render_migrations(types: Mapping[str, str]) -> tuple[tuple[str, ...], ...]:

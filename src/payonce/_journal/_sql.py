@@ -132,7 +132,7 @@ INSERT_INTENT = (
     # let exactly one insert win; the other inserts nothing and reads the winner's row.
     " ON CONFLICT DO NOTHING"
 )
-INSERT_ATTEMPT = "INSERT INTO attempts (key, number, started_at) VALUES (?, ?, ?)"
+INSERT_ATTEMPT = "INSERT INTO attempts (key, number, started_at, sent_to) VALUES (?, ?, ?, ?)"
 LAST_ATTEMPT = "SELECT coalesce(max(number), 0) FROM attempts WHERE key = ?"
 
 # The WHERE repeats the lease test the caller made, so a claim stays atomic even where the
@@ -221,7 +221,11 @@ def newest_in_states(count: int) -> str:
 
 
 ATTEMPTS = f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE key = ? ORDER BY number"
-ATTEMPTS_BEFORE_PROVIDER_DATE = ATTEMPTS.replace("provider_date", "NULL AS provider_date")
+ATTEMPTS_BEFORE_SENT_TO = ATTEMPTS.replace("sent_to", "NULL AS sent_to")
+"""The same, for a journal of schema 6 opened read-only (never migrated)."""
+ATTEMPTS_BEFORE_PROVIDER_DATE = ATTEMPTS_BEFORE_SENT_TO.replace(
+    "provider_date", "NULL AS provider_date"
+)
 """The same, for a journal of schema 5 or older opened read-only (never migrated)."""
 RECONCILIATIONS = (
     f"SELECT {RECONCILIATION_COLUMNS} FROM reconciliations WHERE key = ? ORDER BY at, "

@@ -109,7 +109,12 @@ class IntentStore:
         now: float,
         lease_seconds: float,
         is_stale: Callable[[str], bool] = owner_is_dead,
+        sent_to: str | None = None,
     ) -> Claim:
+        """Create the intent ``draft`` describes with its first attempt, or take (or find
+        held) the one already journaled. ``sent_to``: where attempt 1 of a created intent
+        is sent (the URL without userinfo)."""
+
         def find(tx: Tx, lock: bool) -> IntentRecord | None:
             record = None
             if draft.reference is not None:
@@ -126,7 +131,9 @@ class IntentStore:
             )
 
         def work(tx: Tx) -> Claim:
-            if not tx.dialect.lock_rows and self._create(tx, draft, owner, now, lease_seconds):
+            if not tx.dialect.lock_rows and self._create(
+                tx, draft, owner, now, lease_seconds, sent_to
+            ):
                 # Writers are serialised (SQLite holds the whole journal), so an insert the
                 # unique key and (scope, reference) let through is exactly a look-up that
                 # found nothing: a new intent costs no look-ups. Any other answer needs them.
@@ -135,7 +142,7 @@ class IntentStore:
                 claim = self._claim_row(tx, find, draft, owner, now, lease_seconds, False, is_stale)
                 if claim is not None:
                     return claim
-                if self._create(tx, draft, owner, now, lease_seconds):
+                if self._create(tx, draft, owner, now, lease_seconds, sent_to):
                     return created()
                 # Another worker created it between the look-up and the insert, and has
                 # committed: the next look-up finds its row.
@@ -188,7 +195,14 @@ class IntentStore:
         return self._take(tx, record, owner, now, lease_seconds)
 
     @staticmethod
-    def _create(tx: Tx, draft: IntentDraft, owner: str, now: float, lease_seconds: float) -> bool:
+    def _create(
+        tx: Tx,
+        draft: IntentDraft,
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        sent_to: str | None,
+    ) -> bool:
         inserted = tx.execute(
             sql.INSERT_INTENT,
             (
@@ -212,7 +226,7 @@ class IntentStore:
         )
         if inserted != 1:
             return False
-        tx.execute(sql.INSERT_ATTEMPT, (draft.key, 1, now))
+        tx.execute(sql.INSERT_ATTEMPT, (draft.key, 1, now, sent_to))
         return True
 
     def _take(
@@ -308,12 +322,23 @@ class IntentStore:
             busy=AFTER_SEND,
         )
 
-    def start_attempt(self, key: str, *, owner: str, now: float, lease_seconds: float) -> int:
+    def start_attempt(
+        self,
+        key: str,
+        *,
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        sent_to: str | None = None,
+    ) -> int:
+        """Journal the next attempt of a held intent; ``sent_to``: where it is sent (the URL
+        without userinfo)."""
+
         def work(tx: Tx) -> int:
             self._apply(tx, key, owner, Transition.ATTEMPT_STARTED)
             row = tx.one(sql.LAST_ATTEMPT, (key,))
             number = int(row[0] if row else 0) + 1
-            tx.execute(sql.INSERT_ATTEMPT, (key, number, now))
+            tx.execute(sql.INSERT_ATTEMPT, (key, number, now, sent_to))
             tx.execute(sql.ATTEMPT_STARTED, (now, now + lease_seconds, now, key))
             return number
 

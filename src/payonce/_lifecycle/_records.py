@@ -74,6 +74,10 @@ class AttemptRecord:
     """The provider's time in its answer (its ``Date``, epoch seconds) beside this host's
     ``ended_at``; None: no answer, an answer without a ``Date``, or a row of schema 5 or
     older."""
+    sent_to: str | None = None
+    """The URL this attempt was sent to (without userinfo): the journaled URL's path on the
+    sending client's base URL, which a resume by a client of another base URL changes. None
+    for an attempt journaled before schema 7."""
 
     @property
     def in_flight(self) -> bool:

@@ -216,6 +216,13 @@ class IntentCore:
         # journaled path already holds the base URL's own path (``/v71`` of Adyen's).
         return self._base.copy_with(raw_path=httpx.URL(journaled).raw_path)
 
+    def sent_to(self, journaled: str) -> str:
+        """What the journal records of where an attempt of an intent journaled at
+        ``journaled`` is sent: ``sent_url``, which never holds userinfo (a base URL with
+        it is refused, and a journaled URL with it is not this client's, so only its path
+        is sent), nor credentials in its query (payonce puts none there)."""
+        return str(self.sent_url(journaled))
+
     def clock_request(self, client: httpx.Client | httpx.AsyncClient) -> httpx.Request:
         """A request whose answer only tells the provider's time (its ``Date``): a ``HEAD``
         of the base URL, which executes nothing, with no credentials."""
@@ -246,7 +253,11 @@ class IntentCore:
         match command:
             case ClaimIntent(draft, owner):
                 claim: Claim = store.claim(
-                    draft, owner=owner, now=now, lease_seconds=self.lease_seconds
+                    draft,
+                    owner=owner,
+                    now=now,
+                    lease_seconds=self.lease_seconds,
+                    sent_to=self.sent_to(draft.url),
                 )
                 if claim.kind is ClaimKind.CREATED:
                     crash_point("after_write_ahead")
@@ -255,7 +266,11 @@ class IntentCore:
                 return self.journal.attempts(key)
             case StartAttempt(run):
                 number = store.start_attempt(
-                    run.key, owner=run.owner, now=now, lease_seconds=self.lease_seconds
+                    run.key,
+                    owner=run.owner,
+                    now=now,
+                    lease_seconds=self.lease_seconds,
+                    sent_to=self.sent_to(run.record.url),
                 )
                 crash_point("after_write_ahead")
                 return number
