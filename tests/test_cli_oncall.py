@@ -25,6 +25,7 @@ import payonce
 from helpers.cli import CliResult, run_cli
 from helpers.payments import PAYMENT, MakeClient, leave_pending, make_unknown
 from helpers.processes import python_env
+from helpers.proxies import pages_in_front_of
 from payonce.sandbox import DEFAULT_ACCOUNT, DEFAULT_API_KEY, SandboxServer
 
 SECRETS = (DEFAULT_API_KEY,)
@@ -253,6 +254,50 @@ def test_resume_counts_only_the_unknown_intents_of_the_account_it_drives(
     assert "unknown" not in ours.stderr
     assert everyone.exit_code == 1, everyone.output
     assert _summary(everyone).endswith(f"; 1 {WAITS}")
+
+
+# -- where each attempt went -------------------------------------------------------------------
+
+
+def test_show_tells_the_url_each_attempt_was_sent_to_when_resume_sent_it_elsewhere(
+    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str], journal_path: Path
+) -> None:
+    # Attempt 1 goes to the sandbox and the worker dies; the resume runs with the same
+    # sandbox behind a second port (a proxy), as after a move to another endpoint.
+    record = leave_pending(make_client, "order-moved")
+    with pages_in_front_of(sandbox.url, []) as other:
+        moved = run_cli(["resume"], env={**env, "PAYONCE_BASE_URL": other.url}, secrets=SECRETS)
+        assert moved.exit_code == 0, moved.output
+
+    (shown,) = _json(["intents", "show", "order-moved"], journal_path)
+    assert shown["url"] == f"{sandbox.url}/v1/payments"
+    assert [(a["number"], a["sent_to"]) for a in shown["attempts"]] == [
+        (1, f"{sandbox.url}/v1/payments"),
+        (2, f"{other.url}/v1/payments"),
+    ]
+    assert sandbox.store.executions() == {record.key: 1}
+    # A terminal shows the origin each attempt went to (the path is the intent's); at 80
+    # columns, attempt by attempt.
+    screen = _screen(["intents", "show", "order-moved"], journal_path)
+    first, second = screen.split("attempt 2\n")
+    assert re.search(rf"^  sent to +{re.escape(sandbox.url)} *$", first, re.MULTILINE), screen
+    assert re.search(rf"^  sent to +{re.escape(other.url)} *$", second, re.MULTILINE), screen
+    # Piped: a sent_to field, last.
+    piped = run_cli(["intents", "show", "order-moved", "--journal", str(journal_path)]).stdout
+    assert f"\t{other.url}\n" in piped
+    assert "\tmay_have_executed\tsent_to\n" in piped
+
+
+def test_show_has_no_sent_to_column_when_every_attempt_went_to_the_intent_s_url(
+    make_client: MakeClient, env: dict[str, str], journal_path: Path
+) -> None:
+    leave_pending(make_client, "order-stays")
+    assert run_cli(["resume"], env=env, secrets=SECRETS).exit_code == 0
+
+    (shown,) = _json(["intents", "show", "order-stays"], journal_path)
+    assert {a["sent_to"] for a in shown["attempts"]} == {shown["url"]}
+    assert len(shown["attempts"]) == 2
+    assert "sent to" not in _screen(["intents", "show", "order-stays"], journal_path)
 
 
 # -- reconcile's usage error comes first -------------------------------------------------------

@@ -197,7 +197,7 @@ def _back_to_schema_6(location: str) -> None:
         tx.execute("UPDATE payonce_meta SET value = '6' WHERE name = 'schema_version'")
 
 
-def test_a_schema_6_journal_is_read_without_urls_and_migrates_with_none_for_old_attempts(
+def test_a_schema_6_journal_is_shown_without_urls_and_migrates_with_none_for_old_attempts(
     location: str,
 ) -> None:
     _two_intents(location)
@@ -205,6 +205,10 @@ def test_a_schema_6_journal_is_read_without_urls_and_migrates_with_none_for_old_
 
     with payonce.open_journal(location, read_only=True) as journal:  # read as it is
         assert [a.sent_to for a in journal.attempts("key-00001")] == [None]
+    (shown,) = _json(run_cli(["intents", "show", "order-00001", "--json", "--journal", location]))
+    assert [a["sent_to"] for a in shown["attempts"]] == [None]
+    text = run_cli(["intents", "show", "order-00001", "--journal", location]).stdout
+    assert "sent_to" not in text  # no column for where attempts went
     assert _schema_version(location) == "6"
 
     with payonce.open_journal(location) as journal:  # a writer migrates it

@@ -112,6 +112,7 @@ def attempt_json(
         "ambiguous": attempt.ambiguous,
         "in_flight": attempt.in_flight and not interrupted,
         "interrupted": interrupted,
+        "sent_to": None if attempt.sent_to is None else redacted(attempt.sent_to),
     }
 
 
@@ -259,7 +260,7 @@ def print_intent_detail(
     request and response. Piped: ``name<TAB>value`` lines, then each table as plain lines
     after a blank line, then the payloads as they are."""
     fields = _fields(record)
-    sections = [_attempts_table(attempts, lease_status(record, time.time()))]
+    sections = [_attempts_table(record, attempts, lease_status(record, time.time()))]
     if reconciliations:
         sections.append(_reconciliations_table(reconciliations))
     payloads = _payload_texts(record) if with_body else []
@@ -311,9 +312,31 @@ def _fields(record: payonce.IntentRecord) -> list[tuple[str, Text]]:
     ]
 
 
+def _without_userinfo(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+
+
+def _sent_to(record: payonce.IntentRecord, sent_to: str | None) -> str:
+    """Where an attempt went, as its ``sent to`` cell: the origin (``https://host:port``)
+    when it sent the intent's own path and query, as payonce does, else the whole URL."""
+    if sent_to is None:
+        return "unrecorded"  # an attempt journaled before schema 7
+    sent, journaled = urlsplit(sent_to), urlsplit(record.url)
+    if (sent.path, sent.query) == (journaled.path, journaled.query):
+        return redacted(f"{sent.scheme}://{sent.netloc}")
+    return redacted(sent_to)
+
+
 def _attempts_table(
-    attempts: Sequence[payonce.journal.AttemptRecord], lease: LeaseStatus | None
+    record: payonce.IntentRecord,
+    attempts: Sequence[payonce.journal.AttemptRecord],
+    lease: LeaseStatus | None,
 ) -> Table:
+    """The attempts of ``record``; a ``sent to`` column, last, only when an attempt was sent
+    to another URL than the intent's (a resume by a client of another base URL)."""
     table = Table(
         title=f"{len(attempts)} attempt(s)",
         title_justify="left",
@@ -326,6 +349,10 @@ def _attempts_table(
     table.add_column("status")
     table.add_column("error", overflow="fold")
     table.add_column("may have executed", overflow="fold")
+    journaled = _without_userinfo(record.url)
+    elsewhere = any(a.sent_to not in (None, journaled) for a in attempts)
+    if elsewhere:
+        table.add_column("sent to", overflow="fold")
     for attempt in attempts:
         if attempt.ended_at is None and lease == "held":
             duration, verdict = "", Text("in flight", style="yellow")
@@ -334,14 +361,17 @@ def _attempts_table(
         else:
             duration = f"{(attempt.ended_at - attempt.started_at) * 1000:.0f} ms"
             verdict = Text("yes", style="yellow") if attempt.ambiguous else Text("no")
-        table.add_row(
+        cells = [
             Text(str(attempt.number)),
             Text(iso(attempt.started_at) or ""),
             Text(duration),
             Text("" if attempt.status_code is None else str(attempt.status_code)),
             Text(shown(attempt.error)),
             verdict,
-        )
+        ]
+        if elsewhere:
+            cells.append(Text(shown(_sent_to(record, attempt.sent_to))))
+        table.add_row(*cells)
     return table
 
 
