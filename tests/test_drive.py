@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import email.utils
 import json
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -132,6 +132,8 @@ class Script:
         self.transitions: list[Transition] = []
         self.commands: list[drive.Command] = []
         self.slept: list[float] = []
+        self.on_look_up: Callable[[], None] | None = None
+        """Called as each look-up is answered: a scenario's clock step, say."""
         self.released = False
         self.clock_answers: list[httpx.Response | BaseException] | None = None
         """What the provider answers when asked its time; None: a 404 dated by its clock."""
@@ -282,6 +284,8 @@ class Script:
                     answer = self._answer(self.sends)
                 case drive.LookUp():
                     answer = self._answer(self.lookups)
+                    if self.on_look_up is not None:
+                        self.on_look_up()
                 case drive.ReadClock():
                     answer = self._clock_answer()
                 case drive.Sleep(seconds):
@@ -718,6 +722,21 @@ def test_verify_absent_resends_only_once_the_earlier_attempt_cannot_run() -> Non
     # Nothing was resent before max_processing had passed since the attempt ended.
     assert sum(script.slept) >= VERIFYING.max_processing
     assert T.LOOKED_UP in script.transitions
+
+
+def test_verify_a_wall_clock_stepped_forward_does_not_let_the_resend_out_sooner() -> None:
+    script = Script(VERIFYING, sends=[_timeout(), OK], lookups=[ABSENT] * 10)
+
+    def step_forward() -> None:
+        script.clock.wall += 3600  # NTP, mid-verification: an hour ahead
+        script.on_look_up = None
+
+    script.on_look_up = step_forward
+    assert script.call().status_code == 201
+    # The earlier attempt could still run at the provider for max_processing after it
+    # ended: that much time really passed (the monotonic clock) before the resend.
+    assert sum(script.slept) >= VERIFYING.max_processing
+    assert len([c for c in script.commands if isinstance(c, drive.LookUp)]) >= 2
 
 
 def test_verify_look_ups_that_never_answer_give_up_unknown_without_resending() -> None:

@@ -542,7 +542,10 @@ def _resumed(settings: DriveSettings, claim: Claim, owner: str) -> Generator[Com
     until = quiet_after(attempts, profile.max_processing)
     if profile.verifies and until is not None:
         # After a crash with an attempt in flight, as after a timeout: look before sending.
-        run.verification = Verification(until=until)
+        # The journal dates attempts by the wall clock; from here on the wait counts on the
+        # monotonic one, so a wall clock stepped forward cannot cut it short.
+        remaining = until - clock.now()
+        run.verification = Verification(until=clock.monotonic() + remaining)
     # The provider forgets the key by its clock: where an attempt may have executed, its
     # age is judged by that clock, read afresh if the last reading is stale.
     provider_now = (yield from _provider_now(settings)) if ambiguous else None
@@ -693,7 +696,9 @@ def _retryable(
     yield EndAttempt(run, transition, status_code, error, verdict, date)
     run.started = False
     if verdict.ambiguous and settings.profile.verifies:
-        until = settings.clock.now() + settings.profile.max_processing
+        # Counted on the monotonic clock: a wall clock stepped forward while the earlier
+        # attempt may still run at the provider must not let the resend go out sooner.
+        until = settings.clock.monotonic() + settings.profile.max_processing
         run.verification = Verification(until=until)
     return verdict
 
@@ -746,7 +751,7 @@ def _verify(
     lookup = profile.lookup
     assert lookup is not None
     while True:
-        step = verification.next(clock.now())
+        step = verification.next(clock.monotonic())
         if step is None:
             run.verification = None
             yield Resending(run)
@@ -763,7 +768,9 @@ def _verify(
                 raise result.error
             detail = f"status look-up failed: {type(result.error).__name__}"
             yield LookedUp(run, None, ReconcileOutcome.ERROR, detail, None)
-            verification.answered(LookupKind.RETRY, clock.now(), _backoff(settings, verification))
+            verification.answered(
+                LookupKind.RETRY, clock.monotonic(), _backoff(settings, verification)
+            )
             continue
         response = result.response
         _read_clock(settings, response)
@@ -772,7 +779,7 @@ def _verify(
         if transition is Transition.LOOKED_UP:
             outcome = _JOURNALED.get(verdict.kind, ReconcileOutcome.ERROR)
             yield LookedUp(run, verdict.kind, outcome, verdict.detail, response)
-            verification.answered(verdict.kind, clock.now(), _backoff(settings, verification))
+            verification.answered(verdict.kind, clock.monotonic(), _backoff(settings, verification))
             continue
         assert verdict.record is not None
         run.record = yield Verified(run, transition, verdict.detail, response, verdict.record)
