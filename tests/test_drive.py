@@ -629,12 +629,15 @@ def test_a_clock_set_back_25_hours_never_resends_a_key_the_provider_aged_25_hour
         assert reason in str(unknown.value)
 
 
-def test_a_clock_a_year_ahead_resends_only_by_the_provider_s_clock() -> None:
-    # The first answer dates the key at the provider: an hour old there, resent.
+def test_a_clock_a_year_ahead_never_resends_even_where_the_provider_s_says_it_may() -> None:
+    # The first answer dates the key an hour old at the provider, this host's clock a year:
+    # one of them is wrong, and only the provider knows which. Not resent: reconciled.
     young = Script(sends=[OK])
     _crashed_and_aged(young, aged=HOUR, answered=True, local_step=YEAR)
-    assert young.resume().status_code == 201
-    assert young.transitions == [T.ATTEMPT_STARTED, T.SUCCEEDED]
+    with pytest.raises(payonce.OutcomeUnknown, match="yet by this host's clock"):
+        young.resume()
+    assert young.sent == 0
+    assert young.transitions == [T.KEY_WINDOW_PASSED]
     # The provider forgot it: not resent, though this host's clock is the one that is off.
     forgotten = Script(sends=[OK])
     _crashed_and_aged(forgotten, aged=25 * HOUR, answered=True, local_step=YEAR)

@@ -404,13 +404,21 @@ def test_a_clock_set_back_25_hours_cannot_make_a_key_the_provider_aged_25_hours_
     assert resend_refusal(T0, now, DAY) is None
 
 
-def test_a_clock_a_year_ahead_gives_way_to_the_provider_s_where_an_answer_dates_the_key() -> None:
+def test_clocks_that_disagree_never_resend_while_either_says_the_key_may_be_gone() -> None:
+    # This host's clock a year ahead, or the provider's Date an hour behind (a cached
+    # answer, an edge with a clock of its own): either could be the wrong one, so the older
+    # age stands and the intent goes to reconciliation instead of a resend.
     now = T0 + YEAR + HOUR
     assert resend_refusal(T0, now, DAY) is not None, "by this host's clock: a year old"
-    assert resend_refusal(T0, now, DAY, provider_now=T0 + HOUR, provider_first=T0) is None
+    disagreeing = resend_refusal(T0, now, DAY, provider_now=T0 + HOUR, provider_first=T0)
+    assert disagreeing is not None
+    assert "yet by this host's clock it was first sent" in disagreeing
     expired = resend_refusal(T0, now, DAY, provider_now=T0 + 23 * HOUR, provider_first=T0)
     assert expired is not None
     assert "ahead of the provider's" in expired
+    # Clocks that agree, the key an hour old by both: resent.
+    agreeing = T0 + HOUR + 30.0
+    assert resend_refusal(T0, agreeing, DAY, provider_now=T0 + HOUR, provider_first=T0) is None
     # Its first attempt unanswered: this host's clock may have been a year ahead then too,
     # or right, so the older age stands: never resent, never dated by a guess.
     unanswered = resend_refusal(T0, now, DAY, provider_now=T0 + HOUR)
@@ -466,6 +474,14 @@ def test_a_reading_of_the_provider_s_clock_is_carried_by_the_monotonic_clock_whi
 def test_an_answer_s_date_is_the_provider_s_time(date: str, expected: float | None) -> None:
     response = httpx.Response(200, headers={"Date": date} if date else {})
     assert provider_date(response) == expected
+
+
+def test_a_cached_answer_s_date_is_aged_by_the_cache_s_own_count() -> None:
+    date = "Sun, 17 Jan 2027 08:00:00 GMT"
+    kept = httpx.Response(200, headers={"Date": date, "Age": "3600"})
+    assert provider_date(kept) == 1_800_172_800.0 + 3600
+    nonsense = httpx.Response(200, headers={"Date": date, "Age": "soon"})
+    assert provider_date(nonsense) == 1_800_172_800.0
 
 
 # -- the guards: exactly one transition per moment at each decision point -------------------

@@ -124,12 +124,24 @@ def resend_refusal(
                 "ahead of the provider's time now: the provider's clock moved back; a "
                 "resend could execute twice"
             )
-        if age < key_lifetime * (1 - KEY_LIFETIME_MARGIN):
-            return None
-        return (
-            f"{clocks}by the provider's clock it was first sent {age:.0f}s ago, beyond the "
-            f"provider's key lifetime of {key_lifetime:.0f}s; a resend could execute twice"
-        )
+        window = key_lifetime * (1 - KEY_LIFETIME_MARGIN)
+        if age >= window:
+            return (
+                f"{clocks}by the provider's clock it was first sent {age:.0f}s ago, beyond "
+                f"the provider's key lifetime of {key_lifetime:.0f}s; a resend could execute "
+                "twice"
+            )
+        # Clocks that disagree are not settled by trusting one: a provider's Date can be
+        # wrong too (a cached answer, an edge with a clock of its own). Either clock saying
+        # the key may be gone is enough not to resend; reconciliation asks the provider.
+        local = now - first_sent_at
+        if off and local >= window:
+            return (
+                f"{clocks}yet by this host's clock it was first sent {local:.0f}s ago, beyond "
+                f"the provider's key lifetime of {key_lifetime:.0f}s: with the clocks "
+                "disagreeing, a resend could execute twice"
+            )
+        return None
     if not off:
         return _by_this_host(first_sent_at, now, key_lifetime, executed=True)
     # The first attempt got no answer, and the clocks disagree now: this host's clock may

@@ -34,8 +34,20 @@ real-time clock counting from 1970); it is ignored."""
 
 def provider_date(response: httpx.Response) -> float | None:
     """The provider's time, in epoch seconds, from an answer's ``Date``; None when it sent
-    none, or one that does not parse as an HTTP-date, or an absurd one."""
-    return _parsed(response.headers.get("date"))
+    none, or one that does not parse as an HTTP-date, or an absurd one. An answer a cache
+    kept says how long it was kept (``Age``, RFC 9111): its ``Date`` is that much old."""
+    date = _parsed(response.headers.get("date"))
+    if date is None:
+        return None
+    return date + _age(response.headers.get("age"))
+
+
+def _age(value: str | None) -> float:
+    try:
+        age = int(value) if value else 0
+    except ValueError:
+        return 0.0
+    return float(age) if age > 0 else 0.0
 
 
 @functools.lru_cache(maxsize=16)
