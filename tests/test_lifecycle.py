@@ -416,6 +416,13 @@ def test_clocks_that_disagree_never_resend_while_either_says_the_key_may_be_gone
     expired = resend_refusal(T0, now, DAY, provider_now=T0 + 23 * HOUR, provider_first=T0)
     assert expired is not None
     assert "ahead of the provider's" in expired
+    # The first answer's Date five hours late (a cached answer, a skewed edge), the clocks
+    # agreeing now: by this host's clock the key is 23 h old, so not resent.
+    late = resend_refusal(
+        T0, T0 + 23 * HOUR, DAY, provider_now=T0 + 23 * HOUR, provider_first=T0 + 5 * HOUR
+    )
+    assert late is not None
+    assert "yet by this host's clock it was first sent" in late
     # Clocks that agree, the key an hour old by both: resent.
     agreeing = T0 + HOUR + 30.0
     assert resend_refusal(T0, agreeing, DAY, provider_now=T0 + HOUR, provider_first=T0) is None

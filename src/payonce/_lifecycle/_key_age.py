@@ -131,15 +131,15 @@ def resend_refusal(
                 f"the provider's key lifetime of {key_lifetime:.0f}s; a resend could execute "
                 "twice"
             )
-        # Clocks that disagree are not settled by trusting one: a provider's Date can be
-        # wrong too (a cached answer, an edge with a clock of its own). Either clock saying
-        # the key may be gone is enough not to resend; reconciliation asks the provider.
+        # Neither clock is settled by trusting the other: a provider's Date can be wrong too
+        # (a cached answer, an edge with a clock of its own). Either saying the key may be
+        # gone is enough not to resend; reconciliation asks the provider which was right.
         local = now - first_sent_at
-        if off and local >= window:
+        if local >= window:
             return (
                 f"{clocks}yet by this host's clock it was first sent {local:.0f}s ago, beyond "
-                f"the provider's key lifetime of {key_lifetime:.0f}s: with the clocks "
-                "disagreeing, a resend could execute twice"
+                f"the provider's key lifetime of {key_lifetime:.0f}s; a resend could execute "
+                "twice"
             )
         return None
     if not off:
