@@ -102,3 +102,13 @@ def test_a_forked_child_starts_with_no_ended_calls_and_a_free_lock() -> None:
             pytest.fail("the child waited for the lock its parent's thread held at the fork")
         time.sleep(0.01)
     assert os.waitstatus_to_exitcode(waited[1]) == 0
+
+
+@pytest.mark.parametrize("pid", ["0", "99999999999999999999"])
+def test_an_owner_whose_pid_no_process_can_have_is_not_judged_dead_and_raises_nothing(
+    pid: str,
+) -> None:
+    # A damaged or hand-edited lease: nothing proves its owner gone, and asking must not
+    # raise (pid 0 would ask about this process's own group; a huge one overflows).
+    host = new_owner().rsplit(":", 3)[0]
+    assert not owner_is_dead(f"{host}:{pid}:1:deadbeef")

@@ -95,6 +95,10 @@ def owner_ended(owner: str) -> None:
             del _ended[next(iter(_ended))]
 
 
+_PID_LIMIT = 2**31
+"""Above any pid a POSIX kernel hands out (Linux's ceiling is 2**22)."""
+
+
 def owner_is_dead(owner: str | None) -> bool:
     """Whether the owner's process is provably gone (see the module's docstring)."""
     if not owner:
@@ -103,6 +107,10 @@ def owner_is_dead(owner: str | None) -> bool:
     if len(parts) != 4 or parts[0] != _HOST or not parts[1].isdigit():
         return False
     pid = int(parts[1])
+    if not 0 < pid < _PID_LIMIT:
+        # Not a process id (a damaged or hand-edited row): nothing proves it gone. And
+        # os.kill(0, …) would ask about this process's own group, a huge pid overflows.
+        return False
     if pid == os.getpid():
         # A call of this very process: alive while it runs (another thread, another task).
         return owner in _ended
