@@ -327,7 +327,7 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
         else:
             self._attempt_timeout = check_seconds("attempt_timeout", attempt_timeout, positive=True)
         max_stored = check_count("max_stored_response_bytes", max_stored_response_bytes, minimum=0)
-        check_seconds("in_flight_wait", in_flight_wait)
+        in_flight_wait = check_seconds("in_flight_wait", in_flight_wait)
         if lease_seconds is None:
             lease_seconds = default_lease_seconds(
                 slowest_wait=max(
@@ -383,7 +383,7 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
             lease_seconds=lease_seconds,
             clock=clock,
             hooks=hook_set,
-            in_flight_wait=check_seconds("in_flight_wait", in_flight_wait),
+            in_flight_wait=in_flight_wait,
         )
         self._http_options: dict[str, Any] = {
             "timeout": timeouts,
