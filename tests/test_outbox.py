@@ -210,6 +210,7 @@ def test_another_request_for_the_reference_is_refused_and_the_transaction_goes_o
     with pytest.raises(payonce.IntentMismatch, match="body") as caught:
         enqueue_payment(pg_client, conn, "order-5", amount=9900)
     assert caught.value.key == first.key
+    assert "enqueued and has not been sent yet" in str(caught.value)
     # The caller's transaction is still usable: their order commits.
     conn.commit()
     assert orders(postgres_url) == [("order-5", 4200), ("order-6", 4200)]
