@@ -8,6 +8,7 @@ provider over loopback, child processes SIGKILLed around the commit.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import signal
 import subprocess
@@ -193,6 +194,34 @@ def test_the_same_reference_enqueued_twice_is_one_intent(
         third = enqueue_payment(pg_client, conn, "order-4")
     assert first.key == second.key == third.key
     assert [r.key for r in intents(pg_client)] == [first.key]
+
+
+@pytest.mark.parametrize("first_ends", ["commit", "rollback"])
+def test_two_handlers_enqueuing_the_same_order_at_once_make_one_intent(
+    pg_client: payonce.Client,
+    connect: Callable[..., psycopg.Connection[Any]],
+    first_ends: str,
+) -> None:
+    """The second handler waits for the first one's transaction: it finds the first one's
+    intent once that commits, or journals its own when it rolls back."""
+    first_conn, second_conn = connect(), connect()
+    place_order(first_conn, "order-7")
+    first = enqueue_payment(pg_client, first_conn, "order-7")
+
+    def second_handler() -> payonce.IntentRecord:
+        with second_conn.transaction():
+            return enqueue_payment(pg_client, second_conn, "order-7")
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        second = pool.submit(second_handler)
+        if first_ends == "commit":
+            first_conn.commit()
+        else:
+            first_conn.rollback()
+        record = second.result(timeout=30)
+
+    assert pg_client.journal.find("order-7") == [record]
+    assert (record.key == first.key) is (first_ends == "commit")
 
 
 def test_another_request_for_the_reference_is_refused_and_the_transaction_goes_on(
