@@ -338,6 +338,39 @@ def test_a_failed_transaction_is_refused(
     assert intents(pg_client) == []
 
 
+def test_a_statement_that_fails_leaves_the_callers_transaction_usable(
+    pg_client: payonce.Client,
+    connect: Callable[..., psycopg.Connection[Any]],
+    postgres_server: PostgresServer,
+    postgres_url: str,
+) -> None:
+    """The service's role may read the journal but not write to it: the insert fails inside
+    the savepoint, which is rolled back, so the service's own order still commits."""
+    if postgres_server.directory is None:
+        pytest.skip("an external server: its role may not create roles")
+    database = str(psycopg.conninfo.conninfo_to_dict(postgres_url)["dbname"])
+    role = f"shop_{database}"
+    with postgres_server.admin(database) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'shop-pw'")
+        admin.execute(f"GRANT USAGE ON SCHEMA {SCHEMA} TO {role}")
+        admin.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA {SCHEMA} TO {role}")
+        admin.execute(f"GRANT SELECT, INSERT ON orders TO {role}")
+    try:
+        conn = connect(postgres_server.url(database, user=role, password="shop-pw"))
+        place_order(conn, "order-26")
+        with pytest.raises(payonce.JournalError, match="permission denied for table intents"):
+            enqueue_payment(pg_client, conn, "order-26")
+        place_order(conn, "order-27")
+        conn.commit()
+        conn.close()
+        assert orders(postgres_url) == [("order-26", 4200), ("order-27", 4200)]
+        assert intents(pg_client) == []
+    finally:
+        with postgres_server.admin(database) as admin:
+            admin.execute(f"DROP OWNED BY {role}")
+            admin.execute(f"DROP ROLE {role}")
+
+
 def test_what_is_not_a_connection_is_refused(pg_client: payonce.Client) -> None:
     with pytest.raises(payonce.ConfigurationError, match="psycopg 3 Connection"):
         enqueue_payment(pg_client, object(), "order-12")

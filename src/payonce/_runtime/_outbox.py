@@ -16,7 +16,6 @@ a program that imported them already, so their modules are looked up in ``sys.mo
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from typing import Any
 
 from .._journal._outbox import (
@@ -36,6 +35,8 @@ from ._core import IntentCore
 __all__ = ["Outbox"]
 
 _SQLALCHEMY_DRIVERS = ("psycopg", "psycopg_async")
+_UNDO = (f"ROLLBACK TO SAVEPOINT {SAVEPOINT}", f"RELEASE SAVEPOINT {SAVEPOINT}")
+"""Back to how the caller's transaction was before the steps (search path included)."""
 _NO_TRANSACTION = (
     "enqueue(connection=...) writes the intent inside your open transaction, so that it "
     "commits or rolls back with your own rows, but {why}; nothing was written. Call it "
@@ -75,8 +76,8 @@ class Outbox:
     # -- sync --------------------------------------------------------------------------------
 
     def enqueue(self, draft: IntentDraft, connection: object) -> IntentRecord:
-        cursor = _sync_cursor(connection, also="")
         place = self.place()
+        cursor = _sync_cursor(connection)
         try:
             return self._run(cursor, self._steps(draft, place))
         except NotTheJournalDatabase:
@@ -84,7 +85,7 @@ class Outbox:
             if fresh == place:
                 raise
             # The server restarted since the place was read (its start time changed).
-            return self._run(_sync_cursor(connection, also=""), self._steps(draft, fresh))
+            return self._run(_sync_cursor(connection), self._steps(draft, fresh))
 
     def _run(self, cursor: Any, steps: Steps) -> IntentRecord:
         try:
@@ -99,7 +100,11 @@ class Outbox:
                         break
                     answer = self._execute(cursor, statement)
             except BaseException as exc:
-                _undo(lambda text: cursor.execute(text), exc)
+                for text in _UNDO:
+                    try:
+                        cursor.execute(text)
+                    except Exception:
+                        raise self._unusable(exc) from exc
                 raise
             self._execute(cursor, Statement(f"RELEASE SAVEPOINT {SAVEPOINT}"))
             return record
@@ -140,7 +145,7 @@ class Outbox:
             # SQLAlchemy's asyncio objects run sync code against their connection in a
             # greenlet: the sync runner, unchanged.
             def run(synchronous: object) -> IntentRecord:
-                cursor = _sync_cursor(synchronous, also="")
+                cursor = _sync_cursor(synchronous)
                 return self._run(cursor, self._steps(draft, place))
 
             result: IntentRecord = await connection.run_sync(run)  # type: ignore[attr-defined]
@@ -166,14 +171,11 @@ class Outbox:
                         break
                     answer = await self._aexecute(cursor, statement)
             except BaseException as exc:
-                for text in (
-                    f"ROLLBACK TO SAVEPOINT {SAVEPOINT}",
-                    f"RELEASE SAVEPOINT {SAVEPOINT}",
-                ):
+                for text in _UNDO:
                     try:
                         await cursor.execute(text)
                     except Exception:
-                        raise _unusable(exc) from exc
+                        raise self._unusable(exc) from exc
                 raise
             await self._aexecute(cursor, Statement(f"RELEASE SAVEPOINT {SAVEPOINT}"))
             return record
@@ -188,6 +190,14 @@ class Outbox:
 
     # -- errors ------------------------------------------------------------------------------
 
+    def _unusable(self, exc: BaseException) -> JournalError:
+        return JournalError(
+            f"enqueue failed ({exc}) and could not roll its savepoint back: the connection "
+            "was lost, and your transaction with it, so nothing of it commits. Roll back and "
+            "retry",
+            location=self._core.journal.location,
+        )
+
     def _failed(self, exc: Exception) -> JournalError:
         what = " ".join(str(exc).split()) or type(exc).__name__
         return JournalError(
@@ -197,29 +207,11 @@ class Outbox:
         )
 
 
-def _undo(execute: Callable[[str], object], exc: BaseException) -> None:
-    """Roll the steps' savepoint back, so the caller's transaction is as it was before."""
-    for text in (f"ROLLBACK TO SAVEPOINT {SAVEPOINT}", f"RELEASE SAVEPOINT {SAVEPOINT}"):
-        try:
-            execute(text)
-        except Exception:
-            raise _unusable(exc) from exc
-
-
-def _unusable(exc: BaseException) -> JournalError:
-    location = getattr(exc, "location", "your connection")
-    return JournalError(
-        f"enqueue failed ({exc}) and its savepoint could not be rolled back: the connection "
-        "was lost, and your transaction with it; nothing was committed. Roll back and retry",
-        location=location,
-    )
-
-
 def _kind(connection: object) -> str:
     return f"{type(connection).__module__}.{type(connection).__qualname__}"
 
 
-def _sync_cursor(connection: object, *, also: str) -> Any:
+def _sync_cursor(connection: object) -> Any:
     """A cursor of ``connection`` once it is checked: PostgreSQL through psycopg 3, in an
     open transaction. Its rows are tuples whatever row factory the caller set."""
     psycopg = sys.modules.get("psycopg")
@@ -238,7 +230,7 @@ def _sync_cursor(connection: object, *, also: str) -> Any:
         raise ConfigurationError(
             "connection= is a psycopg AsyncConnection: use it with AsyncClient.enqueue (awaited)"
         )
-    raise ConfigurationError(_UNSUPPORTED.format(also=also, kind=_kind(connection)))
+    raise ConfigurationError(_UNSUPPORTED.format(also="", kind=_kind(connection)))
 
 
 def _check_psycopg(connection: Any) -> None:
