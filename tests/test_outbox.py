@@ -371,6 +371,22 @@ def test_a_statement_that_fails_leaves_the_callers_transaction_usable(
             admin.execute(f"DROP ROLE {role}")
 
 
+def test_a_connection_lost_before_the_enqueue_says_the_transaction_is_gone(
+    pg_client: payonce.Client,
+    connect: Callable[..., psycopg.Connection[Any]],
+    postgres_server: PostgresServer,
+    postgres_url: str,
+) -> None:
+    conn = connect()
+    place_order(conn, "order-28")
+    with postgres_server.admin() as admin:  # the database server ends the service's session
+        admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+    with pytest.raises(payonce.JournalError, match="nothing of that transaction commits"):
+        enqueue_payment(pg_client, conn, "order-28")
+    assert orders(postgres_url) == []
+    assert intents(pg_client) == []
+
+
 def test_what_is_not_a_connection_is_refused(pg_client: payonce.Client) -> None:
     with pytest.raises(payonce.ConfigurationError, match="psycopg 3 Connection"):
         enqueue_payment(pg_client, object(), "order-12")

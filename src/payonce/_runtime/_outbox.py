@@ -89,7 +89,7 @@ class Outbox:
 
     def _run(self, cursor: Any, steps: Steps) -> IntentRecord:
         try:
-            self._execute(cursor, Statement(f"SAVEPOINT {SAVEPOINT}"))
+            self._bracket(cursor, f"SAVEPOINT {SAVEPOINT}")
             try:
                 answer: Any = None
                 while True:
@@ -103,13 +103,21 @@ class Outbox:
                 for text in _UNDO:
                     try:
                         cursor.execute(text)
-                    except Exception:
-                        raise self._unusable(exc) from exc
+                    except Exception as lost:
+                        raise self._unusable(lost) from exc
                 raise
-            self._execute(cursor, Statement(f"RELEASE SAVEPOINT {SAVEPOINT}"))
+            self._bracket(cursor, f"RELEASE SAVEPOINT {SAVEPOINT}")
             return record
         finally:
             cursor.close()
+
+    def _bracket(self, cursor: Any, text: str) -> None:
+        """The savepoint's own statements: if one fails, the connection cannot go on with
+        the caller's transaction (lost, or the transaction aborted)."""
+        try:
+            cursor.execute(text)
+        except Exception as exc:
+            raise self._unusable(exc) from exc
 
     def _execute(self, cursor: Any, statement: Statement) -> Answer:
         try:
@@ -160,7 +168,7 @@ class Outbox:
 
     async def _arun_steps(self, cursor: Any, steps: Steps) -> IntentRecord:
         async with cursor:
-            await self._aexecute(cursor, Statement(f"SAVEPOINT {SAVEPOINT}"))
+            await self._abracket(cursor, f"SAVEPOINT {SAVEPOINT}")
             try:
                 answer: Any = None
                 while True:
@@ -174,11 +182,17 @@ class Outbox:
                 for text in _UNDO:
                     try:
                         await cursor.execute(text)
-                    except Exception:
-                        raise self._unusable(exc) from exc
+                    except Exception as lost:
+                        raise self._unusable(lost) from exc
                 raise
-            await self._aexecute(cursor, Statement(f"RELEASE SAVEPOINT {SAVEPOINT}"))
+            await self._abracket(cursor, f"RELEASE SAVEPOINT {SAVEPOINT}")
             return record
+
+    async def _abracket(self, cursor: Any, text: str) -> None:
+        try:
+            await cursor.execute(text)
+        except Exception as exc:
+            raise self._unusable(exc) from exc
 
     async def _aexecute(self, cursor: Any, statement: Statement) -> Answer:
         try:
@@ -191,10 +205,11 @@ class Outbox:
     # -- errors ------------------------------------------------------------------------------
 
     def _unusable(self, exc: BaseException) -> JournalError:
+        what = " ".join(str(exc).split()) or type(exc).__name__
         return JournalError(
-            f"enqueue failed ({exc}) and could not roll its savepoint back: the connection "
-            "was lost, and your transaction with it, so nothing of it commits. Roll back and "
-            "retry",
+            f"enqueue could not use your connection ({what}): it was lost, or your "
+            "transaction aborted, so nothing of that transaction commits, the intent "
+            "included. Roll back and run the transaction again",
             location=self._core.journal.location,
         )
 
