@@ -224,6 +224,30 @@ def test_two_handlers_enqueuing_the_same_order_at_once_make_one_intent(
     assert (record.key == first.key) is (first_ends == "commit")
 
 
+def test_under_repeatable_read_the_second_handler_is_told_to_retry_its_transaction(
+    pg_client: payonce.Client, connect: Callable[..., psycopg.Connection[Any]]
+) -> None:
+    """Its snapshot cannot see the first handler's intent once committed: it fails to
+    serialize, and a new transaction finds that intent."""
+    first_conn, second_conn = connect(), connect()
+    second_conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+    place_order(first_conn, "order-29")
+    first = enqueue_payment(pg_client, first_conn, "order-29")
+
+    def second_handler() -> payonce.IntentRecord:
+        with second_conn.transaction():
+            return enqueue_payment(pg_client, second_conn, "order-29")
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        second_conn.execute("SELECT 1")  # the snapshot is taken before the first commits
+        second = pool.submit(second_handler)
+        first_conn.commit()
+        with pytest.raises(payonce.JournalError, match="could not serialize"):
+            second.result(timeout=30)
+    second_conn.rollback()
+    assert second_handler().key == first.key
+
+
 def test_another_request_for_the_reference_is_refused_and_the_transaction_goes_on(
     pg_client: payonce.Client,
     connect: Callable[..., psycopg.Connection[Any]],
@@ -324,6 +348,22 @@ def test_a_connection_with_no_open_transaction_is_refused(
     with pytest.raises(payonce.ConfigurationError, match=expected):
         enqueue_payment(pg_client, conn, "order-10")
     assert intents(pg_client) == []
+
+
+def test_an_autocommit_connection_inside_a_transaction_block_is_fine(
+    pg_client: payonce.Client, connect: Callable[..., psycopg.Connection[Any]], postgres_url: str
+) -> None:
+    conn = connect(autocommit=True)
+    with contextlib.suppress(RuntimeError), conn.transaction():
+        place_order(conn, "order-10")
+        rolled_back = enqueue_payment(pg_client, conn, "order-10")
+        raise RuntimeError("the handler failed")
+    with conn.transaction():
+        place_order(conn, "order-10")
+        committed = enqueue_payment(pg_client, conn, "order-10")
+    assert orders(postgres_url) == [("order-10", 4200)]
+    assert pg_client.journal.get(rolled_back.key) is None
+    assert intents(pg_client) == [committed]
 
 
 def test_a_failed_transaction_is_refused(
