@@ -196,6 +196,14 @@ def test_the_same_reference_enqueued_twice_is_one_intent(
     assert [r.key for r in intents(pg_client)] == [first.key]
 
 
+def handler(
+    client: payonce.Client, conn: psycopg.Connection[Any], order_id: str
+) -> payonce.IntentRecord:
+    """A request handler's transaction (a savepoint, inside one already open)."""
+    with conn.transaction():
+        return enqueue_payment(client, conn, order_id)
+
+
 @pytest.mark.parametrize("first_ends", ["commit", "rollback"])
 def test_two_handlers_enqueuing_the_same_order_at_once_make_one_intent(
     pg_client: payonce.Client,
@@ -208,12 +216,8 @@ def test_two_handlers_enqueuing_the_same_order_at_once_make_one_intent(
     place_order(first_conn, "order-7")
     first = enqueue_payment(pg_client, first_conn, "order-7")
 
-    def second_handler() -> payonce.IntentRecord:
-        with second_conn.transaction():
-            return enqueue_payment(pg_client, second_conn, "order-7")
-
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        second = pool.submit(second_handler)
+        second = pool.submit(handler, pg_client, second_conn, "order-7")
         if first_ends == "commit":
             first_conn.commit()
         else:
@@ -234,18 +238,14 @@ def test_under_repeatable_read_the_second_handler_is_told_to_retry_its_transacti
     place_order(first_conn, "order-29")
     first = enqueue_payment(pg_client, first_conn, "order-29")
 
-    def second_handler() -> payonce.IntentRecord:
-        with second_conn.transaction():
-            return enqueue_payment(pg_client, second_conn, "order-29")
-
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         second_conn.execute("SELECT 1")  # the snapshot is taken before the first commits
-        second = pool.submit(second_handler)
+        second = pool.submit(handler, pg_client, second_conn, "order-29")
         first_conn.commit()
         with pytest.raises(payonce.JournalError, match="could not serialize"):
             second.result(timeout=30)
     second_conn.rollback()
-    assert second_handler().key == first.key
+    assert handler(pg_client, second_conn, "order-29").key == first.key
 
 
 def test_another_request_for_the_reference_is_refused_and_the_transaction_goes_on(
