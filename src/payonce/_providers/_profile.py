@@ -224,6 +224,14 @@ def key_lifetime_of(provider: str) -> float:
     return max([UNREGISTERED_KEY_LIFETIME, *(p.key_lifetime for p in _REGISTRY.values())])
 
 
+def key_max_length_of(provider: str) -> int:
+    """The longest key the provider named ``provider`` takes, as far as this process knows
+    (a step's key is derived to fit it); for a name it does not know, the default 255."""
+    if (profile := _REGISTRY.get(provider)) is not None:
+        return profile.key_max_length
+    return ProviderProfile(name=provider).key_max_length
+
+
 def get_profile(provider: str | ProviderProfile) -> ProviderProfile:
     if isinstance(provider, ProviderProfile):
         return provider
