@@ -19,14 +19,13 @@ import pytest
 import payonce
 from helpers.payments import FAST_RETRY
 from helpers.sandboxes import SharedSandboxes
-from payonce.providers import stripe_profile
 from payonce.sandbox import DEFAULT_API_KEY, SandboxConfig, SandboxServer
 
 STRIPE_LIKE = SandboxConfig.like("stripe")
 AUTHORIZATION = {"Authorization": f"Bearer {DEFAULT_API_KEY}"}
-# The Stripe dialect refuses metadata on a confirm, as Stripe does: the profile here sends
-# the body as the code wrote it (no key tagged into the metadata).
-STRIPE = stripe_profile(tag_metadata=False)
+# Stripe's profile tags each creation's key into its metadata (for the status look-up),
+# and leaves the confirm as written: Stripe, and its dialect here, refuse metadata there.
+STRIPE = "stripe"
 ORDER = {"amount": "4200", "currency": "eur", "payment_method": "pm_card_visa"}
 
 MakeHttp = Callable[..., httpx.Client]
@@ -170,6 +169,27 @@ def test_a_step_meeting_a_fault_is_retried_under_its_key_and_executes_once(
     assert confirmed.json()["status"] == "succeeded"
     assert sorted(server.store.executions().values()) == [1, 1]
     assert len(server.store.payment_intents()) == 1
+
+
+def test_a_step_whose_outcome_stays_unknown_raises_outcome_unknown_and_is_never_resent(
+    payonce_client: payonce.Client, http: httpx.Client, server: SandboxServer
+) -> None:
+    def pay() -> None:
+        with payonce_client.intent("order-unknown"):
+            created = http.post("/v1/payment_intents", data=ORDER)
+            http.post(f"/v1/payment_intents/{created.json()['id']}/confirm")
+
+    # Every attempt of the confirm meets a 503: whether it executed, payonce cannot tell.
+    server.script(["none"] + ["fail_before"] * 5)
+    with pytest.raises(payonce.OutcomeUnknown) as unknown:
+        pay()
+    assert unknown.value.key is not None
+    assert unknown.value.key.endswith("-step2")
+    executions = server.store.executions()
+    with pytest.raises(payonce.OutcomeUnknown):
+        pay()  # run again: the create replays, the confirm is refused, nothing is sent
+    assert server.store.executions() == executions
+    assert list(executions.values()) == [1]  # the create; the confirm never executed
 
 
 def test_a_declined_confirmation_is_handed_to_the_code_as_the_provider_s_answer(

@@ -87,6 +87,10 @@ def _any_request(method: str, path: str, content_type: str | None) -> str | None
     return None
 
 
+def _every_request(method: str, path: str) -> bool:
+    return True
+
+
 @attrs.frozen
 class ProviderProfile:
     """What payonce needs to know about one provider's idempotency contract.
@@ -158,6 +162,11 @@ class ProviderProfile:
     """Derive the bytes sent from the journaled body, content type and key, e.g. to tag the
     key into the object's metadata for reconciliation. Must be deterministic: every
     attempt sends the same bytes. The fingerprint covers the journaled body only."""
+    prepares: Callable[[str, str], bool] = _every_request
+    """Which requests ``prepare_body`` applies to (method, and the path the provider sees,
+    with the base URL's own path); every one by default. Stripe's tags creations only:
+    Stripe refuses metadata on a confirm or a capture, and an update's would overwrite the
+    key its creation was tagged with."""
 
     @property
     def verifies(self) -> bool:

@@ -169,6 +169,17 @@ def _body_as_is(body: bytes, content_type: str | None, key: str) -> bytes:
     return body
 
 
+def stripe_creates(method: str, path: str) -> bool:
+    """A request that creates an object: a POST to a collection (``/v1/payment_intents``,
+    ``/v1/refunds``), the only kind the metadata tag goes into. A confirm or a capture
+    takes no metadata (Stripe refuses the parameter), and an update's tag would replace the
+    key the object was created under, which its look-up searches by."""
+    segments = [part for part in path.split("/") if part]
+    # After the API version: a base URL with a path of its own (a proxy's) may come first.
+    after_version = segments[segments.index("v1") + 1 :] if "v1" in segments else segments[1:]
+    return method.upper() == "POST" and len(after_version) == 1
+
+
 def stripe_profile(
     *,
     tag_metadata: bool = True,
@@ -178,7 +189,8 @@ def stripe_profile(
 ) -> ProviderProfile:
     """A Stripe profile.
 
-    With ``tag_metadata`` (the default), every form-encoded request carries
+    With ``tag_metadata`` (the default), every form-encoded creation (a POST to a
+    collection such as ``/v1/payment_intents``) carries
     ``metadata[<metadata_key>]=<idempotency key>``, and an ``unknown`` intent is looked up
     with the Search API at ``search_path`` (``/v1/payment_intents/search``; use
     ``/v1/charges/search``, ``/v1/customers/search``… for other objects). Without it, the
@@ -216,6 +228,7 @@ def stripe_profile(
         refine=stripe_refine,
         refuse_request=stripe_refuse_request,
         prepare_body=_TagMetadata(metadata_key) if tag_metadata else _body_as_is,
+        prepares=stripe_creates,
         encode_form=stripe_form_pairs,
     )
 

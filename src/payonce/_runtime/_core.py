@@ -225,10 +225,13 @@ class IntentCore:
         headers.update(self._auth_headers if auth is None else auth)
         if self.hooks:
             self.tell.attempt_started(run)
+        body = record.body
+        if self.profile.prepares(record.method, httpx.URL(record.url).path):
+            body = self.profile.prepare_body(body, content_type, record.key)
         return client.build_request(
             record.method,
             self.sent_url(record.url),
-            content=self.profile.prepare_body(record.body, content_type, record.key),
+            content=body,
             headers=headers,
             extensions=self._crash_extensions(client),
         )
