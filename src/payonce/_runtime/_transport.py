@@ -33,6 +33,7 @@ from typing import Any, Protocol, cast
 import attrs
 import httpx
 
+from .._fork import ForkGuard
 from ..errors import ConfigurationError, ProviderError
 from ._base import MUTATING, OutsideIntent, RequestOptions, SdkKeys, current_operation
 from ._core import IntentCore
@@ -206,11 +207,23 @@ class SyncTransport(httpx.BaseTransport):
     ) -> None:
         self._client = client
         self._rules = TransportRules(client._core, sdk_keys, outside_intent)
+        self._verify = verify
+        self._owns_inner = inner is None
         self._inner = httpx.HTTPTransport(verify=verify) if inner is None else inner
         self._http = httpx.Client(transport=self._inner, **client._http_options)
         """Sends the steps' attempts and look-ups, with payonce's timeouts and deadline."""
+        self._fork = ForkGuard()
+
+    def _in_this_process(self) -> None:
+        """After a fork, connections of the child's own (see ``payonce._fork``): an inner
+        transport passed in is the caller's to make fork-safe."""
+        if self._fork.forked(self._http, self._inner if self._owns_inner else None):
+            if self._owns_inner:
+                self._inner = httpx.HTTPTransport(verify=self._verify)
+            self._http = httpx.Client(transport=self._inner, **self._client._http_options)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self._in_this_process()
         if request.method.upper() not in MUTATING:
             return self._inner.handle_request(request)
         step = self._rules.split(request, request.read())
@@ -227,6 +240,7 @@ class SyncTransport(httpx.BaseTransport):
         return delivered(response)
 
     def close(self) -> None:
+        self._in_this_process()  # a child closes its own connections, never its parent's
         self._http.close()
 
 
@@ -244,10 +258,21 @@ class AsyncTransport(httpx.AsyncBaseTransport):
     ) -> None:
         self._client = client
         self._rules = TransportRules(client._core, sdk_keys, outside_intent)
+        self._verify = verify
+        self._owns_inner = inner is None
         self._inner = httpx.AsyncHTTPTransport(verify=verify) if inner is None else inner
         self._http = httpx.AsyncClient(transport=self._inner, **client._http_options)
+        self._fork = ForkGuard()
+
+    def _in_this_process(self) -> None:
+        """See ``SyncTransport._in_this_process``."""
+        if self._fork.forked(self._http, self._inner if self._owns_inner else None):
+            if self._owns_inner:
+                self._inner = httpx.AsyncHTTPTransport(verify=self._verify)
+            self._http = httpx.AsyncClient(transport=self._inner, **self._client._http_options)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self._in_this_process()
         if request.method.upper() not in MUTATING:
             return await self._inner.handle_async_request(request)
         step = self._rules.split(request, await request.aread())
@@ -264,4 +289,5 @@ class AsyncTransport(httpx.AsyncBaseTransport):
         return delivered(response)
 
     async def aclose(self) -> None:
+        self._in_this_process()
         await self._http.aclose()
