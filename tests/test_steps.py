@@ -293,6 +293,9 @@ async def test_two_steps_of_one_intent_at_once_are_refused(
     assert len(refused) == 1
     assert "one after another" in str(refused[0])
     assert sandbox.store.total_executions() == 1
+    # The refused one took no position: the block holds its one step, settled and acked.
+    assert [(n, state) for n, _, state in op.steps] == [(1, payonce.IntentState.SUCCEEDED)]
+    assert await client.unacknowledged() == []
 
 
 def test_a_client_built_for_its_transport_only_refuses_its_verbs(

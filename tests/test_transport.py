@@ -404,3 +404,22 @@ async def test_async_a_changed_step_and_a_strict_transport_refuse(
         with pytest.raises(payonce.ConfigurationError, match="outside any intent block"):
             await strict.post("/v1/payment_intents", data=ORDER)
     assert len(server.store.executions()) == 2
+
+
+@pytest.mark.anyio
+async def test_async_an_unknown_step_raises_and_a_request_outside_a_block_is_one_shot(
+    async_http: tuple[payonce.AsyncClient, httpx.AsyncClient], server: SandboxServer
+) -> None:
+    client, http = async_http
+    server.script(["none"] + ["fail_before"] * 5)  # the confirm never gets an answer
+    with pytest.raises(payonce.OutcomeUnknown, match="-step2"):
+        await _async_checkout(client, http, "order-async-unknown")
+    keyed = await http.post(
+        "/v1/payment_intents", data=ORDER, headers={"Idempotency-Key": "shop-async-k"}
+    )
+    again = await http.post(
+        "/v1/payment_intents", data=ORDER, headers={"Idempotency-Key": "shop-async-k"}
+    )
+    assert _info(keyed).key == "shop-async-k"
+    assert _info(again).replayed
+    assert sorted(server.store.executions().values()) == [1, 1]

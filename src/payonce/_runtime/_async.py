@@ -67,17 +67,15 @@ class AsyncOperation(OperationBase, Verbs[Awaited]):
         """Send the intent's next step (once), or replay its journaled outcome (see
         ``Operation.request``)."""
         self._core.require_api_key(f"{method.upper()} {path}")
-        step = self._step(method, path, options)
-        with self._running(step) as bind:
-            return await self._client._drive(self, step.draft, bind)
+        with self._next_step(method, path, options) as (draft, bind):
+            return await self._client._drive(self, draft, bind)
 
     async def _transported(self, request: Transported, http: httpx.AsyncClient) -> httpx.Response:
         """See ``Operation._transported``."""
-        step = self._step(
+        with self._next_step(
             request.method, request.target, request.options, caller_key=request.caller_key
-        )
-        with self._running(step) as bind:
-            return await self._client._drive(self, step.draft, bind, http=http, auth=request.auth)
+        ) as (draft, bind):
+            return await self._client._drive(self, draft, bind, http=http, auth=request.auth)
 
     async def acknowledge(self) -> None:
         """Mark the settled outcome of every settled step as recorded on the caller's

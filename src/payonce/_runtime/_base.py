@@ -339,18 +339,26 @@ class OperationBase:
         return max(self._steps, default=0) + 1
 
     @contextlib.contextmanager
-    def _running(self, step: Step) -> Iterator[Callable[[IntentRecord], None]]:
-        """While ``step`` runs: no other step of this block may start. Yields what the drive
-        binds its records to."""
+    def _next_step(
+        self,
+        method: str,
+        path: str,
+        options: RequestOptions,
+        *,
+        caller_key: str | None = None,
+    ) -> Iterator[tuple[IntentDraft, Callable[[IntentRecord], None]]]:
+        """The draft of the request's step, and what its drive binds records to, while no
+        other step of this block may start: positions are given one at a time."""
         if not self._stepping.acquire(blocking=False):
             raise ConfigurationError(
-                f"step {step.number} of {self!r} started while another step of the same "
-                "intent was running: the steps of one intent run one after another (their "
+                f"{method.upper()} {path} was asked of {self!r} while another of its steps "
+                "was running: the steps of one intent run one after another (their "
                 "positions are their identity). Await each request before the next, or give "
                 "concurrent operations blocks of their own"
             )
         try:
-            yield functools.partial(self._bind_step, step)
+            step = self._step(method, path, options, caller_key=caller_key)
+            yield step.draft, functools.partial(self._bind_step, step)
         finally:
             self._stepping.release()
 

@@ -63,18 +63,16 @@ class Operation(OperationBase, Verbs[httpx.Response]):
         ``data=`` (form), ``content=``, ``params=`` and ``headers=``.
         """
         self._core.require_api_key(f"{method.upper()} {path}")
-        step = self._step(method, path, options)
-        with self._running(step) as bind:
-            return self._client._drive(self, step.draft, bind)
+        with self._next_step(method, path, options) as (draft, bind):
+            return self._client._drive(self, draft, bind)
 
     def _transported(self, request: Transported, http: httpx.Client) -> httpx.Response:
         """A request that came through ``client.transport()``: this intent's next step,
         sent through the transport's own HTTP client with the request's credentials."""
-        step = self._step(
+        with self._next_step(
             request.method, request.target, request.options, caller_key=request.caller_key
-        )
-        with self._running(step) as bind:
-            return self._client._drive(self, step.draft, bind, http=http, auth=request.auth)
+        ) as (draft, bind):
+            return self._client._drive(self, draft, bind, http=http, auth=request.auth)
 
     def acknowledge(self) -> None:
         """Mark the settled outcome of every settled step as recorded on the caller's
