@@ -192,6 +192,40 @@ def test_a_step_whose_outcome_stays_unknown_raises_outcome_unknown_and_is_never_
     assert list(executions.values()) == [1]  # the create; the confirm never executed
 
 
+def test_a_created_step_recovered_by_reconciliation_hands_the_code_the_object_found(
+    payonce_client: payonce.Client,
+    http: httpx.Client,
+    server: SandboxServer,
+    journal_path: Path,
+    closing: contextlib.ExitStack,
+) -> None:
+    once = payonce.RetryPolicy(max_attempts=1)
+    impatient = closing.enter_context(
+        payonce.Client(**{**_options(server, journal_path), "retry": once})
+    )
+    impatient_http = closing.enter_context(
+        httpx.Client(base_url=server.url, transport=impatient.transport(), headers=AUTHORIZATION)
+    )
+    server.script(["drop_after"])  # the create executes; its answer is lost
+    with pytest.raises(payonce.OutcomeUnknown) as unknown:
+        checkout(impatient, impatient_http, "order-reconciled")
+    assert len(server.store.payment_intents()) == 1
+
+    # An operator reconciles it, with the account's key: the search finds the object by the
+    # key tagged into its metadata, unconfirmed, which is all a creation asked for.
+    operator = closing.enter_context(
+        payonce.Client(**{**_options(server, journal_path), "api_key": DEFAULT_API_KEY})
+    )
+    (result,) = operator.reconcile(unknown.value.key or "")
+    assert (result.outcome, result.after) == ("found", payonce.IntentState.SUCCEEDED)
+
+    created, confirmed = checkout(payonce_client, http, "order-reconciled")
+    assert created.json()["id"] == server.store.payment_intents()[0]["id"]
+    assert created.json()["metadata"]["order"] == "order-reconciled"
+    assert confirmed.json()["status"] == "succeeded"
+    assert len(server.store.payment_intents()) == 1
+
+
 def test_a_declined_confirmation_is_handed_to_the_code_as_the_provider_s_answer(
     payonce_client: payonce.Client, http: httpx.Client, server: SandboxServer
 ) -> None:

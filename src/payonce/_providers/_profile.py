@@ -28,6 +28,10 @@ def _value_as_is(value: str) -> str:
     return value
 
 
+def _asks_more(method: str, path: str, body: bytes) -> bool:
+    return False
+
+
 @attrs.frozen
 class Lookup:
     """How to ask the provider whether it executed an intent (used by reconciliation).
@@ -47,6 +51,12 @@ class Lookup:
     format_value: Callable[[str], str] = _value_as_is
     """Turns the key or reference into the query value, e.g. a search expression such as
     Stripe's ``metadata['payonce_idempotency_key']:'KEY'``."""
+    creation_only: Callable[[str, str, bytes], bool] = _asks_more
+    """Whether a request (method, path the provider sees, journaled body) only creates the
+    object the look-up finds: then a record found in any status settles it as succeeded (it
+    did all it asked), where other requests wait for a status in ``succeeded`` or
+    ``failed``. None by default; Stripe's: a creation without ``confirm=true`` (a
+    PaymentIntent created to be confirmed by a later step)."""
     consistent: bool = True
     """Whether the look-up sees a payment as soon as it is executed. One that lags (Stripe's
     Search API) cannot tell "not executed" from "not indexed yet", so it is no ground for

@@ -137,6 +137,15 @@ def _timestamp(moment: datetime.datetime) -> int:
     return int(time.mktime(moment.timetuple()))  # a naive time is local, as the SDK reads it
 
 
+def stripe_creation_only(method: str, path: str, body: bytes) -> bool:
+    """A creation that asks for nothing more than the object (no ``confirm=true``): the
+    object found at all is its whole effect, whatever its status."""
+    if not stripe_creates(method, path):
+        return False
+    pairs = parse_qsl(body.decode("latin-1"), keep_blank_values=True)
+    return not any(name == "confirm" and value.lower() == "true" for name, value in pairs)
+
+
 def _search_expression(field: str) -> Callable[[str], str]:
     def expression(key: str) -> str:
         # The Search query language quotes values in single quotes, escaped by a backslash.
@@ -206,10 +215,14 @@ def stripe_profile(
             list_field="data",
             status_field="status",
             # requires_capture: authorised and held, i.e. the request did what it asked.
-            # requires_payment_method is also a fresh, unconfirmed intent's status, so it
-            # settles nothing: such an intent stays unknown for an operator to judge.
+            # requires_payment_method is also a fresh, unconfirmed intent's status, so for
+            # a creation that confirms (confirm=true) it settles nothing: such an intent
+            # stays unknown for an operator to judge. One that only creates is settled by
+            # the object's existence (creation_only).
             succeeded=frozenset({"succeeded", "requires_capture"}),
             failed=frozenset({"canceled", "failed"}),
+            # A PaymentIntent created to be confirmed by a later step: found, it was created.
+            creation_only=stripe_creation_only,
             # Stripe documents that search results may lag writes by up to a minute.
             consistent=False,
         )
