@@ -359,6 +359,18 @@ def test_a_mutating_request_outside_any_block_is_journaled_as_a_one_shot_intent(
     }
 
 
+def test_outside_any_block_an_sdk_s_own_key_is_kept_even_when_replaced_in_blocks(
+    payonce_client: payonce.Client, make_http: MakeHttp, server: SandboxServer
+) -> None:
+    http = make_http(sdk_keys="replace")
+    # No block, no step to derive a key from: the SDK's key, which its own retry reuses,
+    # is the one-shot's, so that retry is answered from the journal, not executed again.
+    first = http.post("/v1/payment_intents", data=ORDER, headers={"Idempotency-Key": "sdk-1"})
+    retry = http.post("/v1/payment_intents", data=ORDER, headers={"Idempotency-Key": "sdk-1"})
+    assert (_info(first).key, _info(retry).replayed) == ("sdk-1", True)
+    assert server.store.executions() == {"sdk-1": 1}
+
+
 def test_a_strict_transport_refuses_a_mutating_request_outside_any_block(
     payonce_client: payonce.Client, make_http: MakeHttp, server: SandboxServer
 ) -> None:

@@ -98,7 +98,17 @@ class Transported:
     """The path under the client's base URL, with its query string."""
     options: RequestOptions
     caller_key: str | None
-    """The idempotency key the request carried, honoured as its step's key."""
+    """The idempotency key the request carried, honoured as its step's key (None: dropped
+    for the step's own, ``sdk_keys="replace"``)."""
+    carried_key: str | None
+    """The key the request carried, whatever ``sdk_keys`` says: outside any block, where
+    there is no step to derive a key from, it is the one-shot's key even when SDK keys are
+    replaced in blocks, for an SDK's own retries reuse it (a fresh one each would be worse
+    than the SDK alone)."""
+
+    def outside_any_block(self) -> Transported:
+        return attrs.evolve(self, caller_key=self.carried_key)
+
     auth: dict[str, str] | None
     """The request's own credentials: sent by this process, never journaled."""
 
@@ -157,6 +167,7 @@ class TransportRules:
             target=raw_path[len(self._base_path) :] or "/",
             options=options,
             caller_key=caller_key if self._honour_keys else None,
+            carried_key=caller_key,
             auth=auth or None,
         )
 
@@ -234,7 +245,7 @@ class SyncTransport(httpx.BaseTransport):
             else:
                 self._rules.outside(request)
                 with self._client._one_shot_intent(None, None) as op:
-                    response = op._transported(step, self._http)
+                    response = op._transported(step.outside_any_block(), self._http)
         except ProviderError as refusal:
             response = refusal.response  # settled: the SDK reads the provider's own words
         return delivered(response)
@@ -283,7 +294,7 @@ class AsyncTransport(httpx.AsyncBaseTransport):
             else:
                 self._rules.outside(request)
                 async with self._client._one_shot_intent(None, None) as op:
-                    response = await op._transported(step, self._http)
+                    response = await op._transported(step.outside_any_block(), self._http)
         except ProviderError as refusal:
             response = refusal.response
         return delivered(response)
