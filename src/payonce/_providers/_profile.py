@@ -28,6 +28,10 @@ def _value_as_is(value: str) -> str:
     return value
 
 
+def _asks_more(method: str, path: str, body: bytes) -> bool:
+    return False
+
+
 @attrs.frozen
 class Lookup:
     """How to ask the provider whether it executed an intent (used by reconciliation).
@@ -47,6 +51,12 @@ class Lookup:
     format_value: Callable[[str], str] = _value_as_is
     """Turns the key or reference into the query value, e.g. a search expression such as
     Stripe's ``metadata['payonce_idempotency_key']:'KEY'``."""
+    creation_only: Callable[[str, str, bytes], bool] = _asks_more
+    """Whether a request (method, path the provider sees, journaled body) only creates the
+    object the look-up finds: then a record found in any status settles it as succeeded (it
+    did all it asked), where other requests wait for a status in ``succeeded`` or
+    ``failed``. None by default; Stripe's: a creation without ``confirm=true`` (a
+    PaymentIntent created to be confirmed by a later step)."""
     consistent: bool = True
     """Whether the look-up sees a payment as soon as it is executed. One that lags (Stripe's
     Search API) cannot tell "not executed" from "not indexed yet", so it is no ground for
@@ -85,6 +95,10 @@ def _body_as_is(body: bytes, content_type: str | None, key: str) -> bytes:
 
 def _any_request(method: str, path: str, content_type: str | None) -> str | None:
     return None
+
+
+def _every_request(method: str, path: str) -> bool:
+    return True
 
 
 @attrs.frozen
@@ -158,6 +172,11 @@ class ProviderProfile:
     """Derive the bytes sent from the journaled body, content type and key, e.g. to tag the
     key into the object's metadata for reconciliation. Must be deterministic: every
     attempt sends the same bytes. The fingerprint covers the journaled body only."""
+    prepares: Callable[[str, str], bool] = _every_request
+    """Which requests ``prepare_body`` applies to (method, and the path the provider sees,
+    with the base URL's own path); every one by default. Stripe's tags creations only:
+    Stripe refuses metadata on a confirm or a capture, and an update's would overwrite the
+    key its creation was tagged with."""
 
     @property
     def verifies(self) -> bool:
@@ -222,6 +241,14 @@ def key_lifetime_of(provider: str) -> float:
     if (profile := _REGISTRY.get(provider)) is not None:
         return profile.key_lifetime
     return max([UNREGISTERED_KEY_LIFETIME, *(p.key_lifetime for p in _REGISTRY.values())])
+
+
+def key_max_length_of(provider: str) -> int:
+    """The longest key the provider named ``provider`` takes, as far as this process knows
+    (a step's key is derived to fit it); for a name it does not know, the default 255."""
+    if (profile := _REGISTRY.get(provider)) is not None:
+        return profile.key_max_length
+    return ProviderProfile(name=provider).key_max_length
 
 
 def get_profile(provider: str | ProviderProfile) -> ProviderProfile:
