@@ -80,7 +80,9 @@ def _to_httpx(request: requests.PreparedRequest, timeout: RequestsTimeout) -> ht
     return httpx.Request(
         request.method,
         request.url,
-        headers=list(request.headers.items()),
+        # Whitespace around a value is not part of it (RFC 9110, 5.5), and h11 refuses to
+        # send it; requests sends what it is given (Mollie's client info ends in a space).
+        headers=[(name, value.strip()) for name, value in request.headers.items()],
         content=_body_bytes(request.body),
         extensions={"timeout": _timeouts(timeout)},
     )
