@@ -190,6 +190,21 @@ def adyen_server(shared_sandboxes: SharedSandboxes) -> SandboxServer:
     return sandbox_like(shared_sandboxes, "adyen")
 
 
+@pytest.fixture
+def adyen_through(
+    adyen_server: SandboxServer, closing: contextlib.ExitStack
+) -> Callable[[Any], Adyen.Adyen]:
+    """Adyen's library plugged into a stand-in's transport; its client closed at the end."""
+
+    def make(source: Any) -> Adyen.Adyen:
+        adyen = adyen_sdk(adyen_server)
+        adyen_integration.use_transport(adyen, source)
+        closing.callback(adyen.client.http_client.close)
+        return adyen
+
+    return make
+
+
 def adyen_sdk(server: SandboxServer) -> Adyen.Adyen:
     adyen = Adyen.Adyen(xapikey=DEFAULT_API_KEY, platform="test")
     # Adyen's services hold their base URL (https://checkout-test.adyen.com/v72).
@@ -208,9 +223,10 @@ def adyen_payment(order: str, value: int = 1000) -> dict[str, Any]:
     }
 
 
-def test_adyen_through_the_integration_pays_and_captures(adyen_server: SandboxServer) -> None:
-    adyen = adyen_sdk(adyen_server)
-    adyen_integration.use_transport(adyen, PassThrough())
+def test_adyen_through_the_integration_pays_and_captures(
+    adyen_server: SandboxServer, adyen_through: Callable[[Any], Adyen.Adyen]
+) -> None:
+    adyen = adyen_through(PassThrough())
     api = adyen.checkout.payments_api
     paid = api.payments(adyen_payment("order-1"), idempotency_key="k-adyen-1")
     assert paid.message["resultCode"] == "Authorised"
@@ -231,9 +247,8 @@ def test_adyen_through_the_integration_pays_and_captures(adyen_server: SandboxSe
     assert refused.message["resultCode"] == "Refused"
 
 
-def test_adyen_gets_its_own_errors(adyen_server: SandboxServer) -> None:
-    adyen = adyen_sdk(adyen_server)
-    adyen_integration.use_transport(adyen, RefusingClient())
+def test_adyen_gets_its_own_errors(adyen_through: Callable[[Any], Adyen.Adyen]) -> None:
+    adyen = adyen_through(RefusingClient())
     with pytest.raises(Adyen.AdyenAPICommunicationError) as caught:
         adyen.checkout.payments_api.payments(adyen_payment("order-9"), idempotency_key="k")
     assert "'k-unknown'" in str(caught.value.message)
@@ -269,6 +284,20 @@ def mollie_sdk(server: SandboxServer) -> mollie.api.client.Client:
     return client
 
 
+@pytest.fixture
+def mollie_through(
+    mollie_server: SandboxServer, closing: contextlib.ExitStack
+) -> Callable[[Any], mollie.api.client.Client]:
+    """mollie-api-python plugged into a stand-in's transport; its session closed at the end."""
+
+    def make(source: Any) -> mollie.api.client.Client:
+        sdk = mollie_sdk(mollie_server)
+        closing.enter_context(mollie_integration.use_transport(sdk, source))
+        return sdk
+
+    return make
+
+
 MOLLIE_PAYMENT = {
     "amount": {"currency": "EUR", "value": "10.00"},
     "description": "order-1",
@@ -278,11 +307,10 @@ MOLLIE_PAYMENT = {
 
 
 def test_mollie_through_the_integration_creates_and_reads_a_payment(
-    mollie_server: SandboxServer,
+    mollie_server: SandboxServer, mollie_through: Callable[[Any], mollie.api.client.Client]
 ) -> None:
-    sdk = mollie_sdk(mollie_server)
     source = PassThrough()
-    mollie_integration.use_transport(sdk, source)
+    sdk = mollie_through(source)
     created = sdk.payments.create(MOLLIE_PAYMENT)
     assert (created.status, created.amount) == ("paid", {"value": "10.00", "currency": "EUR"})
     assert sdk.payments.get(created.id).id == created.id
@@ -290,9 +318,20 @@ def test_mollie_through_the_integration_creates_and_reads_a_payment(
     assert len(mollie_server.store.payments()) == 1
 
 
-def test_mollie_gets_its_own_error(mollie_server: SandboxServer) -> None:
-    sdk = mollie_sdk(mollie_server)
-    mollie_integration.use_transport(sdk, RefusingClient())
+def test_mollie_reads_the_sandbox_s_refusal_as_its_own(
+    mollie_server: SandboxServer, mollie_through: Callable[[Any], mollie.api.client.Client]
+) -> None:
+    sdk = mollie_through(PassThrough())
+    with pytest.raises(mollie.api.error.UnprocessableEntityError) as refused:
+        sdk.payments.create({**MOLLIE_PAYMENT, "amount": {"currency": "EUR", "value": "ten"}})
+    assert "amount.value" in str(refused.value)
+    assert mollie_server.store.total_executions() == 0
+
+
+def test_mollie_gets_its_own_error(
+    mollie_through: Callable[[Any], mollie.api.client.Client],
+) -> None:
+    sdk = mollie_through(RefusingClient())
     with pytest.raises(mollie.api.error.RequestError, match="'k-unknown'"):
         sdk.payments.create(MOLLIE_PAYMENT)
 
@@ -364,10 +403,10 @@ def test_square_keeps_its_idempotency_semantics(
 
 
 def test_square_gets_its_own_error(square_server: SandboxServer) -> None:
-    http = square_integration.httpx_client(RefusingClient())
-    square = Square(token=DEFAULT_API_KEY, base_url=square_server.url, httpx_client=http)
-    with pytest.raises(SquareApiError) as caught:
-        square_pay(square, "k-sq-3")
+    with square_integration.httpx_client(RefusingClient()) as http:
+        square = Square(token=DEFAULT_API_KEY, base_url=square_server.url, httpx_client=http)
+        with pytest.raises(SquareApiError) as caught:
+            square_pay(square, "k-sq-3")
     assert caught.value.errors[0].code == "PAYONCE_OUTCOME_UNKNOWN"
     assert "'k-unknown'" in str(caught.value.errors[0].detail)
 
