@@ -456,3 +456,27 @@ def test_an_integration_without_its_sdk_names_the_extra_to_install(
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
     )
     assert f"pip install 'payonce[{extra}]'" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("extra", "brings"),
+    [
+        ("stripe", {"stripe"}),
+        ("adyen", {"adyen"}),
+        ("mollie", {"mollie-api-python", "requests"}),
+        ("square", {"squareup"}),
+        ("requests", {"requests"}),
+    ],
+)
+def test_each_integration_s_extra_installs_only_its_sdk(extra: str, brings: set[str]) -> None:
+    from importlib.metadata import requires
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    asked = {
+        canonicalize_name(requirement.name)
+        for requirement in map(Requirement, requires("payonce") or [])
+        if requirement.marker is not None and requirement.marker.evaluate({"extra": extra})
+    }
+    assert asked == brings

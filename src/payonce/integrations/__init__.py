@@ -16,3 +16,6 @@ errors raised as the exceptions that SDK's callers already catch:
 
 Importing a module whose SDK is not installed raises ``ImportError`` naming the extra.
 """
+
+# The integrations are its modules, each imported on its own (each needs its SDK).
+__all__: list[str] = []
