@@ -402,6 +402,16 @@ def test_square_keeps_its_idempotency_semantics(
     assert square_server.store.execution_count("k-sq-2") == 1
 
 
+def test_square_and_adyen_keep_the_caller_s_keys_unless_told_to_replace_them() -> None:
+    source = PassThrough()
+    square_integration.httpx_client(source).close()
+    square_integration.httpx_client(source, sdk_keys="replace").close()
+    adyen = Adyen.Adyen(xapikey=DEFAULT_API_KEY)
+    adyen_integration.use_transport(adyen, source, sdk_keys="replace")
+    adyen.client.http_client.close()
+    assert source.asked == [{}, {"sdk_keys": "replace"}, {"sdk_keys": "replace"}]
+
+
 def test_square_gets_its_own_error(square_server: SandboxServer) -> None:
     with square_integration.httpx_client(RefusingClient()) as http:
         square = Square(token=DEFAULT_API_KEY, base_url=square_server.url, httpx_client=http)

@@ -56,16 +56,26 @@ class TransportHTTPClient:
         self._http.close()
 
 
-def use_transport(adyen: Any, client: TransportSource, *, timeout: float | None = None) -> None:
+def use_transport(
+    adyen: Any,
+    client: TransportSource,
+    *,
+    timeout: float | None = None,
+    sdk_keys: str | None = None,
+) -> None:
     """Send every call of ``adyen`` (an ``Adyen.Adyen`` or its ``AdyenClient``) through
-    ``client.transport()``. The keys Adyen's callers give (``idempotency_key=``) are kept."""
+    ``client.transport()``.
+
+    The keys Adyen's callers give (``idempotency_key=``) are kept unless
+    ``sdk_keys="replace"``: pass it when your code makes a ``uuid4()`` per call, which a
+    process run again would not make the same."""
     adyen_client = getattr(adyen, "client", adyen)
     # AdyenClient builds its HTTP client lazily, unless told it has one (http_init).
     user_agent = f"{adyen_client.USER_AGENT_SUFFIX}{adyen_client.LIB_VERSION}"
     if adyen_client.application_name:
         user_agent = f"{adyen_client.application_name} {user_agent}"
     adyen_client.http_client = TransportHTTPClient(
-        sync_transport(client),
+        sync_transport(client, **({} if sdk_keys is None else {"sdk_keys": sdk_keys})),
         user_agent=user_agent,
         timeout=timeout or adyen_client.http_timeout,
     )

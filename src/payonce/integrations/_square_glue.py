@@ -57,14 +57,29 @@ class _AsyncTranslating(httpx.AsyncBaseTransport):
         await self.inner.aclose()
 
 
-def httpx_client(client: TransportSource, **options: Any) -> httpx.Client:
+def _transport_options(sdk_keys: str | None) -> dict[str, Any]:
+    return {} if sdk_keys is None else {"sdk_keys": sdk_keys}
+
+
+def httpx_client(
+    client: TransportSource, *, sdk_keys: str | None = None, **options: Any
+) -> httpx.Client:
     """An ``httpx.Client`` for ``Square(httpx_client=...)`` that sends through
-    ``client.transport()``; ``options`` go to ``httpx.Client`` (``timeout=``...)."""
+    ``client.transport()``; ``options`` go to ``httpx.Client`` (``timeout=``...).
+
+    The key a caller puts in the body is kept unless ``sdk_keys="replace"``: pass it when
+    your code makes a ``uuid4()`` per call (Square's examples do), which a process run
+    again would not make the same; keep the default if you use your keys afterwards
+    (``payments.cancel_by_idempotency_key``)."""
     options.setdefault("timeout", 60.0)  # Square's own default
-    return httpx.Client(transport=_Translating(sync_transport(client)), **options)
+    transport = sync_transport(client, **_transport_options(sdk_keys))
+    return httpx.Client(transport=_Translating(transport), **options)
 
 
-def async_httpx_client(client: TransportSource, **options: Any) -> httpx.AsyncClient:
+def async_httpx_client(
+    client: TransportSource, *, sdk_keys: str | None = None, **options: Any
+) -> httpx.AsyncClient:
     """The same for ``AsyncSquare(httpx_client=...)`` over an ``AsyncClient``."""
     options.setdefault("timeout", 60.0)
-    return httpx.AsyncClient(transport=_AsyncTranslating(async_transport(client)), **options)
+    transport = async_transport(client, **_transport_options(sdk_keys))
+    return httpx.AsyncClient(transport=_AsyncTranslating(transport), **options)
