@@ -490,3 +490,35 @@ def test_each_integration_s_extra_installs_only_its_sdk(extra: str, brings: set[
         if requirement.marker is not None and requirement.marker.evaluate({"extra": extra})
     }
     assert asked == brings
+
+
+CHECKOUT_SCRIPT = """
+import sys
+import stripe
+
+client = stripe.StripeClient(sys.argv[2], base_addresses={"api": sys.argv[1]})
+order = sys.argv[3]
+try:
+    intent = client.v1.payment_intents.create(
+        params={"amount": 2000, "currency": "eur", "metadata": {"order": order}}
+    )
+    client.v1.payment_intents.confirm(intent.id, params={"payment_method": "pm_card_visa"})
+except stripe.APIConnectionError:
+    sys.exit(3)  # the shop's process gives up; its job runner runs it again
+"""
+
+
+@pytest.mark.slow
+def test_baseline_a_stripe_python_checkout_run_again_as_a_new_process_pays_twice(
+    stripe_server: SandboxServer,
+) -> None:
+    def run() -> int:
+        command = [sys.executable, "-c", CHECKOUT_SCRIPT, stripe_server.url, DEFAULT_API_KEY]
+        return subprocess.run([*command, "order-7"], check=False, timeout=60).returncode
+
+    stripe_server.script(["drop_after"])
+    assert run() == 3
+    assert run() == 0
+    intents = stripe_server.store.payment_intents()
+    assert [intent["metadata"]["order"] for intent in intents] == ["order-7", "order-7"]
+    assert [intent["status"] for intent in intents] == ["requires_payment_method", "succeeded"]
