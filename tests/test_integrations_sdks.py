@@ -26,7 +26,7 @@ import mollie.api.error
 import pytest
 import requests
 import stripe
-from square import Square
+from square import AsyncSquare, Square
 from square.core.api_error import ApiError as SquareApiError
 
 import payonce
@@ -67,6 +67,16 @@ class Refusing(httpx.BaseTransport):
 class RefusingClient:
     def transport(self, **options: Any) -> httpx.BaseTransport:
         return Refusing()
+
+
+class AsyncRefusing(httpx.AsyncBaseTransport):
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return Refusing().handle_request(request)
+
+
+class AsyncRefusingClient:
+    def transport(self, **options: Any) -> httpx.AsyncBaseTransport:
+        return AsyncRefusing()
 
 
 def sandbox_like(shared: SharedSandboxes, provider: str) -> SandboxServer:
@@ -165,6 +175,24 @@ def test_an_unknown_outcome_is_a_stripe_connection_error_that_must_not_be_retrie
     assert "'k-unknown'" in str(caught.value)
     assert "'order-9'" in str(caught.value)
     assert isinstance(caught.value.payonce_error, payonce.OutcomeUnknown)  # type: ignore[attr-defined]
+
+
+def test_an_unknown_outcome_in_async_code_is_the_same_stripe_error(
+    stripe_server: SandboxServer, stripe_client: Callable[..., stripe.StripeClient]
+) -> None:
+    http = stripe_integration.HTTPClient(AsyncRefusingClient())
+    client = stripe_client(stripe_server, http_client=http)
+
+    async def create() -> None:
+        try:
+            await client.v1.payment_intents.create_async(params={"amount": 9, "currency": "eur"})
+        finally:
+            await http.close_async()
+
+    with pytest.raises(stripe.APIConnectionError) as caught:
+        asyncio.run(create())
+    assert caught.value.should_retry is False
+    assert "'k-unknown'" in str(caught.value)
 
 
 def test_baseline_stripe_python_alone_pays_twice_when_an_answer_is_lost_and_it_runs_again(
@@ -388,6 +416,23 @@ def test_square_through_the_integration_pays_completes_and_reads(
     assert completed.status == "COMPLETED"
     assert square.payments.get(approved.id).payment.status == "COMPLETED"
     assert [p.id for p in square.payments.list()] == [approved.id]
+
+
+def test_async_square_through_the_integration(square_server: SandboxServer) -> None:
+    async def pay() -> Any:
+        async with square_integration.async_httpx_client(PassThrough(asynchronous=True)) as http:
+            square = AsyncSquare(
+                token=DEFAULT_API_KEY, base_url=square_server.url, httpx_client=http
+            )
+            return await square.payments.create(
+                idempotency_key="k-async",
+                source_id="cnon:card-nonce-ok",
+                amount_money={"amount": 700, "currency": "USD"},
+                request_options=NO_SDK_RETRIES,
+            )
+
+    assert asyncio.run(pay()).payment.status == "COMPLETED"
+    assert square_server.store.execution_count("k-async") == 1
 
 
 def test_square_keeps_its_idempotency_semantics(
