@@ -35,8 +35,7 @@ from payonce.integrations import adyen as adyen_integration
 from payonce.integrations import mollie as mollie_integration
 from payonce.integrations import square as square_integration
 from payonce.integrations import stripe as stripe_integration
-from payonce.sandbox import DEFAULT_API_KEY, SandboxConfig, SandboxServer
-from payonce.sandbox._config import MOLLIE_TEST_API_KEY
+from payonce.sandbox import DEFAULT_API_KEY, MOLLIE_TEST_API_KEY, SandboxConfig, SandboxServer
 
 
 class PassThrough:
