@@ -22,6 +22,7 @@ PUBLIC_MODULES = {
     "demo",
     "errors",
     "hooks",
+    "integrations",
     "journal",
     "otel",
     "providers",

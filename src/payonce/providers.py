@@ -7,10 +7,18 @@ A profile of your own is a ``ProviderProfile``; its ``refine`` hook may return a
 from ._lifecycle import Outcome, Verdict
 from ._providers._adyen import adyen_profile, adyen_reference_lookup
 from ._providers._mollie import mollie_profile
-from ._providers._profile import Lookup, ProviderProfile, get_profile, register_profile
+from ._providers._profile import (
+    BodyKeyField,
+    Lookup,
+    ProviderProfile,
+    get_profile,
+    register_profile,
+)
+from ._providers._square import square_profile
 from ._providers._stripe import stripe_profile
 
 __all__ = [
+    "BodyKeyField",
     "Lookup",
     "Outcome",
     "ProviderProfile",
@@ -20,5 +28,6 @@ __all__ = [
     "get_profile",
     "mollie_profile",
     "register_profile",
+    "square_profile",
     "stripe_profile",
 ]

@@ -9,12 +9,13 @@ from typing import Any, Literal
 import attrs
 import httpx
 
-from .._lifecycle import FormEncoder, Verdict, form_pairs
+from .._lifecycle import CanonicalRequest, FormEncoder, Verdict, form_pairs
 from ..errors import ConfigurationError
 
 __all__ = [
     "GENERIC",
     "SANDBOX",
+    "BodyKeyField",
     "Lookup",
     "ProviderProfile",
     "get_profile",
@@ -101,6 +102,42 @@ def _every_request(method: str, path: str) -> bool:
     return True
 
 
+def _is_json(content_type: str | None) -> bool:
+    media_type = (content_type or "").split(";")[0].strip().lower()
+    return media_type == "application/json" or media_type.endswith("+json")
+
+
+def _json_body_object(body: bytes, content_type: str | None) -> dict[str, Any] | None:
+    if not body or not _is_json(content_type):
+        return None
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _encode_json(data: dict[str, Any]) -> bytes:
+    # payonce's canonical JSON: the same object always gives the same bytes.
+    return json.dumps(
+        data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode()
+
+
+@attrs.frozen
+class BodyKeyField:
+    """``prepare_body`` for a provider whose key travels in the JSON body (Square's
+    ``idempotency_key``): the intent's key goes into ``field`` where the request has it."""
+
+    field: str
+
+    def __call__(self, body: bytes, content_type: str | None, key: str) -> bytes:
+        data = _json_body_object(body, content_type)
+        if data is None or self.field not in data:
+            return body  # a request that takes no key (Square's complete, cancel...)
+        return _encode_json({**data, self.field: key})
+
+
 @attrs.frozen
 class ProviderProfile:
     """What payonce needs to know about one provider's idempotency contract.
@@ -115,6 +152,13 @@ class ProviderProfile:
 
     name: str
     key_header: str = "Idempotency-Key"
+    key_field: str | None = None
+    """The top-level field of a JSON body that carries the key instead of ``key_header``
+    (Square's ``idempotency_key``); None: the key travels in ``key_header``. A request whose
+    body has the field is journaled with it emptied, so the fingerprint does not cover it;
+    a value the caller put there is the intent's key; every attempt is sent with the
+    intent's key in it (``BodyKeyField`` as ``prepare_body``). A request without the
+    field is sent as it is, with no key."""
     key_max_length: int = 255
     quote_key: bool = False
     """Send the key as an RFC 8941 string (``"key"``), as the IETF draft says."""
@@ -184,6 +228,25 @@ class ProviderProfile:
         if self.resend is not None:
             return self.resend == "verify" and self.lookup is not None
         return self.lookup is not None and self.lookup.consistent
+
+    def without_body_key(self, canonical: CanonicalRequest) -> tuple[CanonicalRequest, str | None]:
+        """The request with its body's key field emptied, and the key it held (None when
+        it has no such field, or an empty one). Unchanged for a profile whose key travels
+        in a header."""
+        if self.key_field is None:
+            return canonical, None
+        data = _json_body_object(canonical.body, canonical.content_type)
+        if data is None or self.key_field not in data:
+            return canonical, None
+        found = data[self.key_field]
+        if found is not None and not isinstance(found, str):
+            raise ConfigurationError(
+                f"the body's {self.key_field!r} holds {type(found).__name__}, not a string: "
+                f"{self.name}'s idempotency key is a string (or give key= and leave it out)"
+            )
+        body = _encode_json({**data, self.key_field: ""})
+        emptied = attrs.evolve(canonical, body=body, canonical_body=body)
+        return emptied, found or None
 
     def key_header_value(self, key: str) -> str:
         return f'"{key}"' if self.quote_key else key

@@ -221,7 +221,8 @@ class IntentCore:
         record = run.record
         headers = dict(record.request_headers)
         content_type = headers.get("content-type")
-        headers[self.profile.key_header] = self.profile.key_header_value(record.key)
+        if self.profile.key_field is None:  # else prepare_body puts it in the body
+            headers[self.profile.key_header] = self.profile.key_header_value(record.key)
         headers.update(self._auth_headers if auth is None else auth)
         if self.hooks:
             self.tell.attempt_started(run)
