@@ -56,6 +56,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 logger = logging.getLogger("payonce")
 
@@ -198,7 +199,14 @@ class Engine(abc.ABC):
     # -- what a backend provides ------------------------------------------------------------
 
     @abc.abstractmethod
-    def _commit(self, work: Callable[[Tx], T], *, durable: bool, busy: Unwritten) -> T:
+    def _commit(
+        self,
+        work: Callable[[Tx], T],
+        *,
+        durable: bool,
+        busy: Unwritten,
+        recover: Callable[[Tx], T | None] | None = None,
+    ) -> T:
         """Run ``work`` in one read-then-write transaction and commit it (see ``write``)."""
 
     @abc.abstractmethod
@@ -222,12 +230,25 @@ class Engine(abc.ABC):
 
     # -- the transaction runners ----------------------------------------------------------
 
-    def write(self, work: Callable[[Tx], T], *, durable: bool, busy: Unwritten) -> T:
+    def write(
+        self,
+        work: Callable[[Tx], T],
+        *,
+        durable: bool,
+        busy: Unwritten,
+        recover: Callable[[Tx], T | None] | None = None,
+    ) -> T:
         """Run ``work`` in one read-then-write transaction and commit it.
 
         ``durable`` commits survive an operating-system crash before this returns; the
         others survive a crash of the process. ``busy`` ends the message of the
         ``JournalBusy`` raised when the journal stayed locked past the busy timeout.
+
+        ``recover`` is for a commit whose outcome a backend cannot know (PostgreSQL: the
+        connection lost during ``COMMIT``, a failover): in a new transaction on a new
+        connection, it returns what ``work`` returned if ``work`` was committed, or None if
+        it was not, and then ``work`` runs again in that transaction. A write without one
+        raises ``JournalError`` saying its outcome is unknown.
 
         The acknowledgements waiting in memory go first in the same transaction, so
         ``work`` reads them; if it does not commit, they wait again.
@@ -237,12 +258,15 @@ class Engine(abc.ABC):
         taken = acks.take() if acks is not None else None
         if taken is not None:
             work = _acknowledging(taken, work)
+            if recover is not None:
+                recover = _acknowledging(taken, recover)
         try:
             if self._commit_watchers:
                 return self._timed_write(
-                    lambda: self._commit(work, durable=durable, busy=busy), durable
+                    lambda: self._commit(work, durable=durable, busy=busy, recover=recover),
+                    durable,
                 )
-            return self._commit(work, durable=durable, busy=busy)
+            return self._commit(work, durable=durable, busy=busy, recover=recover)
         except BaseException:
             if acks is not None and taken is not None:
                 acks.restore(taken)
@@ -383,8 +407,8 @@ def _nothing(tx: Tx) -> None:
     """The work of a transaction that only carries acknowledgements."""
 
 
-def _acknowledging(acknowledged: dict[str, float], work: Callable[[Tx], T]) -> Callable[[Tx], T]:
-    def both(tx: Tx) -> T:
+def _acknowledging(acknowledged: dict[str, float], work: Callable[[Tx], R]) -> Callable[[Tx], R]:
+    def both(tx: Tx) -> R:
         acknowledge_all(tx, acknowledged)
         return work(tx)
 

@@ -24,6 +24,9 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
+import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -51,9 +54,13 @@ logger = logging.getLogger("payonce")
 _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 # The advisory-lock class of payonce's migrations ("pyon"); the second key is the schema.
 _MIGRATION_LOCK = 0x70796F6E
-# Transactions that found their connection dead before committing are rolled back by the
-# server, so they are run again on a fresh connection, as are deadlock victims.
+# Deadlock victims and serialisation failures were rolled back: run again, a few times.
 _ROUNDS = 3
+# A transaction that found its connection dead before committing was rolled back by the
+# server: it runs again on a fresh connection, as often as ``failover_timeout`` allows, with
+# these pauses between tries while no primary answers (a failover takes seconds).
+_RECONNECT_PAUSES = (0.05, 0.1, 0.2, 0.5, 1.0)
+_POOL_NAME = "payonce-journal"
 _BUSY = (pg_errors.LockNotAvailable, pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
 _RETRYABLE = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
 
@@ -73,9 +80,17 @@ class PostgresEngine(Engine):
         connect_timeout: float = 10.0,
         check_integrity: bool = True,
         read_only: bool = False,
+        failover_timeout: float = 30.0,
     ) -> None:
         self.read_only = read_only
         target = Target(url)
+        if not read_only:
+            target.refuse_standbys()
+        if failover_timeout < 0:
+            raise ConfigurationError("failover_timeout must be 0 or more seconds")
+        self._failover_timeout = failover_timeout
+        _route_driver_logs()
+        _TARGETS.add(target)
         self._target = target
         self._schema = schema if schema is not None else target.schema
         if self._schema is not None and not _SCHEMA_NAME.fullmatch(self._schema):
@@ -114,7 +129,7 @@ class PostgresEngine(Engine):
             open=False,
             configure=self._configure,
             timeout=self._busy_timeout,
-            name="payonce-journal",
+            name=_POOL_NAME,
         )
 
     def _in_this_process(self) -> None:
@@ -189,6 +204,7 @@ class PostgresEngine(Engine):
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
         """Session settings of every connection, in one round trip."""
+        conn.add_notice_handler(self._notice)
         ms = f"{round(self._busy_timeout * 1000)}ms"
         safety = f"{round(self._safety_timeout * 1000)}ms"
         row = conn.execute(
@@ -223,9 +239,21 @@ class PostgresEngine(Engine):
 
     # -- transactions ----------------------------------------------------------------------
 
-    def _commit(self, work: Callable[[Tx], T], *, durable: bool, busy: Unwritten) -> T:
+    def _commit(
+        self,
+        work: Callable[[Tx], T],
+        *,
+        durable: bool,
+        busy: Unwritten,
+        recover: Callable[[Tx], T | None] | None = None,
+    ) -> T:
         begin = "BEGIN" if durable else "BEGIN; SET LOCAL synchronous_commit = off"
-        return self._transact(work, begin=begin, busy=busy)
+        try:
+            return self._transact(work, begin=begin, busy=busy)
+        except _CommitUnknown as unknown:
+            if recover is None:
+                raise self._commit_unknown(unknown, busy) from None
+            return self._recover(work, recover, unknown, begin=begin, durable=durable, busy=busy)
 
     def _query(self, work: Callable[[Tx], T], *, snapshot: bool) -> T:
         # A full check may scan every row: no statement timeout for it.
@@ -236,37 +264,115 @@ class PostgresEngine(Engine):
         )
         return self._transact(work, begin=begin, busy=NO_SEND)
 
-    def _transact(self, work: Callable[[Tx], T], *, begin: str | None, busy: Unwritten) -> T:
+    def _transact(
+        self,
+        work: Callable[[Tx], T],
+        *,
+        begin: str | None,
+        busy: Unwritten,
+        reconnecting: _Reconnection | None = None,
+    ) -> T:
+        """Run ``work`` in a transaction; raises ``_CommitUnknown`` when the connection was
+        lost during its ``COMMIT``. A connection lost before it is replaced, and the work
+        run again, until the reconnection's deadline."""
         self._in_this_process()
-        for round_ in range(1, _ROUNDS + 1):
+        retried = 0
+        while True:
+            pool = self._pool
             try:
-                conn = self._pool.getconn()
+                with _driver_logs_routed():
+                    conn = pool.getconn(reconnecting.left() if reconnecting else None)
             except PoolClosed:
                 raise self.error("this journal was closed; open it again to use it") from None
             except PoolTimeout:
-                raise self.error(
-                    f"no connection to the journal database became free within "
-                    f"{self._busy_timeout:g}s (all in use, or the database is unreachable)",
-                    busy=True,
-                    then=busy,
-                ) from None
+                if reconnecting is not None and reconnecting.wait():
+                    continue
+                raise self._no_connection(reconnecting, busy) from None
             try:
-                return self._run(conn, work, begin=begin, busy=busy)
+                with _driver_logs_routed():
+                    result = self._run(conn, work, begin=begin, busy=busy)
             except DamagedRow as exc:
                 raise self.error(
                     f"the journal cannot be read ({exc}); it is damaged: restore it from a "
                     "backup, or repair that row",
                     then=busy,
                 ) from None
+            except _CommitUnknown:
+                raise
             except psycopg.Error as exc:
-                lost = isinstance(exc, psycopg.OperationalError) and conn.broken
-                if round_ < _ROUNDS and (lost or isinstance(exc, _RETRYABLE)):
+                if isinstance(exc, psycopg.OperationalError) and conn.broken:
+                    if reconnecting is None:
+                        reconnecting = self._reconnection(exc)
+                    else:
+                        reconnecting.cause = exc
+                    with _driver_logs_routed():
+                        pool.check()  # the other idle connections died with it: replace them
+                    if reconnecting.wait():
+                        continue
+                    raise self._lost(reconnecting, busy) from None
+                if isinstance(exc, _RETRYABLE) and retried < _ROUNDS - 1:
+                    retried += 1
                     logger.debug("journal transaction retried: %s", self._describe(exc))
                     continue
                 raise self.translate(exc, busy) from None
             finally:
-                self._pool.putconn(conn)
-        raise AssertionError("unreachable: the last round returns or raises")
+                with _driver_logs_routed():
+                    pool.putconn(conn)
+            if reconnecting is not None:
+                reconnecting.over()
+            return result
+
+    def _recover(
+        self,
+        work: Callable[[Tx], T],
+        recover: Callable[[Tx], T | None],
+        unknown: _CommitUnknown,
+        *,
+        begin: str,
+        durable: bool,
+        busy: Unwritten,
+    ) -> T:
+        """Learn whether a write whose ``COMMIT`` lost its connection was committed, on a
+        new connection (to the new primary, after a failover): ``recover`` finds it, or
+        ``work`` runs again in the same transaction.
+
+        A durable write's recovery takes a transaction id, so its own commit writes a
+        commit record and waits for the server's durability (the WAL flushed, synchronous
+        standbys answered): what it found was committed before it, in the same WAL, and is
+        now at least as durable as a commit that had answered. Nothing is sent before it
+        returns."""
+
+        def confirm(tx: Tx) -> T:
+            if durable:
+                tx.one("SELECT pg_current_xact_id()")
+            found = recover(tx)
+            return work(tx) if found is None else found
+
+        reconnecting = self._reconnection(unknown.cause)
+        while True:
+            try:
+                result = self._transact(confirm, begin=begin, busy=busy, reconnecting=reconnecting)
+            except _CommitUnknown as again:  # lost once more: ask again, while time remains
+                reconnecting.cause = again.cause
+                if reconnecting.wait():
+                    continue
+                raise self._commit_unknown(again, busy, reconnecting) from None
+            logger.info(
+                "journal %s: a write whose commit lost its connection was checked on a new "
+                "connection after %.2fs; carrying on",
+                self.location,
+                reconnecting.elapsed(),
+            )
+            return result
+
+    def _reconnection(self, cause: psycopg.Error) -> _Reconnection:
+        logger.info(
+            "journal %s: lost the connection to the database (%s); reconnecting, for up to %gs",
+            self.location,
+            self._describe(cause),
+            self._failover_timeout,
+        )
+        return _Reconnection(cause, self._failover_timeout, self.location)
 
     def _run(
         self,
@@ -292,12 +398,57 @@ class PostgresEngine(Engine):
             try:
                 cur.execute("COMMIT")
             except psycopg.Error as exc:
-                raise self.error(
-                    f"the journal database failed while committing "
-                    f"({self._describe(exc)}), so whether this write was recorded is unknown",
-                    then=busy,
-                ) from None
+                if conn.broken or isinstance(exc, psycopg.OperationalError):
+                    raise _CommitUnknown(exc) from None
+                raise  # refused by the server: rolled back, nothing recorded
         return result
+
+    def _commit_unknown(
+        self,
+        unknown: _CommitUnknown,
+        busy: Unwritten,
+        reconnecting: _Reconnection | None = None,
+    ) -> JournalError:
+        searched = (
+            f", and no primary answered within {self._failover_timeout:g}s to tell"
+            if reconnecting is not None
+            else ""
+        )
+        return self.error(
+            f"the journal database failed while committing ({self._describe(unknown.cause)})"
+            f"{searched}, so whether this write was recorded is unknown",
+            then=_then_resume(busy),
+        )
+
+    def _lost(self, reconnecting: _Reconnection, busy: Unwritten) -> JournalError:
+        return self.error(
+            f"lost the journal database ({self._describe(reconnecting.cause)}) and found no "
+            f"primary to reconnect to within {self._failover_timeout:g}s",
+            then=_then_resume(busy),
+        )
+
+    def _no_connection(self, reconnecting: _Reconnection | None, busy: Unwritten) -> JournalError:
+        if reconnecting is not None:
+            return self._lost(reconnecting, busy)
+        return self.error(
+            f"no connection to the journal database became free within "
+            f"{self._busy_timeout:g}s (all in use, or the database is unreachable)",
+            busy=True,
+            then=busy,
+        )
+
+    def _notice(self, diagnostic: psycopg.errors.Diagnostic) -> None:
+        """A server's notice or warning, in payonce's log rather than on stderr: a warning
+        (a commit that did not wait for its synchronous standby, say) as a warning."""
+        severity = diagnostic.severity_nonlocalized or diagnostic.severity or "NOTICE"
+        level = logging.WARNING if severity == "WARNING" else logging.DEBUG
+        logger.log(
+            level,
+            "journal %s: the database said: %s: %s",
+            self.location,
+            severity,
+            self._target.redact(diagnostic.message_primary or ""),
+        )
 
     def _describe(self, exc: BaseException) -> str:
         text = " ".join(str(exc).split()) or type(exc).__name__
@@ -328,7 +479,9 @@ class PostgresEngine(Engine):
                 "create tables in (?schema=payonce)"
             )
         if isinstance(exc, psycopg.OperationalError):
-            return self.error(f"lost the journal database ({self._describe(exc)})", then=busy)
+            return self.error(
+                f"lost the journal database ({self._describe(exc)})", then=_then_resume(busy)
+            )
         return self.error(f"journal operation failed ({self._describe(exc)})", then=busy)
 
     # -- operating --------------------------------------------------------------------------
@@ -394,6 +547,12 @@ class PostgresJournal(Journal):
     it reads while writers hold rows. A journal of an older schema is read as it is; a read
     that needs what only a newer schema has raises ``JournalError`` saying so, and so do
     writes.
+
+    ``failover_timeout`` bounds how long a write that lost its connection (a database
+    restart, a failover to a standby: give several hosts and
+    ``target_session_attrs=read-write`` in the URL) keeps looking for a primary before its
+    caller gets a ``JournalError``; a write whose ``COMMIT`` lost its connection is looked
+    for on the new primary before anything is decided. See docs/postgres.md.
     """
 
     def __init__(
@@ -406,6 +565,7 @@ class PostgresJournal(Journal):
         connect_timeout: float = 10.0,
         check_integrity: bool = True,
         read_only: bool = False,
+        failover_timeout: float = 30.0,
     ) -> None:
         super().__init__(
             PostgresEngine(
@@ -416,5 +576,101 @@ class PostgresJournal(Journal):
                 connect_timeout=connect_timeout,
                 check_integrity=check_integrity,
                 read_only=read_only,
+                failover_timeout=failover_timeout,
             )
         )
+
+
+class _CommitUnknown(Exception):
+    """The connection was lost during ``COMMIT``: the write may or may not be recorded."""
+
+    def __init__(self, cause: psycopg.Error) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class _Reconnection:
+    """One caller's search for a primary after its connection was lost: bounded in time."""
+
+    def __init__(self, cause: psycopg.Error, timeout: float, location: str) -> None:
+        self.cause = cause
+        self._began = time.monotonic()
+        self._deadline = self._began + timeout
+        self._tries = 0
+        self._location = location
+
+    def wait(self) -> bool:
+        """Pause before the next try; False once the deadline has passed."""
+        pause = _RECONNECT_PAUSES[min(self._tries, len(_RECONNECT_PAUSES) - 1)]
+        self._tries += 1
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(pause, left))
+        return True
+
+    def left(self) -> float:
+        """For a pool's wait: the time left, at least a moment."""
+        return max(0.05, self._deadline - time.monotonic())
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._began
+
+    def over(self) -> None:
+        logger.info("journal %s: reconnected after %.2fs", self._location, self.elapsed())
+
+
+def _then_resume(then: Unwritten) -> Unwritten:
+    """``then``, followed by what brings every intent caught in the gap to its end."""
+    return Unwritten(
+        f"{then.words}; once the database answers again, payonce resume (or client.resume()) "
+        "settles every intent left pending",
+        may_have_executed=then.may_have_executed,
+        retry_later=then.retry_later,
+    )
+
+
+# -- the driver's own log lines --------------------------------------------------------------
+
+_routing = threading.local()
+_TARGETS: weakref.WeakSet[Target] = weakref.WeakSet()
+"""Every open engine's URL, whose passwords no routed record may carry."""
+_routed_once = threading.Lock()
+_ROUTED: list[bool] = []
+
+
+class _PayoncePoolRecords(logging.Filter):
+    """Takes psycopg_pool's records about payonce's pools ("error connecting … session is
+    read-only", "discarding broken connection") out of its logger and into payonce's, at
+    DEBUG: reconnecting during a failover is expected, and its outcome is payonce's to
+    tell (a reconnection's duration at INFO, a caller's ``JournalError``). Without this a
+    program that configured no logging would print them on stderr. Other pools' records are
+    left alone."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        ours = record.threadName is not None and record.threadName.startswith(_POOL_NAME)
+        if not (ours or getattr(_routing, "active", False)):
+            return True
+        text = record.getMessage()
+        for target in list(_TARGETS):
+            text = target.redact(text)
+        logger.debug("journal connection pool: %s", text)
+        return False
+
+
+def _route_driver_logs() -> None:
+    with _routed_once:
+        if not _ROUTED:
+            logging.getLogger("psycopg.pool").addFilter(_PayoncePoolRecords())
+            _ROUTED.append(True)
+
+
+class _driver_logs_routed:
+    """While payonce's own thread uses its pool, the pool's records are payonce's."""
+
+    def __enter__(self) -> None:
+        self._was = getattr(_routing, "active", False)
+        _routing.active = True
+
+    def __exit__(self, *exc: object) -> None:
+        _routing.active = self._was

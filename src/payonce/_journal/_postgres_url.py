@@ -78,6 +78,39 @@ class Target:
         self._shown = f"{parts.scheme}://{shown_user}{hosts}{parts.path}"
         self._shown_query = shown
 
+    def refuse_standbys(self) -> None:
+        """Refuse a writer's URL that may connect it to a standby, where every write fails.
+
+        With several hosts (``postgresql://h1:5432,h2:5432/db``, or ``?host=h1,h2``) libpq
+        takes the first that accepts a connection, which after a failover can be the old
+        primary come back as a standby, or a standby before its promotion: only
+        ``target_session_attrs=read-write`` (or ``primary``) makes it pass over them.
+        """
+        hosts = _listed(self.parameters.get("host")) or _listed(self.parameters.get("hostaddr"))
+        count = max(1, len(hosts))
+        for name in ("port", "hostaddr"):
+            given = _listed(self.parameters.get(name))
+            if len(given) > 1 and len(given) != count:
+                raise self.invalid(
+                    f"it names {count} host(s) but {len(given)} {name} values: give one "
+                    f"{name} for all of them, or one per host, in the same order"
+                )
+        attrs = str(self.parameters.get("target_session_attrs") or "any")
+        if attrs in ("read-only", "standby", "prefer-standby"):
+            raise ConfigurationError(
+                f"the PostgreSQL journal URL asks for target_session_attrs={attrs}, a "
+                "standby, where payonce cannot write its journal: use read-write (or "
+                "primary), or open the journal with read_only=True to read it there"
+            )
+        if count > 1 and attrs not in ("read-write", "primary"):
+            raise ConfigurationError(
+                f"the PostgreSQL journal URL names {count} hosts "
+                f"({', '.join(hosts)}) without target_session_attrs=read-write: libpq "
+                "would connect to the first that answers, which after a failover can be a "
+                "standby where no write succeeds. Add ?target_session_attrs=read-write "
+                "(or primary) so that payonce always writes to the primary"
+            )
+
     def ambiguous(self) -> ConfigurationError:
         # Python and libpq would read another user or password out of it, and what is
         # shown as the location could then hold (part of) the password.
@@ -117,6 +150,11 @@ def secrets_of(url: str) -> list[str]:
     return sorted(
         {form for secret in found for form in secret_forms(secret)}, key=len, reverse=True
     )
+
+
+def _listed(value: object) -> list[str]:
+    """A libpq comma-separated list (hosts, ports), empty when it is not given."""
+    return str(value).split(",") if value else []
 
 
 def query_string(segments: list[str]) -> str:

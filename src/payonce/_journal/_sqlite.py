@@ -287,7 +287,15 @@ class SQLiteEngine(Engine):
             )
         return self.error(f"journal operation failed: {message}", then=busy)
 
-    def _commit(self, work: Callable[[Tx], T], *, durable: bool, busy: Unwritten) -> T:
+    def _commit(
+        self,
+        work: Callable[[Tx], T],
+        *,
+        durable: bool,
+        busy: Unwritten,
+        recover: Callable[[Tx], T | None] | None = None,
+    ) -> T:
+        # No recovery: a commit in this process either returns or raises having rolled back.
         self._in_this_process()
         group = self._group
         if group is not None:

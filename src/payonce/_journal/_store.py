@@ -16,6 +16,7 @@ it. Each write is applied atomically, in one transaction of the backend's.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Generic, TypeVar
 
 from .._crash import crash_point
 from .._lifecycle import (
@@ -42,8 +43,49 @@ from ._rows import intent_from_row, response_values, write_ahead_values
 
 __all__ = ["IntentStore"]
 
+T = TypeVar("T")
+
 _CLAIM_ROUNDS = 3
 _QUEUE_BATCH = 32
+
+
+class _Recoverable(Generic[T]):
+    """A write and how to tell, after a commit whose outcome is unknown (the connection
+    lost during ``COMMIT``, a failover), whether it was committed: ``recover`` is the
+    engine's (see ``Engine.write``). ``committed(tx, result)`` reads the journal for what
+    ``work`` returned; when it says no, or ``work`` never returned, ``work`` runs again.
+
+    What each write's unknown commit means (docs/postgres.md, "When the connection drops"):
+    the write-ahead and an attempt's start are looked for on the new connection and found
+    durable before anything is sent; a settle and an intent marked unknown are looked for
+    and, if lost, written again under the lease this worker still holds; lease writes are
+    idempotent and simply run again."""
+
+    __slots__ = ("_committed", "_done", "_result", "_work")
+
+    def __init__(
+        self, work: Callable[[Tx], T], committed: Callable[[Tx, T], bool] | None = None
+    ) -> None:
+        self._work = work
+        self._committed = committed
+        self._done = False
+        self._result: T | None = None
+
+    def work(self, tx: Tx) -> T:
+        result = self._work(tx)
+        self._result, self._done = result, True
+        return result
+
+    def recover(self, tx: Tx) -> T | None:
+        if self._committed is None or not self._done:
+            return None  # idempotent, or it never reached COMMIT: run it again
+        result: T = self._result  # type: ignore[assignment]  # set with _done
+        return result if self._committed(tx, result) else None
+
+
+def _idempotent(work: Callable[[Tx], T]) -> _Recoverable[T]:
+    """A write that may simply run again whether or not it was committed."""
+    return _Recoverable(work)
 
 
 class IntentStore:
@@ -151,8 +193,17 @@ class IntentStore:
                 "concurrent writers; nothing was sent. Retry later"
             )
 
+        def committed(tx: Tx, claim: Claim) -> bool:
+            if claim.kind is not ClaimKind.CREATED:
+                return False  # a lease taken or a verdict: deciding again is the same
+            found = select_intent(tx, sql.BY_KEY, (draft.key,), lock=True)
+            return found is not None and found.lease_owner == owner and found.created_at == now
+
         unwritten = rule(Transition.WRITE_AHEAD).unwritten
-        return self._keep(self._engine.write(work, durable=True, busy=unwritten))
+        write = _Recoverable(work, committed)
+        return self._keep(
+            self._engine.write(write.work, durable=True, busy=unwritten, recover=write.recover)
+        )
 
     def _claim_row(
         self,
@@ -243,13 +294,10 @@ class IntentStore:
         def find(tx: Tx, lock: bool) -> IntentRecord | None:
             return select_intent(tx, sql.BY_KEY, (key,), lock=lock)
 
-        return self._engine.write(
-            lambda tx: self._claim_row(
-                tx, find, None, owner, now, lease_seconds, unknown, is_stale
-            ),
-            durable=True,
-            busy=BEFORE_SEND,
+        write = _idempotent(
+            lambda tx: self._claim_row(tx, find, None, owner, now, lease_seconds, unknown, is_stale)
         )
+        return self._engine.write(write.work, durable=True, busy=BEFORE_SEND, recover=write.recover)
 
     def claim_next_pending(
         self,
@@ -298,14 +346,15 @@ class IntentStore:
                 last = intent_from_row(rows[-1])
                 created_at, key = last.created_at, last.key
 
-        return self._engine.write(work, durable=True, busy=BEFORE_SEND)
+        # Run again, it leases the same intent: its own lease does not keep this owner out.
+        write = _idempotent(work)
+        return self._engine.write(write.work, durable=True, busy=BEFORE_SEND, recover=write.recover)
 
     def renew_lease(self, key: str, *, owner: str, now: float, lease_seconds: float) -> bool:
-        return self._engine.write(
-            lambda tx: tx.execute(sql.RENEW_LEASE, (now + lease_seconds, key, owner)) == 1,
-            durable=False,
-            busy=AFTER_SEND,
+        write = _idempotent(
+            lambda tx: tx.execute(sql.RENEW_LEASE, (now + lease_seconds, key, owner)) == 1
         )
+        return self._engine.write(write.work, durable=False, busy=AFTER_SEND, recover=write.recover)
 
     def start_attempt(
         self,
@@ -327,8 +376,18 @@ class IntentStore:
             tx.execute(sql.ATTEMPT_STARTED, (now, now + lease_seconds, now, key))
             return number
 
+        def committed(tx: Tx, number: int) -> bool:
+            # Only the lease's holder adds attempts: the number it added is there, or not.
+            self._held_by(tx, key, owner)
+            row = tx.one(sql.LAST_ATTEMPT, (key,))
+            return row is not None and int(row[0]) == number
+
+        write = _Recoverable(work, committed)
         return self._engine.write(
-            work, durable=True, busy=rule(Transition.ATTEMPT_STARTED).unwritten
+            write.work,
+            durable=True,
+            busy=rule(Transition.ATTEMPT_STARTED).unwritten,
+            recover=write.recover,
         )
 
     @staticmethod
@@ -421,10 +480,18 @@ class IntentStore:
             crash_point("during_settle")
             return settled_record(held, state, now, acknowledged(state), response)
 
+        def committed(tx: Tx, settled: IntentRecord) -> bool:
+            # Settled while this worker held the lease: no one else could have settled it.
+            found = select_intent(tx, sql.BY_KEY, (key,), lock=True)
+            return found is not None and found.state is settled.state
+
         # What the claim created, if this journal object did and nothing wrote it since.
         kept = self._kept.take(key, owner) if self._kept is not None else None
 
-        return self._engine.write(work, durable=False, busy=rule(transition).unwritten)
+        write = _Recoverable(work, committed)
+        return self._engine.write(
+            write.work, durable=False, busy=rule(transition).unwritten, recover=write.recover
+        )
 
     def mark_unknown(
         self, key: str, *, transition: Transition, owner: str, now: float, reason: str
@@ -434,16 +501,20 @@ class IntentStore:
             tx.execute(sql.SET_STATE, (state.value, reason, now, key))
             return reread(tx, key)
 
-        return self._engine.write(work, durable=False, busy=rule(transition).unwritten)
+        def committed(tx: Tx, marked: IntentRecord) -> bool:
+            found = select_intent(tx, sql.BY_KEY, (key,), lock=True)
+            return found is not None and found.state is marked.state
+
+        write = _Recoverable(work, committed)
+        return self._engine.write(
+            write.work, durable=False, busy=rule(transition).unwritten, recover=write.recover
+        )
 
     def release(self, key: str, *, owner: str) -> None:
         if self._kept is not None:
             self._kept.forget(key)
-        self._engine.write(
-            lambda tx: tx.execute(sql.RELEASE_LEASE, (key, owner)),
-            durable=False,
-            busy=AFTER_SEND,
-        )
+        write = _idempotent(lambda tx: tx.execute(sql.RELEASE_LEASE, (key, owner)))
+        self._engine.write(write.work, durable=False, busy=AFTER_SEND, recover=write.recover)
 
     def looked_up(
         self,

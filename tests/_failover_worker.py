@@ -1,0 +1,104 @@
+"""A paying service run as a child process by the failover test: it pays order after order
+through payonce on a PostgreSQL journal given as a multi-host URL, until told to stop, and
+writes down what it saw (a JSON line each):
+
+- ``journaled``: an attempt of the order's intent was journaled and is about to be sent
+  (the ``attempt_started`` hook): its write-ahead was committed, as the caller was told;
+- ``answered``: the caller got the provider's answer;
+- ``error``: the caller got a payonce error instead (its type, words, and whether it says
+  the request may have reached the provider).
+
+Its payonce log goes to a file, as a service's does; its stderr must stay empty: nothing
+of libpq's or psycopg's may reach it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import payonce
+from payonce.sandbox import DEFAULT_API_KEY
+
+PAYMENT = {"amount": 4200, "currency": "eur"}
+
+
+class _Journaled(payonce.Hooks):
+    def __init__(self, write: Any) -> None:
+        self._write = write
+
+    def attempt_started(self, event: Any) -> None:
+        self._write({"event": "journaled", "ref": event.reference, "key": event.key})
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--journal", required=True)
+    parser.add_argument("--prefix", required=True)
+    parser.add_argument("--report", required=True)
+    parser.add_argument("--log", required=True)
+    parser.add_argument("--stop", required=True)
+    args = parser.parse_args()
+
+    handler = logging.FileHandler(args.log)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    log = logging.getLogger("payonce")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+    with Path(args.report).open("a", buffering=1) as report:
+        _pay_until_stopped(args, report)
+    return 0
+
+
+def _pay_until_stopped(args: argparse.Namespace, report: Any) -> None:
+    def write(line: dict[str, Any]) -> None:
+        report.write(json.dumps(line) + "\n")
+
+    stop = Path(args.stop)
+    with payonce.Client(
+        base_url=args.url,
+        provider="sandbox",
+        account="acct_demo",
+        api_key=DEFAULT_API_KEY,
+        journal=args.journal,
+        retry=payonce.RetryPolicy(max_attempts=3, initial_wait=0.01, max_wait=0.05),
+        timeout=5.0,
+        hooks=_Journaled(write),
+    ) as client:
+        number = 0
+        while not stop.exists():
+            reference = f"{args.prefix}-{number:05d}"
+            number += 1
+            try:
+                response = client.post("/v1/payments", json=PAYMENT, reference=reference)
+            except payonce.PayonceError as exc:
+                write(
+                    {
+                        "event": "error",
+                        "ref": reference,
+                        "type": type(exc).__name__,
+                        "message": str(exc),
+                        "may_have_executed": getattr(exc, "may_have_executed", None),
+                    }
+                )
+            else:
+                write(
+                    {
+                        "event": "answered",
+                        "ref": reference,
+                        "status": response.status_code,
+                        "key": response.json().get("idempotency_key"),
+                    }
+                )
+            time.sleep(0.05)  # a paying service, not a benchmark: the machine is shared
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,411 @@
+"""A PostgreSQL journal whose connection drops mid-intent (a server killed, a failover):
+payonce learns whether its last write was committed before deciding anything, reconnects
+within ``failover_timeout``, tells callers caught in the gap the truth, and says nothing
+of the driver's on stderr.
+
+The fast tests lose one connection on one server, at the exact moment that matters (a
+relay that loses a ``COMMIT`` before or after the server has it, ``pg_terminate_backend``
+between the write-ahead and the send). The slow test fails a real primary over to its
+synchronous standby, again and again, under payments from several processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+import statistics
+import subprocess
+import sys
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import payonce
+from helpers.cli import run_cli_process
+from helpers.payments import PAYMENT, MakeClient
+from helpers.pgproxy import PostgresRelay, relay_to
+from helpers.processes import python_env
+from payonce._journal._postgres import PostgresJournal
+from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
+from pgcluster import ReplicatedPair
+from pgserver import PostgresServer, find_bindir
+
+
+@pytest.fixture
+def relay(postgres_server: PostgresServer, closing: contextlib.ExitStack) -> PostgresRelay:
+    """Closed after the test's clients (the ``closing`` stack closes them first)."""
+    return closing.enter_context(relay_to(postgres_server.host, postgres_server.port))
+
+
+@pytest.fixture
+def relayed_url(postgres_url: str, relay: PostgresRelay) -> str:
+    """The test's database, reached through the relay."""
+    parts = urllib.parse.urlsplit(postgres_url)
+    host = parts.netloc.rpartition(":")[0]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{host}:{relay.port}"))
+
+
+@pytest.fixture
+def relayed(relayed_url: str, make_client: MakeClient) -> Callable[..., payonce.Client]:
+    """Clients closed before their database is dropped (set up after it)."""
+    return lambda **options: make_client(journal=relayed_url, **options)
+
+
+class OnAttemptStarted(payonce.Hooks):
+    """Runs ``action`` as each attempt is journaled and about to be sent."""
+
+    def __init__(self, action: Callable[[], None]) -> None:
+        self._action = action
+
+    def attempt_started(self, event: object) -> None:
+        self._action()
+
+
+def states(journal: payonce.Journal) -> dict[str | None, str]:
+    return {record.reference: record.state.value for record in journal.list_intents()}
+
+
+# -- multi-host URLs ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        (
+            "postgresql://payonce@db1:5432,db2:5432/payments",
+            "names 2 hosts (db1, db2) without target_session_attrs=read-write",
+        ),
+        (
+            "postgresql://payonce@db1,db2/payments?target_session_attrs=any",
+            "without target_session_attrs=read-write",
+        ),
+        (
+            "postgresql://payonce@db1,db2/payments?port=1,2,3&target_session_attrs=read-write",
+            "names 2 host(s) but 3 port values",
+        ),
+        (
+            "postgresql://payonce@db1/payments?target_session_attrs=standby",
+            "asks for target_session_attrs=standby, a standby",
+        ),
+    ],
+)
+def test_a_journal_url_that_could_write_to_a_standby_is_refused_before_connecting(
+    url: str, words: str
+) -> None:
+    # db1 and db2 resolve nowhere: the refusal comes before any connection is tried.
+    with pytest.raises(
+        payonce.ConfigurationError, match=words.replace("(", r"\(").replace(")", r"\)")
+    ):
+        PostgresJournal(url, connect_timeout=1)
+
+
+def test_a_multi_host_url_with_read_write_opens_the_primary_and_a_reader_may_take_any(
+    postgres_server: PostgresServer, postgres_url: str
+) -> None:
+    """The first host is down: libpq goes on to the next one, the primary."""
+    parts = urllib.parse.urlsplit(postgres_url)
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    dead = f"127.0.0.1:{_closed_port()}"
+    netloc = f"{userinfo}@{dead},{hostport}"
+    base = urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    with PostgresJournal(base + "?target_session_attrs=read-write") as journal:
+        assert journal.list_intents() == []
+        assert f"@{dead},{hostport}/" in journal.location
+    with PostgresJournal(base + "?target_session_attrs=any", read_only=True) as reader:
+        assert reader.list_intents() == []
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# -- a COMMIT whose answer is lost ---------------------------------------------------------------
+
+
+def test_a_write_ahead_committed_but_unanswered_is_found_on_a_new_connection_and_sent_once(
+    relayed: Callable[..., payonce.Client], relay: PostgresRelay, sandbox: SandboxServer
+) -> None:
+    client = relayed()
+    relay.cut_next("after_commit")  # the write-ahead's COMMIT
+    with client.intent("order-1") as op:
+        response = op.post("/v1/payments", json=PAYMENT)
+    assert response.is_success
+    assert relay.cuts_made == 1
+    assert sandbox.store.executions() == {op.key: 1}
+    assert [a.number for a in client.journal.attempts(op.key)] == [1], (
+        "found committed: attempt 1, not a resumed intent's second"
+    )
+    assert states(client.journal) == {"order-1": "succeeded"}
+
+
+def test_a_write_ahead_lost_with_its_connection_is_written_again_before_anything_is_sent(
+    relayed: Callable[..., payonce.Client], relay: PostgresRelay, sandbox: SandboxServer
+) -> None:
+    client = relayed()
+    relay.cut_next("before_commit")
+    with client.intent("order-1") as op:
+        response = op.post("/v1/payments", json=PAYMENT)
+    assert response.is_success
+    assert relay.cuts_made == 1
+    assert sandbox.store.executions() == {op.key: 1}
+    assert [a.number for a in client.journal.attempts(op.key)] == [1]
+
+
+@pytest.mark.parametrize("cut", ["after_commit", "before_commit"])
+def test_a_settle_whose_commit_is_unknown_is_looked_for_and_written_if_lost(
+    relayed: Callable[..., payonce.Client],
+    relay: PostgresRelay,
+    sandbox: SandboxServer,
+    cut: str,
+) -> None:
+    client = relayed()
+    with client.intent("order-0") as op:  # the pool is warm, the statements prepared
+        op.post("/v1/payments", json=PAYMENT)
+
+    def lose_the_settle() -> None:
+        relay.cut_next(cut)  # type: ignore[arg-type]  # the next COMMIT: the settle's
+
+    client = relayed(hooks=OnAttemptStarted(lose_the_settle))
+    with client.intent("order-1") as op:
+        response = op.post("/v1/payments", json=PAYMENT)
+    assert response.is_success
+    assert relay.cuts_made == 1
+    assert sandbox.store.executions()[op.key] == 1
+    assert states(client.journal)["order-1"] == "succeeded"
+    assert client.journal.get(op.key).lease_owner is None  # type: ignore[union-attr]
+
+
+# -- a connection killed between the write-ahead and the send -------------------------------------
+
+
+def test_a_connection_killed_between_write_ahead_and_send_is_replaced_and_the_payment_settles(
+    postgres_server: PostgresServer,
+    postgres_url: str,
+    make_client: MakeClient,
+    sandbox: SandboxServer,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    dbname = postgres_url.rsplit("/", 1)[1]
+
+    def kill_payonce_connections() -> None:
+        with postgres_server.admin(dbname) as admin:
+            killed = admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = 'payonce' AND datname = %s",
+                (dbname,),
+            ).fetchall()
+        assert killed
+        assert all(ok for (ok,) in killed)
+
+    client = make_client(journal=postgres_url, hooks=OnAttemptStarted(kill_payonce_connections))
+    with client.intent("order-1") as op:
+        response = op.post("/v1/payments", json=PAYMENT)
+    assert response.is_success
+    assert sandbox.store.executions() == {op.key: 1}
+    assert states(client.journal) == {"order-1": "succeeded"}
+    client.close()
+    assert "psycopg" not in capfd.readouterr().err
+
+
+# -- no primary to be found -----------------------------------------------------------------------
+
+
+def test_a_caller_in_the_gap_is_told_nothing_was_sent_and_to_resume_and_the_driver_stays_quiet(
+    relayed_url: str,
+    make_client: MakeClient,
+    relay: PostgresRelay,
+    sandbox: SandboxServer,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    journal = PostgresJournal(relayed_url, failover_timeout=1.0, busy_timeout=0.5)
+    client = make_client(journal=journal)
+    with client.intent("order-0") as op:
+        op.post("/v1/payments", json=PAYMENT)
+    relay.refuse()
+    caplog.set_level(logging.DEBUG, logger="payonce")
+    with pytest.raises(payonce.JournalError) as raised, client.intent("order-1") as op:
+        op.post("/v1/payments", json=PAYMENT)
+    message = str(raised.value)
+    assert "found no primary to reconnect to within 1s" in message
+    assert "nothing was sent" in message
+    assert "payonce resume" in message
+    assert raised.value.may_have_executed is False
+    assert op.key not in sandbox.store.executions()
+    err = capfd.readouterr().err
+    assert "psycopg" not in err
+    assert "connection" not in err
+    assert any("journal connection pool" in r.getMessage() for r in caplog.records)
+    client.close()
+    journal.close()
+
+
+# -- a real failover, five times ----------------------------------------------------------------
+
+FAILOVERS = 5
+WORKERS = 3
+
+
+@pytest.fixture
+def pair() -> Iterator[ReplicatedPair]:
+    started = ReplicatedPair(find_bindir())
+    try:
+        yield started.start()
+    finally:
+        started.stop()
+
+
+def _lines(report: Path) -> list[dict[str, Any]]:
+    if not report.exists():
+        return []
+    return [json.loads(line) for line in report.read_text().splitlines() if line.strip()]
+
+
+def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting until {what}")
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_payments_from_several_processes_survive_five_failovers_to_a_synchronous_standby(
+    pair: ReplicatedPair, sandbox: SandboxServer, tmp_path: Path
+) -> None:
+    stop = tmp_path / "stop"
+    workers = []
+    for n in range(WORKERS):
+        command = [
+            sys.executable,
+            str(Path(__file__).with_name("_failover_worker.py")),
+            f"--url={sandbox.url}",
+            f"--journal={pair.url}",
+            f"--prefix=w{n}",
+            f"--report={tmp_path / f'w{n}.jsonl'}",
+            f"--log={tmp_path / f'w{n}.log'}",
+            f"--stop={stop}",
+        ]
+        workers.append(
+            subprocess.Popen(
+                command,
+                env=python_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    reports = [tmp_path / f"w{n}.jsonl" for n in range(WORKERS)]
+
+    def answered_by_all_since(counts: list[int]) -> bool:
+        return all(
+            sum(line["event"] == "answered" for line in _lines(report)) > count
+            for report, count in zip(reports, counts, strict=True)
+        )
+
+    def answered_counts() -> list[int]:
+        return [sum(line["event"] == "answered" for line in _lines(r)) for r in reports]
+
+    back_after = []
+    try:
+        _wait_for(lambda: answered_by_all_since([5] * WORKERS), "every worker paid a few")
+        for _ in range(FAILOVERS):
+            pair.kill_primary_and_promote()
+            killed_at, before = time.monotonic(), answered_counts()
+            _wait_for(lambda: answered_by_all_since(before), "every worker paid again")  # noqa: B023
+            back_after.append(time.monotonic() - killed_at)
+            pair.rebuild_standby()
+            _wait_for(lambda: answered_by_all_since(answered_counts()), "payments go on")
+        stop.touch()
+        for worker in workers:
+            worker.wait(timeout=120)
+    finally:
+        stop.touch()
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+    outputs = [(worker.returncode, *worker.communicate()) for worker in workers]
+    assert pair.failovers == FAILOVERS
+
+    # Nothing of libpq's or psycopg's reached stderr; every worker ended by itself.
+    assert [(code, err) for code, _, err in outputs] == [(0, "")] * WORKERS
+
+    lines = [line for report in reports for line in _lines(report)]
+    journaled = {line["key"]: line["ref"] for line in lines if line["event"] == "journaled"}
+    answered = {line["ref"] for line in lines if line["event"] == "answered"}
+    errors = [line for line in lines if line["event"] == "error"]
+    refs = {line["ref"] for line in lines}
+    # Every call ended with its answer or a payonce error, never both, never neither.
+    assert {line["ref"] for line in errors}.isdisjoint(answered)
+    assert answered | {line["ref"] for line in errors} == refs
+
+    executed_before_resume = sandbox.store.executions()
+    with PostgresJournal(pair.url) as journal:
+        by_ref = {record.reference: record for record in journal.list_intents()}
+        # Every intent whose write-ahead the caller saw committed is on the new primary.
+        found = {record.key for record in by_ref.values()}
+        assert set(journaled) <= found, set(journaled) - found
+        # A caller told nothing was sent: nothing was.
+        for error in errors:
+            assert error["type"] in ("JournalError", "JournalBusy"), error
+            assert "payonce resume" in error["message"], error
+            record = by_ref.get(error["ref"])
+            if not error["may_have_executed"] and record is not None:
+                assert record.key not in executed_before_resume, error
+        settles_lost = [
+            ref for ref in answered if by_ref[ref].state is not payonce.IntentState.SUCCEEDED
+        ]
+
+    done = run_cli_process(
+        ["resume"],
+        env={
+            "PAYONCE_API_KEY": DEFAULT_API_KEY,
+            "PAYONCE_BASE_URL": sandbox.url,
+            "PAYONCE_PROVIDER": "sandbox",
+            "PAYONCE_ACCOUNT": "acct_demo",
+            "PAYONCE_JOURNAL": pair.url,
+        },
+        secrets=[pair.password],
+    )
+    assert done.exit_code == 0, done.output
+
+    with PostgresJournal(pair.url) as journal:
+        final = journal.list_intents()
+    assert {record.state for record in final} == {payonce.IntentState.SUCCEEDED}
+    assert {record.reference for record in final} >= answered
+    executions = sandbox.store.executions()
+    assert set(executions) == {record.key for record in final}
+    assert set(executions.values()) == {1}, "no payment executed twice"
+
+    logs = "".join((tmp_path / f"w{n}.log").read_text() for n in range(WORKERS))
+    reconnections = [
+        float(match)
+        for match in re.findall(
+            r"(?:reconnected|checked on a new connection) after ([\d.]+)s", logs
+        )
+    ]
+    commits_checked = logs.count("checked on a new connection")
+    print(
+        f"\n{FAILOVERS} failovers, {WORKERS} paying processes, {len(refs)} payments: "
+        f"{len(journaled)} journaled, {len(answered)} answered, {len(errors)} errors, "
+        f"{len(settles_lost)} settles lost with the old primary (resumed), "
+        f"0 executed twice.\n"
+        f"every worker paying again after a kill: "
+        f"{', '.join(f'{s:.1f}s' for s in back_after)}\n"
+        f"a journal write's reconnection: median "
+        f"{statistics.median(reconnections) if reconnections else 0:.2f}s, "
+        f"max {max(reconnections, default=0):.2f}s over {len(reconnections)}; "
+        f"{commits_checked} commits lost with their connection, looked for on the new primary"
+    )
