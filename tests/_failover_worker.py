@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import payonce
+from payonce.journal import PostgresJournal
 from payonce.sandbox import DEFAULT_API_KEY
 
 PAYMENT = {"amount": 4200, "currency": "eur"}
@@ -43,6 +44,7 @@ def main() -> int:
     parser.add_argument("--report", required=True)
     parser.add_argument("--log", required=True)
     parser.add_argument("--stop", required=True)
+    parser.add_argument("--synchronous-settles", action="store_true")
     args = parser.parse_args()
 
     handler = logging.FileHandler(args.log)
@@ -62,16 +64,20 @@ def _pay_until_stopped(args: argparse.Namespace, report: Any) -> None:
         report.write(json.dumps(line) + "\n")
 
     stop = Path(args.stop)
-    with payonce.Client(
-        base_url=args.url,
-        provider="sandbox",
-        account="acct_demo",
-        api_key=DEFAULT_API_KEY,
-        journal=args.journal,
-        retry=payonce.RetryPolicy(max_attempts=3, initial_wait=0.01, max_wait=0.05),
-        timeout=5.0,
-        hooks=_Journaled(write),
-    ) as client:
+    journal = PostgresJournal(args.journal, synchronous_settles=args.synchronous_settles)
+    with (
+        journal,
+        payonce.Client(
+            base_url=args.url,
+            provider="sandbox",
+            account="acct_demo",
+            api_key=DEFAULT_API_KEY,
+            journal=journal,
+            retry=payonce.RetryPolicy(max_attempts=3, initial_wait=0.01, max_wait=0.05),
+            timeout=5.0,
+            hooks=_Journaled(write),
+        ) as client,
+    ):
         number = 0
         while not stop.exists():
             reference = f"{args.prefix}-{number:05d}"

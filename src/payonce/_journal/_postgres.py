@@ -81,8 +81,10 @@ class PostgresEngine(Engine):
         check_integrity: bool = True,
         read_only: bool = False,
         failover_timeout: float = 30.0,
+        synchronous_settles: bool = False,
     ) -> None:
         self.read_only = read_only
+        self._synchronous_settles = synchronous_settles
         target = Target(url)
         if not read_only:
             target.refuse_standbys()
@@ -247,6 +249,7 @@ class PostgresEngine(Engine):
         busy: Unwritten,
         recover: Callable[[Tx], T | None] | None = None,
     ) -> T:
+        durable = durable or self._synchronous_settles
         begin = "BEGIN" if durable else "BEGIN; SET LOCAL synchronous_commit = off"
         try:
             return self._transact(work, begin=begin, busy=busy)
@@ -553,6 +556,12 @@ class PostgresJournal(Journal):
     ``target_session_attrs=read-write`` in the URL) keeps looking for a primary before its
     caller gets a ``JournalError``; a write whose ``COMMIT`` lost its connection is looked
     for on the new primary before anything is decided. See docs/postgres.md.
+
+    ``synchronous_settles`` commits settles, attempt ends and every other write made after a
+    request was sent with the server's ``synchronous_commit`` too, instead of ``off``: with
+    a synchronous standby, a failover then loses none of them (none is put back to
+    ``pending``), for one WAL flush and standby round trip more per intent. Off by default:
+    a settle lost with the old primary costs a replay by ``resume``, never a payment.
     """
 
     def __init__(
@@ -566,6 +575,7 @@ class PostgresJournal(Journal):
         check_integrity: bool = True,
         read_only: bool = False,
         failover_timeout: float = 30.0,
+        synchronous_settles: bool = False,
     ) -> None:
         super().__init__(
             PostgresEngine(
@@ -577,6 +587,7 @@ class PostgresJournal(Journal):
                 check_integrity=check_integrity,
                 read_only=read_only,
                 failover_timeout=failover_timeout,
+                synchronous_settles=synchronous_settles,
             )
         )
 
