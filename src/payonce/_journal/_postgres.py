@@ -61,6 +61,7 @@ _ROUNDS = 3
 # these pauses between tries while no primary answers (a failover takes seconds).
 _RECONNECT_PAUSES = (0.05, 0.1, 0.2, 0.5, 1.0)
 _POOL_NAME = "payonce-journal"
+_POOL_WAIT_RECONNECTING = 0.25
 _BUSY = (pg_errors.LockNotAvailable, pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
 _RETRYABLE = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
 
@@ -171,7 +172,8 @@ class PostgresEngine(Engine):
             except psycopg.Error as exc:
                 raise self.translate(exc, BEFORE_SEND) from None
         try:
-            self._pool.open(wait=True, timeout=connect_timeout)
+            with _driver_logs_routed():
+                self._pool.open(wait=True, timeout=connect_timeout)
         except PoolTimeout:
             raise self.error(
                 f"the journal database accepted one connection but the pool could not "
@@ -281,16 +283,23 @@ class PostgresEngine(Engine):
         self._in_this_process()
         retried = 0
         while True:
-            pool = self._pool
+            pool, alone = self._pool, False
             try:
                 with _driver_logs_routed():
-                    conn = pool.getconn(reconnecting.left() if reconnecting else None)
+                    conn = pool.getconn(reconnecting.pool_wait() if reconnecting else None)
             except PoolClosed:
                 raise self.error("this journal was closed; open it again to use it") from None
             except PoolTimeout:
-                if reconnecting is not None and reconnecting.wait():
-                    continue
-                raise self._no_connection(reconnecting, busy) from None
+                if reconnecting is None:
+                    raise self._no_connection(reconnecting, busy) from None
+                # The pool retries its connections with a back-off of seconds: rather than
+                # wait for it, look for the new primary at once, on a connection of its own.
+                found = self._connect_alone(reconnecting)
+                if found is None:
+                    if reconnecting.wait():
+                        continue
+                    raise self._lost(reconnecting, busy) from None
+                conn, alone = found, True
             try:
                 with _driver_logs_routed():
                     result = self._run(conn, work, begin=begin, busy=busy)
@@ -319,8 +328,11 @@ class PostgresEngine(Engine):
                     continue
                 raise self.translate(exc, busy) from None
             finally:
-                with _driver_logs_routed():
-                    pool.putconn(conn)
+                if alone:
+                    conn.close()
+                else:
+                    with _driver_logs_routed():
+                        pool.putconn(conn)
             if reconnecting is not None:
                 reconnecting.over()
             return result
@@ -367,6 +379,22 @@ class PostgresEngine(Engine):
                 reconnecting.elapsed(),
             )
             return result
+
+    def _connect_alone(self, reconnecting: _Reconnection) -> psycopg.Connection[Any] | None:
+        """A connection outside the pool to the primary, or None while there is none."""
+        try:
+            conn = psycopg.connect(self._target.conninfo, **self._connect_options)
+        except psycopg.Error as exc:
+            reconnecting.cause = exc
+            logger.debug("journal %s: no primary yet (%s)", self.location, self._describe(exc))
+            return None
+        try:
+            self._configure(conn)
+        except psycopg.Error as exc:
+            reconnecting.cause = exc
+            conn.close()
+            return None
+        return conn
 
     def _reconnection(self, cause: psycopg.Error) -> _Reconnection:
         logger.info(
@@ -531,7 +559,8 @@ class PostgresEngine(Engine):
     def close(self) -> None:
         self._in_this_process()  # a child closes its own pool, never its parent's
         self.flush_acknowledgements()
-        self._pool.close()
+        with _driver_logs_routed():
+            self._pool.close()
 
 
 class PostgresJournal(Journal):
@@ -620,9 +649,9 @@ class _Reconnection:
         time.sleep(min(pause, left))
         return True
 
-    def left(self) -> float:
-        """For a pool's wait: the time left, at least a moment."""
-        return max(0.05, self._deadline - time.monotonic())
+    def pool_wait(self) -> float:
+        """How long to wait for the pool before looking for a primary alone."""
+        return max(0.05, min(_POOL_WAIT_RECONNECTING, self._deadline - time.monotonic()))
 
     def elapsed(self) -> float:
         return time.monotonic() - self._began
