@@ -185,6 +185,16 @@ def test_a_settle_whose_commit_is_unknown_is_looked_for_and_written_if_lost(
     assert client.journal.get(op.key).lease_owner is None  # type: ignore[union-attr]
 
 
+def test_a_journal_check_whose_commit_lost_its_connection_is_read_again(
+    relayed_url: str, relay: PostgresRelay
+) -> None:
+    with PostgresJournal(relayed_url) as journal:
+        relay.cut_next("after_commit")  # the check's snapshot transaction ends with one
+        report = journal.check()
+    assert relay.cuts_made == 1
+    assert report.ok, report.problems
+
+
 # -- a connection killed between the write-ahead and the send -------------------------------------
 
 

@@ -62,6 +62,7 @@ _ROUNDS = 3
 _RECONNECT_PAUSES = (0.05, 0.1, 0.2, 0.5, 1.0)
 _POOL_NAME = "payonce-journal"
 _POOL_WAIT_RECONNECTING = 0.25
+_LOST_BACKEND_WAIT_MS = 5000
 _BUSY = (pg_errors.LockNotAvailable, pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
 _RETRYABLE = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
 
@@ -116,6 +117,10 @@ class PostgresEngine(Engine):
             connect["connect_timeout"] = max(1, round(connect_timeout))
         self._connect_options, self._pool_size = connect, pool_size
         self._fork = ForkGuard()
+        self._backends: weakref.WeakKeyDictionary[psycopg.Connection[Any], _Backend] = (
+            weakref.WeakKeyDictionary()
+        )
+        """Which server process each connection talks to, for a recovery to wait for."""
         self._pool = self._new_pool()
         try:
             self._open(connect, connect_timeout, check_integrity)
@@ -169,6 +174,8 @@ class PostgresEngine(Engine):
                     self._run(conn, self._migrate, begin="BEGIN", busy=BEFORE_SEND)
                 if check:
                     self._run(conn, self._verify, begin=None, busy=NO_SEND)
+            except _CommitUnknown as unknown:  # opening again finds the schema as it is
+                raise self._commit_unknown(unknown, BEFORE_SEND) from None
             except psycopg.Error as exc:
                 raise self.translate(exc, BEFORE_SEND) from None
         try:
@@ -218,7 +225,8 @@ class PostgresEngine(Engine):
             " set_config('idle_in_transaction_session_timeout', %s, false),"
             " set_config('search_path', coalesce(%s, current_setting('search_path')), false),"
             " set_config('default_transaction_read_only',"
-            " coalesce(%s, current_setting('default_transaction_read_only')), false)",
+            " coalesce(%s, current_setting('default_transaction_read_only')), false),"
+            " (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid())",
             (
                 ms,
                 safety,
@@ -229,6 +237,7 @@ class PostgresEngine(Engine):
         ).fetchone()
         assert row is not None
         synchronous_commit, fsync = row[0], row[1]
+        self._backends[conn] = _Backend(conn.info.backend_pid, row[-1], conn.info.server_version)
         if synchronous_commit == "off":
             # The write-ahead record must be flushed before the request leaves.
             conn.execute("SET synchronous_commit = on")
@@ -267,7 +276,15 @@ class PostgresEngine(Engine):
             if snapshot
             else None
         )
-        return self._transact(work, begin=begin, busy=NO_SEND)
+        reconnecting = None
+        while True:
+            try:
+                return self._transact(work, begin=begin, busy=NO_SEND, reconnecting=reconnecting)
+            except _CommitUnknown as lost:  # a read's commit changes nothing: read again
+                if reconnecting is None:
+                    reconnecting = self._reconnection(lost.cause)
+                elif not reconnecting.wait():
+                    raise self._lost(reconnecting, NO_SEND) from None
 
     def _transact(
         self,
@@ -358,6 +375,16 @@ class PostgresEngine(Engine):
         returns."""
 
         def confirm(tx: Tx) -> T:
+            lost = unknown.backend
+            if lost is not None and lost.can_wait:
+                # The same server may still be carrying the COMMIT out (only the connection
+                # was cut): end that process and wait for it, so that what is read below is
+                # its outcome. A new primary has no process of that pid and start.
+                tx.one(
+                    "SELECT pg_terminate_backend(pid, ?) FROM pg_stat_activity"
+                    " WHERE pid = ? AND backend_start = ?",
+                    (_LOST_BACKEND_WAIT_MS, lost.pid, lost.started),
+                )
             if durable:
                 tx.one("SELECT pg_current_xact_id()")
             found = recover(tx)
@@ -430,7 +457,7 @@ class PostgresEngine(Engine):
                 cur.execute("COMMIT")
             except psycopg.Error as exc:
                 if conn.broken or isinstance(exc, psycopg.OperationalError):
-                    raise _CommitUnknown(exc) from None
+                    raise _CommitUnknown(exc, self._backends.get(conn)) from None
                 raise  # refused by the server: rolled back, nothing recorded
         return result
 
@@ -621,12 +648,25 @@ class PostgresJournal(Journal):
         )
 
 
+class _Backend:
+    """The server process a connection talks to: its pid and start, and whether its server
+    can wait for another process's end (``pg_terminate_backend`` with a timeout, 14+)."""
+
+    __slots__ = ("can_wait", "pid", "started")
+
+    def __init__(self, pid: int, started: object, server_version: int) -> None:
+        self.pid = pid
+        self.started = started
+        self.can_wait = started is not None and server_version >= 140000
+
+
 class _CommitUnknown(Exception):
     """The connection was lost during ``COMMIT``: the write may or may not be recorded."""
 
-    def __init__(self, cause: psycopg.Error) -> None:
+    def __init__(self, cause: psycopg.Error, backend: _Backend | None = None) -> None:
         super().__init__(str(cause))
         self.cause = cause
+        self.backend = backend
 
 
 class _Reconnection:
