@@ -260,6 +260,47 @@ def test_a_caller_in_the_gap_is_told_nothing_was_sent_and_to_resume_and_the_driv
     journal.close()
 
 
+_LOST_IN_A_CHILD = """
+import sys
+import payonce
+from helpers.pgproxy import relay_to
+from payonce.journal import PostgresJournal
+
+url, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+with relay_to(host, port) as relay:
+    journal = PostgresJournal(
+        url.replace(f":{port}/", f":{relay.port}/"), failover_timeout=1.0, busy_timeout=0.5
+    )
+    journal.list_intents()
+    relay.refuse()
+    try:
+        journal.list_intents()
+    except payonce.JournalError as exc:
+        print(type(exc).__name__, exc)
+    journal.close()
+"""
+
+
+def test_a_program_without_logging_set_up_prints_nothing_of_the_driver_when_its_database_goes(
+    postgres_server: PostgresServer, postgres_url: str
+) -> None:
+    """psycopg_pool warns of every failed reconnection on its logger; with no logging set
+    up, Python would print those on stderr."""
+    done = subprocess.run(
+        [sys.executable, "-c", _LOST_IN_A_CHILD, postgres_url,
+         postgres_server.host, str(postgres_server.port)],
+        env=python_env(PYTHONPATH=f"{Path(__file__).parent}:{python_env()['PYTHONPATH']}"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert done.stdout.startswith("JournalError lost the journal database"), done.stdout
+    assert "payonce resume" in done.stdout
+
+
 # -- a real failover, five times ----------------------------------------------------------------
 
 FAILOVERS = 5
