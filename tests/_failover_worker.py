@@ -8,6 +8,8 @@ writes down what it saw (a JSON line each):
 - ``error``: the caller got a payonce error instead (its type, words, and whether it says
   the request may have reached the provider).
 
+With ``--async-callers N`` it pays from N callers at once on one ``AsyncClient``.
+
 Its payonce log goes to a file, as a service's does; its stderr must stay empty: nothing
 of libpq's or psycopg's may reach it.
 """
@@ -15,11 +17,16 @@ of libpq's or psycopg's may reach it.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 import payonce
 from payonce.journal import PostgresJournal
@@ -45,6 +52,7 @@ def main() -> int:
     parser.add_argument("--log", required=True)
     parser.add_argument("--stop", required=True)
     parser.add_argument("--synchronous-settles", action="store_true")
+    parser.add_argument("--async-callers", type=int, default=0)
     args = parser.parse_args()
 
     handler = logging.FileHandler(args.log)
@@ -60,50 +68,77 @@ def main() -> int:
 
 
 def _pay_until_stopped(args: argparse.Namespace, report: Any) -> None:
+    lock = threading.Lock()  # AsyncClient tells its hooks from a journal thread
+
     def write(line: dict[str, Any]) -> None:
-        report.write(json.dumps(line) + "\n")
+        with lock:
+            report.write(json.dumps(line) + "\n")
+
+    def told(reference: str, outcome: httpx.Response | payonce.PayonceError) -> None:
+        if isinstance(outcome, payonce.PayonceError):
+            write(
+                {
+                    "event": "error",
+                    "ref": reference,
+                    "type": type(outcome).__name__,
+                    "message": str(outcome),
+                    "may_have_executed": getattr(outcome, "may_have_executed", None),
+                }
+            )
+        else:
+            write({"event": "answered", "ref": reference, "status": outcome.status_code})
 
     stop = Path(args.stop)
     journal = PostgresJournal(args.journal, synchronous_settles=args.synchronous_settles)
-    with (
-        journal,
-        payonce.Client(
-            base_url=args.url,
-            provider="sandbox",
-            account="acct_demo",
-            api_key=DEFAULT_API_KEY,
-            journal=journal,
-            retry=payonce.RetryPolicy(max_attempts=3, initial_wait=0.01, max_wait=0.05),
-            timeout=5.0,
-            hooks=_Journaled(write),
-        ) as client,
-    ):
-        number = 0
-        while not stop.exists():
-            reference = f"{args.prefix}-{number:05d}"
-            number += 1
-            try:
-                response = client.post("/v1/payments", json=PAYMENT, reference=reference)
-            except payonce.PayonceError as exc:
-                write(
-                    {
-                        "event": "error",
-                        "ref": reference,
-                        "type": type(exc).__name__,
-                        "message": str(exc),
-                        "may_have_executed": getattr(exc, "may_have_executed", None),
-                    }
-                )
-            else:
-                write(
-                    {
-                        "event": "answered",
-                        "ref": reference,
-                        "status": response.status_code,
-                        "key": response.json().get("idempotency_key"),
-                    }
-                )
-            time.sleep(0.05)  # a paying service, not a benchmark: the machine is shared
+    options: dict[str, Any] = {
+        "base_url": args.url,
+        "provider": "sandbox",
+        "account": "acct_demo",
+        "api_key": DEFAULT_API_KEY,
+        "journal": journal,
+        "retry": payonce.RetryPolicy(max_attempts=3, initial_wait=0.01, max_wait=0.05),
+        "timeout": 5.0,
+        "hooks": _Journaled(write),
+    }
+    with journal:
+        if args.async_callers:
+            asyncio.run(_pay_async(args, options, stop, told))
+            return
+        with payonce.Client(**options) as client:
+            number = 0
+            while not stop.exists():
+                reference = f"{args.prefix}-{number:05d}"
+                number += 1
+                try:
+                    told(reference, client.post("/v1/payments", json=PAYMENT, reference=reference))
+                except payonce.PayonceError as exc:
+                    told(reference, exc)
+                time.sleep(0.05)  # a paying service, not a benchmark: the machine is shared
+
+
+async def _pay_async(
+    args: argparse.Namespace,
+    options: dict[str, Any],
+    stop: Path,
+    told: Callable[[str, httpx.Response | payonce.PayonceError], None],
+) -> None:
+    """``async_callers`` callers paying at once on one AsyncClient."""
+    async with payonce.AsyncClient(**options) as client:
+
+        async def caller(number: int) -> None:
+            order = 0
+            while not stop.exists():
+                reference = f"{args.prefix}c{number}-{order:05d}"
+                order += 1
+                try:
+                    response = await client.post("/v1/payments", json=PAYMENT, reference=reference)
+                except payonce.PayonceError as exc:
+                    told(reference, exc)
+                else:
+                    told(reference, response)
+                await asyncio.sleep(0.05)
+
+        await asyncio.gather(*(caller(n) for n in range(args.async_callers)))
 
 
 if __name__ == "__main__":

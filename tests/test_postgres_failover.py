@@ -305,6 +305,7 @@ def test_a_program_without_logging_set_up_prints_nothing_of_the_driver_when_its_
 
 FAILOVERS = 5
 WORKERS = 3
+ASYNC_CALLERS = 4
 
 
 @pytest.fixture
@@ -360,6 +361,8 @@ def test_payments_from_several_processes_survive_five_failovers_to_a_synchronous
             f"--log={tmp_path / f'w{n}.log'}",
             f"--stop={stop}",
             *(["--synchronous-settles"] if synchronous_settles else []),
+            # The last one pays from several async callers at once on an AsyncClient.
+            *([f"--async-callers={ASYNC_CALLERS}"] if n == WORKERS - 1 else []),
         ]
         workers.append(
             subprocess.Popen(
