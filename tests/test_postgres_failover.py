@@ -32,7 +32,7 @@ from helpers.payments import PAYMENT, MakeClient
 from helpers.pgproxy import PostgresRelay, relay_to
 from helpers.processes import python_env
 from payonce._journal._postgres import PostgresJournal
-from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
+from payonce.sandbox import DEFAULT_API_KEY, Faults, SandboxServer
 from pgcluster import ReplicatedPair
 from pgserver import PostgresServer, find_bindir
 
@@ -183,6 +183,34 @@ def test_a_settle_whose_commit_is_unknown_is_looked_for_and_written_if_lost(
     assert sandbox.store.executions()[op.key] == 1
     assert states(client.journal)["order-1"] == "succeeded"
     assert client.journal.get(op.key).lease_owner is None  # type: ignore[union-attr]
+
+
+class OnRetrying(payonce.Hooks):
+    """Runs ``action`` between two attempts: the next journal commit starts the second."""
+
+    def __init__(self, action: Callable[[], None]) -> None:
+        self._action = action
+
+    def retrying(self, event: object) -> None:
+        self._action()
+
+
+@pytest.mark.parametrize("cut", ["after_commit", "before_commit"])
+def test_a_second_attempt_whose_start_is_unknown_is_found_or_journaled_once_then_sent(
+    relayed: Callable[..., payonce.Client],
+    relay: PostgresRelay,
+    sandbox: SandboxServer,
+    cut: str,
+) -> None:
+    sandbox.set_faults(Faults(retry_after_seconds=0))
+    sandbox.script(["rate_limit"])  # attempt 1 is refused with a 429: attempt 2 follows
+    client = relayed(hooks=OnRetrying(lambda: relay.cut_next(cut)))  # type: ignore[arg-type]
+    with client.intent("order-1") as op:
+        response = op.post("/v1/payments", json=PAYMENT)
+    assert response.is_success
+    assert relay.cuts_made == 1
+    assert [a.number for a in client.journal.attempts(op.key)] == [1, 2]
+    assert sandbox.store.executions() == {op.key: 1}
 
 
 def test_a_journal_check_whose_commit_lost_its_connection_is_read_again(
