@@ -57,14 +57,20 @@ def relayed(relayed_url: str, make_client: MakeClient) -> Callable[..., payonce.
     return lambda **options: make_client(journal=relayed_url, **options)
 
 
-class OnAttemptStarted(payonce.Hooks):
-    """Runs ``action`` as each attempt is journaled and about to be sent."""
+class Run(payonce.Hooks):
+    """Runs ``action`` as each attempt is journaled and about to be sent, or (``retrying``)
+    between two attempts, where the next journal commit starts the second."""
 
-    def __init__(self, action: Callable[[], None]) -> None:
-        self._action = action
+    def __init__(self, action: Callable[[], None], *, on: str = "attempt_started") -> None:
+        self._action, self._on = action, on
 
     def attempt_started(self, event: object) -> None:
-        self._action()
+        if self._on == "attempt_started":
+            self._action()
+
+    def retrying(self, event: object) -> None:
+        if self._on == "retrying":
+            self._action()
 
 
 def states(journal: payonce.Journal) -> dict[str | None, str]:
@@ -175,7 +181,7 @@ def test_a_settle_whose_commit_is_unknown_is_looked_for_and_written_if_lost(
     def lose_the_settle() -> None:
         relay.cut_next(cut)  # type: ignore[arg-type]  # the next COMMIT: the settle's
 
-    client = relayed(hooks=OnAttemptStarted(lose_the_settle))
+    client = relayed(hooks=Run(lose_the_settle))
     with client.intent("order-1") as op:
         response = op.post("/v1/payments", json=PAYMENT)
     assert response.is_success
@@ -183,16 +189,6 @@ def test_a_settle_whose_commit_is_unknown_is_looked_for_and_written_if_lost(
     assert sandbox.store.executions()[op.key] == 1
     assert states(client.journal)["order-1"] == "succeeded"
     assert client.journal.get(op.key).lease_owner is None  # type: ignore[union-attr]
-
-
-class OnRetrying(payonce.Hooks):
-    """Runs ``action`` between two attempts: the next journal commit starts the second."""
-
-    def __init__(self, action: Callable[[], None]) -> None:
-        self._action = action
-
-    def retrying(self, event: object) -> None:
-        self._action()
 
 
 @pytest.mark.parametrize("cut", ["after_commit", "before_commit"])
@@ -204,7 +200,7 @@ def test_a_second_attempt_whose_start_is_unknown_is_found_or_journaled_once_then
 ) -> None:
     sandbox.set_faults(Faults(retry_after_seconds=0))
     sandbox.script(["rate_limit"])  # attempt 1 is refused with a 429: attempt 2 follows
-    client = relayed(hooks=OnRetrying(lambda: relay.cut_next(cut)))  # type: ignore[arg-type]
+    client = relayed(hooks=Run(lambda: relay.cut_next(cut), on="retrying"))  # type: ignore[arg-type]
     with client.intent("order-1") as op:
         response = op.post("/v1/payments", json=PAYMENT)
     assert response.is_success
@@ -245,7 +241,7 @@ def test_a_connection_killed_between_write_ahead_and_send_is_replaced_and_the_pa
         assert killed
         assert all(ok for (ok,) in killed)
 
-    client = make_client(journal=postgres_url, hooks=OnAttemptStarted(kill_payonce_connections))
+    client = make_client(journal=postgres_url, hooks=Run(kill_payonce_connections))
     with client.intent("order-1") as op:
         response = op.post("/v1/payments", json=PAYMENT)
     assert response.is_success
