@@ -357,8 +357,8 @@ def test_a_key_in_use_by_another_worker_is_waited_out(
     # Two journals, one key, two workers at once: the second is told the key is in use
     # (Stripe's 409 idempotency_key_in_use, Adyen's 704), retries under the key, and
     # receives the first one's payment.
-    server = start(provider, processing_seconds=0.3)
-    slow_retry = payonce.RetryPolicy(initial_wait=0.2, max_wait=0.2, jitter=False)
+    server = start(provider, processing_seconds=1.0)
+    slow_retry = payonce.RetryPolicy(max_attempts=30, initial_wait=0.2, max_wait=0.2, jitter=False)
     first = make_client(base_url=server.url, provider=provider, journal=tmp_path / "a.db")
     second = make_client(
         base_url=server.url, provider=provider, journal=tmp_path / "b.db", retry=slow_retry
@@ -372,7 +372,11 @@ def test_a_key_in_use_by_another_worker_is_waited_out(
 
     worker = threading.Thread(target=pay, args=("first", first))
     worker.start()
-    time.sleep(0.1)
+    # The second goes once the first is executing at the provider, however loaded the host.
+    deadline = time.monotonic() + 30
+    while "busy-key" not in server.store.keys_in_progress():
+        assert time.monotonic() < deadline, "the first request never reached the provider"
+        time.sleep(0.01)
     pay("second", second)
     worker.join()
 

@@ -415,6 +415,14 @@ class SandboxStore:
     def payments(self) -> list[dict[str, Any]]:
         return [payment.to_json() for payment in self._select_payments("1 = 1", ())]
 
+    def keys_in_progress(self) -> set[str]:
+        """The idempotency keys whose request is executing now (claimed, not answered)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT key FROM idempotency_keys WHERE state = 'in_progress'"
+            ).fetchall()
+        return {row["key"] for row in rows}
+
     def executions(self) -> dict[str, int]:
         with self._lock:
             rows = self._db.execute(
