@@ -28,6 +28,7 @@ PUBLIC_MODULES = {
     "records",
     "sandbox",
     "webhooks",
+    "worker",
 }
 
 

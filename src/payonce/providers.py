@@ -7,13 +7,20 @@ A profile of your own is a ``ProviderProfile``; its ``refine`` hook may return a
 from ._lifecycle import Outcome, Verdict
 from ._providers._adyen import adyen_profile, adyen_reference_lookup
 from ._providers._mollie import mollie_profile
-from ._providers._profile import Lookup, ProviderProfile, get_profile, register_profile
+from ._providers._profile import (
+    Lookup,
+    ProviderProfile,
+    ReconcileSchedule,
+    get_profile,
+    register_profile,
+)
 from ._providers._stripe import stripe_profile
 
 __all__ = [
     "Lookup",
     "Outcome",
     "ProviderProfile",
+    "ReconcileSchedule",
     "Verdict",
     "adyen_profile",
     "adyen_reference_lookup",
