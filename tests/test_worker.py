@@ -297,6 +297,9 @@ def test_an_intent_the_provider_cannot_tell_about_is_looked_up_on_schedule_then_
     assert "503" in escalation.reason
     assert [p.escalated for p in recorded.passes] == [0, 0, 0, 0, 1, 0]
     assert {p.unknown for p in recorded.passes} == {1}
+    said = [r.levelno for r in caplog.records if r.getMessage().startswith("worker pass:")]
+    # A pass that did nothing and found nothing new to wait for is said only at DEBUG.
+    assert said == [logging.INFO, logging.INFO, logging.INFO, logging.INFO]
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert [r.getMessage().split(":")[0] for r in errors] == [f"intent {lost.key} escalated"]
     assert getattr(errors[0], "key", None) == lost.key

@@ -161,6 +161,7 @@ class Worker:
         self.journal: Journal = open_to_write(journal)
         self._clients: dict[_Group, Client] = {}
         self._stopping = threading.Event()
+        self._last_unknown: int | None = None
         self._escalated: set[str] = set()
         """Intents this process escalated: each is said once per process."""
 
@@ -220,7 +221,13 @@ class Worker:
             failed=counts.failed,
             seconds=time.monotonic() - began,
         )
-        logger.info(
+        busy = ended.sent or ended.settled or ended.escalated or ended.failed
+        # An idle pass (nothing done, nothing new waiting) is said at DEBUG: a worker
+        # passing every few seconds would otherwise bury the lines that matter.
+        quiet = not busy and ended.unknown == self._last_unknown
+        self._last_unknown = ended.unknown
+        logger.log(
+            logging.DEBUG if quiet else logging.INFO,
             "worker pass: %d sent, %d settled, %d still unknown, %d escalated, %d failed",
             ended.sent,
             ended.settled,
