@@ -112,6 +112,57 @@ def test_a_missing_base_url_is_a_usage_error_and_the_journal_is_untouched(
     assert _states(journal_path) == dict.fromkeys(keys, payonce.IntentState.PENDING)
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [
+        ("--concurrency", "0", "Invalid value for '--concurrency'"),
+        ("--interval", "-1", "Invalid value for '--interval'"),
+        ("--log-level", "loud", "Invalid value for '--log-level'"),
+    ],
+)
+def test_a_bad_option_is_a_usage_error_and_nothing_is_sent(
+    make_client: MakeClient,
+    sandbox: SandboxServer,
+    journal_path: Path,
+    option: str,
+    value: str,
+    said: str,
+) -> None:
+    keys = enqueue_pending(make_client(), 2)
+
+    result = run_cli(_worker_args(sandbox.url, journal_path, "--once", option, value), env=KEY_ENV)
+
+    assert result.exit_code == 2
+    assert said in result.stderr
+    assert _states(journal_path) == dict.fromkeys(keys, payonce.IntentState.PENDING)
+    assert sandbox.store.executions() == {}
+
+
+def test_a_worker_of_no_concurrency_is_refused() -> None:
+    with pytest.raises(payonce.ConfigurationError, match="concurrency must be"):
+        Worker(journal=":memory:", base_url="https://psp.example", concurrency=0)
+
+
+def test_intents_of_a_profile_this_process_does_not_know_are_said_and_the_rest_are_sent(
+    make_client: MakeClient, sandbox: SandboxServer, journal_path: Path
+) -> None:
+    # The service registered its own profile; the worker process was not told about it.
+    acme = payonce.ProviderProfile(name="acme-payments")
+    (foreign,) = enqueue_pending(make_client(provider=acme), 1, prefix="order-acme")
+    keys = enqueue_pending(make_client(), 3)
+
+    result = run_cli_process(_worker_args(sandbox.url, journal_path, "--once"), env=KEY_ENV)
+
+    assert result.exit_code == 1
+    assert "provider 'acme-payments' not driven: unknown provider 'acme-payments'" in (
+        result.stderr
+    )
+    assert "3 sent, 3 settled, 0 still unknown, 0 escalated, 1 failed" in result.stderr
+    assert sandbox.wait_idle()
+    assert sandbox.store.executions() == dict.fromkeys(keys, 1)
+    assert _states(journal_path)[foreign] is payonce.IntentState.PENDING
+
+
 def test_two_workers_at_once_on_one_sqlite_journal_send_each_intent_once(
     make_client: MakeClient,
     sandbox: SandboxServer,
@@ -139,12 +190,15 @@ class WorkerProcess:
     """``payonce worker`` as a process of its own; its stderr in a file (a pipe no one
     reads would fill, and stall it)."""
 
-    def __init__(self, log: Path, url: str, journal: str | Path, *more: str) -> None:
+    def __init__(
+        self, log: Path, url: str, journal: str | Path, *more: str, crash_at: str = ""
+    ) -> None:
         self.log = log
         with log.open("w") as stderr:
             self.process = subprocess.Popen(
                 [*PYTHON_M_PAYONCE, *_worker_args(url, journal, *more)],
-                env=python_env(**KEY_ENV),
+                # PAYONCE_CRASH_AT="point:visit": it SIGKILLs itself there (payonce._crash).
+                env=python_env(**KEY_ENV, PAYONCE_CRASH_AT=crash_at),
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
             )
@@ -162,8 +216,9 @@ def start_worker(tmp_path: Path, closing: contextlib.ExitStack) -> Callable[...,
     """Starts worker processes; any still running at the end is killed and reaped."""
     started: list[WorkerProcess] = []
 
-    def start(url: str, journal: str | Path, *more: str) -> WorkerProcess:
-        worker = WorkerProcess(tmp_path / f"worker-{len(started)}.log", url, journal, *more)
+    def start(url: str, journal: str | Path, *more: str, crash_at: str = "") -> WorkerProcess:
+        log = tmp_path / f"worker-{len(started)}.log"
+        worker = WorkerProcess(log, url, journal, *more, crash_at=crash_at)
         started.append(worker)
         return worker
 
@@ -360,11 +415,12 @@ def test_two_workers_and_a_killed_third_send_200_intents_exactly_once(
     keys = enqueue_pending(make_client(base_url=faulty.url, journal=postgres_url), 200)
 
     options = ("--concurrency", "4", "--interval", "0.2")
-    workers = [start_worker(faulty.url, postgres_url, *options) for _ in range(3)]
-    _wait_for(lambda: len(faulty.store.executions()) >= 30, "30 payments executed")
-    doomed = workers.pop()
-    doomed.process.kill()  # SIGKILL mid-pass: whatever it held, it holds as a dead process
-    assert doomed.ended(timeout=10) == -signal.SIGKILL  # reaped: no zombie looks alive
+    workers = [start_worker(faulty.url, postgres_url, *options) for _ in range(2)]
+    # The third is SIGKILLed mid-pass, at its 25th answer, before journaling it: the
+    # provider executed that payment and the journal does not know; it and the intents
+    # its other threads were sending stay leased by a dead process.
+    doomed = start_worker(faulty.url, postgres_url, *options, crash_at="after_response:25")
+    assert doomed.ended(timeout=120) == -signal.SIGKILL, doomed.stderr  # reaped: no zombie
 
     def settled() -> bool:
         states = _states(postgres_url).values()
