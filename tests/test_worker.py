@@ -67,23 +67,20 @@ def test_once_sends_every_pending_intent_once_and_exits_0(
     assert _held(journal_path) == []
 
 
-def test_once_exits_1_while_an_unknown_intent_waits_for_its_schedule(
+def test_once_exits_1_while_an_unknown_intent_stays_unknown(
     make_client: MakeClient, sandbox: SandboxServer, journal_path: Path
 ) -> None:
     unknown = make_unknown(make_client, sandbox, "order-lost", "drop_after")
-    (sent,) = enqueue_pending(make_client(), 1, prefix="order-fine")
 
-    result = run_cli_process(_worker_args(sandbox.url, journal_path, "--once"), env=KEY_ENV)
+    # Due or not yet on its schedule, the provider's status endpoint (down) cannot tell.
+    with pages_in_front_of(sandbox.url, [MAINTENANCE] * 20) as down:
+        result = run_cli_process(_worker_args(down.url, journal_path, "--once"), env=KEY_ENV)
 
     assert result.exit_code == 1, result.output
-    assert "1 sent, 1 settled, 1 still unknown, 0 escalated, 0 failed" in result.stderr
-    # Not due yet (the sandbox profile asks half a second after): nothing asked, nothing sent.
-    with payonce.open_journal(journal_path) as journal:
-        assert journal.reconciliations(unknown.key) == []
-    assert _states(journal_path) == {
-        unknown.key: payonce.IntentState.UNKNOWN,
-        sent: payonce.IntentState.SUCCEEDED,
-    }
+    assert "0 sent, 0 settled, 1 still unknown, 0 escalated" in result.stderr
+    assert _states(journal_path) == {unknown.key: payonce.IntentState.UNKNOWN}
+    assert sandbox.wait_idle()
+    assert sandbox.store.executions() == {unknown.key: 1}  # never resent
 
 
 def test_an_account_without_an_api_key_is_said_and_its_intents_stay_pending(
@@ -247,8 +244,8 @@ def test_a_signal_mid_pass_drains_the_worker_holding_nothing_and_exits_0(
     start_worker: Callable[..., WorkerProcess],
     sig: signal.Signals,
 ) -> None:
-    slow = make_sandbox(processing_seconds=0.2)  # a pass of 30 takes 3 s at 2 at once
-    keys = enqueue_pending(make_client(base_url=slow.url), 30)
+    slow = make_sandbox(processing_seconds=0.2)  # a pass of 40 takes 4 s at 2 at once
+    keys = enqueue_pending(make_client(base_url=slow.url), 40)
     worker = start_worker(slow.url, journal_path, "--concurrency", "2", "--interval", "60")
     _wait_for(lambda: len(slow.store.executions()) >= 4, "four payments executed")
 
@@ -270,6 +267,38 @@ def test_a_signal_mid_pass_drains_the_worker_holding_nothing_and_exits_0(
     assert len(executed) < len(keys)
 
 
+@pytest.mark.slow
+def test_a_second_sigint_stops_at_once_leaving_the_payment_for_the_next_worker(
+    make_client: MakeClient,
+    make_sandbox: Callable[..., SandboxServer],
+    journal_path: Path,
+    start_worker: Callable[..., WorkerProcess],
+) -> None:
+    slow = make_sandbox(processing_seconds=3.0)
+    (key,) = enqueue_pending(make_client(base_url=slow.url), 1)
+    worker = start_worker(slow.url, journal_path, "--interval", "60")
+
+    def sending() -> bool:
+        with payonce.open_journal(journal_path) as journal:
+            return len(journal.attempts(key)) == 2  # the write-ahead's, then the worker's
+
+    _wait_for(sending, "the worker sending the payment")
+
+    worker.process.send_signal(signal.SIGINT)
+    _wait_for(lambda: "SIGINT: draining" in worker.stderr, "the worker draining")
+    worker.process.send_signal(signal.SIGINT)
+
+    assert worker.ended(timeout=30) == 130, worker.stderr
+    assert "SIGINT again: stopping at once" in worker.stderr
+    assert _states(journal_path) == {key: payonce.IntentState.PENDING}
+    # The next worker takes it at once (its owner is gone) and sends it under its key.
+    result = run_cli_process(_worker_args(slow.url, journal_path, "--once"), env=KEY_ENV)
+    assert result.exit_code == 0, result.output
+    assert slow.wait_idle()
+    assert slow.store.executions() == {key: 1}
+    assert _states(journal_path) == {key: payonce.IntentState.SUCCEEDED}
+
+
 # -- the reconcile schedule, end to end --------------------------------------------------------
 
 
@@ -288,8 +317,8 @@ class Recorded(payonce.Hooks):
 class Clock:
     """The worker's time, moved by the test instead of slept through."""
 
-    def __init__(self) -> None:
-        self.now = time.time()
+    def __init__(self, now: float) -> None:
+        self.now = now
 
     def __call__(self) -> float:
         return self.now
@@ -309,7 +338,11 @@ def test_an_intent_the_provider_cannot_tell_about_is_looked_up_on_schedule_then_
     lost = make_unknown(make_client, sandbox, "order-lost", "drop_after")
     assert sandbox.wait_idle()
     monkeypatch.setenv("PAYONCE_API_KEY", DEFAULT_API_KEY)
-    recorded, clock = Recorded(), Clock()
+    with payonce.open_journal(journal_path) as journal:
+        went_unknown = journal.attempts(lost.key)[-1].ended_at
+    assert went_unknown is not None
+    # The worker's clock starts as the intent goes unknown, and moves only when told.
+    recorded, clock = Recorded(), Clock(went_unknown)
     schedule = payonce.providers.get_profile("sandbox").reconcile_schedule  # 0.5, 1, 2: 3 tries
     one_try = payonce.RetryPolicy(max_attempts=1)
 
@@ -331,15 +364,15 @@ def test_an_intent_the_provider_cannot_tell_about_is_looked_up_on_schedule_then_
 
         worker.run_pass()  # not due yet
         assert looked_up() == 0
-        clock.advance(schedule.first_after)
+        clock.advance(schedule.first_after + 0.01)
         worker.run_pass()
         assert looked_up() == 1
-        clock.advance(schedule.interval - 0.1)
+        clock.advance(schedule.interval - 0.25)
         worker.run_pass()  # the second one is not due yet
         assert looked_up() == 1
-        clock.advance(0.1)
+        clock.advance(0.3)
         worker.run_pass()
-        clock.advance(schedule.interval * schedule.backoff)
+        clock.advance(schedule.interval * schedule.backoff + 0.05)
         worker.run_pass()  # the third and last: the schedule is spent
         assert looked_up() == 3
         assert [e.key for e in recorded.escalations] == [lost.key]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 from collections.abc import Iterator
 from types import FrameType
@@ -34,11 +35,19 @@ def _draining_on_signals(running: Worker) -> Iterator[None]:
     killing it mid-intent; the handlers in place before come back afterwards."""
 
     def drain(signum: int, frame: FrameType | None) -> None:
-        if not running.stopping:
-            logger.warning(
-                "%s: draining: no new intent is taken; the ones being sent are finished",
-                signal.Signals(signum).name,
-            )
+        if running.stopping and signum == signal.SIGINT:
+            # Ctrl-C twice: stop now, as a kill would, which payonce is built to survive.
+            # Closing the clients under the threads still sending would be worse: their
+            # attempts would end in errors of this process's making. The intents being
+            # sent stay pending, for the next worker: at once on this host (their owner
+            # is gone), once their leases expire elsewhere.
+            logger.warning("SIGINT again: stopping at once; what was being sent stays pending")
+            os._exit(130)
+        logger.warning(
+            "%s: draining: no new intent is taken; the ones being sent are finished "
+            "(Ctrl-C again to stop at once)",
+            signal.Signals(signum).name,
+        )
         running.stop()
 
     previous = {sig: signal.signal(sig, drain) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -120,7 +129,9 @@ def worker(
     it did (sent, settled, still unknown, escalated, failed).
 
     SIGTERM or SIGINT drains it: no intent is taken after it, the ones being sent are
-    finished and their leases given back, then it exits 0.
+    finished and their leases given back, then it exits 0. A second SIGINT (Ctrl-C
+    twice) stops it at once, exit status 130: what it was sending stays pending, for the
+    next worker.
 
     With --once: one pass, then exit 0 when no intent it drives is left unknown
     (escalated or not yet due) or unsent, 1 otherwise (or when an account could not be
