@@ -8,9 +8,11 @@ journal, never from the worker's own words alone.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -379,17 +381,23 @@ def test_an_intent_the_provider_cannot_tell_about_is_looked_up_on_schedule_then_
         clock.advance(3600)
         worker.run_pass()  # given up: never asked again, never said again
         assert looked_up() == 3
+        with Worker(
+            journal=journal_path, base_url=down.url, hooks=recorded, clock=clock
+        ) as restarted:
+            restarted.run_pass()  # a worker (re)started says it once more, asking nothing
+        assert looked_up() == 3
 
-    (escalation,) = recorded.escalations
+    escalation, again = recorded.escalations
     assert (escalation.tries, escalation.reference) == (3, "order-lost")
     assert "503" in escalation.reason
-    assert [p.escalated for p in recorded.passes] == [0, 0, 0, 0, 1, 0]
+    assert again == escalation
+    assert [p.escalated for p in recorded.passes] == [0, 0, 0, 0, 1, 0, 1]
     assert {p.unknown for p in recorded.passes} == {1}
     said = [r.levelno for r in caplog.records if r.getMessage().startswith("worker pass:")]
     # A pass that did nothing and found nothing new to wait for is said only at DEBUG.
-    assert said == [logging.INFO, logging.INFO, logging.INFO, logging.INFO]
+    assert said == [logging.INFO] * 5
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
-    assert [r.getMessage().split(":")[0] for r in errors] == [f"intent {lost.key} escalated"]
+    assert [r.getMessage().split(":")[0] for r in errors] == [f"intent {lost.key} escalated"] * 2
     assert getattr(errors[0], "key", None) == lost.key
     assert telemetry.total("payonce.escalations") == 1
     assert telemetry.total("payonce.worker.intents", outcome="escalated") == 1
@@ -423,6 +431,56 @@ def test_an_intent_reconciled_as_never_sent_is_sent_in_the_same_pass(
     assert sandbox.store.executions() == {lost.key: 1}
     assert _states(journal_path) == {lost.key: payonce.IntentState.SUCCEEDED}
     assert "1 sent, 1 settled, 0 still unknown, 0 escalated, 0 failed" in result.stderr
+
+
+OTEL_RUN = """
+import json, sys
+from opentelemetry import metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+reader = InMemoryMetricReader()  # what an SDK configured by opentelemetry-instrument does
+metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+from payonce.cli import cli
+
+try:
+    cli(sys.argv[1:], prog_name="payonce")
+except SystemExit as exit:
+    code = exit.code
+totals = {}
+for resource in reader.get_metrics_data().resource_metrics:
+    for scope in resource.scope_metrics:
+        for metric in scope.metrics:
+            for point in metric.data.data_points:
+                outcome = dict(point.attributes or {}).get("payonce.outcome", "")
+                name = f"{metric.name} {outcome}".strip()
+                totals[name] = totals.get(name, 0) + getattr(point, "value", 0)
+print(json.dumps(totals))
+sys.exit(code)
+"""
+
+
+def test_otel_reports_the_pass_through_opentelemetrys_global_providers(
+    make_client: MakeClient, sandbox: SandboxServer, journal_path: Path
+) -> None:
+    enqueue_pending(make_client(), 3)
+
+    arguments = _worker_args(sandbox.url, journal_path, "--once", "--otel")
+    done = subprocess.run(
+        [sys.executable, "-c", OTEL_RUN, *arguments],
+        env=python_env(**KEY_ENV),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+    assert done.returncode == 0, done.stderr
+    totals = json.loads(done.stdout)
+    assert totals["payonce.worker.intents sent"] == 3
+    assert totals["payonce.worker.intents settled"] == 3
+    assert totals["payonce.worker.unknown"] == 0
+    assert totals["payonce.intents"] == 3  # the clients' own metrics, through the same hooks
 
 
 # -- many workers, one PostgreSQL journal, faults, a death -------------------------------------
