@@ -15,11 +15,12 @@ import keyring.backend
 import pytest
 
 import payonce
+from helpers.ci import skip_or_fail
 from helpers.journals import OpenJournal
 from helpers.keyrings import UseKeyring
 from helpers.payments import FAST_RETRY
 from helpers.sandboxes import SharedSandboxes
-from helpers.secret_service import SecretService, SecretServiceError, skip_or_fail, unavailable
+from helpers.secret_service import SecretService, SecretServiceError, unavailable
 from payonce._journal._open import open_to_write
 from payonce.sandbox import DEFAULT_API_KEY, SandboxConfig, SandboxServer
 

@@ -166,6 +166,23 @@ class PostgresServer:
         self.started_in = time.monotonic() - began
         return self
 
+    def restart(self) -> None:
+        """Stop the server and start it again, same data, same port (its start time changes)."""
+        self._tool(
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.log),
+            "-m",
+            "fast",
+            "-w",
+            "-t",
+            "60",
+            "restart",
+        )
+        self._wait_until_ready()
+
     def _wait_until_ready(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
         while True:

@@ -6,6 +6,9 @@ import re
 import subprocess
 from pathlib import Path
 
+import psycopg
+import pytest
+
 from helpers.processes import deployed_env, run_example
 
 
@@ -37,3 +40,32 @@ def test_the_checkout_example_charges_once_replays_and_handles_errors(tmp_path: 
     assert "Traceback" not in result.stderr
     # The example keeps its own journal: the one PAYONCE_JOURNAL points at stays unused.
     assert not (tmp_path / "example-journal.db").exists()
+
+
+@pytest.mark.parametrize("name", ["order_service_psycopg.py", "order_service_sqlalchemy.py"])
+def test_the_order_service_examples_commit_orders_and_payments_together(
+    name: str, tmp_path: Path, postgres_url: str
+) -> None:
+    env = deployed_env(tmp_path / "example-home", DATABASE_URL=postgres_url)
+    result = run_example(name, cwd=tmp_path, env=env, timeout=60)
+
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    out = result.stdout
+    committed = re.search(r"order-1001: committed with payment (\w+) \(pending\)", out)
+    assert committed, out
+    key = committed.group(1)
+    assert "order-1001 retried: same payment True" in out
+    assert "order-1002: the handler failed after enqueuing: rolled back" in out
+    assert "order-1002: payments journaled 0" in out
+    assert "resumed order-1001: succeeded (HTTP 201)" in out
+    assert "resumed again: 0 to send" in out
+    assert "the sandbox executed 1 payment(s) for 1 committed order" in out
+    assert "Traceback" not in result.stderr
+    # What the service's database holds: the order with its payment's key, paid once; no
+    # trace of the order whose handler failed.
+    with psycopg.connect(postgres_url) as conn:
+        assert conn.execute("SELECT id, amount, payment_key FROM orders").fetchall() == [
+            ("order-1001", 4200, key)
+        ]
+        states = conn.execute("SELECT reference, state FROM payonce.intents").fetchall()
+    assert states == [("order-1001", "succeeded")]

@@ -12,11 +12,10 @@ fails instead: ``make test`` installs the package there.
 from __future__ import annotations
 
 import functools
-import os
 import shutil
 import subprocess
 
-import pytest
+from helpers.ci import skip_or_fail
 
 __all__ = ["libfaketime_env"]
 
@@ -41,8 +40,8 @@ def libfaketime_env(offset: str) -> dict[str, str]:
     host's (libfaketime's syntax: ``-25h``, ``+1y``), ticking from there."""
     preload = _preload()
     if preload is None:
-        why = "libfaketime's faketime is not installed (Debian package faketime)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{why}: under CI `make test` installs it, so this must not happen")
-        pytest.skip(f"{why}; `make test` installs it where it runs as root with apt")
+        skip_or_fail(
+            "libfaketime's faketime is not installed (Debian package faketime); `make test` "
+            "installs it where it runs as root with apt"
+        )
     return {"LD_PRELOAD": preload, "FAKETIME": offset, "FAKETIME_DONT_FAKE_MONOTONIC": "1"}

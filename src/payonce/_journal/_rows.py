@@ -15,6 +15,7 @@ from typing import Any
 
 from .._lifecycle import (
     AttemptRecord,
+    IntentDraft,
     IntentRecord,
     IntentState,
     ReconciliationRecord,
@@ -38,6 +39,7 @@ __all__ = [
     "reconciliation_from_row",
     "response_values",
     "typed",
+    "write_ahead_values",
 ]
 
 INTENT_FIELDS = (
@@ -120,6 +122,37 @@ def headers_to_json(headers: Sequence[tuple[str, str]]) -> str:
         )
     except TypeError:  # a name or value that is not a string: written as JSON writes it
         return json.dumps([list(pair) for pair in headers])
+
+
+def write_ahead_values(
+    draft: IntentDraft,
+    now: float,
+    *,
+    first_sent_at: float | None,
+    owner: str | None,
+    lease_expires_at: float | None,
+) -> tuple[Any, ...]:
+    """The write-ahead record of ``draft``'s new intent, pending, in ``_sql.INSERT_INTENT``'s
+    order: the one row every creation writes. A client about to send it holds its lease and
+    dates its first send; the outbox (``_outbox``) writes it with neither, nothing sent."""
+    return (
+        draft.key,
+        draft.scope,
+        draft.reference,
+        draft.account,
+        draft.provider,
+        draft.method,
+        draft.url,
+        draft.fingerprint,
+        headers_to_json(draft.request_headers),
+        draft.body,
+        IntentState.PENDING.value,
+        now,
+        now,
+        first_sent_at,
+        owner,
+        lease_expires_at,
+    )
 
 
 def response_values(response: StoredResponse) -> tuple[Any, ...]:

@@ -38,7 +38,7 @@ from ._engine import AFTER_SEND, BEFORE_SEND, Engine, Tx
 from ._held import HeldRecords, created_record, settled_record
 from ._intents import allowed, reread, select_intent
 from ._reports import JournalCommitted
-from ._rows import headers_to_json, intent_from_row, response_values
+from ._rows import intent_from_row, response_values, write_ahead_values
 
 __all__ = ["IntentStore"]
 
@@ -205,23 +205,8 @@ class IntentStore:
     ) -> bool:
         inserted = tx.execute(
             sql.INSERT_INTENT,
-            (
-                draft.key,
-                draft.scope,
-                draft.reference,
-                draft.account,
-                draft.provider,
-                draft.method,
-                draft.url,
-                draft.fingerprint,
-                headers_to_json(draft.request_headers),
-                draft.body,
-                IntentState.PENDING.value,
-                now,
-                now,
-                now,
-                owner,
-                now + lease_seconds,
+            write_ahead_values(
+                draft, now, first_sent_at=now, owner=owner, lease_expires_at=now + lease_seconds
             ),
         )
         if inserted != 1:

@@ -111,6 +111,13 @@ def _what_now(record: IntentRecord, reconcilable: bool) -> str:
     reference" pays twice when its first request may have executed."""
     twice = "so a new reference could pay twice: keep it for a new operation"
     match record.state:
+        case IntentState.PENDING if record.attempt_count == 0:
+            return (
+                "That intent is enqueued and has not been sent yet; a new reference would be "
+                "a second payment once both are sent: keep it for a new operation. To pay "
+                "this order otherwise, abandon that intent first "
+                f"(`payonce abandon {record.key} --reason ...`)"
+            )
         case IntentState.PENDING:
             return (
                 f"That intent is pending: its first request may have reached the provider, "

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar, Unpack, assert_never
 
 import httpx
@@ -88,6 +88,24 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
             return await op.request(method, path, **request)
 
     # -- after a crash -----------------------------------------------------------------------
+
+    async def enqueue(
+        self,
+        method: str,
+        path: str,
+        *,
+        reference: str,
+        json: Any = None,
+        data: Mapping[str, Any] | Sequence[tuple[str, Any]] | None = None,
+        headers: Mapping[str, str] | None = None,
+        connection: object,
+    ) -> IntentRecord:
+        """``Client.enqueue``, awaited, through an async connection: a psycopg 3
+        ``AsyncConnection``, or an SQLAlchemy ``AsyncConnection`` or ``AsyncSession`` on
+        ``postgresql+psycopg_async://``. See docs/outbox.md."""
+        self._in_this_process()
+        draft = self._outbox_draft(method, path, reference, json, data, headers)
+        return await self._outbox.aenqueue(draft, connection)
 
     async def resume(
         self, *, on_result: Callable[[ResumeResult], object] | None = None

@@ -44,6 +44,7 @@ from ._events import RetryEvent
 from ._hooks import Hooks, HookSet
 from ._lease_keeper import ThreadLeaseKeeper
 from ._options import check_base_url, check_count, check_seconds, check_timeout
+from ._outbox import Outbox
 from ._responses import DEFAULT_MAX_STORED_BYTES
 from ._retrying import RetryPolicy
 
@@ -57,6 +58,7 @@ __all__ = [
     "OperationBase",
     "RequestOptions",
     "Verbs",
+    "draft_request",
 ]
 
 logger = logging.getLogger("payonce")
@@ -180,23 +182,14 @@ class OperationBase:
         self._acknowledged = record.acknowledged_at is not None
 
     def _draft(self, method: str, path: str, options: RequestOptions) -> IntentDraft:
-        headers = options.get("headers")
-        canonical = canonical_request(
+        return draft_request(
+            self._core,
             method,
             path,
-            params=options.get("params"),
-            json_body=options.get("json"),
-            form=options.get("data"),
-            form_encoder=self._core.profile.encode_form,
-            content=options.get("content"),
-            content_type=_content_type(headers),
-        )
-        return self._core.drafter.draft(
-            canonical,
+            options,
             reference=self.reference,
             key=self._key,
             key_supplied=self._key_supplied,
-            headers=headers,
         )
 
     def _exit(self, exc_type: type[BaseException] | None) -> None:
@@ -225,6 +218,33 @@ class OperationBase:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} key={self._key!r} reference={self.reference!r}>"
+
+
+def draft_request(
+    core: IntentCore,
+    method: str,
+    path: str,
+    options: RequestOptions,
+    *,
+    reference: str | None,
+    key: str | None,
+    key_supplied: bool,
+) -> IntentDraft:
+    """The draft of one request of an intent: canonical, checked, fingerprinted."""
+    headers = options.get("headers")
+    canonical = canonical_request(
+        method,
+        path,
+        params=options.get("params"),
+        json_body=options.get("json"),
+        form=options.get("data"),
+        form_encoder=core.profile.encode_form,
+        content=options.get("content"),
+        content_type=_content_type(headers),
+    )
+    return core.drafter.draft(
+        canonical, reference=reference, key=key, key_supplied=key_supplied, headers=headers
+    )
 
 
 def _content_type(headers: Mapping[str, str] | None) -> str | None:
@@ -429,6 +449,42 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
         operation = self._operation(self, reference, key, True)
         operation._folds_acknowledgement = True
         return operation
+
+    def _outbox_draft(
+        self,
+        method: str,
+        path: str,
+        reference: str,
+        json: Any,
+        data: Mapping[str, Any] | Sequence[tuple[str, Any]] | None,
+        headers: Mapping[str, str] | None,
+    ) -> IntentDraft:
+        """The draft of an intent to enqueue: a request as ``request`` takes it, named."""
+        if reference is None:
+            raise ConfigurationError(
+                "enqueue needs reference= (your order id, say): it is what makes a retried "
+                "handler's second enqueue the same intent rather than a second payment"
+            )
+        options: RequestOptions = {}
+        if json is not None:
+            options["json"] = json
+        if data is not None:
+            options["data"] = data
+        if headers is not None:
+            options["headers"] = headers
+        return draft_request(
+            self._core,
+            method,
+            path,
+            options,
+            reference=validate_reference(reference),
+            key=None,
+            key_supplied=False,
+        )
+
+    @functools.cached_property
+    def _outbox(self) -> Outbox:
+        return Outbox(self._core)
 
     @property
     def account(self) -> str:

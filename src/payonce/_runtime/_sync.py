@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any, TypeVar, Unpack, assert_never
 
 import httpx
@@ -86,6 +86,34 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         reference, key, request = self.one_shot(options)
         with self._one_shot_intent(reference, key) as op:
             return op.request(method, path, **request)
+
+    def enqueue(
+        self,
+        method: str,
+        path: str,
+        *,
+        reference: str,
+        json: Any = None,
+        data: Mapping[str, Any] | Sequence[tuple[str, Any]] | None = None,
+        headers: Mapping[str, str] | None = None,
+        connection: object,
+    ) -> IntentRecord:
+        """Journal an intent inside your own open PostgreSQL transaction: the outbox.
+
+        The intent's write-ahead record (pending, nothing sent) is written through
+        ``connection`` (a psycopg 3 ``Connection``, or an SQLAlchemy ``Connection`` or
+        ``Session`` on ``postgresql+psycopg://``), so it commits or rolls back with your
+        rows. After the commit, ``resume()`` or ``payonce worker`` sends it under its key.
+
+        The connection must be to the database (and server) that holds this client's
+        PostgreSQL journal, with a transaction open; otherwise ``ConfigurationError``,
+        nothing written. Enqueuing the same ``reference`` again with the same request is
+        the same intent (its record is returned); with another request it is
+        ``IntentMismatch``, and your transaction stays usable. See docs/outbox.md.
+        """
+        self._in_this_process()
+        draft = self._outbox_draft(method, path, reference, json, data, headers)
+        return self._outbox.enqueue(draft, connection)
 
     # -- after a crash: resume, reconcile, abandon, acknowledge -------------------------------
 

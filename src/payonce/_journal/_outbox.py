@@ -1,0 +1,210 @@
+"""The outbox's write-ahead: a new intent journaled through the caller's own PostgreSQL
+connection, inside the caller's open transaction, so that it commits or rolls back with the
+caller's business rows (an order and its payment, together or not at all).
+
+What is written is the journal's own write-ahead record (``_rows.write_ahead_values`` and
+``_sql.INSERT_INTENT``, the statement every creation runs), pending, with nothing sent:
+no attempt, no lease, no first send. After the caller commits, any ``resume`` or worker
+claims it like any pending intent nobody holds, and sends it under its key.
+
+Nothing here does I/O: ``enqueue_steps`` is a generator that yields each ``Statement`` to
+run on the caller's connection and receives its ``Answer``, so the sync and async edges
+(``payonce._runtime._outbox``) differ only in how they run a statement. Their runner wraps
+the steps in a savepoint, so a refusal or a failed statement leaves the caller's
+transaction usable and the journal as it was.
+
+The connection must reach the very tables the journal uses: the same server, the same
+database, the same schema. ``journal_place`` reads where the journal lives through the
+journal's own connection; the first step reads the same facts through the caller's. The
+server is known by its postmaster's start time and port (any role may read them, over TCP
+or a unix socket, and two servers never share both), the database by its name, the schema
+by the object id of its ``intents`` table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+import attrs
+
+from .._lifecycle import IntentDraft, IntentRecord, is_mismatch
+from .._lifecycle import _refusals as refusals
+from ..errors import ConfigurationError, JournalError
+from . import _sql as sql
+from ._engine import Engine, Tx
+from ._rows import intent_from_row, write_ahead_values
+
+__all__ = [
+    "SAVEPOINT",
+    "Answer",
+    "JournalPlace",
+    "NotTheJournalDatabase",
+    "Statement",
+    "enqueue_steps",
+    "journal_place",
+]
+
+SAVEPOINT = "payonce_enqueue"
+"""The savepoint the runner wraps the steps in, in the caller's transaction."""
+
+_PLACE = (
+    "SELECT current_database(), extract(epoch FROM pg_postmaster_start_time()),"
+    " current_setting('port'), to_regclass(?)::oid"
+)
+_JOURNAL_SCHEMA = (
+    "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+    " WHERE c.oid = to_regclass('intents')"
+)
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+@attrs.frozen
+class JournalPlace:
+    """Where a journal's tables are: what a connection must reach to write its intents."""
+
+    schema: str
+    database: str
+    server_started: Any
+    """The epoch of the server's postmaster start, as the server reports it."""
+    port: str
+    table: int | None
+    """The object id of the journal's ``intents`` table (None: no such table there)."""
+
+    @property
+    def intents_table(self) -> str:
+        return f"{_quoted(self.schema)}.intents"
+
+    def seen_from(self, row: tuple[Any, ...]) -> JournalPlace:
+        """The same facts as a connection's ``_PLACE`` row tells them."""
+        database, started, port, table = row
+        return JournalPlace(
+            self.schema, str(database), started, str(port), None if table is None else int(table)
+        )
+
+    def differences(self, other: JournalPlace) -> str | None:
+        """How ``other`` (a caller's connection) is elsewhere; None when it is here."""
+        if (other.server_started, other.port) != (self.server_started, self.port):
+            return (
+                f"it is connected to another PostgreSQL server (database {other.database!r}, "
+                f"port {other.port})"
+            )
+        if other.database != self.database:
+            return f"it is connected to database {other.database!r}, not {self.database!r}"
+        if other.table != self.table:
+            return f"its database has no journal table {self.intents_table} (or another one)"
+        return None
+
+
+class NotTheJournalDatabase(ConfigurationError):
+    """The caller's connection does not reach the journal's tables (raised by the steps,
+    nothing written): the runtime reads the journal's place again once before giving up,
+    in case the server was restarted since it last read it."""
+
+
+def journal_place(engine: Engine) -> JournalPlace:
+    """Where the journal ``engine`` writes to lives; ``ConfigurationError`` for a journal
+    that is not in PostgreSQL (no one else's transaction can hold its writes)."""
+    if engine.dialect is not sql.POSTGRES:
+        raise ConfigurationError(
+            f"enqueue(connection=...) writes the intent in your own PostgreSQL transaction, "
+            f"but this client's journal is not in PostgreSQL ({engine.location}); nothing was "
+            "written. Give the client the journal in your service's database "
+            "(journal='postgresql://…/yourdb?schema=payonce'), or call the client directly "
+            "after your transaction commits"
+        )
+
+    def work(tx: Tx) -> JournalPlace:
+        row = tx.one(_JOURNAL_SCHEMA)
+        if row is None:
+            raise engine.error("the journal's intents table is missing; the journal is damaged")
+        place = JournalPlace(str(row[0]), "", None, "", None)
+        found = tx.one(_PLACE, (place.intents_table,))
+        assert found is not None, "a SELECT without FROM returns its one row"
+        return place.seen_from(found)
+
+    return engine.read(work)
+
+
+@attrs.frozen
+class Statement:
+    """One statement for the caller's connection, in PostgreSQL's ``%s`` style."""
+
+    text: str
+    params: tuple[Any, ...] = ()
+
+
+@attrs.frozen
+class Answer:
+    """What a statement did: the rows it changed, and the rows it returned."""
+
+    rowcount: int
+    rows: list[tuple[Any, ...]]
+
+
+Steps = Generator[Statement, Answer, IntentRecord]
+
+
+def _statement(text: str, params: tuple[Any, ...] = ()) -> Statement:
+    return Statement(sql.POSTGRES.sql(text), params)
+
+
+def enqueue_steps(
+    draft: IntentDraft,
+    *,
+    now: float,
+    place: JournalPlace,
+    location: str,
+    reconcilable: bool,
+) -> Steps:
+    """Journal ``draft``'s intent, pending and unsent, through the caller's connection.
+
+    Returns the intent journaled for ``draft.reference``: the new one, or the one an
+    earlier call journaled for the same request (a retried handler). Raises
+    ``IntentMismatch`` when that reference holds another request, and
+    ``NotTheJournalDatabase`` when the connection does not reach the journal's tables; the
+    runner then rolls its savepoint back.
+    """
+    here = yield _statement(_PLACE, (place.intents_table,))
+    if (why := place.differences(place.seen_from(here.rows[0]))) is not None:
+        raise NotTheJournalDatabase(
+            f"connection= must reach the database that holds the journal ({location}, schema "
+            f"{place.schema!r}) so that the intent commits with your rows, but {why}; nothing "
+            "was written. Pass a connection to that database, or give the client a journal in "
+            "your own database (journal='postgresql://…/yourdb?schema=payonce')"
+        )
+    # The journal's statements name its tables unqualified: for these few statements the
+    # caller's search path is the journal's schema, then the caller's own again.
+    before = yield _statement("SELECT current_setting('search_path')")
+    yield _statement("SELECT set_config('search_path', ?, true)", (_quoted(place.schema),))
+    record = yield from _select(sql.BY_REFERENCE, (draft.scope, draft.reference))
+    if record is None:
+        values = write_ahead_values(
+            draft, now, first_sent_at=None, owner=None, lease_expires_at=None
+        )
+        yield _statement(sql.INSERT_INTENT, values)
+        # Inserted, or another transaction committed the same reference (or the same key)
+        # first: either way the row to answer with is there now.
+        record = yield from _select(sql.BY_REFERENCE, (draft.scope, draft.reference))
+        record = record or (yield from _select(sql.BY_KEY, (draft.key,)))
+    yield _statement("SELECT set_config('search_path', ?, true)", (before.rows[0][0],))
+    if record is None:
+        raise JournalError(
+            f"intent {draft.key} for reference {draft.reference!r} was neither written nor "
+            "found (another transaction holds the same reference uncommitted?); nothing was "
+            "written. Retry your transaction",
+            location=location,
+        )
+    if is_mismatch(record, draft):
+        raise refusals.mismatch(draft, record, reconcilable=reconcilable)
+    return record
+
+
+def _select(
+    where: str, params: tuple[Any, ...]
+) -> Generator[Statement, Answer, IntentRecord | None]:
+    found = yield _statement(sql.SELECT_INTENT + where, params)
+    return intent_from_row(found.rows[0]) if found.rows else None
