@@ -17,11 +17,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psycopg
 import pytest
 
 import payonce
 from helpers.cli import PYTHON_M_PAYONCE, run_cli, run_cli_process
-from helpers.payments import MakeClient, make_unknown
+from helpers.payments import PAYMENT, MakeClient, make_unknown
 from helpers.pending import enqueue_pending
 from helpers.processes import python_env
 from helpers.proxies import Page, pages_in_front_of
@@ -293,7 +294,9 @@ def test_a_second_sigint_stops_at_once_leaving_the_payment_for_the_next_worker(
     assert worker.ended(timeout=30) == 130, worker.stderr
     assert "SIGINT again: stopping at once" in worker.stderr
     assert _states(journal_path) == {key: payonce.IntentState.PENDING}
-    # The next worker takes it at once (its owner is gone) and sends it under its key.
+    # Once the provider is done with the request the dead worker sent, the next worker
+    # takes the intent at once (its owner is gone) and sends it again under its key.
+    assert slow.wait_idle()
     result = run_cli_process(_worker_args(slow.url, journal_path, "--once"), env=KEY_ENV)
     assert result.exit_code == 0, result.output
     assert slow.wait_idle()
@@ -487,7 +490,7 @@ def test_otel_reports_the_pass_through_opentelemetrys_global_providers(
 
 
 @pytest.mark.slow
-def test_two_workers_and_a_killed_third_send_200_intents_exactly_once(
+def test_two_workers_and_a_killed_third_send_200_enqueued_intents_exactly_once(
     make_client: MakeClient,
     make_sandbox: Callable[..., SandboxServer],
     postgres_url: str,
@@ -503,7 +506,15 @@ def test_two_workers_and_a_killed_third_send_200_intents_exactly_once(
             retry_after_seconds=0.05,
         )
     )
-    keys = enqueue_pending(make_client(base_url=faulty.url, journal=postgres_url), 200)
+    # The outbox: the service enqueued 200 payments in its own transaction, sent nothing.
+    client = make_client(base_url=faulty.url, journal=postgres_url)
+    with psycopg.connect(postgres_url) as connection, connection.transaction():
+        keys = [
+            client.enqueue(
+                "POST", "/v1/payments", reference=f"order-{n}", json=PAYMENT, connection=connection
+            ).key
+            for n in range(200)
+        ]
 
     options = ("--concurrency", "4", "--interval", "0.2")
     workers = [start_worker(faulty.url, postgres_url, *options) for _ in range(2)]
