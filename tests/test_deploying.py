@@ -24,10 +24,10 @@ import pytest
 import yaml
 
 import payonce
+from helpers.ci import skip_or_fail
 from helpers.payments import PAYMENT, MakeClient, leave_pending, make_unknown
 from helpers.pending import enqueue_pending
 from helpers.processes import deployed_env
-from helpers.secret_service import skip_or_fail
 from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "deploying.md"
