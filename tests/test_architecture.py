@@ -117,6 +117,9 @@ LAYERS = {
         "payonce._lean_import",
         "payonce._version",
     },
+    # The SDK glue reaches a client through its public transport() only: it plugs into
+    # whatever transport the runtime gives, and the runtime never depends on it.
+    "payonce.integrations": {"payonce.errors"},
 }
 
 

@@ -314,16 +314,37 @@ def test_a_pending_intent_asked_for_with_another_body_and_query_says_to_call_aga
     assert sandbox.store.executions() == {record.key: 1}
 
 
-def test_a_second_request_in_one_operation_must_be_the_same_request(
+def test_a_second_different_request_in_one_operation_is_its_next_step(
     client: payonce.Client, sandbox: SandboxServer
 ) -> None:
-    with client.intent() as op:
+    with client.intent("order-two-steps") as op:
+        first = op.post("/v1/payments", json=PAYMENT)
+        second = op.post("/v1/payments", json={"amount": 1, "currency": "eur"})
+        # The same request as step 1 again (a caller's retry): step 1, replayed.
+        again = op.post("/v1/payments", json=dict(reversed(PAYMENT.items())))
+    assert op.key is not None
+    assert payonce.response_info(first).key == op.key  # type: ignore[union-attr]
+    assert payonce.response_info(second).key == f"{op.key}-step2"  # type: ignore[union-attr]
+    assert payonce.response_info(again).replayed  # type: ignore[union-attr]
+    assert payonce.response_info(again).key == op.key  # type: ignore[union-attr]
+    assert sandbox.store.total_executions() == 2
+
+
+def test_a_step_whose_request_changed_between_runs_is_refused_naming_it(
+    client: payonce.Client, sandbox: SandboxServer
+) -> None:
+    with client.intent("order-changed-step") as op:
         op.post("/v1/payments", json=PAYMENT)
-        with pytest.raises(payonce.IntentMismatch):
-            op.post("/v1/payments", json={"amount": 1, "currency": "eur"})
-        replay = op.post("/v1/payments", json=dict(reversed(PAYMENT.items())))
+        op.post("/v1/payments", json={"amount": 1, "currency": "eur"})
+    journaled = client.journal.list_intents()
+
+    with client.intent("order-changed-step") as again:
+        replay = again.post("/v1/payments", json=PAYMENT)
+        with pytest.raises(payonce.IntentMismatch, match=r"is step 2 \(POST /v1/payments\)"):
+            again.post("/v1/payments", json={"amount": 2, "currency": "eur"})
     assert payonce.response_info(replay).replayed  # type: ignore[union-attr]
-    assert sandbox.store.total_executions() == 1
+    assert client.journal.list_intents() == journaled
+    assert sandbox.store.total_executions() == 2
 
 
 def test_a_provider_mismatch_answer_maps_to_intent_mismatch(

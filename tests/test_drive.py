@@ -27,6 +27,7 @@ from payonce._lifecycle import (
     ClaimKind,
     IntentDraft,
     IntentRecord,
+    IntentRequest,
     IntentState,
     StoredResponse,
     Transition,
@@ -148,8 +149,7 @@ class Script:
 
     def journaled(self, draft: IntentDraft, *, state: IntentState, **changes: Any) -> None:
         """An intent already in the journal (an earlier process's)."""
-        fields = {f.name: getattr(draft, f.name) for f in attrs.fields(type(draft))}
-        fields.pop("key_supplied")
+        fields = {f.name: getattr(draft, f.name) for f in attrs.fields(IntentRequest)}
         self.record = IntentRecord(
             **fields,
             state=state,

@@ -13,6 +13,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 import payonce
@@ -104,6 +105,40 @@ def test_children_of_a_client_that_already_paid_journal_only_their_own_answers(
     client.post("/v1/payments", json=PAYMENT, reference="in-the-parent")  # still works here
     client.close()
     _assert_each_answer_is_its_own(location, sandbox)
+
+
+@pytest.mark.slow
+def test_children_of_a_transport_that_already_paid_journal_only_their_own_answers(
+    make_sandbox: Callable[..., SandboxServer], journal_path: Path
+) -> None:
+    sandbox = make_sandbox(processing_seconds=0.05)
+    client = payonce.Client(
+        base_url=sandbox.url,
+        provider="sandbox",
+        account="acct_demo",
+        journal=journal_path,
+        retry=FAST_RETRY,
+        transport_only=True,
+    )
+    headers = {"Authorization": f"Bearer {DEFAULT_API_KEY}"}
+    # httpx code over payonce's transport, with a pooled connection inherited below.
+    http = httpx.Client(base_url=sandbox.url, transport=client.transport(), headers=headers)
+    with client.intent("in-the-parent"):
+        http.post("/v1/payments", json=PAYMENT)
+
+    def pay(n: int) -> None:
+        for i in range(EACH):
+            amount = _amount(n, i)
+            with client.intent(f"c{n}-{i}"):
+                paid = http.post("/v1/payments", json={"amount": amount, "currency": "eur"})
+            assert paid.json()["amount"] == amount
+
+    assert _in_children(pay) == [0] * CHILDREN
+    with client.intent("in-the-parent"):
+        http.post("/v1/payments", json=PAYMENT)  # still works here, replayed
+    http.close()
+    client.close()
+    _assert_each_answer_is_its_own(journal_path, sandbox)
 
 
 def test_children_of_an_async_client_that_already_paid_pay_with_their_own_connections(

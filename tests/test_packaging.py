@@ -52,6 +52,10 @@ EXTRAS_ONLY = {
     "aiohttp",
     "httpx-aiohttp",
     "stripe",
+    "adyen",
+    "mollie-api-python",
+    "squareup",
+    "requests",
     "pytest",
     "keyrings-alt",
 }

@@ -739,3 +739,25 @@ def test_stripe_search_quotes_the_key() -> None:
 def test_stripe_reads_unexpected_409_bodies_as_a_conflict(body: bytes) -> None:
     verdict = classify_response(httpx.Response(409, content=body), STRIPE)
     assert (verdict.outcome, verdict.ambiguous) == (Outcome.RETRY, True)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "tagged", "settled_by_the_object"),
+    [
+        ("POST", "/v1/payment_intents", b"amount=1&currency=eur", True, True),
+        ("POST", "/v1/payment_intents", b"amount=1&confirm=true", True, False),
+        ("POST", "/proxy/v1/refunds", b"payment_intent=pi_1", True, True),
+        ("POST", "/v1/payment_intents/pi_1/confirm", b"", False, False),
+        ("POST", "/v1/payment_intents/pi_1", b"metadata[a]=b", False, False),
+        ("DELETE", "/v1/customers", b"", False, False),
+    ],
+)
+def test_stripe_tags_and_settles_by_the_object_found_only_what_creates(
+    method: str, path: str, body: bytes, tagged: bool, settled_by_the_object: bool
+) -> None:
+    # A confirm or a capture takes no metadata at Stripe (a 400), and an update's tag would
+    # replace the key its object was created under; a bare creation did all it asked once
+    # the object exists, whatever its status.
+    assert STRIPE.prepares(method, path) is tagged
+    assert STRIPE.lookup is not None
+    assert STRIPE.lookup.creation_only(method, path, body) is settled_by_the_object

@@ -22,6 +22,7 @@ PUBLIC_MODULES = {
     "demo",
     "errors",
     "hooks",
+    "integrations",
     "journal",
     "otel",
     "providers",
@@ -124,6 +125,7 @@ def test_client_options_are_named_in_the_signature() -> None:
         "on_retry",
         "clock",
         "transport",
+        "transport_only",
     }
     for cls in (payonce.Client, payonce.AsyncClient):
         parameters = inspect.signature(cls).parameters

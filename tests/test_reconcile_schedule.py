@@ -167,6 +167,6 @@ def test_every_built_in_profile_has_a_schedule_that_fits_its_provider() -> None:
     assert stripe.reconcile_schedule.first_after >= 60
     # Mollie forgets a key after an hour: past it no finding can let payonce resend.
     assert mollie.reconcile_schedule.give_up_after <= mollie.key_lifetime
-    for name in ("generic", "sandbox", "stripe", "adyen", "mollie"):
+    for name in ("generic", "sandbox", "stripe", "adyen", "mollie", "square"):
         schedule = get_profile(name).reconcile_schedule
         assert schedule.first_after <= schedule.give_up_after

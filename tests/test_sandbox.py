@@ -778,13 +778,15 @@ def test_provider_presets() -> None:
     stripe = SandboxConfig.like("stripe", processing_seconds=1.0)
     adyen = SandboxConfig.like("adyen")
     mollie = SandboxConfig.like("mollie")
+    square = SandboxConfig.like("square")
 
     assert (stripe.dialect, stripe.form_bodies, stripe.key_lifetime) == ("stripe", True, DAY)
     assert stripe.retry_hint_header == "Stripe-Should-Retry"
     assert stripe.retry_hints == {402: False, 409: True, 503: True}
     assert stripe.processing_seconds == 1.0
     assert (adyen.dialect, adyen.auth, adyen.key_lifetime) == ("adyen", "x-api-key", 31 * DAY)
-    assert (mollie.dialect, mollie.key_lifetime) == ("sandbox", 3600.0)
+    assert (mollie.dialect, mollie.key_lifetime) == ("mollie", 3600.0)
+    assert (square.dialect, square.auth, square.key_lifetime) == ("square", "bearer", DAY)
     with pytest.raises(ValueError, match="no preset for 'paypal'"):
         SandboxConfig.like("paypal")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="4xx"):

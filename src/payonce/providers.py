@@ -8,15 +8,18 @@ from ._lifecycle import Outcome, Verdict
 from ._providers._adyen import adyen_profile, adyen_reference_lookup
 from ._providers._mollie import mollie_profile
 from ._providers._profile import (
+    BodyKeyField,
     Lookup,
     ProviderProfile,
     ReconcileSchedule,
     get_profile,
     register_profile,
 )
+from ._providers._square import square_profile
 from ._providers._stripe import stripe_profile
 
 __all__ = [
+    "BodyKeyField",
     "Lookup",
     "Outcome",
     "ProviderProfile",
@@ -27,5 +30,6 @@ __all__ = [
     "get_profile",
     "mollie_profile",
     "register_profile",
+    "square_profile",
     "stripe_profile",
 ]

@@ -29,10 +29,11 @@ from .._lifecycle import (
     Transition,
     Unwritten,
     abandon_blocked,
+    step_key,
 )
 from .._lifecycle._key_age import PRUNE_AFTER_KEY_LIFETIMES
 from .._owners import owner_is_dead
-from .._providers._profile import key_lifetime_of
+from .._providers._profile import key_lifetime_of, key_max_length_of
 from ..errors import IntentInFlight
 from . import _sql as sql
 from ._engine import NO_SEND, NOT_A_JOURNAL_YET, Engine, Tx
@@ -181,6 +182,20 @@ class Journal:
 
     def find(self, key_or_reference: str) -> list[IntentRecord]:
         return self._intents(sql.FIND, (key_or_reference, key_or_reference))
+
+    def steps(self, key: str) -> list[IntentRecord]:
+        """The steps 2, 3… of the intent keyed ``key``, in order: the later requests of its
+        ``with client.intent(...)`` block, each an intent of its own keyed from this one's
+        (``KEY-step2``…, or a hashed form where the provider's key limit is too short).
+        Empty for an intent of one request, or for a key that is itself a step's."""
+        record = self.get(key)
+        if record is None:
+            return []
+        max_length = key_max_length_of(record.provider)
+        found: list[IntentRecord] = []
+        while (step := self.get(step_key(key, len(found) + 2, max_length=max_length))) is not None:
+            found.append(step)
+        return found
 
     def list_intents(
         self, *, states: Iterable[IntentState] | None = None, limit: int | None = None

@@ -32,6 +32,7 @@ from ._identity import (
     make_scope,
     new_key,
     request_differences,
+    step_key,
     validate_key,
     validate_reference,
 )
@@ -132,6 +133,7 @@ __all__ = [
     "form_pairs",
     "journaled_fingerprint_matches",
     "request_differences",
+    "step_key",
     "classify_error",
     "classify_lookup",
     "classify_lookup_error",

@@ -774,7 +774,7 @@ def _verify(
             continue
         response = result.response
         _read_clock(settings, response)
-        verdict = classify_lookup(response, lookup)
+        verdict = classify_lookup(response, lookup, run.record)
         transition = choose(VERIFIED, Moment(lookup=verdict.kind, found=verdict.state))
         if transition is Transition.LOOKED_UP:
             outcome = _JOURNALED.get(verdict.kind, ReconcileOutcome.ERROR)
@@ -846,7 +846,7 @@ def reconcile(settings: DriveSettings, record: IntentRecord, owner: str) -> Reco
         else:
             assert lookup is not None  # the look-up was made
             _read_clock(settings, result.response)
-            verdict = classify_lookup(result.response, lookup)
+            verdict = classify_lookup(result.response, lookup, current)
             if verdict.kind is not LookupKind.RETRY:
                 return (yield from _concluded(settings, current, owner, verdict, result.response))
             yield LookupRetried(current, verdict.kind, result.response)

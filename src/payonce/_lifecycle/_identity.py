@@ -29,6 +29,7 @@ __all__ = [
     "make_scope",
     "new_key",
     "request_differences",
+    "step_key",
     "validate_key",
     "validate_reference",
 ]
@@ -50,6 +51,27 @@ def new_key(key_format: KeyFormat = "ulid") -> str:
     if key_format == "uuid4":
         return str(uuid.uuid4())
     raise ConfigurationError(f"key_format must be 'ulid' or 'uuid4', not {key_format!r}")
+
+
+_STEP_HASH_LENGTH = 16
+
+
+def step_key(intent_key: str, step: int, *, max_length: int = MAX_KEY_LENGTH) -> str:
+    """The key of step ``step`` (2 and later) of the intent whose key is ``intent_key``.
+
+    Derived, never drawn: the same intent's step n has the same key in every process, so a
+    re-run after a crash finds step n journaled under it. ``KEY-step2`` while that fits the
+    provider's limit (Square takes 45 characters, Adyen 64); otherwise the key's head, a
+    hash of the whole key (two long keys sharing a head still differ) and the position.
+    """
+    if step < 2:
+        raise ValueError(f"step 1 is the intent itself, keyed {intent_key!r}; got step {step}")
+    suffix = f"-step{step}"
+    if len(intent_key) + len(suffix) <= max_length:
+        return intent_key + suffix
+    digest = hashlib.sha256(intent_key.encode()).hexdigest()[:_STEP_HASH_LENGTH]
+    head = intent_key[: max(0, max_length - len(suffix) - _STEP_HASH_LENGTH - 1)]
+    return f"{head}~{digest}{suffix}"[-max_length:]
 
 
 def validate_key(key: str, *, max_length: int = MAX_KEY_LENGTH) -> str:

@@ -44,6 +44,11 @@ class IntentDraft(IntentRequest):
 
     key_supplied: bool
     """True when the caller chose the key: then it must match any stored intent's key."""
+    step: int = 1
+    """Its position in its intent's block: 1 is the intent itself, 2 and later its steps
+    (each an intent of its own, keyed from the first's key: ``step_key``)."""
+    intent_key: str | None = None
+    """For a step 2 or later: the key of the intent (its step 1) it is a step of."""
 
 
 @attrs.frozen

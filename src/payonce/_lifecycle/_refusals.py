@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -88,6 +89,8 @@ def unavailable(record: IntentRecord, reason: str) -> ProviderUnavailable:
 
 
 def mismatch(draft: IntentDraft, record: IntentRecord, *, reconcilable: bool) -> IntentMismatch:
+    if draft.step > 1 and record.key == draft.key:
+        return _step_mismatch(draft, record)
     if draft.key_supplied and record.key != draft.key:
         what = f"reference {draft.reference!r} is bound to key {record.key}, not {draft.key}"
     elif record.scope != draft.scope:
@@ -101,6 +104,31 @@ def mismatch(draft: IntentDraft, record: IntentRecord, *, reconcilable: bool) ->
         record,
         f"cannot be sent: {what} (stored fingerprint {record.fingerprint[:16]}…, new "
         f"{draft.fingerprint[:16]}…). Nothing was sent. {_what_now(record, reconcilable)}",
+        stored_fingerprint=record.fingerprint,
+        new_fingerprint=draft.fingerprint,
+    )
+
+
+def _step_mismatch(draft: IntentDraft, record: IntentRecord) -> IntentMismatch:
+    """Step n of an intent asked for with another request than the one journaled for that
+    position: the code that runs in the block changed between runs (or runs its steps in
+    another order)."""
+    journaled = f"{record.method} {urlsplit(record.url).path}"
+    now = f"{draft.method} {urlsplit(draft.url).path}"
+    if journaled != now:
+        what = f"it was journaled as {journaled} and is now {now}"
+    else:
+        what = "its request differs from the one journaled"
+        if differences := request_differences(record, draft):
+            what += f" in {', '.join(differences)}"
+    return _about(
+        IntentMismatch,
+        record,
+        f"is step {draft.step} ({now}) of intent {draft.intent_key} and cannot be sent: {what}. "
+        "Nothing was sent and the journal is unchanged. The steps of an intent must be the "
+        "same requests, in the same order, on every run: restore the code that journaled "
+        f"them, or check intent {draft.intent_key} with `payonce intents show "
+        f"{draft.intent_key}` and use a new reference for a new operation",
         stored_fingerprint=record.fingerprint,
         new_fingerprint=draft.fingerprint,
     )

@@ -14,6 +14,7 @@ import json
 import ssl
 from collections.abc import Callable
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import attrs
 import httpx
@@ -349,6 +350,19 @@ class LookupRules(Protocol):
     def succeeded(self) -> frozenset[str]: ...
     @property
     def failed(self) -> frozenset[str]: ...
+    @property
+    def creation_only(self) -> Callable[[str, str, bytes], bool]: ...
+
+
+class LookedUpRequest(Protocol):
+    """The journaled request a look-up is about (an intent's record)."""
+
+    @property
+    def method(self) -> str: ...
+    @property
+    def url(self) -> str: ...
+    @property
+    def body(self) -> bytes: ...
 
 
 class ReconcileOutcome(enum.StrEnum):
@@ -377,8 +391,10 @@ class LookupVerdict:
     """For ``FOUND``: the provider's record, stored as the intent's response."""
 
 
-def classify_lookup(response: httpx.Response, lookup: LookupRules) -> LookupVerdict:
-    """The verdict on a status look-up's answer."""
+def classify_lookup(
+    response: httpx.Response, lookup: LookupRules, request: LookedUpRequest | None = None
+) -> LookupVerdict:
+    """The verdict on a status look-up's answer about ``request``'s intent."""
     status = response.status_code
     if status == 429 or status >= 500:
         return LookupVerdict(LookupKind.RETRY, f"HTTP {status}")
@@ -407,11 +423,20 @@ def classify_lookup(response: httpx.Response, lookup: LookupRules) -> LookupVerd
         state = IntentState.SUCCEEDED
     elif isinstance(item, dict) and provider_status in lookup.failed:
         state = IntentState.FAILED
+    elif isinstance(item, dict) and request is not None and _created_only(request, lookup):
+        # A request that only creates the object (a step before its confirmation) did all it
+        # asked once the object exists, whatever its status (``requires_confirmation``).
+        detail = f"the provider has the object it created, status {provider_status!r}"
+        return LookupVerdict(LookupKind.FOUND, detail, state=IntentState.SUCCEEDED, record=item)
     else:
         detail = f"the provider's record is {provider_status!r}, not final yet; still unknown"
         return LookupVerdict(LookupKind.UNDECIDED, detail)
     detail = f"the provider has the record, status {provider_status!r}"
     return LookupVerdict(LookupKind.FOUND, detail, state=state, record=item)
+
+
+def _created_only(request: LookedUpRequest, lookup: LookupRules) -> bool:
+    return lookup.creation_only(request.method, urlsplit(request.url).path, request.body)
 
 
 def classify_lookup_error(error: BaseException) -> LookupVerdict | None:

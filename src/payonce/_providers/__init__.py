@@ -8,8 +8,9 @@ in ``payonce.providers``.
 from ._adyen import ADYEN
 from ._mollie import MOLLIE
 from ._profile import register_profile
+from ._square import SQUARE
 from ._stripe import STRIPE
 
-for _builtin in (STRIPE, ADYEN, MOLLIE):
+for _builtin in (STRIPE, ADYEN, MOLLIE, SQUARE):
     register_profile(_builtin)
 del _builtin

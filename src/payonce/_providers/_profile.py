@@ -11,6 +11,7 @@ import httpx
 
 from .._lifecycle import (
     DEFAULT_RECONCILE_SCHEDULE,
+    CanonicalRequest,
     FormEncoder,
     ReconcileSchedule,
     Verdict,
@@ -21,6 +22,7 @@ from ..errors import ConfigurationError
 __all__ = [
     "GENERIC",
     "SANDBOX",
+    "BodyKeyField",
     "Lookup",
     "ProviderProfile",
     "ReconcileSchedule",
@@ -33,6 +35,10 @@ __all__ = [
 
 def _value_as_is(value: str) -> str:
     return value
+
+
+def _asks_more(method: str, path: str, body: bytes) -> bool:
+    return False
 
 
 @attrs.frozen
@@ -54,6 +60,12 @@ class Lookup:
     format_value: Callable[[str], str] = _value_as_is
     """Turns the key or reference into the query value, e.g. a search expression such as
     Stripe's ``metadata['payonce_idempotency_key']:'KEY'``."""
+    creation_only: Callable[[str, str, bytes], bool] = _asks_more
+    """Whether a request (method, path the provider sees, journaled body) only creates the
+    object the look-up finds: then a record found in any status settles it as succeeded (it
+    did all it asked), where other requests wait for a status in ``succeeded`` or
+    ``failed``. None by default; Stripe's: a creation without ``confirm=true`` (a
+    PaymentIntent created to be confirmed by a later step)."""
     consistent: bool = True
     """Whether the look-up sees a payment as soon as it is executed. One that lags (Stripe's
     Search API) cannot tell "not executed" from "not indexed yet", so it is no ground for
@@ -101,6 +113,46 @@ def _any_request(method: str, path: str, content_type: str | None) -> str | None
     return None
 
 
+def _every_request(method: str, path: str) -> bool:
+    return True
+
+
+def _is_json(content_type: str | None) -> bool:
+    media_type = (content_type or "").split(";")[0].strip().lower()
+    return media_type == "application/json" or media_type.endswith("+json")
+
+
+def _json_body_object(body: bytes, content_type: str | None) -> dict[str, Any] | None:
+    if not body or not _is_json(content_type):
+        return None
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _encode_json(data: dict[str, Any]) -> bytes:
+    # payonce's canonical JSON: the same object always gives the same bytes.
+    return json.dumps(
+        data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode()
+
+
+@attrs.frozen
+class BodyKeyField:
+    """``prepare_body`` for a provider whose key travels in the JSON body (Square's
+    ``idempotency_key``): the intent's key goes into ``field`` where the request has it."""
+
+    field: str
+
+    def __call__(self, body: bytes, content_type: str | None, key: str) -> bytes:
+        data = _json_body_object(body, content_type)
+        if data is None or self.field not in data:
+            return body  # a request that takes no key (Square's complete, cancel...)
+        return _encode_json({**data, self.field: key})
+
+
 @attrs.frozen
 class ProviderProfile:
     """What payonce needs to know about one provider's idempotency contract.
@@ -115,6 +167,13 @@ class ProviderProfile:
 
     name: str
     key_header: str = "Idempotency-Key"
+    key_field: str | None = None
+    """The top-level field of a JSON body that carries the key instead of ``key_header``
+    (Square's ``idempotency_key``); None: the key travels in ``key_header``. A request whose
+    body has the field is journaled with it emptied, so the fingerprint does not cover it;
+    a value the caller put there is the intent's key; every attempt is sent with the
+    intent's key in it (``BodyKeyField`` as ``prepare_body``). A request without the
+    field is sent as it is, with no key."""
     key_max_length: int = 255
     quote_key: bool = False
     """Send the key as an RFC 8941 string (``"key"``), as the IETF draft says."""
@@ -179,6 +238,11 @@ class ProviderProfile:
     """When ``payonce worker`` looks this provider's unknown intents up, and when it gives
     up and escalates them (``ReconcileSchedule``). Unused without a ``lookup``: such an
     intent is escalated at once."""
+    prepares: Callable[[str, str], bool] = _every_request
+    """Which requests ``prepare_body`` applies to (method, and the path the provider sees,
+    with the base URL's own path); every one by default. Stripe's tags creations only:
+    Stripe refuses metadata on a confirm or a capture, and an update's would overwrite the
+    key its creation was tagged with."""
 
     @property
     def verifies(self) -> bool:
@@ -186,6 +250,25 @@ class ProviderProfile:
         if self.resend is not None:
             return self.resend == "verify" and self.lookup is not None
         return self.lookup is not None and self.lookup.consistent
+
+    def without_body_key(self, canonical: CanonicalRequest) -> tuple[CanonicalRequest, str | None]:
+        """The request with its body's key field emptied, and the key it held (None when
+        it has no such field, or an empty one). Unchanged for a profile whose key travels
+        in a header."""
+        if self.key_field is None:
+            return canonical, None
+        data = _json_body_object(canonical.body, canonical.content_type)
+        if data is None or self.key_field not in data:
+            return canonical, None
+        found = data[self.key_field]
+        if found is not None and not isinstance(found, str):
+            raise ConfigurationError(
+                f"the body's {self.key_field!r} holds {type(found).__name__}, not a string: "
+                f"{self.name}'s idempotency key is a string (or give key= and leave it out)"
+            )
+        body = _encode_json({**data, self.key_field: ""})
+        emptied = attrs.evolve(canonical, body=body, canonical_body=body)
+        return emptied, found or None
 
     def key_header_value(self, key: str) -> str:
         return f'"{key}"' if self.quote_key else key
@@ -253,6 +336,14 @@ def key_lifetime_of(provider: str) -> float:
     if (profile := _REGISTRY.get(provider)) is not None:
         return profile.key_lifetime
     return max([UNREGISTERED_KEY_LIFETIME, *(p.key_lifetime for p in _REGISTRY.values())])
+
+
+def key_max_length_of(provider: str) -> int:
+    """The longest key the provider named ``provider`` takes, as far as this process knows
+    (a step's key is derived to fit it); for a name it does not know, the default 255."""
+    if (profile := _REGISTRY.get(provider)) is not None:
+        return profile.key_max_length
+    return ProviderProfile(name=provider).key_max_length
 
 
 def get_profile(provider: str | ProviderProfile) -> ProviderProfile:

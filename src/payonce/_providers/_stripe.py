@@ -148,6 +148,15 @@ def _timestamp(moment: datetime.datetime) -> int:
     return int(time.mktime(moment.timetuple()))  # a naive time is local, as the SDK reads it
 
 
+def stripe_creation_only(method: str, path: str, body: bytes) -> bool:
+    """A creation that asks for nothing more than the object (no ``confirm=true``): the
+    object found at all is its whole effect, whatever its status."""
+    if not stripe_creates(method, path):
+        return False
+    pairs = parse_qsl(body.decode("latin-1"), keep_blank_values=True)
+    return not any(name == "confirm" and value.lower() == "true" for name, value in pairs)
+
+
 def _search_expression(field: str) -> Callable[[str], str]:
     def expression(key: str) -> str:
         # The Search query language quotes values in single quotes, escaped by a backslash.
@@ -180,6 +189,17 @@ def _body_as_is(body: bytes, content_type: str | None, key: str) -> bytes:
     return body
 
 
+def stripe_creates(method: str, path: str) -> bool:
+    """A request that creates an object: a POST to a collection (``/v1/payment_intents``,
+    ``/v1/refunds``), the only kind the metadata tag goes into. A confirm or a capture
+    takes no metadata (Stripe refuses the parameter), and an update's tag would replace the
+    key the object was created under, which its look-up searches by."""
+    segments = [part for part in path.split("/") if part]
+    # After the API version: a base URL with a path of its own (a proxy's) may come first.
+    after_version = segments[segments.index("v1") + 1 :] if "v1" in segments else segments[1:]
+    return method.upper() == "POST" and len(after_version) == 1
+
+
 def stripe_profile(
     *,
     tag_metadata: bool = True,
@@ -189,7 +209,8 @@ def stripe_profile(
 ) -> ProviderProfile:
     """A Stripe profile.
 
-    With ``tag_metadata`` (the default), every form-encoded request carries
+    With ``tag_metadata`` (the default), every form-encoded creation (a POST to a
+    collection such as ``/v1/payment_intents``) carries
     ``metadata[<metadata_key>]=<idempotency key>``, and an ``unknown`` intent is looked up
     with the Search API at ``search_path`` (``/v1/payment_intents/search``; use
     ``/v1/charges/search``, ``/v1/customers/search``… for other objects). Without it, the
@@ -205,10 +226,14 @@ def stripe_profile(
             list_field="data",
             status_field="status",
             # requires_capture: authorised and held, i.e. the request did what it asked.
-            # requires_payment_method is also a fresh, unconfirmed intent's status, so it
-            # settles nothing: such an intent stays unknown for an operator to judge.
+            # requires_payment_method is also a fresh, unconfirmed intent's status, so for
+            # a creation that confirms (confirm=true) it settles nothing: such an intent
+            # stays unknown for an operator to judge. One that only creates is settled by
+            # the object's existence (creation_only).
             succeeded=frozenset({"succeeded", "requires_capture"}),
             failed=frozenset({"canceled", "failed"}),
+            # A PaymentIntent created to be confirmed by a later step: found, it was created.
+            creation_only=stripe_creation_only,
             # Stripe documents that search results may lag writes by up to a minute.
             consistent=False,
         )
@@ -227,6 +252,7 @@ def stripe_profile(
         refine=stripe_refine,
         refuse_request=stripe_refuse_request,
         prepare_body=_TagMetadata(metadata_key) if tag_metadata else _body_as_is,
+        prepares=stripe_creates,
         encode_form=stripe_form_pairs,
         reconcile_schedule=STRIPE_RECONCILE_SCHEDULE,
     )

@@ -17,11 +17,21 @@ from typing import Any, ParamSpec, TypeVar, Unpack, assert_never
 import httpx
 
 from .._crash import crash_point
-from .._lifecycle import IntentDraft, IntentRecord
+from .._lifecycle import Claim, IntentDraft, IntentRecord
 from .._lifecycle import _drive as drive
 from .._owners import new_owner
 from . import _reconcile
-from ._base import BaseClient, OneShotOptions, OneShotVerbs, OperationBase, RequestOptions, Verbs
+from ._base import (
+    BaseClient,
+    OneShotOptions,
+    OneShotVerbs,
+    OperationBase,
+    OutsideIntent,
+    RequestOptions,
+    SdkKeys,
+    Verbs,
+    bound,
+)
 from ._batch import Claimed, ReconcileBatch, ResumeBatch, ResumeResult, arun_batch
 from ._deadline import Deadline
 from ._journal_threads import off_loop
@@ -29,6 +39,7 @@ from ._lease_keeper import Lease
 from ._lease_task import TaskLeaseKeeper
 from ._reconcile import ReconcileResult
 from ._telling import logger
+from ._transport import AsyncTransport, Transported
 
 __all__ = ["AsyncClient", "AsyncOperation"]
 
@@ -53,15 +64,27 @@ class AsyncOperation(OperationBase, Verbs[Awaited]):
     async def request(
         self, method: str, path: str, **options: Unpack[RequestOptions]
     ) -> httpx.Response:
-        """Send the intent's request (once), or replay its journaled outcome."""
-        return await self._client._drive(self, self._draft(method, path, options))
+        """Send the intent's next step (once), or replay its journaled outcome (see
+        ``Operation.request``)."""
+        self._core.require_api_key(f"{method.upper()} {path}")
+        with self._next_step(method, path, options) as (draft, bind):
+            return await self._client._drive(self, draft, bind)
+
+    async def _transported(self, request: Transported, http: httpx.AsyncClient) -> httpx.Response:
+        """See ``Operation._transported``."""
+        with self._next_step(
+            request.method, request.target, request.options, caller_key=request.caller_key
+        ) as (draft, bind):
+            return await self._client._drive(self, draft, bind, http=http, auth=request.auth)
 
     async def acknowledge(self) -> None:
-        """Mark the settled outcome as recorded on the caller's side."""
-        if self._key is not None:
-            await self._client.acknowledge(self._key)
+        """Mark the settled outcome of every settled step as recorded on the caller's
+        side."""
+        for key in self._settled_keys():
+            await self._client.acknowledge(key)
 
     async def __aenter__(self) -> AsyncOperation:
+        self._enter()
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
@@ -84,8 +107,24 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
     ) -> httpx.Response:
         """A one-shot operation (see ``Client.request``)."""
         reference, key, request = self.one_shot(options)
+        current = self._current_block(reference, key)
+        if current is not None:
+            return await current.request(method, path, **request)
         async with self._one_shot_intent(reference, key) as op:
             return await op.request(method, path, **request)
+
+    def transport(
+        self,
+        inner: httpx.AsyncBaseTransport | None = None,
+        *,
+        sdk_keys: SdkKeys = "honour",
+        outside_intent: OutsideIntent = "journal",
+    ) -> httpx.AsyncBaseTransport:
+        """An async httpx transport that brings payonce to any httpx-based code:
+        ``httpx.AsyncClient(transport=client.transport())``. See ``Client.transport``."""
+        return AsyncTransport(
+            self, inner, sdk_keys=sdk_keys, outside_intent=outside_intent, verify=self._verify
+        )
 
     # -- after a crash -----------------------------------------------------------------------
 
@@ -112,6 +151,7 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
     ) -> list[ResumeResult]:
         """See ``Client.resume``."""
         self._in_this_process()
+        self._core.require_api_key("resume()")
         batch = ResumeBatch(self._core)
 
         async def resume(target: Claimed) -> ResumeResult:
@@ -128,6 +168,7 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
     ) -> list[ReconcileResult]:
         """See ``Client.reconcile``."""
         self._in_this_process()
+        self._core.require_api_key("reconcile()")
         batch = ReconcileBatch(self._core, key_or_reference)
         return await arun_batch(batch, self._reconcile, on_result)
 
@@ -136,6 +177,7 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
     ) -> list[ReconcileResult]:
         """See ``Client.reconcile_all``."""
         self._in_this_process()
+        self._core.require_api_key("reconcile_all()")
         return await arun_batch(ReconcileBatch(self._core, None), self._reconcile, on_result)
 
     async def _reconcile(self, record: IntentRecord) -> ReconcileResult:
@@ -158,16 +200,27 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
 
     # -- sending -----------------------------------------------------------------------------
 
-    async def _drive(self, op: AsyncOperation, draft: IntentDraft) -> httpx.Response:
+    async def _drive(
+        self,
+        op: AsyncOperation,
+        draft: IntentDraft,
+        bind: Callable[[IntentRecord], None],
+        *,
+        http: httpx.AsyncClient | None = None,
+        auth: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
         self._in_this_process()
-        ack = op._folds_acknowledgement
+        ack = op._folds_acknowledgement and draft.step == 1
         call = drive.call(self._core.settings, draft, new_owner(), acknowledge_on_success=ack)
-        return await self._execute(call, op._bind)
+        return await self._execute(call, bind, http=http, auth=auth)
 
     async def _execute(
         self,
         commands: Generator[drive.Command, Any, T],
         bind: Callable[[IntentRecord], None] | None = None,
+        *,
+        http: httpx.AsyncClient | None = None,
+        auth: Mapping[str, str] | None = None,
     ) -> T:
         """See ``Client._execute``: the drive runs on the loop; only its journal commands
         leave it, one journal thread hop each."""
@@ -195,14 +248,16 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
                     else:
                         answer = await off_loop(core.journal_command, command, after=failed)
                     failed = None
+                    if bind is not None and isinstance(answer, Claim):
+                        bound(answer, bind)
                     continue
                 match command:
                     case drive.Send(current):
-                        answer = await self._send(current)
+                        answer = await self._send(current, http, auth)
                         failed = answer.error if isinstance(answer, drive.Failed) else None
                         interrupted = failed is not None and not isinstance(failed, Exception)
                     case drive.LookUp(record):
-                        answer = await self._look_up(record)
+                        answer = await self._look_up(record, http, auth)
                         failed = answer.error if isinstance(answer, drive.Failed) else None
                     case drive.ReadClock():
                         answer = await self._read_clock()
@@ -242,10 +297,13 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
                 core.run_over(run, failure)
                 core.tell.drive_ended(run)
 
-    async def _send(self, run: drive.Run) -> drive.Answered | drive.Failed:
+    async def _send(
+        self, run: drive.Run, http: httpx.AsyncClient | None, auth: Mapping[str, str] | None
+    ) -> drive.Answered | drive.Failed:
         """One attempt: its answer, or what it raised (a cancellation too)."""
+        http = self._http if http is None else http
         try:
-            response = await self._exchange(self._core.build_request(run, self._http))
+            response = await self._exchange(self._core.build_request(run, http, auth), http)
         except BaseException as exc:  # cancelled too: the drive journals it
             if logger.isEnabledFor(logging.DEBUG):
                 self._core.tell.log_error(run, exc)
@@ -253,10 +311,16 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
         crash_point("after_response")
         return drive.Answered(response)
 
-    async def _look_up(self, record: IntentRecord) -> drive.Answered | drive.Failed:
+    async def _look_up(
+        self,
+        record: IntentRecord,
+        http: httpx.AsyncClient | None,
+        auth: Mapping[str, str] | None,
+    ) -> drive.Answered | drive.Failed:
+        http = self._http if http is None else http
         try:
-            request = _reconcile.lookup_request(self._core, record, self._http)
-            return drive.Answered(await self._exchange(request))
+            request = _reconcile.lookup_request(self._core, record, http, auth)
+            return drive.Answered(await self._exchange(request, http))
         except Exception as exc:
             return drive.Failed(exc)
 
@@ -266,13 +330,15 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
         except Exception as exc:
             return drive.Failed(exc)
 
-    async def _exchange(self, request: httpx.Request) -> httpx.Response:
+    async def _exchange(
+        self, request: httpx.Request, http: httpx.AsyncClient | None = None
+    ) -> httpx.Response:
         """One request and its whole answer, within the exchange's total deadline."""
         deadline = Deadline.start(self._attempt_timeout)
         scope = asyncio.timeout(deadline.seconds)
         try:
             async with scope:
-                return await self._http.send(request)
+                return await (self._http if http is None else http).send(request)
         except TimeoutError:
             if scope.expired():
                 raise deadline.exceeded(request) from None

@@ -8,14 +8,18 @@ flavour, and the short chains that send, sleep and wait.
 from __future__ import annotations
 
 import abc
+import contextlib
 import functools
 import ipaddress
 import logging
 import os
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar, Unpack, cast
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar, Token
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypedDict, TypeVar, Unpack, cast
 
+import attrs
 import httpx
 
 from .._crash import crash_point
@@ -25,6 +29,8 @@ from .._journal._open import open_to_write, store_of
 from .._journal._reads import Journal
 from .._journal._reports import JournalCommitted
 from .._lifecycle import (
+    Claim,
+    ClaimKind,
     IntentDraft,
     IntentRecord,
     IntentState,
@@ -33,6 +39,8 @@ from .._lifecycle import (
     check_headers,
     default_lease_seconds,
     new_key,
+    step_key,
+    validate_key,
     validate_reference,
 )
 from .._providers._profile import ProviderProfile, get_profile
@@ -52,7 +60,13 @@ if TYPE_CHECKING:
     from ._lease_task import TaskLeaseKeeper
 
 __all__ = [
+    "MUTATING",
     "BaseClient",
+    "OutsideIntent",
+    "SdkKeys",
+    "Step",
+    "bound",
+    "current_operation",
     "OneShotOptions",
     "OneShotVerbs",
     "OperationBase",
@@ -142,8 +156,53 @@ class OneShotVerbs(Generic[R]):
         return self.request("DELETE", path, **options)
 
 
+SdkKeys = Literal["honour", "replace"]
+"""What ``client.transport()`` does with an idempotency key a request already carries."""
+OutsideIntent = Literal["journal", "refuse"]
+"""What ``client.transport()`` does with a mutating request outside any intent block."""
+
+
+def bound(claim: Claim, bind: Callable[[IntentRecord], None]) -> None:
+    """Show the operation the intent its step's claim found (unless it is another request's:
+    a mismatch), so that a step refused as unknown or in flight still has its key."""
+    if claim.kind is not ClaimKind.MISMATCH:
+        bind(claim.record)
+
+
+MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+"""The methods whose requests are steps of the current intent; the others are reads."""
+
+_OPEN: ContextVar[Mapping[object, OperationBase]] = ContextVar("payonce_open_intents")
+"""The intent blocks open in this context, one at most per client (by its core): the current
+intent of each client. A context variable, so a block follows the asyncio tasks started
+inside it and is seen by no other thread or task."""
+
+
+def current_operation(core: object) -> OperationBase | None:
+    """The block of this client's (``core``) intent open in this context, if any."""
+    return _OPEN.get({}).get(core)
+
+
+@attrs.define(eq=False)
+class Step:
+    """One mutating request of a block: its position, its draft, and what came of it."""
+
+    number: int
+    draft: IntentDraft
+    caller_key: bool
+    """Its key is the caller's own (set on purpose), not derived from the intent's."""
+    state: IntentState | None = None
+    """As the journal last showed it to this block; None: never journaled (refused first)."""
+    key: str | None = None
+    acknowledged: bool = False
+
+    @property
+    def settled(self) -> bool:
+        return self.state in _SETTLED
+
+
 class OperationBase:
-    """What both operation flavours share: identity, drafting, acknowledgement."""
+    """What both operation flavours share: identity, steps, drafting, acknowledgement."""
 
     def __init__(
         self,
@@ -158,28 +217,161 @@ class OperationBase:
         self._key = key
         self._key_supplied = key is not None
         self._state: IntentState | None = None
-        self._acknowledged = False
+        self._steps: dict[int, Step] = {}
+        """This block's steps by position, in the order they were first asked for."""
+        self._stepping = threading.Lock()
+        """Held while a step runs: the steps of one intent run one after another."""
+        self._token: Token[Mapping[object, OperationBase]] | None = None
         self._folds_acknowledgement = False
         """A one-shot's: nothing runs between its answer and the end of its block, so its
         acknowledgement goes into the settle's transaction instead of one of its own."""
 
     @property
     def key(self) -> str | None:
-        """The idempotency key, once the intent is journaled (or supplied by the caller)."""
+        """The intent's idempotency key (its step 1's), once journaled (or supplied by the
+        caller). Step n (2 and later) is keyed ``step_key(key, n)``: see ``steps``."""
         return self._key
 
     @property
     def state(self) -> IntentState | None:
-        """The intent's state as this operation last saw it in the journal (after its last
-        request returned or raised), or None before the first request. It does not read the
-        journal, so it is safe on an event loop."""
+        """The state of the intent's latest step as this operation last saw it in the
+        journal (after its last request returned or raised), or None before the first
+        request. It does not read the journal, so it is safe on an event loop."""
         return self._state
 
-    def _bind(self, record: IntentRecord) -> None:
-        self._key = record.key
-        self._key_supplied = True
+    @property
+    def steps(self) -> list[tuple[int, str | None, IntentState | None]]:
+        """The steps this block made so far: (position, key, state as last seen)."""
+        return [(step.number, step.key, step.state) for step in self._steps.values()]
+
+    # -- the block ---------------------------------------------------------------------------
+
+    def _enter(self) -> None:
+        """Make this intent its client's current one in this context (task, thread)."""
+        open_blocks = _OPEN.get({})
+        current = open_blocks.get(self._core)
+        if current is not None or self._token is not None:
+            named = current if current is not None else self
+            raise ConfigurationError(
+                f"an intent block of this client is already open here ({named!r}): blocks "
+                "of one client do not nest. Every request of one business operation is a "
+                "step of its one block; run another operation after this block ends, or in "
+                "its own thread or task started outside the block"
+            )
+        self._token = _OPEN.set({**open_blocks, self._core: self})
+
+    def _leave(self) -> None:
+        token, self._token = self._token, None
+        if token is None:
+            return
+        try:
+            _OPEN.reset(token)
+        except ValueError:
+            # Left in another context than it was entered in (a block handed to another
+            # task): take this block out of that context's map instead.
+            remaining = {core: op for core, op in _OPEN.get({}).items() if op is not self}
+            _OPEN.set(remaining)
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def _step(
+        self,
+        method: str,
+        path: str,
+        options: RequestOptions,
+        *,
+        caller_key: str | None = None,
+    ) -> Step:
+        """The draft of this block's next mutating request, at its position.
+
+        Position 1 is the intent as payonce always journaled it (its reference, its key).
+        Position n >= 2 is keyed ``step_key(intent key, n)`` (or ``caller_key``, a key the
+        caller set on purpose) and carries no reference. The same request again as an
+        earlier step of the block is that step again (a caller's own retry loop): it
+        replays, resends under the same key, or is refused as unknown; it never executes
+        twice.
+        """
+        draft = self._draft(method, path, options)
+        number = self._position(draft, caller_key)
+        profile = self._core.profile
+        if caller_key is not None:
+            validate_key(caller_key, max_length=profile.key_max_length)
+        if number == 1:
+            if caller_key is not None and self._key_supplied and caller_key != self._key:
+                raise ConfigurationError(
+                    f"the request sets idempotency key {caller_key!r}, and its intent's key is "
+                    f"{self._key!r}: one step has one key. Drop one of them"
+                )
+            if caller_key is not None:
+                draft = attrs.evolve(draft, key=caller_key, key_supplied=True)
+            step = Step(1, draft, caller_key=caller_key is not None)
+        else:
+            assert self._key is not None
+            key = caller_key or step_key(self._key, number, max_length=profile.key_max_length)
+            step = Step(
+                number,
+                attrs.evolve(
+                    draft,
+                    key=key,
+                    key_supplied=True,
+                    reference=None,
+                    step=number,
+                    intent_key=self._key,
+                ),
+                caller_key=caller_key is not None,
+            )
+        self._steps[number] = step
+        return step
+
+    def _position(self, draft: IntentDraft, caller_key: str | None) -> int:
+        """Where a request goes in this block: the position of the earlier step it repeats
+        (the same request, or the same key set by the caller), else the next one."""
+        if self._key is None:
+            return 1  # step 1 was never journaled: this is step 1 again
+        for number, earlier in self._steps.items():
+            if caller_key is not None:
+                if earlier.draft.key == caller_key:
+                    return number
+            elif (
+                not earlier.caller_key
+                and earlier.draft.scope == draft.scope
+                and earlier.draft.fingerprint == draft.fingerprint
+            ):
+                return number
+        return max(self._steps, default=0) + 1
+
+    @contextlib.contextmanager
+    def _next_step(
+        self,
+        method: str,
+        path: str,
+        options: RequestOptions,
+        *,
+        caller_key: str | None = None,
+    ) -> Iterator[tuple[IntentDraft, Callable[[IntentRecord], None]]]:
+        """The draft of the request's step, and what its drive binds records to, while no
+        other step of this block may start: positions are given one at a time."""
+        if not self._stepping.acquire(blocking=False):
+            raise ConfigurationError(
+                f"{method.upper()} {path} was asked of {self!r} while another of its steps "
+                "was running: the steps of one intent run one after another (their "
+                "positions are their identity). Await each request before the next, or give "
+                "concurrent operations blocks of their own"
+            )
+        try:
+            step = self._step(method, path, options, caller_key=caller_key)
+            yield step.draft, functools.partial(self._bind_step, step)
+        finally:
+            self._stepping.release()
+
+    def _bind_step(self, step: Step, record: IntentRecord) -> None:
+        step.key = record.key
+        step.state = record.state
+        step.acknowledged = record.acknowledged_at is not None
+        if step.number == 1:
+            self._key = record.key
+            self._key_supplied = True
         self._state = record.state
-        self._acknowledged = record.acknowledged_at is not None
 
     def _draft(self, method: str, path: str, options: RequestOptions) -> IntentDraft:
         return draft_request(
@@ -199,22 +391,23 @@ class OperationBase:
         The acknowledgement costs no transaction: it rides in the journal's next write (see
         ``payonce._journal._acks``), and a crash before that leaves the intent listed as
         unacknowledged, the safe side. Only an outcome this block saw settled is
-        acknowledged: one still pending or unknown has none to acknowledge, and one another
-        worker settles meanwhile is an outcome this block never saw. Already acknowledged
-        (with the settle, or before a replay): nothing to do. Never touches the disk, so it
-        is safe on an event loop.
+        acknowledged, step by step: one still pending or unknown has none to acknowledge,
+        and one another worker settles meanwhile is an outcome this block never saw.
+        Already acknowledged (with the settle, or before a replay): nothing to do. Never
+        touches the disk, so it is safe on an event loop.
         """
-        if (
-            exc_type is None
-            and self._acknowledge
-            and self._key is not None
-            and not self._acknowledged
-            and self._state in _SETTLED
-        ):
-            self._core.store.acknowledge_later(self._key, now=self._core.clock())
-            self._acknowledged = True
+        self._leave()
+        if exc_type is None and self._acknowledge:
+            for step in self._steps.values():
+                if step.key is not None and step.settled and not step.acknowledged:
+                    self._core.store.acknowledge_later(step.key, now=self._core.clock())
+                    step.acknowledged = True
         if exc_type is None:
             crash_point("after_block")
+
+    def _settled_keys(self) -> list[str]:
+        """The keys of this block's settled steps: what ``acknowledge()`` acknowledges."""
+        return [s.key for s in self._steps.values() if s.key is not None and s.settled]
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} key={self._key!r} reference={self.reference!r}>"
@@ -295,6 +488,7 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
         on_retry: Callable[[RetryEvent], None] | None = None,
         clock: Callable[[], float] = time.time,
         transport: TransportT | None = None,
+        transport_only: bool = False,
     ) -> None:
         """Every option is checked here: a wrong one is a ``ConfigurationError`` now, not
         a surprise inside an attempt.
@@ -333,6 +527,11 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
             transport: An httpx transport: a seam for tests and custom networking
                 (``httpx.BaseTransport`` for ``Client``, ``httpx.AsyncBaseTransport`` for
                 ``AsyncClient``).
+            transport_only: This client's requests all come through ``client.transport()``
+                with the SDK's own credentials: no API key of its own is looked up (one
+                given as ``api_key`` is still used for requests that bring none). Without
+                a key, its verbs, ``resume`` and ``reconcile`` raise ``ConfigurationError``;
+                run those from a client (or the CLI) that has the key.
         """
         base_url = check_base_url(base_url)
         profile = get_profile(provider)
@@ -359,11 +558,14 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
         if not callable(clock):
             raise ConfigurationError(f"clock must be callable, not {clock!r}")
         hook_set = HookSet.of(hooks, on_retry)
-        secret = resolve_api_key(
-            api_key, account=account, allow_plaintext_keyring=allow_plaintext_keyring
-        )
+        secret: str | None = api_key
+        if not transport_only or api_key is not None:
+            secret = resolve_api_key(
+                api_key, account=account, allow_plaintext_keyring=allow_plaintext_keyring
+            )
         try:
-            check_headers(profile.auth_headers(secret))
+            if secret is not None:
+                check_headers(profile.auth_headers(secret))
         except ConfigurationError:
             # It would fail inside every attempt instead. Never quoted, not even in part.
             raise ConfigurationError(
@@ -411,6 +613,7 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
             "headers": {"User-Agent": USER_AGENT},
         }
         self._transport: TransportT | None = transport
+        self._verify = verify
         self._fork = ForkGuard()
         self._connect(transport, self._http_options)
 
@@ -443,6 +646,20 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
         once your own database has recorded it.
         """
         return self._operation(self, reference, key, acknowledge)
+
+    def _current_block(self, reference: str | None, key: str | None) -> OperationT | None:
+        """The block of this client open here, for a one-shot call made inside it: that
+        call is the block's next step, and cannot name another intent."""
+        current = current_operation(self._core)
+        if current is None:
+            return None
+        if reference is not None or key is not None:
+            raise ConfigurationError(
+                f"a one-shot call with reference= or key= inside the block of {current!r}: "
+                "inside a block every request is a step of its intent. Call it without "
+                "them (it becomes the next step), or outside the block"
+            )
+        return cast(OperationT, current)
 
     def _one_shot_intent(self, reference: str | None, key: str | None) -> OperationT:
         """The block of one one-shot call (``client.post(...)``)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -50,7 +50,7 @@ from .._lifecycle._drive import (
 )
 from .._owners import owner_ended
 from .._providers._profile import ProviderProfile
-from ..errors import JournalError
+from ..errors import ConfigurationError, JournalError
 from ._drafting import Drafter
 from ._events import log_extra
 from ._hooks import HookSet
@@ -85,7 +85,7 @@ class IntentCore:
         base_url: str,
         profile: ProviderProfile,
         account: str,
-        api_key: str,
+        api_key: str | None,
         journal: Journal,
         store: IntentStore,
         retry: RetryPolicy,
@@ -114,8 +114,12 @@ class IntentCore:
         self._base = httpx.URL(base_url)
         self._own_urls = None if "?" in base_url or "#" in base_url else base_url + "/"
         """What every URL journaled by a client of this base URL starts with."""
-        self._auth_headers = profile.auth_headers(api_key)
-        self.redactor = Redactor.of([api_key, *self._auth_headers.values()])
+        self._auth_headers = {} if api_key is None else profile.auth_headers(api_key)
+        """The client's own credentials; none for a client built for ``transport()`` only,
+        whose requests bring their own."""
+        self.redactor = Redactor.of(
+            [] if api_key is None else [api_key, *self._auth_headers.values()]
+        )
         """What an exception's words pass through before a log, a result or the CLI."""
         self.drafter = Drafter(profile, account, base_url, key_format)
         """Turns each request of the client into an intent's draft."""
@@ -183,24 +187,52 @@ class IntentCore:
         if isinstance(failure, JournalError) and run.record.lease_owner == run.owner:
             owner_ended(run.owner)
 
-    def auth_headers(self) -> dict[str, str]:
-        return dict(self._auth_headers)
+    def auth_headers(self, given: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The credentials a request of this client carries: ``given`` (a request's own,
+        through ``client.transport()``, used in this process and never journaled), else
+        the client's API key."""
+        return dict(self._auth_headers if given is None else given)
+
+    @property
+    def has_api_key(self) -> bool:
+        return bool(self._auth_headers)
+
+    def require_api_key(self, what: str) -> None:
+        """Refuse ``what`` on a client built for ``transport()`` only: it has no API key of
+        its own to send with."""
+        if not self._auth_headers:
+            raise ConfigurationError(
+                f"{what} needs this client's own API key, and it was built with "
+                f"transport_only=True and no api_key: its requests go through "
+                "client.transport() with the SDK's own credentials. Build a client with an "
+                "API key (api_key=, PAYONCE_API_KEY or the keyring) for this"
+            )
 
     # -- one attempt -------------------------------------------------------------------------
 
-    def build_request(self, run: Run, client: httpx.Client | httpx.AsyncClient) -> httpx.Request:
-        """The same bytes and the same key on every attempt, taken from the journal."""
+    def build_request(
+        self,
+        run: Run,
+        client: httpx.Client | httpx.AsyncClient,
+        auth: Mapping[str, str] | None = None,
+    ) -> httpx.Request:
+        """The same bytes and the same key on every attempt, taken from the journal; the
+        credentials are this process's (``auth``: a transported request's own)."""
         record = run.record
         headers = dict(record.request_headers)
         content_type = headers.get("content-type")
-        headers[self.profile.key_header] = self.profile.key_header_value(record.key)
-        headers.update(self._auth_headers)
+        if self.profile.key_field is None:  # else prepare_body puts it in the body
+            headers[self.profile.key_header] = self.profile.key_header_value(record.key)
+        headers.update(self._auth_headers if auth is None else auth)
         if self.hooks:
             self.tell.attempt_started(run)
+        body = record.body
+        if self.profile.prepares(record.method, httpx.URL(record.url).path):
+            body = self.profile.prepare_body(body, content_type, record.key)
         return client.build_request(
             record.method,
             self.sent_url(record.url),
-            content=self.profile.prepare_body(record.body, content_type, record.key),
+            content=body,
             headers=headers,
             extensions=self._crash_extensions(client),
         )

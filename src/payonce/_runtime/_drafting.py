@@ -45,6 +45,16 @@ class Drafter:
         key_supplied: bool,
         headers: Mapping[str, str] | None,
     ) -> IntentDraft:
+        # A key in the body (Square's) is not part of what the fingerprint compares.
+        canonical, body_key = self.profile.without_body_key(canonical)
+        if body_key is not None:
+            if key is None:
+                key, key_supplied = body_key, True  # the caller's, set on purpose
+            elif key != body_key:
+                raise ConfigurationError(
+                    f"the body's {self.profile.key_field!r} ({body_key!r}) is not this "
+                    f"intent's key ({key!r}): give one of them, or the same in both"
+                )
         if key is not None:
             validate_key(key, max_length=self.profile.key_max_length)
         unfit = self.profile.refuse_request(

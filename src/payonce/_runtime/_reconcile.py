@@ -9,6 +9,7 @@ send.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 import attrs
 import httpx
@@ -90,7 +91,10 @@ def check_lookup(core: IntentCore, record: IntentRecord) -> None:
 
 
 def lookup_request(
-    core: IntentCore, record: IntentRecord, client: httpx.Client | httpx.AsyncClient
+    core: IntentCore,
+    record: IntentRecord,
+    client: httpx.Client | httpx.AsyncClient,
+    auth: Mapping[str, str] | None = None,
 ) -> httpx.Request:
     check_lookup(core, record)
     lookup = core.profile.lookup
@@ -105,7 +109,7 @@ def lookup_request(
         "GET",
         core.base_url + lookup.path,
         params=lookup.params(value),
-        headers=core.auth_headers(),
+        headers=core.auth_headers(auth),
     )
 
 

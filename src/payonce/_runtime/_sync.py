@@ -16,16 +16,27 @@ from typing import Any, TypeVar, Unpack, assert_never
 import httpx
 
 from .._crash import crash_point
-from .._lifecycle import IntentDraft, IntentRecord
+from .._lifecycle import Claim, IntentDraft, IntentRecord
 from .._lifecycle import _drive as drive
 from .._owners import new_owner
 from . import _reconcile
-from ._base import BaseClient, OneShotOptions, OneShotVerbs, OperationBase, RequestOptions, Verbs
+from ._base import (
+    BaseClient,
+    OneShotOptions,
+    OneShotVerbs,
+    OperationBase,
+    OutsideIntent,
+    RequestOptions,
+    SdkKeys,
+    Verbs,
+    bound,
+)
 from ._batch import Claimed, ReconcileBatch, ResumeBatch, ResumeResult, run_batch
 from ._deadline import Deadline
 from ._lease_keeper import Lease, ThreadLeaseKeeper
 from ._reconcile import ReconcileResult
 from ._telling import logger
+from ._transport import SyncTransport, Transported
 
 __all__ = ["Client", "Operation"]
 
@@ -46,18 +57,32 @@ class Operation(OperationBase, Verbs[httpx.Response]):
         self._client = client
 
     def request(self, method: str, path: str, **options: Unpack[RequestOptions]) -> httpx.Response:
-        """Send the intent's request (once), or replay its journaled outcome.
+        """Send the intent's next step (once), or replay its journaled outcome.
 
-        Takes ``json=``, ``data=`` (form), ``content=``, ``params=`` and ``headers=``.
+        The first request is the intent itself; each later one that is not the same
+        request again is its next step (see ``docs/integrations.md``). Takes ``json=``,
+        ``data=`` (form), ``content=``, ``params=`` and ``headers=``.
         """
-        return self._client._drive(self, self._draft(method, path, options))
+        self._core.require_api_key(f"{method.upper()} {path}")
+        with self._next_step(method, path, options) as (draft, bind):
+            return self._client._drive(self, draft, bind)
+
+    def _transported(self, request: Transported, http: httpx.Client) -> httpx.Response:
+        """A request that came through ``client.transport()``: this intent's next step,
+        sent through the transport's own HTTP client with the request's credentials."""
+        with self._next_step(
+            request.method, request.target, request.options, caller_key=request.caller_key
+        ) as (draft, bind):
+            return self._client._drive(self, draft, bind, http=http, auth=request.auth)
 
     def acknowledge(self) -> None:
-        """Mark the settled outcome as recorded on the caller's side."""
-        if self._key is not None:
-            self._client.acknowledge(self._key)
+        """Mark the settled outcome of every settled step as recorded on the caller's
+        side."""
+        for key in self._settled_keys():
+            self._client.acknowledge(key)
 
     def __enter__(self) -> Operation:
+        self._enter()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
@@ -84,6 +109,9 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         Takes ``reference=`` and ``key=`` besides what ``Operation.request`` takes.
         """
         reference, key, request = self.one_shot(options)
+        current = self._current_block(reference, key)
+        if current is not None:
+            return current.request(method, path, **request)
         with self._one_shot_intent(reference, key) as op:
             return op.request(method, path, **request)
 
@@ -115,6 +143,30 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         draft = self._outbox_draft(method, path, reference, json, data, headers)
         return self._outbox.enqueue(draft, connection)
 
+    def transport(
+        self,
+        inner: httpx.BaseTransport | None = None,
+        *,
+        sdk_keys: SdkKeys = "honour",
+        outside_intent: OutsideIntent = "journal",
+    ) -> httpx.BaseTransport:
+        """An httpx transport that brings payonce to any httpx-based code:
+        ``httpx.Client(transport=client.transport())``.
+
+        Inside ``with client.intent(...)`` each mutating request (POST, PUT, PATCH, DELETE)
+        is the block's next step: journaled write-ahead under its own key, retried,
+        verified and reconciled, replayed when a re-run finds it settled. Reads pass
+        through. ``inner`` sends the bytes (``httpx.HTTPTransport()`` by default).
+        ``sdk_keys``: ``"honour"`` journals an idempotency key the request already carries
+        as its step's key; ``"replace"`` drops it for payonce's own (for SDKs that draw a
+        random key per call). ``outside_intent``: a mutating request outside any block is
+        journaled as a one-shot intent (``"journal"``) or refused (``"refuse"``). See
+        ``docs/integrations.md``.
+        """
+        return SyncTransport(
+            self, inner, sdk_keys=sdk_keys, outside_intent=outside_intent, verify=self._verify
+        )
+
     # -- after a crash: resume, reconcile, abandon, acknowledge -------------------------------
 
     def resume(
@@ -128,6 +180,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         key and reported in its result. ``on_result`` sees each result as it comes.
         """
         self._in_this_process()
+        self._core.require_api_key("resume()")
         batch = ResumeBatch(self._core)
         return run_batch(batch, functools.partial(self._resume, batch), on_result)
 
@@ -144,6 +197,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
     ) -> list[ReconcileResult]:
         """Ask the provider about the unknown intent(s) with this key or reference."""
         self._in_this_process()
+        self._core.require_api_key("reconcile()")
         return run_batch(ReconcileBatch(self._core, key_or_reference), self._reconcile, on_result)
 
     def reconcile_all(
@@ -178,19 +232,32 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
 
     # -- sending -----------------------------------------------------------------------------
 
-    def _drive(self, op: Operation, draft: IntentDraft) -> httpx.Response:
+    def _drive(
+        self,
+        op: Operation,
+        draft: IntentDraft,
+        bind: Callable[[IntentRecord], None],
+        *,
+        http: httpx.Client | None = None,
+        auth: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
         self._in_this_process()
-        ack = op._folds_acknowledgement
+        ack = op._folds_acknowledgement and draft.step == 1
         call = drive.call(self._core.settings, draft, new_owner(), acknowledge_on_success=ack)
-        return self._execute(call, op._bind)
+        return self._execute(call, bind, http=http, auth=auth)
 
     def _execute(
         self,
         commands: Generator[drive.Command, Any, T],
         bind: Callable[[IntentRecord], None] | None = None,
+        *,
+        http: httpx.Client | None = None,
+        auth: Mapping[str, str] | None = None,
     ) -> T:
         """Carry a drive's commands out until it returns the caller's answer or raises.
-        ``bind``: told each record the caller's operation should show."""
+        ``bind``: told each record the caller's operation should show. ``http`` and
+        ``auth``: where attempts and look-ups go and with which credentials, when not this
+        client's own (a request through ``client.transport()``)."""
         core = self._core
         run: drive.Run | None = None
         lease: Lease | None = None
@@ -209,13 +276,15 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
                 if isinstance(command, drive.JOURNAL_COMMANDS):  # the most frequent, first
                     answer = core.journal_command(command, after=failed)
                     failed = None
+                    if bind is not None and isinstance(answer, Claim):
+                        bound(answer, bind)
                     continue
                 match command:
                     case drive.Send(current):
-                        answer = self._send(current)
+                        answer = self._send(current, http, auth)
                         failed = answer.error if isinstance(answer, drive.Failed) else None
                     case drive.LookUp(record):
-                        answer = self._look_up(record)
+                        answer = self._look_up(record, http, auth)
                         failed = answer.error if isinstance(answer, drive.Failed) else None
                     case drive.ReadClock():
                         answer = self._read_clock()
@@ -255,10 +324,13 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
                 core.run_over(run, failure)
                 core.tell.drive_ended(run)
 
-    def _send(self, run: drive.Run) -> drive.Answered | drive.Failed:
+    def _send(
+        self, run: drive.Run, http: httpx.Client | None, auth: Mapping[str, str] | None
+    ) -> drive.Answered | drive.Failed:
         """One attempt: its answer, or what it raised (an interrupt too)."""
+        http = self._http if http is None else http
         try:
-            response = self._exchange(self._core.build_request(run, self._http))
+            response = self._exchange(self._core.build_request(run, http, auth), http)
         except BaseException as exc:  # KeyboardInterrupt too: the drive journals it
             if logger.isEnabledFor(logging.DEBUG):
                 self._core.tell.log_error(run, exc)
@@ -266,10 +338,13 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         crash_point("after_response")
         return drive.Answered(response)
 
-    def _look_up(self, record: IntentRecord) -> drive.Answered | drive.Failed:
+    def _look_up(
+        self, record: IntentRecord, http: httpx.Client | None, auth: Mapping[str, str] | None
+    ) -> drive.Answered | drive.Failed:
+        http = self._http if http is None else http
         try:
-            request = _reconcile.lookup_request(self._core, record, self._http)
-            return drive.Answered(self._exchange(request))
+            request = _reconcile.lookup_request(self._core, record, http, auth)
+            return drive.Answered(self._exchange(request, http))
         except Exception as exc:
             return drive.Failed(exc)
 
@@ -279,11 +354,11 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         except Exception as exc:
             return drive.Failed(exc)
 
-    def _exchange(self, request: httpx.Request) -> httpx.Response:
+    def _exchange(self, request: httpx.Request, http: httpx.Client | None = None) -> httpx.Response:
         """One request and its whole answer, within the exchange's total deadline."""
         deadline = Deadline.start(self._attempt_timeout)
         deadline.bound_waits(request)
-        response = self._http.send(request, stream=True)
+        response = (self._http if http is None else http).send(request, stream=True)
         try:
             deadline.read(response)
         except BaseException:

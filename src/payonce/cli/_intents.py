@@ -9,7 +9,15 @@ import click
 
 import payonce
 
-from ._common import JournalLocation, NotFound, console, echo_json, existing_journal, journal_option
+from ._common import (
+    JournalLocation,
+    NotFound,
+    console,
+    echo_json,
+    existing_journal,
+    journal_option,
+    shown,
+)
 from ._intent_views import (
     STATES,
     attempt_json,
@@ -72,7 +80,11 @@ def show_intent(
 ) -> None:
     """Show the intent(s) with this key or reference, with their attempts."""
     with existing_journal(journal_path, read_only=True) as journal:
-        records = journal.find(key_or_reference)
+        found = journal.find(key_or_reference)
+        # An intent of several steps is shown with its steps 2, 3… after it.
+        steps = {r.key: journal.steps(r.key) for r in found}
+        records = [each for r in found for each in (r, *steps[r.key])]
+        position = {s.key: (n, r.key) for r in found for n, s in enumerate(steps[r.key], 2)}
         attempts = {r.key: list(journal.attempts(r.key)) for r in records}
         reconciliations = {r.key: list(journal.reconciliations(r.key)) for r in records}
     if not records:
@@ -81,6 +93,10 @@ def show_intent(
         documents = []
         for record in records:
             document = intent_json(record)
+            if record.key in position:
+                document["step"], document["step_of"] = position[record.key]
+            elif steps.get(record.key):
+                document["steps"] = [s.key for s in steps[record.key]]
             lease = lease_status(record, time.time())
             document["attempts"] = [attempt_json(a, lease) for a in attempts[record.key]]
             document["reconciliations"] = [
@@ -93,6 +109,11 @@ def show_intent(
         return
     out = console()
     for record in records:
+        if record.key in position:
+            number, of = position[record.key]
+            out.print(f"step {number} of intent {shown(of)}", markup=False)
+        elif steps.get(record.key):
+            out.print(f"intent of {len(steps[record.key]) + 1} steps", markup=False)
         print_intent_detail(
             out, record, attempts[record.key], reconciliations[record.key], with_body=with_body
         )

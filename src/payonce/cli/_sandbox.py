@@ -132,9 +132,10 @@ def _warnings_to_stderr() -> Iterator[None]:
 )
 @click.option(
     "--like",
-    type=click.Choice(["stripe", "adyen", "mollie"]),
-    help="Answer as this provider documents it: its dialect and key lifetime (stripe: "
-    "form bodies, Stripe's errors and its PaymentIntents resources, for stripe-python).",
+    type=click.Choice(["stripe", "adyen", "mollie", "square"]),
+    help="Answer as this provider documents it: its dialect and key lifetime, and the "
+    "resources its SDK calls (stripe: form bodies, Stripe's errors and its PaymentIntents, "
+    "for stripe-python; adyen, mollie, square: their /payments resources).",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random faults.")
 # The faults, each named after its field of Faults: the command gets them together.
@@ -164,7 +165,7 @@ def sandbox(
     key_lifetime: float,
     processing: float,
     idempotency: Literal["strict", "racy", "none"],
-    like: Literal["stripe", "adyen", "mollie"] | None,
+    like: Literal["stripe", "adyen", "mollie", "square"] | None,
     seed: int,
     ready_file: Path | None,
     webhook_url: str | None,
@@ -177,7 +178,14 @@ def sandbox(
     The first line printed is "payonce sandbox listening on URL".
     """
     try:
-        from payonce.sandbox import DEFAULT_ACCOUNT, DEFAULT_API_KEY, Faults, SandboxConfig, serve
+        from payonce.sandbox import (
+            DEFAULT_ACCOUNT,
+            DEFAULT_API_KEY,
+            MOLLIE_TEST_API_KEY,
+            Faults,
+            SandboxConfig,
+            serve,
+        )
     except ImportError as exc:
         raise _sandbox_missing(exc) from exc
     try:
@@ -207,6 +215,8 @@ def sandbox(
         say(f"payonce sandbox listening on {url}")
         # The sandbox's fixed, public test key: not a secret, and clients need it.
         say(f"test API key: {DEFAULT_API_KEY} (account {DEFAULT_ACCOUNT})")
+        if like == "mollie":
+            say(f"also: {MOLLIE_TEST_API_KEY} (mollie-api-python takes only test_… keys)")
         if like is not None:
             say(f"answers like: {like}")
         say(f"faults: {_describe_faults(faults) or 'none'}")

@@ -7,7 +7,12 @@ which is how the test-suite, the examples and the demo prove no payment ran twic
 from __future__ import annotations
 
 from payonce.sandbox._app import create_app
-from payonce.sandbox._config import DEFAULT_ACCOUNT, DEFAULT_API_KEY, SandboxConfig
+from payonce.sandbox._config import (
+    DEFAULT_ACCOUNT,
+    DEFAULT_API_KEY,
+    MOLLIE_TEST_API_KEY,
+    SandboxConfig,
+)
 from payonce.sandbox._faults import Faults
 from payonce.sandbox._server import SandboxServer, serve
 from payonce.sandbox._store import SandboxStore
@@ -16,6 +21,7 @@ from payonce.sandbox._webhooks import WebhookAttempt, WebhookConfig, event_id_fo
 __all__ = [
     "DEFAULT_ACCOUNT",
     "DEFAULT_API_KEY",
+    "MOLLIE_TEST_API_KEY",
     "Faults",
     "SandboxConfig",
     "SandboxServer",

@@ -24,6 +24,7 @@ from payonce.sandbox._middleware import (
     RetryHintMiddleware,
 )
 from payonce.sandbox._payments import PaymentsApi
+from payonce.sandbox._sdk_payments import SdkPaymentsApi
 from payonce.sandbox._store import SandboxStore
 from payonce.sandbox._stripe_api import PaymentIntentsApi
 from payonce.sandbox._webhooks import WebhookSender
@@ -69,6 +70,8 @@ class Sandbox:
                     if config.dialect == "stripe"
                     else []
                 ),
+                # Adyen's, Mollie's and Square's own resources, in their dialects only.
+                *SdkPaymentsApi(config, store, guard).routes(),
                 Route("/_sandbox/executions", control.executions, methods=["GET"]),
                 Route("/_sandbox/script", control.script_faults, methods=["POST"]),
                 Route("/_sandbox/faults", control.set_faults, methods=["POST"]),

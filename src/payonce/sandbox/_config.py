@@ -13,9 +13,11 @@ from payonce.sandbox._webhooks import WebhookConfig
 
 DEFAULT_API_KEY: Final = "sk_test_payonce"
 DEFAULT_ACCOUNT: Final = "acct_demo"
+MOLLIE_TEST_API_KEY: Final = "test_payonce"
+"""Also valid in Mollie's preset: mollie-api-python takes only test_… and live_… keys."""
 
 AuthMode = Literal["bearer", "x-api-key"]
-ProviderLike = Literal["stripe", "adyen", "mollie"]
+ProviderLike = Literal["stripe", "adyen", "mollie", "square"]
 
 
 def _default_api_keys() -> dict[str, str]:
@@ -55,7 +57,9 @@ class SandboxConfig:
     or Adyen's (``errorCode``, 704 while in progress; payments answer 200 with a
     ``resultCode``, ``Refused`` for a decline). Stripe's dialect also serves Stripe's own
     PaymentIntents API (``/v1/payment_intents``: create, confirm, retrieve, list, search)
-    for stripe-python; ``SandboxConfig.like("stripe")`` adds Stripe's retry hints."""
+    for stripe-python; ``SandboxConfig.like("stripe")`` adds Stripe's retry hints. Adyen's,
+    Mollie's and Square's dialects also serve the resources their SDKs call (Adyen's
+    ``/v{n}/payments`` and captures, Mollie's and Square's ``/v2/payments``)."""
     form_bodies: bool = False
     """Also accept ``application/x-www-form-urlencoded`` payments, with Stripe's
     ``metadata[name]=value`` keys."""
@@ -100,5 +104,16 @@ _PRESETS: Final[Mapping[str, Mapping[str, Any]]] = {
         # Adyen keeps keys "a minimum of 31 days"; payonce's profile assumes only 7.
         "key_lifetime": 31 * 24 * 3600.0,
     },
-    "mollie": {"key_lifetime": 3600.0},
+    "mollie": {
+        "dialect": "mollie",
+        "key_lifetime": 3600.0,
+        # mollie-api-python refuses a key that is not test_… or live_… before sending it.
+        "api_keys": {DEFAULT_API_KEY: DEFAULT_ACCOUNT, MOLLIE_TEST_API_KEY: DEFAULT_ACCOUNT},
+    },
+    "square": {
+        # Square's key travels in the JSON body; how long Square keeps one is not
+        # documented, so the sandbox keeps it a day, as the payonce profile assumes.
+        "dialect": "square",
+        "key_lifetime": 24 * 3600.0,
+    },
 }

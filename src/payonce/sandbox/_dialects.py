@@ -12,8 +12,8 @@ from typing import Any, Final, Literal
 
 from payonce.sandbox._store import Payment, StoredResponse
 
-Dialect = Literal["sandbox", "stripe", "adyen"]
-DIALECTS: Final[tuple[Dialect, ...]] = ("sandbox", "stripe", "adyen")
+Dialect = Literal["sandbox", "stripe", "adyen", "mollie", "square"]
+DIALECTS: Final[tuple[Dialect, ...]] = ("sandbox", "stripe", "adyen", "mollie", "square")
 
 # The sandbox's error types under Stripe's names: (type, code).
 _STRIPE_ERRORS: Final[Mapping[str, tuple[str, str | None]]] = {
@@ -36,6 +36,27 @@ _STRIPE_ERRORS: Final[Mapping[str, tuple[str, str | None]]] = {
 # Adyen numbers its errors; 704 is "request already processed or in progress". Other
 # errors keep the sandbox's type as their code.
 _ADYEN_CODES: Final[Mapping[str, str]] = {"idempotency_key_in_use": "704"}
+# Square's error codes and categories for the sandbox's error types (Square answers every
+# error as {"errors": [{"category", "code", "detail"}]}).
+_SQUARE_ERRORS: Final[Mapping[str, tuple[str, str]]] = {
+    "idempotency_key_mismatch": ("INVALID_REQUEST_ERROR", "IDEMPOTENCY_KEY_REUSED"),
+    "idempotency_key_in_use": ("API_ERROR", "CONFLICT"),
+    "lock_timeout": ("API_ERROR", "CONFLICT"),
+    "rate_limit": ("RATE_LIMIT_ERROR", "RATE_LIMITED"),
+    "service_unavailable": ("API_ERROR", "SERVICE_UNAVAILABLE"),
+    "not_found": ("INVALID_REQUEST_ERROR", "NOT_FOUND"),
+    "authentication_error": ("AUTHENTICATION_ERROR", "UNAUTHORIZED"),
+    "card_declined": ("PAYMENT_METHOD_ERROR", "GENERIC_DECLINE"),
+}
+_MOLLIE_TITLES: Final[Mapping[int, str]] = {
+    400: "Bad Request",
+    401: "Unauthorized Request",
+    404: "Not Found",
+    409: "Conflict",
+    422: "Unprocessable Entity",
+    429: "Too Many Requests",
+    503: "Service Unavailable",
+}
 _KEY_MESSAGES: Final[Mapping[tuple[str, str], str]] = {
     ("stripe", "idempotency_key_mismatch"): (
         "Keys for idempotent requests can only be used with the same parameters they were "
@@ -47,6 +68,9 @@ _KEY_MESSAGES: Final[Mapping[tuple[str, str], str]] = {
         "Please try again later."
     ),
     ("adyen", "idempotency_key_in_use"): "request already processed or in progress",
+    ("square", "idempotency_key_mismatch"): (
+        "The idempotency key '{key}' can only be used with the same request it was first used with."
+    ),
 }
 
 
@@ -74,6 +98,12 @@ def error_body(
         kind = "security" if status in (401, 403) else "internal" if status >= 500 else "validation"
         code = _ADYEN_CODES.get(type_, type_)
         return {"status": status, "errorCode": code, "message": message, "errorType": kind}
+    if dialect == "square":
+        category, code = _SQUARE_ERRORS.get(type_, ("INVALID_REQUEST_ERROR", "BAD_REQUEST"))
+        return {"errors": [{"category": category, "code": code, "detail": message}]}
+    if dialect == "mollie":
+        title = _MOLLIE_TITLES.get(status, "Error")
+        return {"status": status, "title": title, "detail": message}
     return {"error": {"type": type_, "message": message}}
 
 
@@ -85,7 +115,7 @@ def key_message(dialect: Dialect, type_: str, key: str, default: str) -> str:
 
 def mismatch_status(dialect: Dialect) -> int:
     """Stripe refuses a key reused with other parameters as a bad request; the draft says 422."""
-    return 400 if dialect == "stripe" else 422
+    return 400 if dialect in ("stripe", "square") else 422
 
 
 def payment_answer(dialect: Dialect, payment: Payment) -> StoredResponse:

@@ -297,6 +297,38 @@ class SandboxStore:
             db.execute(_INSERT_PAYMENT, payment.to_row())
             _complete(db, payment.account, payment.idempotency_key, token, response)
 
+    def record_answer(self, token: str, account: str, key: str, response: StoredResponse) -> None:
+        """Count an execution that changes no stored object (a capture request taken)."""
+        with self._transaction() as db:
+            _complete(db, account, key, token, response)
+
+    def change_payment(
+        self,
+        token: str,
+        account: str,
+        key: str,
+        payment_id: str,
+        decide: Callable[[Payment | None], tuple[Payment, StoredResponse] | T],
+    ) -> tuple[Payment, StoredResponse] | T:
+        """Apply what ``decide`` makes of the payment as it is, in one transaction: a new
+        state and its answer are saved and counted under ``key``; anything else (a refusal)
+        is returned with nothing written."""
+        with self._transaction() as db:
+            row = db.execute(
+                f"SELECT {_PAYMENT_COLUMNS} FROM payments "  # noqa: S608
+                "WHERE account = ? AND id = ?",
+                (account, payment_id),
+            ).fetchone()
+            outcome = decide(None if row is None else Payment.from_row(row))
+            if isinstance(outcome, tuple):
+                payment, response = outcome
+                db.execute(
+                    "UPDATE payments SET status = ? WHERE account = ? AND id = ?",
+                    (payment.status, account, payment_id),
+                )
+                _complete(db, account, key, token, response)
+            return outcome
+
     def record_intent(self, token: str, key: str, change: IntentChange) -> None:
         """Create the PaymentIntent as executed under ``key``, count it, store the answer."""
         with self._transaction() as db:

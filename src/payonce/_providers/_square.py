@@ -1,0 +1,68 @@
+"""Square: the key in the JSON body (``idempotency_key``), Bearer auth, errors in a list.
+
+What Square documents (and its Python SDK, ``squareup``, shows) and payonce relies on:
+
+- Create calls (``CreatePayment``, ``RefundPayment``…) take a required ``idempotency_key``
+  field in the JSON body, at most 45 characters; the same key with the same body returns
+  the first result, the same key with another body is refused with 400 and error code
+  ``IDEMPOTENCY_KEY_REUSED``. ``CompletePayment`` and ``CancelPayment`` take no key: the
+  payment's state makes them safe to repeat.
+- ``Authorization: Bearer <access token>``.
+- Errors are ``{"errors": [{"category", "code", "detail"}]}``; a declined card is 400
+  (``GENERIC_DECLINE``…), definitive.
+- How long Square keeps a key is not documented: payonce assumes 24 hours (raise or lower
+  it with ``square_profile(key_lifetime=...)``).
+- ``ListPayments`` cannot filter by key or ``reference_id``, so the profile has no look-up
+  (an ``unknown`` Square intent is resent under the same key, which Square answers with
+  the first result); give it one with ``square_profile(lookup=...)`` if you run a status
+  endpoint of your own.
+"""
+
+from __future__ import annotations
+
+import httpx
+
+from .._lifecycle import Outcome, Verdict
+from ._profile import BodyKeyField, Lookup, ProviderProfile, json_object
+
+__all__ = ["SQUARE", "SQUARE_KEY_FIELD", "square_profile"]
+
+SQUARE_KEY_FIELD = "idempotency_key"
+SQUARE_KEY_MAX_LENGTH = 45
+_REUSED = "IDEMPOTENCY_KEY_REUSED"
+
+
+def square_refine(response: httpx.Response) -> Verdict | None:
+    """A key reused with another body is Square's 400 ``IDEMPOTENCY_KEY_REUSED``."""
+    if response.status_code != 400:
+        return None
+    errors = (json_object(response) or {}).get("errors")
+    if not isinstance(errors, list):
+        return None
+    codes = {error.get("code") for error in errors if isinstance(error, dict)}
+    if _REUSED not in codes:
+        return None
+    return Verdict(Outcome.MISMATCH, ambiguous=False, reason=f"HTTP 400 {_REUSED}")
+
+
+def square_profile(
+    *, lookup: Lookup | None = None, key_lifetime: float = 24 * 3600.0, name: str = "square"
+) -> ProviderProfile:
+    """A Square profile; pass a ``lookup`` if you run a status endpoint of your own."""
+    # What is not said here is ProviderProfile's default (a Bearer token in Authorization,
+    # 409 in flight, 429 not executed, 5xx retried under the same key).
+    return ProviderProfile(
+        name=name,
+        key_field=SQUARE_KEY_FIELD,
+        key_max_length=SQUARE_KEY_MAX_LENGTH,
+        key_lifetime=key_lifetime,
+        # A 422 is no key mismatch at Square: square_refine finds the reused key in a 400.
+        mismatch_statuses=frozenset(),
+        lookup=lookup,
+        refine=square_refine,
+        prepare_body=BodyKeyField(SQUARE_KEY_FIELD),
+    )
+
+
+SQUARE = square_profile()
+"""Square: the key in the body's ``idempotency_key``, no automatic reconciliation."""

@@ -1,0 +1,170 @@
+"""The stripe-python HTTP client over a payonce client's transport."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, Mapping
+from typing import Any, NoReturn
+
+import httpx
+import stripe
+
+from ..errors import (
+    AuthenticationError,
+    IntentError,
+    IntentMismatch,
+    OutcomeUnknown,
+    PayonceError,
+)
+from ._transports import TransportSource, async_transport, sync_transport
+
+__all__ = ["HTTPClient"]
+
+Answer = tuple[bytes, int, Mapping[str, str]]
+DEFAULT_TIMEOUT = 80.0  # stripe-python's own default
+
+
+class HTTPClient(stripe.HTTPClient):
+    """A ``stripe.HTTPClient`` that sends through ``client.transport(sdk_keys="replace")``.
+
+    ``client`` is a ``payonce.Client`` (sync calls: ``request``) or ``payonce.AsyncClient``
+    (``request_async``); give the other kind as ``async_client``/``client`` to serve both.
+    """
+
+    name = "payonce"
+
+    def __init__(
+        self,
+        client: TransportSource | None = None,
+        *,
+        async_client: TransportSource | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
+        super().__init__()
+        self._sync: httpx.Client | None = None
+        self._async: httpx.AsyncClient | None = None
+        if client is not None:
+            transport = client.transport(sdk_keys="replace")
+            if isinstance(transport, httpx.AsyncBaseTransport) and async_client is None:
+                self._async = httpx.AsyncClient(transport=transport, timeout=timeout)
+            else:
+                if isinstance(transport, httpx.AsyncBaseTransport):
+                    transport = sync_transport(client, sdk_keys="replace")
+                self._sync = httpx.Client(transport=transport, timeout=timeout)
+        if async_client is not None:
+            transport_async = async_transport(async_client, sdk_keys="replace")
+            self._async = httpx.AsyncClient(transport=transport_async, timeout=timeout)
+        if self._sync is None and self._async is None:
+            raise TypeError("HTTPClient needs a payonce client: HTTPClient(client)")
+
+    def _should_retry(
+        self,
+        response: Any,
+        api_connection_error: Any,
+        num_retries: int,
+        max_network_retries: int | None,
+    ) -> bool:
+        # payonce retried already, under the step's key; an SDK retry would be a new step.
+        return False
+
+    # -- sync ------------------------------------------------------------------------------
+
+    def request(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str] | None,
+        post_data: Any = None,
+        *,
+        _usage: list[str] | None = None,
+    ) -> tuple[Any, int, Mapping[str, str]]:
+        if self._sync is None:
+            raise _connection_error(
+                "this payonce HTTPClient was built over an AsyncClient: use the async "
+                "methods (…_async), or pass a payonce.Client too"
+            )
+        try:
+            response = self._sync.request(method, url, headers=headers, content=post_data)
+        except (PayonceError, httpx.TransportError) as exc:
+            _raise_stripe_error(exc)
+        return response.content, response.status_code, response.headers
+
+    def request_stream(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str] | None,
+        post_data: Any = None,
+        *,
+        _usage: list[str] | None = None,
+    ) -> tuple[Any, int, Mapping[str, str]]:
+        content, status, answer_headers = self.request(method, url, headers, post_data)
+        return [content], status, answer_headers
+
+    def close(self) -> None:
+        if self._sync is not None:
+            self._sync.close()
+
+    # -- async -----------------------------------------------------------------------------
+
+    async def request_async(
+        self, method: str, url: str, headers: Mapping[str, str], post_data: Any = None
+    ) -> Answer:
+        if self._async is None:
+            raise _connection_error(
+                "this payonce HTTPClient was built over a Client: pass a payonce.AsyncClient "
+                "as async_client= for async calls"
+            )
+        try:
+            response = await self._async.request(method, url, headers=headers, content=post_data)
+        except (PayonceError, httpx.TransportError) as exc:
+            _raise_stripe_error(exc)
+        return response.content, response.status_code, response.headers
+
+    async def request_stream_async(
+        self, method: str, url: str, headers: Mapping[str, str], post_data: Any = None
+    ) -> tuple[AsyncIterable[bytes], int, Mapping[str, str]]:
+        content, status, answer_headers = await self.request_async(method, url, headers, post_data)
+
+        async def chunks() -> Any:
+            yield content
+
+        return chunks(), status, answer_headers
+
+    async def close_async(self) -> None:
+        if self._async is not None:
+            await self._async.aclose()
+
+
+def _about(exc: PayonceError) -> str:
+    if isinstance(exc, IntentError):
+        return f" (idempotency key {exc.key!r}, reference {exc.reference!r})"
+    return ""
+
+
+def _raise_stripe_error(exc: Exception) -> NoReturn:
+    """The stripe error a stripe-python caller expects for what payonce or the network said."""
+    error: stripe.StripeError
+    if isinstance(exc, httpx.TransportError):
+        error = _connection_error(
+            f"Unexpected error communicating with Stripe: {type(exc).__name__}: {exc}"
+        )
+    elif isinstance(exc, OutcomeUnknown):
+        error = _connection_error(
+            f"payonce could not learn whether Stripe executed this request{_about(exc)}: "
+            f"{exc} Do not retry it under a new key: resume or reconcile the intent."
+        )
+    elif isinstance(exc, IntentMismatch):
+        error = stripe.IdempotencyError(f"{exc}{_about(exc)}")
+    elif isinstance(exc, AuthenticationError):
+        error = stripe.AuthenticationError(f"{exc}{_about(exc)}")
+    else:
+        assert isinstance(exc, PayonceError)
+        error = _connection_error(f"payonce: {exc}{_about(exc)}")
+    # The payonce error itself, for callers that want its key, reference or state.
+    setattr(error, "payonce_error", exc if isinstance(exc, PayonceError) else None)  # noqa: B010
+    raise error from exc
+
+
+def _connection_error(message: str) -> stripe.StripeError:
+    # should_retry=False: stripe-python must not send the request again on its own.
+    return stripe.APIConnectionError(message, should_retry=False)  # type: ignore[no-untyped-call]

@@ -1,0 +1,39 @@
+"""What every integration needs of a payonce client: ``client.transport()``."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import httpx
+
+from ..errors import ConfigurationError
+
+__all__ = ["TransportSource", "async_transport", "sync_transport"]
+
+
+class TransportSource(Protocol):
+    """A payonce ``Client`` (or ``AsyncClient``): anything whose ``transport()`` gives an
+    httpx transport that sends through it."""
+
+    def transport(self, **options: Any) -> httpx.BaseTransport | httpx.AsyncBaseTransport: ...
+
+
+def sync_transport(client: TransportSource, **options: Any) -> httpx.BaseTransport:
+    transport = client.transport(**options)
+    if not isinstance(transport, httpx.BaseTransport):
+        raise ConfigurationError(
+            f"{type(client).__name__}.transport() gave {type(transport).__name__}, not a "
+            "synchronous httpx transport: pass a payonce.Client here (an AsyncClient's "
+            "transport serves async SDK calls only)"
+        )
+    return transport
+
+
+def async_transport(client: TransportSource, **options: Any) -> httpx.AsyncBaseTransport:
+    transport = client.transport(**options)
+    if not isinstance(transport, httpx.AsyncBaseTransport):
+        raise ConfigurationError(
+            f"{type(client).__name__}.transport() gave {type(transport).__name__}, not an "
+            "async httpx transport: pass a payonce.AsyncClient for async SDK calls"
+        )
+    return transport

@@ -1,0 +1,28 @@
+"""mollie-api-python through payonce (extra ``mollie``).
+
+```python
+mollie = mollie.api.client.Client()
+mollie.set_api_key("live_…")
+payonce.integrations.mollie.use_transport(mollie, client)
+```
+
+mollie-api-python gives every ``create``/``update``/``delete`` a fresh ``uuid4`` key
+(``resources/base.py``: ``idempotency_key or self._generate_idempotency_key()``), and its
+requests session retries failed *connects* only (``Retry(connect=3, read=0)``, mounted on
+``https://``); a network failure raises ``RequestError`` without the key. ``use_transport``
+mounts a ``TransportAdapter`` over ``client.transport(sdk_keys="replace")`` on the SDK's
+session (for both schemes, replacing its retrying adapter), so payonce's key per step
+replaces the random one. A payonce error arrives as Mollie's ``RequestError`` ("Unable to
+communicate with Mollie: …", naming the key and reference).
+"""
+
+from __future__ import annotations
+
+from ._needs import require
+
+require("mollie.api.client", extra="mollie", sdk="mollie-api-python")
+require("requests", extra="mollie", sdk="requests")
+
+from ._mollie_glue import use_transport  # noqa: E402
+
+__all__ = ["use_transport"]

@@ -1,0 +1,171 @@
+"""Square: its key in the JSON body, through payonce's square profile and the sandbox's
+Square dialect (``SandboxConfig.like("square")``), with the sandbox's faults."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+import payonce
+from helpers.sandboxes import SharedSandboxes
+from payonce.providers import get_profile
+from payonce.sandbox import DEFAULT_API_KEY, SandboxConfig, SandboxServer
+
+MakeClient = Callable[..., payonce.Client]
+AUTH = {"Authorization": f"Bearer {DEFAULT_API_KEY}"}
+
+
+def payment(**more: Any) -> dict[str, Any]:
+    # The key field where Square takes one: empty, payonce puts the intent's key there.
+    return {
+        "idempotency_key": "",
+        "source_id": "cnon:card-nonce-ok",
+        "amount_money": {"amount": 1500, "currency": "USD"},
+        "reference_id": "order-1",
+        **more,
+    }
+
+
+@pytest.fixture
+def server(shared_sandboxes: SharedSandboxes) -> SandboxServer:
+    return shared_sandboxes.get("square", SandboxConfig.like("square"))
+
+
+@pytest.fixture
+def client(server: SandboxServer, make_client: MakeClient) -> payonce.Client:
+    return make_client(base_url=server.url, provider="square")
+
+
+def sent_requests(client: payonce.Client) -> list[httpx.Request]:
+    seen: list[httpx.Request] = []
+    client._http.event_hooks["request"].append(seen.append)
+    return seen
+
+
+def test_the_key_travels_in_the_body_and_the_payment_executes_once(
+    client: payonce.Client, server: SandboxServer
+) -> None:
+    sent = sent_requests(client)
+    with client.intent("order-1") as op:
+        paid = op.post("/v2/payments", json=payment())
+    again = client.post("/v2/payments", reference="order-1", json=payment())
+
+    assert paid.json()["payment"]["status"] == "COMPLETED"
+    assert len(sent) == 1, "the second call is answered by the journal"
+    assert json.loads(sent[0].content)["idempotency_key"] == op.key
+    assert "idempotency-key" not in sent[0].headers
+    assert again.content == paid.content
+    assert server.store.executions() == {op.key: 1}
+
+
+@pytest.mark.parametrize("fault", ["fail_before", "fail_after", "drop_after"])
+def test_a_lost_or_failed_answer_is_retried_under_the_same_body_key(
+    fault: str, client: payonce.Client, server: SandboxServer
+) -> None:
+    server.script([fault])
+    sent = sent_requests(client)
+    with client.intent("order-f") as op:
+        paid = op.post("/v2/payments", json=payment())
+
+    assert paid.status_code == 200
+    assert len(sent) == 2
+    assert [json.loads(r.content)["idempotency_key"] for r in sent] == [op.key, op.key]
+    assert sent[0].content == sent[1].content
+    assert server.store.executions() == {op.key: 1}
+
+
+def test_a_key_the_caller_put_in_the_body_is_the_intent_s_and_not_fingerprinted(
+    client: payonce.Client, server: SandboxServer
+) -> None:
+    with client.intent("order-k") as op:
+        op.post("/v2/payments", json=payment(idempotency_key="shop-key-1"))
+    assert op.key == "shop-key-1"
+    record = client.journal.get(op.key)
+    assert record is not None
+    # What is journaled has the key field emptied: the fingerprint does not cover it.
+    assert json.loads(record.body)["idempotency_key"] == ""
+    assert server.store.executions() == {"shop-key-1": 1}
+
+
+def test_a_body_key_other_than_the_intent_s_is_refused_and_nothing_is_journaled(
+    client: payonce.Client, server: SandboxServer
+) -> None:
+    with (
+        pytest.raises(payonce.ConfigurationError, match="not this intent's key"),
+        client.intent("order-x", key="intent-key") as op,
+    ):
+        op.post("/v2/payments", json=payment(idempotency_key="other-key"))
+    assert client.journal.get("intent-key") is None
+    assert server.store.total_executions() == 0
+
+
+def test_a_request_without_the_key_field_is_sent_as_it_is(
+    client: payonce.Client, server: SandboxServer
+) -> None:
+    # CompletePayment takes no key: nothing is added to its body.
+    with client.intent("order-c") as op:
+        approved = op.post("/v2/payments", json=payment(autocomplete=False)).json()["payment"]
+    assert approved["status"] == "APPROVED"
+    sent = sent_requests(client)
+    with client.intent("order-c-complete") as op:
+        done = op.post(f"/v2/payments/{approved['id']}/complete", json={})
+    assert done.json()["payment"]["status"] == "COMPLETED"
+    assert sent[0].content == b"{}"
+    with httpx.Client(base_url=server.url, headers=AUTH) as http:
+        assert http.get(f"/v2/payments/{approved['id']}").json()["payment"]["status"] == (
+            "COMPLETED"
+        )
+
+
+def test_a_decline_is_definitive(client: payonce.Client, server: SandboxServer) -> None:
+    declined = payment(amount_money={"amount": 40200, "currency": "USD"})
+    with pytest.raises(payonce.ProviderError) as caught, client.intent("order-d") as op:
+        op.post("/v2/payments", json=declined)
+    assert caught.value.response is not None
+    assert caught.value.response.json()["errors"][0]["code"] == "GENERIC_DECLINE"
+    assert server.store.executions() == {op.key: 1}
+
+
+def test_a_reused_key_is_a_mismatch_in_square_s_words() -> None:
+    profile = get_profile("square")
+    reused = httpx.Response(
+        400,
+        json={"errors": [{"category": "INVALID_REQUEST_ERROR", "code": "IDEMPOTENCY_KEY_REUSED"}]},
+    )
+    declined = httpx.Response(400, json={"errors": [{"code": "GENERIC_DECLINE"}]})
+    verdict = profile.refine(reused)
+    assert verdict is not None
+    assert verdict.outcome is payonce.providers.Outcome.MISMATCH
+    assert profile.refine(declined) is None
+
+
+def test_the_sandbox_answers_a_reused_key_and_one_in_flight_as_square_does(
+    make_sandbox: Callable[..., SandboxServer],
+) -> None:
+    # Every execution takes 0.5 s: two requests started together meet in flight.
+    slow = make_sandbox(dialect="square", processing_seconds=0.5)
+    start = threading.Barrier(2)
+
+    def create(amount: int = 1500, *, together: bool = False) -> httpx.Response:
+        body = payment(idempotency_key="k-1", amount_money={"amount": amount, "currency": "USD"})
+        with httpx.Client(base_url=slow.url, headers=AUTH, timeout=5) as http:
+            if together:
+                start.wait()
+            return http.post("/v2/payments", json=body)
+
+    with ThreadPoolExecutor(2) as pool:
+        both = list(pool.map(lambda _: create(together=True), range(2)))
+    reused = create(amount=1600)  # the same key, another body
+
+    in_flight, done = sorted(both, key=lambda answer: -answer.status_code)
+    assert (in_flight.status_code, done.status_code) == (409, 200)
+    assert in_flight.json()["errors"][0]["code"] == "CONFLICT"
+    assert reused.status_code == 400
+    assert reused.json()["errors"][0]["code"] == "IDEMPOTENCY_KEY_REUSED"
+    assert slow.store.execution_count("k-1") == 1

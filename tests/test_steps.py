@@ -1,0 +1,313 @@
+"""An intent block as the ambient scope: every mutating request inside it is a step.
+
+Step 1 is the intent as payonce always journaled it; step n is an intent of its own keyed
+from the first's key, replayed from the journal when the same code runs again, and refused
+(naming the step) when the code asks for another request at that position.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import payonce
+from helpers.cli import run_cli
+from helpers.payments import PAYMENT, MakeClient
+from payonce.sandbox import SandboxServer
+
+REFUND = {"amount": 100, "currency": "eur"}
+SECOND = {"amount": 4300, "currency": "eur"}
+
+
+def _info(response: Any) -> payonce.ResponseInfo:
+    info = payonce.response_info(response)
+    assert info is not None
+    return info
+
+
+def _checkout(client: payonce.Client, reference: str, *, steps: int = 2) -> list[Any]:
+    """A business operation of several requests, as a shop writes it."""
+    with client.intent(reference) as op:
+        answers = [op.post("/v1/payments", json=PAYMENT)]
+        if steps > 1:
+            answers.append(op.post("/v1/payments", json=SECOND))
+        if steps > 2:
+            answers.append(op.post("/v1/payments", json=REFUND))
+    return answers
+
+
+def _dies_after_step_1(client: payonce.Client, reference: str) -> None:
+    with client.intent(reference) as op:
+        op.post("/v1/payments", json=PAYMENT)
+        raise RuntimeError("crashed between the steps")
+
+
+async def _dies_after_step_1_async(client: payonce.AsyncClient, reference: str) -> None:
+    async with client.intent(reference) as op:
+        await op.post("/v1/payments", json=PAYMENT)
+        raise RuntimeError("crashed between the steps")
+
+
+# -- step keys ------------------------------------------------------------------------------
+
+
+def test_step_keys_are_derived_from_the_intent_key_and_fit_the_provider_s_limit() -> None:
+    from payonce._lifecycle import step_key
+
+    assert step_key("01JABCDEF", 2) == "01JABCDEF-step2"
+    uuid_key = "0b7f1f5e-6f0b-4c1e-9d3c-2c8f7f4c9a11"
+    assert len(step_key(uuid_key, 12, max_length=45)) <= 45  # Square's limit
+    long_key = "k" * 64  # a caller's key at Adyen's limit
+    derived = [step_key(long_key, n, max_length=64) for n in range(2, 50)]
+    assert len(set(derived)) == 48
+    assert all(len(key) <= 64 and key.endswith(f"-step{n}") for n, key in enumerate(derived, 2))
+    # Two long keys that share their head still get different step keys.
+    assert step_key("a" * 60 + "1", 2, max_length=64) != step_key("a" * 60 + "2", 2, max_length=64)
+    assert step_key(long_key, 3, max_length=64) == step_key(long_key, 3, max_length=64)
+
+
+# -- steps in one run -----------------------------------------------------------------------
+
+
+def test_each_different_request_of_a_block_is_its_next_step_with_a_key_of_its_own(
+    client: payonce.Client, sandbox: SandboxServer
+) -> None:
+    first, second, third = _checkout(client, "order-steps", steps=3)
+    key = _info(first).key
+    assert [_info(r).key for r in (second, third)] == [f"{key}-step2", f"{key}-step3"]
+    assert sandbox.store.executions() == {key: 1, f"{key}-step2": 1, f"{key}-step3": 1}
+    # Every step's outcome was acknowledged when the block ended normally.
+    assert client.unacknowledged() == []
+
+
+def test_a_step_carries_no_reference_and_the_journal_lists_it_with_its_intent(
+    client: payonce.Client, journal_path: Path
+) -> None:
+    first, _ = _checkout(client, "order-listed")
+    key = _info(first).key
+    assert [r.key for r in client.journal.find("order-listed")] == [key]
+    (step,) = client.journal.steps(key)
+    assert (step.key, step.reference, step.state) == (
+        f"{key}-step2",
+        None,
+        payonce.IntentState.SUCCEEDED,
+    )
+    assert client.journal.steps(step.key) == []
+
+    shown = run_cli(["intents", "show", "order-listed", "--journal", str(journal_path)])
+    assert shown.exit_code == 0, shown.stderr
+    assert "intent of 2 steps" in shown.stdout
+    assert f"step 2 of intent {key}" in shown.stdout
+    as_json = run_cli(["intents", "show", "order-listed", "--json", "--journal", str(journal_path)])
+    documents = json.loads(as_json.stdout)
+    assert [d["key"] for d in documents] == [key, f"{key}-step2"]
+    assert documents[0]["steps"] == [f"{key}-step2"]
+    assert (documents[1]["step"], documents[1]["step_of"]) == (2, key)
+
+
+# -- running the same code again ------------------------------------------------------------
+
+
+def test_running_the_block_again_replays_settled_steps_and_continues_at_the_first_new_one(
+    client: payonce.Client, sandbox: SandboxServer
+) -> None:
+    with pytest.raises(RuntimeError, match="crashed between the steps"):
+        _dies_after_step_1(client, "order-resumed")
+    assert sandbox.store.total_executions() == 1
+
+    first, second = _checkout(client, "order-resumed")
+    assert _info(first).replayed
+    assert not _info(second).replayed
+    assert sandbox.store.total_executions() == 2
+
+    again = _checkout(client, "order-resumed")
+    assert all(_info(r).replayed for r in again)
+    assert [r.json() for r in again] == [first.json(), second.json()]
+    assert sandbox.store.total_executions() == 2
+
+
+def test_a_step_whose_request_changed_is_refused_naming_it_and_leaves_the_journal_as_it_was(
+    client: payonce.Client, sandbox: SandboxServer
+) -> None:
+    _checkout(client, "order-changed", steps=3)
+    before = client.journal.list_intents()
+    with client.intent("order-changed") as op:
+        op.post("/v1/payments", json=PAYMENT)
+        with pytest.raises(payonce.IntentMismatch) as refused:
+            op.post("/v1/refunds", json=SECOND)
+    message = str(refused.value)
+    assert "is step 2 (POST /v1/refunds)" in message
+    assert "journaled as POST /v1/payments and is now POST /v1/refunds" in message
+    assert refused.value.key is not None
+    assert refused.value.key.endswith("-step2")
+    assert client.journal.list_intents() == before
+    assert sandbox.store.total_executions() == 3
+
+
+def test_a_step_whose_body_changed_says_what_differs(
+    client: payonce.Client, sandbox: SandboxServer
+) -> None:
+    _checkout(client, "order-body")
+    with client.intent("order-body") as op:
+        op.post("/v1/payments", json=PAYMENT)
+        with pytest.raises(
+            payonce.IntentMismatch, match=r"step 2 .* differs from the one journaled in the body"
+        ):
+            op.post("/v1/payments", json={"amount": 1, "currency": "eur"})
+    assert sandbox.store.total_executions() == 2
+
+
+# -- the same request again -----------------------------------------------------------------
+
+
+def test_a_caller_s_retry_of_a_step_that_did_not_settle_is_that_step_again(
+    client: payonce.Client, sandbox: SandboxServer
+) -> None:
+    with client.intent("order-retry-loop") as op:
+        op.post("/v1/payments", json=PAYMENT)
+        sandbox.script(["rate_limit"] * 5)  # every attempt of step 2 is turned away: a 429
+        with pytest.raises(payonce.ProviderUnavailable):
+            op.post("/v1/payments", json=SECOND)
+        # The caller's own retry loop posts the very same request again: step 2, resent
+        # under its key, not a step 3.
+        retried = op.post("/v1/payments", json=SECOND)
+        # And the creation re-posted after that, too, is step 1 replayed, not a second one.
+        recreated = op.post("/v1/payments", json=PAYMENT)
+    assert _info(retried).key == f"{op.key}-step2"
+    assert _info(recreated).replayed
+    assert _info(recreated).key == op.key
+    assert [n for n, _, _ in op.steps] == [1, 2]
+    assert sandbox.store.total_executions() == 2
+
+
+def test_a_step_whose_outcome_stays_unknown_is_refused_again_rather_than_resent(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    client = make_client(retry=payonce.RetryPolicy(max_attempts=1, initial_wait=0))
+    with client.intent("order-unknown-step") as op:
+        op.post("/v1/payments", json=PAYMENT)
+        sandbox.script(["drop_after"])  # step 2 executes; its answer is lost
+        with pytest.raises(payonce.OutcomeUnknown):
+            op.post("/v1/payments", json=SECOND)
+        with pytest.raises(payonce.OutcomeUnknown, match="-step2"):
+            op.post("/v1/payments", json=SECOND)
+    assert sandbox.store.total_executions() == 2
+    # Reconciled by its own key, the step settles from the provider's record.
+    (result,) = client.reconcile(f"{op.key}-step2")
+    assert result.after is payonce.IntentState.SUCCEEDED
+    with client.intent("order-unknown-step") as op:
+        op.post("/v1/payments", json=PAYMENT)
+        found = op.post("/v1/payments", json=SECOND)
+    assert found.json()["amount"] == SECOND["amount"]
+    assert sandbox.store.total_executions() == 2
+
+
+# -- the block's scope -----------------------------------------------------------------------
+
+
+def test_blocks_of_one_client_do_not_nest(client: payonce.Client, sandbox: SandboxServer) -> None:
+    with client.intent("order-outer") as outer:
+        inner = client.intent("order-inner")
+        with pytest.raises(payonce.ConfigurationError, match="do not nest"):
+            inner.__enter__()
+        outer.post("/v1/payments", json=PAYMENT)
+    # The refused block left the outer one current, and it ended cleanly: a new block opens.
+    with client.intent("order-after") as after:
+        after.post("/v1/payments", json=PAYMENT)
+    assert sandbox.store.total_executions() == 2
+
+
+def test_another_client_s_block_and_another_thread_s_block_are_their_own(
+    make_client: MakeClient, sandbox: SandboxServer, tmp_path: Path
+) -> None:
+    client = make_client()
+    other = make_client(journal=tmp_path / "other.db")
+    seen: list[str | None] = []
+
+    def in_a_thread() -> None:
+        # A thread started inside a block does not see it: its block is its own.
+        with client.intent("order-thread") as op:
+            op.post("/v1/payments", json=SECOND)
+            seen.append(op.key)
+
+    with client.intent("order-main") as op, other.intent("order-other") as theirs:
+        op.post("/v1/payments", json=PAYMENT)
+        theirs.post("/v1/payments", json=REFUND)
+        worker = threading.Thread(target=in_a_thread)
+        worker.start()
+        worker.join()
+    assert len(seen) == 1
+    assert seen[0] != op.key
+    assert len(op.steps) == 1
+    assert len(theirs.steps) == 1
+    assert sandbox.store.total_executions() == 3
+
+
+def test_a_one_shot_call_inside_a_block_is_the_block_s_next_step(
+    client: payonce.Client, sandbox: SandboxServer
+) -> None:
+    with client.intent("order-one-shot-inside") as op:
+        op.post("/v1/payments", json=PAYMENT)
+        second = client.post("/v1/payments", json=SECOND)
+        with pytest.raises(payonce.ConfigurationError, match="inside the block"):
+            client.post("/v1/payments", json=REFUND, reference="order-elsewhere")
+    assert _info(second).key == f"{op.key}-step2"
+    assert sandbox.store.total_executions() == 2
+
+
+@pytest.mark.anyio
+async def test_async_steps_replay_and_continue_and_follow_the_block_s_tasks(
+    make_async_client: Any, sandbox: SandboxServer
+) -> None:
+    client: payonce.AsyncClient = make_async_client()
+    with pytest.raises(RuntimeError, match="crashed between the steps"):
+        await _dies_after_step_1_async(client, "order-async")
+
+    async with client.intent("order-async") as op:
+        first = await op.post("/v1/payments", json=PAYMENT)
+        # A task started inside the block runs in its context: its request is a step.
+        second = await asyncio.create_task(client.post("/v1/payments", json=SECOND))
+    assert _info(first).replayed
+    assert _info(second).key == f"{op.key}-step2"
+    assert sandbox.store.total_executions() == 2
+
+
+@pytest.mark.anyio
+async def test_two_steps_of_one_intent_at_once_are_refused(
+    make_async_client: Any, sandbox: SandboxServer
+) -> None:
+    client: payonce.AsyncClient = make_async_client()
+    sandbox.script(["delay"])
+    async with client.intent("order-concurrent") as op:
+        results = await asyncio.gather(
+            op.post("/v1/payments", json=PAYMENT),
+            op.post("/v1/payments", json=SECOND),
+            return_exceptions=True,
+        )
+    refused = [r for r in results if isinstance(r, payonce.ConfigurationError)]
+    assert len(refused) == 1
+    assert "one after another" in str(refused[0])
+    assert sandbox.store.total_executions() == 1
+    # The refused one took no position: the block holds its one step, settled and acked.
+    assert [(n, state) for n, _, state in op.steps] == [(1, payonce.IntentState.SUCCEEDED)]
+    assert await client.unacknowledged() == []
+
+
+def test_a_client_built_for_its_transport_only_refuses_its_verbs(
+    client_options: dict[str, Any], sandbox: SandboxServer
+) -> None:
+    options = {**client_options, "api_key": None, "transport_only": True}
+    with payonce.Client(**options) as bare:
+        with pytest.raises(payonce.ConfigurationError, match="transport_only=True"):
+            bare.post("/v1/payments", json=PAYMENT)
+        with pytest.raises(payonce.ConfigurationError, match="transport_only=True"):
+            bare.resume()
+    # Without transport_only, a client with no key anywhere is refused at once, as always.
+    with pytest.raises(payonce.ConfigurationError):
+        payonce.Client(**{**client_options, "api_key": None})
+    assert sandbox.store.total_executions() == 0
