@@ -46,11 +46,12 @@ lint: $(VENV)/.dev-installed
 
 # Debian packages some tests run for real: libfaketime (`faketime`), for a host's clock set
 # back or ahead across a crash and resume; dbus and gnome-keyring, the Secret Service the
-# keyring tests run against (tests/helpers/secret_service.py). Installed here, in one apt
+# keyring tests run against (tests/helpers/secret_service.py); systemd, whose
+# `systemd-analyze verify` checks docs/deploying.md's unit. Installed here, in one apt
 # call, only where one is missing and this is root with apt (CI, a fresh machine); anywhere
 # else nothing is installed and those tests skip, saying why (with CI=true they fail
 # instead). Quiet when there is nothing to do.
-DEBIAN_TEST_PACKAGES := faketime dbus gnome-keyring
+DEBIAN_TEST_PACKAGES := faketime dbus gnome-keyring systemd
 APT_GET := DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=120 -qq
 test-packages:
 	@missing=""; \

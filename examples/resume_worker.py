@@ -10,6 +10,12 @@ it ``unknown``. This worker drives both to an end, in one pass:
    intent; the ones it has no record of (while their key is still valid) become pending;
 3. ``client.resume()`` again, for those.
 
+To deploy, prefer ``payonce worker`` (or ``payonce.worker.Worker`` in a process of your
+own): the same recovery, continuously, for every account and provider of the journal,
+several intents at once, unknown intents looked up on the provider's schedule and
+escalated when it is spent, SIGTERM draining it. This example stays as the recovery
+written with the ``Client`` API, step by step.
+
 Run it with the service's settings (the same variables as ``payonce resume``)::
 
     export PAYONCE_BASE_URL=http://127.0.0.1:8765 PAYONCE_API_KEY=sk_test_payonce

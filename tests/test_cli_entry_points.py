@@ -53,6 +53,7 @@ COMMANDS = [
     ("reconcile",),
     ("resume",),
     ("sandbox",),
+    ("worker",),
 ]
 
 # Every option `python -m payonce.sandbox` took when it had a parser of its own: scripts, the

@@ -196,6 +196,7 @@ NO_LISTING = {
     ("keys", "delete"),
     ("sandbox",),  # a server
     ("demo",),  # a report of the demonstration
+    ("worker",),  # a long-running process: log lines, its counts through the hooks
 }
 
 

@@ -1,34 +1,49 @@
-"""docs/deploying.md, run: its WSGI module for gunicorn ``--preload`` and its alert counts.
+"""docs/deploying.md, run: its WSGI module for gunicorn ``--preload``, its alert counts,
+and its recovery worker as a systemd unit and as a Kubernetes sidecar.
 
 The code is read from the page itself, so the page shows what these tests run.
 """
 
 from __future__ import annotations
 
+import configparser
 import json
 import os
 import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 import payonce
+from helpers.ci import skip_or_fail
 from helpers.payments import PAYMENT, MakeClient, leave_pending, make_unknown
+from helpers.pending import enqueue_pending
+from helpers.processes import deployed_env
 from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "deploying.md"
 
 
-def _python_block(containing: str) -> str:
+def _block(language: str, containing: str) -> str:
     (code,) = [
         block
-        for block in re.findall(r"```python\n(.*?)```", PAGE.read_text(), re.DOTALL)
+        for block in re.findall(rf"```{language}\n(.*?)```", PAGE.read_text(), re.DOTALL)
         if containing in block
     ]
     return code
+
+
+def _python_block(containing: str) -> str:
+    return _block("python", containing)
 
 
 def _run_block(containing: str) -> dict[str, Any]:
@@ -133,3 +148,128 @@ def test_the_alert_counts_are_zero_when_healthy_and_count_what_needs_a_look(
         capsys.readouterr().out
         == "{'unknown': 1, 'pending_too_long': 1, 'unacknowledged_too_long': 1}\n"
     )
+
+
+# -- the recovery worker -----------------------------------------------------------------------
+
+
+def _settings_of(names: Sequence[str], ours: Mapping[str, str]) -> dict[str, str]:
+    """The page's settings, each given this test's value: the page must set exactly the
+    ones the worker needs (a misspelt name would leave one unset, and the worker stuck)."""
+    assert sorted(names) == sorted(ours), "the page sets other settings than the worker's"
+    return dict(ours)
+
+
+def _works_then_drains(
+    command: Sequence[str],
+    settings: Mapping[str, str],
+    journal: str | Path,
+    keys: Sequence[str],
+    sandbox: SandboxServer,
+    home: Path,
+) -> None:
+    """The deployed command sends the pending payments, once each, and a SIGTERM (what
+    systemd and Kubernetes send) drains it: exit 0, no lease left held."""
+    log = home.with_suffix(".log")
+    with log.open("w") as stderr:
+        worker = subprocess.Popen(
+            command, env=deployed_env(home, **settings), stdout=subprocess.DEVNULL, stderr=stderr
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with payonce.open_journal(journal) as opened:
+                states = {r.key: r.state for r in opened.list_intents()}
+            if set(states.values()) == {payonce.IntentState.SUCCEEDED}:
+                break
+            assert worker.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, f"never settled: {states}\n{log.read_text()}"
+            time.sleep(0.05)
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=60) == 0, log.read_text()
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    assert sandbox.wait_idle()
+    assert sandbox.store.executions() == dict.fromkeys(keys, 1)
+    with payonce.open_journal(journal) as opened:
+        assert [r.key for r in opened.list_intents() if r.lease_owner is not None] == []
+    assert "SIGTERM: draining" in log.read_text()
+
+
+def test_the_systemd_unit_verifies_and_its_worker_sends_then_drains_on_stop(
+    make_client: MakeClient, sandbox: SandboxServer, journal_path: Path, tmp_path: Path
+) -> None:
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        skip_or_fail("systemd-analyze is not installed (Debian: apt-get install systemd)")
+    unit = configparser.ConfigParser(interpolation=None, strict=False)
+    unit.optionxform = str  # type: ignore[assignment,method-assign]  # keys keep their case
+    unit.read_string(_block("ini", "[Service]"))
+    service = unit["Service"]
+    executable, *arguments = shlex.split(service["ExecStart"])
+    assert service["KillSignal"] == "SIGTERM"  # the signal that drains it
+    assert int(service["TimeoutStopSec"]) >= 90  # a drive's retries (60 s) and an exchange
+    # systemd's own check of the unit, with the payonce this test runs in its place.
+    here = tmp_path / "payonce-worker.service"
+    local = Path(sys.executable).with_name("payonce")
+    here.write_text(_block("ini", "[Service]").replace(executable, str(local)))
+    verified = subprocess.run(
+        [analyze, "verify", str(here)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert verified.returncode == 0, verified.stderr
+    assert "Unknown" not in verified.stderr, verified.stderr
+    assert "ignoring" not in verified.stderr, verified.stderr
+    environment_file = _block("sh", "/etc/shop/payonce.env (mode")
+    names = [line.split("=")[0] for line in environment_file.splitlines() if "=" in line]
+    settings = _settings_of(
+        names,
+        {
+            "PAYONCE_JOURNAL": str(journal_path),
+            "PAYONCE_BASE_URL": sandbox.url,
+            "PAYONCE_API_KEY": DEFAULT_API_KEY,
+        },
+    )
+    keys = enqueue_pending(make_client(), 10)
+
+    _works_then_drains(
+        [str(local), *arguments], settings, journal_path, keys, sandbox, tmp_path / "home"
+    )
+
+
+def test_the_kubernetes_sidecar_shares_the_services_journal_and_drains_on_stop(
+    make_client: MakeClient, sandbox: SandboxServer, postgres_url: str, tmp_path: Path
+) -> None:
+    (deployment,) = list(yaml.safe_load_all(_block("yaml", "kind: Deployment")))
+    assert (deployment["apiVersion"], deployment["kind"]) == ("apps/v1", "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= (
+        deployment["spec"]["template"]["metadata"]["labels"].items()
+    )
+    (sidecar,) = [c for c in pod["initContainers"] if c["name"] == "payonce-worker"]
+    (service,) = pod["containers"]
+    assert sidecar["restartPolicy"] == "Always"  # a native sidecar: stops after the service
+    assert pod["terminationGracePeriodSeconds"] >= 90  # time to drain
+    assert sidecar["image"] == service["image"]  # the same payonce and provider profiles
+
+    def sources(container: dict[str, Any]) -> dict[str, Any]:
+        return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+    # The worker reads the journal and key the service writes with.
+    for name in ("PAYONCE_JOURNAL", "PAYONCE_API_KEY"):
+        assert sources(sidecar)[name] == sources(service)[name]
+    settings = _settings_of(
+        list(sources(sidecar)),
+        {
+            "PAYONCE_JOURNAL": postgres_url,  # journal-url: a PostgreSQL journal
+            "PAYONCE_BASE_URL": sandbox.url,
+            "PAYONCE_API_KEY": DEFAULT_API_KEY,
+        },
+    )
+    program, *arguments = sidecar["command"]
+    assert program == "payonce"
+    keys = enqueue_pending(make_client(journal=postgres_url), 10)
+
+    command = [sys.executable, "-m", "payonce", *arguments]
+    _works_then_drains(command, settings, postgres_url, keys, sandbox, tmp_path / "home")

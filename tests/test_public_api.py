@@ -29,6 +29,7 @@ PUBLIC_MODULES = {
     "records",
     "sandbox",
     "webhooks",
+    "worker",
 }
 
 

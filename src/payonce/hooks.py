@@ -6,6 +6,7 @@ from ._runtime._events import (
     AttemptEnded,
     AttemptStarted,
     IntentEnded,
+    IntentEscalated,
     IntentEvent,
     IntentReconciled,
     IntentReplayed,
@@ -16,6 +17,7 @@ from ._runtime._events import (
     JournalCommitted,
     LookupEnded,
     RetryEvent,
+    WorkerPassEnded,
 )
 from ._runtime._hooks import Hooks
 
@@ -24,6 +26,7 @@ __all__ = [
     "AttemptStarted",
     "Hooks",
     "IntentEnded",
+    "IntentEscalated",
     "IntentEvent",
     "IntentReconciled",
     "IntentReplayed",
@@ -34,4 +37,5 @@ __all__ = [
     "JournalCommitted",
     "LookupEnded",
     "RetryEvent",
+    "WorkerPassEnded",
 ]

@@ -18,9 +18,13 @@ state: ``succeeded`` or ``failed`` when settled, ``unknown``, and ``pending`` wh
 or a reconciliation leaves one to be sent again), ``payonce.attempts`` (by outcome),
 ``payonce.retries``,
 ``payonce.unknown_outcomes``, ``payonce.replays``, and the histogram
-``payonce.journal.commit.duration`` (seconds, by ``payonce.durable``). Metric attributes are
-provider, account and state or outcome: never a key or reference, whose every value would
-be a new time series.
+``payonce.journal.commit.duration`` (seconds, by ``payonce.durable``). ``payonce worker``
+adds ``payonce.escalations`` (unknown intents it gave up reconciling: alert on it),
+``payonce.worker.intents`` (each pass's counts, by ``payonce.outcome``: ``sent``,
+``settled``, ``escalated``, ``failed``), the gauge ``payonce.worker.unknown`` (unknown
+intents left after the last pass) and the histogram ``payonce.worker.pass.duration``
+(seconds). Metric attributes are provider, account and state or outcome: never a key or
+reference, whose every value would be a new time series.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from ._runtime._events import (
     AttemptEnded,
     AttemptStarted,
     IntentEnded,
+    IntentEscalated,
     IntentEvent,
     IntentReconciled,
     IntentReplayed,
@@ -56,6 +61,7 @@ from ._runtime._events import (
     JournalCommitted,
     LookupEnded,
     RetryEvent,
+    WorkerPassEnded,
 )
 from ._runtime._hooks import Hooks
 from ._version import __version__
@@ -122,6 +128,24 @@ class OpenTelemetryHooks(Hooks):
             "payonce.journal.commit.duration",
             unit="s",
             description="Journal write transactions, from begin to commit",
+        )
+        self._escalations = meter.create_counter(
+            "payonce.escalations",
+            unit="{intent}",
+            description="Unknown intents the worker gave up reconciling: a person must look",
+        )
+        self._worker_intents = meter.create_counter(
+            "payonce.worker.intents",
+            unit="{intent}",
+            description="What the worker's passes did, by outcome",
+        )
+        self._worker_unknown = meter.create_gauge(
+            "payonce.worker.unknown",
+            unit="{intent}",
+            description="Unknown intents left after the worker's last pass",
+        )
+        self._worker_passes = meter.create_histogram(
+            "payonce.worker.pass.duration", unit="s", description="The worker's passes"
         )
         self._lock = threading.Lock()
         self._drives: dict[str, _Drive] = {}
@@ -279,3 +303,19 @@ class OpenTelemetryHooks(Hooks):
 
     def journal_committed(self, event: JournalCommitted) -> None:
         self._commits.record(event.seconds, {"payonce.durable": event.durable})
+
+    # -- the worker --------------------------------------------------------------------------
+
+    def escalated(self, event: IntentEscalated) -> None:
+        self._escalations.add(1, _series(event))
+        attributes = {**_identity(event), "payonce.state": "unknown", "payonce.tries": event.tries}
+        span = self._tracer.start_span("payonce.escalated", attributes=attributes)
+        span.set_status(Status(StatusCode.ERROR, f"outcome still unknown: {event.reason}"))
+        span.end()
+
+    def worker_pass(self, event: WorkerPassEnded) -> None:
+        for outcome in ("sent", "settled", "escalated", "failed"):
+            if count := getattr(event, outcome):
+                self._worker_intents.add(count, {"payonce.outcome": outcome})
+        self._worker_unknown.set(event.unknown)
+        self._worker_passes.record(event.seconds)

@@ -11,6 +11,7 @@ from ._providers._profile import (
     BodyKeyField,
     Lookup,
     ProviderProfile,
+    ReconcileSchedule,
     get_profile,
     register_profile,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "Lookup",
     "Outcome",
     "ProviderProfile",
+    "ReconcileSchedule",
     "Verdict",
     "adyen_profile",
     "adyen_reference_lookup",

@@ -52,6 +52,14 @@ from ._records import (
     ReconciliationRecord,
     StoredResponse,
 )
+from ._schedule import (
+    DEFAULT_RECONCILE_SCHEDULE,
+    ReconcileSchedule,
+    ScheduleDecision,
+    decide_lookup,
+    tries_since,
+    unknown_since,
+)
 from ._states import (
     LOOKUP_UNRECORDED,
     MAY_HAVE_EXECUTED,
@@ -109,8 +117,11 @@ __all__ = [
     "LookupKind",
     "LookupVerdict",
     "Outcome",
+    "DEFAULT_RECONCILE_SCHEDULE",
     "ReconcileOutcome",
+    "ReconcileSchedule",
     "ReconciliationRecord",
+    "ScheduleDecision",
     "Rule",
     "StoredResponse",
     "Transition",
@@ -131,6 +142,7 @@ __all__ = [
     "abandon_blocked",
     "decide_claim",
     "decide_event_claim",
+    "decide_lookup",
     "default_lease_seconds",
     "is_mismatch",
     "lease_blocks",
@@ -144,6 +156,8 @@ __all__ = [
     "resend_refusal",
     "rule",
     "target",
+    "tries_since",
+    "unknown_since",
     "validate_key",
     "validate_reference",
 ]

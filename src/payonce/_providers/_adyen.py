@@ -24,12 +24,22 @@ from __future__ import annotations
 import httpx
 
 from .._lifecycle import Outcome, Verdict, retry_after
-from ._profile import Lookup, ProviderProfile, json_object
+from ._profile import Lookup, ProviderProfile, ReconcileSchedule, json_object
 
 __all__ = ["ADYEN", "adyen_profile", "adyen_reference_lookup"]
 
 ADYEN_KEY_LIFETIME = 7 * 24 * 3600.0
 ADYEN_KEY_MAX_LENGTH = 64
+ADYEN_RECONCILE_SCHEDULE = ReconcileSchedule(
+    # Adyen keeps keys a week; with a reference look-up of your own (its reports lag),
+    # ask after a minute, then ever more rarely, for three days.
+    first_after=60.0,
+    interval=600.0,
+    backoff=2.0,
+    max_interval=6 * 3600.0,
+    max_tries=12,
+    give_up_after=3 * 24 * 3600.0,
+)
 _IN_PROGRESS = "704"
 
 
@@ -92,6 +102,7 @@ def adyen_profile(
         lookup=lookup,
         should_retry_hint=adyen_transient,
         refine=adyen_refine,
+        reconcile_schedule=ADYEN_RECONCILE_SCHEDULE,
     )
 
 

@@ -18,11 +18,21 @@ payonce's own rules apply to the rest: timeouts and 5xx are retried under the sa
 
 from __future__ import annotations
 
-from ._profile import Lookup, ProviderProfile
+from ._profile import Lookup, ProviderProfile, ReconcileSchedule
 
 __all__ = ["MOLLIE", "MOLLIE_KEY_LIFETIME", "mollie_profile"]
 
 MOLLIE_KEY_LIFETIME = 3600.0
+MOLLIE_RECONCILE_SCHEDULE = ReconcileSchedule(
+    # Mollie forgets a key after an hour: within it, a "not found" lets payonce resend
+    # under the same key, so the look-ups come early and often, and stop at the hour.
+    first_after=30.0,
+    interval=120.0,
+    backoff=1.5,
+    max_interval=900.0,
+    max_tries=8,
+    give_up_after=MOLLIE_KEY_LIFETIME,
+)
 
 
 def mollie_profile(*, lookup: Lookup | None = None, name: str = "mollie") -> ProviderProfile:
@@ -34,6 +44,7 @@ def mollie_profile(*, lookup: Lookup | None = None, name: str = "mollie") -> Pro
         key_lifetime=MOLLIE_KEY_LIFETIME,
         mismatch_statuses=frozenset(),
         lookup=lookup,
+        reconcile_schedule=MOLLIE_RECONCILE_SCHEDULE,
     )
 
 

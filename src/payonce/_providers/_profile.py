@@ -9,7 +9,14 @@ from typing import Any, Literal
 import attrs
 import httpx
 
-from .._lifecycle import CanonicalRequest, FormEncoder, Verdict, form_pairs
+from .._lifecycle import (
+    DEFAULT_RECONCILE_SCHEDULE,
+    CanonicalRequest,
+    FormEncoder,
+    ReconcileSchedule,
+    Verdict,
+    form_pairs,
+)
 from ..errors import ConfigurationError
 
 __all__ = [
@@ -18,6 +25,7 @@ __all__ = [
     "BodyKeyField",
     "Lookup",
     "ProviderProfile",
+    "ReconcileSchedule",
     "get_profile",
     "json_object",
     "key_lifetime_of",
@@ -80,6 +88,13 @@ def json_object(response: httpx.Response) -> dict[str, Any] | None:
 def _seconds(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e9:
         raise ConfigurationError(f"{attribute.name} must be a finite number of seconds >= 0")
+
+
+def _schedule(value: object) -> None:
+    if not isinstance(value, ReconcileSchedule):
+        raise ConfigurationError(
+            f"reconcile_schedule must be a payonce.providers.ReconcileSchedule, not {value!r}"
+        )
 
 
 def _no_hint(response: httpx.Response) -> bool | None:
@@ -216,6 +231,13 @@ class ProviderProfile:
     """Derive the bytes sent from the journaled body, content type and key, e.g. to tag the
     key into the object's metadata for reconciliation. Must be deterministic: every
     attempt sends the same bytes. The fingerprint covers the journaled body only."""
+    reconcile_schedule: ReconcileSchedule = attrs.field(
+        default=DEFAULT_RECONCILE_SCHEDULE,
+        validator=lambda _, attribute, value: _schedule(value),
+    )
+    """When ``payonce worker`` looks this provider's unknown intents up, and when it gives
+    up and escalates them (``ReconcileSchedule``). Unused without a ``lookup``: such an
+    intent is escalated at once."""
     prepares: Callable[[str, str], bool] = _every_request
     """Which requests ``prepare_body`` applies to (method, and the path the provider sees,
     with the base URL's own path); every one by default. Stripe's tags creations only:
@@ -282,6 +304,16 @@ SANDBOX = ProviderProfile(
     # The sandbox's own idempotency layer answers 409 to a duplicate that arrives while the
     # first still runs: a resend under the same key is safe at once, and costs no wait.
     resend="same-key",
+    # A local fake provider answers at once and indexes nothing: a short schedule, so a
+    # demo (or a test) sees the worker reconcile, give up and escalate within seconds.
+    reconcile_schedule=ReconcileSchedule(
+        first_after=0.5,
+        interval=1.0,
+        backoff=2.0,
+        max_interval=10.0,
+        max_tries=3,
+        give_up_after=60.0,
+    ),
 )
 """payonce's own reference provider (``payonce.sandbox``) in its default, strict mode."""
 

@@ -27,13 +27,24 @@ import attrs
 import httpx
 
 from .._lifecycle import FormData, Outcome, Verdict, retry_after
-from ._profile import Lookup, ProviderProfile, json_object
+from ._profile import Lookup, ProviderProfile, ReconcileSchedule, json_object
 
 __all__ = ["STRIPE", "STRIPE_METADATA_KEY", "stripe_form_pairs", "stripe_profile"]
 
 STRIPE_METADATA_KEY = "payonce_idempotency_key"
 STRIPE_SEARCH_PATH = "/v1/payment_intents/search"
 _FORM = "application/x-www-form-urlencoded"
+STRIPE_RECONCILE_SCHEDULE = ReconcileSchedule(
+    # Stripe's Search API is not read-after-write: a payment may take a minute or more to
+    # become searchable, so the first look-up waits for it.
+    first_after=120.0,
+    interval=300.0,
+    backoff=2.0,
+    max_interval=4 * 3600.0,
+    max_tries=8,
+    # Past the key's 24 hours no answer could let payonce resend: a person decides.
+    give_up_after=24 * 3600.0,
+)
 _CONCURRENT_CODES = frozenset({"idempotency_key_in_use", "lock_timeout"})
 # Stripe's wording for a key reused with other parameters, or on another endpoint; older
 # API versions sent it as an invalid_request_error, before the idempotency_error type.
@@ -243,6 +254,7 @@ def stripe_profile(
         prepare_body=_TagMetadata(metadata_key) if tag_metadata else _body_as_is,
         prepares=stripe_creates,
         encode_form=stripe_form_pairs,
+        reconcile_schedule=STRIPE_RECONCILE_SCHEDULE,
     )
 
 

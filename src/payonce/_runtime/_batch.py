@@ -231,10 +231,17 @@ class ReconcileBatch:
     """The unknown intents of the client's account and provider, oldest first, or the ones
     with one key or reference."""
 
-    def __init__(self, core: IntentCore, key_or_reference: str | None) -> None:
+    def __init__(
+        self,
+        core: IntentCore,
+        key_or_reference: str | None,
+        targets: list[IntentRecord] | None = None,
+    ) -> None:
         self._core = core
         self._named = key_or_reference
-        self._targets: deque[IntentRecord] | None = None
+        self._targets: deque[IntentRecord] | None = None if targets is None else deque(targets)
+        """Chosen by the caller (the worker: the intents its schedule says are due), or
+        read from the journal on the first ``next``."""
         self._started = 0.0
 
     def next(self) -> IntentRecord | None:

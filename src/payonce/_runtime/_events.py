@@ -17,6 +17,7 @@ __all__ = [
     "AttemptEnded",
     "AttemptStarted",
     "IntentEnded",
+    "IntentEscalated",
     "IntentEvent",
     "IntentReconciled",
     "IntentReplayed",
@@ -27,6 +28,7 @@ __all__ = [
     "JournalCommitted",
     "LookupEnded",
     "RetryEvent",
+    "WorkerPassEnded",
     "about",
     "log_extra",
 ]
@@ -170,3 +172,38 @@ class IntentReconciled(IntentEvent):
     outcome: ReconcileOutcome
     """``found``, ``not_found``, ``still_unknown``, ``error`` or ``skipped`` (a ``str``)."""
     detail: str
+
+
+@attrs.frozen
+class IntentEscalated(IntentEvent):
+    """The worker gave up reconciling an unknown intent: its provider profile's schedule
+    (``ReconcileSchedule``) is spent, or the profile has no status look-up. The intent stays
+    unknown; a person must check it at the provider, then ``payonce reconcile`` or
+    ``payonce abandon`` it. Said once per worker process and intent."""
+
+    tries: int
+    """Look-ups made since the intent went unknown."""
+    unknown_since: float
+    """When it went unknown (epoch seconds), as the journal tells."""
+    reason: str
+    """Why it is still unknown: the last look-up's finding, or why none can be made."""
+
+
+@attrs.frozen
+class WorkerPassEnded:
+    """One pass of ``payonce worker`` over its journal is over: what it did, in numbers."""
+
+    sent: int
+    """Pending intents it drove (sent, or found settled by a verifying look-up)."""
+    settled: int
+    """Intents it brought to ``succeeded`` or ``failed`` (sent or reconciled)."""
+    unknown: int
+    """Unknown intents left in the groups it drove, escalated ones included."""
+    escalated: int
+    """Unknown intents it escalated in this pass."""
+    failed: int
+    """Pending intents it could not send (still pending: the provider unreachable, a
+    refused API key...), failed look-ups, and groups of intents it could not drive at all
+    (no API key, no base URL, an unknown profile)."""
+    seconds: float
+    """How long the pass took."""

@@ -16,6 +16,7 @@ from ._events import (
     AttemptEnded,
     AttemptStarted,
     IntentEnded,
+    IntentEscalated,
     IntentEvent,
     IntentReconciled,
     IntentReplayed,
@@ -26,6 +27,7 @@ from ._events import (
     JournalCommitted,
     LookupEnded,
     RetryEvent,
+    WorkerPassEnded,
 )
 
 __all__ = ["HookSet", "Hooks"]
@@ -84,6 +86,12 @@ class Hooks:
     def journal_committed(self, event: JournalCommitted) -> None:
         """The client's journal committed a transaction (any client's, on a shared one)."""
 
+    def escalated(self, event: IntentEscalated) -> None:
+        """``payonce worker`` gave up reconciling an unknown intent: a person must look."""
+
+    def worker_pass(self, event: WorkerPassEnded) -> None:
+        """A pass of ``payonce worker`` is over, with its counts."""
+
 
 def _log_extra(event: object) -> dict[str, Any] | None:
     """The intent fields of a log record about ``event``, as every other record has them."""
@@ -91,7 +99,7 @@ def _log_extra(event: object) -> dict[str, Any] | None:
         return None
     if isinstance(event, IntentReconciled):
         state = event.after.value
-    elif isinstance(event, IntentUnknown):
+    elif isinstance(event, IntentUnknown | IntentEscalated):
         state = IntentState.UNKNOWN.value
     else:  # events of a drive name no state: the intent is pending while it is driven
         found = getattr(event, "state", IntentState.PENDING)

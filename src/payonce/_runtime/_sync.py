@@ -7,6 +7,7 @@ keeps leases alive from a thread. ``_async`` is its awaited twin.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
@@ -181,12 +182,12 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         self._in_this_process()
         self._core.require_api_key("resume()")
         batch = ResumeBatch(self._core)
+        return run_batch(batch, functools.partial(self._resume, batch), on_result)
 
-        def resume(target: Claimed) -> ResumeResult:
-            resumed = drive.resume(self._core.settings, target.claim, target.owner)
-            return batch.settled(target, self._execute(resumed))
-
-        return run_batch(batch, resume, on_result)
+    def _resume(self, batch: ResumeBatch, target: Claimed) -> ResumeResult:
+        """Drive one claimed pending intent of a resume pass to an end."""
+        resumed = drive.resume(self._core.settings, target.claim, target.owner)
+        return batch.settled(target, self._execute(resumed))
 
     def reconcile(
         self,

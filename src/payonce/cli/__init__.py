@@ -27,6 +27,7 @@ from ._keys import keys
 from ._recovery import reconcile, resume
 from ._sandbox import demo, sandbox
 from ._warnings import warnings_to_stderr
+from ._worker import worker
 
 __all__ = ["JOURNAL_ENV", "CliError", "NotFound", "Refused", "cli", "main"]
 
@@ -44,7 +45,19 @@ class _Cli(click.Group):
             raise CliError(str(exc)) from exc
 
 
-_COMMANDS = [intents, resume, reconcile, abandon, ack, journal_group, prune, keys, sandbox, demo]
+_COMMANDS = [
+    intents,
+    resume,
+    reconcile,
+    worker,
+    abandon,
+    ack,
+    journal_group,
+    prune,
+    keys,
+    sandbox,
+    demo,
+]
 
 
 @click.group(cls=_Cli, context_settings=CONTEXT_SETTINGS, commands=_COMMANDS)

@@ -32,7 +32,7 @@ from ._common import (
 from ._recovery_views import Row, print_rows, progress, reconcile_row, resume_row, summary
 from ._targets import BaseUrls, Target, choose, elsewhere, holdings
 
-__all__ = ["reconcile", "resume"]
+__all__ = ["Connection", "connection_options", "reconcile", "resume"]
 
 _results_json_option = click.option(
     "--json",
@@ -44,7 +44,7 @@ _results_json_option = click.option(
 
 
 @attrs.frozen
-class _Connection:
+class Connection:
     """Where the intents were sent, and the journal they are in: what clients are built from.
     ``provider`` and ``account`` are None when not given: then the journal says (``_targets``)."""
 
@@ -121,7 +121,7 @@ class _Connection:
         return rows, undriven
 
 
-def _connection_options(command: Callable[..., None]) -> Callable[..., None]:
+def connection_options(command: Callable[..., None]) -> Callable[..., None]:
     """What a command that talks to the provider needs, handed over as one ``connection``.
 
     The API key is never an option: it comes from PAYONCE_API_KEY or the OS keyring
@@ -136,7 +136,7 @@ def _connection_options(command: Callable[..., None]) -> Callable[..., None]:
         journal_path: JournalLocation | None,
         **rest: Any,
     ) -> None:
-        command(connection=_Connection(base_url, provider, account, journal_path), **rest)
+        command(connection=Connection(base_url, provider, account, journal_path), **rest)
 
     options = [
         click.option(
@@ -206,9 +206,9 @@ def _finish(
 
 
 @click.command(short_help="Resend the pending intents dead workers left behind.")
-@_connection_options
+@connection_options
 @_results_json_option
-def resume(connection: _Connection, as_json: bool) -> None:
+def resume(connection: Connection, as_json: bool) -> None:
     """Finish the pending intents that crashed or killed workers left behind.
 
     Each pending intent of the account and provider that no live worker holds is resent
@@ -284,10 +284,10 @@ def _check_named(client: payonce.Client, key_or_reference: str) -> None:
 @click.option(
     "--all", "every", is_flag=True, help="Every unknown intent of the account and provider."
 )
-@_connection_options
+@connection_options
 @_results_json_option
 def reconcile(
-    key_or_reference: str | None, every: bool, connection: _Connection, as_json: bool
+    key_or_reference: str | None, every: bool, connection: Connection, as_json: bool
 ) -> None:
     """Ask the provider what became of unknown intents, instead of guessing.
 

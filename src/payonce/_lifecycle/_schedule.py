@@ -1,0 +1,147 @@
+"""When the worker asks the provider about an unknown intent, and when it gives up.
+
+A schedule per provider profile, in the shape payment switches use for their status
+syncs (Hyperswitch's per-connector "start after, frequency, count"): the first look-up a
+while after the intent went unknown (the provider may still be processing it, its search
+index may lag), then look-ups at growing intervals, until a number of tries or a duration
+is spent. Then the intent stays unknown and is **escalated**: a person must look.
+
+Nothing here is stored: the schedule's state is derived from what the journal already
+keeps, the intent's attempts (when it went unknown) and its reconciliations (the tries).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import attrs
+
+from ..errors import ConfigurationError
+from ._records import AttemptRecord, IntentRecord, ReconciliationRecord
+
+__all__ = [
+    "DEFAULT_RECONCILE_SCHEDULE",
+    "ReconcileSchedule",
+    "ScheduleDecision",
+    "decide_lookup",
+    "tries_since",
+    "unknown_since",
+]
+
+
+def _seconds(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ConfigurationError(
+            f"ReconcileSchedule.{attribute.name} must be a finite number of seconds >= 0, "
+            f"not {value!r}"
+        )
+
+
+def _positive_count(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(
+            f"ReconcileSchedule.{attribute.name} must be a whole number >= 1, not {value!r}"
+        )
+
+
+def _factor(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 1
+    ):
+        raise ConfigurationError(
+            f"ReconcileSchedule.{attribute.name} must be a number >= 1 (1: a fixed "
+            f"interval), not {value!r}"
+        )
+
+
+@attrs.frozen
+class ReconcileSchedule:
+    """How ``payonce worker`` reconciles a provider's unknown intents.
+
+    The first look-up ``first_after`` seconds after the intent went unknown; the next
+    ``interval`` seconds after that, each later one ``backoff`` times further than the one
+    before (at most ``max_interval``); no more than ``max_tries`` look-ups, none later than
+    ``give_up_after`` seconds after the intent went unknown. Past that the intent is
+    escalated: it stays unknown for a person to check (``payonce reconcile``, ``abandon``).
+    """
+
+    first_after: float = attrs.field(default=60.0, validator=_seconds)
+    interval: float = attrs.field(default=300.0, validator=_seconds)
+    backoff: float = attrs.field(default=2.0, validator=_factor)
+    max_interval: float = attrs.field(default=6 * 3600.0, validator=_seconds)
+    max_tries: int = attrs.field(default=8, validator=_positive_count)
+    give_up_after: float = attrs.field(default=24 * 3600.0, validator=_seconds)
+
+    def wait_before(self, tries: int) -> float:
+        """Seconds between the look-up number ``tries`` (1-based) and the next one."""
+        # Capped before it is raised to a power that could overflow a float.
+        grown = self.interval * self.backoff ** min(tries - 1, 64)
+        return min(grown, self.max_interval)
+
+
+DEFAULT_RECONCILE_SCHEDULE = ReconcileSchedule()
+"""A minute after, then 5, 10, 20 minutes... at most 8 look-ups within a day."""
+
+
+@attrs.frozen
+class ScheduleDecision:
+    """What the schedule says of one unknown intent at one moment."""
+
+    tries: int
+    """Look-ups made since the intent went unknown."""
+    due: bool
+    """Look it up now."""
+    next_at: float | None
+    """When the next look-up is due (epoch seconds); None once the schedule is spent."""
+    exhausted: bool
+    """No look-up is left: escalate the intent (it stays unknown)."""
+
+
+def unknown_since(record: IntentRecord, attempts: Iterable[AttemptRecord]) -> float:
+    """When the intent went unknown, as far as the journal tells: the end of its last
+    attempt (or that attempt's start when a crash left it without an end), else its
+    creation. An intent that went back to pending and was sent again starts anew."""
+    moments = [a.ended_at if a.ended_at is not None else a.started_at for a in attempts]
+    return max([record.created_at, *moments])
+
+
+def tries_since(since: float, reconciliations: Iterable[ReconciliationRecord]) -> list[float]:
+    """When the look-ups since ``since`` were made (every outcome counts: an answer that
+    told nothing, or no answer at all, is a try spent all the same), oldest first."""
+    return sorted(r.at for r in reconciliations if r.at >= since)
+
+
+def decide_lookup(
+    schedule: ReconcileSchedule,
+    *,
+    since: float,
+    tries: Sequence[float],
+    now: float,
+    can_look_up: bool = True,
+) -> ScheduleDecision:
+    """Whether an intent unknown since ``since``, looked up at ``tries``, is due now, when
+    its next look-up is, and whether the schedule is spent. A profile without a status
+    look-up (``can_look_up=False``) has nothing to wait for: escalated at once."""
+    count = len(tries)
+    if count >= schedule.max_tries or not can_look_up:
+        return ScheduleDecision(count, due=False, next_at=None, exhausted=True)
+    if count == 0:
+        next_at = since + schedule.first_after
+    else:
+        next_at = max(tries) + schedule.wait_before(count)
+    if next_at > since + schedule.give_up_after:
+        # The next look-up would come after the schedule gave up; the first one always
+        # comes, or an intent would be escalated without ever being asked about.
+        if count > 0:
+            return ScheduleDecision(count, due=False, next_at=None, exhausted=True)
+        next_at = since + schedule.give_up_after
+    return ScheduleDecision(count, due=next_at <= now, next_at=next_at, exhausted=False)

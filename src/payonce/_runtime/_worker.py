@@ -1,0 +1,419 @@
+"""``payonce worker``: the long-running recovery process of one journal.
+
+Each pass, for every provider and account whose pending or unknown intents the journal
+holds (one ``Client`` each, its API key from the environment or the keyring as any
+client's): reconcile the unknown intents the provider profile's schedule says are due
+(``_lifecycle._schedule``), escalate those whose schedule is spent, then send the pending
+intents no live worker holds (those a reconciliation just sent back to pending among them).
+
+Nothing here is new machinery: the pending intents are claimed, leased and sent as
+``Client.resume`` does (``ResumeBatch``), so several workers, on one host or several
+sharing one PostgreSQL journal, never send one intent at once; the look-ups are
+``Client.reconcile``'s. ``concurrency`` threads share one pass's batch, each driving one
+intent at a time. ``stop()`` drains: no intent is taken after it, the ones being driven
+are driven to their end (their leases given back), then ``run`` returns.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Generic, TypeVar
+
+import attrs
+
+from .._journal._open import open_to_write
+from .._journal._reads import Journal
+from .._lifecycle import (
+    IntentRecord,
+    IntentState,
+    ReconcileOutcome,
+    ScheduleDecision,
+    decide_lookup,
+    tries_since,
+    unknown_since,
+)
+from ..errors import ConfigurationError
+from ._batch import Batch, ReconcileBatch, ResumeBatch, ResumeResult, run_batch
+from ._events import IntentEscalated, WorkerPassEnded, about, log_extra
+from ._hooks import Hooks, HookSet
+from ._reconcile import ReconcileResult
+from ._redacting import Redactor
+from ._retrying import RetryPolicy
+from ._sync import Client
+
+__all__ = ["Worker"]
+
+logger = logging.getLogger("payonce.worker")
+"""Its own logger: a deployment may show the pass lines (INFO) without every intent's."""
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+_SETTLED = (IntentState.SUCCEEDED, IntentState.FAILED)
+
+
+@attrs.frozen(order=True)
+class _Group:
+    """The intents one client drives: one provider's, of one account."""
+
+    provider: str
+    account: str
+
+    @property
+    def label(self) -> str:
+        return f"account {self.account!r} of provider {self.provider!r}"
+
+
+@attrs.define
+class _Counts:
+    sent: int = 0
+    settled: int = 0
+    unknown: int = 0
+    escalated: int = 0
+    failed: int = 0
+    lock: threading.Lock = attrs.field(factory=threading.Lock)
+
+    def add(self, **counts: int) -> None:
+        with self.lock:
+            for name, value in counts.items():
+                setattr(self, name, getattr(self, name) + value)
+
+
+class _Shared(Generic[T, R]):
+    """One batch shared by the pass's threads: each ``next`` is taken under a lock, and
+    none once the worker is stopping."""
+
+    def __init__(self, batch: Batch[T, R], stopping: threading.Event) -> None:
+        self._batch = batch
+        self._stopping = stopping
+        self._lock = threading.Lock()
+
+    def next(self) -> T | None:
+        with self._lock:
+            return None if self._stopping.is_set() else self._batch.next()
+
+    def record(self, target: T) -> IntentRecord:
+        return self._batch.record(target)
+
+    @property
+    def redactor(self) -> Redactor:
+        return self._batch.redactor
+
+    def failed(self, target: T, error: Exception) -> R:
+        return self._batch.failed(target, error)
+
+    def report(self, result: R) -> None:
+        self._batch.report(result)
+
+
+class Worker:
+    """Sends the pending intents of a journal and reconciles its unknown ones, pass after
+    pass, until stopped (``payonce worker``).
+
+    Args:
+        journal: A path, a ``postgresql://`` URL, or a payonce ``Journal``.
+        base_url: The providers' API root, for every provider without one in ``base_urls``.
+        base_urls: The API root of each provider, by profile name.
+        provider: Only this provider's intents (default: every provider's).
+        account: Only this account's intents (default: every account's).
+        concurrency: How many intents are driven at once.
+        hooks: ``payonce.Hooks`` (or a list): the clients' events, plus ``escalated`` and
+            ``worker_pass``.
+        retry: The clients' ``RetryPolicy``.
+        timeout: The clients' network timeout, in seconds.
+        clock: The time (epoch seconds), for the clients and the schedule.
+    """
+
+    def __init__(
+        self,
+        *,
+        journal: Journal | str | os.PathLike[str],
+        base_url: str | None = None,
+        base_urls: Mapping[str, str] | None = None,
+        provider: str | None = None,
+        account: str | None = None,
+        concurrency: int = 1,
+        hooks: Hooks | Sequence[Hooks] | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float = 30.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ConfigurationError(
+                f"concurrency must be a whole number >= 1, not {concurrency!r}"
+            )
+        self._base_url = base_url
+        self._base_urls = dict(base_urls or {})
+        self._provider = provider
+        self._account = account
+        self._concurrency = concurrency
+        self._hook_list = hooks
+        self._hooks = HookSet.of(hooks, None)
+        self._retry = retry
+        self._timeout = timeout
+        self._clock = clock
+        self._owns_journal = not isinstance(journal, Journal)
+        self.journal: Journal = open_to_write(journal)
+        self._clients: dict[_Group, Client] = {}
+        self._stopping = threading.Event()
+        self._last_unknown: int | None = None
+        self._escalated: set[str] = set()
+        """Intents this process escalated: each is said once per process."""
+
+    # -- running -----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Drain: take no new intent; the pass ends once the ones being driven are done.
+        Safe to call from a signal handler."""
+        self._stopping.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def run(self, *, interval: float = 5.0, once: bool = False) -> WorkerPassEnded | None:
+        """Pass after pass, ``interval`` seconds apart, until ``stop()``; with ``once``, a
+        single pass. Returns the last pass's counts (None when stopped before any)."""
+        last: WorkerPassEnded | None = None
+        while not self._stopping.is_set():
+            try:
+                last = self.run_pass()
+            except Exception:
+                if once:
+                    raise
+                # The journal unreachable for a moment: the next pass tries again.
+                logger.exception("worker: the pass failed; the next one in %g s", interval)
+            if once:
+                break
+            self._stopping.wait(interval)
+        return last
+
+    def run_pass(self) -> WorkerPassEnded:
+        """One pass over every group of intents; its counts are logged and told to hooks."""
+        began = time.monotonic()
+        counts = _Counts()
+        driven: list[Client] = []
+        for group in self._groups():
+            if self._stopping.is_set():
+                break
+            client = self._client(group, counts)
+            if client is None:
+                continue
+            driven.append(client)
+            try:
+                self._reconcile_due(client, counts)
+                self._send_pending(client, counts)
+            except Exception:
+                # The journal unreachable, a bug: this group's pass is over, not the worker.
+                counts.add(failed=1)
+                logger.exception("worker: %s: the pass failed", group.label)
+        counts.unknown = sum(len(client.unknown()) for client in driven)
+        ended = WorkerPassEnded(
+            sent=counts.sent,
+            settled=counts.settled,
+            unknown=counts.unknown,
+            escalated=counts.escalated,
+            failed=counts.failed,
+            seconds=time.monotonic() - began,
+        )
+        busy = ended.sent or ended.settled or ended.escalated or ended.failed
+        # An idle pass (nothing done, nothing new waiting) is said at DEBUG: a worker
+        # passing every few seconds would otherwise bury the lines that matter.
+        quiet = not busy and ended.unknown == self._last_unknown
+        self._last_unknown = ended.unknown
+        logger.log(
+            logging.DEBUG if quiet else logging.INFO,
+            "worker pass: %d sent, %d settled, %d still unknown, %d escalated, %d failed",
+            ended.sent,
+            ended.settled,
+            ended.unknown,
+            ended.escalated,
+            ended.failed,
+        )
+        if self._hooks:
+            self._hooks.emit(Hooks.worker_pass, ended)
+        return ended
+
+    # -- groups and their clients ------------------------------------------------------------
+
+    def _groups(self) -> list[_Group]:
+        records = self.journal.list_intents(states=[IntentState.PENDING, IntentState.UNKNOWN])
+        return sorted(
+            {
+                _Group(r.provider, r.account)
+                for r in records
+                if self._provider in (None, r.provider) and self._account in (None, r.account)
+            }
+        )
+
+    def _client(self, group: _Group, counts: _Counts) -> Client | None:
+        """The group's client, made once; None (said, and counted failed) when it cannot be
+        made this pass: no base URL, no API key, a profile this process does not know."""
+        if (client := self._clients.get(group)) is not None:
+            return client
+        base_url = self._base_urls.get(group.provider, self._base_url)
+        if base_url is None:
+            problem = (
+                f"no base URL for provider {group.provider!r}: give it one "
+                f"(--base-url {group.provider}=URL)"
+            )
+        else:
+            try:
+                client = Client(
+                    base_url=base_url,
+                    provider=group.provider,  # a name this process does not know: said why
+                    account=group.account,
+                    journal=self.journal,
+                    retry=self._retry,
+                    timeout=self._timeout,
+                    hooks=self._hook_list,
+                    clock=self._clock,
+                )
+            except ConfigurationError as exc:
+                problem = str(exc)
+            else:
+                self._clients[group] = client
+                return client
+        counts.add(failed=1)
+        logger.error("worker: %s not driven: %s", group.label, problem)
+        return None
+
+    # -- sending -----------------------------------------------------------------------------
+
+    def _send_pending(self, client: Client, counts: _Counts) -> None:
+        batch = ResumeBatch(client._core)
+
+        def counted(result: ResumeResult) -> None:
+            counts.add(
+                sent=1,
+                settled=result.state in _SETTLED,
+                failed=result.state is IntentState.PENDING,
+            )
+
+        self._share(batch, functools.partial(client._resume, batch), counted)
+
+    # -- reconciling -------------------------------------------------------------------------
+
+    def _decision(self, client: Client, record: IntentRecord, now: float) -> ScheduleDecision:
+        profile = client.provider
+        since = unknown_since(record, self.journal.attempts(record.key))
+        tries = tries_since(since, self.journal.reconciliations(record.key))
+        return decide_lookup(
+            profile.reconcile_schedule,
+            since=since,
+            tries=tries,
+            now=now,
+            can_look_up=profile.lookup is not None,
+        )
+
+    def _reconcile_due(self, client: Client, counts: _Counts) -> None:
+        now = self._clock()
+        due: list[IntentRecord] = []
+        for record in client.unknown():
+            decision = self._decision(client, record, now)
+            if decision.due:
+                due.append(record)
+            elif decision.exhausted:
+                self._escalate(client, record, decision, counts)
+        if not due:
+            return
+
+        def counted(result: ReconcileResult) -> None:
+            if result.after in _SETTLED:
+                counts.add(settled=1)
+            elif result.outcome == ReconcileOutcome.ERROR:
+                counts.add(failed=1)
+            if result.after is IntentState.UNKNOWN:
+                current = self.journal.get(result.key)
+                if current is not None and current.state is IntentState.UNKNOWN:
+                    decision = self._decision(client, current, self._clock())
+                    if decision.exhausted:
+                        self._escalate(client, current, decision, counts)
+
+        batch = ReconcileBatch(client._core, None, targets=due)
+        self._share(batch, client._reconcile, counted)
+
+    def _escalate(
+        self, client: Client, record: IntentRecord, decision: ScheduleDecision, counts: _Counts
+    ) -> None:
+        with counts.lock:
+            if record.key in self._escalated:
+                return
+            self._escalated.add(record.key)
+            counts.escalated += 1
+        since = unknown_since(record, self.journal.attempts(record.key))
+        if client.provider.lookup is None:
+            reason = f"provider profile {record.provider!r} has no status look-up"
+        else:
+            found = self.journal.reconciliations(record.key)
+            reason = found[-1].detail if found else (record.unknown_reason or "no look-up made")
+        logger.error(
+            "intent %s escalated: its outcome is still unknown after %d look-up(s) (%s); "
+            "check it at the provider, then `payonce reconcile %s` or `payonce abandon %s`",
+            record.key,
+            decision.tries,
+            reason,
+            record.key,
+            record.key,
+            extra=log_extra(record),
+        )
+        if self._hooks:
+            event = IntentEscalated(
+                **about(record), tries=decision.tries, unknown_since=since, reason=reason
+            )
+            self._hooks.emit(Hooks.escalated, event)
+
+    # -- threads -----------------------------------------------------------------------------
+
+    def _share(
+        self,
+        batch: Batch[T, R],
+        drive: Callable[[T], R],
+        on_result: Callable[[R], object],
+    ) -> None:
+        """Run ``batch`` with ``concurrency`` threads taking its targets in turn; the first
+        error one of them met outside an intent's drive (reading the next target) is
+        raised once all are done."""
+        shared = _Shared(batch, self._stopping)
+        if self._concurrency == 1:
+            run_batch(shared, drive, on_result)
+            return
+        errors: list[BaseException] = []
+
+        def work() -> None:
+            try:
+                run_batch(shared, drive, on_result)
+            except BaseException as exc:  # raised again in the calling thread
+                errors.append(exc)
+
+        threads = [
+            threading.Thread(target=work, name=f"payonce-worker-{n}", daemon=True)
+            for n in range(self._concurrency)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            while thread.is_alive():  # in slices: the main thread stays free for signals
+                thread.join(0.25)
+        if errors:
+            raise errors[0]
+
+    # -- closing -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
+        if self._owns_journal:
+            self.journal.close()
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,165 @@
+"""``payonce worker``: send pending and reconcile unknown intents, pass after pass.
+
+A thin shell around ``payonce.worker.Worker``: the options, the log lines, and the signals
+that drain it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import Iterator
+from types import FrameType
+
+import click
+
+from payonce.hooks import Hooks
+from payonce.worker import Worker
+
+from ._common import CliError, existing_journal_target
+from ._recovery import Connection, connection_options
+from ._warnings import log_lines
+
+__all__ = ["worker"]
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
+
+logger = logging.getLogger("payonce.worker")
+
+
+@contextlib.contextmanager
+def _draining_on_signals(running: Worker) -> Iterator[None]:
+    """SIGTERM (systemd, Kubernetes) and SIGINT (Ctrl-C) drain the worker instead of
+    killing it mid-intent; the handlers in place before come back afterwards."""
+
+    def drain(signum: int, frame: FrameType | None) -> None:
+        if running.stopping and signum == signal.SIGINT:
+            # Ctrl-C twice: stop now, as a kill would, which payonce is built to survive.
+            # Closing the clients under the threads still sending would be worse: their
+            # attempts would end in errors of this process's making. The intents being
+            # sent stay pending, for the next worker: at once on this host (their owner
+            # is gone), once their leases expire elsewhere.
+            logger.warning("SIGINT again: stopping at once; what was being sent stays pending")
+            os._exit(130)
+        logger.warning(
+            "%s: draining: no new intent is taken; the ones being sent are finished "
+            "(Ctrl-C again to stop at once)",
+            signal.Signals(signum).name,
+        )
+        running.stop()
+
+    previous = {sig: signal.signal(sig, drain) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _otel_hooks() -> list[Hooks]:
+    try:
+        from payonce.otel import OpenTelemetryHooks
+    except ImportError as exc:
+        raise CliError(str(exc)) from None
+    return [OpenTelemetryHooks()]
+
+
+@click.command(short_help="Send pending and reconcile unknown intents, pass after pass.")
+@connection_options
+@click.option(
+    "--once",
+    is_flag=True,
+    help="One pass, then exit (for cron): 0 when nothing is left unknown or unsent.",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.0, max=86400.0),
+    default=5.0,
+    show_default=True,
+    help="Seconds between the end of a pass and the start of the next.",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1, max=256),
+    default=4,
+    show_default=True,
+    help="How many intents are sent or looked up at once.",
+)
+@click.option(
+    "--otel",
+    is_flag=True,
+    help="Spans and metrics through OpenTelemetry (payonce[otel]; configure the SDK, "
+    "e.g. with `opentelemetry-instrument payonce worker --otel`).",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(sorted(_LEVELS)),
+    default="warning",
+    show_default=True,
+    help="payonce's log lines on stderr from this level up; the pass lines are always "
+    "shown, escalations are errors.",
+)
+def worker(
+    connection: Connection,
+    once: bool,
+    interval: float,
+    concurrency: int,
+    otel: bool,
+    log_level: str,
+) -> None:
+    """Send the pending intents and reconcile the unknown ones of a journal, pass after
+    pass, until SIGTERM or SIGINT.
+
+    Each pass, for every provider and account whose intents the journal holds (or the
+    --provider and --account given), each provider at its --base-url PROVIDER=URL, its
+    API key from PAYONCE_API_KEY or the OS keyring:
+
+    \b
+    - looks up the unknown intents that are due on the provider profile's schedule
+      (first look-up after a while, then at growing intervals); one whose schedule is
+      spent stays unknown and is escalated: an ERROR line naming it, the `escalated`
+      hook, the payonce.escalations metric;
+    - sends the pending intents no live worker holds, --concurrency at once (the ones a
+      look-up found unsent among them), as `payonce resume` does.
+
+    Several workers, on one host or several sharing a PostgreSQL journal, share the work:
+    leases keep any intent from being sent by two at once. One line per pass says what
+    it did (sent, settled, still unknown, escalated, failed).
+
+    SIGTERM or SIGINT drains it: no intent is taken after it, the ones being sent are
+    finished and their leases given back, then it exits 0. A second SIGINT (Ctrl-C
+    twice) stops it at once, exit status 130: what it was sending stays pending, for the
+    next worker.
+
+    With --once: one pass, then exit 0 when no intent it drives is left unknown
+    (escalated or not yet due) or unsent, 1 otherwise (or when an account could not be
+    driven: no API key, no base URL); 2 on a usage error.
+    """
+    urls = connection.urls  # a missing or bad --base-url before the journal
+    journal = existing_journal_target(connection.journal)
+    hooks = _otel_hooks() if otel else []
+    with (
+        log_lines(_LEVELS[log_level]),
+        Worker(
+            journal=journal,
+            base_url=urls.plain,
+            base_urls=urls.by_provider,
+            provider=connection.provider,
+            account=connection.account,
+            concurrency=concurrency,
+            hooks=hooks,
+        ) as running,
+        _draining_on_signals(running),
+    ):
+        logger.info(
+            "worker started (concurrency %d, %s)",
+            concurrency,
+            "one pass" if once else f"a pass every {interval:g} s",
+        )
+        last = running.run(interval=interval, once=once)
+        if not once:
+            logger.info("worker stopped: every intent it held is finished and released")
+    if once and (last is None or last.unknown or last.failed):
+        raise click.exceptions.Exit(1)

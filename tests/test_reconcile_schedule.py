@@ -1,0 +1,172 @@
+"""The worker's reconcile schedule, decided without I/O: when an unknown intent is looked
+up, how the waits grow, and when the worker gives up and escalates it."""
+
+from __future__ import annotations
+
+import pytest
+
+import payonce
+from payonce._lifecycle import (
+    AttemptRecord,
+    IntentRecord,
+    IntentState,
+    ReconciliationRecord,
+    ScheduleDecision,
+    decide_lookup,
+    tries_since,
+    unknown_since,
+)
+from payonce.providers import ReconcileSchedule, get_profile
+
+T0 = 1_700_000_000.0
+SCHEDULE = ReconcileSchedule(
+    first_after=60, interval=300, backoff=2, max_interval=1000, max_tries=5, give_up_after=7200
+)
+
+
+def _decide(tries: list[float], now: float, **options: bool) -> ScheduleDecision:
+    return decide_lookup(SCHEDULE, since=T0, tries=tries, now=now, **options)
+
+
+def test_the_first_look_up_waits_first_after_the_intent_went_unknown() -> None:
+    early = _decide([], now=T0 + 59)
+    on_time = _decide([], now=T0 + 60)
+
+    assert (early.due, early.next_at, early.exhausted) == (False, T0 + 60, False)
+    assert (on_time.due, on_time.tries) == (True, 0)
+
+
+def test_the_waits_grow_by_the_backoff_up_to_the_longest_interval() -> None:
+    tries = [T0 + 60]
+    waits = []
+    for _ in range(3):
+        decision = _decide(tries, now=tries[-1])
+        assert not decision.due
+        assert decision.next_at is not None
+        waits.append(decision.next_at - tries[-1])
+        tries.append(decision.next_at)
+
+    assert waits == [300, 600, 1000]  # 1200 capped at max_interval
+    assert _decide(tries[:2], now=tries[1] + 600).due
+
+
+def test_the_schedule_is_spent_after_max_tries() -> None:
+    tries = [T0 + 60, T0 + 360, T0 + 960, T0 + 1960, T0 + 2960]
+
+    spent = _decide(tries, now=T0 + 3000)
+    one_before = _decide(tries[:4], now=T0 + 2960)
+
+    assert (spent.due, spent.next_at, spent.exhausted, spent.tries) == (False, None, True, 5)
+    assert one_before.due
+    assert not one_before.exhausted
+
+
+def test_the_schedule_is_spent_when_the_next_look_up_would_come_after_give_up_after() -> None:
+    short = ReconcileSchedule(first_after=60, interval=300, backoff=2, give_up_after=500)
+    tries = [T0 + 60, T0 + 360]  # the next would be at T0 + 960, past T0 + 500
+
+    decision = decide_lookup(short, since=T0, tries=tries, now=T0 + 400)
+
+    assert decision.exhausted
+    assert not decision.due
+
+
+def test_the_first_look_up_is_made_even_when_give_up_after_comes_first() -> None:
+    # Escalating an intent no one ever asked about would send a person to do the look-up.
+    hasty = ReconcileSchedule(first_after=600, give_up_after=60)
+
+    before = decide_lookup(hasty, since=T0, tries=[], now=T0 + 30)
+    at = decide_lookup(hasty, since=T0, tries=[], now=T0 + 60)
+    after = decide_lookup(hasty, since=T0, tries=[T0 + 60], now=T0 + 9999)
+
+    assert (before.due, before.next_at) == (False, T0 + 60)
+    assert at.due
+    assert after.exhausted
+
+
+def test_a_profile_without_a_look_up_escalates_at_once() -> None:
+    decision = _decide([], now=T0, can_look_up=False)
+
+    assert decision.exhausted
+    assert not decision.due
+
+
+def _record(created_at: float) -> IntentRecord:
+    return IntentRecord(
+        key="01KEY",
+        scope="acct|POST|/v1/payments",
+        reference="order-1",
+        account="acct",
+        provider="sandbox",
+        method="POST",
+        url="/v1/payments",
+        fingerprint="f",
+        request_headers=(),
+        body=b"{}",
+        state=IntentState.UNKNOWN,
+        created_at=created_at,
+        updated_at=created_at,
+        first_sent_at=created_at,
+        lease_owner=None,
+        lease_expires_at=None,
+        unknown_reason="attempts exhausted",
+        response=None,
+        acknowledged_at=None,
+        attempt_count=2,
+    )
+
+
+def _attempt(number: int, started: float, ended: float | None) -> AttemptRecord:
+    return AttemptRecord("01KEY", number, started, ended, None, "timeout", True)
+
+
+def _look_up(at: float) -> ReconciliationRecord:
+    return ReconciliationRecord("01KEY", at, "error", "HTTP 503", 503)
+
+
+def test_an_intent_went_unknown_when_its_last_attempt_ended() -> None:
+    record = _record(T0)
+
+    assert unknown_since(record, [_attempt(1, T0, T0 + 5), _attempt(2, T0 + 6, T0 + 9)]) == T0 + 9
+    assert unknown_since(record, [_attempt(1, T0 + 1, None)]) == T0 + 1  # a crash mid-attempt
+    assert unknown_since(record, []) == T0
+
+
+def test_only_the_look_ups_since_it_went_unknown_count_as_tries() -> None:
+    # An earlier look-up found nothing, the intent was sent again and went unknown anew.
+    found = [_look_up(T0 + 20), _look_up(T0 + 100), _look_up(T0 + 50)]
+
+    assert tries_since(T0 + 30, found) == [T0 + 50, T0 + 100]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("first_after", -1),
+        ("interval", float("inf")),
+        ("max_interval", "60"),
+        ("give_up_after", float("nan")),
+        ("backoff", 0.5),
+        ("max_tries", 0),
+        ("max_tries", True),
+    ],
+)
+def test_a_bad_schedule_is_refused_saying_which_number(field: str, value: object) -> None:
+    with pytest.raises(payonce.ConfigurationError, match=f"ReconcileSchedule.{field}"):
+        ReconcileSchedule(**{field: value})  # type: ignore[arg-type]
+
+
+def test_a_profile_takes_only_a_schedule() -> None:
+    with pytest.raises(payonce.ConfigurationError, match="reconcile_schedule must be"):
+        payonce.ProviderProfile(name="acme", reconcile_schedule=60)  # type: ignore[arg-type]
+
+
+def test_every_built_in_profile_has_a_schedule_that_fits_its_provider() -> None:
+    stripe, mollie = get_profile("stripe"), get_profile("mollie")
+    # Stripe's Search API lags: a look-up within the first minute proves nothing.
+    assert stripe.reconcile_schedule.first_after >= 60
+    # Mollie forgets a key after an hour: past it no finding can let payonce resend.
+    assert mollie.reconcile_schedule.give_up_after <= mollie.key_lifetime
+    for name in ("generic", "sandbox", "stripe", "adyen", "mollie", "square"):
+        schedule = get_profile(name).reconcile_schedule
+        assert schedule.first_after <= schedule.give_up_after

@@ -1,0 +1,539 @@
+"""``payonce worker``: the long-running recovery process, with real processes, a real
+sandbox (faults included), real SQLite and PostgreSQL journals.
+
+Every claim is read from the sandbox's store (what it executed, how often) and from the
+journal, never from the worker's own words alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+import pytest
+
+import payonce
+from helpers.cli import PYTHON_M_PAYONCE, run_cli, run_cli_process
+from helpers.payments import PAYMENT, MakeClient, make_unknown
+from helpers.pending import enqueue_pending
+from helpers.processes import python_env
+from helpers.proxies import Page, pages_in_front_of
+from payonce.hooks import IntentEscalated, WorkerPassEnded
+from payonce.sandbox import DEFAULT_API_KEY, Faults, SandboxServer
+from payonce.worker import Worker
+from test_otel import Telemetry
+from test_otel import telemetry as telemetry_fixture
+
+KEY_ENV = {"PAYONCE_API_KEY": DEFAULT_API_KEY}
+telemetry = telemetry_fixture  # OpenTelemetry's in-memory exporters, as test_otel has them
+MAINTENANCE = Page(503, "application/json", b'{"error": {"type": "maintenance"}}')
+
+
+def _worker_args(url: str, journal: str | Path, *more: str) -> list[str]:
+    return ["worker", "--base-url", url, "--journal", str(journal), *more]
+
+
+def _states(journal: str | Path) -> dict[str, payonce.IntentState]:
+    with payonce.open_journal(journal) as opened:
+        return {r.key: r.state for r in opened.list_intents()}
+
+
+def _held(journal: str | Path) -> list[str]:
+    """The intents whose lease someone still holds."""
+    with payonce.open_journal(journal) as opened:
+        return [r.key for r in opened.list_intents() if r.lease_owner is not None]
+
+
+# -- one pass ----------------------------------------------------------------------------------
+
+
+def test_once_sends_every_pending_intent_once_and_exits_0(
+    make_client: MakeClient, sandbox: SandboxServer, journal_path: Path
+) -> None:
+    keys = enqueue_pending(make_client(), 12)
+
+    result = run_cli_process(_worker_args(sandbox.url, journal_path, "--once"), env=KEY_ENV)
+
+    assert result.exit_code == 0, result.output
+    assert sandbox.wait_idle()
+    assert sandbox.store.executions() == dict.fromkeys(keys, 1)
+    assert set(_states(journal_path).values()) == {payonce.IntentState.SUCCEEDED}
+    assert "12 sent, 12 settled, 0 still unknown, 0 escalated, 0 failed" in result.stderr
+    assert _held(journal_path) == []
+
+
+def test_once_exits_1_while_an_unknown_intent_stays_unknown(
+    make_client: MakeClient, sandbox: SandboxServer, journal_path: Path
+) -> None:
+    unknown = make_unknown(make_client, sandbox, "order-lost", "drop_after")
+
+    # Due or not yet on its schedule, the provider's status endpoint (down) cannot tell.
+    with pages_in_front_of(sandbox.url, [MAINTENANCE] * 20) as down:
+        result = run_cli_process(_worker_args(down.url, journal_path, "--once"), env=KEY_ENV)
+
+    assert result.exit_code == 1, result.output
+    assert "0 sent, 0 settled, 1 still unknown, 0 escalated" in result.stderr
+    assert _states(journal_path) == {unknown.key: payonce.IntentState.UNKNOWN}
+    assert sandbox.wait_idle()
+    assert sandbox.store.executions() == {unknown.key: 1}  # never resent
+
+
+def test_an_account_without_an_api_key_is_said_and_its_intents_stay_pending(
+    make_client: MakeClient, sandbox: SandboxServer, journal_path: Path
+) -> None:
+    keys = enqueue_pending(make_client(), 3)
+
+    result = run_cli_process(_worker_args(sandbox.url, journal_path, "--once"))
+
+    assert result.exit_code == 1
+    assert "account 'acct_demo' of provider 'sandbox' not driven: no API key" in result.stderr
+    assert "0 sent, 0 settled, 0 still unknown, 0 escalated, 1 failed" in result.stderr
+    assert _states(journal_path) == dict.fromkeys(keys, payonce.IntentState.PENDING)
+    assert sandbox.store.executions() == {}
+
+
+def test_a_missing_base_url_is_a_usage_error_and_the_journal_is_untouched(
+    make_client: MakeClient, sandbox: SandboxServer, journal_path: Path
+) -> None:
+    keys = enqueue_pending(make_client(), 2)
+
+    result = run_cli(["worker", "--once", "--journal", str(journal_path)], env=KEY_ENV)
+
+    assert result.exit_code == 2
+    assert "--base-url is required" in result.stderr
+    assert _states(journal_path) == dict.fromkeys(keys, payonce.IntentState.PENDING)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [
+        ("--concurrency", "0", "Invalid value for '--concurrency'"),
+        ("--interval", "-1", "Invalid value for '--interval'"),
+        ("--log-level", "loud", "Invalid value for '--log-level'"),
+    ],
+)
+def test_a_bad_option_is_a_usage_error_and_nothing_is_sent(
+    make_client: MakeClient,
+    sandbox: SandboxServer,
+    journal_path: Path,
+    option: str,
+    value: str,
+    said: str,
+) -> None:
+    keys = enqueue_pending(make_client(), 2)
+
+    result = run_cli(_worker_args(sandbox.url, journal_path, "--once", option, value), env=KEY_ENV)
+
+    assert result.exit_code == 2
+    assert said in result.stderr
+    assert _states(journal_path) == dict.fromkeys(keys, payonce.IntentState.PENDING)
+    assert sandbox.store.executions() == {}
+
+
+def test_a_worker_of_no_concurrency_is_refused() -> None:
+    with pytest.raises(payonce.ConfigurationError, match="concurrency must be"):
+        Worker(journal=":memory:", base_url="https://psp.example", concurrency=0)
+
+
+def test_intents_of_a_profile_this_process_does_not_know_are_said_and_the_rest_are_sent(
+    make_client: MakeClient, sandbox: SandboxServer, journal_path: Path
+) -> None:
+    # The service registered its own profile; the worker process was not told about it.
+    acme = payonce.ProviderProfile(name="acme-payments")
+    (foreign,) = enqueue_pending(make_client(provider=acme), 1, prefix="order-acme")
+    keys = enqueue_pending(make_client(), 3)
+
+    result = run_cli_process(_worker_args(sandbox.url, journal_path, "--once"), env=KEY_ENV)
+
+    assert result.exit_code == 1
+    assert "provider 'acme-payments' not driven: unknown provider 'acme-payments'" in (
+        result.stderr
+    )
+    assert "3 sent, 3 settled, 0 still unknown, 0 escalated, 1 failed" in result.stderr
+    assert sandbox.wait_idle()
+    assert sandbox.store.executions() == dict.fromkeys(keys, 1)
+    assert _states(journal_path)[foreign] is payonce.IntentState.PENDING
+
+
+def test_two_workers_at_once_on_one_sqlite_journal_send_each_intent_once(
+    make_client: MakeClient,
+    sandbox: SandboxServer,
+    journal_path: Path,
+    start_worker: Callable[..., WorkerProcess],
+) -> None:
+    keys = enqueue_pending(make_client(), 40)
+    sandbox.set_faults(Faults(seed=7, fail_before_rate=0.1, retry_after_seconds=0))
+
+    workers = [
+        start_worker(sandbox.url, journal_path, "--once", "--concurrency", "3") for _ in range(2)
+    ]
+    codes = [worker.ended(timeout=120) for worker in workers]
+
+    assert codes == [0, 0], [w.stderr for w in workers]
+    assert sandbox.wait_idle()
+    assert sandbox.store.executions() == dict.fromkeys(keys, 1)
+    assert set(_states(journal_path).values()) == {payonce.IntentState.SUCCEEDED}
+
+
+# -- draining ----------------------------------------------------------------------------------
+
+
+class WorkerProcess:
+    """``payonce worker`` as a process of its own; its stderr in a file (a pipe no one
+    reads would fill, and stall it)."""
+
+    def __init__(
+        self, log: Path, url: str, journal: str | Path, *more: str, crash_at: str = ""
+    ) -> None:
+        self.log = log
+        with log.open("w") as stderr:
+            self.process = subprocess.Popen(
+                [*PYTHON_M_PAYONCE, *_worker_args(url, journal, *more)],
+                # PAYONCE_CRASH_AT="point:visit": it SIGKILLs itself there (payonce._crash).
+                env=python_env(**KEY_ENV, PAYONCE_CRASH_AT=crash_at),
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
+
+    def ended(self, timeout: float = 60) -> int:
+        return self.process.wait(timeout=timeout)
+
+    @property
+    def stderr(self) -> str:
+        return self.log.read_text()
+
+
+@pytest.fixture
+def start_worker(tmp_path: Path, closing: contextlib.ExitStack) -> Callable[..., WorkerProcess]:
+    """Starts worker processes; any still running at the end is killed and reaped."""
+    started: list[WorkerProcess] = []
+
+    def start(url: str, journal: str | Path, *more: str, crash_at: str = "") -> WorkerProcess:
+        log = tmp_path / f"worker-{len(started)}.log"
+        worker = WorkerProcess(log, url, journal, *more, crash_at=crash_at)
+        started.append(worker)
+        return worker
+
+    def reap() -> None:
+        for worker in started:
+            if worker.process.poll() is None:
+                worker.process.kill()
+            worker.process.wait()
+
+    closing.callback(reap)
+    return start
+
+
+def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_mid_pass_drains_the_worker_holding_nothing_and_exits_0(
+    make_client: MakeClient,
+    make_sandbox: Callable[..., SandboxServer],
+    journal_path: Path,
+    start_worker: Callable[..., WorkerProcess],
+    sig: signal.Signals,
+) -> None:
+    slow = make_sandbox(processing_seconds=0.2)  # a pass of 40 takes 4 s at 2 at once
+    keys = enqueue_pending(make_client(base_url=slow.url), 40)
+    worker = start_worker(slow.url, journal_path, "--concurrency", "2", "--interval", "60")
+    _wait_for(lambda: len(slow.store.executions()) >= 4, "four payments executed")
+
+    worker.process.send_signal(sig)
+    code = worker.ended(timeout=30)
+
+    assert code == 0, worker.stderr
+    assert f"{sig.name}: draining" in worker.stderr
+    assert _held(journal_path) == []
+    assert slow.wait_idle()
+    states = _states(journal_path)
+    executed = slow.store.executions()
+    # What it had started, it finished; what it had not, it left for the next worker.
+    assert all(count == 1 for count in executed.values())
+    assert {k for k, s in states.items() if s is payonce.IntentState.SUCCEEDED} == set(executed)
+    assert {k for k, s in states.items() if s is payonce.IntentState.PENDING} == (
+        set(keys) - set(executed)
+    )
+    assert len(executed) < len(keys)
+
+
+@pytest.mark.slow
+def test_a_second_sigint_stops_at_once_leaving_the_payment_for_the_next_worker(
+    make_client: MakeClient,
+    make_sandbox: Callable[..., SandboxServer],
+    journal_path: Path,
+    start_worker: Callable[..., WorkerProcess],
+) -> None:
+    slow = make_sandbox(processing_seconds=3.0)
+    (key,) = enqueue_pending(make_client(base_url=slow.url), 1)
+    worker = start_worker(slow.url, journal_path, "--interval", "60")
+
+    def sending() -> bool:
+        with payonce.open_journal(journal_path) as journal:
+            return len(journal.attempts(key)) == 2  # the write-ahead's, then the worker's
+
+    _wait_for(sending, "the worker sending the payment")
+
+    worker.process.send_signal(signal.SIGINT)
+    _wait_for(lambda: "SIGINT: draining" in worker.stderr, "the worker draining")
+    worker.process.send_signal(signal.SIGINT)
+
+    assert worker.ended(timeout=30) == 130, worker.stderr
+    assert "SIGINT again: stopping at once" in worker.stderr
+    assert _states(journal_path) == {key: payonce.IntentState.PENDING}
+    # Once the provider is done with the request the dead worker sent, the next worker
+    # takes the intent at once (its owner is gone) and sends it again under its key.
+    assert slow.wait_idle()
+    result = run_cli_process(_worker_args(slow.url, journal_path, "--once"), env=KEY_ENV)
+    assert result.exit_code == 0, result.output
+    assert slow.wait_idle()
+    assert slow.store.executions() == {key: 1}
+    assert _states(journal_path) == {key: payonce.IntentState.SUCCEEDED}
+
+
+# -- the reconcile schedule, end to end --------------------------------------------------------
+
+
+class Recorded(payonce.Hooks):
+    def __init__(self) -> None:
+        self.escalations: list[IntentEscalated] = []
+        self.passes: list[WorkerPassEnded] = []
+
+    def escalated(self, event: IntentEscalated) -> None:
+        self.escalations.append(event)
+
+    def worker_pass(self, event: WorkerPassEnded) -> None:
+        self.passes.append(event)
+
+
+class Clock:
+    """The worker's time, moved by the test instead of slept through."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_an_intent_the_provider_cannot_tell_about_is_looked_up_on_schedule_then_escalated(
+    make_client: MakeClient,
+    sandbox: SandboxServer,
+    journal_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    telemetry: Telemetry,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    lost = make_unknown(make_client, sandbox, "order-lost", "drop_after")
+    assert sandbox.wait_idle()
+    monkeypatch.setenv("PAYONCE_API_KEY", DEFAULT_API_KEY)
+    with payonce.open_journal(journal_path) as journal:
+        went_unknown = journal.attempts(lost.key)[-1].ended_at
+    assert went_unknown is not None
+    # The worker's clock starts as the intent goes unknown, and moves only when told.
+    recorded, clock = Recorded(), Clock(went_unknown)
+    schedule = payonce.providers.get_profile("sandbox").reconcile_schedule  # 0.5, 1, 2: 3 tries
+    one_try = payonce.RetryPolicy(max_attempts=1)
+
+    # The provider's status endpoint is down for maintenance: no look-up can tell.
+    with (
+        pages_in_front_of(sandbox.url, [MAINTENANCE] * 100) as down,
+        Worker(
+            journal=journal_path,
+            base_url=down.url,
+            hooks=[recorded, telemetry.hooks],
+            retry=one_try,
+            clock=clock,
+        ) as worker,
+        caplog.at_level(logging.INFO, logger="payonce.worker"),
+    ):
+
+        def looked_up() -> int:
+            return 100 - len(down.pages)
+
+        worker.run_pass()  # not due yet
+        assert looked_up() == 0
+        clock.advance(schedule.first_after + 0.01)
+        worker.run_pass()
+        assert looked_up() == 1
+        clock.advance(schedule.interval - 0.25)
+        worker.run_pass()  # the second one is not due yet
+        assert looked_up() == 1
+        clock.advance(0.3)
+        worker.run_pass()
+        clock.advance(schedule.interval * schedule.backoff + 0.05)
+        worker.run_pass()  # the third and last: the schedule is spent
+        assert looked_up() == 3
+        assert [e.key for e in recorded.escalations] == [lost.key]
+        clock.advance(3600)
+        worker.run_pass()  # given up: never asked again, never said again
+        assert looked_up() == 3
+        with Worker(
+            journal=journal_path, base_url=down.url, hooks=recorded, clock=clock
+        ) as restarted:
+            restarted.run_pass()  # a worker (re)started says it once more, asking nothing
+        assert looked_up() == 3
+
+    escalation, again = recorded.escalations
+    assert (escalation.tries, escalation.reference) == (3, "order-lost")
+    assert "503" in escalation.reason
+    assert again == escalation
+    assert [p.escalated for p in recorded.passes] == [0, 0, 0, 0, 1, 0, 1]
+    assert {p.unknown for p in recorded.passes} == {1}
+    said = [r.levelno for r in caplog.records if r.getMessage().startswith("worker pass:")]
+    # A pass that did nothing and found nothing new to wait for is said only at DEBUG.
+    assert said == [logging.INFO] * 5
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert [r.getMessage().split(":")[0] for r in errors] == [f"intent {lost.key} escalated"] * 2
+    assert getattr(errors[0], "key", None) == lost.key
+    assert telemetry.total("payonce.escalations") == 1
+    assert telemetry.total("payonce.worker.intents", outcome="escalated") == 1
+    assert telemetry.total("payonce.worker.intents", outcome="failed") == 3
+    assert [value for _, value in telemetry.points("payonce.worker.unknown")] == [1]
+    with payonce.open_journal(journal_path) as journal:
+        assert journal.get(lost.key).state is payonce.IntentState.UNKNOWN  # type: ignore[union-attr]
+        assert [r.outcome for r in journal.reconciliations(lost.key)] == ["error"] * 3
+    assert sandbox.store.executions() == {lost.key: 1}  # never resent
+
+    # The provider answers again: the operator's reconcile settles it.
+    with payonce.Client(
+        base_url=sandbox.url, provider="sandbox", account="acct_demo", journal=journal_path
+    ) as client:
+        (found,) = client.reconcile(lost.key)
+    assert found.after is payonce.IntentState.SUCCEEDED
+
+
+def test_an_intent_reconciled_as_never_sent_is_sent_in_the_same_pass(
+    make_client: MakeClient, sandbox: SandboxServer, journal_path: Path
+) -> None:
+    # 503 before executing, on every attempt: unknown to payonce, yet nothing was executed.
+    lost = make_unknown(make_client, sandbox, "order-unsent", "fail_before", "fail_before")
+    assert sandbox.store.executions() == {}
+    time.sleep(payonce.providers.get_profile("sandbox").reconcile_schedule.first_after)
+
+    result = run_cli_process(_worker_args(sandbox.url, journal_path, "--once"), env=KEY_ENV)
+
+    assert result.exit_code == 0, result.output
+    assert sandbox.wait_idle()
+    assert sandbox.store.executions() == {lost.key: 1}
+    assert _states(journal_path) == {lost.key: payonce.IntentState.SUCCEEDED}
+    assert "1 sent, 1 settled, 0 still unknown, 0 escalated, 0 failed" in result.stderr
+
+
+OTEL_RUN = """
+import json, sys
+from opentelemetry import metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+reader = InMemoryMetricReader()  # what an SDK configured by opentelemetry-instrument does
+metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+from payonce.cli import cli
+
+try:
+    cli(sys.argv[1:], prog_name="payonce")
+except SystemExit as exit:
+    code = exit.code
+totals = {}
+for resource in reader.get_metrics_data().resource_metrics:
+    for scope in resource.scope_metrics:
+        for metric in scope.metrics:
+            for point in metric.data.data_points:
+                outcome = dict(point.attributes or {}).get("payonce.outcome", "")
+                name = f"{metric.name} {outcome}".strip()
+                totals[name] = totals.get(name, 0) + getattr(point, "value", 0)
+print(json.dumps(totals))
+sys.exit(code)
+"""
+
+
+def test_otel_reports_the_pass_through_opentelemetrys_global_providers(
+    make_client: MakeClient, sandbox: SandboxServer, journal_path: Path
+) -> None:
+    enqueue_pending(make_client(), 3)
+
+    arguments = _worker_args(sandbox.url, journal_path, "--once", "--otel")
+    done = subprocess.run(
+        [sys.executable, "-c", OTEL_RUN, *arguments],
+        env=python_env(**KEY_ENV),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+    assert done.returncode == 0, done.stderr
+    totals = json.loads(done.stdout)
+    assert totals["payonce.worker.intents sent"] == 3
+    assert totals["payonce.worker.intents settled"] == 3
+    assert totals["payonce.worker.unknown"] == 0
+    assert totals["payonce.intents"] == 3  # the clients' own metrics, through the same hooks
+
+
+# -- many workers, one PostgreSQL journal, faults, a death -------------------------------------
+
+
+@pytest.mark.slow
+def test_two_workers_and_a_killed_third_send_200_enqueued_intents_exactly_once(
+    make_client: MakeClient,
+    make_sandbox: Callable[..., SandboxServer],
+    postgres_url: str,
+    start_worker: Callable[..., WorkerProcess],
+) -> None:
+    faulty = make_sandbox(
+        faults=Faults(
+            seed=18,
+            fail_before_rate=0.05,
+            fail_after_rate=0.05,
+            drop_after_rate=0.05,
+            rate_limit_rate=0.05,
+            retry_after_seconds=0.05,
+        )
+    )
+    # The outbox: the service enqueued 200 payments in its own transaction, sent nothing.
+    client = make_client(base_url=faulty.url, journal=postgres_url)
+    with psycopg.connect(postgres_url) as connection, connection.transaction():
+        keys = [
+            client.enqueue(
+                "POST", "/v1/payments", reference=f"order-{n}", json=PAYMENT, connection=connection
+            ).key
+            for n in range(200)
+        ]
+
+    options = ("--concurrency", "4", "--interval", "0.2")
+    workers = [start_worker(faulty.url, postgres_url, *options) for _ in range(2)]
+    # The third is SIGKILLed mid-pass, at its 25th answer, before journaling it: the
+    # provider executed that payment and the journal does not know; it and the intents
+    # its other threads were sending stay leased by a dead process.
+    doomed = start_worker(faulty.url, postgres_url, *options, crash_at="after_response:25")
+    assert doomed.ended(timeout=120) == -signal.SIGKILL, doomed.stderr  # reaped: no zombie
+
+    def settled() -> bool:
+        states = _states(postgres_url).values()
+        return all(s is payonce.IntentState.SUCCEEDED for s in states)
+
+    _wait_for(settled, "every intent settled", timeout=240)
+    for worker in workers:
+        worker.process.send_signal(signal.SIGTERM)
+    codes = [worker.ended(timeout=60) for worker in workers]
+
+    assert codes == [0, 0], [w.stderr[-2000:] for w in workers]
+    assert faulty.wait_idle()
+    assert faulty.store.executions() == dict.fromkeys(keys, 1)
+    assert _held(postgres_url) == []
