@@ -133,6 +133,7 @@ def test_the_order_and_its_payment_commit_together_and_resume_sends_it_once(
     assert_sent_once(pg_client.resume(), record, sandbox)
     (attempt,) = pg_client.journal.attempts(record.key)
     assert attempt.status_code == 201
+
     # Settled: a second pass, and the same enqueue again, send nothing.
     assert pg_client.resume() == []
     with conn.transaction():
@@ -745,3 +746,24 @@ def test_a_crash_before_the_commit_leaves_neither_order_nor_intent(
     assert pg_client.journal.get(key) is None
     assert pg_client.resume() == []
     assert sandbox.store.total_executions() == 0
+
+
+def test_intents_show_says_an_enqueued_intent_is_not_sent_yet_and_what_sends_it(
+    pg_client: payonce.Client,
+    connect: Callable[..., psycopg.Connection[Any]],
+    journal_url: str,
+) -> None:
+    conn = connect()
+    place_order(conn, "order-shown")
+    record = enqueue_payment(pg_client, conn, "order-shown")
+    conn.commit()
+
+    def shown() -> str:
+        result = run_cli(["intents", "show", "order-shown", "--journal", journal_url])
+        assert result.exit_code == 0, result.stderr
+        return result.stdout
+
+    assert f"key\t{record.key}" in shown()
+    assert "first_sent\tnot yet: `payonce resume` or `payonce worker` sends it" in shown()
+    pg_client.resume()
+    assert "not yet" not in shown()

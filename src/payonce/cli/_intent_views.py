@@ -300,7 +300,7 @@ def _fields(record: payonce.IntentRecord) -> list[tuple[str, Text]]:
         ("fingerprint", record.fingerprint),
         ("created", iso(record.created_at)),
         ("updated", iso(record.updated_at)),
-        ("first sent", iso(record.first_sent_at)),
+        ("first sent", iso(record.first_sent_at) or _never_sent(record)),
         ("lease", lease_text(record, time.time())),
         ("response", f"HTTP {stored.status}" if stored else None),
         ("acknowledged", iso(record.acknowledged_at)),
@@ -310,6 +310,15 @@ def _fields(record: payonce.IntentRecord) -> list[tuple[str, Text]]:
         for name, value in rows
         if value is not None
     ]
+
+
+def _never_sent(record: payonce.IntentRecord) -> str | None:
+    """Why an intent has no attempt, where that needs saying: one written ahead and never
+    sent (enqueued through the outbox, or its process died before sending) waits for a
+    sender."""
+    if record.attempt_count or record.state is not payonce.IntentState.PENDING:
+        return None
+    return "not yet: `payonce resume` or `payonce worker` sends it"
 
 
 def _without_userinfo(url: str) -> str:
