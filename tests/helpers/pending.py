@@ -1,8 +1,9 @@
 """Pending intents that were journaled and never sent, in bulk, for the worker to send.
 
-Until the outbox (``client.enqueue``) lands, they are written as a process killed right
-after its write-ahead leaves them: the intent and its first attempt journaled, nothing
-on the wire, the lease free. The worker cannot tell them from a crashed caller's.
+On a PostgreSQL journal the outbox (``client.enqueue``) makes them; it refuses an SQLite
+journal, so the SQLite tests write them as a process killed right after its write-ahead
+leaves them: the intent and its first attempt journaled, nothing on the wire, the lease
+free. The worker cannot tell them from a crashed caller's.
 """
 
 from __future__ import annotations
