@@ -27,6 +27,7 @@ from helpers.crash import (
     KILLED,
     WORKER,
     exactly_once_violations,
+    executions_once_arrived,
     run_worker,
     settled_states,
     worker_env,
@@ -75,6 +76,7 @@ def test_keys_expiring_between_the_crash_and_the_restart_are_reconciled_not_rese
     provider = make_sandbox(key_lifetime=60.0)
     short = ["--key-lifetime", "60"]
     assert run_worker(provider, journal, 4, crash_at="after_send:2", args=short) == KILLED
+    assert executions_once_arrived(provider, 2) == 2  # before the clock moves on
     provider.advance_clock(120)  # the provider has forgotten every key by now
 
     assert run_worker(provider, journal, 4, args=[*short, "--clock-offset", "120"]) == 0

@@ -27,7 +27,7 @@ import pytest
 
 import payonce
 from helpers.cli import run_cli_process
-from helpers.crash import KILLED, worker_env
+from helpers.crash import KILLED, executions_once_arrived, worker_env
 from helpers.faketime import libfaketime_env
 from payonce._lifecycle import _drive
 from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
@@ -65,7 +65,7 @@ def _crash_25_hours_ago(sandbox: SandboxServer, journal: Path, reference: str) -
     )
     assert child.returncode == KILLED, child.stderr[-3000:]
     assert float(child.stdout.split()[0]) < time.time() - HOURS_25 + 600, "its clock was off"
-    assert sandbox.wait_idle()
+    assert executions_once_arrived(sandbox, 1) == 1
     (key,) = sandbox.store.executions()
     assert sandbox.store.executions() == {key: 1}
     sandbox.advance_clock(HOURS_25)  # the provider's clock is now again: it forgot the key

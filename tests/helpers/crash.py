@@ -8,6 +8,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -48,6 +49,19 @@ def run_worker(
     if done.returncode not in (0, KILLED):
         pytest.fail(f"worker failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return done.returncode
+
+
+def executions_once_arrived(server: SandboxServer, expected: int) -> int:
+    """The provider's executions once a request written just before its sender's death
+    (``after_send``) has arrived: its last byte left the worker, but on a loaded host the
+    sandbox may not have read it yet when the kill is seen, and a sandbox idle at that
+    moment is no proof it never will. Waits up to 10 s for ``expected``, then for the
+    sandbox to be idle; more than ``expected`` is returned as it is."""
+    deadline = time.monotonic() + 10
+    while server.store.total_executions() < expected and time.monotonic() < deadline:
+        time.sleep(0.01)
+    server.wait_idle()
+    return server.store.total_executions()
 
 
 def exactly_once_violations(server: SandboxServer, journal: Path, orders: int) -> list[str]:
