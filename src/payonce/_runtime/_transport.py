@@ -129,7 +129,7 @@ class TransportRules:
         base = httpx.URL(core.base_url)
         self._origin = (base.scheme, base.host, base.port)
         self._base_path = base.path.rstrip("/")
-        profile = core.profile
+        profile = self._profile = core.profile
         self._secret = profile.secret_headers()
         self._key_header = profile.key_header.lower()
         self._quoted_keys = profile.quote_key
@@ -159,6 +159,11 @@ class TransportRules:
                 caller_key = _unquoted(value) if self._quoted_keys else value
             elif lower not in CLIENT_HEADERS:
                 headers[name] = value
+        # A key in the JSON body (Square's) is the request's key as much as a header's:
+        # taken out here, so that the step's key (the caller's, honoured, or payonce's,
+        # replacing it) is the one the body carries when it is sent.
+        body, body_key = self._profile.take_body_key(body, request.headers.get("content-type"))
+        caller_key = caller_key if body_key is None else body_key
         options: RequestOptions = {"headers": headers}
         if body:
             options["content"] = body
