@@ -7,8 +7,8 @@ from typing import Any
 import requests
 import requests.exceptions
 
+from .._requests_adapter import TransportAdapter
 from ..errors import IntentError, PayonceError
-from ._requests_adapter import TransportAdapter
 from ._transports import TransportSource, sync_transport
 
 __all__ = ["use_transport"]
