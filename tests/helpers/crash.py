@@ -4,6 +4,7 @@ and the truth read from the sandbox's store and the journal, never from their ou
 from __future__ import annotations
 
 import collections
+import json
 import signal
 import sqlite3
 import subprocess
@@ -48,6 +49,20 @@ def run_worker(
     if done.returncode not in (0, KILLED):
         pytest.fail(f"worker failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return done.returncode
+
+
+def run_checkout_worker(
+    command: Sequence[str], server: SandboxServer, crash_at: str | None = None
+) -> tuple[int, list[dict[str, str]]]:
+    """Run a checkout worker (one JSON answer a line) to its end or its kill: its exit
+    code and the answers it printed, once the sandbox handled all it received."""
+    done = subprocess.run(
+        command, env=worker_env(crash_at), capture_output=True, text=True, timeout=120
+    )
+    if done.returncode not in (0, KILLED):
+        pytest.fail(f"worker failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    server.wait_idle()
+    return done.returncode, [json.loads(line) for line in done.stdout.splitlines()]
 
 
 def exactly_once_violations(server: SandboxServer, journal: Path, orders: int) -> list[str]:
