@@ -20,7 +20,7 @@ import json
 import os
 import signal
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import payonce
@@ -191,17 +191,10 @@ def main() -> None:
         client = transport_client(base_url, args.sdk, args.journal)
     checkout = CHECKOUTS[args.sdk](args.url, client)
 
-    @contextlib.contextmanager
-    def block(order: str) -> Iterator[None]:
-        if client is None:
-            yield
-        else:
-            with client.intent(order):  # the one block
-                yield
-
     for n in range(args.orders):
         order = f"order-{n}"
-        with block(order):
+        # The one block (none for the SDK alone):
+        with contextlib.nullcontext() if client is None else client.intent(order):
             answer = checkout(order, between)
         print(json.dumps(answer), flush=True)
     if client is not None:

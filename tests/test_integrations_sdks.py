@@ -35,6 +35,7 @@ from square.core.api_error import ApiError as SquareApiError
 
 import payonce
 from helpers.payments import FAST_RETRY
+from helpers.processes import mypy_strict
 from helpers.sandboxes import SharedSandboxes
 from payonce.integrations import adyen as adyen_integration
 from payonce.integrations import mollie as mollie_integration
@@ -764,6 +765,38 @@ def test_baseline_square_alone_pays_twice_when_an_answer_is_lost_and_it_runs_aga
         square = Square(token=DEFAULT_API_KEY, base_url=square_server.url, httpx_client=http)
         square_pay(square, str(uuid.uuid4()))
     assert [p["reference"] for p in square_server.store.payments()] == ["order-1", "order-1"]
+
+
+TYPED_USE = """
+import httpx
+import mollie.api.client
+import stripe
+from square import Square
+
+import payonce
+from payonce.integrations import mollie as mollie_integration
+from payonce.integrations import square as square_integration
+from payonce.integrations import stripe as stripe_integration
+
+client = payonce.Client(base_url="https://api.stripe.com", provider="stripe", transport_only=True)
+async_client = payonce.AsyncClient(base_url="https://api.stripe.com", transport_only=True)
+http_client = stripe_integration.HTTPClient(client, async_client=async_client)
+stripe_client = stripe.StripeClient("sk_test_x", http_client=http_client)
+square = Square(token="t", httpx_client=square_integration.httpx_client(client))
+session = mollie_integration.use_transport(mollie.api.client.Client(), client)
+adapter = client.requests_adapter(sdk_keys="replace")
+plain = httpx.Client(transport=client.transport(outside_intent="refuse"))
+"""
+
+
+@pytest.mark.slow  # mypy reads stripe-python's and Square's types: about 20 s
+def test_the_integrations_take_real_clients_under_mypy_strict(tmp_path: Path) -> None:
+    # A payonce.Client must fit what each integration asks for (its transport()), as a
+    # user's type checker sees it, not only at run time.
+    script = tmp_path / "shop.py"
+    script.write_text(TYPED_USE)
+    result = mypy_strict(script)
+    assert result.returncode == 0, result.stdout
 
 
 # -- missing SDKs --------------------------------------------------------------------------------

@@ -50,3 +50,14 @@ def run_example(
         timeout=timeout,
         check=False,
     )
+
+
+def mypy_strict(script: Path) -> subprocess.CompletedProcess[str]:
+    """``mypy --strict`` on a user's script, as their type checker would see payonce."""
+    return subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(script)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import httpx
 
@@ -13,9 +13,15 @@ __all__ = ["TransportSource", "async_transport", "sync_transport"]
 
 class TransportSource(Protocol):
     """A payonce ``Client`` (or ``AsyncClient``): anything whose ``transport()`` gives an
-    httpx transport that sends through it."""
+    httpx transport that sends through it, with ``Client.transport``'s options (spelled
+    here, not imported: the integrations never reach into the runtime)."""
 
-    def transport(self, **options: Any) -> httpx.BaseTransport | httpx.AsyncBaseTransport: ...
+    def transport(
+        self,
+        *,
+        sdk_keys: Literal["honour", "replace"] = ...,
+        outside_intent: Literal["journal", "refuse"] = ...,
+    ) -> httpx.BaseTransport | httpx.AsyncBaseTransport: ...
 
 
 def sync_transport(client: TransportSource, **options: Any) -> httpx.BaseTransport:
