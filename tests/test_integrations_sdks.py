@@ -602,6 +602,57 @@ def test_baseline_mollie_alone_pays_twice_when_an_answer_is_lost_and_it_runs_aga
     assert [p["reference"] for p in mollie_server.store.payments()] == ["order-1", "order-1"]
 
 
+@pytest.mark.parametrize("sdk", ["mollie", "adyen", "square"])
+def test_a_run_again_on_another_host_or_sdk_version_replays_despite_the_sdk_s_telemetry(
+    shared_sandboxes: SharedSandboxes,
+    journal_path: Path,
+    closing: contextlib.ExitStack,
+    monkeypatch: pytest.MonkeyPatch,
+    sdk: str,
+) -> None:
+    # Each SDK describes its host and itself in headers (Mollie: the whole uname, host name
+    # included; Adyen: its version; Square: the Python, OS release and SDK version). A
+    # worker on another host, or upgraded, runs the same step: the same request.
+    server = sandbox_like(shared_sandboxes, sdk)
+
+    make_client = payonce_maker(server, sdk, journal_path, closing)
+
+    def create_with_mollie() -> tuple[payonce.Client, Callable[[], str]]:
+        client, mollie_client = make_client(), mollie_sdk(server)
+        closing.enter_context(mollie_integration.use_transport(mollie_client, client))
+        return client, lambda: str(mollie_client.payments.create(MOLLIE_PAYMENT).id)
+
+    def create_with_adyen() -> tuple[payonce.Client, Callable[[], str]]:
+        adyen = adyen_sdk(server)
+        client = make_client(base_url=adyen.checkout.payments_api.baseUrl)
+        adyen_integration.use_transport(adyen, client)
+        closing.callback(adyen.client.http_client.close)
+        api = adyen.checkout.payments_api
+        return client, lambda: str(
+            api.payments(adyen_payment("order-moved")).message["pspReference"]
+        )
+
+    def create_with_square() -> tuple[payonce.Client, Callable[[], str]]:
+        client = make_client()
+        http = closing.enter_context(square_integration.httpx_client(client))
+        square = Square(token=DEFAULT_API_KEY, base_url=server.url, httpx_client=http)
+        return client, lambda: str(square_pay(square, "k-moved").payment.id)
+
+    plug = {"mollie": create_with_mollie, "adyen": create_with_adyen, "square": create_with_square}
+
+    def pay() -> str:
+        client, create = plug[sdk]()
+        with client.intent("order-moved"):
+            return create()
+
+    first = pay()
+    monkeypatch.setattr(mollie.api.client.Client, "UNAME", "Linux another-host 6.99.0 x86_64")
+    monkeypatch.setattr(Adyen.settings, "LIB_VERSION", "99.0.0")
+    monkeypatch.setattr("platform.release", lambda: "6.99.0-another")
+    assert pay() == first
+    assert sorted(server.store.executions().values()) == [1]
+
+
 # -- Square ------------------------------------------------------------------------------------
 
 
