@@ -18,8 +18,10 @@ import contextlib
 import gc
 import subprocess
 import sys
+import threading
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -310,6 +312,62 @@ def test_an_integration_over_an_async_client_refuses_sync_calls_with_a_stripe_er
     with pytest.raises(stripe.APIConnectionError, match="over an AsyncClient"):
         sdk.v1.payment_intents.create(params={"amount": 900, "currency": "eur"})
     assert stripe_server.store.total_executions() == 0
+
+
+@contextlib.contextmanager
+def started_elsewhere(
+    client: payonce.Client, reference: str, pay: Callable[[], Any]
+) -> Iterator[None]:
+    """``pay`` running in another worker (a thread here), its intent journaled and its
+    request on its way when the block starts; joined at the end of the block."""
+    worker = threading.Thread(target=pay)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 5.0
+        while not client.journal.find(reference):  # claimed, so its lease is held
+            assert time.monotonic() < deadline, "the other worker never started"
+            time.sleep(0.005)
+        yield
+    finally:
+        worker.join()
+
+
+@pytest.mark.parametrize("sdk", ["stripe", "square"])
+def test_a_step_another_worker_is_sending_is_the_sdk_s_no_answer_error_and_executes_once(
+    journal_path: Path, closing: contextlib.ExitStack, sdk: str
+) -> None:
+    # The provider takes its time; a second worker that will not wait for the first one's
+    # answer is told so in its SDK's words, and nothing is sent twice.
+    config = SandboxConfig.like(sdk, processing_seconds=0.5)  # type: ignore[arg-type]
+    server = closing.enter_context(SandboxServer(config))
+    make_client = payonce_maker(server, sdk, journal_path, closing)
+    patient, impatient = make_client(), make_client(in_flight_wait=0.0)
+
+    def pay(client: payonce.Client) -> None:
+        with client.intent("order-busy"):
+            if sdk == "stripe":
+                http_client = stripe_integration.HTTPClient(client)
+                closing.callback(http_client.close)
+                stripe.StripeClient(
+                    DEFAULT_API_KEY, base_addresses={"api": server.url}, http_client=http_client
+                ).v1.payment_intents.create(params={"amount": 900, "currency": "eur"})
+            else:
+                http = closing.enter_context(square_integration.httpx_client(client))
+                square = Square(token=DEFAULT_API_KEY, base_url=server.url, httpx_client=http)
+                square_pay(square, "k-busy")
+
+    errors = {"stripe": stripe.APIConnectionError, "square": SquareApiError}
+    with (
+        started_elsewhere(patient, "order-busy", lambda: pay(patient)),
+        pytest.raises(errors[sdk]) as caught,
+    ):
+        pay(impatient)
+    assert isinstance(caught.value.payonce_error, payonce.IntentInFlight)  # type: ignore[union-attr]
+    assert "another worker" in str(caught.value)
+    if sdk == "stripe":
+        assert caught.value.should_retry is False  # type: ignore[union-attr]
+    server.wait_idle()
+    assert server.store.total_executions() == 1
 
 
 def test_baseline_stripe_python_alone_pays_twice_when_an_answer_is_lost_and_it_runs_again(
