@@ -4,6 +4,8 @@ and run again, alone (duplicates) and through payonce.integrations.stripe (none)
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 
 import pytest
 from rich.console import Console
@@ -78,3 +80,19 @@ def test_the_demo_command_fails_when_payonce_duplicates(monkeypatch: pytest.Monk
     result = run_cli(["demo", "--sdk", "stripe"])
     assert result.exit_code == 1
     assert not broken.ok
+
+
+def test_without_stripe_python_the_sdk_demo_names_the_extra_to_install() -> None:
+    script = (
+        "import sys\n"
+        "sys.modules['stripe'] = None  # as if it were not installed\n"
+        "import payonce, payonce.demo\n"
+        "try:\n"
+        "    payonce.demo.run_sdk_demo('stripe', orders=1, kills=0)\n"
+        "except payonce.ConfigurationError as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert "pip install 'payonce[stripe]'" in done.stdout
