@@ -4,14 +4,13 @@ and run again, alone (duplicates) and through payonce.integrations.stripe (none)
 from __future__ import annotations
 
 import io
-import subprocess
-import sys
 
 import pytest
 from rich.console import Console
 
 import payonce
 from helpers.cli import run_cli
+from helpers.processes import python_output
 from payonce import _demo
 from payonce._demo import SdkResult, SdkScenario, SdkStats, run_sdk_demo
 
@@ -92,7 +91,4 @@ def test_without_stripe_python_the_sdk_demo_names_the_extra_to_install() -> None
         "except payonce.ConfigurationError as exc:\n"
         "    print(exc)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
-    )
-    assert "pip install 'payonce[stripe]'" in done.stdout
+    assert "pip install 'payonce[stripe]'" in python_output(script)

@@ -11,8 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
-import subprocess
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +22,7 @@ import requests
 
 import payonce
 from helpers.payments import FAST_RETRY
+from helpers.processes import python_output
 from helpers.sandboxes import SharedSandboxes
 from payonce.integrations.requests import TransportAdapter
 from payonce.sandbox import DEFAULT_API_KEY, SandboxConfig, SandboxServer
@@ -320,7 +319,4 @@ def test_requests_adapter_without_requests_names_the_extra_to_install(tmp_path: 
         "except ImportError as exc:\n"
         "    print(exc)\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
-    )
-    assert "pip install 'payonce[requests]'" in result.stdout
+    assert "pip install 'payonce[requests]'" in python_output(script)

@@ -37,7 +37,7 @@ from square.core.api_error import ApiError as SquareApiError
 
 import payonce
 from helpers.payments import FAST_RETRY
-from helpers.processes import mypy_strict
+from helpers.processes import mypy_strict, python_output
 from helpers.sandboxes import SharedSandboxes
 from payonce.integrations import adyen as adyen_integration
 from payonce.integrations import mollie as mollie_integration
@@ -934,10 +934,7 @@ def test_an_integration_without_its_sdk_names_the_extra_to_install(
         "else:\n"
         "    print('imported')\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
-    )
-    assert f"pip install 'payonce[{extra}]'" in result.stdout
+    assert f"pip install 'payonce[{extra}]'" in python_output(script)
 
 
 @pytest.mark.parametrize(

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import collections
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from helpers.crash import KILLED, TESTS, run_checkout_worker
+from helpers.crash import KILLED, TESTS, executions_once_arrived, run_checkout_worker
 from helpers.sandboxes import SharedSandboxes
 from payonce.sandbox import SandboxConfig, SandboxServer
 
@@ -48,18 +47,6 @@ def run_checkout(
     if die_between_steps:
         command.append("--die-between-steps")
     return run_checkout_worker(command, server, crash_at)
-
-
-def executions_once_arrived(server: SandboxServer, expected: int) -> int:
-    """The provider's execution count once the killed worker's last request was handled.
-
-    Its bytes were out when the worker died, but the sandbox may not have started on them
-    yet (``wait_idle`` sees no request in flight then): wait for them, up to a bound."""
-    deadline = time.monotonic() + 10.0
-    while server.store.total_executions() < expected and time.monotonic() < deadline:
-        time.sleep(0.01)
-    server.wait_idle()
-    return server.store.total_executions()
 
 
 def payments_by_order(sdk: str, server: SandboxServer) -> dict[str, list[dict[str, Any]]]:

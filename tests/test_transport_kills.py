@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from helpers.crash import KILLED, TESTS, run_checkout_worker
+from helpers.crash import KILLED, TESTS, executions_once_arrived, run_checkout_worker
 from helpers.sandboxes import SharedSandboxes
 from payonce.sandbox import SandboxConfig, SandboxServer
 
@@ -68,7 +68,7 @@ def test_a_checkout_killed_and_run_again_creates_and_confirms_each_intent_once(
 ) -> None:
     journal = tmp_path / "journal.db"
     assert run_checkout(server, journal, **kill)[0] == KILLED
-    assert server.store.total_executions() == executed
+    assert executions_once_arrived(server, executed) == executed
 
     code, answers = run_checkout(server, journal)
 
@@ -91,7 +91,7 @@ def test_the_same_checkout_without_payonce_pays_twice_under_the_same_kill(
     server: SandboxServer,
 ) -> None:
     assert run_checkout(server, None, crash_at="after_send:1")[0] == KILLED
-    assert server.store.total_executions() == 1
+    assert executions_once_arrived(server, 1) == 1
 
     code, answers = run_checkout(server, None)
 

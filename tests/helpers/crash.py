@@ -9,6 +9,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -63,6 +64,18 @@ def run_checkout_worker(
         pytest.fail(f"worker failed ({done.returncode}):\n{done.stderr[-3000:]}")
     server.wait_idle()
     return done.returncode, [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def executions_once_arrived(server: SandboxServer, expected: int) -> int:
+    """The provider's execution count once the killed worker's last request was handled.
+
+    Its bytes were out when the worker died, but the sandbox may not have started on them
+    yet (``wait_idle`` sees no request in flight then): wait for them, up to a bound."""
+    deadline = time.monotonic() + 10.0
+    while server.store.total_executions() < expected and time.monotonic() < deadline:
+        time.sleep(0.01)
+    server.wait_idle()
+    return server.store.total_executions()
 
 
 def exactly_once_violations(server: SandboxServer, journal: Path, orders: int) -> list[str]:

@@ -61,3 +61,11 @@ def mypy_strict(script: Path) -> subprocess.CompletedProcess[str]:
         check=False,
         timeout=600,
     )
+
+
+def python_output(script: str) -> str:
+    """What a short Python script run in a fresh interpreter prints (it must not fail)."""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    )
+    return done.stdout
