@@ -1,11 +1,14 @@
-"""The provider SDKs themselves against the sandbox's dialects, alone and through
-payonce.integrations.
+"""The provider SDKs themselves (stripe-python, Adyen, mollie-api-python, Square) plugged
+into a real payonce client's transport by ``payonce.integrations``, against the sandbox's
+dialect of each provider, over loopback, on a real journal (a SQLite file; PostgreSQL too
+for one scenario per SDK).
 
-Until ``Client.transport()`` lands, the integrations are driven by a stand-in whose
-``transport()`` is httpx's own (a plain pass-through): what is proved here is the plumbing
-(each SDK, plugged in by its integration, creates and reads a payment on its provider's
-dialect; errors arrive as the SDK's own) and the baseline payonce exists for: each SDK
-alone, a create whose answer is lost and the process run again, pays twice.
+Under lost answers (``drop_after``), 5xx before and after executing and in-flight 409s,
+each business operation executes once (counted on the sandbox's store), the code that
+runs again gets the same objects, and an outcome that stays unknown reaches the SDK's
+caller as the exception that SDK's callers catch, naming the key and the reference. The
+baselines show what payonce is for: each SDK alone, a create whose answer is lost and the
+code run again, pays twice.
 """
 
 from __future__ import annotations
@@ -15,8 +18,11 @@ import contextlib
 import gc
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import Adyen
@@ -30,6 +36,8 @@ from square import AsyncSquare, Square
 from square.core.api_error import ApiError as SquareApiError
 
 import payonce
+from helpers.payments import FAST_RETRY
+from helpers.processes import mypy_strict, python_output
 from helpers.sandboxes import SharedSandboxes
 from payonce.integrations import adyen as adyen_integration
 from payonce.integrations import mollie as mollie_integration
@@ -37,49 +45,52 @@ from payonce.integrations import square as square_integration
 from payonce.integrations import stripe as stripe_integration
 from payonce.sandbox import DEFAULT_API_KEY, MOLLIE_TEST_API_KEY, SandboxConfig, SandboxServer
 
+FAULTS = [
+    pytest.param(["drop_after"], id="answer-lost"),
+    pytest.param(["fail_after"], id="5xx-after-executing"),
+    pytest.param(["fail_before"], id="5xx-before-executing"),
+    pytest.param(["lock_timeout"], id="409-in-flight"),
+]
+UNANSWERED = ["fail_before"] * FAST_RETRY.max_attempts
+"""Every attempt of a step meets a 503: whether it executed, payonce cannot tell."""
+ONCE = payonce.RetryPolicy(max_attempts=1)
 
-class PassThrough:
-    """What the integrations need of a payonce client (``transport()``), with httpx's own
-    transport underneath: the SDK's requests reach the sandbox as they are."""
-
-    def __init__(self, *, asynchronous: bool = False) -> None:
-        self.asynchronous = asynchronous
-        self.asked: list[dict[str, Any]] = []
-
-    def transport(self, **options: Any) -> httpx.BaseTransport | httpx.AsyncBaseTransport:
-        self.asked.append(options)
-        return httpx.AsyncHTTPTransport() if self.asynchronous else httpx.HTTPTransport()
-
-
-class Refusing(httpx.BaseTransport):
-    """A transport that raises what payonce's raises when an outcome stays unknown."""
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        raise payonce.OutcomeUnknown(
-            "the answer was lost and the look-up found nothing yet",
-            key="k-unknown",
-            reference="order-9",
-            reason="lost answer",
-        )
-
-
-class RefusingClient:
-    def transport(self, **options: Any) -> httpx.BaseTransport:
-        return Refusing()
-
-
-class AsyncRefusing(httpx.AsyncBaseTransport):
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        return Refusing().handle_request(request)
-
-
-class AsyncRefusingClient:
-    def transport(self, **options: Any) -> httpx.AsyncBaseTransport:
-        return AsyncRefusing()
+MakePayonce = Callable[..., payonce.Client]
 
 
 def sandbox_like(shared: SharedSandboxes, provider: str) -> SandboxServer:
     return shared.get(f"sdk {provider}", SandboxConfig.like(provider))  # type: ignore[arg-type]
+
+
+def payonce_options(server: SandboxServer, provider: str, journal: str | Path) -> dict[str, Any]:
+    """A payonce client used only as the SDK's transport: the SDK brings its credentials."""
+    return {
+        "base_url": server.url,
+        "provider": provider,
+        "account": "acct_shop",
+        "journal": journal,
+        "retry": FAST_RETRY,
+        "timeout": 5.0,
+        "transport_only": True,
+    }
+
+
+def payonce_maker(
+    server: SandboxServer, provider: str, journal: str | Path, closing: contextlib.ExitStack
+) -> MakePayonce:
+    def make(**overrides: Any) -> payonce.Client:
+        options = {**payonce_options(server, provider, journal), **overrides}
+        return closing.enter_context(payonce.Client(**options))
+
+    return make
+
+
+def unknown_key(error: Exception) -> str:
+    """The key of the payonce error an SDK's exception carries."""
+    found = getattr(error, "payonce_error", None)
+    assert isinstance(found, payonce.OutcomeUnknown), f"{error!r} carries {found!r}"
+    assert found.key is not None
+    return found.key
 
 
 # -- Stripe ------------------------------------------------------------------------------------
@@ -106,6 +117,34 @@ def stripe_client(closing: contextlib.ExitStack) -> Callable[..., stripe.StripeC
     return make
 
 
+@pytest.fixture
+def stripe_payonce(
+    stripe_server: SandboxServer, journal_path: Path, closing: contextlib.ExitStack
+) -> MakePayonce:
+    return payonce_maker(stripe_server, "stripe", journal_path, closing)
+
+
+@pytest.fixture
+def stripe_through(
+    stripe_server: SandboxServer,
+    stripe_client: Callable[..., stripe.StripeClient],
+    stripe_payonce: MakePayonce,
+) -> Callable[..., tuple[payonce.Client, stripe.StripeClient]]:
+    """A payonce client and stripe-python over it: the one added line."""
+
+    def make(
+        *, max_network_retries: int = 0, **payonce_overrides: Any
+    ) -> tuple[payonce.Client, stripe.StripeClient]:
+        client = stripe_payonce(**payonce_overrides)
+        http_client = stripe_integration.HTTPClient(client)
+        sdk = stripe_client(
+            stripe_server, http_client=http_client, max_network_retries=max_network_retries
+        )
+        return client, sdk
+
+    return make
+
+
 def checkout(client: stripe.StripeClient, order: str) -> stripe.PaymentIntent:
     """A shop's checkout: create a PaymentIntent for the order, then confirm it."""
     intent = client.v1.payment_intents.create(
@@ -114,84 +153,222 @@ def checkout(client: stripe.StripeClient, order: str) -> stripe.PaymentIntent:
     return client.v1.payment_intents.confirm(intent.id, params={"payment_method": "pm_card_visa"})
 
 
-def test_stripe_python_through_the_integration_creates_and_reads_an_intent(
+def intents_of(server: SandboxServer, order: str) -> list[dict[str, Any]]:
+    return [i for i in server.store.payment_intents() if i["metadata"].get("order") == order]
+
+
+def test_a_stripe_python_checkout_through_payonce_creates_and_confirms_once_and_replays(
     stripe_server: SandboxServer,
-    stripe_client: Callable[..., stripe.StripeClient],
+    stripe_through: Callable[..., tuple[payonce.Client, stripe.StripeClient]],
 ) -> None:
-    source = PassThrough()
-    client = stripe_client(stripe_server, http_client=stripe_integration.HTTPClient(source))
-    paid = checkout(client, "order-1")
+    client, sdk = stripe_through()
+    with client.intent("order-1") as op:
+        paid = checkout(sdk, "order-1")
     assert paid.status == "succeeded"
-    assert client.v1.payment_intents.retrieve(paid.id).status == "succeeded"
-    # The transport was asked to put payonce's key in place of stripe-python's random one.
-    assert source.asked == [{"sdk_keys": "replace"}]
+    assert sdk.v1.payment_intents.retrieve(paid.id).status == "succeeded"  # a read: no step
+    keys = [key for _, key, _ in op.steps]
+    assert stripe_server.store.executions() == {key: 1 for key in keys}
+    assert keys[1] == f"{keys[0]}-step2"
+
+    # The same code run again (a new process would do the same: another stripe-python,
+    # whose own random keys and telemetry headers differ) is answered from the journal.
+    again_client, again_sdk = stripe_through()
+    with again_client.intent("order-1"):
+        again = checkout(again_sdk, "order-1")
+    assert (again.id, again.status) == (paid.id, "succeeded")
+    assert stripe_server.store.executions() == {key: 1 for key in keys}
+    assert len(intents_of(stripe_server, "order-1")) == 1
+
+
+@pytest.mark.parametrize("faults", FAULTS)
+@pytest.mark.parametrize("step", [1, 2])
+def test_a_stripe_python_step_meeting_a_fault_executes_once_and_answers_the_sdk(
+    stripe_server: SandboxServer,
+    stripe_through: Callable[..., tuple[payonce.Client, stripe.StripeClient]],
+    faults: list[str],
+    step: int,
+) -> None:
+    client, sdk = stripe_through()
+    with client.intent("order-faults"):
+        if step == 1:
+            stripe_server.script(faults)
+        created = sdk.v1.payment_intents.create(
+            params={"amount": 2000, "currency": "eur", "metadata": {"order": "order-faults"}}
+        )
+        if step == 2:
+            stripe_server.script(faults)
+        confirmed = sdk.v1.payment_intents.confirm(
+            created.id, params={"payment_method": "pm_card_visa"}
+        )
+    # stripe-python parsed the provider's own objects, whatever the way they were recovered.
+    assert created.object == "payment_intent"
+    assert (confirmed.id, confirmed.status) == (created.id, "succeeded")
+    assert sorted(stripe_server.store.executions().values()) == [1, 1]
     assert len(stripe_server.store.payment_intents()) == 1
 
 
-def test_stripe_python_async_through_the_integration(
-    stripe_server: SandboxServer, stripe_client: Callable[..., stripe.StripeClient]
+def test_a_stripe_python_outcome_that_stays_unknown_is_a_connection_error_never_resent(
+    stripe_server: SandboxServer,
+    stripe_through: Callable[..., tuple[payonce.Client, stripe.StripeClient]],
 ) -> None:
-    http = stripe_integration.HTTPClient(PassThrough(asynchronous=True))
-    client = stripe_client(stripe_server, http_client=http)
+    client, sdk = stripe_through()
 
-    async def create() -> stripe.PaymentIntent:
-        try:
-            return await client.v1.payment_intents.create_async(
-                params={"amount": 900, "currency": "eur"}
-            )
-        finally:
-            await http.close_async()
+    def pay() -> None:
+        with client.intent("order-unknown"):
+            checkout(sdk, "order-unknown")
 
-    created = asyncio.run(create())
-    assert created.status == "requires_payment_method"
-    with pytest.raises(stripe.APIConnectionError, match="over an AsyncClient"):
-        client.v1.payment_intents.retrieve(created.id)
+    stripe_server.script(["none", *UNANSWERED])  # the create goes through; the confirm not
+    with pytest.raises(stripe.APIConnectionError) as caught:
+        pay()
+    assert caught.value.should_retry is False  # stripe-python must not resend it itself
+    key = unknown_key(caught.value)
+    assert key.endswith("-step2")
+    # A step's key names its intent's; it has no reference of its own to show.
+    assert f"(idempotency key {key!r})" in str(caught.value)
+    executions = stripe_server.store.executions()
+    with pytest.raises(stripe.APIConnectionError):
+        pay()  # run again: the create replays, the confirm is refused, nothing is sent
+    assert stripe_server.store.executions() == executions
+    assert list(executions.values()) == [1]
 
 
-def test_the_integration_turns_stripe_pythons_retries_off(
-    stripe_server: SandboxServer, stripe_client: Callable[..., stripe.StripeClient]
+def test_stripe_python_s_own_retries_are_off_payonce_s_are_under_the_step_s_key(
+    stripe_server: SandboxServer,
+    stripe_through: Callable[..., tuple[payonce.Client, stripe.StripeClient]],
 ) -> None:
-    # A 503 with Stripe-Should-Retry: true, which stripe-python alone retries: through
-    # payonce the retry decision was the transport's, and the SDK sends nothing more.
+    # A 503 with Stripe-Should-Retry: true, which stripe-python alone retries (here twice).
+    # payonce given one attempt: the outcome stays unknown, and the SDK sends nothing more
+    # (a resend of its own would have executed: the fault was scripted once).
+    client, sdk = stripe_through(max_network_retries=2, retry=ONCE)
     stripe_server.script(["fail_before"])
-    http = stripe_integration.HTTPClient(PassThrough())
-    client = stripe_client(stripe_server, http_client=http, max_network_retries=2)
-    with pytest.raises(stripe.APIError):
-        client.v1.payment_intents.create(params={"amount": 900, "currency": "eur"})
+    with client.intent("order-once"), pytest.raises(stripe.APIConnectionError):
+        sdk.v1.payment_intents.create(params={"amount": 900, "currency": "eur"})
     assert stripe_server.store.payment_intents() == []
+    # payonce's own retries resend under the step's key, which the provider executes once.
+    client, sdk = stripe_through()
+    stripe_server.script(["fail_before", "fail_before"])
+    with client.intent("order-twice") as op:
+        sdk.v1.payment_intents.create(params={"amount": 900, "currency": "eur"})
+    assert stripe_server.store.executions() == {key: 1 for _, key, _ in op.steps}
 
 
-def test_an_unknown_outcome_is_a_stripe_connection_error_that_must_not_be_retried(
+@pytest.mark.parametrize("backend", ["postgres"])
+def test_a_stripe_python_checkout_on_a_postgresql_journal_recovers_a_lost_answer(
     stripe_server: SandboxServer,
     stripe_client: Callable[..., stripe.StripeClient],
+    location: str,
+    closing: contextlib.ExitStack,
 ) -> None:
-    client = stripe_client(
-        stripe_server, http_client=stripe_integration.HTTPClient(RefusingClient())
-    )
-    with pytest.raises(stripe.APIConnectionError) as caught:
-        client.v1.payment_intents.create(params={"amount": 900, "currency": "eur"})
-    assert caught.value.should_retry is False
-    assert "'k-unknown'" in str(caught.value)
-    assert "'order-9'" in str(caught.value)
-    assert isinstance(caught.value.payonce_error, payonce.OutcomeUnknown)  # type: ignore[attr-defined]
+    def run() -> stripe.PaymentIntent:
+        client = payonce_maker(stripe_server, "stripe", location, closing)()
+        sdk = stripe_client(stripe_server, http_client=stripe_integration.HTTPClient(client))
+        with client.intent("order-pg"):
+            return checkout(sdk, "order-pg")
+
+    stripe_server.script(["none", "drop_after"])
+    paid = run()
+    assert (run().id, paid.status) == (paid.id, "succeeded")
+    assert sorted(stripe_server.store.executions().values()) == [1, 1]
 
 
-def test_an_unknown_outcome_in_async_code_is_the_same_stripe_error(
-    stripe_server: SandboxServer, stripe_client: Callable[..., stripe.StripeClient]
+def test_stripe_python_async_through_an_async_client(
+    stripe_server: SandboxServer,
+    stripe_client: Callable[..., stripe.StripeClient],
+    journal_path: Path,
 ) -> None:
-    http = stripe_integration.HTTPClient(AsyncRefusingClient())
-    client = stripe_client(stripe_server, http_client=http)
+    async def pay() -> stripe.PaymentIntent:
+        options = payonce_options(stripe_server, "stripe", journal_path)
+        async with payonce.AsyncClient(**options) as client:
+            http = stripe_integration.HTTPClient(client)
+            sdk = stripe_client(stripe_server, http_client=http)
+            try:
+                async with client.intent("order-async"):
+                    stripe_server.script(["drop_after"])
+                    created = await sdk.v1.payment_intents.create_async(
+                        params={"amount": 900, "currency": "eur"}
+                    )
+                    return await sdk.v1.payment_intents.confirm_async(
+                        created.id, params={"payment_method": "pm_card_visa"}
+                    )
+            finally:
+                await http.close_async()
 
-    async def create() -> None:
-        try:
-            await client.v1.payment_intents.create_async(params={"amount": 9, "currency": "eur"})
-        finally:
-            await http.close_async()
+    paid = asyncio.run(pay())
+    assert paid.status == "succeeded"
+    assert asyncio.run(pay()).id == paid.id
+    assert sorted(stripe_server.store.executions().values()) == [1, 1]
 
-    with pytest.raises(stripe.APIConnectionError) as caught:
-        asyncio.run(create())
-    assert caught.value.should_retry is False
-    assert "'k-unknown'" in str(caught.value)
+
+def test_an_integration_over_an_async_client_refuses_sync_calls_with_a_stripe_error(
+    stripe_server: SandboxServer,
+    stripe_client: Callable[..., stripe.StripeClient],
+    journal_path: Path,
+) -> None:
+    async def make() -> stripe_integration.HTTPClient:
+        return stripe_integration.HTTPClient(
+            payonce.AsyncClient(**payonce_options(stripe_server, "stripe", journal_path))
+        )
+
+    sdk = stripe_client(stripe_server, http_client=asyncio.run(make()))
+    with pytest.raises(stripe.APIConnectionError, match="over an AsyncClient"):
+        sdk.v1.payment_intents.create(params={"amount": 900, "currency": "eur"})
+    assert stripe_server.store.total_executions() == 0
+
+
+@contextlib.contextmanager
+def started_elsewhere(
+    client: payonce.Client, reference: str, pay: Callable[[], Any]
+) -> Iterator[None]:
+    """``pay`` running in another worker (a thread here), its intent journaled and its
+    request on its way when the block starts; joined at the end of the block."""
+    worker = threading.Thread(target=pay)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 5.0
+        while not client.journal.find(reference):  # claimed, so its lease is held
+            assert time.monotonic() < deadline, "the other worker never started"
+            time.sleep(0.005)
+        yield
+    finally:
+        worker.join()
+
+
+@pytest.mark.parametrize("sdk", ["stripe", "square"])
+def test_a_step_another_worker_is_sending_is_the_sdk_s_no_answer_error_and_executes_once(
+    journal_path: Path, closing: contextlib.ExitStack, sdk: str
+) -> None:
+    # The provider takes its time; a second worker that will not wait for the first one's
+    # answer is told so in its SDK's words, and nothing is sent twice.
+    config = SandboxConfig.like(sdk, processing_seconds=0.5)  # type: ignore[arg-type]
+    server = closing.enter_context(SandboxServer(config))
+    make_client = payonce_maker(server, sdk, journal_path, closing)
+    patient, impatient = make_client(), make_client(in_flight_wait=0.0)
+
+    def pay(client: payonce.Client) -> None:
+        with client.intent("order-busy"):
+            if sdk == "stripe":
+                http_client = stripe_integration.HTTPClient(client)
+                closing.callback(http_client.close)
+                stripe.StripeClient(
+                    DEFAULT_API_KEY, base_addresses={"api": server.url}, http_client=http_client
+                ).v1.payment_intents.create(params={"amount": 900, "currency": "eur"})
+            else:
+                http = closing.enter_context(square_integration.httpx_client(client))
+                square = Square(token=DEFAULT_API_KEY, base_url=server.url, httpx_client=http)
+                square_pay(square, "k-busy")
+
+    errors = {"stripe": stripe.APIConnectionError, "square": SquareApiError}
+    with (
+        started_elsewhere(patient, "order-busy", lambda: pay(patient)),
+        pytest.raises(errors[sdk]) as caught,
+    ):
+        pay(impatient)
+    assert isinstance(caught.value.payonce_error, payonce.IntentInFlight)  # type: ignore[union-attr]
+    assert "another worker" in str(caught.value)
+    if sdk == "stripe":
+        assert caught.value.should_retry is False  # type: ignore[union-attr]
+    server.wait_idle()
+    assert server.store.total_executions() == 1
 
 
 def test_baseline_stripe_python_alone_pays_twice_when_an_answer_is_lost_and_it_runs_again(
@@ -217,27 +394,32 @@ def adyen_server(shared_sandboxes: SharedSandboxes) -> SandboxServer:
     return sandbox_like(shared_sandboxes, "adyen")
 
 
-@pytest.fixture
-def adyen_through(
-    adyen_server: SandboxServer, closing: contextlib.ExitStack
-) -> Callable[[Any], Adyen.Adyen]:
-    """Adyen's library plugged into a stand-in's transport; its client closed at the end."""
-
-    def make(source: Any) -> Adyen.Adyen:
-        adyen = adyen_sdk(adyen_server)
-        adyen_integration.use_transport(adyen, source)
-        closing.callback(adyen.client.http_client.close)
-        return adyen
-
-    return make
-
-
 def adyen_sdk(server: SandboxServer) -> Adyen.Adyen:
     adyen = Adyen.Adyen(xapikey=DEFAULT_API_KEY, platform="test")
     # Adyen's services hold their base URL (https://checkout-test.adyen.com/v72).
-    api = adyen.checkout.payments_api
-    api.baseUrl = api.baseUrl.replace("https://checkout-test.adyen.com", server.url)
+    for api in (adyen.checkout.payments_api, adyen.checkout.modifications_api):
+        api.baseUrl = api.baseUrl.replace("https://checkout-test.adyen.com", server.url)
     return adyen
+
+
+@pytest.fixture
+def adyen_through(
+    adyen_server: SandboxServer, journal_path: Path, closing: contextlib.ExitStack
+) -> Callable[..., tuple[payonce.Client, Adyen.Adyen]]:
+    """A payonce client whose base URL is Adyen's (with its version), and Adyen over it."""
+
+    def make(
+        *, sdk_keys: str | None = None, **overrides: Any
+    ) -> tuple[payonce.Client, Adyen.Adyen]:
+        adyen = adyen_sdk(adyen_server)
+        base_url = adyen.checkout.payments_api.baseUrl
+        make_client = payonce_maker(adyen_server, "adyen", journal_path, closing)
+        client = make_client(base_url=base_url, **overrides)
+        adyen_integration.use_transport(adyen, client, sdk_keys=sdk_keys)
+        closing.callback(adyen.client.http_client.close)
+        return client, adyen
+
+    return make
 
 
 def adyen_payment(order: str, value: int = 1000) -> dict[str, Any]:
@@ -250,36 +432,95 @@ def adyen_payment(order: str, value: int = 1000) -> dict[str, Any]:
     }
 
 
-def test_adyen_through_the_integration_pays_and_captures(
-    adyen_server: SandboxServer, adyen_through: Callable[[Any], Adyen.Adyen]
-) -> None:
-    adyen = adyen_through(PassThrough())
-    api = adyen.checkout.payments_api
-    paid = api.payments(adyen_payment("order-1"), idempotency_key="k-adyen-1")
-    assert paid.message["resultCode"] == "Authorised"
-    again = api.payments(adyen_payment("order-1"), idempotency_key="k-adyen-1")
-    assert again.message == paid.message  # the same key replays the first answer
-
-    modifications = adyen.checkout.modifications_api
-    modifications.baseUrl = api.baseUrl
+def adyen_checkout(adyen: Adyen.Adyen, order: str, key: str | None = None) -> tuple[Any, Any]:
+    """Authorise the payment, then capture it (Adyen's two steps)."""
+    keys = {} if key is None else {"idempotency_key": key}
+    paid = adyen.checkout.payments_api.payments(adyen_payment(order), **keys)
     capture = {"merchantAccount": "PayonceShop", "amount": {"value": 1000, "currency": "EUR"}}
-    captured = modifications.capture_authorised_payment(
-        capture, paid.message["pspReference"], idempotency_key="k-adyen-capture"
+    keys = {} if key is None else {"idempotency_key": f"{key}-capture"}
+    captured = adyen.checkout.modifications_api.capture_authorised_payment(
+        capture, paid.message["pspReference"], **keys
     )
+    return paid, captured
+
+
+@pytest.mark.parametrize("faults", FAULTS)
+@pytest.mark.parametrize("step", [1, 2])
+def test_adyen_authorise_and_capture_through_payonce_execute_once_under_faults(
+    adyen_server: SandboxServer,
+    adyen_through: Callable[..., tuple[payonce.Client, Adyen.Adyen]],
+    faults: list[str],
+    step: int,
+) -> None:
+    client, adyen = adyen_through()
+    with client.intent("order-1") as op:
+        adyen_server.script(faults if step == 1 else ["none", *faults])
+        paid, captured = adyen_checkout(adyen, "order-1")
+    assert paid.message["resultCode"] == "Authorised"
     assert captured.message["status"] == "received"
-    assert adyen_server.store.execution_count("k-adyen-1") == 1
-    assert adyen_server.store.execution_count("k-adyen-capture") == 1
-
-    refused = api.payments(adyen_payment("order-2", value=40200), idempotency_key="k-adyen-2")
-    assert refused.message["resultCode"] == "Refused"
+    # Adyen sends no key of its own: payonce's, one per step, are the ones executed.
+    assert adyen_server.store.executions() == {key: 1 for _, key, _ in op.steps}
 
 
-def test_adyen_gets_its_own_errors(adyen_through: Callable[[Any], Adyen.Adyen]) -> None:
-    adyen = adyen_through(RefusingClient())
+def test_adyen_keeps_its_callers_keys_and_a_run_again_replays(
+    adyen_server: SandboxServer,
+    adyen_through: Callable[..., tuple[payonce.Client, Adyen.Adyen]],
+) -> None:
+    client, adyen = adyen_through()
+    with client.intent("order-2"):
+        adyen_server.script(["drop_after"])
+        paid, _ = adyen_checkout(adyen, "order-2", key="k-adyen-2")
+    again_client, again_adyen = adyen_through()
+    with again_client.intent("order-2"):
+        again, captured = adyen_checkout(again_adyen, "order-2", key="k-adyen-2")
+    assert again.message == paid.message
+    assert captured.message["status"] == "received"
+    assert adyen_server.store.executions() == {"k-adyen-2": 1, "k-adyen-2-capture": 1}
+
+
+def test_adyen_with_a_fresh_key_per_call_replaced_pays_once_when_run_again(
+    adyen_server: SandboxServer,
+    adyen_through: Callable[..., tuple[payonce.Client, Adyen.Adyen]],
+) -> None:
+    # As Adyen's examples do: a uuid4 per call, which a run again would not make the same.
+    def run() -> Any:
+        client, adyen = adyen_through(sdk_keys="replace")
+        with client.intent("order-3"):
+            return adyen_checkout(adyen, "order-3", key=str(uuid.uuid4()))[0]
+
+    adyen_server.script(["drop_after", "none", "fail_after"])
+    paid = run()
+    assert run().message == paid.message
+    assert [p["reference"] for p in adyen_server.store.payments()] == ["order-3"]
+    assert sorted(adyen_server.store.executions().values()) == [1, 1]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_adyen_s_unknown_outcome_is_its_communication_error_and_is_never_resent(
+    adyen_server: SandboxServer,
+    location: str,
+    closing: contextlib.ExitStack,
+) -> None:
+    # Adyen has no look-up by reference: a lost answer, not retried, stays unknown.
+    adyen = adyen_sdk(adyen_server)
+    base_url = adyen.checkout.payments_api.baseUrl
+    client = payonce_maker(adyen_server, "adyen", location, closing)(base_url=base_url, retry=ONCE)
+    adyen_integration.use_transport(adyen, client)
+    closing.callback(adyen.client.http_client.close)
+
+    def pay() -> None:
+        with client.intent("order-9"):
+            adyen.checkout.payments_api.payments(adyen_payment("order-9"))
+
+    adyen_server.script(["drop_after"])
     with pytest.raises(Adyen.AdyenAPICommunicationError) as caught:
-        adyen.checkout.payments_api.payments(adyen_payment("order-9"), idempotency_key="k")
-    assert "'k-unknown'" in str(caught.value.message)
-    assert isinstance(caught.value.payonce_error, payonce.OutcomeUnknown)
+        pay()
+    key = unknown_key(caught.value)
+    assert f"{key!r}" in str(caught.value.message)
+    assert "'order-9'" in str(caught.value.message)
+    with pytest.raises(Adyen.AdyenAPICommunicationError):
+        pay()
+    assert adyen_server.store.executions() == {key: 1}
 
 
 # Adyen's default client calls requests.request(), whose connection cut off mid-body is
@@ -313,14 +554,13 @@ def mollie_sdk(server: SandboxServer) -> mollie.api.client.Client:
 
 @pytest.fixture
 def mollie_through(
-    mollie_server: SandboxServer, closing: contextlib.ExitStack
-) -> Callable[[Any], mollie.api.client.Client]:
-    """mollie-api-python plugged into a stand-in's transport; its session closed at the end."""
-
-    def make(source: Any) -> mollie.api.client.Client:
+    mollie_server: SandboxServer, journal_path: Path, closing: contextlib.ExitStack
+) -> Callable[..., tuple[payonce.Client, mollie.api.client.Client]]:
+    def make(**overrides: Any) -> tuple[payonce.Client, mollie.api.client.Client]:
+        client = payonce_maker(mollie_server, "mollie", journal_path, closing)(**overrides)
         sdk = mollie_sdk(mollie_server)
-        closing.enter_context(mollie_integration.use_transport(sdk, source))
-        return sdk
+        closing.enter_context(mollie_integration.use_transport(sdk, client))
+        return client, sdk
 
     return make
 
@@ -333,34 +573,78 @@ MOLLIE_PAYMENT = {
 }
 
 
-def test_mollie_through_the_integration_creates_and_reads_a_payment(
-    mollie_server: SandboxServer, mollie_through: Callable[[Any], mollie.api.client.Client]
+@pytest.mark.parametrize("faults", FAULTS)
+def test_a_mollie_payment_through_payonce_is_created_once_under_faults_and_on_a_run_again(
+    mollie_server: SandboxServer,
+    mollie_through: Callable[..., tuple[payonce.Client, mollie.api.client.Client]],
+    faults: list[str],
 ) -> None:
-    source = PassThrough()
-    sdk = mollie_through(source)
-    created = sdk.payments.create(MOLLIE_PAYMENT)
+    def run() -> Any:
+        client, sdk = mollie_through()
+        with client.intent("order-1"):
+            created = sdk.payments.create(MOLLIE_PAYMENT)
+        assert sdk.payments.get(created.id).id == created.id  # a read passes through
+        return created
+
+    mollie_server.script(faults)
+    created = run()
     assert (created.status, created.amount) == ("paid", {"value": "10.00", "currency": "EUR"})
-    assert sdk.payments.get(created.id).id == created.id
-    assert source.asked == [{"sdk_keys": "replace"}]
-    assert len(mollie_server.store.payments()) == 1
+    assert run().id == created.id  # mollie-api-python's new uuid4 key was replaced again
+    assert [p["reference"] for p in mollie_server.store.payments()] == ["order-1"]
+    assert sorted(mollie_server.store.executions().values()) == [1]
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+def test_a_mollie_payment_on_a_postgresql_journal_is_created_once(
+    mollie_server: SandboxServer, location: str, closing: contextlib.ExitStack
+) -> None:
+    def run() -> Any:
+        client = payonce_maker(mollie_server, "mollie", location, closing)()
+        sdk = mollie_sdk(mollie_server)
+        closing.enter_context(mollie_integration.use_transport(sdk, client))
+        with client.intent("order-pg"):
+            return sdk.payments.create(MOLLIE_PAYMENT)
+
+    mollie_server.script(["drop_after"])
+    assert run().id == run().id
+    assert sorted(mollie_server.store.executions().values()) == [1]
 
 
 def test_mollie_reads_the_sandbox_s_refusal_as_its_own(
-    mollie_server: SandboxServer, mollie_through: Callable[[Any], mollie.api.client.Client]
+    mollie_server: SandboxServer,
+    mollie_through: Callable[..., tuple[payonce.Client, mollie.api.client.Client]],
 ) -> None:
-    sdk = mollie_through(PassThrough())
-    with pytest.raises(mollie.api.error.UnprocessableEntityError) as refused:
+    client, sdk = mollie_through()
+    with (
+        client.intent("order-bad"),
+        pytest.raises(mollie.api.error.UnprocessableEntityError) as refused,
+    ):
         sdk.payments.create({**MOLLIE_PAYMENT, "amount": {"currency": "EUR", "value": "ten"}})
     assert "amount.value" in str(refused.value)
     assert mollie_server.store.total_executions() == 0
 
 
-def test_mollie_gets_its_own_error(
-    mollie_through: Callable[[Any], mollie.api.client.Client],
+def test_mollie_s_unknown_outcome_is_its_request_error_and_is_never_resent(
+    mollie_server: SandboxServer,
+    mollie_through: Callable[..., tuple[payonce.Client, mollie.api.client.Client]],
 ) -> None:
-    sdk = mollie_through(RefusingClient())
-    with pytest.raises(mollie.api.error.RequestError, match="'k-unknown'"):
-        sdk.payments.create(MOLLIE_PAYMENT)
+    client, sdk = mollie_through(retry=ONCE)
+
+    def pay() -> None:
+        with client.intent("order-9"):
+            sdk.payments.create(MOLLIE_PAYMENT)
+
+    mollie_server.script(["drop_after"])
+    with pytest.raises(mollie.api.error.RequestError) as caught:
+        pay()
+    # mollie-api-python raises its RequestError while handling the requests error that
+    # carries payonce's: it is the context, not the cause.
+    key = unknown_key(caught.value.__context__ or caught.value)
+    assert f"{key!r}" in str(caught.value)
+    assert "'order-9'" in str(caught.value)
+    with pytest.raises(mollie.api.error.RequestError):
+        pay()
+    assert mollie_server.store.executions() == {key: 1}
 
 
 # As Adyen's: requests leaves a connection cut off mid-body to the garbage collector.
@@ -377,6 +661,57 @@ def test_baseline_mollie_alone_pays_twice_when_an_answer_is_lost_and_it_runs_aga
     assert [p["reference"] for p in mollie_server.store.payments()] == ["order-1", "order-1"]
 
 
+@pytest.mark.parametrize("sdk", ["mollie", "adyen", "square"])
+def test_a_run_again_on_another_host_or_sdk_version_replays_despite_the_sdk_s_telemetry(
+    shared_sandboxes: SharedSandboxes,
+    journal_path: Path,
+    closing: contextlib.ExitStack,
+    monkeypatch: pytest.MonkeyPatch,
+    sdk: str,
+) -> None:
+    # Each SDK describes its host and itself in headers (Mollie: the whole uname, host name
+    # included; Adyen: its version; Square: the Python, OS release and SDK version). A
+    # worker on another host, or upgraded, runs the same step: the same request.
+    server = sandbox_like(shared_sandboxes, sdk)
+
+    make_client = payonce_maker(server, sdk, journal_path, closing)
+
+    def create_with_mollie() -> tuple[payonce.Client, Callable[[], str]]:
+        client, mollie_client = make_client(), mollie_sdk(server)
+        closing.enter_context(mollie_integration.use_transport(mollie_client, client))
+        return client, lambda: str(mollie_client.payments.create(MOLLIE_PAYMENT).id)
+
+    def create_with_adyen() -> tuple[payonce.Client, Callable[[], str]]:
+        adyen = adyen_sdk(server)
+        client = make_client(base_url=adyen.checkout.payments_api.baseUrl)
+        adyen_integration.use_transport(adyen, client)
+        closing.callback(adyen.client.http_client.close)
+        api = adyen.checkout.payments_api
+        return client, lambda: str(
+            api.payments(adyen_payment("order-moved")).message["pspReference"]
+        )
+
+    def create_with_square() -> tuple[payonce.Client, Callable[[], str]]:
+        client = make_client()
+        http = closing.enter_context(square_integration.httpx_client(client))
+        square = Square(token=DEFAULT_API_KEY, base_url=server.url, httpx_client=http)
+        return client, lambda: str(square_pay(square, "k-moved").payment.id)
+
+    plug = {"mollie": create_with_mollie, "adyen": create_with_adyen, "square": create_with_square}
+
+    def pay() -> str:
+        client, create = plug[sdk]()
+        with client.intent("order-moved"):
+            return create()
+
+    first = pay()
+    monkeypatch.setattr(mollie.api.client.Client, "UNAME", "Linux another-host 6.99.0 x86_64")
+    monkeypatch.setattr(Adyen.settings, "LIB_VERSION", "99.0.0")
+    monkeypatch.setattr("platform.release", lambda: "6.99.0-another")
+    assert pay() == first
+    assert sorted(server.store.executions().values()) == [1]
+
+
 # -- Square ------------------------------------------------------------------------------------
 
 
@@ -386,10 +721,15 @@ def square_server(shared_sandboxes: SharedSandboxes) -> SandboxServer:
 
 
 @pytest.fixture
-def square(square_server: SandboxServer) -> Iterator[Square]:
-    http = square_integration.httpx_client(PassThrough())
-    yield Square(token=DEFAULT_API_KEY, base_url=square_server.url, httpx_client=http)
-    http.close()
+def square_through(
+    square_server: SandboxServer, journal_path: Path, closing: contextlib.ExitStack
+) -> Callable[..., tuple[payonce.Client, Square]]:
+    def make(*, sdk_keys: str | None = None, **overrides: Any) -> tuple[payonce.Client, Square]:
+        client = payonce_maker(square_server, "square", journal_path, closing)(**overrides)
+        http = closing.enter_context(square_integration.httpx_client(client, sdk_keys=sdk_keys))
+        return client, Square(token=DEFAULT_API_KEY, base_url=square_server.url, httpx_client=http)
+
+    return make
 
 
 NO_SDK_RETRIES: Any = {"max_retries": 0}
@@ -406,63 +746,120 @@ def square_pay(square: Square, key: str, amount: int = 1500, **more: Any) -> Any
     )
 
 
-def test_square_through_the_integration_pays_completes_and_reads(
-    square: Square, square_server: SandboxServer
-) -> None:
-    approved = square_pay(square, "k-sq-1", autocomplete=False).payment
+def square_checkout(square: Square, key: str) -> Any:
+    """Approve the payment, then complete it (Square's two steps)."""
+    approved = square_pay(square, key, autocomplete=False).payment
     assert approved.status == "APPROVED"
-    completed = square.payments.complete(approved.id, request_options=NO_SDK_RETRIES).payment
-    assert completed.status == "COMPLETED"
-    assert square.payments.get(approved.id).payment.status == "COMPLETED"
-    assert [p.id for p in square.payments.list()] == [approved.id]
+    return square.payments.complete(approved.id, request_options=NO_SDK_RETRIES).payment
 
 
-def test_async_square_through_the_integration(square_server: SandboxServer) -> None:
-    async def pay() -> Any:
-        async with square_integration.async_httpx_client(PassThrough(asynchronous=True)) as http:
-            square = AsyncSquare(
-                token=DEFAULT_API_KEY, base_url=square_server.url, httpx_client=http
-            )
-            return await square.payments.create(
-                idempotency_key="k-async",
-                source_id="cnon:card-nonce-ok",
-                amount_money={"amount": 700, "currency": "USD"},
-                request_options=NO_SDK_RETRIES,
-            )
-
-    assert asyncio.run(pay()).payment.status == "COMPLETED"
-    assert square_server.store.execution_count("k-async") == 1
-
-
-def test_square_keeps_its_idempotency_semantics(
-    square: Square, square_server: SandboxServer
+@pytest.mark.parametrize("faults", FAULTS)
+@pytest.mark.parametrize("step", [1, 2])
+def test_square_with_a_fresh_key_per_call_replaced_pays_and_completes_once(
+    square_server: SandboxServer,
+    square_through: Callable[..., tuple[payonce.Client, Square]],
+    faults: list[str],
+    step: int,
 ) -> None:
-    first = square_pay(square, "k-sq-2").payment
-    assert square_pay(square, "k-sq-2").payment.id == first.id  # the same key, the same body
-    with pytest.raises(SquareApiError) as reused:
+    # As Square's examples do: a uuid4 per call; the code runs again after the fault.
+    def run() -> Any:
+        client, square = square_through(sdk_keys="replace")
+        with client.intent("order-1") as op:
+            completed = square_checkout(square, str(uuid.uuid4()))
+        return completed, op
+
+    square_server.script(faults if step == 1 else ["none", *faults])
+    completed, op = run()
+    assert completed.status == "COMPLETED"
+    assert run()[0].id == completed.id
+    assert [p["reference"] for p in square_server.store.payments()] == ["order-1"]
+    # The body carried payonce's key for the create (not the uuid4); the complete takes none.
+    (create_key, _) = [key for _, key, _ in op.steps]
+    assert square_server.store.execution_count(create_key) == 1
+    assert square_server.store.execution_count("") == 1
+
+
+def test_square_keeps_its_callers_keys_and_its_idempotency_semantics(
+    square_server: SandboxServer,
+    square_through: Callable[..., tuple[payonce.Client, Square]],
+) -> None:
+    client, square = square_through()
+    with client.intent("order-2") as op:
+        first = square_pay(square, "k-sq-2").payment
+    assert [key for _, key, _ in op.steps] == ["k-sq-2"]
+    with client.intent("order-2"):
+        assert square_pay(square, "k-sq-2").payment.id == first.id  # replayed
+    # Another request under a key already used: refused by the journal before it is sent.
+    with client.intent("order-2"), pytest.raises(SquareApiError) as reused:
         square_pay(square, "k-sq-2", amount=1600)
-    assert reused.value.status_code == 400
-    assert reused.value.errors[0].code == "IDEMPOTENCY_KEY_REUSED"
+    assert reused.value.errors[0].code == "PAYONCE_INTENT_MISMATCH"
+    assert square.payments.get(first.id).payment.status == "COMPLETED"
     assert square_server.store.execution_count("k-sq-2") == 1
 
 
-def test_square_and_adyen_keep_the_caller_s_keys_unless_told_to_replace_them() -> None:
-    source = PassThrough()
-    square_integration.httpx_client(source).close()
-    square_integration.httpx_client(source, sdk_keys="replace").close()
-    adyen = Adyen.Adyen(xapikey=DEFAULT_API_KEY)
-    adyen_integration.use_transport(adyen, source, sdk_keys="replace")
-    adyen.client.http_client.close()
-    assert source.asked == [{}, {"sdk_keys": "replace"}, {"sdk_keys": "replace"}]
+def test_square_steps_each_keep_the_key_their_body_carries(
+    square_server: SandboxServer,
+    square_through: Callable[..., tuple[payonce.Client, Square]],
+) -> None:
+    # A split payment: two creates in one block, each with the caller's own key.
+    client, square = square_through()
+    with client.intent("order-split") as op:
+        square_pay(square, "k-split-1", amount=1000)
+        square_pay(square, "k-split-2", amount=500)
+    assert [key for _, key, _ in op.steps] == ["k-split-1", "k-split-2"]
+    assert square_server.store.executions() == {"k-split-1": 1, "k-split-2": 1}
 
 
-def test_square_gets_its_own_error(square_server: SandboxServer) -> None:
-    with square_integration.httpx_client(RefusingClient()) as http:
-        square = Square(token=DEFAULT_API_KEY, base_url=square_server.url, httpx_client=http)
-        with pytest.raises(SquareApiError) as caught:
-            square_pay(square, "k-sq-3")
+def test_async_square_through_an_async_client(
+    square_server: SandboxServer, journal_path: Path
+) -> None:
+    async def pay() -> Any:
+        options = payonce_options(square_server, "square", journal_path)
+        async with (
+            payonce.AsyncClient(**options) as client,
+            square_integration.async_httpx_client(client, sdk_keys="replace") as http,
+        ):
+            square = AsyncSquare(
+                token=DEFAULT_API_KEY, base_url=square_server.url, httpx_client=http
+            )
+            async with client.intent("order-async"):
+                square_server.script(["drop_after"])
+                return await square.payments.create(
+                    idempotency_key=str(uuid.uuid4()),
+                    source_id="cnon:card-nonce-ok",
+                    amount_money={"amount": 700, "currency": "USD"},
+                    request_options=NO_SDK_RETRIES,
+                )
+
+    paid = asyncio.run(pay()).payment
+    assert paid.status == "COMPLETED"
+    assert asyncio.run(pay()).payment.id == paid.id
+    assert sorted(square_server.store.executions().values()) == [1]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_square_s_unknown_outcome_is_its_api_error_and_is_never_resent(
+    square_server: SandboxServer, location: str, closing: contextlib.ExitStack
+) -> None:
+    client = payonce_maker(square_server, "square", location, closing)(retry=ONCE)
+    http = closing.enter_context(square_integration.httpx_client(client))
+    square = Square(token=DEFAULT_API_KEY, base_url=square_server.url, httpx_client=http)
+
+    def pay() -> None:
+        with client.intent("order-9"):
+            square_pay(square, "k-sq-9")
+
+    square_server.script(["drop_after"])
+    with pytest.raises(SquareApiError) as caught:
+        pay()
+    assert caught.value.status_code is None
     assert caught.value.errors[0].code == "PAYONCE_OUTCOME_UNKNOWN"
-    assert "'k-unknown'" in str(caught.value.errors[0].detail)
+    assert "'k-sq-9'" in str(caught.value.errors[0].detail)
+    assert "'order-9'" in str(caught.value.errors[0].detail)
+    assert unknown_key(caught.value) == "k-sq-9"
+    with pytest.raises(SquareApiError):
+        pay()
+    assert square_server.store.executions() == {"k-sq-9": 1}
 
 
 def test_baseline_square_alone_pays_twice_when_an_answer_is_lost_and_it_runs_again(
@@ -478,6 +875,38 @@ def test_baseline_square_alone_pays_twice_when_an_answer_is_lost_and_it_runs_aga
         square = Square(token=DEFAULT_API_KEY, base_url=square_server.url, httpx_client=http)
         square_pay(square, str(uuid.uuid4()))
     assert [p["reference"] for p in square_server.store.payments()] == ["order-1", "order-1"]
+
+
+TYPED_USE = """
+import httpx
+import mollie.api.client
+import stripe
+from square import Square
+
+import payonce
+from payonce.integrations import mollie as mollie_integration
+from payonce.integrations import square as square_integration
+from payonce.integrations import stripe as stripe_integration
+
+client = payonce.Client(base_url="https://api.stripe.com", provider="stripe", transport_only=True)
+async_client = payonce.AsyncClient(base_url="https://api.stripe.com", transport_only=True)
+http_client = stripe_integration.HTTPClient(client, async_client=async_client)
+stripe_client = stripe.StripeClient("sk_test_x", http_client=http_client)
+square = Square(token="t", httpx_client=square_integration.httpx_client(client))
+session = mollie_integration.use_transport(mollie.api.client.Client(), client)
+adapter = client.requests_adapter(sdk_keys="replace")
+plain = httpx.Client(transport=client.transport(outside_intent="refuse"))
+"""
+
+
+@pytest.mark.slow  # mypy reads stripe-python's and Square's types: about 20 s
+def test_the_integrations_take_real_clients_under_mypy_strict(tmp_path: Path) -> None:
+    # A payonce.Client must fit what each integration asks for (its transport()), as a
+    # user's type checker sees it, not only at run time.
+    script = tmp_path / "shop.py"
+    script.write_text(TYPED_USE)
+    result = mypy_strict(script)
+    assert result.returncode == 0, result.stdout
 
 
 # -- missing SDKs --------------------------------------------------------------------------------
@@ -506,10 +935,7 @@ def test_an_integration_without_its_sdk_names_the_extra_to_install(
         "else:\n"
         "    print('imported')\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
-    )
-    assert f"pip install 'payonce[{extra}]'" in result.stdout
+    assert f"pip install 'payonce[{extra}]'" in python_output(script)
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import pytest
 
 import payonce
 import payonce.errors
+from helpers.processes import mypy_strict
 
 PUBLIC_MODULES = {
     "cli",
@@ -156,13 +155,7 @@ async def main() -> None:
 def test_mypy_strict_rejects_typos_and_wrong_types_in_a_users_script(tmp_path: Path) -> None:
     script = tmp_path / "pay.py"
     script.write_text(textwrap.dedent(MISTAKES))
-    result = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(script)],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-    )
+    result = mypy_strict(script)
     errors = {int(line.split(":")[1]) for line in result.stdout.splitlines() if ": error:" in line}
     lines = script.read_text().splitlines()
     wrong = [n for n, line in enumerate(lines, 1) if "payonce.Client(" in line or "post(" in line]

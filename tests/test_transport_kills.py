@@ -10,15 +10,13 @@ sandbox's store; the worker's last run must have told each order's truth.
 from __future__ import annotations
 
 import collections
-import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from helpers.crash import KILLED, TESTS, executions_once_arrived, worker_env
+from helpers.crash import KILLED, TESTS, executions_once_arrived, run_checkout_worker
 from helpers.sandboxes import SharedSandboxes
 from payonce.sandbox import SandboxConfig, SandboxServer
 
@@ -46,13 +44,7 @@ def run_checkout(
         command += ["--with-payonce", "--journal", str(journal)]
     if die_between_steps:
         command.append("--die-between-steps")
-    done = subprocess.run(
-        command, env=worker_env(crash_at), capture_output=True, text=True, timeout=120
-    )
-    if done.returncode not in (0, KILLED):
-        pytest.fail(f"worker failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    server.wait_idle()
-    return done.returncode, [json.loads(line) for line in done.stdout.splitlines()]
+    return run_checkout_worker(command, server, crash_at)
 
 
 def payment_intents_by_order(server: SandboxServer) -> dict[str, list[dict[str, Any]]]:

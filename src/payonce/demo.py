@@ -14,7 +14,7 @@ from rich.console import Console
 
 from payonce import _demo
 
-__all__ = ["run_demo"]
+__all__ = ["run_demo", "run_sdk_demo"]
 
 
 def run_demo(
@@ -58,3 +58,22 @@ def run_demo(
         orders=orders, workers=workers, kills=kills, processing=processing, seed=seed
     )
     return _demo.run_demo(payments, seed, path, Console(highlight=False), kills=scenario).ok
+
+
+def run_sdk_demo(sdk: str = "stripe", *, orders: int = 6, kills: int = 3) -> bool:
+    """Run ``payonce demo --sdk stripe``: a stripe-python checkout killed and run again.
+
+    The same checkout code (create a PaymentIntent, then confirm it) pays ``orders``
+    orders in a worker process SIGKILLed ``kills`` times after a step answered and run
+    again each time: with stripe-python alone, then through
+    ``payonce.integrations.stripe.HTTPClient``. The report goes to standard output.
+
+    Returns:
+        True when, through payonce, every order was created and charged exactly once.
+
+    Raises:
+        payonce.ConfigurationError: an SDK other than ``"stripe"``, ``orders`` < 1, more
+            kills than orders, or stripe-python is not installed (extra ``stripe``).
+    """
+    scenario = _demo.SdkScenario(sdk=sdk, orders=orders, kills=kills)
+    return _demo.run_sdk_demo(scenario, Console(highlight=False)).ok

@@ -4,6 +4,7 @@ and the truth read from the sandbox's store and the journal, never from their ou
 from __future__ import annotations
 
 import collections
+import json
 import signal
 import sqlite3
 import subprocess
@@ -51,13 +52,26 @@ def run_worker(
     return done.returncode
 
 
+def run_checkout_worker(
+    command: Sequence[str], server: SandboxServer, crash_at: str | None = None
+) -> tuple[int, list[dict[str, str]]]:
+    """Run a checkout worker (one JSON answer a line) to its end or its kill: its exit
+    code and the answers it printed, once the sandbox handled all it received."""
+    done = subprocess.run(
+        command, env=worker_env(crash_at), capture_output=True, text=True, timeout=120
+    )
+    if done.returncode not in (0, KILLED):
+        pytest.fail(f"worker failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    server.wait_idle()
+    return done.returncode, [json.loads(line) for line in done.stdout.splitlines()]
+
+
 def executions_once_arrived(server: SandboxServer, expected: int) -> int:
-    """The provider's executions once a request written just before its sender's death
-    (``after_send``) has arrived: its last byte left the worker, but on a loaded host the
-    sandbox may not have read it yet when the kill is seen, and a sandbox idle at that
-    moment is no proof it never will. Waits up to 10 s for ``expected``, then for the
-    sandbox to be idle; more than ``expected`` is returned as it is."""
-    deadline = time.monotonic() + 10
+    """The provider's execution count once the killed worker's last request was handled.
+
+    Its bytes were out when the worker died, but the sandbox may not have started on them
+    yet (``wait_idle`` sees no request in flight then): wait for them, up to a bound."""
+    deadline = time.monotonic() + 10.0
     while server.store.total_executions() < expected and time.monotonic() < deadline:
         time.sleep(0.01)
     server.wait_idle()

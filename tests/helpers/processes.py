@@ -50,3 +50,22 @@ def run_example(
         timeout=timeout,
         check=False,
     )
+
+
+def mypy_strict(script: Path) -> subprocess.CompletedProcess[str]:
+    """``mypy --strict`` on a user's script, as their type checker would see payonce."""
+    return subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(script)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+
+
+def python_output(script: str) -> str:
+    """What a short Python script run in a fresh interpreter prints (it must not fail)."""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    )
+    return done.stdout

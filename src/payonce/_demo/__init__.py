@@ -8,6 +8,9 @@ Two scenarios, each against fresh sandbox providers with the same seeded faults:
   each order's key again in their shared journal; the stripe-python pattern keeps a key
   per call in memory, safe for retries but lost with the process.
 
+A third, on its own (``payonce demo --sdk stripe``, ``_sdk``): a stripe-python checkout
+killed after its steps and run again, alone and through ``payonce.integrations.stripe``.
+
 The provider counts executions, so the difference is measured, not claimed.
 """
 
@@ -28,6 +31,7 @@ from payonce._demo._payonce import run_payonce
 from payonce._demo._report import print_intro, print_report
 from payonce._demo._results import DemoResult, KillResult, KillStats, NaiveStats, PayonceStats
 from payonce._demo._scenario import CLIENT_TIMEOUT, DEMO_FAULTS, DEMO_RETRY, plan
+from payonce._demo._sdk import SdkResult, SdkScenario, SdkStats, run_sdk_demo
 from payonce.sandbox import Faults
 
 __all__ = [
@@ -40,7 +44,11 @@ __all__ = [
     "KillStats",
     "NaiveStats",
     "PayonceStats",
+    "SdkResult",
+    "SdkScenario",
+    "SdkStats",
     "run_demo",
+    "run_sdk_demo",
 ]
 
 

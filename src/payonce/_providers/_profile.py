@@ -270,6 +270,17 @@ class ProviderProfile:
         emptied = attrs.evolve(canonical, body=body, canonical_body=body)
         return emptied, found or None
 
+    def take_body_key(self, body: bytes, content_type: str | None) -> tuple[bytes, str | None]:
+        """A transported request's body with its key field emptied, and the string key it
+        held (None: no such field, an empty one, or not a string, left for the draft to
+        refuse). The step's own key goes back in when it is sent (``prepare_body``)."""
+        if self.key_field is None:
+            return body, None
+        data = _json_body_object(body, content_type)
+        if data is None or not isinstance(data.get(self.key_field), str):
+            return body, None
+        return _encode_json({**data, self.key_field: ""}), data[self.key_field] or None
+
     def key_header_value(self, key: str) -> str:
         return f'"{key}"' if self.quote_key else key
 

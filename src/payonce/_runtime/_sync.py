@@ -11,7 +11,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
-from typing import Any, TypeVar, Unpack, assert_never
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack, assert_never
 
 import httpx
 
@@ -37,6 +37,9 @@ from ._lease_keeper import Lease, ThreadLeaseKeeper
 from ._reconcile import ReconcileResult
 from ._telling import logger
 from ._transport import SyncTransport, Transported
+
+if TYPE_CHECKING:
+    from .._requests_adapter import TransportAdapter  # requests is an extra: imported on use
 
 __all__ = ["Client", "Operation"]
 
@@ -166,6 +169,33 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         return SyncTransport(
             self, inner, sdk_keys=sdk_keys, outside_intent=outside_intent, verify=self._verify
         )
+
+    def requests_adapter(
+        self,
+        inner: httpx.BaseTransport | None = None,
+        *,
+        sdk_keys: SdkKeys = "honour",
+        outside_intent: OutsideIntent = "journal",
+    ) -> TransportAdapter:
+        """A ``requests`` adapter over ``self.transport(...)`` (same options), for
+        requests-based code and SDKs (extra ``requests``)::
+
+            session.mount("https://", client.requests_adapter())
+
+        Every request of the session then goes through payonce as it would through the
+        transport: inside ``with client.intent(...)`` each mutating one is a step.
+        Network failures arrive as ``requests.exceptions``; payonce's own errors
+        (``OutcomeUnknown``...) as they are. The session's ``verify``/``cert``/``proxies``
+        are the transport's business: give ``inner`` to configure them.
+        """
+        try:
+            from .._requests_adapter import TransportAdapter
+        except ImportError as missing:  # requests is an extra
+            raise ImportError(
+                "Client.requests_adapter() needs requests: pip install 'payonce[requests]'"
+            ) from missing
+        transport = self.transport(inner, sdk_keys=sdk_keys, outside_intent=outside_intent)
+        return TransportAdapter(transport)
 
     # -- after a crash: resume, reconcile, abandon, acknowledge -------------------------------
 

@@ -234,6 +234,20 @@ def sandbox(
     say("sandbox provider stopped")
 
 
+def _sdk_demo(ctx: click.Context, sdk: str, orders: int, kills: int) -> bool:
+    """``demo --sdk``: its own, smaller defaults where the batch scenario's were not chosen."""
+    try:
+        from payonce.demo import run_sdk_demo
+    except ImportError as exc:
+        raise _sandbox_missing(exc) from exc
+    default = click.core.ParameterSource.DEFAULT
+    if ctx.get_parameter_source("orders") is default:
+        orders = 6
+    if ctx.get_parameter_source("kills") is default:
+        kills = 3
+    return run_sdk_demo(sdk, orders=orders, kills=kills)
+
+
 @click.command(short_help="Prove it: payonce against network faults and killed workers.")
 @click.option(
     "--payments",
@@ -283,7 +297,17 @@ def sandbox(
     "which a kill catches a payment between its request and its answer.",
     default=0.15,
 )
+@click.option(
+    "--sdk",
+    type=click.Choice(["stripe"]),
+    help="Run instead the same stripe-python checkout (create, then confirm a "
+    "PaymentIntent) killed after its steps and run again, alone and through "
+    "payonce.integrations.stripe (needs the stripe extra). --orders and --kills default "
+    "to 6 and 3 here.",
+)
+@click.pass_context
 def demo(
+    ctx: click.Context,
     payments: int,
     seed: int,
     journal_path: Path | None,
@@ -291,6 +315,7 @@ def demo(
     workers: int,
     kills: int,
     processing: float,
+    sdk: str | None,
 ) -> None:
     """Prove it: the same payments through payonce and through the usual alternatives.
 
@@ -305,6 +330,11 @@ def demo(
     executed. Exits non-zero if payonce executed a payment twice, or through the kills
     charged an order twice or never.
     """
+    if sdk is not None:
+        ok = _sdk_demo(ctx, sdk, orders, kills)
+        if not ok:
+            raise click.exceptions.Exit(1)
+        return
     try:
         from payonce.demo import run_demo
     except ImportError as exc:

@@ -10,7 +10,7 @@ import httpx
 from Adyen import exceptions as adyen_errors
 
 from ..errors import AuthenticationError, IntentError, IntentMismatch, PayonceError
-from ._transports import TransportSource, sync_transport
+from ._transports import TransportSource, about, sync_transport
 
 __all__ = ["TransportHTTPClient", "use_transport"]
 
@@ -82,24 +82,18 @@ def use_transport(
     adyen_client.http_init = True
 
 
-def _about(exc: PayonceError) -> str:
-    if isinstance(exc, IntentError):
-        return f" (idempotency key {exc.key!r}, reference {exc.reference!r})"
-    return ""
-
-
 def _raise_adyen_error(exc: Exception, url: str) -> NoReturn:
     error: adyen_errors.AdyenError
     if isinstance(exc, httpx.TransportError):
         message = f"Unable to communicate with Adyen: {type(exc).__name__}: {exc}"
         error = adyen_errors.AdyenAPICommunicationError(message, url=url)
     elif isinstance(exc, IntentMismatch):
-        error = adyen_errors.AdyenAPIUnprocessableEntity(f"{exc}{_about(exc)}", url=url)
+        error = adyen_errors.AdyenAPIUnprocessableEntity(f"{exc}{about(exc)}", url=url)
     elif isinstance(exc, AuthenticationError):
-        error = adyen_errors.AdyenAPIAuthenticationError(f"{exc}{_about(exc)}", url=url)
+        error = adyen_errors.AdyenAPIAuthenticationError(f"{exc}{about(exc)}", url=url)
     elif isinstance(exc, IntentError):
         # OutcomeUnknown, IntentInFlight, ProviderUnavailable: Adyen's word for "no answer".
-        error = adyen_errors.AdyenAPICommunicationError(f"payonce: {exc}{_about(exc)}", url=url)
+        error = adyen_errors.AdyenAPICommunicationError(f"payonce: {exc}{about(exc)}", url=url)
     else:
         error = adyen_errors.AdyenError(f"payonce: {exc}", url=url)
     error.payonce_error = exc if isinstance(exc, PayonceError) else None

@@ -7,9 +7,9 @@ from typing import Any
 import requests
 import requests.exceptions
 
-from ..errors import IntentError, PayonceError
-from ._requests_adapter import TransportAdapter
-from ._transports import TransportSource, sync_transport
+from .._requests_adapter import TransportAdapter
+from ..errors import PayonceError
+from ._transports import TransportSource, about, sync_transport
 
 __all__ = ["use_transport"]
 
@@ -24,10 +24,8 @@ class _MollieAdapter(TransportAdapter):
         try:
             return super().send(request, *args, **kwargs)
         except PayonceError as exc:
-            about = ""
-            if isinstance(exc, IntentError):
-                about = f" (idempotency key {exc.key!r}, reference {exc.reference!r})"
-            error = requests.exceptions.ConnectionError(f"payonce: {exc}{about}", request=request)
+            message = f"payonce: {exc}{about(exc)}"
+            error = requests.exceptions.ConnectionError(message, request=request)
             error.payonce_error = exc  # type: ignore[attr-defined]
             raise error from exc
 

@@ -8,8 +8,8 @@ from typing import Any, NoReturn
 import httpx
 from square.core.api_error import ApiError
 
-from ..errors import IntentError, PayonceError
-from ._transports import TransportSource, async_transport, sync_transport
+from ..errors import PayonceError
+from ._transports import TransportSource, about, async_transport, sync_transport
 
 __all__ = ["async_httpx_client", "httpx_client"]
 
@@ -20,10 +20,7 @@ def _code(exc: PayonceError) -> str:
 
 
 def _raise_square_error(exc: PayonceError) -> NoReturn:
-    about = ""
-    if isinstance(exc, IntentError):
-        about = f" (idempotency key {exc.key!r}, reference {exc.reference!r})"
-    detail = {"category": "API_ERROR", "code": _code(exc), "detail": f"{exc}{about}"}
+    detail = {"category": "API_ERROR", "code": _code(exc), "detail": f"{exc}{about(exc)}"}
     error = ApiError(status_code=None, body={"errors": [detail]})
     error.payonce_error = exc  # type: ignore[attr-defined]
     raise error from exc

@@ -10,12 +10,11 @@ import stripe
 
 from ..errors import (
     AuthenticationError,
-    IntentError,
     IntentMismatch,
     OutcomeUnknown,
     PayonceError,
 )
-from ._transports import TransportSource, async_transport, sync_transport
+from ._transports import TransportSource, about, async_transport, sync_transport
 
 __all__ = ["HTTPClient"]
 
@@ -135,12 +134,6 @@ class HTTPClient(stripe.HTTPClient):
             await self._async.aclose()
 
 
-def _about(exc: PayonceError) -> str:
-    if isinstance(exc, IntentError):
-        return f" (idempotency key {exc.key!r}, reference {exc.reference!r})"
-    return ""
-
-
 def _raise_stripe_error(exc: Exception) -> NoReturn:
     """The stripe error a stripe-python caller expects for what payonce or the network said."""
     error: stripe.StripeError
@@ -150,16 +143,16 @@ def _raise_stripe_error(exc: Exception) -> NoReturn:
         )
     elif isinstance(exc, OutcomeUnknown):
         error = _connection_error(
-            f"payonce could not learn whether Stripe executed this request{_about(exc)}: "
+            f"payonce could not learn whether Stripe executed this request{about(exc)}: "
             f"{exc} Do not retry it under a new key: resume or reconcile the intent."
         )
     elif isinstance(exc, IntentMismatch):
-        error = stripe.IdempotencyError(f"{exc}{_about(exc)}")
+        error = stripe.IdempotencyError(f"{exc}{about(exc)}")
     elif isinstance(exc, AuthenticationError):
-        error = stripe.AuthenticationError(f"{exc}{_about(exc)}")
+        error = stripe.AuthenticationError(f"{exc}{about(exc)}")
     else:
         assert isinstance(exc, PayonceError)
-        error = _connection_error(f"payonce: {exc}{_about(exc)}")
+        error = _connection_error(f"payonce: {exc}{about(exc)}")
     # The payonce error itself, for callers that want its key, reference or state.
     setattr(error, "payonce_error", exc if isinstance(exc, PayonceError) else None)  # noqa: B010
     raise error from exc

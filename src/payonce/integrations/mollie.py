@@ -13,7 +13,9 @@ requests session retries failed *connects* only (``Retry(connect=3, read=0)``, m
 mounts a ``TransportAdapter`` over ``client.transport(sdk_keys="replace")`` on the SDK's
 session (for both schemes, replacing its retrying adapter), so payonce's key per step
 replaces the random one. A payonce error arrives as Mollie's ``RequestError`` ("Unable to
-communicate with Mollie: …", naming the key and reference).
+communicate with Mollie: …", naming the key and reference); mollie-api-python raises it
+while handling the ``requests`` error that carries the payonce error as ``payonce_error``,
+so it is ``error.__context__.payonce_error``.
 """
 
 from __future__ import annotations

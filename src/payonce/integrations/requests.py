@@ -13,6 +13,6 @@ from ._needs import require
 
 require("requests", extra="requests", sdk="requests")
 
-from ._requests_adapter import TransportAdapter  # noqa: E402
+from .._requests_adapter import TransportAdapter  # noqa: E402
 
 __all__ = ["TransportAdapter"]

@@ -4,6 +4,11 @@
 an httpx transport: a plain ``httpx.HTTPTransport`` or payonce's own. It knows nothing of
 payonce's runtime: a ``PayonceError`` the transport raises goes up unchanged, for the
 integration (or the caller) to turn into what its SDK's callers expect.
+
+It lives beside the runtime, importing nothing of payonce, so that both
+``Client.requests_adapter()`` and ``payonce.integrations`` (which reaches only
+``payonce.errors`` and this module) can build one; ``payonce.integrations.requests``
+re-exports it. Imported only when used: ``requests`` is an extra.
 """
 
 from __future__ import annotations
