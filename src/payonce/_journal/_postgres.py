@@ -21,10 +21,11 @@ by the unique (scope, reference) index and ``INSERT … ON CONFLICT DO NOTHING``
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -37,7 +38,7 @@ from .._fork import ForkGuard
 from .._lifecycle import Unwritten
 from ..errors import ConfigurationError, JournalError
 from . import _sql as sql
-from ._engine import BEFORE_SEND, NO_SEND, Engine, Tx, migrate, schema_found
+from ._engine import BEFORE_SEND, NO_SEND, Engine, Finished, Tx, migrate, schema_found
 from ._postgres_url import Target
 from ._reads import Journal
 from ._rows import DamagedRow
@@ -144,11 +145,11 @@ class PostgresEngine(Engine):
                 self._configure(conn)
                 if self.read_only:
                     self.schema_version = self._run(
-                        conn, self._inspect, begin="BEGIN READ ONLY", busy=NO_SEND
+                        conn, self._inspect, begin=("BEGIN READ ONLY",), busy=NO_SEND
                     )
                     check = check and self.schema_version > 0
                 else:
-                    self._run(conn, self._migrate, begin="BEGIN", busy=BEFORE_SEND)
+                    self._run(conn, self._migrate, begin=_DURABLE, busy=BEFORE_SEND)
                 if check:
                     self._run(conn, self._verify, begin=None, busy=NO_SEND)
             except psycopg.Error as exc:
@@ -224,19 +225,15 @@ class PostgresEngine(Engine):
     # -- transactions ----------------------------------------------------------------------
 
     def _commit(self, work: Callable[[Tx], T], *, durable: bool, busy: Unwritten) -> T:
-        begin = "BEGIN" if durable else "BEGIN; SET LOCAL synchronous_commit = off"
+        begin = _DURABLE if durable else _LAZY
         return self._transact(work, begin=begin, busy=busy)
 
     def _query(self, work: Callable[[Tx], T], *, snapshot: bool) -> T:
-        # A full check may scan every row: no statement timeout for it.
-        begin = (
-            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET LOCAL statement_timeout = 0"
-            if snapshot
-            else None
-        )
-        return self._transact(work, begin=begin, busy=NO_SEND)
+        return self._transact(work, begin=_SNAPSHOT if snapshot else None, busy=NO_SEND)
 
-    def _transact(self, work: Callable[[Tx], T], *, begin: str | None, busy: Unwritten) -> T:
+    def _transact(
+        self, work: Callable[[Tx], T], *, begin: tuple[str, ...] | None, busy: Unwritten
+    ) -> T:
         self._in_this_process()
         for round_ in range(1, _ROUNDS + 1):
             try:
@@ -273,30 +270,39 @@ class PostgresEngine(Engine):
         conn: psycopg.Connection[Any],
         work: Callable[[Tx], T],
         *,
-        begin: str | None,
+        begin: tuple[str, ...] | None,
         busy: Unwritten,
     ) -> T:
-        cur = conn.cursor()
+        if begin is None:  # reads, each statement its own round trip and transaction
+            return work(Tx(conn.cursor(), self.dialect))
+        tx = _Pipelined(conn, self.dialect, begin)
         try:
-            if begin is not None:
-                cur.execute(begin)
-            result = work(Tx(cur, self.dialect))
+            result = work(tx)
         except BaseException:
+            tx.abandon()
             if not conn.broken and conn.info.transaction_status != TransactionStatus.IDLE:
                 try:
                     conn.execute("ROLLBACK")
                 except psycopg.Error:
                     conn.close()  # the pool replaces it
             raise
-        if begin is not None:
-            try:
-                cur.execute("COMMIT")
-            except psycopg.Error as exc:
-                raise self.error(
-                    f"the journal database failed while committing "
-                    f"({self._describe(exc)}), so whether this write was recorded is unknown",
-                    then=busy,
-                ) from None
+        try:
+            tx.commit()
+        except psycopg.Error as exc:
+            if not conn.broken:
+                # The server refused a statement sent with the commit: the transaction
+                # is rolled back and nothing of it was recorded.
+                if conn.info.transaction_status != TransactionStatus.IDLE:
+                    try:
+                        conn.execute("ROLLBACK")
+                    except psycopg.Error:
+                        conn.close()
+                raise
+            raise self.error(
+                f"the journal database failed while committing "
+                f"({self._describe(exc)}), so whether this write was recorded is unknown",
+                then=busy,
+            ) from None
         return result
 
     def _describe(self, exc: BaseException) -> str:
@@ -376,6 +382,66 @@ class PostgresEngine(Engine):
         self._in_this_process()  # a child closes its own pool, never its parent's
         self.flush_acknowledgements()
         self._pool.close()
+
+
+_DURABLE = ("BEGIN",)
+# Settles and the like: visible to every host at once, flushed to disk a moment later.
+_LAZY = ("BEGIN", "SET LOCAL synchronous_commit = off")
+# A full check may scan every row: no statement timeout for it.
+_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", "SET LOCAL statement_timeout = 0")
+
+
+class _Pipelined(Tx):
+    """A write transaction in psycopg's pipeline mode: what needs no answer yet (BEGIN,
+    SET LOCAL, ``send``, COMMIT) is queued and travels with the next statement whose
+    answer is read, so a transaction of ``send`` and ``commit_with`` only is one round
+    trip. Statements are prepared on the server after a few uses on a connection
+    (psycopg's ``prepare_threshold``), in the same round trip."""
+
+    __slots__ = ("_conn", "_final", "_pipeline", "_pipeline_mode")
+
+    def __init__(
+        self, conn: psycopg.Connection[Any], dialect: sql.Dialect, begin: tuple[str, ...]
+    ) -> None:
+        self._conn = conn
+        self._pipeline_mode = conn.pipeline()
+        self._pipeline: psycopg.Pipeline | None = self._pipeline_mode.__enter__()
+        self._final: psycopg.Cursor[Any] | None = None
+        super().__init__(conn.cursor(), dialect)
+        for statement in begin:
+            self._cursor.execute(statement, ())
+
+    def execute(self, statement: str, params: Sequence[Any] = ()) -> int:
+        self._cursor.execute(self.dialect.sql(statement), params)
+        assert self._pipeline is not None, "nothing runs after commit_with"
+        self._pipeline.sync()  # a Sync inside BEGIN ends no transaction; it fetches the count
+        return int(self._cursor.rowcount)
+
+    def commit_with(self, statement: str, params: Sequence[Any] = ()) -> Finished:
+        final = self._final = self._conn.cursor()
+        final.execute(self.dialect.sql(statement), params)
+        self.commit()
+        return Finished(
+            final.rowcount, [tuple(row) for row in final.fetchall()] if final.description else []
+        )
+
+    def commit(self) -> None:
+        """Queue COMMIT and send what waits: one round trip. Raises what the server
+        refused, or the loss of the connection (then whether it committed is unknown)."""
+        if self._pipeline is None:
+            return  # committed by commit_with
+        self._pipeline = None
+        self._cursor.execute("COMMIT", ())
+        self._pipeline_mode.__exit__(None, None, None)
+
+    def abandon(self) -> None:
+        """Leave pipeline mode after a failure; the caller rolls back what is open."""
+        if self._pipeline is None:
+            return
+        self._pipeline = None
+        # The error already raised is the one to tell; the rollback follows.
+        with contextlib.suppress(psycopg.Error):
+            self._pipeline_mode.__exit__(None, None, None)
 
 
 class PostgresJournal(Journal):

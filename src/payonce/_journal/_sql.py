@@ -51,6 +51,9 @@ class Dialect:
     """Takes a name; returns a row when a table or index of that name exists where the
     journal's unqualified names resolve."""
     types: Mapping[str, str]
+    chains_writes: bool = False
+    """Data-modifying CTEs: a write and the writes that depend on its outcome go as one
+    statement (PostgreSQL), so a transaction costs one round trip to the server."""
     _cache: dict[str, str] = attrs.field(factory=dict, init=False, eq=False, repr=False)
 
     def sql(self, statement: str) -> str:
@@ -89,6 +92,7 @@ POSTGRES = Dialect(
     tiebreak="ctid",
     has_relation="SELECT 1 WHERE to_regclass(?) IS NOT NULL",
     types={"BLOB": "BYTEA", "REAL": "DOUBLE PRECISION"},
+    chains_writes=True,
 )
 
 
@@ -174,6 +178,30 @@ its acknowledgement when that is known already (NULL leaves it as it was)."""
 SETTLE_KNOWN = SETTLE_WITH_RESPONSE + " AND lease_owner = ? AND state = ? AND created_at = ?"
 """The same, for a row not read first: it matches only the row of that creation, still
 held by that owner, in that state (see ``_held``)."""
+# -- one statement per transaction, where writes chain (``Dialect.chains_writes``) ---------
+# Each is what the statements above do in a transaction of several, sent to a server as one
+# statement: the later writes apply only where the first one did (a data-modifying CTE
+# they select from), and the answer says whether it did.
+
+CREATE_INTENT = (
+    f"WITH created AS ({INSERT_INTENT} RETURNING key),"
+    " first_attempt AS (INSERT INTO attempts (key, number, started_at, sent_to)"
+    " SELECT key, 1, ?, ? FROM created)"
+    " SELECT count(*) FROM created"
+)
+"""INSERT_INTENT and its first attempt (INSERT_ATTEMPT): parameters are INSERT_INTENT's,
+then the attempt's start and where it is sent. Answers 1 if the intent was created, 0 if
+another with that key or (scope, reference) was there already (nothing was written)."""
+SETTLE_KNOWN_ENDING_ATTEMPT = (
+    f"WITH settled AS ({SETTLE_KNOWN} RETURNING key),"
+    " ended AS (UPDATE attempts SET ended_at = ?, status_code = ?, error = NULL,"
+    " ambiguous = 0, provider_date = ? WHERE key IN (SELECT key FROM settled) AND number = ?)"
+    " SELECT count(*) FROM settled"
+)
+"""SETTLE_KNOWN and END_ATTEMPT for an answered attempt: parameters are SETTLE_KNOWN's,
+then the attempt's end, status and provider date, and its number. Answers 1 if settled, 0
+if the row was no longer the one its claim created (nothing was written)."""
+
 SET_STATE = (
     "UPDATE intents SET state = ?, unknown_reason = ?, updated_at = ?,"
     " lease_owner = NULL, lease_expires_at = NULL WHERE key = ?"

@@ -151,7 +151,17 @@ class IntentStore:
                 "concurrent writers; nothing was sent. Retry later"
             )
 
+        def create_in_one(tx: Tx) -> bool:
+            values = (*self._intent_values(draft, owner, now, lease_seconds), now, sent_to)
+            return bool(tx.commit_with(sql.CREATE_INTENT, values).rows[0][0])
+
         unwritten = rule(Transition.WRITE_AHEAD).unwritten
+        if self._engine.dialect.chains_writes and self._engine.write(
+            create_in_one, durable=True, busy=unwritten
+        ):
+            # A new intent, the common case, in one statement: one round trip to the
+            # server. Anything else (a replay, a takeover, a mismatch) is looked up below.
+            return self._keep(created())
         return self._keep(self._engine.write(work, durable=True, busy=unwritten))
 
     def _claim_row(
@@ -195,7 +205,32 @@ class IntentStore:
         return self._take(tx, record, owner, now, lease_seconds)
 
     @staticmethod
+    def _intent_values(
+        draft: IntentDraft, owner: str, now: float, lease_seconds: float
+    ) -> tuple[object, ...]:
+        """INSERT_INTENT's parameters."""
+        return (
+            draft.key,
+            draft.scope,
+            draft.reference,
+            draft.account,
+            draft.provider,
+            draft.method,
+            draft.url,
+            draft.fingerprint,
+            headers_to_json(draft.request_headers),
+            draft.body,
+            IntentState.PENDING.value,
+            now,
+            now,
+            now,
+            owner,
+            now + lease_seconds,
+        )
+
+    @classmethod
     def _create(
+        cls,
         tx: Tx,
         draft: IntentDraft,
         owner: str,
@@ -204,29 +239,11 @@ class IntentStore:
         sent_to: str | None,
     ) -> bool:
         inserted = tx.execute(
-            sql.INSERT_INTENT,
-            (
-                draft.key,
-                draft.scope,
-                draft.reference,
-                draft.account,
-                draft.provider,
-                draft.method,
-                draft.url,
-                draft.fingerprint,
-                headers_to_json(draft.request_headers),
-                draft.body,
-                IntentState.PENDING.value,
-                now,
-                now,
-                now,
-                owner,
-                now + lease_seconds,
-            ),
+            sql.INSERT_INTENT, cls._intent_values(draft, owner, now, lease_seconds)
         )
         if inserted != 1:
             return False
-        tx.execute(sql.INSERT_ATTEMPT, (draft.key, 1, now, sent_to))
+        tx.send(sql.INSERT_ATTEMPT, (draft.key, 1, now, sent_to))
         return True
 
     def _take(
@@ -236,7 +253,7 @@ class IntentStore:
 
         The update repeats the test atomically: it takes the lease only if the row still
         has the holder it was judged on (or none, or an expired one)."""
-        tx.execute(
+        tx.send(
             sql.TAKE_LEASE,
             (owner, now + lease_seconds, now, record.key, owner, now, record.lease_owner),
         )
@@ -317,7 +334,9 @@ class IntentStore:
 
     def renew_lease(self, key: str, *, owner: str, now: float, lease_seconds: float) -> bool:
         return self._engine.write(
-            lambda tx: tx.execute(sql.RENEW_LEASE, (now + lease_seconds, key, owner)) == 1,
+            lambda tx: (
+                tx.commit_with(sql.RENEW_LEASE, (now + lease_seconds, key, owner)).rowcount == 1
+            ),
             durable=False,
             busy=AFTER_SEND,
         )
@@ -338,8 +357,8 @@ class IntentStore:
             self._apply(tx, key, owner, Transition.ATTEMPT_STARTED)
             row = tx.one(sql.LAST_ATTEMPT, (key,))
             number = int(row[0] if row else 0) + 1
-            tx.execute(sql.INSERT_ATTEMPT, (key, number, now, sent_to))
-            tx.execute(sql.ATTEMPT_STARTED, (now, now + lease_seconds, now, key))
+            tx.send(sql.INSERT_ATTEMPT, (key, number, now, sent_to))
+            tx.send(sql.ATTEMPT_STARTED, (now, now + lease_seconds, now, key))
             return number
 
         return self._engine.write(
@@ -357,7 +376,7 @@ class IntentStore:
         ambiguous: bool,
         provider_date: float | None,
     ) -> None:
-        tx.execute(
+        tx.send(
             sql.END_ATTEMPT, (now, status_code, error, int(ambiguous), provider_date, key, number)
         )
 
@@ -383,13 +402,13 @@ class IntentStore:
             self._apply(tx, key, owner, transition)
             self._end_attempt(tx, key, number, now, status_code, error, ambiguous, provider_date)
             if applied.releases_lease:
-                tx.execute(sql.RELEASE_LEASE, (key, owner))
+                tx.send(sql.RELEASE_LEASE, (key, owner))
 
         self._engine.write(work, durable=False, busy=applied.unwritten)
 
     @staticmethod
     def _store_response(tx: Tx, key: str, response: StoredResponse) -> None:
-        tx.execute(sql.STORE_RESPONSE, (*response_values(response), key))
+        tx.send(sql.STORE_RESPONSE, (*response_values(response), key))
 
     def settle(
         self,
@@ -421,6 +440,17 @@ class IntentStore:
             crash_point("during_settle")
             return settled_record(held, state, now, acknowledged(state), response)
 
+        def known_in_one(tx: Tx, held: IntentRecord, state: IntentState) -> IntentRecord | None:
+            """``known`` as one statement: one round trip to the server."""
+            values = (*response_values(response), state.value, now, acknowledged(state), key)
+            guard = (owner, held.state.value, held.created_at)
+            ended = (now, response.status, provider_date, attempt)
+            crash_point("during_settle")  # nothing of the settle has left yet
+            finished = tx.commit_with(sql.SETTLE_KNOWN_ENDING_ATTEMPT, (*values, *guard, *ended))
+            if finished.rows[0][0] != 1:
+                return None
+            return settled_record(held, state, now, acknowledged(state), response)
+
         def work(tx: Tx) -> IntentRecord:
             if kept is not None and kept.attempt_count == attempt:
                 state = target(transition, kept.state)
@@ -429,7 +459,7 @@ class IntentStore:
                     return settled
             held, state = self._apply(tx, key, owner, transition)
             self._end_attempt(tx, key, attempt, now, response.status, None, False, provider_date)
-            tx.execute(
+            tx.send(
                 sql.SETTLE_WITH_RESPONSE,
                 (*response_values(response), state.value, now, acknowledged(state), key),
             )
@@ -438,15 +468,29 @@ class IntentStore:
 
         # What the claim created, if this journal object did and nothing wrote it since.
         kept = self._kept.take(key, owner) if self._kept is not None else None
+        busy = rule(transition).unwritten
+        if (
+            kept is not None
+            and kept.attempt_count == attempt
+            and self._engine.dialect.chains_writes
+        ):
+            held, kept = kept, None  # tried once: the fallback below reads the row
+            state = target(transition, held.state)
+            if state is not None:
+                settled = self._engine.write(
+                    lambda tx: known_in_one(tx, held, state), durable=False, busy=busy
+                )
+                if settled is not None:
+                    return settled
 
-        return self._engine.write(work, durable=False, busy=rule(transition).unwritten)
+        return self._engine.write(work, durable=False, busy=busy)
 
     def mark_unknown(
         self, key: str, *, transition: Transition, owner: str, now: float, reason: str
     ) -> IntentRecord:
         def work(tx: Tx) -> IntentRecord:
             _, state = self._apply(tx, key, owner, transition)
-            tx.execute(sql.SET_STATE, (state.value, reason, now, key))
+            tx.send(sql.SET_STATE, (state.value, reason, now, key))
             return reread(tx, key)
 
         return self._engine.write(work, durable=False, busy=rule(transition).unwritten)
@@ -455,7 +499,7 @@ class IntentStore:
         if self._kept is not None:
             self._kept.forget(key)
         self._engine.write(
-            lambda tx: tx.execute(sql.RELEASE_LEASE, (key, owner)),
+            lambda tx: tx.send(sql.RELEASE_LEASE, (key, owner)),
             durable=False,
             busy=AFTER_SEND,
         )
@@ -474,7 +518,7 @@ class IntentStore:
 
         def work(tx: Tx) -> None:
             self._apply(tx, key, owner, Transition.LOOKED_UP)
-            tx.execute(sql.INSERT_RECONCILIATION, (key, now, outcome, detail, status_code))
+            tx.send(sql.INSERT_RECONCILIATION, (key, now, outcome, detail, status_code))
 
         self._engine.write(work, durable=False, busy=rule(Transition.LOOKED_UP).unwritten)
 
@@ -492,11 +536,11 @@ class IntentStore:
     ) -> IntentRecord:
         def work(tx: Tx) -> IntentRecord:
             _, state = self._apply(tx, key, owner, transition)
-            tx.execute(sql.INSERT_RECONCILIATION, (key, now, outcome, detail, status_code))
+            tx.send(sql.INSERT_RECONCILIATION, (key, now, outcome, detail, status_code))
             if response is not None:
                 self._store_response(tx, key, response)
             reason = detail if state is IntentState.UNKNOWN else None
-            tx.execute(sql.SET_STATE, (state.value, reason, now, key))
+            tx.send(sql.SET_STATE, (state.value, reason, now, key))
             return reread(tx, key)
 
         return self._engine.write(work, durable=False, busy=rule(transition).unwritten)
