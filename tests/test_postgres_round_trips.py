@@ -6,6 +6,7 @@ times."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -15,6 +16,7 @@ import payonce
 from helpers.payments import PAYMENT
 from helpers.pgwire import RoundTripCounter, counting_round_trips
 from payonce._journal import _acks
+from payonce.sandbox import SandboxServer
 
 MakeClient = Callable[..., payonce.Client]
 
@@ -103,7 +105,7 @@ def test_a_blocks_acknowledgement_rides_in_the_next_write_ahead_round_trip(
 
 
 def test_replaying_a_settled_payment_sends_nothing_and_costs_three_round_trips(
-    client: payonce.Client, counter: RoundTripCounter, sandbox: Any
+    client: payonce.Client, counter: RoundTripCounter, sandbox: SandboxServer
 ) -> None:
     first = pay(client, "order-1")
     counter.reset()
@@ -115,3 +117,64 @@ def test_replaying_a_settled_payment_sends_nothing_and_costs_three_round_trips(
     assert counter.round_trips == 3, counter.flights
     assert again.json() == first.json()
     assert len(client.journal.find("order-1")) == 1
+    assert sandbox.store.total_executions() == 1
+
+
+class Commits(payonce.Hooks):
+    """Counts the journal's write transactions, as the journal reports them."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def journal_committed(self, event: payonce.JournalCommitted) -> None:
+        self.count += 1
+
+
+@pytest.fixture
+def watched(
+    wire: tuple[str, RoundTripCounter], counter: RoundTripCounter, make_client: MakeClient
+) -> tuple[payonce.Client, Commits]:
+    commits = Commits()
+    client = make_client(journal=wire[0], hooks=[commits])
+    counter.reset()
+    return client, commits
+
+
+@pytest.mark.parametrize(
+    ("faults", "options", "writes"),
+    [
+        # Refused before executing: the attempt's end, the next attempt's start, the settle.
+        pytest.param(["fail_before"], {}, 4, id="retried"),
+        # Executed, the answer lost: the attempt's end, the resend's start (under the same
+        # key: the provider answers it without executing it again), the settle.
+        pytest.param(["drop_after"], {}, 4, id="answer-lost-then-verified"),
+        # The same with no retry left: the attempt's end, then marked unknown.
+        pytest.param(
+            ["drop_after"], {"retry": payonce.RetryPolicy(max_attempts=1)}, 3, id="unknown"
+        ),
+    ],
+)
+def test_every_write_of_a_troubled_payment_is_one_round_trip(
+    watched: tuple[payonce.Client, Commits],
+    counter: RoundTripCounter,
+    sandbox: SandboxServer,
+    make_client: MakeClient,
+    wire: tuple[str, RoundTripCounter],
+    faults: list[str],
+    options: dict[str, Any],
+    writes: int,
+) -> None:
+    client, commits = watched
+    if options:
+        client = make_client(journal=wire[0], hooks=[commits], **options)
+        counter.reset()
+    sandbox.script(faults)
+
+    with contextlib.suppress(payonce.OutcomeUnknown):
+        pay(client, "order-1")
+
+    assert commits.count == writes
+    assert counter.round_trips == writes, counter.flights
+    (record,) = client.journal.find("order-1")
+    assert record.state in (payonce.IntentState.SUCCEEDED, payonce.IntentState.UNKNOWN)
+    assert sandbox.store.total_executions() == 1

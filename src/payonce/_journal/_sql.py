@@ -202,6 +202,85 @@ SETTLE_KNOWN_ENDING_ATTEMPT = (
 then the attempt's end, status and provider date, and its number. Answers 1 if settled, 0
 if the row was no longer the one its claim created (nothing was written)."""
 
+# A held intent's writes, each guarded as ``_held_by`` and ``allowed`` guard them in a
+# transaction of several: the CTE ``held`` locks the intent only if this owner holds it in a
+# state the transition may start from, and every write selects from it. The answer's first
+# column says whether they applied; the intent's row follows (as it was, for the refusal's
+# wording; as it is now where the write changed it). Parameters: the key, the owner, the
+# states the transition starts from (an array), each write's own, then the key again.
+_HELD = (
+    "WITH held AS (SELECT key FROM intents WHERE key = ? AND lease_owner = ?"
+    " AND state = ANY(?) FOR UPDATE)"
+)
+_APPLIED = f" SELECT EXISTS (SELECT 1 FROM held), {INTENT_COLUMNS} FROM intents WHERE key = ?"
+_CHANGED = (
+    f" SELECT true, * FROM changed UNION ALL SELECT false, {INTENT_COLUMNS} FROM intents"
+    " WHERE key = ? AND NOT EXISTS (SELECT 1 FROM held)"
+)
+_RESPONSE_COLUMNS = (
+    "response_status = ?, response_headers = ?, response_body = ?,"
+    " response_body_stored = ?, response_stored_by = ?, response_schema = ?"
+)
+_RELEASED = "lease_owner = NULL, lease_expires_at = NULL"
+
+START_ATTEMPT_HELD = (
+    _HELD + ", started AS (INSERT INTO attempts (key, number, started_at, sent_to)"
+    " SELECT key, (SELECT coalesce(max(number), 0) + 1 FROM attempts"
+    " WHERE attempts.key = held.key), ?, ? FROM held RETURNING number),"
+    " touched AS (UPDATE intents SET first_sent_at = coalesce(first_sent_at, ?),"
+    " lease_expires_at = ?, updated_at = ? WHERE key IN (SELECT key FROM held))"
+    f" SELECT (SELECT number FROM started), {INTENT_COLUMNS} FROM intents WHERE key = ?"
+)
+"""INSERT_ATTEMPT numbered after LAST_ATTEMPT, and ATTEMPT_STARTED; answers the attempt's
+number (NULL when not held). Writes' parameters: started_at, sent_to; first_sent_at,
+lease_expires_at, updated_at."""
+END_ATTEMPT_HELD = (
+    _HELD + ", ended AS (UPDATE attempts SET ended_at = ?, status_code = ?, error = ?,"
+    " ambiguous = ?, provider_date = ? WHERE key IN (SELECT key FROM held) AND number = ?),"
+    f" released AS (UPDATE intents SET {_RELEASED} WHERE key IN (SELECT key FROM held) AND ?)"
+    + _APPLIED
+)
+"""END_ATTEMPT, and RELEASE_LEASE where the last parameter is true."""
+LOOKED_UP_HELD = (
+    _HELD + ", noted AS (INSERT INTO reconciliations (key, at, outcome, detail, status_code)"
+    " SELECT key, ?, ?, ?, ? FROM held)" + _APPLIED
+)
+"""INSERT_RECONCILIATION; the lease stays."""
+MARK_UNKNOWN_HELD = (
+    f"{_HELD}, changed AS (UPDATE intents SET state = coalesce(?, state), unknown_reason = ?,"
+    f" updated_at = ?, {_RELEASED}"
+    f" WHERE key IN (SELECT key FROM held) RETURNING {INTENT_COLUMNS})" + _CHANGED
+)
+"""SET_STATE: the new state (NULL: the one it is in), the reason, updated_at. Answers the
+intent as it is now."""
+_NEW_STATE = (
+    "state = coalesce(?, state), unknown_reason = CASE WHEN coalesce(?, state) = ? THEN ? END,"
+    f" updated_at = ?, {_RELEASED}"
+)
+RECONCILED_HELD = (
+    f"{_HELD}, noted AS (INSERT INTO reconciliations (key, at, outcome, detail, status_code)"
+    f" SELECT key, ?, ?, ?, ? FROM held), changed AS (UPDATE intents SET {_NEW_STATE}"
+    f" WHERE key IN (SELECT key FROM held) RETURNING {INTENT_COLUMNS})" + _CHANGED
+)
+"""INSERT_RECONCILIATION and SET_STATE: the new state (NULL: the one it is in), again, the
+unknown state and the reason recorded only in it, updated_at."""
+SETTLE_HELD = (
+    f"{_HELD}, ended AS (UPDATE attempts SET ended_at = ?, status_code = ?, error = NULL,"
+    " ambiguous = 0, provider_date = ? WHERE key IN (SELECT key FROM held) AND number = ?),"
+    f" changed AS (UPDATE intents SET {_RESPONSE_COLUMNS}, state = coalesce(?, state),"
+    f" updated_at = ?, {_RELEASED}, unknown_reason = NULL, acknowledged_at ="
+    " coalesce(acknowledged_at, CASE WHEN coalesce(?, state) = ? THEN ?::float8 END)"
+    f" WHERE key IN (SELECT key FROM held) RETURNING {INTENT_COLUMNS})" + _CHANGED
+)
+"""END_ATTEMPT of an answered attempt and SETTLE_WITH_RESPONSE: the attempt's end, status,
+provider date and number; the response's values, the new state (NULL: the one it is in),
+updated_at, the new state again, the succeeded state and when it is acknowledged if it
+ends there (NULL: not yet)."""
+RECONCILED_WITH_RESPONSE_HELD = RECONCILED_HELD.replace(
+    f"SET {_NEW_STATE}", f"SET {_RESPONSE_COLUMNS}, {_NEW_STATE}"
+)
+"""The same, with STORE_RESPONSE: the response's values before the new state."""
+
 SET_STATE = (
     "UPDATE intents SET state = ?, unknown_reason = ?, updated_at = ?,"
     " lease_owner = NULL, lease_expires_at = NULL WHERE key = ?"

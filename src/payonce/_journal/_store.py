@@ -15,7 +15,8 @@ it. Each write is applied atomically, in one transaction of the backend's.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from .._crash import crash_point
 from .._lifecycle import (
@@ -85,13 +86,39 @@ class IntentStore:
             self._kept.forget(key)  # written by other than its settle: read from now on
         record = select_intent(tx, sql.BY_KEY, (key,), lock=True)
         if record is None or record.lease_owner != owner:
-            raise IntentInFlight(
-                f"intent {key} is no longer held by this worker (its lease expired and "
-                "another worker took it over); its outcome will be settled by that worker",
-                key=key,
-                reference=record.reference if record else None,
-            )
+            raise _not_held(key, record)
         return record
+
+    def _chained(
+        self,
+        key: str,
+        owner: str,
+        transition: Transition,
+        statement: str,
+        params: Sequence[Any],
+        *,
+        durable: bool,
+    ) -> tuple[Any, IntentRecord]:
+        """Apply a held intent's writes chained in one statement (``sql.*_HELD``, where
+        ``Dialect.chains_writes``): one round trip. The answer's first column and the
+        intent's row; refused as ``_held_by`` and ``allowed`` refuse when they did not
+        apply (then nothing was written)."""
+        if self._kept is not None:
+            self._kept.forget(key)
+        applied = rule(transition)
+        sources = [state.value for state in applied.sources if state is not None]
+        rows = self._engine.write(
+            lambda tx: tx.commit_with(statement, (key, owner, sources, *params, key)).rows,
+            durable=durable,
+            busy=applied.unwritten,
+        )
+        record = intent_from_row(rows[0][1:]) if rows else None
+        if record is None or rows[0][0] in (None, False):
+            if record is not None and record.lease_owner == owner:
+                allowed(record, transition)  # raises, worded for the state it is in
+            # Not held, or its lease changed hands between the read and the lock.
+            raise _not_held(key, record)
+        return rows[0][0], record
 
     def _apply(
         self, tx: Tx, key: str, owner: str, transition: Transition
@@ -353,6 +380,13 @@ class IntentStore:
         """Journal the next attempt of a held intent; ``sent_to``: where it is sent (the URL
         without userinfo)."""
 
+        if self._engine.dialect.chains_writes:
+            writes = (now, sent_to, now, now + lease_seconds, now)
+            number, _ = self._chained(
+                key, owner, Transition.ATTEMPT_STARTED, sql.START_ATTEMPT_HELD, writes, durable=True
+            )
+            return int(number)
+
         def work(tx: Tx) -> int:
             self._apply(tx, key, owner, Transition.ATTEMPT_STARTED)
             row = tx.one(sql.LAST_ATTEMPT, (key,))
@@ -397,6 +431,11 @@ class IntentStore:
         if applied.attempt_ambiguous is None:
             raise ValueError(f"'{transition.value}' does not end an attempt")
         ambiguous = applied.attempt_ambiguous
+        if self._engine.dialect.chains_writes:
+            ended = (now, status_code, error, int(ambiguous), provider_date, number)
+            writes = (*ended, applied.releases_lease)
+            self._chained(key, owner, transition, sql.END_ATTEMPT_HELD, writes, durable=False)
+            return
 
         def work(tx: Tx) -> None:
             self._apply(tx, key, owner, transition)
@@ -469,25 +508,36 @@ class IntentStore:
         # What the claim created, if this journal object did and nothing wrote it since.
         kept = self._kept.take(key, owner) if self._kept is not None else None
         busy = rule(transition).unwritten
-        if (
-            kept is not None
-            and kept.attempt_count == attempt
-            and self._engine.dialect.chains_writes
-        ):
-            held, kept = kept, None  # tried once: the fallback below reads the row
-            state = target(transition, held.state)
+        if not self._engine.dialect.chains_writes:
+            return self._engine.write(work, durable=False, busy=busy)
+
+        if kept is not None and kept.attempt_count == attempt:
+            state = target(transition, kept.state)
             if state is not None:
+                held = kept
                 settled = self._engine.write(
                     lambda tx: known_in_one(tx, held, state), durable=False, busy=busy
                 )
                 if settled is not None:
                     return settled
-
-        return self._engine.write(work, durable=False, busy=busy)
+        to = _state_after(transition)
+        ended = (now, response.status, provider_date, attempt)
+        succeeded = (to, IntentState.SUCCEEDED.value, now if acknowledge_success else None)
+        writes = (*ended, *response_values(response), to, now, *succeeded)
+        crash_point("during_settle")  # nothing of the settle has left yet
+        _, record = self._chained(key, owner, transition, sql.SETTLE_HELD, writes, durable=False)
+        return record
 
     def mark_unknown(
         self, key: str, *, transition: Transition, owner: str, now: float, reason: str
     ) -> IntentRecord:
+        if self._engine.dialect.chains_writes:
+            writes = (_state_after(transition), reason, now)
+            _, record = self._chained(
+                key, owner, transition, sql.MARK_UNKNOWN_HELD, writes, durable=False
+            )
+            return record
+
         def work(tx: Tx) -> IntentRecord:
             _, state = self._apply(tx, key, owner, transition)
             tx.send(sql.SET_STATE, (state.value, reason, now, key))
@@ -515,6 +565,12 @@ class IntentStore:
         status_code: int | None,
     ) -> None:
         """Journal a look-up made before a resend that settled nothing; the lease stays."""
+        if self._engine.dialect.chains_writes:
+            writes = (now, outcome, detail, status_code)
+            self._chained(
+                key, owner, Transition.LOOKED_UP, sql.LOOKED_UP_HELD, writes, durable=False
+            )
+            return
 
         def work(tx: Tx) -> None:
             self._apply(tx, key, owner, Transition.LOOKED_UP)
@@ -534,6 +590,18 @@ class IntentStore:
         status_code: int | None,
         response: StoredResponse | None = None,
     ) -> IntentRecord:
+        if self._engine.dialect.chains_writes:
+            to = _state_after(transition)
+            new_state = (to, to, IntentState.UNKNOWN.value, detail, now)
+            noted = (now, outcome, detail, status_code)
+            if response is None:
+                statement, writes = sql.RECONCILED_HELD, (*noted, *new_state)
+            else:
+                statement = sql.RECONCILED_WITH_RESPONSE_HELD
+                writes = (*noted, *response_values(response), *new_state)
+            _, record = self._chained(key, owner, transition, statement, writes, durable=False)
+            return record
+
         def work(tx: Tx) -> IntentRecord:
             _, state = self._apply(tx, key, owner, transition)
             tx.send(sql.INSERT_RECONCILIATION, (key, now, outcome, detail, status_code))
@@ -544,3 +612,18 @@ class IntentStore:
             return reread(tx, key)
 
         return self._engine.write(work, durable=False, busy=rule(transition).unwritten)
+
+
+def _not_held(key: str, record: IntentRecord | None) -> IntentInFlight:
+    return IntentInFlight(
+        f"intent {key} is no longer held by this worker (its lease expired and "
+        "another worker took it over); its outcome will be settled by that worker",
+        key=key,
+        reference=record.reference if record else None,
+    )
+
+
+def _state_after(transition: Transition) -> str | None:
+    """Where ``transition`` leads, or None where it keeps the state it starts from."""
+    to = rule(transition).to
+    return to.value if to is not None else None
