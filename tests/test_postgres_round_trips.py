@@ -104,7 +104,7 @@ def test_a_blocks_acknowledgement_rides_in_the_next_write_ahead_round_trip(
     assert record.acknowledged_at is not None
 
 
-def test_replaying_a_settled_payment_sends_nothing_and_costs_three_round_trips(
+def test_replaying_a_settled_payment_sends_nothing_and_costs_one_round_trip(
     client: payonce.Client, counter: RoundTripCounter, sandbox: SandboxServer
 ) -> None:
     first = pay(client, "order-1")
@@ -112,9 +112,8 @@ def test_replaying_a_settled_payment_sends_nothing_and_costs_three_round_trips(
 
     again = pay(client, "order-1")
 
-    # The one-statement create finds the intent there and writes nothing; the look-up
-    # that answers the replay is one round trip and its commit another.
-    assert counter.round_trips == 3, counter.flights
+    # The one-statement create finds the intent there, writes nothing and answers it.
+    assert counter.round_trips == 1, counter.flights
     assert again.json() == first.json()
     assert len(client.journal.find("order-1")) == 1
     assert sandbox.store.total_executions() == 1

@@ -187,11 +187,17 @@ CREATE_INTENT = (
     f"WITH created AS ({INSERT_INTENT} RETURNING key),"
     " first_attempt AS (INSERT INTO attempts (key, number, started_at, sent_to)"
     " SELECT key, 1, ?, ? FROM created)"
-    " SELECT count(*) FROM created"
+    " SELECT made.count, found.* FROM (SELECT count(*) FROM created) AS made"
+    f" LEFT JOIN LATERAL (SELECT {INTENT_COLUMNS} FROM intents"
+    " WHERE key = ? OR (scope = ? AND reference = ?)"
+    " ORDER BY coalesce(scope = ? AND reference = ?, false) DESC LIMIT 1) AS found"
+    " ON made.count = 0"
 )
 """INSERT_INTENT and its first attempt (INSERT_ATTEMPT): parameters are INSERT_INTENT's,
-then the attempt's start and where it is sent. Answers 1 if the intent was created, 0 if
-another with that key or (scope, reference) was there already (nothing was written)."""
+then the attempt's start and where it is sent, then the key, scope and reference, the
+scope and reference again. Answers 1 if the intent was created; else 0 and the intent
+already there, as committed when the statement began (the one of that (scope, reference)
+first, else the one of that key), or NULLs when it committed since: nothing was written."""
 SETTLE_KNOWN_ENDING_ATTEMPT = (
     f"WITH settled AS ({SETTLE_KNOWN} RETURNING key),"
     " ended AS (UPDATE attempts SET ended_at = ?, status_code = ?, error = NULL,"

@@ -107,18 +107,19 @@ class IntentStore:
             self._kept.forget(key)
         applied = rule(transition)
         sources = [state.value for state in applied.sources if state is not None]
-        rows = self._engine.write(
-            lambda tx: tx.commit_with(statement, (key, owner, sources, *params, key)).rows,
-            durable=durable,
-            busy=applied.unwritten,
-        )
-        record = intent_from_row(rows[0][1:]) if rows else None
-        if record is None or rows[0][0] in (None, False):
+
+        def work(tx: Tx) -> tuple[Any, IntentRecord | None]:
+            rows = tx.commit_with(statement, (key, owner, sources, *params, key)).rows
+            # Decoded here, where a damaged row is reported as the journal's damage.
+            return (rows[0][0], intent_from_row(rows[0][1:])) if rows else (None, None)
+
+        first, record = self._engine.write(work, durable=durable, busy=applied.unwritten)
+        if record is None or first in (None, False):
             if record is not None and record.lease_owner == owner:
                 allowed(record, transition)  # raises, worded for the state it is in
             # Not held, or its lease changed hands between the read and the lock.
             raise _not_held(key, record)
-        return rows[0][0], record
+        return first, record
 
     def _apply(
         self, tx: Tx, key: str, owner: str, transition: Transition
@@ -178,17 +179,33 @@ class IntentStore:
                 "concurrent writers; nothing was sent. Retry later"
             )
 
-        def create_in_one(tx: Tx) -> bool:
+        def create_in_one(tx: Tx) -> tuple[bool, IntentRecord | None]:
+            found = (draft.key, draft.scope, draft.reference, draft.scope, draft.reference)
             values = (*self._intent_values(draft, owner, now, lease_seconds), now, sent_to)
-            return bool(tx.commit_with(sql.CREATE_INTENT, values).rows[0][0])
+            made, *existing = tx.commit_with(sql.CREATE_INTENT, (*values, *found)).rows[0]
+            # Decoded here, where a damaged row is reported as the journal's damage.
+            return bool(made), intent_from_row(tuple(existing)) if existing[0] else None
 
         unwritten = rule(Transition.WRITE_AHEAD).unwritten
-        if self._engine.dialect.chains_writes and self._engine.write(
-            create_in_one, durable=True, busy=unwritten
-        ):
-            # A new intent, the common case, in one statement: one round trip to the
-            # server. Anything else (a replay, a takeover, a mismatch) is looked up below.
-            return self._keep(created())
+        if self._engine.dialect.chains_writes:
+            # A new intent, the common case, is one statement: one round trip to the
+            # server. So is a replay, a refusal or a wait answered from the committed row
+            # it finds instead; a lease to take is taken below, with the row locked.
+            made, record = self._engine.write(create_in_one, durable=True, busy=unwritten)
+            if made:
+                return self._keep(created())
+            if record is not None:
+                kind = _verdict(
+                    record,
+                    draft,
+                    owner=owner,
+                    is_stale=is_stale,
+                    now=now,
+                    unknown=False,
+                    lease_seconds=lease_seconds,
+                )
+                if kind is not None:
+                    return Claim(kind, record)
         return self._keep(self._engine.write(work, durable=True, busy=unwritten))
 
     def _claim_row(
@@ -206,14 +223,13 @@ class IntentStore:
         may be taken."""
 
         def verdict(record: IntentRecord) -> ClaimKind | None:
-            if draft is not None and is_mismatch(record, draft):
-                return ClaimKind.MISMATCH
-            return decide_claim(
+            return _verdict(
                 record,
+                draft,
                 owner=owner,
+                is_stale=is_stale,
                 now=now,
                 unknown=unknown,
-                is_stale=is_stale,
                 lease_seconds=lease_seconds,
             )
 
@@ -627,3 +643,27 @@ def _state_after(transition: Transition) -> str | None:
     """Where ``transition`` leads, or None where it keeps the state it starts from."""
     to = rule(transition).to
     return to.value if to is not None else None
+
+
+def _verdict(
+    record: IntentRecord,
+    draft: IntentDraft | None,
+    *,
+    owner: str,
+    is_stale: Callable[[str], bool],
+    now: float,
+    unknown: bool,
+    lease_seconds: float,
+) -> ClaimKind | None:
+    """What a claim of ``record`` amounts to (``decide_claim``'s answer, or a mismatch
+    with ``draft``); None: its lease may be taken."""
+    if draft is not None and is_mismatch(record, draft):
+        return ClaimKind.MISMATCH
+    return decide_claim(
+        record,
+        owner=owner,
+        now=now,
+        unknown=unknown,
+        is_stale=is_stale,
+        lease_seconds=lease_seconds,
+    )
