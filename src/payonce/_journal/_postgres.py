@@ -278,31 +278,24 @@ class PostgresEngine(Engine):
         tx = _Pipelined(conn, self.dialect, begin)
         try:
             result = work(tx)
-        except BaseException:
+            tx.commit()
+        except BaseException as exc:
             tx.abandon()
             if not conn.broken and conn.info.transaction_status != TransactionStatus.IDLE:
                 try:
                     conn.execute("ROLLBACK")
                 except psycopg.Error:
                     conn.close()  # the pool replaces it
+            if tx.committing and conn.broken and isinstance(exc, psycopg.Error):
+                # Lost with the commit on its way: never run again (it may have been
+                # recorded). A statement the server refused rolled everything back.
+                raise self.error(
+                    f"the journal database failed while committing "
+                    f"({self._describe(exc)}), so whether this write was recorded is "
+                    "unknown",
+                    then=busy,
+                ) from None
             raise
-        try:
-            tx.commit()
-        except psycopg.Error as exc:
-            if not conn.broken:
-                # The server refused a statement sent with the commit: the transaction
-                # is rolled back and nothing of it was recorded.
-                if conn.info.transaction_status != TransactionStatus.IDLE:
-                    try:
-                        conn.execute("ROLLBACK")
-                    except psycopg.Error:
-                        conn.close()
-                raise
-            raise self.error(
-                f"the journal database failed while committing "
-                f"({self._describe(exc)}), so whether this write was recorded is unknown",
-                then=busy,
-            ) from None
         return result
 
     def _describe(self, exc: BaseException) -> str:
@@ -392,56 +385,89 @@ _SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", "SET LOCAL state
 
 
 class _Pipelined(Tx):
-    """A write transaction in psycopg's pipeline mode: what needs no answer yet (BEGIN,
-    SET LOCAL, ``send``, COMMIT) is queued and travels with the next statement whose
-    answer is read, so a transaction of ``send`` and ``commit_with`` only is one round
-    trip. Statements are prepared on the server after a few uses on a connection
-    (psycopg's ``prepare_threshold``), in the same round trip."""
+    """A write transaction sent in as few round trips as its reads allow.
 
-    __slots__ = ("_conn", "_final", "_pipeline", "_pipeline_mode")
+    What needs no answer yet (BEGIN, SET LOCAL, ``send``, COMMIT) is queued in psycopg's
+    pipeline mode and travels with the next statement whose answer is read, so a
+    transaction of ``send`` and ``commit_with`` only is one round trip. A durable
+    transaction that is one ``commit_with`` alone is that statement in autocommit, its own
+    transaction: no BEGIN, no COMMIT, no pipeline (each statement a pipeline carries costs
+    the client a wait of its own). Statements are prepared on the server after a few uses
+    on a connection (psycopg's ``prepare_threshold``), in the same round trip.
+    """
+
+    __slots__ = ("_begin", "_conn", "_pipeline", "_pipeline_mode", "committing")
 
     def __init__(
         self, conn: psycopg.Connection[Any], dialect: sql.Dialect, begin: tuple[str, ...]
     ) -> None:
-        self._conn = conn
-        self._pipeline_mode = conn.pipeline()
-        self._pipeline: psycopg.Pipeline | None = self._pipeline_mode.__enter__()
-        self._final: psycopg.Cursor[Any] | None = None
         super().__init__(conn.cursor(), dialect)
-        for statement in begin:
-            self._cursor.execute(statement, ())
+        self._conn = conn
+        self._begin = begin
+        self._pipeline_mode: contextlib.AbstractContextManager[psycopg.Pipeline] | None = None
+        self._pipeline: psycopg.Pipeline | None = None
+        self.committing = False
+        """The commit has been sent: a connection lost from now on may have recorded it."""
+
+    def _started(self) -> psycopg.Pipeline:
+        """The pipeline, BEGIN queued in it, entered at the first statement."""
+        assert not self.committing, "nothing runs in a transaction after its commit"
+        if self._pipeline is None:
+            self._pipeline_mode = self._conn.pipeline()
+            self._pipeline = self._pipeline_mode.__enter__()
+            for statement in self._begin:
+                self._cursor.execute(statement, ())
+        return self._pipeline
 
     def execute(self, statement: str, params: Sequence[Any] = ()) -> int:
+        pipeline = self._started()
         self._cursor.execute(self.dialect.sql(statement), params)
-        assert self._pipeline is not None, "nothing runs after commit_with"
-        self._pipeline.sync()  # a Sync inside BEGIN ends no transaction; it fetches the count
+        pipeline.sync()  # a Sync inside BEGIN ends no transaction; it fetches the count
         return int(self._cursor.rowcount)
 
+    def send(self, statement: str, params: Sequence[Any] = ()) -> None:
+        self._started()
+        super().send(statement, params)
+
+    def one(self, statement: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+        self._started()
+        return super().one(statement, params)
+
+    def all(self, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        self._started()
+        return super().all(statement, params)
+
     def commit_with(self, statement: str, params: Sequence[Any] = ()) -> Finished:
-        final = self._final = self._conn.cursor()
-        final.execute(self.dialect.sql(statement), params)
-        self.commit()
-        return Finished(
-            final.rowcount, [tuple(row) for row in final.fetchall()] if final.description else []
-        )
+        final = self._conn.cursor()
+        if self._pipeline is None and self._begin == _DURABLE:
+            self.committing = True  # one statement, one transaction of its own
+            final.execute(self.dialect.sql(statement), params)
+        else:
+            self._started()
+            final.execute(self.dialect.sql(statement), params)
+            self.commit()
+        rows = [tuple(row) for row in final.fetchall()] if final.description else []
+        return Finished(final.rowcount, rows)
 
     def commit(self) -> None:
         """Queue COMMIT and send what waits: one round trip. Raises what the server
         refused, or the loss of the connection (then whether it committed is unknown)."""
-        if self._pipeline is None:
+        if self.committing:
             return  # committed by commit_with
-        self._pipeline = None
+        self.committing = True
+        mode, self._pipeline_mode, self._pipeline = self._pipeline_mode, None, None
+        if mode is None:
+            return  # nothing was sent: nothing to commit
         self._cursor.execute("COMMIT", ())
-        self._pipeline_mode.__exit__(None, None, None)
+        mode.__exit__(None, None, None)
 
     def abandon(self) -> None:
         """Leave pipeline mode after a failure; the caller rolls back what is open."""
-        if self._pipeline is None:
-            return
-        self._pipeline = None
-        # The error already raised is the one to tell; the rollback follows.
-        with contextlib.suppress(psycopg.Error):
-            self._pipeline_mode.__exit__(None, None, None)
+        mode, self._pipeline_mode, self._pipeline = self._pipeline_mode, None, None
+        if mode is not None:
+            # The error already raised is the one to tell; the rollback follows.
+            with contextlib.suppress(psycopg.Error):
+                mode.__exit__(None, None, None)
 
 
 class PostgresJournal(Journal):
