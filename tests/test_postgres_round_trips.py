@@ -22,7 +22,7 @@ MakeClient = Callable[..., payonce.Client]
 
 # One of the journal's own statements, as its text travels before it is prepared.
 WRITE_AHEAD_TEXT = b"INSERT INTO intents"
-LAZY_COMMIT = b"synchronous_commit = off"
+LAZY_COMMIT = b"synchronous_commit"  # set off for a settle, left as the server has it otherwise
 
 
 @pytest.fixture(autouse=True)

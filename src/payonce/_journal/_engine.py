@@ -126,9 +126,13 @@ class Tx:
         fails the transaction)."""
         self._cursor.execute(self.dialect.sql(statement), params)
 
-    def commit_with(self, statement: str, params: Sequence[Any] = ()) -> Finished:
+    def commit_with(
+        self, statement: str, params: Sequence[Any] = (), *, whole: bool = False
+    ) -> Finished:
         """Run the transaction's last statement and commit; what it returned. Nothing may
-        run in this transaction after it."""
+        run in this transaction after it. ``whole``: the statement sets its own commit's
+        durability, so when nothing ran before it, it may run as a transaction of its own
+        (on a server: alone, without BEGIN or COMMIT)."""
         self._cursor.execute(self.dialect.sql(statement), params)
         return Finished(int(self._cursor.rowcount), [tuple(row) for row in self._cursor.fetchall()])
 

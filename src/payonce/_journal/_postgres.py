@@ -390,9 +390,10 @@ class _Pipelined(Tx):
     What needs no answer yet (BEGIN, SET LOCAL, ``send``, COMMIT) is queued in psycopg's
     pipeline mode and travels with the next statement whose answer is read, so a
     transaction of ``send`` and ``commit_with`` only is one round trip. A durable
-    transaction that is one ``commit_with`` alone is that statement in autocommit, its own
-    transaction: no BEGIN, no COMMIT, no pipeline (each statement a pipeline carries costs
-    the client a wait of its own). Statements are prepared on the server after a few uses
+    transaction that is one ``commit_with`` alone, or one whose statement sets its own
+    durability (``whole``), is that statement in autocommit, its own transaction: no
+    BEGIN, no COMMIT, no pipeline (each statement a pipeline carries costs the client a
+    wait of its own). Statements are prepared on the server after a few uses
     on a connection (psycopg's ``prepare_threshold``), in the same round trip.
     """
 
@@ -437,9 +438,11 @@ class _Pipelined(Tx):
         self._started()
         return super().all(statement, params)
 
-    def commit_with(self, statement: str, params: Sequence[Any] = ()) -> Finished:
+    def commit_with(
+        self, statement: str, params: Sequence[Any] = (), *, whole: bool = False
+    ) -> Finished:
         final = self._conn.cursor()
-        if self._pipeline is None and self._begin == _DURABLE:
+        if self._pipeline is None and (whole or self._begin == _DURABLE):
             self.committing = True  # one statement, one transaction of its own
             final.execute(self.dialect.sql(statement), params)
         else:

@@ -202,11 +202,13 @@ SETTLE_KNOWN_ENDING_ATTEMPT = (
     f"WITH settled AS ({SETTLE_KNOWN} RETURNING key),"
     " ended AS (UPDATE attempts SET ended_at = ?, status_code = ?, error = NULL,"
     " ambiguous = 0, provider_date = ? WHERE key IN (SELECT key FROM settled) AND number = ?)"
-    " SELECT count(*) FROM settled"
+    " SELECT count(*), set_config('synchronous_commit', 'off', true) FROM settled"
 )
 """SETTLE_KNOWN and END_ATTEMPT for an answered attempt: parameters are SETTLE_KNOWN's,
 then the attempt's end, status and provider date, and its number. Answers 1 if settled, 0
-if the row was no longer the one its claim created (nothing was written)."""
+if the row was no longer the one its claim created (nothing was written). It commits with
+``synchronous_commit = off`` on its own (``set_config`` is local to the transaction, the
+statement's own when it runs alone), so it needs no ``SET LOCAL`` sent before it."""
 
 # A held intent's writes, each guarded as ``_held_by`` and ``allowed`` guard them in a
 # transaction of several: the CTE ``held`` locks the intent only if this owner holds it in a

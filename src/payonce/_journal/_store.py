@@ -501,7 +501,9 @@ class IntentStore:
             guard = (owner, held.state.value, held.created_at)
             ended = (now, response.status, provider_date, attempt)
             crash_point("during_settle")  # nothing of the settle has left yet
-            finished = tx.commit_with(sql.SETTLE_KNOWN_ENDING_ATTEMPT, (*values, *guard, *ended))
+            finished = tx.commit_with(
+                sql.SETTLE_KNOWN_ENDING_ATTEMPT, (*values, *guard, *ended), whole=True
+            )
             if finished.rows[0][0] != 1:
                 return None
             return settled_record(held, state, now, acknowledged(state), response)
