@@ -303,6 +303,40 @@ def test_an_intent_marked_unknown_whose_commit_is_unknown_is_found_or_marked_onc
     assert sandbox.store.executions() == {record.key: 1}
 
 
+def test_a_one_statement_write_the_server_refused_is_retried_not_taken_for_a_lost_commit(
+    postgres_server: PostgresServer,
+    postgres_url: str,
+    make_client: MakeClient,
+    sandbox: SandboxServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A serialization failure (or deadlock) on a write that is its own transaction comes
+    back on a live connection: rolled back for sure, so it simply runs again, with no
+    reconnection and no look-up."""
+    client = make_client(journal=postgres_url)
+    client.journal.list_intents()  # the schema is there
+    with postgres_server.admin(postgres_url.rsplit("/", 1)[1]) as admin:
+        admin.execute("CREATE SEQUENCE refusals")
+        admin.execute(
+            "CREATE FUNCTION refuse_once() RETURNS trigger SECURITY DEFINER LANGUAGE plpgsql"
+            " AS $$ BEGIN IF nextval('refusals') = 1 THEN RAISE EXCEPTION 'refused once'"
+            " USING ERRCODE = 'serialization_failure'; END IF; RETURN NEW; END $$"
+        )
+        admin.execute(
+            "CREATE TRIGGER refuse_once BEFORE INSERT ON attempts"
+            " FOR EACH ROW EXECUTE FUNCTION refuse_once()"
+        )
+    caplog.set_level(logging.DEBUG, logger="payonce")
+    response = client.post("/v1/payments", json=PAYMENT, reference="order-1")
+    assert response.is_success
+    (record,) = client.journal.find("order-1")
+    assert [a.number for a in client.journal.attempts(record.key)] == [1]
+    assert sandbox.store.executions() == {record.key: 1}
+    said = [r.getMessage() for r in caplog.records]
+    assert any("journal transaction retried" in line for line in said), said
+    assert not any("lost the connection" in line for line in said), said
+
+
 def test_a_journal_check_whose_commit_lost_its_connection_is_read_again(
     relayed_url: str, relay: PostgresRelay
 ) -> None:

@@ -450,7 +450,9 @@ class PostgresEngine(Engine):
                     conn.execute("ROLLBACK")
                 except psycopg.Error:
                     conn.close()  # the pool replaces it
-            lost = conn.broken or isinstance(exc, psycopg.OperationalError)
+            # A deadlock or serialization failure is the server's refusal: rolled back.
+            refused = isinstance(exc, _RETRYABLE) and not conn.broken
+            lost = conn.broken or (isinstance(exc, psycopg.OperationalError) and not refused)
             if tx.committing and isinstance(exc, psycopg.Error) and lost:
                 # Lost with the commit on its way (a COMMIT, or a statement that is its
                 # own transaction): whether it was recorded is learnt on a new connection
