@@ -28,7 +28,7 @@ import pytest
 
 import payonce
 from helpers.cli import run_cli_process
-from helpers.payments import PAYMENT, MakeClient
+from helpers.payments import PAYMENT, MakeClient, make_unknown
 from helpers.pgproxy import PostgresRelay, relay_to
 from helpers.processes import python_env
 from payonce._journal._postgres import PostgresJournal
@@ -71,6 +71,15 @@ class Run(payonce.Hooks):
     def retrying(self, event: object) -> None:
         if self._on == "retrying":
             self._action()
+
+
+# Writes that are one statement, their own transaction (no COMMIT travels), named by words
+# of their text as it goes to the server (its parameters numbered $1, $2...).
+WRITE_AHEAD = b"WITH created AS"  # a new intent and its first attempt
+ATTEMPT_START = b"started AS (INSERT INTO attempts"  # a held intent's next attempt
+SETTLE_KNOWN = b"WITH settled AS"  # an answered first attempt's settle
+SETTLE_HELD = b"changed AS (UPDATE intents SET response_status"  # any other answered settle
+MARK_UNKNOWN = b"unknown_reason = $"
 
 
 def states(journal: payonce.Journal) -> dict[str | None, str]:
@@ -142,7 +151,7 @@ def test_a_write_ahead_committed_but_unanswered_is_found_on_a_new_connection_and
     relayed: Callable[..., payonce.Client], relay: PostgresRelay, sandbox: SandboxServer
 ) -> None:
     client = relayed()
-    relay.cut_next("after_commit")  # the write-ahead's COMMIT
+    relay.cut_next("after_commit", at=WRITE_AHEAD)
     with client.intent("order-1") as op:
         response = op.post("/v1/payments", json=PAYMENT)
     assert response.is_success
@@ -158,7 +167,7 @@ def test_a_write_ahead_lost_with_its_connection_is_written_again_before_anything
     relayed: Callable[..., payonce.Client], relay: PostgresRelay, sandbox: SandboxServer
 ) -> None:
     client = relayed()
-    relay.cut_next("before_commit")
+    relay.cut_next("before_commit", at=WRITE_AHEAD)
     with client.intent("order-1") as op:
         response = op.post("/v1/payments", json=PAYMENT)
     assert response.is_success
@@ -179,7 +188,7 @@ def test_a_settle_whose_commit_is_unknown_is_looked_for_and_written_if_lost(
         op.post("/v1/payments", json=PAYMENT)
 
     def lose_the_settle() -> None:
-        relay.cut_next(cut)  # type: ignore[arg-type]  # the next COMMIT: the settle's
+        relay.cut_next(cut, at=SETTLE_KNOWN)  # type: ignore[arg-type]
 
     client = relayed(hooks=Run(lose_the_settle))
     with client.intent("order-1") as op:
@@ -200,13 +209,132 @@ def test_a_second_attempt_whose_start_is_unknown_is_found_or_journaled_once_then
 ) -> None:
     sandbox.set_faults(Faults(retry_after_seconds=0))
     sandbox.script(["rate_limit"])  # attempt 1 is refused with a 429: attempt 2 follows
-    client = relayed(hooks=Run(lambda: relay.cut_next(cut), on="retrying"))  # type: ignore[arg-type]
+    client = relayed(hooks=Run(lambda: relay.cut_next(cut, at=ATTEMPT_START), on="retrying"))  # type: ignore[arg-type]
     with client.intent("order-1") as op:
         response = op.post("/v1/payments", json=PAYMENT)
     assert response.is_success
     assert relay.cuts_made == 1
     assert [a.number for a in client.journal.attempts(op.key)] == [1, 2]
     assert sandbox.store.executions() == {op.key: 1}
+
+
+class Seen(payonce.Hooks):
+    """The names of the events told, in order."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def intent_started(self, event: object) -> None:
+        self.names.append("intent_started")
+
+    def replayed(self, event: object) -> None:
+        self.names.append("replayed")
+
+    def unknown(self, event: object) -> None:
+        self.names.append("unknown")
+
+
+@pytest.mark.parametrize("cut", ["after_commit", "before_commit"])
+def test_a_new_intent_whose_one_statement_write_ahead_is_unknown_is_created_once_and_said_so(
+    relayed: Callable[..., payonce.Client],
+    relay: PostgresRelay,
+    sandbox: SandboxServer,
+    cut: str,
+) -> None:
+    """The write-ahead and its first attempt are one statement, its own transaction: lost
+    with its answer, it is found as this claim's own row (or written again), never taken
+    for another worker's intent to replay or wait for."""
+    seen = Seen()
+    client = relayed(hooks=seen)
+    relay.cut_next(cut, at=WRITE_AHEAD)  # type: ignore[arg-type]
+    response = client.post("/v1/payments", json=PAYMENT, reference="order-1")
+    assert response.is_success
+    assert relay.cuts_made == 1
+    (record,) = client.journal.find("order-1")
+    assert seen.names == ["intent_started"], "created, not replayed"
+    assert [a.number for a in client.journal.attempts(record.key)] == [1]
+    assert sandbox.store.executions() == {record.key: 1}
+    assert record.state is payonce.IntentState.SUCCEEDED
+
+
+@pytest.mark.parametrize("cut", ["after_commit", "before_commit"])
+def test_a_settle_after_a_retry_whose_commit_is_unknown_is_found_or_written_once(
+    relayed: Callable[..., payonce.Client],
+    relay: PostgresRelay,
+    sandbox: SandboxServer,
+    cut: str,
+) -> None:
+    """Attempt 2's settle is the chained one (attempt end, response, state, lease in one
+    statement, guarded by the lease): lost, it is looked for and written again only if
+    the intent is still held."""
+    sandbox.set_faults(Faults(retry_after_seconds=0))
+    sandbox.script(["rate_limit"])  # attempt 1 is refused with a 429: attempt 2 follows
+    client = relayed(hooks=Run(lambda: relay.cut_next(cut, at=SETTLE_HELD), on="retrying"))  # type: ignore[arg-type]
+    with client.intent("order-1") as op:
+        response = op.post("/v1/payments", json=PAYMENT)
+    assert response.is_success
+    assert relay.cuts_made == 1
+    record = client.journal.get(op.key)
+    assert record is not None
+    assert record.state is payonce.IntentState.SUCCEEDED
+    assert record.lease_owner is None
+    assert record.response is not None
+    assert record.response.status == response.status_code
+    attempts = client.journal.attempts(op.key)
+    assert [(a.number, a.status_code) for a in attempts] == [(1, 429), (2, response.status_code)]
+    assert sandbox.store.executions() == {op.key: 1}
+
+
+@pytest.mark.parametrize("cut", ["after_commit", "before_commit"])
+def test_an_intent_marked_unknown_whose_commit_is_unknown_is_found_or_marked_once(
+    relayed: Callable[..., payonce.Client],
+    relay: PostgresRelay,
+    sandbox: SandboxServer,
+    cut: str,
+) -> None:
+    seen = Seen()
+    relay.cut_next(cut, at=MARK_UNKNOWN)  # type: ignore[arg-type]
+    record = make_unknown(relayed, sandbox, "order-1", "drop_after", hooks=seen)
+    assert relay.cuts_made == 1
+    assert record.lease_owner is None
+    assert record.unknown_reason
+    assert seen.names == ["intent_started", "unknown"]
+    assert [a.number for a in relayed().journal.attempts(record.key)] == [1]
+    assert sandbox.store.executions() == {record.key: 1}
+
+
+def test_a_one_statement_write_the_server_refused_is_retried_not_taken_for_a_lost_commit(
+    postgres_server: PostgresServer,
+    postgres_url: str,
+    make_client: MakeClient,
+    sandbox: SandboxServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A serialization failure (or deadlock) on a write that is its own transaction comes
+    back on a live connection: rolled back for sure, so it simply runs again, with no
+    reconnection and no look-up."""
+    client = make_client(journal=postgres_url)
+    client.journal.list_intents()  # the schema is there
+    with postgres_server.admin(postgres_url.rsplit("/", 1)[1]) as admin:
+        admin.execute("CREATE SEQUENCE refusals")
+        admin.execute(
+            "CREATE FUNCTION refuse_once() RETURNS trigger SECURITY DEFINER LANGUAGE plpgsql"
+            " AS $$ BEGIN IF nextval('refusals') = 1 THEN RAISE EXCEPTION 'refused once'"
+            " USING ERRCODE = 'serialization_failure'; END IF; RETURN NEW; END $$"
+        )
+        admin.execute(
+            "CREATE TRIGGER refuse_once BEFORE INSERT ON attempts"
+            " FOR EACH ROW EXECUTE FUNCTION refuse_once()"
+        )
+    caplog.set_level(logging.DEBUG, logger="payonce")
+    response = client.post("/v1/payments", json=PAYMENT, reference="order-1")
+    assert response.is_success
+    (record,) = client.journal.find("order-1")
+    assert [a.number for a in client.journal.attempts(record.key)] == [1]
+    assert sandbox.store.executions() == {record.key: 1}
+    said = [r.getMessage() for r in caplog.records]
+    assert any("journal transaction retried" in line for line in said), said
+    assert not any("lost the connection" in line for line in said), said
 
 
 def test_a_journal_check_whose_commit_lost_its_connection_is_read_again(

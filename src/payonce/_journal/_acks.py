@@ -49,7 +49,7 @@ _SETTLED = (IntentState.SUCCEEDED.value, IntentState.FAILED.value)
 
 
 class Statement(Protocol):
-    def execute(self, statement: str, params: Sequence[Any] = ()) -> int: ...
+    def send(self, statement: str, params: Sequence[Any] = ()) -> None: ...
 
 
 def acknowledge_all(tx: Statement, acknowledged: dict[str, float]) -> None:
@@ -62,7 +62,7 @@ def acknowledge_all(tx: Statement, acknowledged: dict[str, float]) -> None:
         whens = " ".join("WHEN ? THEN ?" for _ in chunk)
         marks = ", ".join("?" for _ in chunk)
         params: list[Any] = [value for key in chunk for value in (key, acknowledged[key])]
-        tx.execute(
+        tx.send(
             f"UPDATE intents SET acknowledged_at = CASE key {whens} END"
             f" WHERE key IN ({marks}) AND acknowledged_at IS NULL AND state IN (?, ?)",
             (*params, *chunk, *_SETTLED),

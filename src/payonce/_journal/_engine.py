@@ -27,6 +27,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+import attrs
+
 from .._lifecycle import (
     LOOKUP_UNRECORDED,
     MAY_HAVE_EXECUTED,
@@ -50,6 +52,7 @@ __all__ = [
     "NO_SEND",
     "Cursor",
     "Engine",
+    "Finished",
     "Tx",
     "migrate",
     "schema_found",
@@ -90,8 +93,23 @@ class Cursor(Protocol):
     def rowcount(self) -> int: ...
 
 
+@attrs.frozen
+class Finished:
+    """What the last statement of a transaction returned, read once it committed."""
+
+    rowcount: int
+    rows: list[tuple[Any, ...]]
+
+
 class Tx:
-    """One transaction's cursor, speaking the shared ``?`` statements in its dialect."""
+    """One transaction's cursor, speaking the shared ``?`` statements in its dialect.
+
+    ``one``, ``all`` and ``execute`` answer at once: on a server (PostgreSQL) each costs a
+    round trip. ``send`` (a write whose answer nobody reads) and ``commit_with`` (the
+    transaction's last statement, answered with its commit) cost none of their own: a
+    transaction made only of them reaches the server as one round trip (see
+    ``_postgres``). Here, in-process (SQLite), all of them simply run.
+    """
 
     __slots__ = ("_cursor", "dialect")
 
@@ -103,6 +121,21 @@ class Tx:
         """Run a statement; the number of rows it changed."""
         self._cursor.execute(self.dialect.sql(statement), params)
         return int(self._cursor.rowcount)
+
+    def send(self, statement: str, params: Sequence[Any] = ()) -> None:
+        """Run a write whose answer is not needed before the commit (an error in it still
+        fails the transaction)."""
+        self._cursor.execute(self.dialect.sql(statement), params)
+
+    def commit_with(
+        self, statement: str, params: Sequence[Any] = (), *, whole: bool = False
+    ) -> Finished:
+        """Run the transaction's last statement and commit; what it returned. Nothing may
+        run in this transaction after it. ``whole``: the statement sets its own commit's
+        durability, so when nothing ran before it, it may run as a transaction of its own
+        (on a server: alone, without BEGIN or COMMIT)."""
+        self._cursor.execute(self.dialect.sql(statement), params)
+        return Finished(int(self._cursor.rowcount), [tuple(row) for row in self._cursor.fetchall()])
 
     def one(self, statement: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
         self._cursor.execute(self.dialect.sql(statement), params)
@@ -179,6 +212,9 @@ class Engine(abc.ABC):
     dialect: sql.Dialect
     read_only: bool = False
     """Opened with ``read_only=True``: never created, migrated or written through."""
+    settles_synchronously: bool = False
+    """Every write waits for the server's durability, settles too (PostgreSQL's
+    ``synchronous_settles``): a statement that would set its own lazy commit must not."""
     schema_version: int = SCHEMA_VERSION
     """A writer migrates the journal to this payonce's schema on open; a read-only journal
     keeps the version it was found at (0: no payonce tables yet)."""

@@ -21,13 +21,14 @@ by the unique (scope, reference) index and ``INSERT … ON CONFLICT DO NOTHING``
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -40,7 +41,7 @@ from .._fork import ForkGuard
 from .._lifecycle import Unwritten
 from ..errors import ConfigurationError, JournalError
 from . import _sql as sql
-from ._engine import BEFORE_SEND, NO_SEND, Engine, Tx, migrate, schema_found
+from ._engine import BEFORE_SEND, NO_SEND, Engine, Finished, Tx, migrate, schema_found
 from ._postgres_url import Target
 from ._reads import Journal
 from ._rows import DamagedRow
@@ -87,6 +88,7 @@ class PostgresEngine(Engine):
     ) -> None:
         self.read_only = read_only
         self._synchronous_settles = synchronous_settles
+        self.settles_synchronously = synchronous_settles
         target = Target(url)
         if not read_only:
             target.refuse_standbys()
@@ -167,11 +169,11 @@ class PostgresEngine(Engine):
                 self._configure(conn)
                 if self.read_only:
                     self.schema_version = self._run(
-                        conn, self._inspect, begin="BEGIN READ ONLY", busy=NO_SEND
+                        conn, self._inspect, begin=("BEGIN READ ONLY",), busy=NO_SEND
                     )
                     check = check and self.schema_version > 0
                 else:
-                    self._run(conn, self._migrate, begin="BEGIN", busy=BEFORE_SEND)
+                    self._run(conn, self._migrate, begin=_DURABLE, busy=BEFORE_SEND)
                 if check:
                     self._run(conn, self._verify, begin=None, busy=NO_SEND)
             except _CommitUnknown as unknown:  # opening again finds the schema as it is
@@ -261,7 +263,7 @@ class PostgresEngine(Engine):
         recover: Callable[[Tx], T | None] | None = None,
     ) -> T:
         durable = durable or self._synchronous_settles
-        begin = "BEGIN" if durable else "BEGIN; SET LOCAL synchronous_commit = off"
+        begin = _DURABLE if durable else _LAZY
         try:
             return self._transact(work, begin=begin, busy=busy)
         except _CommitUnknown as unknown:
@@ -270,12 +272,7 @@ class PostgresEngine(Engine):
             return self._recover(work, recover, unknown, begin=begin, durable=durable, busy=busy)
 
     def _query(self, work: Callable[[Tx], T], *, snapshot: bool) -> T:
-        # A full check may scan every row: no statement timeout for it.
-        begin = (
-            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET LOCAL statement_timeout = 0"
-            if snapshot
-            else None
-        )
+        begin = _SNAPSHOT if snapshot else None
         reconnecting = None
         while True:
             try:
@@ -290,7 +287,7 @@ class PostgresEngine(Engine):
         self,
         work: Callable[[Tx], T],
         *,
-        begin: str | None,
+        begin: tuple[str, ...] | None,
         busy: Unwritten,
         reconnecting: _Reconnection | None = None,
     ) -> T:
@@ -360,7 +357,7 @@ class PostgresEngine(Engine):
         recover: Callable[[Tx], T | None],
         unknown: _CommitUnknown,
         *,
-        begin: str,
+        begin: tuple[str, ...],
         durable: bool,
         busy: Unwritten,
     ) -> T:
@@ -437,28 +434,31 @@ class PostgresEngine(Engine):
         conn: psycopg.Connection[Any],
         work: Callable[[Tx], T],
         *,
-        begin: str | None,
+        begin: tuple[str, ...] | None,
         busy: Unwritten,
     ) -> T:
-        cur = conn.cursor()
+        if begin is None:  # reads, each statement its own round trip and transaction
+            return work(Tx(conn.cursor(), self.dialect))
+        tx = _Pipelined(conn, self.dialect, begin)
         try:
-            if begin is not None:
-                cur.execute(begin)
-            result = work(Tx(cur, self.dialect))
-        except BaseException:
+            result = work(tx)
+            tx.commit()
+        except BaseException as exc:
+            tx.abandon()
             if not conn.broken and conn.info.transaction_status != TransactionStatus.IDLE:
                 try:
                     conn.execute("ROLLBACK")
                 except psycopg.Error:
                     conn.close()  # the pool replaces it
-            raise
-        if begin is not None:
-            try:
-                cur.execute("COMMIT")
-            except psycopg.Error as exc:
-                if conn.broken or isinstance(exc, psycopg.OperationalError):
-                    raise _CommitUnknown(exc, self._backends.get(conn)) from None
-                raise  # refused by the server: rolled back, nothing recorded
+            # A deadlock or serialization failure is the server's refusal: rolled back.
+            refused = isinstance(exc, _RETRYABLE) and not conn.broken
+            lost = conn.broken or (isinstance(exc, psycopg.OperationalError) and not refused)
+            if tx.committing and isinstance(exc, psycopg.Error) and lost:
+                # Lost with the commit on its way (a COMMIT, or a statement that is its
+                # own transaction): whether it was recorded is learnt on a new connection
+                # (``_recover``), never by running it again blindly.
+                raise _CommitUnknown(exc, self._backends.get(conn)) from None
+            raise  # refused by the server: rolled back, nothing recorded
         return result
 
     def _commit_unknown(
@@ -588,6 +588,102 @@ class PostgresEngine(Engine):
         self.flush_acknowledgements()
         with _driver_logs_routed():
             self._pool.close()
+
+
+_DURABLE = ("BEGIN",)
+# Settles and the like: visible to every host at once, flushed to disk a moment later.
+_LAZY = ("BEGIN", "SET LOCAL synchronous_commit = off")
+# A full check may scan every row: no statement timeout for it.
+_SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", "SET LOCAL statement_timeout = 0")
+
+
+class _Pipelined(Tx):
+    """A write transaction sent in as few round trips as its reads allow.
+
+    What needs no answer yet (BEGIN, SET LOCAL, ``send``, COMMIT) is queued in psycopg's
+    pipeline mode and travels with the next statement whose answer is read, so a
+    transaction of ``send`` and ``commit_with`` only is one round trip. A durable
+    transaction that is one ``commit_with`` alone, or one whose statement sets its own
+    durability (``whole``), is that statement in autocommit, its own transaction: no
+    BEGIN, no COMMIT, no pipeline (each statement a pipeline carries costs the client a
+    wait of its own). Statements are prepared on the server after a few uses
+    on a connection (psycopg's ``prepare_threshold``), in the same round trip.
+    """
+
+    __slots__ = ("_begin", "_conn", "_pipeline", "_pipeline_mode", "committing")
+
+    def __init__(
+        self, conn: psycopg.Connection[Any], dialect: sql.Dialect, begin: tuple[str, ...]
+    ) -> None:
+        super().__init__(conn.cursor(), dialect)
+        self._conn = conn
+        self._begin = begin
+        self._pipeline_mode: contextlib.AbstractContextManager[psycopg.Pipeline] | None = None
+        self._pipeline: psycopg.Pipeline | None = None
+        self.committing = False
+        """The commit has been sent: a connection lost from now on may have recorded it."""
+
+    def _started(self) -> psycopg.Pipeline:
+        """The pipeline, BEGIN queued in it, entered at the first statement."""
+        assert not self.committing, "nothing runs in a transaction after its commit"
+        if self._pipeline is None:
+            self._pipeline_mode = self._conn.pipeline()
+            self._pipeline = self._pipeline_mode.__enter__()
+            for statement in self._begin:
+                self._cursor.execute(statement, ())
+        return self._pipeline
+
+    def execute(self, statement: str, params: Sequence[Any] = ()) -> int:
+        pipeline = self._started()
+        self._cursor.execute(self.dialect.sql(statement), params)
+        pipeline.sync()  # a Sync inside BEGIN ends no transaction; it fetches the count
+        return int(self._cursor.rowcount)
+
+    def send(self, statement: str, params: Sequence[Any] = ()) -> None:
+        self._started()
+        super().send(statement, params)
+
+    def one(self, statement: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+        self._started()
+        return super().one(statement, params)
+
+    def all(self, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        self._started()
+        return super().all(statement, params)
+
+    def commit_with(
+        self, statement: str, params: Sequence[Any] = (), *, whole: bool = False
+    ) -> Finished:
+        final = self._conn.cursor()
+        if self._pipeline is None and (whole or self._begin == _DURABLE):
+            self.committing = True  # one statement, one transaction of its own
+            final.execute(self.dialect.sql(statement), params)
+        else:
+            self._started()
+            final.execute(self.dialect.sql(statement), params)
+            self.commit()
+        rows = [tuple(row) for row in final.fetchall()] if final.description else []
+        return Finished(final.rowcount, rows)
+
+    def commit(self) -> None:
+        """Queue COMMIT and send what waits: one round trip. Raises what the server
+        refused, or the loss of the connection (then whether it committed is unknown)."""
+        if self.committing:
+            return  # committed by commit_with
+        self.committing = True
+        mode, self._pipeline_mode, self._pipeline = self._pipeline_mode, None, None
+        if mode is None:
+            return  # nothing was sent: nothing to commit
+        self._cursor.execute("COMMIT", ())
+        mode.__exit__(None, None, None)
+
+    def abandon(self) -> None:
+        """Leave pipeline mode after a failure; the caller rolls back what is open."""
+        mode, self._pipeline_mode, self._pipeline = self._pipeline_mode, None, None
+        if mode is not None:
+            # The error already raised is the one to tell; the rollback follows.
+            with contextlib.suppress(psycopg.Error):
+                mode.__exit__(None, None, None)
 
 
 class PostgresJournal(Journal):

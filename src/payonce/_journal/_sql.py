@@ -51,6 +51,9 @@ class Dialect:
     """Takes a name; returns a row when a table or index of that name exists where the
     journal's unqualified names resolve."""
     types: Mapping[str, str]
+    chains_writes: bool = False
+    """Data-modifying CTEs: a write and the writes that depend on its outcome go as one
+    statement (PostgreSQL), so a transaction costs one round trip to the server."""
     _cache: dict[str, str] = attrs.field(factory=dict, init=False, eq=False, repr=False)
 
     def sql(self, statement: str) -> str:
@@ -89,6 +92,7 @@ POSTGRES = Dialect(
     tiebreak="ctid",
     has_relation="SELECT 1 WHERE to_regclass(?) IS NOT NULL",
     types={"BLOB": "BYTEA", "REAL": "DOUBLE PRECISION"},
+    chains_writes=True,
 )
 
 
@@ -134,6 +138,10 @@ INSERT_INTENT = (
 )
 INSERT_ATTEMPT = "INSERT INTO attempts (key, number, started_at, sent_to) VALUES (?, ?, ?, ?)"
 LAST_ATTEMPT = "SELECT coalesce(max(number), 0) FROM attempts WHERE key = ?"
+ATTEMPT_STARTED_AT = (
+    "SELECT number FROM attempts WHERE key = ? AND started_at = ? ORDER BY number DESC LIMIT 1"
+)
+"""The attempt of an intent started at that time: one whose commit was unknown, found."""
 
 # The WHERE repeats the lease test the caller made, so a claim stays atomic even where the
 # row was read without a lock.
@@ -174,6 +182,123 @@ its acknowledgement when that is known already (NULL leaves it as it was)."""
 SETTLE_KNOWN = SETTLE_WITH_RESPONSE + " AND lease_owner = ? AND state = ? AND created_at = ?"
 """The same, for a row not read first: it matches only the row of that creation, still
 held by that owner, in that state (see ``_held``)."""
+# -- one statement per transaction, where writes chain (``Dialect.chains_writes``) ---------
+# Each is what the statements above do in a transaction of several, sent to a server as one
+# statement: the later writes apply only where the first one did (a data-modifying CTE
+# they select from), and the answer says whether it did.
+
+CREATE_INTENT = (
+    f"WITH created AS ({INSERT_INTENT} RETURNING key),"
+    " first_attempt AS (INSERT INTO attempts (key, number, started_at, sent_to)"
+    " SELECT key, 1, ?, ? FROM created)"
+    " SELECT made.count, found.* FROM (SELECT count(*) FROM created) AS made"
+    f" LEFT JOIN LATERAL (SELECT {INTENT_COLUMNS} FROM intents"
+    " WHERE key = ? OR (scope = ? AND reference = ?)"
+    " ORDER BY coalesce(scope = ? AND reference = ?, false) DESC LIMIT 1) AS found"
+    " ON made.count = 0"
+)
+"""INSERT_INTENT and its first attempt (INSERT_ATTEMPT): parameters are INSERT_INTENT's,
+then the attempt's start and where it is sent, then the key, scope and reference, the
+scope and reference again. Answers 1 if the intent was created; else 0 and the intent
+already there, as committed when the statement began (the one of that (scope, reference)
+first, else the one of that key), or NULLs when it committed since: nothing was written."""
+SETTLE_KNOWN_ENDING_ATTEMPT = (
+    f"WITH settled AS ({SETTLE_KNOWN} RETURNING key),"
+    " ended AS (UPDATE attempts SET ended_at = ?, status_code = ?, error = NULL,"
+    " ambiguous = 0, provider_date = ? WHERE key IN (SELECT key FROM settled) AND number = ?)"
+    " SELECT count(*), set_config('synchronous_commit', 'off', true) FROM settled"
+)
+"""SETTLE_KNOWN and END_ATTEMPT for an answered attempt: parameters are SETTLE_KNOWN's,
+then the attempt's end, status and provider date, and its number. Answers 1 if settled, 0
+if the row was no longer the one its claim created (nothing was written). It commits with
+``synchronous_commit = off`` on its own (``set_config`` is local to the transaction, the
+statement's own when it runs alone), so it needs no ``SET LOCAL`` sent before it."""
+
+SETTLE_KNOWN_ENDING_ATTEMPT_SYNCHRONOUSLY = SETTLE_KNOWN_ENDING_ATTEMPT.replace(
+    ", set_config('synchronous_commit', 'off', true)", ""
+)
+"""The same, committed as the server's ``synchronous_commit`` says (a journal opened with
+``synchronous_settles``)."""
+
+# A held intent's writes, each guarded as ``_held_by`` and ``allowed`` guard them in a
+# transaction of several: the CTE ``held`` locks the intent only if this owner holds it in a
+# state the transition may start from, and every write selects from it. The answer's first
+# column says whether they applied; the intent's row follows (as it was, for the refusal's
+# wording; as it is now where the write changed it). Parameters: the key, the owner, the
+# states the transition starts from (an array), each write's own, then the key again.
+_HELD = (
+    "WITH held AS (SELECT key FROM intents WHERE key = ? AND lease_owner = ?"
+    " AND state = ANY(?) FOR UPDATE)"
+)
+_APPLIED = f" SELECT EXISTS (SELECT 1 FROM held), {INTENT_COLUMNS} FROM intents WHERE key = ?"
+_CHANGED = (
+    f" SELECT true, * FROM changed UNION ALL SELECT false, {INTENT_COLUMNS} FROM intents"
+    " WHERE key = ? AND NOT EXISTS (SELECT 1 FROM held)"
+)
+_RESPONSE_COLUMNS = (
+    "response_status = ?, response_headers = ?, response_body = ?,"
+    " response_body_stored = ?, response_stored_by = ?, response_schema = ?"
+)
+_RELEASED = "lease_owner = NULL, lease_expires_at = NULL"
+
+START_ATTEMPT_HELD = (
+    _HELD + ", started AS (INSERT INTO attempts (key, number, started_at, sent_to)"
+    " SELECT key, (SELECT coalesce(max(number), 0) + 1 FROM attempts"
+    " WHERE attempts.key = held.key), ?, ? FROM held RETURNING number),"
+    " touched AS (UPDATE intents SET first_sent_at = coalesce(first_sent_at, ?),"
+    " lease_expires_at = ?, updated_at = ? WHERE key IN (SELECT key FROM held))"
+    f" SELECT (SELECT number FROM started), {INTENT_COLUMNS} FROM intents WHERE key = ?"
+)
+"""INSERT_ATTEMPT numbered after LAST_ATTEMPT, and ATTEMPT_STARTED; answers the attempt's
+number (NULL when not held). Writes' parameters: started_at, sent_to; first_sent_at,
+lease_expires_at, updated_at."""
+END_ATTEMPT_HELD = (
+    _HELD + ", ended AS (UPDATE attempts SET ended_at = ?, status_code = ?, error = ?,"
+    " ambiguous = ?, provider_date = ? WHERE key IN (SELECT key FROM held) AND number = ?),"
+    f" released AS (UPDATE intents SET {_RELEASED} WHERE key IN (SELECT key FROM held) AND ?)"
+    + _APPLIED
+)
+"""END_ATTEMPT, and RELEASE_LEASE where the last parameter is true."""
+LOOKED_UP_HELD = (
+    _HELD + ", noted AS (INSERT INTO reconciliations (key, at, outcome, detail, status_code)"
+    " SELECT key, ?, ?, ?, ? FROM held)" + _APPLIED
+)
+"""INSERT_RECONCILIATION; the lease stays."""
+MARK_UNKNOWN_HELD = (
+    f"{_HELD}, changed AS (UPDATE intents SET state = coalesce(?, state), unknown_reason = ?,"
+    f" updated_at = ?, {_RELEASED}"
+    f" WHERE key IN (SELECT key FROM held) RETURNING {INTENT_COLUMNS})" + _CHANGED
+)
+"""SET_STATE: the new state (NULL: the one it is in), the reason, updated_at. Answers the
+intent as it is now."""
+_NEW_STATE = (
+    "state = coalesce(?, state), unknown_reason = CASE WHEN coalesce(?, state) = ? THEN ? END,"
+    f" updated_at = ?, {_RELEASED}"
+)
+RECONCILED_HELD = (
+    f"{_HELD}, noted AS (INSERT INTO reconciliations (key, at, outcome, detail, status_code)"
+    f" SELECT key, ?, ?, ?, ? FROM held), changed AS (UPDATE intents SET {_NEW_STATE}"
+    f" WHERE key IN (SELECT key FROM held) RETURNING {INTENT_COLUMNS})" + _CHANGED
+)
+"""INSERT_RECONCILIATION and SET_STATE: the new state (NULL: the one it is in), again, the
+unknown state and the reason recorded only in it, updated_at."""
+SETTLE_HELD = (
+    f"{_HELD}, ended AS (UPDATE attempts SET ended_at = ?, status_code = ?, error = NULL,"
+    " ambiguous = 0, provider_date = ? WHERE key IN (SELECT key FROM held) AND number = ?),"
+    f" changed AS (UPDATE intents SET {_RESPONSE_COLUMNS}, state = coalesce(?, state),"
+    f" updated_at = ?, {_RELEASED}, unknown_reason = NULL, acknowledged_at ="
+    " coalesce(acknowledged_at, CASE WHEN coalesce(?, state) = ? THEN ?::float8 END)"
+    f" WHERE key IN (SELECT key FROM held) RETURNING {INTENT_COLUMNS})" + _CHANGED
+)
+"""END_ATTEMPT of an answered attempt and SETTLE_WITH_RESPONSE: the attempt's end, status,
+provider date and number; the response's values, the new state (NULL: the one it is in),
+updated_at, the new state again, the succeeded state and when it is acknowledged if it
+ends there (NULL: not yet)."""
+RECONCILED_WITH_RESPONSE_HELD = RECONCILED_HELD.replace(
+    f"SET {_NEW_STATE}", f"SET {_RESPONSE_COLUMNS}, {_NEW_STATE}"
+)
+"""The same, with STORE_RESPONSE: the response's values before the new state."""
+
 SET_STATE = (
     "UPDATE intents SET state = ?, unknown_reason = ?, updated_at = ?,"
     " lease_owner = NULL, lease_expires_at = NULL WHERE key = ?"

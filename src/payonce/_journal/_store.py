@@ -15,8 +15,8 @@ it. Each write is applied atomically, in one transaction of the backend's.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Generic, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
 
 from .._crash import crash_point
 from .._lifecycle import (
@@ -53,7 +53,13 @@ class _Recoverable(Generic[T]):
     """A write and how to tell, after a commit whose outcome is unknown (the connection
     lost during ``COMMIT``, a failover), whether it was committed: ``recover`` is the
     engine's (see ``Engine.write``). ``committed(tx, result)`` reads the journal for what
-    ``work`` returned; when it says no, or ``work`` never returned, ``work`` runs again.
+    ``work`` returned; when it says no, ``work`` runs again.
+
+    A write that commits itself (``Tx.commit_with``: on PostgreSQL one statement, its own
+    transaction or the last of a pipeline) is lost with ``work`` unreturned, its commit on
+    its way: ``found(tx)`` reads back what it would have returned, or None if it was not
+    committed. Without ``found``, a ``work`` that never returned had not reached its commit
+    and simply runs again.
 
     What each write's unknown commit means (docs/postgres.md, "When the connection drops"):
     the write-ahead and an attempt's start are looked for on the new connection and found
@@ -61,24 +67,33 @@ class _Recoverable(Generic[T]):
     and, if lost, written again under the lease this worker still holds; lease writes are
     idempotent and simply run again."""
 
-    __slots__ = ("_committed", "_done", "_result", "_work")
+    __slots__ = ("_committed", "_done", "_found", "_result", "_work")
 
     def __init__(
-        self, work: Callable[[Tx], T], committed: Callable[[Tx, T], bool] | None = None
+        self,
+        work: Callable[[Tx], T],
+        committed: Callable[[Tx, T], bool] | None = None,
+        *,
+        found: Callable[[Tx], T | None] | None = None,
     ) -> None:
         self._work = work
         self._committed = committed
+        self._found = found
         self._done = False
         self._result: T | None = None
 
     def work(self, tx: Tx) -> T:
+        self._done = False
         result = self._work(tx)
         self._result, self._done = result, True
         return result
 
     def recover(self, tx: Tx) -> T | None:
-        if self._committed is None or not self._done:
-            return None  # idempotent, or it never reached COMMIT: run it again
+        if not self._done:
+            # Lost inside ``work``: its own commit was on its way, or it never reached one.
+            return self._found(tx) if self._found is not None else None
+        if self._committed is None:
+            return None  # idempotent: run it again
         result: T = self._result  # type: ignore[assignment]  # set with _done
         return result if self._committed(tx, result) else None
 
@@ -127,13 +142,95 @@ class IntentStore:
             self._kept.forget(key)  # written by other than its settle: read from now on
         record = select_intent(tx, sql.BY_KEY, (key,), lock=True)
         if record is None or record.lease_owner != owner:
-            raise IntentInFlight(
-                f"intent {key} is no longer held by this worker (its lease expired and "
-                "another worker took it over); its outcome will be settled by that worker",
-                key=key,
-                reference=record.reference if record else None,
-            )
+            raise _not_held(key, record)
         return record
+
+    def _chained(
+        self,
+        key: str,
+        owner: str,
+        transition: Transition,
+        statement: str,
+        params: Sequence[Any],
+        *,
+        durable: bool,
+        found: Callable[[Tx], tuple[Any, IntentRecord] | None] | None = None,
+    ) -> tuple[Any, IntentRecord]:
+        """Apply a held intent's writes chained in one statement (``sql.*_HELD``, where
+        ``Dialect.chains_writes``): one round trip. The answer's first column and the
+        intent's row; refused as ``_held_by`` and ``allowed`` refuse when they did not
+        apply (then nothing was written). ``found``: after a commit whose outcome is
+        unknown, that answer read back if the write was committed, or None to run it again
+        (see ``_Recoverable``); without it, such a write raises ``JournalError``."""
+        if self._kept is not None:
+            self._kept.forget(key)
+        applied = rule(transition)
+        sources = [state.value for state in applied.sources if state is not None]
+
+        def work(tx: Tx) -> tuple[Any, IntentRecord | None]:
+            rows = tx.commit_with(statement, (key, owner, sources, *params, key)).rows
+            # Decoded here, where a damaged row is reported as the journal's damage.
+            return (rows[0][0], intent_from_row(rows[0][1:])) if rows else (None, None)
+
+        if found is None:
+            first, record = self._engine.write(work, durable=durable, busy=applied.unwritten)
+        else:
+            write = _Recoverable(work, found=found)
+            first, record = self._engine.write(
+                write.work, durable=durable, busy=applied.unwritten, recover=write.recover
+            )
+        if record is None or first in (None, False):
+            if record is not None and record.lease_owner == owner:
+                allowed(record, transition)  # raises, worded for the state it is in
+            # Not held, or its lease changed hands between the read and the lock.
+            raise _not_held(key, record)
+        return first, record
+
+    def _chained_ending_lease(
+        self,
+        key: str,
+        owner: str,
+        transition: Transition,
+        statement: str,
+        params: Sequence[Any],
+    ) -> IntentRecord:
+        """A chained write that ends this owner's lease (a settle, marking it unknown),
+        found committed after an unknown commit as ``_released_in`` tells."""
+        to = _state_after(transition)
+        _, record = self._chained(
+            key,
+            owner,
+            transition,
+            statement,
+            params,
+            durable=False,
+            found=lambda tx: _applied(self._released_in(tx, key, owner, to)),
+        )
+        return record
+
+    @staticmethod
+    def _released_in(tx: Tx, key: str, owner: str, state: str | None) -> IntentRecord | None:
+        """The intent, if a write of this owner's that ends its lease (a settle, marking it
+        unknown) was committed: the lease is no longer this owner's, and the intent is in
+        ``state`` (None: any). While the owner held it, no one else could have written it."""
+        record = select_intent(tx, sql.BY_KEY, (key,), lock=True)
+        if record is None or record.lease_owner == owner:
+            return None
+        if state is not None and record.state.value != state:
+            return None
+        return record
+
+    @staticmethod
+    def _attempt_started_at(
+        tx: Tx, key: str, owner: str, now: float
+    ) -> tuple[int, IntentRecord] | None:
+        """The attempt this owner started at ``now``, and the intent, if it was committed.
+        Only the lease's holder adds attempts: it is there, or not."""
+        record = select_intent(tx, sql.BY_KEY, (key,), lock=True)
+        if record is None or record.lease_owner != owner:
+            return None  # run again, it is refused as no longer held
+        row = tx.one(sql.ATTEMPT_STARTED_AT, (key, now))
+        return (int(row[0]), record) if row is not None else None
 
     def _apply(
         self, tx: Tx, key: str, owner: str, transition: Transition
@@ -196,10 +293,47 @@ class IntentStore:
         def committed(tx: Tx, claim: Claim) -> bool:
             if claim.kind is not ClaimKind.CREATED:
                 return False  # a lease taken or a verdict: deciding again is the same
+            return created_by_this_claim(tx)
+
+        def created_by_this_claim(tx: Tx) -> bool:
             found = select_intent(tx, sql.BY_KEY, (draft.key,), lock=True)
             return found is not None and found.lease_owner == owner and found.created_at == now
 
+        def create_in_one(tx: Tx) -> tuple[bool, IntentRecord | None]:
+            found = (draft.key, draft.scope, draft.reference, draft.scope, draft.reference)
+            values = (*self._intent_values(draft, owner, now, lease_seconds), now, sent_to)
+            made, *existing = tx.commit_with(sql.CREATE_INTENT, (*values, *found)).rows[0]
+            # Decoded here, where a damaged row is reported as the journal's damage.
+            return bool(made), intent_from_row(tuple(existing)) if existing[0] else None
+
+        def created_in_one(tx: Tx) -> tuple[bool, IntentRecord | None] | None:
+            # Lost with its commit on its way: this claim's own row, or run it again (it
+            # then finds whatever another worker committed meanwhile).
+            return (True, None) if created_by_this_claim(tx) else None
+
         unwritten = rule(Transition.WRITE_AHEAD).unwritten
+        if self._engine.dialect.chains_writes:
+            # A new intent, the common case, is one statement: one round trip to the
+            # server. So is a replay, a refusal or a wait answered from the committed row
+            # it finds instead; a lease to take is taken below, with the row locked.
+            chained = _Recoverable(create_in_one, found=created_in_one)
+            made, record = self._engine.write(
+                chained.work, durable=True, busy=unwritten, recover=chained.recover
+            )
+            if made:
+                return self._keep(created())
+            if record is not None:
+                kind = _verdict(
+                    record,
+                    draft,
+                    owner=owner,
+                    is_stale=is_stale,
+                    now=now,
+                    unknown=False,
+                    lease_seconds=lease_seconds,
+                )
+                if kind is not None:
+                    return Claim(kind, record)
         write = _Recoverable(work, committed)
         return self._keep(
             self._engine.write(write.work, durable=True, busy=unwritten, recover=write.recover)
@@ -220,14 +354,13 @@ class IntentStore:
         may be taken."""
 
         def verdict(record: IntentRecord) -> ClaimKind | None:
-            if draft is not None and is_mismatch(record, draft):
-                return ClaimKind.MISMATCH
-            return decide_claim(
+            return _verdict(
                 record,
+                draft,
                 owner=owner,
+                is_stale=is_stale,
                 now=now,
                 unknown=unknown,
-                is_stale=is_stale,
                 lease_seconds=lease_seconds,
             )
 
@@ -246,7 +379,17 @@ class IntentStore:
         return self._take(tx, record, owner, now, lease_seconds)
 
     @staticmethod
+    def _intent_values(
+        draft: IntentDraft, owner: str, now: float, lease_seconds: float
+    ) -> tuple[object, ...]:
+        """INSERT_INTENT's parameters: the write-ahead of a claim about to send it."""
+        return write_ahead_values(
+            draft, now, first_sent_at=now, owner=owner, lease_expires_at=now + lease_seconds
+        )
+
+    @classmethod
     def _create(
+        cls,
         tx: Tx,
         draft: IntentDraft,
         owner: str,
@@ -255,14 +398,11 @@ class IntentStore:
         sent_to: str | None,
     ) -> bool:
         inserted = tx.execute(
-            sql.INSERT_INTENT,
-            write_ahead_values(
-                draft, now, first_sent_at=now, owner=owner, lease_expires_at=now + lease_seconds
-            ),
+            sql.INSERT_INTENT, cls._intent_values(draft, owner, now, lease_seconds)
         )
         if inserted != 1:
             return False
-        tx.execute(sql.INSERT_ATTEMPT, (draft.key, 1, now, sent_to))
+        tx.send(sql.INSERT_ATTEMPT, (draft.key, 1, now, sent_to))
         return True
 
     def _take(
@@ -272,7 +412,7 @@ class IntentStore:
 
         The update repeats the test atomically: it takes the lease only if the row still
         has the holder it was judged on (or none, or an expired one)."""
-        tx.execute(
+        tx.send(
             sql.TAKE_LEASE,
             (owner, now + lease_seconds, now, record.key, owner, now, record.lease_owner),
         )
@@ -352,7 +492,9 @@ class IntentStore:
 
     def renew_lease(self, key: str, *, owner: str, now: float, lease_seconds: float) -> bool:
         write = _idempotent(
-            lambda tx: tx.execute(sql.RENEW_LEASE, (now + lease_seconds, key, owner)) == 1
+            lambda tx: (
+                tx.commit_with(sql.RENEW_LEASE, (now + lease_seconds, key, owner)).rowcount == 1
+            )
         )
         return self._engine.write(write.work, durable=False, busy=AFTER_SEND, recover=write.recover)
 
@@ -368,12 +510,25 @@ class IntentStore:
         """Journal the next attempt of a held intent; ``sent_to``: where it is sent (the URL
         without userinfo)."""
 
+        if self._engine.dialect.chains_writes:
+            writes = (now, sent_to, now, now + lease_seconds, now)
+            number, _ = self._chained(
+                key,
+                owner,
+                Transition.ATTEMPT_STARTED,
+                sql.START_ATTEMPT_HELD,
+                writes,
+                durable=True,
+                found=lambda tx: self._attempt_started_at(tx, key, owner, now),
+            )
+            return int(number)
+
         def work(tx: Tx) -> int:
             self._apply(tx, key, owner, Transition.ATTEMPT_STARTED)
             row = tx.one(sql.LAST_ATTEMPT, (key,))
             number = int(row[0] if row else 0) + 1
-            tx.execute(sql.INSERT_ATTEMPT, (key, number, now, sent_to))
-            tx.execute(sql.ATTEMPT_STARTED, (now, now + lease_seconds, now, key))
+            tx.send(sql.INSERT_ATTEMPT, (key, number, now, sent_to))
+            tx.send(sql.ATTEMPT_STARTED, (now, now + lease_seconds, now, key))
             return number
 
         def committed(tx: Tx, number: int) -> bool:
@@ -401,7 +556,7 @@ class IntentStore:
         ambiguous: bool,
         provider_date: float | None,
     ) -> None:
-        tx.execute(
+        tx.send(
             sql.END_ATTEMPT, (now, status_code, error, int(ambiguous), provider_date, key, number)
         )
 
@@ -422,18 +577,23 @@ class IntentStore:
         if applied.attempt_ambiguous is None:
             raise ValueError(f"'{transition.value}' does not end an attempt")
         ambiguous = applied.attempt_ambiguous
+        if self._engine.dialect.chains_writes:
+            ended = (now, status_code, error, int(ambiguous), provider_date, number)
+            writes = (*ended, applied.releases_lease)
+            self._chained(key, owner, transition, sql.END_ATTEMPT_HELD, writes, durable=False)
+            return
 
         def work(tx: Tx) -> None:
             self._apply(tx, key, owner, transition)
             self._end_attempt(tx, key, number, now, status_code, error, ambiguous, provider_date)
             if applied.releases_lease:
-                tx.execute(sql.RELEASE_LEASE, (key, owner))
+                tx.send(sql.RELEASE_LEASE, (key, owner))
 
         self._engine.write(work, durable=False, busy=applied.unwritten)
 
     @staticmethod
     def _store_response(tx: Tx, key: str, response: StoredResponse) -> None:
-        tx.execute(sql.STORE_RESPONSE, (*response_values(response), key))
+        tx.send(sql.STORE_RESPONSE, (*response_values(response), key))
 
     def settle(
         self,
@@ -465,6 +625,22 @@ class IntentStore:
             crash_point("during_settle")
             return settled_record(held, state, now, acknowledged(state), response)
 
+        def known_in_one(tx: Tx, held: IntentRecord, state: IntentState) -> IntentRecord | None:
+            """``known`` as one statement: one round trip to the server."""
+            values = (*response_values(response), state.value, now, acknowledged(state), key)
+            guard = (owner, held.state.value, held.created_at)
+            ended = (now, response.status, provider_date, attempt)
+            crash_point("during_settle")  # nothing of the settle has left yet
+            statement = (
+                sql.SETTLE_KNOWN_ENDING_ATTEMPT_SYNCHRONOUSLY
+                if self._engine.settles_synchronously
+                else sql.SETTLE_KNOWN_ENDING_ATTEMPT
+            )
+            finished = tx.commit_with(statement, (*values, *guard, *ended), whole=True)
+            if finished.rows[0][0] != 1:
+                return None
+            return settled_record(held, state, now, acknowledged(state), response)
+
         def work(tx: Tx) -> IntentRecord:
             if kept is not None and kept.attempt_count == attempt:
                 state = target(transition, kept.state)
@@ -473,7 +649,7 @@ class IntentStore:
                     return settled
             held, state = self._apply(tx, key, owner, transition)
             self._end_attempt(tx, key, attempt, now, response.status, None, False, provider_date)
-            tx.execute(
+            tx.send(
                 sql.SETTLE_WITH_RESPONSE,
                 (*response_values(response), state.value, now, acknowledged(state), key),
             )
@@ -487,18 +663,41 @@ class IntentStore:
 
         # What the claim created, if this journal object did and nothing wrote it since.
         kept = self._kept.take(key, owner) if self._kept is not None else None
+        busy = rule(transition).unwritten
+        if not self._engine.dialect.chains_writes:
+            write = _Recoverable(work, committed)
+            return self._engine.write(write.work, durable=False, busy=busy, recover=write.recover)
 
-        write = _Recoverable(work, committed)
-        return self._engine.write(
-            write.work, durable=False, busy=rule(transition).unwritten, recover=write.recover
-        )
+        if kept is not None and kept.attempt_count == attempt:
+            state = target(transition, kept.state)
+            if state is not None:
+                held, settled_to = kept, state
+                known_write = _Recoverable(
+                    lambda tx: known_in_one(tx, held, settled_to),
+                    found=lambda tx: self._released_in(tx, key, owner, settled_to.value),
+                )
+                settled = self._engine.write(
+                    known_write.work, durable=False, busy=busy, recover=known_write.recover
+                )
+                if settled is not None:
+                    return settled
+        to = _state_after(transition)
+        ended = (now, response.status, provider_date, attempt)
+        succeeded = (to, IntentState.SUCCEEDED.value, now if acknowledge_success else None)
+        writes = (*ended, *response_values(response), to, now, *succeeded)
+        crash_point("during_settle")  # nothing of the settle has left yet
+        return self._chained_ending_lease(key, owner, transition, sql.SETTLE_HELD, writes)
 
     def mark_unknown(
         self, key: str, *, transition: Transition, owner: str, now: float, reason: str
     ) -> IntentRecord:
+        if self._engine.dialect.chains_writes:
+            writes = (_state_after(transition), reason, now)
+            return self._chained_ending_lease(key, owner, transition, sql.MARK_UNKNOWN_HELD, writes)
+
         def work(tx: Tx) -> IntentRecord:
             _, state = self._apply(tx, key, owner, transition)
-            tx.execute(sql.SET_STATE, (state.value, reason, now, key))
+            tx.send(sql.SET_STATE, (state.value, reason, now, key))
             return reread(tx, key)
 
         def committed(tx: Tx, marked: IntentRecord) -> bool:
@@ -513,7 +712,7 @@ class IntentStore:
     def release(self, key: str, *, owner: str) -> None:
         if self._kept is not None:
             self._kept.forget(key)
-        write = _idempotent(lambda tx: tx.execute(sql.RELEASE_LEASE, (key, owner)))
+        write = _idempotent(lambda tx: tx.send(sql.RELEASE_LEASE, (key, owner)))
         self._engine.write(write.work, durable=False, busy=AFTER_SEND, recover=write.recover)
 
     def looked_up(
@@ -527,10 +726,16 @@ class IntentStore:
         status_code: int | None,
     ) -> None:
         """Journal a look-up made before a resend that settled nothing; the lease stays."""
+        if self._engine.dialect.chains_writes:
+            writes = (now, outcome, detail, status_code)
+            self._chained(
+                key, owner, Transition.LOOKED_UP, sql.LOOKED_UP_HELD, writes, durable=False
+            )
+            return
 
         def work(tx: Tx) -> None:
             self._apply(tx, key, owner, Transition.LOOKED_UP)
-            tx.execute(sql.INSERT_RECONCILIATION, (key, now, outcome, detail, status_code))
+            tx.send(sql.INSERT_RECONCILIATION, (key, now, outcome, detail, status_code))
 
         self._engine.write(work, durable=False, busy=rule(Transition.LOOKED_UP).unwritten)
 
@@ -546,13 +751,69 @@ class IntentStore:
         status_code: int | None,
         response: StoredResponse | None = None,
     ) -> IntentRecord:
+        if self._engine.dialect.chains_writes:
+            to = _state_after(transition)
+            new_state = (to, to, IntentState.UNKNOWN.value, detail, now)
+            noted = (now, outcome, detail, status_code)
+            if response is None:
+                statement, writes = sql.RECONCILED_HELD, (*noted, *new_state)
+            else:
+                statement = sql.RECONCILED_WITH_RESPONSE_HELD
+                writes = (*noted, *response_values(response), *new_state)
+            _, record = self._chained(key, owner, transition, statement, writes, durable=False)
+            return record
+
         def work(tx: Tx) -> IntentRecord:
             _, state = self._apply(tx, key, owner, transition)
-            tx.execute(sql.INSERT_RECONCILIATION, (key, now, outcome, detail, status_code))
+            tx.send(sql.INSERT_RECONCILIATION, (key, now, outcome, detail, status_code))
             if response is not None:
                 self._store_response(tx, key, response)
             reason = detail if state is IntentState.UNKNOWN else None
-            tx.execute(sql.SET_STATE, (state.value, reason, now, key))
+            tx.send(sql.SET_STATE, (state.value, reason, now, key))
             return reread(tx, key)
 
         return self._engine.write(work, durable=False, busy=rule(transition).unwritten)
+
+
+def _not_held(key: str, record: IntentRecord | None) -> IntentInFlight:
+    return IntentInFlight(
+        f"intent {key} is no longer held by this worker (its lease expired and "
+        "another worker took it over); its outcome will be settled by that worker",
+        key=key,
+        reference=record.reference if record else None,
+    )
+
+
+def _applied(record: IntentRecord | None) -> tuple[bool, IntentRecord] | None:
+    """A chained write's answer (applied, the intent), for one found committed."""
+    return (True, record) if record is not None else None
+
+
+def _state_after(transition: Transition) -> str | None:
+    """Where ``transition`` leads, or None where it keeps the state it starts from."""
+    to = rule(transition).to
+    return to.value if to is not None else None
+
+
+def _verdict(
+    record: IntentRecord,
+    draft: IntentDraft | None,
+    *,
+    owner: str,
+    is_stale: Callable[[str], bool],
+    now: float,
+    unknown: bool,
+    lease_seconds: float,
+) -> ClaimKind | None:
+    """What a claim of ``record`` amounts to (``decide_claim``'s answer, or a mismatch
+    with ``draft``); None: its lease may be taken."""
+    if draft is not None and is_mismatch(record, draft):
+        return ClaimKind.MISMATCH
+    return decide_claim(
+        record,
+        owner=owner,
+        now=now,
+        unknown=unknown,
+        is_stale=is_stale,
+        lease_seconds=lease_seconds,
+    )
