@@ -587,6 +587,41 @@ def test_an_intent_reconciled_as_never_sent_is_sent_in_the_same_pass(
     )
 
 
+def test_an_intent_a_failing_provider_keeps_sending_back_is_escalated_after_the_give_up_time(
+    make_client: MakeClient,
+    make_sandbox: Callable[..., SandboxServer],
+    journal_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every request is refused with a 503 before it is executed: each send goes unknown,
+    # each look-up finds it never executed and sends it back to pending, to be sent again.
+    failing = make_sandbox(faults=Faults(fail_before_rate=1.0, retry_after_seconds=0))
+    (key,) = enqueue_pending(make_client(base_url=failing.url), 1)
+    monkeypatch.setenv("PAYONCE_API_KEY", DEFAULT_API_KEY)
+    schedule = payonce.providers.get_profile("sandbox").reconcile_schedule  # gives up: 60 s
+    recorded, clock = Recorded(), Clock(time.time())
+    one_try = payonce.RetryPolicy(max_attempts=1)
+
+    with Worker(
+        journal=journal_path, base_url=failing.url, hooks=recorded, retry=one_try, clock=clock
+    ) as worker:
+        worker.run_pass()
+        assert _states(journal_path) == {key: payonce.IntentState.UNKNOWN}
+        for _ in range(int(schedule.give_up_after / schedule.first_after) + 10):
+            clock.advance(schedule.first_after + 0.01)
+            worker.run_pass()
+        with payonce.open_journal(journal_path) as journal:
+            attempts = len(journal.attempts(key))
+        clock.advance(3600)
+        worker.run_pass()  # given up: never sent again
+
+    assert [e.key for e in recorded.escalations] == [key]
+    assert _states(journal_path) == {key: payonce.IntentState.UNKNOWN}
+    with payonce.open_journal(journal_path) as journal:
+        assert len(journal.attempts(key)) == attempts
+    assert failing.store.executions() == {}
+
+
 OTEL_RUN = """
 import json, sys
 from opentelemetry import metrics

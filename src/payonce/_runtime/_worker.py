@@ -35,6 +35,7 @@ from .._lifecycle import (
     ReconcileOutcome,
     ScheduleDecision,
     decide_lookup,
+    first_unknown_since,
     tries_since,
     unknown_since,
 )
@@ -386,14 +387,18 @@ class Worker:
 
     def _decision(self, client: Client, record: IntentRecord, now: float) -> ScheduleDecision:
         profile = client.provider
-        since = unknown_since(record, self.journal.attempts(record.key))
-        tries = tries_since(since, self.journal.reconciliations(record.key))
+        attempts = self.journal.attempts(record.key)
+        reconciliations = self.journal.reconciliations(record.key)
+        since = unknown_since(record, attempts)
+        tries = tries_since(since, reconciliations)
         return decide_lookup(
             profile.reconcile_schedule,
             since=since,
             tries=tries,
             now=now,
             can_look_up=profile.lookup is not None,
+            first_since=first_unknown_since(since, attempts, reconciliations),
+            earlier_tries=len(reconciliations) - len(tries),
         )
 
     def _reconcile_due(self, client: Client, counts: _Counts) -> None:
