@@ -119,8 +119,8 @@ def worker(
 
     Each pass, for every provider and account whose intents the journal holds (or the
     --provider and --account given), each provider at its --base-url PROVIDER=URL (one
-    plain URL serves one provider), each account's API key from the OS keyring or
-    PAYONCE_API_KEY (one account's key: never sent for another account):
+    plain URL serves one provider), each account's API key from PAYONCE_API_KEY (one
+    account's key: never sent for another account) or the OS keyring:
 
     \b
     - looks up the unknown intents that are due on the provider profile's schedule
