@@ -238,6 +238,42 @@ def test_the_systemd_unit_verifies_and_its_worker_sends_then_drains_on_stop(
     )
 
 
+def test_the_cron_line_runs_as_the_services_user_with_crons_bare_path(
+    make_client: MakeClient, sandbox: SandboxServer, journal_path: Path, tmp_path: Path
+) -> None:
+    (line,) = [
+        text
+        for text in _block("sh", "crontab of the service's user").splitlines()
+        if text.startswith("*/")
+    ]
+    command = line.split(maxsplit=5)[5]
+    sourced = re.search(r"\. (\S+)", command)
+    assert sourced is not None, command
+    # Not the systemd unit's file: that one is root's (systemd reads it as root), cron
+    # runs as the service's user and could not read it.
+    assert sourced.group(1) != "/etc/shop/payonce.env"
+    executable = command.split("&&")[-1].split()[0]
+    assert executable.startswith("/"), "cron's PATH is bare: the full path to payonce"
+    keys = enqueue_pending(make_client(), 3)
+    environment = tmp_path / "payonce.env"
+    environment.write_text(
+        f"PAYONCE_JOURNAL={journal_path}\nPAYONCE_BASE_URL={sandbox.url}\n"
+        f"PAYONCE_API_KEY={DEFAULT_API_KEY}\n"
+    )
+    environment.chmod(0o600)
+    here = command.replace(sourced.group(1), str(environment)).replace(executable, sys.executable)
+    env = deployed_env(tmp_path / "home")
+    env["PATH"] = "/usr/bin:/bin"  # cron's
+
+    ran = subprocess.run(
+        ["/bin/sh", "-c", here], env=env, capture_output=True, text=True, timeout=60
+    )
+
+    assert ran.returncode == 0, ran.stderr
+    assert sandbox.wait_idle()
+    assert sandbox.store.executions() == dict.fromkeys(keys, 1)
+
+
 def test_the_kubernetes_sidecar_shares_the_services_journal_and_drains_on_stop(
     make_client: MakeClient, sandbox: SandboxServer, postgres_url: str, tmp_path: Path
 ) -> None:

@@ -13,6 +13,7 @@ from payonce._lifecycle import (
     ReconciliationRecord,
     ScheduleDecision,
     decide_lookup,
+    first_unknown_since,
     tries_since,
     unknown_since,
 )
@@ -137,6 +138,29 @@ def test_only_the_look_ups_since_it_went_unknown_count_as_tries() -> None:
     found = [_look_up(T0 + 20), _look_up(T0 + 100), _look_up(T0 + 50)]
 
     assert tries_since(T0 + 30, found) == [T0 + 50, T0 + 100]
+
+
+def test_an_intent_sent_again_after_a_look_up_first_went_unknown_before_that_look_up() -> None:
+    # Unknown at T0+9, found never executed at T0+70, sent again, unknown again at T0+80.
+    attempts = [_attempt(1, T0, T0 + 9), _attempt(2, T0 + 75, T0 + 80)]
+
+    assert first_unknown_since(T0 + 80, attempts, [_look_up(T0 + 70)]) == T0 + 9
+    assert first_unknown_since(T0 + 9, attempts[:1], []) == T0 + 9  # never looked up yet
+
+
+def test_a_provider_that_keeps_sending_an_intent_back_is_given_up_on_from_the_first_time() -> None:
+    # Unknown since T0, then cycles of "never executed, sent again, unknown again": the
+    # latest since T0 + 7000, two look-ups made in earlier cycles.
+    since = T0 + 7000
+
+    def decide(now: float) -> ScheduleDecision:
+        return decide_lookup(
+            SCHEDULE, since=since, tries=[], now=now, first_since=T0, earlier_tries=2
+        )
+
+    # The next cycle's first look-up waits as the third would have (600 s), not 60 s.
+    assert (decide(since + 61).due, decide(since + 61).next_at) == (False, since + 600)
+    assert decide(T0 + SCHEDULE.give_up_after).exhausted  # counted from T0, not from since
 
 
 @pytest.mark.parametrize(

@@ -66,7 +66,10 @@ def test_once_sends_every_pending_intent_once_and_exits_0(
     assert sandbox.wait_idle()
     assert sandbox.store.executions() == dict.fromkeys(keys, 1)
     assert set(_states(journal_path).values()) == {payonce.IntentState.SUCCEEDED}
-    assert "12 sent, 12 settled, 0 still unknown, 0 escalated, 0 failed" in result.stderr
+    assert (
+        "12 sent, 12 settled, 0 still pending, 0 still unknown, 0 escalated, 0 failed"
+        in result.stderr
+    )
     assert _held(journal_path) == []
 
 
@@ -80,22 +83,27 @@ def test_once_exits_1_while_an_unknown_intent_stays_unknown(
         result = run_cli_process(_worker_args(down.url, journal_path, "--once"), env=KEY_ENV)
 
     assert result.exit_code == 1, result.output
-    assert "0 sent, 0 settled, 1 still unknown, 0 escalated" in result.stderr
+    assert "0 sent, 0 settled, 0 still pending, 1 still unknown, 0 escalated" in result.stderr
     assert _states(journal_path) == {unknown.key: payonce.IntentState.UNKNOWN}
     assert sandbox.wait_idle()
     assert sandbox.store.executions() == {unknown.key: 1}  # never resent
 
 
-def test_an_account_without_an_api_key_is_said_and_its_intents_stay_pending(
+def test_no_api_key_for_any_account_exits_2_and_its_intents_stay_pending(
     make_client: MakeClient, sandbox: SandboxServer, journal_path: Path
 ) -> None:
     keys = enqueue_pending(make_client(), 3)
 
-    result = run_cli_process(_worker_args(sandbox.url, journal_path, "--once"))
+    for once in (["--once"], []):  # running, it stops at once too: nothing is recovered
+        result = run_cli_process(_worker_args(sandbox.url, journal_path, *once))
 
-    assert result.exit_code == 1
-    assert "account 'acct_demo' of provider 'sandbox' not driven: no API key" in result.stderr
-    assert "0 sent, 0 settled, 0 still unknown, 0 escalated, 1 failed" in result.stderr
+        assert result.exit_code == 2, result.output
+        assert "account 'acct_demo' of provider 'sandbox' not driven: no API key" in (result.stderr)
+        assert (
+            "0 sent, 0 settled, 3 still pending, 0 still unknown, 0 escalated, 0 failed, "
+            "1 account(s) not driven" in result.stderr
+        )
+        assert "no account could be driven" in result.stderr
     assert _states(journal_path) == dict.fromkeys(keys, payonce.IntentState.PENDING)
     assert sandbox.store.executions() == {}
 
@@ -110,6 +118,138 @@ def test_a_missing_base_url_is_a_usage_error_and_the_journal_is_untouched(
     assert result.exit_code == 2
     assert "--base-url is required" in result.stderr
     assert _states(journal_path) == dict.fromkeys(keys, payonce.IntentState.PENDING)
+
+
+def test_a_postgresql_journal_that_does_not_exist_is_refused_never_created(
+    make_client: MakeClient, sandbox: SandboxServer, postgres_url: str
+) -> None:
+    # The service's journal lives in schema shop; the worker is given the database
+    # without its ?schema=, or with a mistyped one.
+    journal_url = f"{postgres_url}?schema=shop"
+    keys = enqueue_pending(make_client(journal=journal_url), 1)
+
+    for wrong in (postgres_url, f"{postgres_url}?schema=shpo"):
+        result = run_cli_process(_worker_args(sandbox.url, wrong, "--once"), env=KEY_ENV)
+
+        assert result.exit_code == 2, result.output
+        assert "not a payonce journal yet" in result.stderr
+    with psycopg.connect(postgres_url) as connection:
+        schemas = connection.execute(
+            "SELECT DISTINCT table_schema FROM information_schema.tables"
+            " WHERE table_schema NOT IN ('pg_catalog', 'information_schema')"
+        ).fetchall()
+    assert schemas == [("shop",)]  # nothing created in public nor in shpo
+    assert _states(journal_url) == dict.fromkeys(keys, payonce.IntentState.PENDING)
+    assert sandbox.store.executions() == {}
+
+
+# A second provider's intents sent to the first's URL fail there for good; a second
+# account's sent with the first's key pay on the wrong merchant account.
+SECOND_PROVIDER = ({"provider": "generic"}, "several providers: generic (1), sandbox (1)")
+SECOND_ACCOUNT = ({"account": "acct_other"}, "several accounts: acct_demo, acct_other")
+
+
+@pytest.mark.parametrize(("second", "said"), [SECOND_PROVIDER, SECOND_ACCOUNT])
+def test_one_plain_url_or_environment_key_for_several_is_refused_and_nothing_is_sent(
+    make_client: MakeClient,
+    sandbox: SandboxServer,
+    journal_path: Path,
+    second: dict[str, str],
+    said: str,
+) -> None:
+    ours = enqueue_pending(make_client(), 1)
+    theirs = enqueue_pending(make_client(**second), 1, prefix="order-second")
+
+    result = run_cli_process(_worker_args(sandbox.url, journal_path, "--once"), env=KEY_ENV)
+
+    assert result.exit_code == 2, result.output
+    assert said in result.stderr
+    assert _states(journal_path) == dict.fromkeys(ours + theirs, payonce.IntentState.PENDING)
+    assert sandbox.store.executions() == {}
+
+
+@pytest.mark.parametrize(
+    ("second", "said"),
+    [
+        ({"provider": "generic"}, "no base URL for provider 'generic': give it one (the plain"),
+        ({"account": "acct_other"}, "PAYONCE_API_KEY is the key of account 'acct_demo', never"),
+    ],
+)
+def test_a_running_worker_sends_with_its_plain_url_and_environment_key_only_what_it_first_saw(
+    make_client: MakeClient,
+    sandbox: SandboxServer,
+    journal_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    second: dict[str, str],
+    said: str,
+) -> None:
+    monkeypatch.setenv("PAYONCE_API_KEY", DEFAULT_API_KEY)
+    first = enqueue_pending(make_client(), 1)
+    with Worker(journal=journal_path, base_url=sandbox.url) as worker:
+        worker.run_pass()  # the sandbox's URL and key, for account acct_demo
+        theirs = enqueue_pending(make_client(**second), 1, prefix="order-second")
+        late = enqueue_pending(make_client(), 1, prefix="order-late")
+
+        ended = worker.run_pass()
+
+    assert (ended.sent, ended.not_driven, ended.pending) == (1, 1, 1)
+    assert said in caplog.text
+    assert sandbox.wait_idle()
+    assert sandbox.store.executions() == dict.fromkeys(first + late, 1)
+    assert _states(journal_path)[theirs[0]] is payonce.IntentState.PENDING
+
+
+def test_a_group_that_cannot_be_driven_is_said_once_not_every_pass(
+    make_client: MakeClient,
+    sandbox: SandboxServer,
+    journal_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.delenv("PAYONCE_API_KEY", raising=False)
+    keys = enqueue_pending(make_client(), 3)
+    with Worker(journal=journal_path, base_url=sandbox.url) as worker:
+        passes = [worker.run_pass() for _ in range(3)]
+
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, caplog.text
+    assert "not driven: no API key for account 'acct_demo'" in errors[0].getMessage()
+    assert [(p.pending, p.not_driven, p.driven) for p in passes] == [(3, 1, 0)] * 3
+    assert _states(journal_path) == dict.fromkeys(keys, payonce.IntentState.PENDING)
+
+
+HOLDS = "the journal holds some of --provider sandbox --account acct_demo (2)"
+
+
+@pytest.mark.parametrize(
+    ("option", "code", "said"),
+    [
+        (["--provider", "nosuch"], 2, "--provider: unknown provider 'nosuch'"),
+        (["--provider", "nosuch", "--account", "acct_demo"], 2, "unknown provider 'nosuch'"),
+        (["--provider", "stripe"], 0, HOLDS),
+        (["--account", "nosuch"], 0, HOLDS),
+        (["--provider", "sandbox", "--account", "x"], 0, HOLDS),
+    ],
+)
+def test_a_mistyped_provider_or_account_says_what_the_journal_holds(
+    make_client: MakeClient,
+    sandbox: SandboxServer,
+    journal_path: Path,
+    option: list[str],
+    code: int,
+    said: str,
+) -> None:
+    keys = enqueue_pending(make_client(), 2)
+
+    result = run_cli_process(
+        _worker_args(sandbox.url, journal_path, "--once", *option), env=KEY_ENV
+    )
+
+    assert result.exit_code == code, result.output
+    assert said in result.stderr
+    assert _states(journal_path) == dict.fromkeys(keys, payonce.IntentState.PENDING)
+    assert sandbox.store.executions() == {}
 
 
 @pytest.mark.parametrize(
@@ -151,13 +291,19 @@ def test_intents_of_a_profile_this_process_does_not_know_are_said_and_the_rest_a
     (foreign,) = enqueue_pending(make_client(provider=acme), 1, prefix="order-acme")
     keys = enqueue_pending(make_client(), 3)
 
-    result = run_cli_process(_worker_args(sandbox.url, journal_path, "--once"), env=KEY_ENV)
+    # Each provider its URL: a plain one would serve one of them only.
+    acme_url = ("--base-url", f"acme-payments={sandbox.url}")
+    args = _worker_args(f"sandbox={sandbox.url}", journal_path, "--once", *acme_url)
+    result = run_cli_process(args, env=KEY_ENV)
 
     assert result.exit_code == 1
     assert "provider 'acme-payments' not driven: unknown provider 'acme-payments'" in (
         result.stderr
     )
-    assert "3 sent, 3 settled, 0 still unknown, 0 escalated, 1 failed" in result.stderr
+    assert (
+        "3 sent, 3 settled, 1 still pending, 0 still unknown, 0 escalated, 0 failed, "
+        "1 account(s) not driven" in result.stderr
+    )
     assert sandbox.wait_idle()
     assert sandbox.store.executions() == dict.fromkeys(keys, 1)
     assert _states(journal_path)[foreign] is payonce.IntentState.PENDING
@@ -257,6 +403,8 @@ def test_a_signal_mid_pass_drains_the_worker_holding_nothing_and_exits_0(
 
     assert code == 0, worker.stderr
     assert f"{sig.name}: draining" in worker.stderr
+    # Ctrl-C can be pressed again; systemd's SIGTERM is not followed by a second one.
+    assert ("Ctrl-C again" in worker.stderr) is (sig is signal.SIGINT)
     assert _held(journal_path) == []
     assert slow.wait_idle()
     states = _states(journal_path)
@@ -433,7 +581,45 @@ def test_an_intent_reconciled_as_never_sent_is_sent_in_the_same_pass(
     assert sandbox.wait_idle()
     assert sandbox.store.executions() == {lost.key: 1}
     assert _states(journal_path) == {lost.key: payonce.IntentState.SUCCEEDED}
-    assert "1 sent, 1 settled, 0 still unknown, 0 escalated, 0 failed" in result.stderr
+    assert (
+        "1 sent, 1 settled, 0 still pending, 0 still unknown, 0 escalated, 0 failed"
+        in result.stderr
+    )
+
+
+def test_an_intent_a_failing_provider_keeps_sending_back_is_escalated_after_the_give_up_time(
+    make_client: MakeClient,
+    make_sandbox: Callable[..., SandboxServer],
+    journal_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every request is refused with a 503 before it is executed: each send goes unknown,
+    # each look-up finds it never executed and sends it back to pending, to be sent again.
+    failing = make_sandbox(faults=Faults(fail_before_rate=1.0, retry_after_seconds=0))
+    (key,) = enqueue_pending(make_client(base_url=failing.url), 1)
+    monkeypatch.setenv("PAYONCE_API_KEY", DEFAULT_API_KEY)
+    schedule = payonce.providers.get_profile("sandbox").reconcile_schedule  # gives up: 60 s
+    recorded, clock = Recorded(), Clock(time.time())
+    one_try = payonce.RetryPolicy(max_attempts=1)
+
+    with Worker(
+        journal=journal_path, base_url=failing.url, hooks=recorded, retry=one_try, clock=clock
+    ) as worker:
+        worker.run_pass()
+        assert _states(journal_path) == {key: payonce.IntentState.UNKNOWN}
+        for _ in range(int(schedule.give_up_after / schedule.first_after) + 10):
+            clock.advance(schedule.first_after + 0.01)
+            worker.run_pass()
+        with payonce.open_journal(journal_path) as journal:
+            attempts = len(journal.attempts(key))
+        clock.advance(3600)
+        worker.run_pass()  # given up: never sent again
+
+    assert [e.key for e in recorded.escalations] == [key]
+    assert _states(journal_path) == {key: payonce.IntentState.UNKNOWN}
+    with payonce.open_journal(journal_path) as journal:
+        assert len(journal.attempts(key)) == attempts
+    assert failing.store.executions() == {}
 
 
 OTEL_RUN = """

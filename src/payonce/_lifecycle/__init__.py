@@ -57,6 +57,7 @@ from ._schedule import (
     ReconcileSchedule,
     ScheduleDecision,
     decide_lookup,
+    first_unknown_since,
     tries_since,
     unknown_since,
 )
@@ -143,6 +144,7 @@ __all__ = [
     "decide_claim",
     "decide_event_claim",
     "decide_lookup",
+    "first_unknown_since",
     "default_lease_seconds",
     "is_mismatch",
     "lease_blocks",

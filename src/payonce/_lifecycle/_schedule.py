@@ -25,6 +25,7 @@ __all__ = [
     "ReconcileSchedule",
     "ScheduleDecision",
     "decide_lookup",
+    "first_unknown_since",
     "tries_since",
     "unknown_since",
 ]
@@ -110,8 +111,30 @@ def unknown_since(record: IntentRecord, attempts: Iterable[AttemptRecord]) -> fl
     """When the intent went unknown, as far as the journal tells: the end of its last
     attempt (or that attempt's start when a crash left it without an end), else its
     creation. An intent that went back to pending and was sent again starts anew."""
-    moments = [a.ended_at if a.ended_at is not None else a.started_at for a in attempts]
-    return max([record.created_at, *moments])
+    return max([record.created_at, *map(_ended, attempts)])
+
+
+def _ended(attempt: AttemptRecord) -> float:
+    """When an attempt ended: its start when a crash left it without an end."""
+    return attempt.ended_at if attempt.ended_at is not None else attempt.started_at
+
+
+def first_unknown_since(
+    since: float,
+    attempts: Iterable[AttemptRecord],
+    reconciliations: Iterable[ReconciliationRecord],
+) -> float:
+    """When the intent first went unknown, ``since`` being when it last did: a look-up
+    that found it never executed sends it back to pending, and sent again it may go
+    unknown again (a provider refusing every request). Those cycles are one wait for the
+    provider, and the schedule's give-up time counts from its start: the end of the last
+    attempt before the first look-up."""
+    looked_up = [r.at for r in reconciliations]
+    if not looked_up:
+        return since
+    first_look = min(looked_up)
+    before = [moment for moment in map(_ended, attempts) if moment <= first_look]
+    return min(since, max(before)) if before else since
 
 
 def tries_since(since: float, reconciliations: Iterable[ReconciliationRecord]) -> list[float]:
@@ -127,15 +150,29 @@ def decide_lookup(
     tries: Sequence[float],
     now: float,
     can_look_up: bool = True,
+    first_since: float | None = None,
+    earlier_tries: int = 0,
 ) -> ScheduleDecision:
     """Whether an intent unknown since ``since``, looked up at ``tries``, is due now, when
     its next look-up is, and whether the schedule is spent. A profile without a status
-    look-up (``can_look_up=False``) has nothing to wait for: escalated at once."""
+    look-up (``can_look_up=False``) has nothing to wait for: escalated at once.
+
+    An intent that went unknown before (``first_since``, ``earlier_tries`` look-ups made
+    then), was found never executed and sent again is given up on ``give_up_after`` from
+    the first time, and its first look-up of this time waits as the next of the earlier
+    ones would have: a provider refusing every request is not asked about, then sent,
+    again and again forever."""
     count = len(tries)
     if count >= schedule.max_tries or not can_look_up:
         return ScheduleDecision(count, due=False, next_at=None, exhausted=True)
+    cycled = first_since is not None and first_since < since
+    if cycled and first_since is not None and now >= first_since + schedule.give_up_after:
+        return ScheduleDecision(count, due=False, next_at=None, exhausted=True)
     if count == 0:
-        next_at = since + schedule.first_after
+        wait = schedule.first_after
+        if earlier_tries:
+            wait = max(wait, schedule.wait_before(earlier_tries))
+        next_at = since + wait
     else:
         next_at = max(tries) + schedule.wait_before(count)
     if next_at > since + schedule.give_up_after:

@@ -203,7 +203,15 @@ class WorkerPassEnded:
     """Unknown intents it escalated in this pass."""
     failed: int
     """Pending intents it could not send (still pending: the provider unreachable, a
-    refused API key...), failed look-ups, and groups of intents it could not drive at all
-    (no API key, no base URL, an unknown profile)."""
+    refused API key...), failed look-ups, and groups whose pass broke off (the journal
+    unreachable)."""
     seconds: float
     """How long the pass took."""
+    pending: int = 0
+    """Pending intents left in the groups it was to drive (those it could not drive
+    included): the provider unreachable, or no API key for their account."""
+    not_driven: int = 0
+    """Groups of intents (an account of a provider) it could not drive this pass: no API
+    key, no base URL of their own, an unknown profile (said on an ERROR line)."""
+    driven: int = 0
+    """Groups of intents it drove this pass."""

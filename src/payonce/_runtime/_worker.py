@@ -26,6 +26,7 @@ from typing import Generic, TypeVar
 
 import attrs
 
+from .._credentials import API_KEY_ENV
 from .._journal._open import open_to_write
 from .._journal._reads import Journal
 from .._lifecycle import (
@@ -34,6 +35,7 @@ from .._lifecycle import (
     ReconcileOutcome,
     ScheduleDecision,
     decide_lookup,
+    first_unknown_since,
     tries_since,
     unknown_since,
 )
@@ -56,6 +58,10 @@ R = TypeVar("R")
 
 _SETTLED = (IntentState.SUCCEEDED, IntentState.FAILED)
 
+_SAY_AGAIN_AFTER = 3600.0
+"""Seconds before a group that still cannot be driven is said again at ERROR: a worker
+passing every few seconds would otherwise fill the log with one line, forever."""
+
 
 @attrs.frozen(order=True)
 class _Group:
@@ -76,6 +82,7 @@ class _Counts:
     unknown: int = 0
     escalated: int = 0
     failed: int = 0
+    not_driven: int = 0
     lock: threading.Lock = attrs.field(factory=threading.Lock)
 
     def add(self, **counts: int) -> None:
@@ -117,10 +124,16 @@ class Worker:
 
     Args:
         journal: A path, a ``postgresql://`` URL, or a payonce ``Journal``.
-        base_url: The providers' API root, for every provider without one in ``base_urls``.
+        base_url: The API root of one provider: ``provider``'s, else the one provider
+            without an entry in ``base_urls`` whose intents the journal holds. Never used
+            for a second provider: its intents are not driven (said) until it has its own.
         base_urls: The API root of each provider, by profile name.
         provider: Only this provider's intents (default: every provider's).
-        account: Only this account's intents (default: every account's).
+        account: Only this account's intents (default: every account's). With
+            ``PAYONCE_API_KEY`` set, that key serves one account only: ``account``, else the
+            one account whose intents the journal holds when first seen; the intents of any
+            other account are not driven (said): give each account its key in the keyring
+            (``payonce keys set ACCOUNT``) instead.
         concurrency: How many intents are driven at once.
         hooks: ``payonce.Hooks`` (or a list): the clients' events, plus ``escalated`` and
             ``worker_pass``.
@@ -161,9 +174,19 @@ class Worker:
         self.journal: Journal = open_to_write(journal)
         self._clients: dict[_Group, Client] = {}
         self._stopping = threading.Event()
-        self._last_unknown: int | None = None
+        self._last_waiting: tuple[int, int, int] | None = None
         self._escalated: set[str] = set()
         """Intents this process escalated: each is said once per process."""
+        self._plain_url_for: str | None = provider
+        """The one provider ``base_url`` serves, once known."""
+        self._plain_url_shared = False
+        """``base_url`` was first seen to serve several providers: it serves none."""
+        self._env_key_for: str | None = account
+        """The one account ``PAYONCE_API_KEY`` serves, once known."""
+        self._env_key_shared = False
+        """``PAYONCE_API_KEY`` was first seen to serve several accounts: it serves none."""
+        self._said: dict[_Group, tuple[str, float]] = {}
+        """Why each group was not driven, and when that was last said at ERROR."""
 
     # -- running -----------------------------------------------------------------------------
 
@@ -176,10 +199,15 @@ class Worker:
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
-    def run(self, *, interval: float = 5.0, once: bool = False) -> WorkerPassEnded | None:
+    def run(
+        self, *, interval: float = 5.0, once: bool = False, start_after: float = 0.0
+    ) -> WorkerPassEnded | None:
         """Pass after pass, ``interval`` seconds apart, until ``stop()``; with ``once``, a
-        single pass. Returns the last pass's counts (None when stopped before any)."""
+        single pass; the first after ``start_after`` seconds. Returns the last pass's counts
+        (None when stopped before any)."""
         last: WorkerPassEnded | None = None
+        if start_after:
+            self._stopping.wait(start_after)
         while not self._stopping.is_set():
             try:
                 last = self.run_pass()
@@ -198,7 +226,9 @@ class Worker:
         began = time.monotonic()
         counts = _Counts()
         driven: list[Client] = []
-        for group in self._groups():
+        groups = self._groups()
+        self._pin_shared_settings(groups)
+        for group in groups:
             if self._stopping.is_set():
                 break
             client = self._client(group, counts)
@@ -213,6 +243,11 @@ class Worker:
                 counts.add(failed=1)
                 logger.exception("worker: %s: the pass failed", group.label)
         counts.unknown = sum(len(client.unknown()) for client in driven)
+        wanted = set(groups)
+        pending_left = sum(
+            _Group(r.provider, r.account) in wanted
+            for r in self.journal.list_intents(states=[IntentState.PENDING])
+        )
         ended = WorkerPassEnded(
             sent=counts.sent,
             settled=counts.settled,
@@ -220,20 +255,27 @@ class Worker:
             escalated=counts.escalated,
             failed=counts.failed,
             seconds=time.monotonic() - began,
+            pending=pending_left,
+            not_driven=counts.not_driven,
+            driven=len(driven),
         )
         busy = ended.sent or ended.settled or ended.escalated or ended.failed
         # An idle pass (nothing done, nothing new waiting) is said at DEBUG: a worker
         # passing every few seconds would otherwise bury the lines that matter.
-        quiet = not busy and ended.unknown == self._last_unknown
-        self._last_unknown = ended.unknown
+        waiting = (ended.unknown, ended.pending, ended.not_driven)
+        quiet = not busy and waiting == self._last_waiting
+        self._last_waiting = waiting
         logger.log(
             logging.DEBUG if quiet else logging.INFO,
-            "worker pass: %d sent, %d settled, %d still unknown, %d escalated, %d failed",
+            "worker pass: %d sent, %d settled, %d still pending, %d still unknown, "
+            "%d escalated, %d failed%s",
             ended.sent,
             ended.settled,
+            ended.pending,
             ended.unknown,
             ended.escalated,
             ended.failed,
+            f", {ended.not_driven} account(s) not driven" if ended.not_driven else "",
         )
         if self._hooks:
             self._hooks.emit(Hooks.worker_pass, ended)
@@ -251,16 +293,54 @@ class Worker:
             }
         )
 
+    def _pin_shared_settings(self, groups: Sequence[_Group]) -> None:
+        """The first time the journal holds work for them: the one provider the plain base
+        URL serves, the one account ``PAYONCE_API_KEY`` serves. Several at once: neither is
+        guessed (sending one provider's intents to another's URL may fail them for good;
+        one account's with another's key pays on the wrong account)."""
+        plain_url_unpinned = self._plain_url_for is None and not self._plain_url_shared
+        if self._base_url is not None and plain_url_unpinned:
+            unserved = {g.provider for g in groups if g.provider not in self._base_urls}
+            if len(unserved) == 1:
+                (self._plain_url_for,) = unserved
+            elif unserved:
+                self._plain_url_shared = True
+        env_key_unpinned = self._env_key_for is None and not self._env_key_shared
+        if os.environ.get(API_KEY_ENV) and env_key_unpinned:
+            accounts = {g.account for g in groups}
+            if len(accounts) == 1:
+                (self._env_key_for,) = accounts
+            elif accounts:
+                self._env_key_shared = True
+
     def _client(self, group: _Group, counts: _Counts) -> Client | None:
-        """The group's client, made once; None (said, and counted failed) when it cannot be
-        made this pass: no base URL, no API key, a profile this process does not know."""
+        """The group's client, made once; None (said, and counted not driven) when it cannot
+        be made this pass: no base URL of its own, no API key of its own, a profile this
+        process does not know."""
         if (client := self._clients.get(group)) is not None:
             return client
-        base_url = self._base_urls.get(group.provider, self._base_url)
+        base_url = self._base_urls.get(group.provider)
+        if base_url is None and group.provider == self._plain_url_for:
+            base_url = self._base_url
+        env_key = os.environ.get(API_KEY_ENV)
         if base_url is None:
+            problem = f"no base URL for provider {group.provider!r}: give it one "
+            if self._base_url is not None and self._plain_url_for is not None:
+                problem += f"(the plain base URL is provider {self._plain_url_for!r}'s): "
+            elif self._base_url is not None:
+                problem += "(the journal holds intents of several providers: a plain base URL "
+                problem += "would send one's to another's): "
+            problem += f"--base-url {group.provider}=URL"
+        elif env_key and group.account != self._env_key_for:
+            owner = (
+                f"the key of account {self._env_key_for!r}"
+                if self._env_key_for is not None
+                else "one account's key, and the journal holds intents of several"
+            )
             problem = (
-                f"no base URL for provider {group.provider!r}: give it one "
-                f"(--base-url {group.provider}=URL)"
+                f"{API_KEY_ENV} is {owner}, never sent for another account: unset it and "
+                f"give each account its key in the keyring (`payonce keys set ACCOUNT`), or "
+                f"run one worker per account (--account, its own {API_KEY_ENV})"
             )
         else:
             try:
@@ -279,8 +359,14 @@ class Worker:
             else:
                 self._clients[group] = client
                 return client
-        counts.add(failed=1)
-        logger.error("worker: %s not driven: %s", group.label, problem)
+        counts.add(not_driven=1)
+        now = time.monotonic()
+        said = self._said.get(group)
+        if said is None or said[0] != problem or now - said[1] >= _SAY_AGAIN_AFTER:
+            self._said[group] = (problem, now)
+            logger.error("worker: %s not driven: %s", group.label, problem)
+        else:
+            logger.debug("worker: %s still not driven: %s", group.label, problem)
         return None
 
     # -- sending -----------------------------------------------------------------------------
@@ -301,14 +387,18 @@ class Worker:
 
     def _decision(self, client: Client, record: IntentRecord, now: float) -> ScheduleDecision:
         profile = client.provider
-        since = unknown_since(record, self.journal.attempts(record.key))
-        tries = tries_since(since, self.journal.reconciliations(record.key))
+        attempts = self.journal.attempts(record.key)
+        reconciliations = self.journal.reconciliations(record.key)
+        since = unknown_since(record, attempts)
+        tries = tries_since(since, reconciliations)
         return decide_lookup(
             profile.reconcile_schedule,
             since=since,
             tries=tries,
             now=now,
             can_look_up=profile.lookup is not None,
+            first_since=first_unknown_since(since, attempts, reconciliations),
+            earlier_tries=len(reconciliations) - len(tries),
         )
 
     def _reconcile_due(self, client: Client, counts: _Counts) -> None:

@@ -15,11 +15,14 @@ from types import FrameType
 
 import click
 
+import payonce
 from payonce.hooks import Hooks
-from payonce.worker import Worker
+from payonce.providers import get_profile
+from payonce.worker import Worker, WorkerPassEnded
 
-from ._common import CliError, existing_journal_target
+from ._common import CliError, existing_journal, existing_journal_target
 from ._recovery import Connection, connection_options
+from ._targets import Target, choose, elsewhere, holdings
 from ._warnings import log_lines
 
 __all__ = ["worker"]
@@ -43,10 +46,12 @@ def _draining_on_signals(running: Worker) -> Iterator[None]:
             # is gone), once their leases expire elsewhere.
             logger.warning("SIGINT again: stopping at once; what was being sent stays pending")
             os._exit(130)
+        # Only Ctrl-C is pressed twice: under systemd or Kubernetes, SIGTERM is followed by
+        # SIGKILL once their own stop timeout is spent.
         logger.warning(
-            "%s: draining: no new intent is taken; the ones being sent are finished "
-            "(Ctrl-C again to stop at once)",
+            "%s: draining: no new intent is taken; the ones being sent are finished%s",
             signal.Signals(signum).name,
+            " (Ctrl-C again to stop at once)" if signum == signal.SIGINT else "",
         )
         running.stop()
 
@@ -113,8 +118,9 @@ def worker(
     pass, until SIGTERM or SIGINT.
 
     Each pass, for every provider and account whose intents the journal holds (or the
-    --provider and --account given), each provider at its --base-url PROVIDER=URL, its
-    API key from PAYONCE_API_KEY or the OS keyring:
+    --provider and --account given), each provider at its --base-url PROVIDER=URL (one
+    plain URL serves one provider), each account's API key from PAYONCE_API_KEY (one
+    account's key: never sent for another account) or the OS keyring:
 
     \b
     - looks up the unknown intents that are due on the provider profile's schedule
@@ -126,18 +132,38 @@ def worker(
 
     Several workers, on one host or several sharing a PostgreSQL journal, share the work:
     leases keep any intent from being sent by two at once. One line per pass says what
-    it did (sent, settled, still unknown, escalated, failed).
+    it did (sent, settled, still pending, still unknown, escalated, failed, accounts not
+    driven). Each worker process escalates an intent once: N workers, up to N times.
 
     SIGTERM or SIGINT drains it: no intent is taken after it, the ones being sent are
     finished and their leases given back, then it exits 0. A second SIGINT (Ctrl-C
     twice) stops it at once, exit status 130: what it was sending stays pending, for the
     next worker.
 
-    With --once: one pass, then exit 0 when no intent it drives is left unknown
-    (escalated or not yet due) or unsent, 1 otherwise (or when an account could not be
-    driven: no API key, no base URL); 2 on a usage error.
+    A journal that does not exist is refused, never created; so are an unknown --provider,
+    one plain --base-url for work of several providers, and PAYONCE_API_KEY for work of
+    several accounts without --account (exit status 2). Exit 2 as well when the first pass
+    can drive no account at all (no API key). With --once: one pass, then exit 0 when no
+    intent it drives is left unknown (escalated or not yet due) or unsent, 1 otherwise (or
+    when an account could not be driven: no API key, no base URL of its own).
     """
     urls = connection.urls  # a missing or bad --base-url before the journal
+    if connection.provider is not None:
+        try:
+            get_profile(connection.provider)  # a mistyped name recovers nothing: say so now
+        except payonce.ConfigurationError as exc:
+            raise CliError(f"--provider: {exc}") from None
+    # Read-only first, as `resume` does: a journal that does not exist (a PostgreSQL URL
+    # without its ?schema=, or a mistyped one) is refused, never created.
+    with existing_journal(connection.journal, read_only=True) as existing:
+        waiting = [payonce.IntentState.PENDING, payonce.IntentState.UNKNOWN]
+        held = holdings(existing.list_intents(states=waiting))
+    what = "pending or unknown intents"
+    targets = choose(held, connection.provider, connection.account, what=what, urls=urls)
+    _refuse_one_key_for_several_accounts(targets, connection.account)
+    hint = elsewhere(held, targets)
+    if hint and not set(targets) & set(held):
+        click.echo(f"warning: no {what} of the --provider/--account given{hint}", err=True)
     journal = existing_journal_target(connection.journal)
     hooks = _otel_hooks() if otel else []
     with (
@@ -158,8 +184,29 @@ def worker(
             concurrency,
             "one pass" if once else f"a pass every {interval:g} s",
         )
-        last = running.run(interval=interval, once=once)
+        first = running.run_pass()
+        if first.not_driven and not first.driven:
+            raise CliError("no account could be driven (said above): nothing is being recovered")
+        last = running.run(interval=interval, start_after=interval) if not once else first
         if not once:
             logger.info("worker stopped: every intent it held is finished and released")
-    if once and (last is None or last.unknown or last.failed):
+    if once and _left_over(last):
         raise click.exceptions.Exit(1)
+
+
+def _left_over(last: WorkerPassEnded | None) -> bool:
+    # Not ``pending``: intents another live worker is sending right now count there.
+    return last is None or bool(last.unknown or last.failed or last.not_driven)
+
+
+def _refuse_one_key_for_several_accounts(targets: list[Target], account: str | None) -> None:
+    """PAYONCE_API_KEY is one account's key: sent for another's intents, it would pay on
+    the wrong account (a real provider takes it)."""
+    accounts = sorted({target.account for target in targets})
+    if account is None and len(accounts) > 1 and os.environ.get("PAYONCE_API_KEY"):
+        raise CliError(
+            "PAYONCE_API_KEY is set, and the journal holds intents of several accounts: "
+            f"{', '.join(accounts)}. One key is never sent for several accounts: unset it and "
+            "give each account its key in the keyring (`payonce keys set ACCOUNT`), or run "
+            "one worker per account (--account NAME, with that account's PAYONCE_API_KEY)"
+        )
