@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import re
 import signal
 import subprocess
 import sys
@@ -233,7 +234,8 @@ def test_under_repeatable_read_the_second_handler_is_told_to_retry_its_transacti
     pg_client: payonce.Client, connect: Callable[..., psycopg.Connection[Any]]
 ) -> None:
     """Its snapshot cannot see the first handler's intent once committed: it fails to
-    serialize, and a new transaction finds that intent."""
+    serialize, is told to roll back and retry (never that its transaction may go on and
+    commit without the payment), and a new transaction finds that intent."""
     first_conn, second_conn = connect(), connect()
     second_conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
     place_order(first_conn, "order-29")
@@ -243,8 +245,14 @@ def test_under_repeatable_read_the_second_handler_is_told_to_retry_its_transacti
         second_conn.execute("SELECT 1")  # the snapshot is taken before the first commits
         second = pool.submit(handler, pg_client, second_conn, "order-29")
         first_conn.commit()
-        with pytest.raises(payonce.JournalError, match="could not serialize"):
+        with pytest.raises(payonce.JournalError, match="could not serialize") as caught:
             second.result(timeout=30)
+    message = str(caught.value)
+    assert "reference 'order-29'" in message
+    assert "Nothing was written" in message
+    assert "Do not commit your transaction as it is" in message
+    assert "Roll it back and run it again" in message
+    assert "goes on" not in message
     second_conn.rollback()
     assert handler(pg_client, second_conn, "order-29").key == first.key
 
@@ -304,6 +312,9 @@ def test_a_connection_to_another_database_is_refused(
         with pytest.raises(payonce.ConfigurationError, match=f"database '{other}'") as caught:
             enqueue_payment(pg_client, conn, "order-8")
         assert "nothing was written" in str(caught.value)
+        # The public class itself: a traceback shows no private module's path.
+        assert type(caught.value) is payonce.ConfigurationError
+        assert caught.value.__cause__ is None
         conn.commit()  # still usable
         assert orders(postgres_server.url(other)) == [("order-8", 4200)]
         tables = conn.execute("SELECT to_regclass(%s)", (f"{SCHEMA}.intents",)).fetchone()
@@ -379,14 +390,16 @@ def test_a_failed_transaction_is_refused(
     assert intents(pg_client) == []
 
 
-def test_a_statement_that_fails_leaves_the_callers_transaction_usable(
+def test_a_role_that_may_not_write_the_journal_is_told_the_grants_and_to_retry(
     pg_client: payonce.Client,
     connect: Callable[..., psycopg.Connection[Any]],
     postgres_server: PostgresServer,
     postgres_url: str,
 ) -> None:
     """The service's role may read the journal but not write to it: the insert fails inside
-    the savepoint, which is rolled back, so the service's own order still commits."""
+    the savepoint, which is rolled back. The error names the reference, the privileges to
+    grant, and says to roll back and retry (committing as it is would commit the order
+    without its payment); doing just that commits both."""
     if postgres_server.directory is None:
         pytest.skip("an external server: its role may not create roles")
     database = str(psycopg.conninfo.conninfo_to_dict(postgres_url)["dbname"])
@@ -399,13 +412,30 @@ def test_a_statement_that_fails_leaves_the_callers_transaction_usable(
     try:
         conn = connect(postgres_server.url(database, user=role, password="shop-pw"))
         place_order(conn, "order-26")
-        with pytest.raises(payonce.JournalError, match="permission denied for table intents"):
+        with pytest.raises(
+            payonce.JournalError, match="permission denied for table intents"
+        ) as caught:
             enqueue_payment(pg_client, conn, "order-26")
-        place_order(conn, "order-27")
-        conn.commit()
+        message = str(caught.value)
+        assert "reference 'order-26'" in message
+        assert f"role '{role}' lacks a privilege" in message
+        assert "Nothing was written" in message
+        assert "goes on" not in message
+        grants = re.search(r"GRANT .*;", message)
+        assert grants is not None
+        assert f'GRANT SELECT, INSERT ON "{SCHEMA}".intents TO "{role}";' in grants.group()
+        # The transaction is still usable (the savepoint was rolled back), but the advice is
+        # to roll it back: follow it, grant what it names, and run the transaction again.
+        conn.rollback()
+        assert orders(postgres_url) == []
+        with postgres_server.admin(database) as admin:
+            admin.execute(grants.group())
+        with conn.transaction():
+            place_order(conn, "order-26")
+            record = enqueue_payment(pg_client, conn, "order-26")
         conn.close()
-        assert orders(postgres_url) == [("order-26", 4200), ("order-27", 4200)]
-        assert intents(pg_client) == []
+        assert orders(postgres_url) == [("order-26", 4200)]
+        assert intents(pg_client) == [record]
     finally:
         with postgres_server.admin(database) as admin:
             admin.execute(f"DROP OWNED BY {role}")
