@@ -279,6 +279,34 @@ def test_another_request_for_the_reference_is_refused_and_the_transaction_goes_o
     assert intents(pg_client) == before
 
 
+def test_a_direct_call_blocked_by_an_uncommitted_enqueue_names_the_intent_and_the_holder(
+    make_client: Callable[..., payonce.Client],
+    pg_client: payonce.Client,
+    connect: Callable[..., psycopg.Connection[Any]],
+    journal_url: str,
+    sandbox: SandboxServer,
+) -> None:
+    """The outbox transaction holds the new intent's row until it ends: a direct call for the
+    same reference waits, then ``JournalBusy`` names that intent and says an uncommitted
+    transaction (an outbox one, say) may hold it. Nothing is sent meanwhile."""
+    conn = connect()
+    place_order(conn, "order-busy")
+    record = enqueue_payment(pg_client, conn, "order-busy")
+    impatient = make_client(journal=payonce.open_journal(journal_url, busy_timeout=0.5))
+
+    with pytest.raises(payonce.JournalBusy) as caught:
+        impatient.post("/v1/payments", json=PAYMENT, reference="order-busy")
+
+    message = str(caught.value)
+    assert "the intent of reference 'order-busy': its row stayed locked" in message
+    assert "enqueue(connection=...)" in message
+    assert "nothing was sent" in message
+    assert not caught.value.may_have_executed
+    assert sandbox.store.total_executions() == 0
+    conn.commit()
+    assert_sent_once(pg_client.resume(), record, sandbox)
+
+
 # -- refused, nothing written --------------------------------------------------------------------
 
 

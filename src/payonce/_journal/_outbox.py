@@ -156,7 +156,7 @@ def write_failed(
     """The error of a statement that failed on the caller's connection: the intent was not
     written, so the caller's transaction must not commit as it is (its order would have no
     payment), whatever the cause."""
-    intent = f"the intent for reference {draft.reference!r} (key {draft.key})"
+    intent = f"the intent for reference {draft.reference!r}"
     if failed.sqlstate == _SERIALIZATION_FAILURE:
         why = (
             "your transaction conflicted with a concurrent one (under REPEATABLE READ or "
@@ -291,9 +291,9 @@ def _enqueue(
     yield _statement("SELECT set_config('search_path', ?, true)", (before.rows[0][0],))
     if record is None:
         raise JournalError(
-            f"enqueue did not write the intent for reference {draft.reference!r} (key "
-            f"{draft.key}): it was neither written nor found (another transaction holds the "
-            f"same reference uncommitted?). Nothing was written. {_ROLL_BACK}",
+            f"enqueue did not write the intent for reference {draft.reference!r}: it was "
+            "neither written nor found (another transaction holds the same reference "
+            f"uncommitted?). Nothing was written. {_ROLL_BACK}",
             location=location,
         )
     if is_mismatch(record, draft):

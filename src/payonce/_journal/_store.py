@@ -200,6 +200,11 @@ class IntentStore:
             return found is not None and found.lease_owner == owner and found.created_at == now
 
         unwritten = rule(Transition.WRITE_AHEAD).unwritten
+        # A reference's key is the one journaled first: the draft's may not be it.
+        if draft.reference is not None:
+            unwritten = unwritten.for_reference(draft.reference)
+        else:
+            unwritten = unwritten.for_intent(draft.key)
         write = _Recoverable(work, committed)
         return self._keep(
             self._engine.write(write.work, durable=True, busy=unwritten, recover=write.recover)
@@ -297,7 +302,9 @@ class IntentStore:
         write = _idempotent(
             lambda tx: self._claim_row(tx, find, None, owner, now, lease_seconds, unknown, is_stale)
         )
-        return self._engine.write(write.work, durable=True, busy=BEFORE_SEND, recover=write.recover)
+        return self._engine.write(
+            write.work, durable=True, busy=BEFORE_SEND.for_intent(key), recover=write.recover
+        )
 
     def claim_next_pending(
         self,

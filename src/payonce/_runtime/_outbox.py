@@ -225,7 +225,7 @@ class Outbox:
         what = " ".join(str(exc).split()) or type(exc).__name__
         return JournalError(
             f"enqueue could not use your connection ({what}) to write the intent for "
-            f"reference {draft.reference!r} (key {draft.key}): the connection was lost, or "
+            f"reference {draft.reference!r}: the connection was lost, or "
             "your transaction aborted, so nothing of that transaction commits, the intent "
             "included. Roll it back and run it again",
             location=self._core.journal.location,
