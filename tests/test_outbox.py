@@ -486,6 +486,39 @@ def test_a_connection_lost_before_the_enqueue_says_the_transaction_is_gone(
     assert intents(pg_client) == []
 
 
+@pytest.mark.parametrize("method", ["GET", "head"])
+def test_a_read_is_not_an_intent_to_enqueue(
+    pg_client: payonce.Client,
+    connect: Callable[..., psycopg.Connection[Any]],
+    postgres_url: str,
+    method: str,
+) -> None:
+    """Only a request that changes something is made to happen once: a GET or HEAD is
+    refused before anything is written (a resume would send a read nobody waits for)."""
+    conn = connect()
+    place_order(conn, "order-read")
+    with pytest.raises(payonce.ConfigurationError, match="only a request that changes") as caught:
+        pg_client.enqueue(method, "/v1/payments/pay_1", reference="order-read", connection=conn)
+    assert "nothing was written" in str(caught.value)
+    conn.commit()
+    assert orders(postgres_url) == [("order-read", 4200)]
+    assert intents(pg_client) == []
+
+
+def test_a_blank_reference_is_refused_without_offering_none(
+    pg_client: payonce.Client, connect: Callable[..., psycopg.Connection[Any]]
+) -> None:
+    """enqueue requires a reference: its refusal of a blank one does not offer to leave it
+    out, as a direct call's does."""
+    conn = connect()
+    with pytest.raises(payonce.ConfigurationError, match="empty or blank") as caught:
+        enqueue_payment(pg_client, conn, "  ")
+    assert "no reference at all" not in str(caught.value)
+    with pytest.raises(payonce.ConfigurationError, match="no reference at all"):
+        pg_client.post("/v1/payments", json=PAYMENT, reference="  ")
+    assert intents(pg_client) == []
+
+
 def test_what_is_not_a_connection_is_refused(pg_client: payonce.Client) -> None:
     with pytest.raises(payonce.ConfigurationError, match="psycopg 3 Connection"):
         enqueue_payment(pg_client, object(), "order-12")
@@ -627,7 +660,7 @@ def test_an_sqlalchemy_session_keeps_its_transaction_after_a_mismatch(
 
 
 def test_sqlalchemy_without_a_transaction_or_on_autocommit_is_refused(
-    pg_client: payonce.Client, engine: sqlalchemy.Engine
+    pg_client: payonce.Client, engine: sqlalchemy.Engine, sqlalchemy_url: str
 ) -> None:
     with (
         engine.connect() as conn,
@@ -639,13 +672,23 @@ def test_sqlalchemy_without_a_transaction_or_on_autocommit_is_refused(
         pytest.raises(payonce.ConfigurationError, match="Session has none begun"),
     ):
         enqueue_payment(pg_client, session, "order-24")
-    autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+    autocommit = sqlalchemy.create_engine(sqlalchemy_url, isolation_level="AUTOCOMMIT")
     with (
         autocommit.begin() as conn,
-        pytest.raises(payonce.ConfigurationError, match="autocommit"),
+        pytest.raises(payonce.ConfigurationError, match="autocommit") as caught,
     ):
         enqueue_payment(pg_client, conn, "order-24")
+    # Not the advice to open engine.begin(), which this caller did: what to change instead.
+    advice = str(caught.value)
+    assert "with engine.begin() as conn" not in advice
+    assert "even inside engine.begin()" in advice
+    assert "execution_options(isolation_level='READ COMMITTED')" in advice
     assert intents(pg_client) == []
+    # Following the advice works.
+    with autocommit.execution_options(isolation_level="READ COMMITTED").begin() as conn:
+        record = enqueue_payment(pg_client, conn, "order-24")
+    autocommit.dispose()
+    assert intents(pg_client) == [record]
 
 
 def test_sqlalchemy_on_another_database_kind_is_refused(

@@ -91,10 +91,11 @@ def validate_key(key: str, *, max_length: int = MAX_KEY_LENGTH) -> str:
     return key
 
 
-def validate_reference(reference: str) -> str:
+def validate_reference(reference: str, *, required: bool = False) -> str:
     """Check a caller's reference (an order id): the same reference is the same intent, so
     one that is empty, blank, padded or holds control characters is refused rather than
-    let two orders that a caller's bug gave the same blank name share one payment."""
+    let two orders that a caller's bug gave the same blank name share one payment.
+    ``required``: the caller may not leave it out (``enqueue``), so that is not offered."""
     if not isinstance(reference, str):
         raise ConfigurationError(
             f"reference must be a string, not {type(reference).__name__} ({reference!r}): "
@@ -103,7 +104,8 @@ def validate_reference(reference: str) -> str:
     if not reference.strip():
         raise ConfigurationError(
             f"reference {reference!r} is empty or blank: every order it stood for would be "
-            "one intent, paid once. Pass the order's id, or no reference at all"
+            "one intent, paid once. Pass the order's id"
+            + ("" if required else ", or no reference at all")
         )
     if reference != reference.strip():
         raise ConfigurationError(

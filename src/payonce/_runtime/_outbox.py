@@ -319,11 +319,15 @@ def _sqlalchemy_cursor(connection: Any) -> Any:
     raw = connection.connection
     driver = raw.driver_connection
     if getattr(driver, "autocommit", False):
+        # engine.begin() does not help here: SQLAlchemy runs it without a transaction.
         raise ConfigurationError(
-            _NO_TRANSACTION.format(
-                why="this SQLAlchemy connection runs in autocommit (isolation_level="
-                "'AUTOCOMMIT'), so each statement commits at once"
-            )
+            "enqueue(connection=...) writes the intent inside your open transaction, so that "
+            "it commits or rolls back with your own rows, but this SQLAlchemy connection runs "
+            "in autocommit (isolation_level='AUTOCOMMIT'): each statement commits at once, "
+            "even inside engine.begin() or session.begin(); nothing was written. Use a "
+            "connection that is not in autocommit for the handler that enqueues: the engine "
+            "without isolation_level='AUTOCOMMIT', or "
+            "engine.execution_options(isolation_level='READ COMMITTED')"
         )
     from psycopg.pq import TransactionStatus
 
