@@ -307,6 +307,48 @@ def test_a_direct_call_blocked_by_an_uncommitted_enqueue_names_the_intent_and_th
     assert_sent_once(pg_client.resume(), record, sandbox)
 
 
+def test_another_amount_for_an_enqueued_order_says_how_to_pay_it_instead(
+    pg_client: payonce.Client,
+    connect: Callable[..., psycopg.Connection[Any]],
+    journal_url: str,
+    sandbox: SandboxServer,
+) -> None:
+    """The cart changed after its payment was enqueued: the refusal names the field that
+    differs and the whole procedure (abandon, then a new reference), and following it pays
+    the new amount once, and the old one never."""
+    conn = connect()
+    with conn.transaction():
+        first = enqueue_payment(pg_client, conn, "cart-1", amount=100)
+
+    with pytest.raises(payonce.IntentMismatch) as caught, conn.transaction():
+        enqueue_payment(pg_client, conn, "cart-1", amount=150)
+    message = str(caught.value)
+    assert message.startswith(
+        f"intent {first.key} (reference 'cart-1') cannot be enqueued again for another "
+        "request: the request differs from the one first journaled for it in the body "
+        "(field amount) ("
+    )
+    assert "Nothing was written by this call" in message
+    assert "keep it" not in message
+    assert f"first abandon it (`payonce abandon {first.key} --reason ...`" in message
+    assert "then use a new reference for the new request" in message
+
+    abandoned = run_cli(
+        ["abandon", first.key, "--reason", "cart changed", "--journal", journal_url]
+    )
+    assert abandoned.exit_code == 0, abandoned.output
+    with (
+        pytest.raises(payonce.IntentMismatch, match="use a new reference for the new request"),
+        conn.transaction(),
+    ):
+        enqueue_payment(pg_client, conn, "cart-1", amount=150)
+    with conn.transaction():
+        second = enqueue_payment(pg_client, conn, "cart-1-v2", amount=150)
+
+    assert_sent_once(pg_client.resume(), second, sandbox)
+    assert pg_client.journal.get(first.key).state is payonce.IntentState.ABANDONED
+
+
 # -- refused, nothing written --------------------------------------------------------------------
 
 

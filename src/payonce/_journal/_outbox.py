@@ -297,7 +297,7 @@ def _enqueue(
             location=location,
         )
     if is_mismatch(record, draft):
-        raise refusals.mismatch(draft, record, reconcilable=reconcilable)
+        raise refusals.mismatch(draft, record, reconcilable=reconcilable, enqueuing=True)
     return record
 
 
