@@ -301,7 +301,8 @@ def test_an_unknown_intent_asked_for_with_another_header_says_which_and_to_recon
     assert "req-retry" not in message, "header names, never values"
     assert "req-first-call" not in message
     assert "Nothing was sent. That intent is unknown" in message
-    assert "a new reference could pay twice" in message
+    assert "a new reference could pay twice: do not pay this operation again" in message
+    assert "keep it" not in message
     assert f"Reconcile it first (`payonce reconcile {key}`)" in message
     assert "Use a new reference" not in message
     assert _journaled(retry, key) == held

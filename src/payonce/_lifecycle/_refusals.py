@@ -149,7 +149,10 @@ def _step_mismatch(draft: IntentDraft, record: IntentRecord) -> IntentMismatch:
 def _what_now(record: IntentRecord, reconcilable: bool) -> str:
     """What to do about a mismatch, by the state of the intent already journaled: "a new
     reference" pays twice when its first request may have executed."""
-    twice = "so a new reference could pay twice: keep it for a new operation"
+    twice = (
+        "so a new reference could pay twice: do not pay this operation again under a new "
+        "reference before that intent is settled"
+    )
     match record.state:
         case IntentState.PENDING if record.attempt_count == 0:
             return (
