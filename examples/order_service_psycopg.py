@@ -93,6 +93,9 @@ def main() -> int:
             journal=f"{database_url}{'&' if '?' in database_url else '?'}schema=payonce",
         )
         with client:
+            # A run before this one on the same database (either order-service example)
+            # journaled order-1001 already: its payment is not made again.
+            earlier = client.journal.find("order-1001")
             first = place_order(client, database_url, "order-1001", 4200)
             print(f"order-1001: committed with payment {first.key} ({first.state.value})")
             retried = place_order(client, database_url, "order-1001", 4200)
@@ -109,7 +112,14 @@ def main() -> int:
             print(f"resumed again: {len(client.resume())} to send")
 
         executed = provider.store.total_executions()
-        print(f"the sandbox executed {executed} payment(s) for 1 committed order")
+        if earlier:
+            print(
+                f"order-1001 was paid by an earlier run on this database (payment "
+                f"{earlier[0].key}, {earlier[0].state.value}), so this run's sandbox "
+                f"executed {executed} payment(s)"
+            )
+        else:
+            print(f"the sandbox executed {executed} payment(s) for 1 committed order")
     return 0
 
 

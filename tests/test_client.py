@@ -245,6 +245,25 @@ def test_the_same_intent_with_another_body_is_refused_before_sending(
     assert list(_states(journal_path).values()) == ["succeeded"]
 
 
+def test_a_mismatch_names_the_body_fields_that_differ_never_their_values(
+    client: payonce.Client, sandbox: SandboxServer
+) -> None:
+    client.post(
+        "/v1/payments", json={**PAYMENT, "metadata": {"cart": "c-1"}}, reference="order-fields"
+    )
+    with pytest.raises(payonce.IntentMismatch) as caught:
+        client.post(
+            "/v1/payments",
+            json={"amount": PAYMENT["amount"], "currency": "usd", "metadata": {"cart": "c-2"}},
+            reference="order-fields",
+        )
+    message = str(caught.value)
+    assert "in the body (fields currency, metadata.cart) (" in message
+    assert "c-2" not in message
+    assert "usd" not in message
+    assert sandbox.store.total_executions() == 1
+
+
 def _journaled(client: payonce.Client, key: str) -> tuple[Any, ...]:
     return (client.journal.get(key), client.journal.attempts(key))
 
@@ -282,7 +301,8 @@ def test_an_unknown_intent_asked_for_with_another_header_says_which_and_to_recon
     assert "req-retry" not in message, "header names, never values"
     assert "req-first-call" not in message
     assert "Nothing was sent. That intent is unknown" in message
-    assert "a new reference could pay twice" in message
+    assert "a new reference could pay twice: do not pay this operation again" in message
+    assert "keep it" not in message
     assert f"Reconcile it first (`payonce reconcile {key}`)" in message
     assert "Use a new reference" not in message
     assert _journaled(retry, key) == held

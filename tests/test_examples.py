@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
 import re
 import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 import psycopg
@@ -69,3 +73,90 @@ def test_the_order_service_examples_commit_orders_and_payments_together(
         ]
         states = conn.execute("SELECT reference, state FROM payonce.intents").fetchall()
     assert states == [("order-1001", "succeeded")]
+
+
+def test_the_second_order_service_on_the_same_database_says_the_order_was_paid_before(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """Both order-service examples use order-1001: run one after the other on one database,
+    the second finds it paid by the first and says so, rather than that its sandbox
+    executed 0 payments for 1 committed order."""
+    env = deployed_env(tmp_path / "example-home", DATABASE_URL=postgres_url)
+    first = run_example("order_service_psycopg.py", cwd=tmp_path, env=env, timeout=60)
+    assert first.returncode == 0, f"stdout:\n{first.stdout}\nstderr:\n{first.stderr}"
+    key = re.search(r"order-1001: committed with payment (\w+) \(pending\)", first.stdout)
+    assert key, first.stdout
+
+    second = run_example("order_service_sqlalchemy.py", cwd=tmp_path, env=env, timeout=60)
+
+    assert second.returncode == 0, f"stdout:\n{second.stdout}\nstderr:\n{second.stderr}"
+    out = second.stdout
+    assert f"order-1001: committed with payment {key.group(1)} (succeeded)" in out
+    assert (
+        f"order-1001 was paid by an earlier run on this database (payment {key.group(1)}, "
+        "succeeded), so this run's sandbox executed 0 payment(s)"
+    ) in out
+    assert "for 1 committed order" not in out
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _requirement_name(requirement: str) -> str:
+    return re.split(r"[\[<>=!~ ;]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def _installed_by(extras: list[str], also: list[str]) -> set[str]:
+    """The distributions ``pip install -e '.[EXTRAS]' ALSO...`` brings, from pyproject.toml
+    (an extra may name others, as ``payonce[sandbox]``)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    optional = project["optional-dependencies"]
+    names = {_requirement_name(r) for r in project["dependencies"]} | {
+        _requirement_name(a) for a in also
+    }
+    todo = list(extras)
+    while todo:
+        for requirement in optional[todo.pop()]:
+            if inner := re.fullmatch(r"payonce\[([\w,-]+)\]", requirement):
+                todo.extend(inner.group(1).split(","))
+            else:
+                names.add(_requirement_name(requirement))
+    # And what those require in turn (fastapi brings pydantic), as installed here.
+    todo_names = list(names)
+    while todo_names:
+        try:
+            requires = importlib.metadata.requires(todo_names.pop()) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for requirement in requires:
+            name = _requirement_name(requirement)
+            if "extra ==" not in requirement and name not in names:
+                names.add(name)
+                todo_names.append(name)
+    return names
+
+
+def test_the_install_line_of_the_examples_page_brings_what_every_example_imports() -> None:
+    page = (ROOT / "docs" / "examples.md").read_text()
+    line = re.search(r"`pip install -e '\.\[([\w,]+)\]'((?: [\w-]+)*)`", page)
+    assert line, "the examples page has no `pip install -e '.[...]'` line"
+    installed = _installed_by(line.group(1).split(","), line.group(2).split())
+    distributions = importlib.metadata.packages_distributions()
+    missing = {}
+    for example in sorted((ROOT / "examples").glob("*.py")):
+        tree = ast.parse(example.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [node.module]
+            else:
+                continue
+            for module in modules:
+                top = module.split(".")[0]
+                if top in sys.stdlib_module_names or top == "payonce":
+                    continue
+                needed = {d.lower() for d in distributions.get(top, [top])}
+                if not needed & installed:
+                    missing[f"{example.name}: {top}"] = sorted(needed)
+    assert missing == {}, f"not installed by {line.group(0)}"

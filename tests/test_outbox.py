@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import re
 import signal
 import subprocess
 import sys
@@ -233,7 +234,8 @@ def test_under_repeatable_read_the_second_handler_is_told_to_retry_its_transacti
     pg_client: payonce.Client, connect: Callable[..., psycopg.Connection[Any]]
 ) -> None:
     """Its snapshot cannot see the first handler's intent once committed: it fails to
-    serialize, and a new transaction finds that intent."""
+    serialize, is told to roll back and retry (never that its transaction may go on and
+    commit without the payment), and a new transaction finds that intent."""
     first_conn, second_conn = connect(), connect()
     second_conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
     place_order(first_conn, "order-29")
@@ -243,8 +245,14 @@ def test_under_repeatable_read_the_second_handler_is_told_to_retry_its_transacti
         second_conn.execute("SELECT 1")  # the snapshot is taken before the first commits
         second = pool.submit(handler, pg_client, second_conn, "order-29")
         first_conn.commit()
-        with pytest.raises(payonce.JournalError, match="could not serialize"):
+        with pytest.raises(payonce.JournalError, match="could not serialize") as caught:
             second.result(timeout=30)
+    message = str(caught.value)
+    assert "reference 'order-29'" in message
+    assert "Nothing was written" in message
+    assert "Do not commit your transaction as it is" in message
+    assert "Roll it back and run it again" in message
+    assert "goes on" not in message
     second_conn.rollback()
     assert handler(pg_client, second_conn, "order-29").key == first.key
 
@@ -269,6 +277,76 @@ def test_another_request_for_the_reference_is_refused_and_the_transaction_goes_o
     conn.commit()
     assert orders(postgres_url) == [("order-5", 4200), ("order-6", 4200)]
     assert intents(pg_client) == before
+
+
+def test_a_direct_call_blocked_by_an_uncommitted_enqueue_names_the_intent_and_the_holder(
+    make_client: Callable[..., payonce.Client],
+    pg_client: payonce.Client,
+    connect: Callable[..., psycopg.Connection[Any]],
+    journal_url: str,
+    sandbox: SandboxServer,
+) -> None:
+    """The outbox transaction holds the new intent's row until it ends: a direct call for the
+    same reference waits, then ``JournalBusy`` names that intent and says an uncommitted
+    transaction (an outbox one, say) may hold it. Nothing is sent meanwhile."""
+    conn = connect()
+    place_order(conn, "order-busy")
+    record = enqueue_payment(pg_client, conn, "order-busy")
+    impatient = make_client(journal=payonce.open_journal(journal_url, busy_timeout=0.5))
+
+    with pytest.raises(payonce.JournalBusy) as caught:
+        impatient.post("/v1/payments", json=PAYMENT, reference="order-busy")
+
+    message = str(caught.value)
+    assert "the intent of reference 'order-busy': its row stayed locked" in message
+    assert "enqueue(connection=...)" in message
+    assert "nothing was sent" in message
+    assert not caught.value.may_have_executed
+    assert sandbox.store.total_executions() == 0
+    conn.commit()
+    assert_sent_once(pg_client.resume(), record, sandbox)
+
+
+def test_another_amount_for_an_enqueued_order_says_how_to_pay_it_instead(
+    pg_client: payonce.Client,
+    connect: Callable[..., psycopg.Connection[Any]],
+    journal_url: str,
+    sandbox: SandboxServer,
+) -> None:
+    """The cart changed after its payment was enqueued: the refusal names the field that
+    differs and the whole procedure (abandon, then a new reference), and following it pays
+    the new amount once, and the old one never."""
+    conn = connect()
+    with conn.transaction():
+        first = enqueue_payment(pg_client, conn, "cart-1", amount=100)
+
+    with pytest.raises(payonce.IntentMismatch) as caught, conn.transaction():
+        enqueue_payment(pg_client, conn, "cart-1", amount=150)
+    message = str(caught.value)
+    assert message.startswith(
+        f"intent {first.key} (reference 'cart-1') cannot be enqueued again for another "
+        "request: the request differs from the one first journaled for it in the body "
+        "(field amount) ("
+    )
+    assert "Nothing was written by this call" in message
+    assert "keep it" not in message
+    assert f"first abandon it (`payonce abandon {first.key} --reason ...`" in message
+    assert "then use a new reference for the new request" in message
+
+    abandoned = run_cli(
+        ["abandon", first.key, "--reason", "cart changed", "--journal", journal_url]
+    )
+    assert abandoned.exit_code == 0, abandoned.output
+    with (
+        pytest.raises(payonce.IntentMismatch, match="use a new reference for the new request"),
+        conn.transaction(),
+    ):
+        enqueue_payment(pg_client, conn, "cart-1", amount=150)
+    with conn.transaction():
+        second = enqueue_payment(pg_client, conn, "cart-1-v2", amount=150)
+
+    assert_sent_once(pg_client.resume(), second, sandbox)
+    assert pg_client.journal.get(first.key).state is payonce.IntentState.ABANDONED
 
 
 # -- refused, nothing written --------------------------------------------------------------------
@@ -304,6 +382,9 @@ def test_a_connection_to_another_database_is_refused(
         with pytest.raises(payonce.ConfigurationError, match=f"database '{other}'") as caught:
             enqueue_payment(pg_client, conn, "order-8")
         assert "nothing was written" in str(caught.value)
+        # The public class itself: a traceback shows no private module's path.
+        assert type(caught.value) is payonce.ConfigurationError
+        assert caught.value.__cause__ is None
         conn.commit()  # still usable
         assert orders(postgres_server.url(other)) == [("order-8", 4200)]
         tables = conn.execute("SELECT to_regclass(%s)", (f"{SCHEMA}.intents",)).fetchone()
@@ -379,14 +460,16 @@ def test_a_failed_transaction_is_refused(
     assert intents(pg_client) == []
 
 
-def test_a_statement_that_fails_leaves_the_callers_transaction_usable(
+def test_a_role_that_may_not_write_the_journal_is_told_the_grants_and_to_retry(
     pg_client: payonce.Client,
     connect: Callable[..., psycopg.Connection[Any]],
     postgres_server: PostgresServer,
     postgres_url: str,
 ) -> None:
     """The service's role may read the journal but not write to it: the insert fails inside
-    the savepoint, which is rolled back, so the service's own order still commits."""
+    the savepoint, which is rolled back. The error names the reference, the privileges to
+    grant, and says to roll back and retry (committing as it is would commit the order
+    without its payment); doing just that commits both."""
     if postgres_server.directory is None:
         pytest.skip("an external server: its role may not create roles")
     database = str(psycopg.conninfo.conninfo_to_dict(postgres_url)["dbname"])
@@ -399,13 +482,30 @@ def test_a_statement_that_fails_leaves_the_callers_transaction_usable(
     try:
         conn = connect(postgres_server.url(database, user=role, password="shop-pw"))
         place_order(conn, "order-26")
-        with pytest.raises(payonce.JournalError, match="permission denied for table intents"):
+        with pytest.raises(
+            payonce.JournalError, match="permission denied for table intents"
+        ) as caught:
             enqueue_payment(pg_client, conn, "order-26")
-        place_order(conn, "order-27")
-        conn.commit()
+        message = str(caught.value)
+        assert "reference 'order-26'" in message
+        assert f"role '{role}' lacks a privilege" in message
+        assert "Nothing was written" in message
+        assert "goes on" not in message
+        grants = re.search(r"GRANT .*;", message)
+        assert grants is not None
+        assert f'GRANT SELECT, INSERT ON "{SCHEMA}".intents TO "{role}";' in grants.group()
+        # The transaction is still usable (the savepoint was rolled back), but the advice is
+        # to roll it back: follow it, grant what it names, and run the transaction again.
+        conn.rollback()
+        assert orders(postgres_url) == []
+        with postgres_server.admin(database) as admin:
+            admin.execute(grants.group())
+        with conn.transaction():
+            place_order(conn, "order-26")
+            record = enqueue_payment(pg_client, conn, "order-26")
         conn.close()
-        assert orders(postgres_url) == [("order-26", 4200), ("order-27", 4200)]
-        assert intents(pg_client) == []
+        assert orders(postgres_url) == [("order-26", 4200)]
+        assert intents(pg_client) == [record]
     finally:
         with postgres_server.admin(database) as admin:
             admin.execute(f"DROP OWNED BY {role}")
@@ -425,6 +525,39 @@ def test_a_connection_lost_before_the_enqueue_says_the_transaction_is_gone(
     with pytest.raises(payonce.JournalError, match="nothing of that transaction commits"):
         enqueue_payment(pg_client, conn, "order-28")
     assert orders(postgres_url) == []
+    assert intents(pg_client) == []
+
+
+@pytest.mark.parametrize("method", ["GET", "head"])
+def test_a_read_is_not_an_intent_to_enqueue(
+    pg_client: payonce.Client,
+    connect: Callable[..., psycopg.Connection[Any]],
+    postgres_url: str,
+    method: str,
+) -> None:
+    """Only a request that changes something is made to happen once: a GET or HEAD is
+    refused before anything is written (a resume would send a read nobody waits for)."""
+    conn = connect()
+    place_order(conn, "order-read")
+    with pytest.raises(payonce.ConfigurationError, match="only a request that changes") as caught:
+        pg_client.enqueue(method, "/v1/payments/pay_1", reference="order-read", connection=conn)
+    assert "nothing was written" in str(caught.value)
+    conn.commit()
+    assert orders(postgres_url) == [("order-read", 4200)]
+    assert intents(pg_client) == []
+
+
+def test_a_blank_reference_is_refused_without_offering_none(
+    pg_client: payonce.Client, connect: Callable[..., psycopg.Connection[Any]]
+) -> None:
+    """enqueue requires a reference: its refusal of a blank one does not offer to leave it
+    out, as a direct call's does."""
+    conn = connect()
+    with pytest.raises(payonce.ConfigurationError, match="empty or blank") as caught:
+        enqueue_payment(pg_client, conn, "  ")
+    assert "no reference at all" not in str(caught.value)
+    with pytest.raises(payonce.ConfigurationError, match="no reference at all"):
+        pg_client.post("/v1/payments", json=PAYMENT, reference="  ")
     assert intents(pg_client) == []
 
 
@@ -569,7 +702,7 @@ def test_an_sqlalchemy_session_keeps_its_transaction_after_a_mismatch(
 
 
 def test_sqlalchemy_without_a_transaction_or_on_autocommit_is_refused(
-    pg_client: payonce.Client, engine: sqlalchemy.Engine
+    pg_client: payonce.Client, engine: sqlalchemy.Engine, sqlalchemy_url: str
 ) -> None:
     with (
         engine.connect() as conn,
@@ -581,13 +714,23 @@ def test_sqlalchemy_without_a_transaction_or_on_autocommit_is_refused(
         pytest.raises(payonce.ConfigurationError, match="Session has none begun"),
     ):
         enqueue_payment(pg_client, session, "order-24")
-    autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+    autocommit = sqlalchemy.create_engine(sqlalchemy_url, isolation_level="AUTOCOMMIT")
     with (
         autocommit.begin() as conn,
-        pytest.raises(payonce.ConfigurationError, match="autocommit"),
+        pytest.raises(payonce.ConfigurationError, match="autocommit") as caught,
     ):
         enqueue_payment(pg_client, conn, "order-24")
+    # Not the advice to open engine.begin(), which this caller did: what to change instead.
+    advice = str(caught.value)
+    assert "with engine.begin() as conn" not in advice
+    assert "even inside engine.begin()" in advice
+    assert "execution_options(isolation_level='READ COMMITTED')" in advice
     assert intents(pg_client) == []
+    # Following the advice works.
+    with autocommit.execution_options(isolation_level="READ COMMITTED").begin() as conn:
+        record = enqueue_payment(pg_client, conn, "order-24")
+    autocommit.dispose()
+    assert intents(pg_client) == [record]
 
 
 def test_sqlalchemy_on_another_database_kind_is_refused(

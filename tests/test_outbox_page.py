@@ -23,10 +23,13 @@ NOT_RUN = {
 _FENCE = re.compile(r"^```(\w+)\n(.*?)^```\n", re.DOTALL | re.MULTILINE)
 
 
+@pytest.mark.parametrize("query", ["", "?application_name=shop"], ids=["bare", "with-query"])
 def test_every_block_of_the_outbox_page_runs(
-    postgres_url: str, sandbox: SandboxServer, monkeypatch: pytest.MonkeyPatch
+    postgres_url: str, sandbox: SandboxServer, monkeypatch: pytest.MonkeyPatch, query: str
 ) -> None:
-    monkeypatch.setenv("DATABASE_URL", postgres_url)
+    """Also with a DATABASE_URL that has a query string of its own (``?sslmode=...``): the
+    page's journal URL adds its schema to it rather than break it."""
+    monkeypatch.setenv("DATABASE_URL", postgres_url + query)
     monkeypatch.setenv("PAYONCE_BASE_URL", sandbox.url)
     monkeypatch.setenv("PAYONCE_API_KEY", DEFAULT_API_KEY)
     session: dict[str, Any] = {"__name__": "outbox_page"}

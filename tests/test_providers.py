@@ -254,6 +254,14 @@ def test_a_json_body_for_stripe_s_v1_api_is_refused_before_it_is_journaled(
     assert server.store.total_executions() == 1
 
 
+def test_a_mismatch_of_a_form_body_names_the_field_that_differs(like: Like) -> None:
+    server, client = like("stripe")
+    client.post("/v1/payments", data=PAYMENT, reference="order-form")
+    with pytest.raises(payonce.IntentMismatch, match=r"in the body \(field amount\) \("):
+        client.post("/v1/payments", data={**PAYMENT, "amount": 1}, reference="order-form")
+    assert server.store.total_executions() == 1
+
+
 def test_a_json_body_is_refused_for_stripe_s_v1_api_when_v1_is_in_the_base_url(
     like: Like, make_client: MakeClient
 ) -> None:

@@ -38,9 +38,10 @@ from ._rows import intent_from_row, write_ahead_values
 __all__ = [
     "SAVEPOINT",
     "Answer",
+    "Elsewhere",
     "JournalPlace",
-    "NotTheJournalDatabase",
     "Statement",
+    "StatementFailed",
     "enqueue_steps",
     "journal_place",
 ]
@@ -52,6 +53,8 @@ _PLACE = (
     "SELECT current_database(), extract(epoch FROM pg_postmaster_start_time()),"
     " current_setting('port'), to_regclass(?)::oid"
 )
+_HERE = "SELECT current_user, " + _PLACE.removeprefix("SELECT ")
+"""``_PLACE`` through the caller's connection, with the role it writes as."""
 _JOURNAL_SCHEMA = (
     "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
     " WHERE c.oid = to_regclass('intents')"
@@ -99,10 +102,87 @@ class JournalPlace:
         return None
 
 
-class NotTheJournalDatabase(ConfigurationError):
+class Elsewhere(Exception):
     """The caller's connection does not reach the journal's tables (raised by the steps,
-    nothing written): the runtime reads the journal's place again once before giving up,
-    in case the server was restarted since it last read it."""
+    nothing written). Never seen by callers: the runtime reads the journal's place again
+    once, in case the server was restarted since it last read it, and raises a
+    ``ConfigurationError`` with ``message`` when the connection is still elsewhere."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class StatementFailed(Exception):
+    """A statement of the steps failed on the caller's connection: the runner throws it into
+    the steps, which word what it means for the caller's transaction. ``cause`` is what the
+    driver raised, ``sqlstate`` its SQLSTATE code when the server sent one."""
+
+    def __init__(self, cause: BaseException, sqlstate: str | None) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.sqlstate = sqlstate
+
+    @property
+    def what(self) -> str:
+        return " ".join(str(self.cause).split()) or type(self.cause).__name__
+
+
+_SERIALIZATION_FAILURE = "40001"
+_DEADLOCK = "40P01"
+_INSUFFICIENT_PRIVILEGE = "42501"
+_ROLL_BACK = (
+    "Do not commit your transaction as it is: your rows would commit without their payment. "
+    "Roll it back and run it again"
+)
+
+
+def outbox_grants(schema: str, role: str) -> str:
+    """The privileges a role needs to enqueue into the journal in ``schema`` (outbox.md)."""
+    s, r = _quoted(schema), _quoted(role)
+    return (
+        f"GRANT USAGE ON SCHEMA {s} TO {r}; GRANT SELECT, INSERT ON {s}.intents TO {r}; "
+        f"GRANT SELECT ON {s}.attempts TO {r};"
+    )
+
+
+def write_failed(
+    failed: StatementFailed,
+    draft: IntentDraft,
+    place: JournalPlace,
+    role: str | None,
+    location: str,
+) -> JournalError:
+    """The error of a statement that failed on the caller's connection: the intent was not
+    written, so the caller's transaction must not commit as it is (its order would have no
+    payment), whatever the cause."""
+    intent = f"the intent for reference {draft.reference!r}"
+    if failed.sqlstate == _SERIALIZATION_FAILURE:
+        why = (
+            "your transaction conflicted with a concurrent one (under REPEATABLE READ or "
+            "SERIALIZABLE: another transaction committed the same reference after yours "
+            "took its snapshot), and it cannot write it any more"
+        )
+        then = f"{_ROLL_BACK}: the new transaction finds the intent the other one wrote"
+    elif failed.sqlstate == _DEADLOCK:
+        why = "your transaction deadlocked with a concurrent one"
+        then = _ROLL_BACK
+    elif failed.sqlstate == _INSUFFICIENT_PRIVILEGE:
+        who = f"role {role!r}" if role is not None else "your connection's role"
+        why = f"{who} lacks a privilege the outbox needs on the journal's tables"
+        then = (
+            f"Have the journal's owner grant it: {outbox_grants(place.schema, role or 'ROLE')} "
+            f"Then roll your transaction back and run it again: committing it as it is "
+            "would commit your rows without their payment"
+        )
+    else:
+        why = "the statement that writes it failed"
+        then = _ROLL_BACK
+    return JournalError(
+        f"enqueue did not write {intent} through your connection: {why} ({failed.what}). "
+        f"Nothing was written. {then}",
+        location=location,
+    )
 
 
 def journal_place(engine: Engine) -> JournalPlace:
@@ -165,12 +245,30 @@ def enqueue_steps(
     Returns the intent journaled for ``draft.reference``: the new one, or the one an
     earlier call journaled for the same request (a retried handler). Raises
     ``IntentMismatch`` when that reference holds another request, and
-    ``NotTheJournalDatabase`` when the connection does not reach the journal's tables; the
+    ``Elsewhere`` when the connection does not reach the journal's tables, and
+    ``JournalError`` when a statement fails (the runner throws ``StatementFailed`` in); the
     runner then rolls its savepoint back.
     """
-    here = yield _statement(_PLACE, (place.intents_table,))
-    if (why := place.differences(place.seen_from(here.rows[0]))) is not None:
-        raise NotTheJournalDatabase(
+    roles: list[str] = []  # the caller's role, once the first statement has told it
+    try:
+        return (yield from _enqueue(draft, now, place, location, reconcilable, roles))
+    except StatementFailed as failed:
+        role = roles[0] if roles else None
+        raise write_failed(failed, draft, place, role, location) from failed.cause
+
+
+def _enqueue(
+    draft: IntentDraft,
+    now: float,
+    place: JournalPlace,
+    location: str,
+    reconcilable: bool,
+    roles: list[str],
+) -> Steps:
+    here = yield _statement(_HERE, (place.intents_table,))
+    roles.append(str(here.rows[0][0]))
+    if (why := place.differences(place.seen_from(here.rows[0][1:]))) is not None:
+        raise Elsewhere(
             f"connection= must reach the database that holds the journal ({location}, schema "
             f"{place.schema!r}) so that the intent commits with your rows, but {why}; nothing "
             "was written. Pass a connection to that database, or give the client a journal in "
@@ -193,13 +291,13 @@ def enqueue_steps(
     yield _statement("SELECT set_config('search_path', ?, true)", (before.rows[0][0],))
     if record is None:
         raise JournalError(
-            f"intent {draft.key} for reference {draft.reference!r} was neither written nor "
-            "found (another transaction holds the same reference uncommitted?); nothing was "
-            "written. Retry your transaction",
+            f"enqueue did not write the intent for reference {draft.reference!r}: it was "
+            "neither written nor found (another transaction holds the same reference "
+            f"uncommitted?). Nothing was written. {_ROLL_BACK}",
             location=location,
         )
     if is_mismatch(record, draft):
-        raise refusals.mismatch(draft, record, reconcilable=reconcilable)
+        raise refusals.mismatch(draft, record, reconcilable=reconcilable, enqueuing=True)
     return record
 
 

@@ -524,9 +524,12 @@ class PostgresEngine(Engine):
                 then=busy,
             )
         if isinstance(exc, _BUSY):
+            held = f"{busy.about}: its row" if busy.about else "the journal's rows"
             return self.error(
-                f"the journal's rows stayed locked by another worker for more than "
-                f"{self._busy_timeout:g}s",
+                f"{held} stayed locked for more than {self._busy_timeout:g}s by another "
+                "transaction still open: another worker's, or an uncommitted one of your "
+                "service's (an outbox transaction that enqueued it with enqueue(connection=...) "
+                "holds its row until it commits or rolls back)",
                 busy=True,
                 then=busy,
             )

@@ -279,9 +279,10 @@ class SQLiteEngine(Engine):
                 then=busy,
             )
         if "locked" in message or "busy" in message:
+            writing = f" (writing {busy.about})" if busy.about else ""
             return self.error(
                 f"the journal stayed locked by another process for more than "
-                f"{self._busy_timeout:g}s",
+                f"{self._busy_timeout:g}s{writing}",
                 busy=True,
                 then=busy,
             )

@@ -312,6 +312,11 @@ class IntentStore:
             return (True, None) if created_by_this_claim(tx) else None
 
         unwritten = rule(Transition.WRITE_AHEAD).unwritten
+        # A reference's key is the one journaled first: the draft's may not be it.
+        if draft.reference is not None:
+            unwritten = unwritten.for_reference(draft.reference)
+        else:
+            unwritten = unwritten.for_intent(draft.key)
         if self._engine.dialect.chains_writes:
             # A new intent, the common case, is one statement: one round trip to the
             # server. So is a replay, a refusal or a wait answered from the committed row
@@ -437,7 +442,9 @@ class IntentStore:
         write = _idempotent(
             lambda tx: self._claim_row(tx, find, None, owner, now, lease_seconds, unknown, is_stale)
         )
-        return self._engine.write(write.work, durable=True, busy=BEFORE_SEND, recover=write.recover)
+        return self._engine.write(
+            write.work, durable=True, busy=BEFORE_SEND.for_intent(key), recover=write.recover
+        )
 
     def claim_next_pending(
         self,

@@ -91,10 +91,11 @@ def validate_key(key: str, *, max_length: int = MAX_KEY_LENGTH) -> str:
     return key
 
 
-def validate_reference(reference: str) -> str:
+def validate_reference(reference: str, *, required: bool = False) -> str:
     """Check a caller's reference (an order id): the same reference is the same intent, so
     one that is empty, blank, padded or holds control characters is refused rather than
-    let two orders that a caller's bug gave the same blank name share one payment."""
+    let two orders that a caller's bug gave the same blank name share one payment.
+    ``required``: the caller may not leave it out (``enqueue``), so that is not offered."""
     if not isinstance(reference, str):
         raise ConfigurationError(
             f"reference must be a string, not {type(reference).__name__} ({reference!r}): "
@@ -103,7 +104,8 @@ def validate_reference(reference: str) -> str:
     if not reference.strip():
         raise ConfigurationError(
             f"reference {reference!r} is empty or blank: every order it stood for would be "
-            "one intent, paid once. Pass the order's id, or no reference at all"
+            "one intent, paid once. Pass the order's id"
+            + ("" if required else ", or no reference at all")
         )
     if reference != reference.strip():
         raise ConfigurationError(
@@ -285,7 +287,9 @@ def request_differences(first: JournaledRequest, again: JournaledRequest) -> lis
         found.append("the content type")
     bodies = _canonical_bodies(content_types[0], first.body)
     if not set(bodies) & set(_canonical_bodies(content_types[1], again.body)):
-        found.append("the body")
+        fields = _fields_differing(first.body, again.body)
+        named = f" ({'field' if len(fields) == 1 else 'fields'} {', '.join(fields)})"
+        found.append("the body" + (named if fields else ""))
     for name in sorted(before.keys() | after.keys()):
         if name not in before:
             found.append(f"header {name} (not sent the first time)")
@@ -294,6 +298,45 @@ def request_differences(first: JournaledRequest, again: JournaledRequest) -> lis
         elif before[name] != after[name]:
             found.append(f"header {name} (another value)")
     return found
+
+
+def _fields_differing(first: bytes, again: bytes) -> list[str]:
+    """The fields two JSON-object or form bodies differ in, by name (dotted into nested
+    objects), never by value; none when they are not both objects or both forms."""
+    try:
+        before, after = json.loads(first), json.loads(again)
+    except ValueError:
+        try:
+            before = _form_fields(first.decode("latin-1"))
+            after = _form_fields(again.decode("latin-1"))
+        except ValueError:
+            return []
+    if not isinstance(before, dict) or not isinstance(after, dict):
+        return []
+    return _paths_differing(before, after, "")
+
+
+def _form_fields(body: str) -> dict[str, list[str]]:
+    fields: dict[str, list[str]] = {}
+    for name, value in parse_qsl(body, keep_blank_values=True, strict_parsing=bool(body)):
+        fields.setdefault(name, []).append(value)
+    return fields
+
+
+def _paths_differing(before: dict[str, Any], after: dict[str, Any], prefix: str) -> list[str]:
+    found: list[str] = []
+    for name in sorted(before.keys() | after.keys()):
+        first, again = before.get(name, _ABSENT), after.get(name, _ABSENT)
+        if first == again:
+            continue
+        if isinstance(first, dict) and isinstance(again, dict):
+            found.extend(_paths_differing(first, again, f"{prefix}{name}."))
+        else:
+            found.append(f"{prefix}{name}")
+    return found
+
+
+_ABSENT = object()
 
 
 def journaled_fingerprint_matches(

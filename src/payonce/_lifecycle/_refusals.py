@@ -88,7 +88,11 @@ def unavailable(record: IntentRecord, reason: str) -> ProviderUnavailable:
     )
 
 
-def mismatch(draft: IntentDraft, record: IntentRecord, *, reconcilable: bool) -> IntentMismatch:
+def mismatch(
+    draft: IntentDraft, record: IntentRecord, *, reconcilable: bool, enqueuing: bool = False
+) -> IntentMismatch:
+    """``enqueuing``: the refusal of ``enqueue(connection=...)``, which writes rather than
+    sends, and leaves the caller's transaction as it was before the call."""
     if draft.step > 1 and record.key == draft.key:
         return _step_mismatch(draft, record)
     if draft.key_supplied and record.key != draft.key:
@@ -99,11 +103,19 @@ def mismatch(draft: IntentDraft, record: IntentRecord, *, reconcilable: bool) ->
         what = "the request differs from the one first journaled for it"
         if differences := request_differences(record, draft):
             what += f" in {', '.join(differences)}"
+    if enqueuing:
+        refused = "cannot be enqueued again for another request"
+        nothing = (
+            "Nothing was written by this call, and your transaction is as it was before it: "
+            "if you commit it, this reference's payment is that intent, with its first request"
+        )
+    else:
+        refused, nothing = "cannot be sent", "Nothing was sent"
     return _about(
         IntentMismatch,
         record,
-        f"cannot be sent: {what} (stored fingerprint {record.fingerprint[:16]}…, new "
-        f"{draft.fingerprint[:16]}…). Nothing was sent. {_what_now(record, reconcilable)}",
+        f"{refused}: {what} (stored fingerprint {record.fingerprint[:16]}…, new "
+        f"{draft.fingerprint[:16]}…). {nothing}. {_what_now(record, reconcilable)}",
         stored_fingerprint=record.fingerprint,
         new_fingerprint=draft.fingerprint,
     )
@@ -137,14 +149,20 @@ def _step_mismatch(draft: IntentDraft, record: IntentRecord) -> IntentMismatch:
 def _what_now(record: IntentRecord, reconcilable: bool) -> str:
     """What to do about a mismatch, by the state of the intent already journaled: "a new
     reference" pays twice when its first request may have executed."""
-    twice = "so a new reference could pay twice: keep it for a new operation"
+    twice = (
+        "so a new reference could pay twice: do not pay this operation again under a new "
+        "reference before that intent is settled"
+    )
     match record.state:
         case IntentState.PENDING if record.attempt_count == 0:
             return (
-                "That intent is enqueued and has not been sent yet; a new reference would be "
-                "a second payment once both are sent: keep it for a new operation. To pay "
-                "this order otherwise, abandon that intent first "
-                f"(`payonce abandon {record.key} --reason ...`)"
+                "That intent is enqueued and has not been sent yet: the next resume sends it "
+                "with the request first journaled. To pay with the new request instead, "
+                f"first abandon it (`payonce abandon {record.key} --reason ...`, once the "
+                "transaction that enqueued it has committed), then use a new reference for "
+                "the new request: the reference stays bound to its first request, even "
+                "abandoned. A new reference without abandoning it would pay twice once both "
+                "are sent"
             )
         case IntentState.PENDING:
             return (
@@ -175,7 +193,8 @@ def _what_now(record: IntentRecord, reconcilable: bool) -> str:
             )
         case IntentState.ABANDONED:
             return (
-                "That intent was abandoned by an operator. Use a new reference for a new operation"
+                "That intent was abandoned by an operator, and the reference stays bound to "
+                "it: use a new reference for the new request"
             )
 
 

@@ -85,6 +85,16 @@ class Unwritten:
     may_have_executed: bool = False
     retry_later: bool = True
     """A journal that was only busy frees itself: "Retry later" is said then."""
+    about: str = ""
+    """The intent the write was for ("intent KEY", "the intent of reference 'R'"), when it
+    is known: a lock held past the busy timeout is then said to be that intent's row."""
+
+    def for_intent(self, key: str) -> Unwritten:
+        return attrs.evolve(self, about=f"intent {key}")
+
+    def for_reference(self, reference: str) -> Unwritten:
+        """A reference's intent, whose key is the one journaled first (not yet read)."""
+        return attrs.evolve(self, about=f"the intent of reference {reference!r}")
 
 
 NOTHING_SENT = Unwritten("nothing was sent")

@@ -413,6 +413,11 @@ class OperationBase:
         return f"<{type(self).__name__} key={self._key!r} reference={self.reference!r}>"
 
 
+_ENQUEUEABLE = ("POST", "PUT", "PATCH", "DELETE")
+"""The methods ``enqueue`` takes: a GET or HEAD changes nothing, so there is nothing to
+make happen once, and a resume would send a read nobody waits for."""
+
+
 def draft_request(
     core: IntentCore,
     method: str,
@@ -677,6 +682,13 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
         headers: Mapping[str, str] | None,
     ) -> IntentDraft:
         """The draft of an intent to enqueue: a request as ``request`` takes it, named."""
+        if not isinstance(method, str) or method.upper() not in _ENQUEUEABLE:
+            raise ConfigurationError(
+                f"enqueue({method!r}, {path!r}): only a request that changes something at "
+                f"the provider ({', '.join(_ENQUEUEABLE)}) is an intent to enqueue; nothing "
+                "was written. Send a read directly, after your transaction commits "
+                "(client.get(...))"
+            )
         if reference is None:
             raise ConfigurationError(
                 "enqueue needs reference= (your order id, say): it is what makes a retried "
@@ -694,7 +706,7 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
             method,
             path,
             options,
-            reference=validate_reference(reference),
+            reference=validate_reference(reference, required=True),
             key=None,
             key_supplied=False,
         )

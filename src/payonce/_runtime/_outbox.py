@@ -16,14 +16,15 @@ a program that imported them already, so their modules are looked up in ``sys.mo
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from .._journal._outbox import (
     SAVEPOINT,
     Answer,
+    Elsewhere,
     JournalPlace,
-    NotTheJournalDatabase,
     Statement,
+    StatementFailed,
     Steps,
     enqueue_steps,
     journal_place,
@@ -79,17 +80,21 @@ class Outbox:
         place = self.place()
         cursor = _sync_cursor(connection)
         try:
-            return self._run(cursor, self._steps(draft, place))
-        except NotTheJournalDatabase:
+            return self._run(cursor, draft, place)
+        except Elsewhere as elsewhere:
             fresh = self.place(fresh=True)
             if fresh == place:
-                raise
-            # The server restarted since the place was read (its start time changed).
-            return self._run(_sync_cursor(connection), self._steps(draft, fresh))
-
-    def _run(self, cursor: Any, steps: Steps) -> IntentRecord:
+                raise ConfigurationError(elsewhere.message) from None
+        # The server restarted since the place was read (its start time changed).
         try:
-            self._bracket(cursor, f"SAVEPOINT {SAVEPOINT}")
+            return self._run(_sync_cursor(connection), draft, fresh)
+        except Elsewhere as elsewhere:
+            raise ConfigurationError(elsewhere.message) from None
+
+    def _run(self, cursor: Any, draft: IntentDraft, place: JournalPlace) -> IntentRecord:
+        steps = self._steps(draft, place)
+        try:
+            self._bracket(cursor, f"SAVEPOINT {SAVEPOINT}", draft)
             try:
                 answer: Any = None
                 while True:
@@ -98,33 +103,36 @@ class Outbox:
                     except StopIteration as done:
                         record: IntentRecord = done.value
                         break
-                    answer = self._execute(cursor, statement)
+                    try:
+                        answer = self._execute(cursor, statement)
+                    except StatementFailed as failed:
+                        _thrown(steps, failed)
             except BaseException as exc:
                 for text in _UNDO:
                     try:
                         cursor.execute(text)
                     except Exception as lost:
-                        raise self._unusable(lost) from exc
+                        raise self._unusable(lost, draft) from exc
                 raise
-            self._bracket(cursor, f"RELEASE SAVEPOINT {SAVEPOINT}")
+            self._bracket(cursor, f"RELEASE SAVEPOINT {SAVEPOINT}", draft)
             return record
         finally:
             cursor.close()
 
-    def _bracket(self, cursor: Any, text: str) -> None:
+    def _bracket(self, cursor: Any, text: str, draft: IntentDraft) -> None:
         """The savepoint's own statements: if one fails, the connection cannot go on with
         the caller's transaction (lost, or the transaction aborted)."""
         try:
             cursor.execute(text)
         except Exception as exc:
-            raise self._unusable(exc) from exc
+            raise self._unusable(exc, draft) from exc
 
     def _execute(self, cursor: Any, statement: Statement) -> Answer:
         try:
             cursor.execute(statement.text, statement.params)
             rows = cursor.fetchall() if cursor.description is not None else []
         except Exception as exc:
-            raise self._failed(exc) from exc
+            raise StatementFailed(exc, getattr(exc, "sqlstate", None)) from exc
         return Answer(int(cursor.rowcount), [tuple(row) for row in rows])
 
     # -- async -------------------------------------------------------------------------------
@@ -135,11 +143,14 @@ class Outbox:
         place = await off_loop(self.place)
         try:
             return await self._arun(draft, connection, place)
-        except NotTheJournalDatabase:
+        except Elsewhere as elsewhere:
             fresh = await off_loop(self.place, fresh=True)
             if fresh == place:
-                raise
+                raise ConfigurationError(elsewhere.message) from None
+        try:
             return await self._arun(draft, connection, fresh)
+        except Elsewhere as elsewhere:
+            raise ConfigurationError(elsewhere.message) from None
 
     async def _arun(
         self, draft: IntentDraft, connection: object, place: JournalPlace
@@ -148,13 +159,13 @@ class Outbox:
         if psycopg is not None and isinstance(connection, psycopg.AsyncConnection):
             _check_psycopg(connection)
             cursor = connection.cursor(row_factory=psycopg.rows.tuple_row)
-            return await self._arun_steps(cursor, self._steps(draft, place))
+            return await self._arun_steps(cursor, draft, place)
         if _is_sqlalchemy_async(connection):
             # SQLAlchemy's asyncio objects run sync code against their connection in a
             # greenlet: the sync runner, unchanged.
             def run(synchronous: object) -> IntentRecord:
                 cursor = _sync_cursor(synchronous)
-                return self._run(cursor, self._steps(draft, place))
+                return self._run(cursor, draft, place)
 
             result: IntentRecord = await connection.run_sync(run)  # type: ignore[attr-defined]
             return result
@@ -166,9 +177,12 @@ class Outbox:
             + ". A sync connection blocks the event loop: use Client.enqueue with it"
         )
 
-    async def _arun_steps(self, cursor: Any, steps: Steps) -> IntentRecord:
+    async def _arun_steps(
+        self, cursor: Any, draft: IntentDraft, place: JournalPlace
+    ) -> IntentRecord:
+        steps = self._steps(draft, place)
         async with cursor:
-            await self._abracket(cursor, f"SAVEPOINT {SAVEPOINT}")
+            await self._abracket(cursor, f"SAVEPOINT {SAVEPOINT}", draft)
             try:
                 answer: Any = None
                 while True:
@@ -177,49 +191,51 @@ class Outbox:
                     except StopIteration as done:
                         record: IntentRecord = done.value
                         break
-                    answer = await self._aexecute(cursor, statement)
+                    try:
+                        answer = await self._aexecute(cursor, statement)
+                    except StatementFailed as failed:
+                        _thrown(steps, failed)
             except BaseException as exc:
                 for text in _UNDO:
                     try:
                         await cursor.execute(text)
                     except Exception as lost:
-                        raise self._unusable(lost) from exc
+                        raise self._unusable(lost, draft) from exc
                 raise
-            await self._abracket(cursor, f"RELEASE SAVEPOINT {SAVEPOINT}")
+            await self._abracket(cursor, f"RELEASE SAVEPOINT {SAVEPOINT}", draft)
             return record
 
-    async def _abracket(self, cursor: Any, text: str) -> None:
+    async def _abracket(self, cursor: Any, text: str, draft: IntentDraft) -> None:
         try:
             await cursor.execute(text)
         except Exception as exc:
-            raise self._unusable(exc) from exc
+            raise self._unusable(exc, draft) from exc
 
     async def _aexecute(self, cursor: Any, statement: Statement) -> Answer:
         try:
             await cursor.execute(statement.text, statement.params)
             rows = await cursor.fetchall() if cursor.description is not None else []
         except Exception as exc:
-            raise self._failed(exc) from exc
+            raise StatementFailed(exc, getattr(exc, "sqlstate", None)) from exc
         return Answer(int(cursor.rowcount), [tuple(row) for row in rows])
 
     # -- errors ------------------------------------------------------------------------------
 
-    def _unusable(self, exc: BaseException) -> JournalError:
+    def _unusable(self, exc: BaseException, draft: IntentDraft) -> JournalError:
         what = " ".join(str(exc).split()) or type(exc).__name__
         return JournalError(
-            f"enqueue could not use your connection ({what}): it was lost, or your "
-            "transaction aborted, so nothing of that transaction commits, the intent "
-            "included. Roll back and run the transaction again",
+            f"enqueue could not use your connection ({what}) to write the intent for "
+            f"reference {draft.reference!r}: the connection was lost, or "
+            "your transaction aborted, so nothing of that transaction commits, the intent "
+            "included. Roll it back and run it again",
             location=self._core.journal.location,
         )
 
-    def _failed(self, exc: Exception) -> JournalError:
-        what = " ".join(str(exc).split()) or type(exc).__name__
-        return JournalError(
-            f"enqueue could not write the intent through your connection ({what}); nothing "
-            "was written, and your transaction goes on as it was",
-            location=self._core.journal.location,
-        )
+
+def _thrown(steps: Steps, failed: StatementFailed) -> NoReturn:
+    """Throw a failed statement into the steps, which raise the error that words it."""
+    steps.throw(failed)
+    raise AssertionError("the outbox steps went on after a failed statement")
 
 
 def _kind(connection: object) -> str:
@@ -303,11 +319,15 @@ def _sqlalchemy_cursor(connection: Any) -> Any:
     raw = connection.connection
     driver = raw.driver_connection
     if getattr(driver, "autocommit", False):
+        # engine.begin() does not help here: SQLAlchemy runs it without a transaction.
         raise ConfigurationError(
-            _NO_TRANSACTION.format(
-                why="this SQLAlchemy connection runs in autocommit (isolation_level="
-                "'AUTOCOMMIT'), so each statement commits at once"
-            )
+            "enqueue(connection=...) writes the intent inside your open transaction, so that "
+            "it commits or rolls back with your own rows, but this SQLAlchemy connection runs "
+            "in autocommit (isolation_level='AUTOCOMMIT'): each statement commits at once, "
+            "even inside engine.begin() or session.begin(); nothing was written. Use a "
+            "connection that is not in autocommit for the handler that enqueues: the engine "
+            "without isolation_level='AUTOCOMMIT', or "
+            "engine.execution_options(isolation_level='READ COMMITTED')"
         )
     from psycopg.pq import TransactionStatus
 
