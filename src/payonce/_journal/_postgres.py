@@ -450,8 +450,11 @@ class PostgresEngine(Engine):
                     conn.execute("ROLLBACK")
                 except psycopg.Error:
                     conn.close()  # the pool replaces it
-            # A deadlock or serialization failure is the server's refusal: rolled back.
-            refused = isinstance(exc, _RETRYABLE) and not conn.broken
+            # An error the server answered with (a lock timeout, a deadlock, a serialization
+            # failure, a constraint) on a connection still up is its refusal: rolled back.
+            # A connection exception (08) or an operator's intervention (57: the server
+            # shutting down, the session terminated) says nothing about the commit.
+            refused = not conn.broken and _server_refusal(exc)
             lost = conn.broken or (isinstance(exc, psycopg.OperationalError) and not refused)
             if tx.committing and isinstance(exc, psycopg.Error) and lost:
                 # Lost with the commit on its way (a COMMIT, or a statement that is its
@@ -853,3 +856,10 @@ class _driver_logs_routed:
 
     def __exit__(self, *exc: object) -> None:
         _routing.active = self._was
+
+
+def _server_refusal(exc: BaseException) -> bool:
+    """Whether ``exc`` is the server's answer refusing a statement (which it then rolled
+    back), as opposed to a connection lost or ended by the server's operator."""
+    state = getattr(exc, "sqlstate", None)
+    return isinstance(state, str) and not state.startswith(("08", "57"))
