@@ -24,8 +24,16 @@ payment a new intent. Cells alternate by round, so noise hits the variants alike
 
 plus payonce.Client (sync) sequential, the floor the async client must never fall below.
 
+Then, in the same run and against the same sandbox, the journal section (issue 19): the
+same payonce.AsyncClient (httpx's default pool) at 1, 16 and 64 callers on a SQLite journal
+file (group commit, the default) and on a PostgreSQL journal (a local server the script
+starts as the tests do, bench/_harness.py: 127.0.0.1, fsync and synchronous_commit on),
+intents/s and p99 latency, and PostgreSQL / SQLite at 64 callers against the 0.8x target.
+--no-postgres leaves the PostgreSQL half out; --journal-only runs this section alone.
+
     PYTHONPATH=src .venv/bin/python bench/async_concurrency.py
     PYTHONPATH=src .venv/bin/python bench/async_concurrency.py --quick
+    PYTHONPATH=src .venv/bin/python bench/async_concurrency.py --journal-only --rounds 3
 """
 
 from __future__ import annotations
@@ -53,6 +61,8 @@ from _harness import (
     cpu_seconds,
     header,
     median,
+    percentile,
+    postgres_server,
     rate,
     ratio,
     sandbox_process,
@@ -72,6 +82,9 @@ WARM_UP = 30
 TARGET = 2.0
 AIOHTTP_TARGET = 0.5
 """payonce's aiohttp transport at 64 concurrent over raw aiohttp at 64 (issue 10)."""
+POSTGRES_TARGET = 0.8
+"""AsyncClient at 64 callers on PostgreSQL over the same on SQLite, same run (issue 19)."""
+POSTGRES_AT = 64
 
 
 # -- sniffio, hidden the way a missing package is missing -------------------------------------
@@ -254,6 +267,131 @@ def sync_sequential(url: str, journal: Path, requests: int) -> float:
         return requests / (time.perf_counter() - began)
 
 
+# -- the journal section: the same AsyncClient on SQLite and on PostgreSQL ------------------
+
+JOURNALS = ("SQLite", "PostgreSQL")
+
+
+class Timed(NamedTuple):
+    per_second: float
+    latencies: list[float]
+    """Seconds per intent, each call's own (``time.perf_counter`` around it)."""
+
+
+async def journal_cell(
+    kind: str, url: str, journal: Path | str, tag: str, concurrency: int, requests: int
+) -> Timed:
+    """``requests`` intents from ``concurrency`` tasks on one fresh AsyncClient."""
+    latencies: list[float] = []
+    async with payonce.AsyncClient(
+        base_url=url, provider="sandbox", account=ACCOUNT, api_key=API_KEY, journal=journal
+    ) as client:
+
+        async def pay(number: int) -> None:
+            began = time.perf_counter()
+            response = await client.post(PATH, json=PAYMENT, reference=f"{tag}-{number}")
+            latencies.append(time.perf_counter() - began)
+            if response.status_code != 201:
+                raise RuntimeError(f"{kind}: HTTP {response.status_code}: {response.text}")
+
+        await drive(pay, min(concurrency, WARM_UP), range(WARM_UP))
+        latencies.clear()
+        per_second = await drive(pay, concurrency, range(WARM_UP, WARM_UP + requests))
+    return Timed(per_second, sorted(latencies))
+
+
+@contextlib.contextmanager
+def postgres_journal(enabled: bool) -> Iterator[str | None]:
+    """The URL of a fresh database on a throwaway PostgreSQL server, or None (said why)."""
+    if not enabled:
+        yield None
+        return
+    with contextlib.ExitStack() as stack:
+        try:
+            server = stack.enter_context(postgres_server())
+            database = server.create_database()
+        except Exception as exc:  # no binaries, no postgres user: the SQLite half alone
+            print(f"PostgreSQL half skipped: {exc}")
+            yield None
+            return
+        yield server.url(database)
+
+
+def journal_section(
+    url: str, directory: Path, postgres_url: str | None, args: argparse.Namespace
+) -> None:
+    kinds = [k for k in JOURNALS if k == "SQLite" or postgres_url is not None]
+    results: dict[tuple[str, int], list[Timed]] = {}
+    counter = itertools.count()
+    for round_ in range(args.rounds):
+        order = kinds[round_ % len(kinds) :] + kinds[: round_ % len(kinds)]
+        for concurrency in args.journal_concurrency:
+            for kind in order:
+                tag = f"jr{next(counter)}"
+                journal: Path | str = (
+                    directory / f"{tag}.db" if kind == "SQLite" else str(postgres_url)
+                )
+                timed = asyncio.run(
+                    journal_cell(kind, url, journal, tag, concurrency, args.requests)
+                )
+                results.setdefault((kind, concurrency), []).append(timed)
+
+    def per_second(kind: str, c: int) -> float:
+        return median([t.per_second for t in results[(kind, c)]])
+
+    def p99_ms(kind: str, c: int) -> float:
+        return median([percentile(t.latencies, 0.99) for t in results[(kind, c)]]) * 1e3
+
+    columns = ["journal"]
+    for c in args.journal_concurrency:
+        columns += [f"c={c} intents/s", f"c={c} p99 ms"]
+    rows = [
+        [
+            kind,
+            *itertools.chain.from_iterable(
+                (rate(per_second(kind, c)), f"{p99_ms(kind, c):.1f}")
+                for c in args.journal_concurrency
+            ),
+        ]
+        for kind in kinds
+    ]
+    if "PostgreSQL" in kinds:
+        rows.append(
+            [
+                "PG / SQLite",
+                *itertools.chain.from_iterable(
+                    (
+                        ratio(per_second("PostgreSQL", c) / per_second("SQLite", c)),
+                        ratio(p99_ms("PostgreSQL", c) / p99_ms("SQLite", c)),
+                    )
+                    for c in args.journal_concurrency
+                ),
+            ]
+        )
+    table(
+        f"payonce.AsyncClient (default pool) on a SQLite file and on PostgreSQL: median of "
+        f"{args.rounds} round(s) of {args.requests} intents per cell; PG / SQLite of the medians",
+        columns,
+        rows,
+    )
+    if "PostgreSQL" not in kinds or POSTGRES_AT not in args.journal_concurrency:
+        return
+    by_round = [
+        pg.per_second / lite.per_second
+        for pg, lite in zip(
+            results[("PostgreSQL", POSTGRES_AT)], results[("SQLite", POSTGRES_AT)], strict=True
+        )
+    ]
+    got = median(by_round)
+    verdict = "met" if got >= POSTGRES_TARGET else "MISSED"
+    print(
+        f"AsyncClient at {POSTGRES_AT} callers, PostgreSQL / SQLite: {got:.2f}x, the median "
+        f"of each round's ratio (target >= {POSTGRES_TARGET:g}x: {verdict}; the rounds: "
+        + ", ".join(f"{r:.2f}" for r in by_round)
+        + ")"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
@@ -262,24 +400,47 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", help="only the variants whose name has one of these")
     parser.add_argument("--dir", help="where the journal files go (default: a temp dir)")
     parser.add_argument("--quick", action="store_true", help="150 requests, one round")
+    parser.add_argument(
+        "--journal-concurrency",
+        type=int,
+        nargs="+",
+        default=[1, 16, POSTGRES_AT],
+        help="callers of the SQLite / PostgreSQL journal section",
+    )
+    parser.add_argument(
+        "--no-postgres", action="store_true", help="the journal section on SQLite alone"
+    )
+    parser.add_argument(
+        "--journal-only", action="store_true", help="only the SQLite / PostgreSQL section"
+    )
     args = parser.parse_args()
     if args.quick:
         args.requests, args.rounds = 150, 1
-    names = variants(args.only)
 
     header("async concurrency: plain httpx.AsyncClient vs payonce.AsyncClient")
+    with (
+        workdir(args.dir) as directory,
+        sandbox_process(directory) as url,
+        postgres_journal(not args.no_postgres) as postgres_url,
+    ):
+        if not args.journal_only:
+            transport_section(url, directory, args)
+        journal_section(url, directory, postgres_url, args)
+
+
+def transport_section(url: str, directory: Path, args: argparse.Namespace) -> None:
+    names = variants(args.only)
     results: dict[tuple[str, int], list[Cell]] = {}
     sequential: list[float] = []
     counter = itertools.count()
-    with workdir(args.dir) as directory, sandbox_process(directory) as url:
-        for round_ in range(args.rounds):
-            order = names[round_ % len(names) :] + names[: round_ % len(names)]
-            for concurrency in args.concurrency:
-                for name in order:
-                    journal = directory / f"j{next(counter)}.db"
-                    measured = asyncio.run(cell(name, url, journal, concurrency, args.requests))
-                    results.setdefault((name, concurrency), []).append(measured)
-            sequential.append(sync_sequential(url, directory / f"s{round_}.db", args.requests))
+    for round_ in range(args.rounds):
+        order = names[round_ % len(names) :] + names[: round_ % len(names)]
+        for concurrency in args.concurrency:
+            for name in order:
+                journal = directory / f"j{next(counter)}.db"
+                measured = asyncio.run(cell(name, url, journal, concurrency, args.requests))
+                results.setdefault((name, concurrency), []).append(measured)
+        sequential.append(sync_sequential(url, directory / f"s{round_}.db", args.requests))
 
     typical = {key: median([c.per_second for c in cells]) for key, cells in results.items()}
     client_ms = {key: median([c.client_cpu for c in cells]) * 1e3 for key, cells in results.items()}
