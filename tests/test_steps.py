@@ -162,6 +162,29 @@ def test_a_step_whose_body_changed_says_what_differs(
     assert sandbox.store.total_executions() == 2
 
 
+def test_a_changed_step_that_may_have_executed_warns_that_a_new_reference_could_pay_twice(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    client = make_client(retry=payonce.RetryPolicy(max_attempts=1))
+    with client.intent("order-maybe") as op:
+        op.post("/v1/payments", json=PAYMENT)
+        sandbox.script(["drop_after"])  # step 2 executes; its answer is lost
+        with pytest.raises(payonce.OutcomeUnknown):
+            op.post("/v1/payments", json=SECOND)
+    assert sandbox.store.total_executions() == 2
+
+    with client.intent("order-maybe") as op:
+        op.post("/v1/payments", json=PAYMENT)
+        with pytest.raises(payonce.IntentMismatch) as refused:
+            op.post("/v1/payments", json={**SECOND, "amount": 1})
+    message = str(refused.value)
+    assert "is step 2 (POST /v1/payments)" in message
+    assert "This step is unknown: the provider may have executed it" in message
+    assert "a new reference could pay twice" in message
+    assert "use a new reference for a new operation" not in message
+    assert sandbox.store.total_executions() == 2
+
+
 # -- the same request again -----------------------------------------------------------------
 
 

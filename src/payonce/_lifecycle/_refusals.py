@@ -94,7 +94,7 @@ def mismatch(
     """``enqueuing``: the refusal of ``enqueue(connection=...)``, which writes rather than
     sends, and leaves the caller's transaction as it was before the call."""
     if draft.step > 1 and record.key == draft.key:
-        return _step_mismatch(draft, record)
+        return _step_mismatch(draft, record, reconcilable)
     if draft.key_supplied and record.key != draft.key:
         what = f"reference {draft.reference!r} is bound to key {record.key}, not {draft.key}"
     elif record.scope != draft.scope:
@@ -121,7 +121,7 @@ def mismatch(
     )
 
 
-def _step_mismatch(draft: IntentDraft, record: IntentRecord) -> IntentMismatch:
+def _step_mismatch(draft: IntentDraft, record: IntentRecord, reconcilable: bool) -> IntentMismatch:
     """Step n of an intent asked for with another request than the one journaled for that
     position: the code that runs in the block changed between runs (or runs its steps in
     another order)."""
@@ -139,8 +139,8 @@ def _step_mismatch(draft: IntentDraft, record: IntentRecord) -> IntentMismatch:
         f"is step {draft.step} ({now}) of intent {draft.intent_key} and cannot be sent: {what}. "
         "Nothing was sent and the journal is unchanged. The steps of an intent must be the "
         "same requests, in the same order, on every run: restore the code that journaled "
-        f"them, or check intent {draft.intent_key} with `payonce intents show "
-        f"{draft.intent_key}` and use a new reference for a new operation",
+        f"them (`payonce intents show {draft.intent_key}` shows them). This step "
+        f"{_what_now(record, reconcilable).removeprefix('That intent ')}",
         stored_fingerprint=record.fingerprint,
         new_fingerprint=draft.fingerprint,
     )
