@@ -180,6 +180,35 @@ def test_a_stripe_python_checkout_through_payonce_creates_and_confirms_once_and_
     assert len(intents_of(stripe_server, "order-1")) == 1
 
 
+def test_a_key_the_caller_gave_stripe_python_is_the_step_s_key_never_replaced(
+    stripe_server: SandboxServer,
+    stripe_through: Callable[..., tuple[payonce.Client, stripe.StripeClient]],
+) -> None:
+    params = {"amount": 2000, "currency": "eur", "metadata": {"order": "order-77"}}
+    client, sdk = stripe_through()
+    # The shop's own key, under two references (a web handler, then a webhook): stripe-python
+    # alone would make one PaymentIntent, and so does payonce.
+    created = []
+    for reference in ("web-order-77", "webhook-order-77"):
+        with client.intent(reference) as op:
+            created.append(
+                sdk.v1.payment_intents.create(
+                    params=params, options={"idempotency_key": "charge-order-77"}
+                ).id
+            )
+        assert [key for _, key, _ in op.steps] == ["charge-order-77"]
+    assert [i["id"] for i in intents_of(stripe_server, "order-77")] == created[:1]
+    assert created[1] == created[0]
+    assert stripe_server.store.executions() == {"charge-order-77": 1}
+
+    # A key stripe-python drew itself is still replaced by the step's.
+    with client.intent("order-78") as op:
+        sdk.v1.payment_intents.create(params={**params, "metadata": {"order": "order-78"}})
+    ((_, key, _),) = op.steps
+    assert client.journal.find("order-78")[0].key == key
+    assert stripe_server.store.executions()[key] == 1
+
+
 @pytest.mark.parametrize("faults", FAULTS)
 @pytest.mark.parametrize("step", [1, 2])
 def test_a_stripe_python_step_meeting_a_fault_executes_once_and_answers_the_sdk(

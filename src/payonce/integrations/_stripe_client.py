@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, Mapping
+import collections
+import threading
+from collections.abc import AsyncIterable, Callable, Mapping
 from typing import Any, NoReturn
 
 import httpx
 import stripe
+from stripe import _api_requestor
 
 from ..errors import (
     AuthenticationError,
@@ -22,11 +25,69 @@ Answer = tuple[bytes, int, Mapping[str, str]]
 DEFAULT_TIMEOUT = 80.0  # stripe-python's own default
 
 
+class _DrawnKeys:
+    """The idempotency keys stripe-python drew itself (a fresh one per call when the caller
+    gives none): disposable, so payonce puts the step's key in their place. A key the caller
+    chose (``options={"idempotency_key": ...}``) is never one of them and is kept: replacing
+    it could pay twice where stripe-python alone would not (the same key under two
+    references, or an order begun before payonce under a key of its own).
+
+    stripe-python draws its keys with ``_api_requestor._generate_idempotency_key``, looked up
+    at each call; wrapping it is how a key's origin is known, since on the wire both look
+    alike. The newest ``KEPT`` are remembered: a drawn key is sent within its own call.
+    """
+
+    KEPT = 100_000
+
+    def __init__(self) -> None:
+        self._keys: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def watch(self) -> None:
+        draw: Callable[[], str] | None = getattr(_api_requestor, "_generate_idempotency_key", None)
+        if draw is None:
+            raise ImportError(
+                "payonce.integrations.stripe cannot tell stripe-python's own idempotency keys "
+                f"from its callers' in stripe {stripe.VERSION}: install a stripe-python "
+                "version payonce supports (the `stripe` extra)"
+            )
+        if getattr(draw, "_payonce_drawn_keys", None) is self:
+            return
+
+        def drawn_by_stripe() -> str:
+            key = draw()
+            with self._lock:
+                self._keys[key] = None
+                if len(self._keys) > self.KEPT:
+                    self._keys.popitem(last=False)
+            return key
+
+        drawn_by_stripe._payonce_drawn_keys = self  # type: ignore[attr-defined]
+        _api_requestor._generate_idempotency_key = drawn_by_stripe
+
+    def without_drawn(self, headers: Mapping[str, str] | None) -> dict[str, str]:
+        """``headers`` without a key stripe-python drew (a caller's own key stays)."""
+        kept = dict(headers or {})
+        for name in [name for name in kept if name.lower() == "idempotency-key"]:
+            with self._lock:
+                drawn = self._keys.pop(kept[name], 0) is None
+            if drawn:
+                del kept[name]
+        return kept
+
+
+_DRAWN = _DrawnKeys()
+_DRAWN.watch()
+
+
 class HTTPClient(stripe.HTTPClient):
-    """A ``stripe.HTTPClient`` that sends through ``client.transport(sdk_keys="replace")``.
+    """A ``stripe.HTTPClient`` that sends through ``client.transport()``.
 
     ``client`` is a ``payonce.Client`` (sync calls: ``request``) or ``payonce.AsyncClient``
     (``request_async``); give the other kind as ``async_client``/``client`` to serve both.
+    Inside ``with client.intent(...)`` each POST is a step under payonce's key, unless the
+    caller gave stripe-python a key of its own (``options={"idempotency_key": ...}``): that
+    one is the step's key. The keys stripe-python draws itself are replaced.
     """
 
     name = "payonce"
@@ -42,15 +103,15 @@ class HTTPClient(stripe.HTTPClient):
         self._sync: httpx.Client | None = None
         self._async: httpx.AsyncClient | None = None
         if client is not None:
-            transport = client.transport(sdk_keys="replace")
+            transport = client.transport()
             if isinstance(transport, httpx.AsyncBaseTransport) and async_client is None:
                 self._async = httpx.AsyncClient(transport=transport, timeout=timeout)
             else:
                 if isinstance(transport, httpx.AsyncBaseTransport):
-                    transport = sync_transport(client, sdk_keys="replace")
+                    transport = sync_transport(client)
                 self._sync = httpx.Client(transport=transport, timeout=timeout)
         if async_client is not None:
-            transport_async = async_transport(async_client, sdk_keys="replace")
+            transport_async = async_transport(async_client)
             self._async = httpx.AsyncClient(transport=transport_async, timeout=timeout)
         if self._sync is None and self._async is None:
             raise TypeError("HTTPClient needs a payonce client: HTTPClient(client)")
@@ -82,7 +143,9 @@ class HTTPClient(stripe.HTTPClient):
                 "methods (…_async), or pass a payonce.Client too"
             )
         try:
-            response = self._sync.request(method, url, headers=headers, content=post_data)
+            response = self._sync.request(
+                method, url, headers=_DRAWN.without_drawn(headers), content=post_data
+            )
         except (PayonceError, httpx.TransportError) as exc:
             _raise_stripe_error(exc)
         return response.content, response.status_code, response.headers
@@ -114,7 +177,9 @@ class HTTPClient(stripe.HTTPClient):
                 "as async_client= for async calls"
             )
         try:
-            response = await self._async.request(method, url, headers=headers, content=post_data)
+            response = await self._async.request(
+                method, url, headers=_DRAWN.without_drawn(headers), content=post_data
+            )
         except (PayonceError, httpx.TransportError) as exc:
             _raise_stripe_error(exc)
         return response.content, response.status_code, response.headers
