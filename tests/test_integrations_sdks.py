@@ -623,6 +623,26 @@ def test_a_mollie_payment_through_payonce_is_created_once_under_faults_and_on_a_
     assert sorted(mollie_server.store.executions().values()) == [1]
 
 
+def test_a_key_the_caller_gave_mollie_is_the_step_s_key_and_its_own_keys_are_replaced(
+    mollie_server: SandboxServer,
+    mollie_through: Callable[..., tuple[payonce.Client, mollie.api.client.Client]],
+) -> None:
+    client, sdk = mollie_through()
+    created = []
+    for reference in ("web-order-1", "webhook-order-1"):
+        with client.intent(reference) as op:
+            created.append(sdk.payments.create(MOLLIE_PAYMENT, idempotency_key="pay-order-1").id)
+        assert [key for _, key, _ in op.steps] == ["pay-order-1"]
+    assert created[1] == created[0]
+    assert mollie_server.store.executions() == {"pay-order-1": 1}
+
+    with client.intent("order-2") as op:
+        sdk.payments.create({**MOLLIE_PAYMENT, "description": "order-2"})
+    ((_, key, _),) = op.steps
+    assert client.journal.find("order-2")[0].key == key
+    assert mollie_server.store.executions()[key] == 1
+
+
 @pytest.mark.parametrize("backend", ["postgres"])
 def test_a_mollie_payment_on_a_postgresql_journal_is_created_once(
     mollie_server: SandboxServer, location: str, closing: contextlib.ExitStack

@@ -6,21 +6,32 @@ from typing import Any
 
 import requests
 import requests.exceptions
+from mollie.api.resources.base import ResourceBase
 
 from .._requests_adapter import TransportAdapter
 from ..errors import PayonceError
-from ._transports import TransportSource, about, sync_transport
+from ._transports import DrawnKeys, TransportSource, about, sync_transport
 
 __all__ = ["use_transport"]
 
 
+# mollie-api-python draws a uuid4 per create/update/delete with
+# ``ResourceBase._generate_idempotency_key`` unless the caller passes ``idempotency_key=``.
+_DRAWN = DrawnKeys(ResourceBase, "_generate_idempotency_key", sdk="mollie-api-python", static=True)
+
+
 class _MollieAdapter(TransportAdapter):
-    """Turns a payonce error into the requests error mollie-api-python wraps as its own
+    """Replaces the keys mollie-api-python drew (a caller's own key is the step's), and
+    turns a payonce error into the requests error mollie-api-python wraps as its own
     ``RequestError``, the one exception its callers catch for "no answer"."""
 
     def send(
         self, request: requests.PreparedRequest, *args: Any, **kwargs: Any
     ) -> requests.Response:
+        key = request.headers.get("Idempotency-Key")
+        if key is not None and _DRAWN.drawn(key):
+            request = request.copy()
+            del request.headers["Idempotency-Key"]
         try:
             return super().send(request, *args, **kwargs)
         except PayonceError as exc:
@@ -32,8 +43,9 @@ class _MollieAdapter(TransportAdapter):
 
 def use_transport(mollie_client: Any, client: TransportSource) -> requests.Session:
     """Send every call of ``mollie_client`` (a ``mollie.api.client.Client``) through
-    ``client.transport(sdk_keys="replace")``; returns the session it now uses."""
-    adapter = _MollieAdapter(sync_transport(client, sdk_keys="replace"))
+    ``client.transport()``, mollie-api-python's own keys replaced by the steps' (a key the
+    caller passes as ``idempotency_key=`` is kept); returns the session it now uses."""
+    adapter = _MollieAdapter(sync_transport(client))
     # The SDK creates its session lazily (and mounts its retrying adapter on it then); one
     # already there is reused. An OAuth client's session is mounted too.
     session = getattr(mollie_client, "_client", None) or requests.Session()

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import collections
-import threading
-from collections.abc import AsyncIterable, Callable, Mapping
+from collections.abc import AsyncIterable, Mapping
 from typing import Any, NoReturn
 
 import httpx
@@ -17,7 +15,7 @@ from ..errors import (
     OutcomeUnknown,
     PayonceError,
 )
-from ._transports import TransportSource, about, async_transport, sync_transport
+from ._transports import DrawnKeys, TransportSource, about, async_transport, sync_transport
 
 __all__ = ["HTTPClient"]
 
@@ -25,59 +23,9 @@ Answer = tuple[bytes, int, Mapping[str, str]]
 DEFAULT_TIMEOUT = 80.0  # stripe-python's own default
 
 
-class _DrawnKeys:
-    """The idempotency keys stripe-python drew itself (a fresh one per call when the caller
-    gives none): disposable, so payonce puts the step's key in their place. A key the caller
-    chose (``options={"idempotency_key": ...}``) is never one of them and is kept: replacing
-    it could pay twice where stripe-python alone would not (the same key under two
-    references, or an order begun before payonce under a key of its own).
-
-    stripe-python draws its keys with ``_api_requestor._generate_idempotency_key``, looked up
-    at each call; wrapping it is how a key's origin is known, since on the wire both look
-    alike. The newest ``KEPT`` are remembered: a drawn key is sent within its own call.
-    """
-
-    KEPT = 100_000
-
-    def __init__(self) -> None:
-        self._keys: collections.OrderedDict[str, None] = collections.OrderedDict()
-        self._lock = threading.Lock()
-
-    def watch(self) -> None:
-        draw: Callable[[], str] | None = getattr(_api_requestor, "_generate_idempotency_key", None)
-        if draw is None:
-            raise ImportError(
-                "payonce.integrations.stripe cannot tell stripe-python's own idempotency keys "
-                f"from its callers' in stripe {stripe.VERSION}: install a stripe-python "
-                "version payonce supports (the `stripe` extra)"
-            )
-        if getattr(draw, "_payonce_drawn_keys", None) is self:
-            return
-
-        def drawn_by_stripe() -> str:
-            key = draw()
-            with self._lock:
-                self._keys[key] = None
-                if len(self._keys) > self.KEPT:
-                    self._keys.popitem(last=False)
-            return key
-
-        drawn_by_stripe._payonce_drawn_keys = self  # type: ignore[attr-defined]
-        _api_requestor._generate_idempotency_key = drawn_by_stripe
-
-    def without_drawn(self, headers: Mapping[str, str] | None) -> dict[str, str]:
-        """``headers`` without a key stripe-python drew (a caller's own key stays)."""
-        kept = dict(headers or {})
-        for name in [name for name in kept if name.lower() == "idempotency-key"]:
-            with self._lock:
-                drawn = self._keys.pop(kept[name], 0) is None
-            if drawn:
-                del kept[name]
-        return kept
-
-
-_DRAWN = _DrawnKeys()
-_DRAWN.watch()
+# stripe-python draws its keys with ``_api_requestor._generate_idempotency_key`` (16 random
+# bytes per call) unless the caller passes ``idempotency_key``.
+_DRAWN = DrawnKeys(_api_requestor, "_generate_idempotency_key", sdk="stripe-python")
 
 
 class HTTPClient(stripe.HTTPClient):

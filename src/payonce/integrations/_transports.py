@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import collections
+import threading
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, Protocol
 
 import httpx
 
 from ..errors import ConfigurationError, IntentError, PayonceError
 
-__all__ = ["TransportSource", "about", "async_transport", "sync_transport"]
+__all__ = ["DrawnKeys", "TransportSource", "about", "async_transport", "sync_transport"]
 
 
 class TransportSource(Protocol):
@@ -54,3 +57,51 @@ def about(exc: PayonceError) -> str:
     if exc.reference is None:
         return f" (idempotency key {exc.key!r})"
     return f" (idempotency key {exc.key!r}, reference {exc.reference!r})"
+
+
+class DrawnKeys:
+    """The idempotency keys an SDK drew itself (a fresh one per call when the caller gives
+    none): disposable, so payonce puts the step's key in their place. A key the caller
+    chose is never one of them and is kept: replacing it could pay twice where the SDK
+    alone would not (the same key under two references, or an order begun before payonce
+    under a key of its own).
+
+    On the wire both look alike, so the SDK's key-drawing function (``owner.attribute``,
+    looked up at each call) is wrapped to remember what it drew. The newest ``KEPT`` are
+    remembered: a drawn key is sent within its own call.
+    """
+
+    KEPT = 100_000
+
+    def __init__(self, owner: Any, attribute: str, *, sdk: str, static: bool = False) -> None:
+        self._keys: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        draw: Callable[[], str] | None = getattr(owner, attribute, None)
+        if draw is None:
+            raise ImportError(
+                f"payonce cannot tell {sdk}'s own idempotency keys from its callers' in this "
+                f"version of {sdk} (no {attribute}): install a version payonce supports"
+            )
+
+        def drawn_by_the_sdk() -> str:
+            key = draw()
+            with self._lock:
+                self._keys[key] = None
+                if len(self._keys) > self.KEPT:
+                    self._keys.popitem(last=False)
+            return key
+
+        setattr(owner, attribute, staticmethod(drawn_by_the_sdk) if static else drawn_by_the_sdk)
+
+    def drawn(self, key: str) -> bool:
+        """Whether the SDK drew ``key`` (forgotten once asked: it is sent once)."""
+        with self._lock:
+            return self._keys.pop(key, 0) is None
+
+    def without_drawn(self, headers: Mapping[str, str] | None) -> dict[str, str]:
+        """``headers`` without a key the SDK drew (a caller's own key stays)."""
+        kept = dict(headers or {})
+        for name in [name for name in kept if name.lower() == "idempotency-key"]:
+            if self.drawn(kept[name]):
+                del kept[name]
+        return kept
