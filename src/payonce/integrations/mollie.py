@@ -12,8 +12,9 @@ requests session retries failed *connects* only (``Retry(connect=3, read=0)``, m
 ``https://``); a network failure raises ``RequestError`` without the key. ``use_transport``
 mounts a ``TransportAdapter`` over ``client.transport()`` on the SDK's session (for both
 schemes, replacing its retrying adapter), so payonce's key per step replaces the random
-one; a key the caller passes as ``idempotency_key=`` is kept as the step's. A payonce error arrives as Mollie's ``RequestError`` ("Unable to
-communicate with Mollie: …", naming the key and reference); mollie-api-python raises it
+one; a key the caller passes as ``idempotency_key=`` is kept as the step's. A payonce
+error arrives as Mollie's ``RequestError`` ("Unable to communicate with Mollie: …",
+naming the key and reference); mollie-api-python raises it
 while handling the ``requests`` error that carries the payonce error as ``payonce_error``,
 so it is ``error.__context__.payonce_error``.
 """
