@@ -360,7 +360,10 @@ def test_a_step_whose_request_changed_between_runs_is_refused_naming_it(
 
     with client.intent("order-changed-step") as again:
         replay = again.post("/v1/payments", json=PAYMENT)
-        with pytest.raises(payonce.IntentMismatch, match=r"is step 2 \(POST /v1/payments\)"):
+        with pytest.raises(
+            payonce.IntentMismatch,
+            match=r"step 2 of intent 'order-changed-step' \(key .*-step2\), POST /v1/payments,",
+        ):
             again.post("/v1/payments", json={"amount": 2, "currency": "eur"})
     assert payonce.response_info(replay).replayed  # type: ignore[union-attr]
     assert client.journal.list_intents() == journaled

@@ -252,8 +252,17 @@ def test_a_stripe_python_outcome_that_stays_unknown_is_a_connection_error_never_
     assert caught.value.should_retry is False  # stripe-python must not resend it itself
     key = unknown_key(caught.value)
     assert key.endswith("-step2")
-    # A step's key names its intent's; it has no reference of its own to show.
-    assert f"(idempotency key {key!r})" in str(caught.value)
+    # The step is named by its position, its intent's reference and its own key, in the
+    # words and in the attributes of the SDK's exception and of payonce's.
+    assert f"step 2 of intent 'order-unknown' (key {key})" in str(caught.value)
+    error = caught.value
+    assert (error.payonce_key, error.payonce_reference, error.payonce_step) == (  # type: ignore[attr-defined]
+        key,
+        "order-unknown",
+        2,
+    )
+    assert (error.payonce_error.reference, error.payonce_error.step) == ("order-unknown", 2)  # type: ignore[attr-defined]
+    assert error.payonce_error.intent_key == key.removesuffix("-step2")  # type: ignore[attr-defined]
     executions = stripe_server.store.executions()
     with pytest.raises(stripe.APIConnectionError):
         pay()  # run again: the create replays, the confirm is refused, nothing is sent
@@ -909,6 +918,33 @@ def test_square_s_unknown_outcome_is_its_api_error_and_is_never_resent(
     with pytest.raises(SquareApiError):
         pay()
     assert square_server.store.executions() == {"k-sq-9": 1}
+
+
+def test_square_s_unknown_step_2_names_the_step_its_intent_s_reference_and_its_key(
+    square_server: SandboxServer, journal_path: Path, closing: contextlib.ExitStack
+) -> None:
+    client = payonce_maker(square_server, "square", journal_path, closing)(retry=ONCE)
+    http = closing.enter_context(square_integration.httpx_client(client, sdk_keys="replace"))
+    square = Square(token=DEFAULT_API_KEY, base_url=square_server.url, httpx_client=http)
+    with client.intent("order-sq-step") as op:
+        payment = square_pay(square, str(uuid.uuid4()), autocomplete=False).payment
+        square_server.script(["drop_after"])
+        with pytest.raises(SquareApiError) as caught:
+            square.payments.complete(payment.id, request_options=NO_SDK_RETRIES)
+    (_, intent_key, _), (_, step_key, _) = op.steps
+    assert step_key == f"{intent_key}-step2"
+    detail = str(caught.value.errors[0].detail)
+    assert f"step 2 of intent 'order-sq-step' (key {step_key})" in detail
+    assert "'order-sq-step'" in detail
+    error = caught.value
+    assert (error.payonce_key, error.payonce_reference, error.payonce_step) == (  # type: ignore[attr-defined]
+        step_key,
+        "order-sq-step",
+        2,
+    )
+    # Square's complete carries no key of its own: the sandbox counts it under none.
+    assert sorted(square_server.store.executions().values()) == [1, 1]
+    assert square_server.store.executions()[intent_key] == 1
 
 
 def test_baseline_square_alone_pays_twice_when_an_answer_is_lost_and_it_runs_again(

@@ -53,6 +53,19 @@ async def _dies_after_step_1_async(client: payonce.AsyncClient, reference: str) 
         raise RuntimeError("crashed between the steps")
 
 
+def _step_2_lost(
+    make_client: MakeClient, sandbox: SandboxServer, reference: str
+) -> tuple[payonce.Client, payonce.Operation, payonce.OutcomeUnknown]:
+    """A two-step block whose step 2 executes and loses its answer: it stays unknown."""
+    client = make_client(retry=payonce.RetryPolicy(max_attempts=1))
+    with client.intent(reference) as op:
+        op.post("/v1/payments", json=PAYMENT)
+        sandbox.script(["drop_after"])
+        with pytest.raises(payonce.OutcomeUnknown) as lost:
+            op.post("/v1/payments", json=SECOND)
+    return client, op, lost.value
+
+
 # -- step keys ------------------------------------------------------------------------------
 
 
@@ -141,12 +154,47 @@ def test_a_step_whose_request_changed_is_refused_naming_it_and_leaves_the_journa
         with pytest.raises(payonce.IntentMismatch) as refused:
             op.post("/v1/refunds", json=SECOND)
     message = str(refused.value)
-    assert "is step 2 (POST /v1/refunds)" in message
+    assert (
+        f"step 2 of intent 'order-changed' (key {refused.value.key}), POST /v1/refunds," in message
+    )
     assert "journaled as POST /v1/payments and is now POST /v1/refunds" in message
     assert refused.value.key is not None
     assert refused.value.key.endswith("-step2")
     assert client.journal.list_intents() == before
     assert sandbox.store.total_executions() == 3
+
+
+def test_an_error_about_step_2_names_the_step_its_intent_s_reference_and_its_key(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    client, op, error = _step_2_lost(make_client, sandbox, "order-named")
+    ((_, intent_key, _), (_, step_key, _)) = op.steps
+    assert (error.key, error.reference, error.step, error.intent_key) == (
+        step_key,
+        "order-named",
+        2,
+        intent_key,
+    )
+    assert str(error).startswith(f"step 2 of intent 'order-named' (key {step_key}) has an")
+    # Run again, the step is refused as unknown without a send, and named the same way.
+    with client.intent("order-named") as again_op:
+        again_op.post("/v1/payments", json=PAYMENT)
+        with pytest.raises(payonce.OutcomeUnknown) as again:
+            again_op.post("/v1/payments", json=SECOND)
+    assert str(again.value).startswith(f"step 2 of intent 'order-named' (key {step_key})")
+    assert again.value.reference == "order-named"
+    assert sandbox.store.total_executions() == 2
+
+
+def test_step_1_errors_name_the_intent_as_they_always_did(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    client = make_client(retry=payonce.RetryPolicy(max_attempts=1))
+    sandbox.script(["drop_after"])
+    with client.intent("order-first") as op, pytest.raises(payonce.OutcomeUnknown) as lost:
+        op.post("/v1/payments", json=PAYMENT)
+    assert str(lost.value).startswith(f"intent {op.key} (reference 'order-first') has an")
+    assert (lost.value.step, lost.value.intent_key) == (1, None)
 
 
 def test_a_step_whose_body_changed_says_what_differs(
@@ -165,12 +213,7 @@ def test_a_step_whose_body_changed_says_what_differs(
 def test_a_changed_step_that_may_have_executed_warns_that_a_new_reference_could_pay_twice(
     make_client: MakeClient, sandbox: SandboxServer
 ) -> None:
-    client = make_client(retry=payonce.RetryPolicy(max_attempts=1))
-    with client.intent("order-maybe") as op:
-        op.post("/v1/payments", json=PAYMENT)
-        sandbox.script(["drop_after"])  # step 2 executes; its answer is lost
-        with pytest.raises(payonce.OutcomeUnknown):
-            op.post("/v1/payments", json=SECOND)
+    client, _, _ = _step_2_lost(make_client, sandbox, "order-maybe")
     assert sandbox.store.total_executions() == 2
 
     with client.intent("order-maybe") as op:
@@ -178,7 +221,8 @@ def test_a_changed_step_that_may_have_executed_warns_that_a_new_reference_could_
         with pytest.raises(payonce.IntentMismatch) as refused:
             op.post("/v1/payments", json={**SECOND, "amount": 1})
     message = str(refused.value)
-    assert "is step 2 (POST /v1/payments)" in message
+    assert "step 2 of intent 'order-maybe' (key " in message
+    assert "), POST /v1/payments, cannot be sent" in message
     assert "This step is unknown: the provider may have executed it" in message
     assert "a new reference could pay twice" in message
     assert "use a new reference for a new operation" not in message

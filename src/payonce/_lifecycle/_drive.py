@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import attrs
 import httpx
 
-from ..errors import JournalError, PayonceError
+from ..errors import IntentError, JournalError, PayonceError
 from . import _refusals as refusals
 from ._claims import Claim, ClaimKind
 from ._guards import (
@@ -474,7 +474,22 @@ Reconciling = Generator[Command, Any, Reconciliation]
 def call(
     settings: DriveSettings, draft: IntentDraft, owner: str, *, acknowledge_on_success: bool
 ) -> Drive:
-    """A caller's request of an intent: claim it, then replay, wait, refuse, or send it."""
+    """A caller's request of an intent: claim it, then replay, wait, refuse, or send it.
+
+    An error about step n >= 2 of a block names the step, its intent's reference and its
+    own key: the step's journaled record has no reference of its own to name."""
+    if draft.step == 1:
+        return (yield from _call(settings, draft, owner, acknowledge_on_success))
+    try:
+        return (yield from _call(settings, draft, owner, acknowledge_on_success))
+    except IntentError as error:
+        refusals.of_step(error, draft)
+        raise
+
+
+def _call(
+    settings: DriveSettings, draft: IntentDraft, owner: str, acknowledge_on_success: bool
+) -> Drive:
     clock = settings.clock
     give_up_waiting = clock.monotonic() + settings.in_flight_wait
     while True:

@@ -28,6 +28,7 @@ __all__ = [
     "in_flight",
     "lookup_refused",
     "mismatch",
+    "of_step",
     "refused",
     "unavailable",
     "unknown",
@@ -38,9 +39,35 @@ E = TypeVar("E", bound=IntentError)
 
 def _about(error: type[E], record: IntentRecord, what: str, **details: Any) -> E:
     """``error`` about ``record``: "intent KEY (reference 'REF') " then ``what``."""
-    reference = f" (reference {record.reference!r})" if record.reference else ""
-    message = f"intent {record.key}{reference} {what}"
+    message = f"{_subject(record.key, record.reference)} {what}"
     return error(message, key=record.key, reference=record.reference, **details)
+
+
+def _subject(key: str | None, reference: str | None) -> str:
+    return f"intent {key}" + (f" (reference {reference!r})" if reference else "")
+
+
+def _step_subject(draft: IntentDraft) -> str:
+    """How an error names step n >= 2 of a block: its position, its intent (by reference,
+    else by key) and its own key, the one to resume or reconcile."""
+    intent = repr(draft.intent_reference) if draft.intent_reference else draft.intent_key
+    return f"step {draft.step} of intent {intent} (key {draft.key})"
+
+
+def of_step(error: E, draft: IntentDraft) -> E:
+    """``error``, raised by the drive of step n >= 2 of a block (whose journaled record
+    has no reference of its own), made to name the step, its intent's reference and its
+    key, in its words and its attributes."""
+    error.reference = draft.intent_reference
+    error.step = draft.step
+    error.intent_key = draft.intent_key
+    message = str(error)
+    step_subject = _step_subject(draft)
+    if not message.startswith(step_subject):
+        plain = _subject(error.key, None)
+        rest = message[len(plain) :] if message.startswith(plain) else f": {message}"
+        error.args = (f"{step_subject}{rest}", *error.args[1:])
+    return error
 
 
 def in_flight(record: IntentRecord) -> IntentInFlight:
@@ -133,14 +160,14 @@ def _step_mismatch(draft: IntentDraft, record: IntentRecord, reconcilable: bool)
         what = "its request differs from the one journaled"
         if differences := request_differences(record, draft):
             what += f" in {', '.join(differences)}"
-    return _about(
-        IntentMismatch,
-        record,
-        f"is step {draft.step} ({now}) of intent {draft.intent_key} and cannot be sent: {what}. "
+    return IntentMismatch(
+        f"{_step_subject(draft)}, {now}, cannot be sent: {what}. "
         "Nothing was sent and the journal is unchanged. The steps of an intent must be the "
         "same requests, in the same order, on every run: restore the code that journaled "
         f"them (`payonce intents show {draft.intent_key}` shows them). This step "
         f"{_what_now(record, reconcilable).removeprefix('That intent ')}",
+        key=record.key,
+        reference=draft.intent_reference,
         stored_fingerprint=record.fingerprint,
         new_fingerprint=draft.fingerprint,
     )

@@ -317,6 +317,7 @@ class OperationBase:
                     reference=None,
                     step=number,
                     intent_key=self._key,
+                    intent_reference=self.reference,
                 ),
                 caller_key=caller_key is not None,
             )

@@ -10,7 +10,7 @@ import httpx
 from Adyen import exceptions as adyen_errors
 
 from ..errors import AuthenticationError, IntentError, IntentMismatch, PayonceError
-from ._transports import TransportSource, about, sync_transport
+from ._transports import TransportSource, about, carry, sync_transport
 
 __all__ = ["TransportHTTPClient", "use_transport"]
 
@@ -96,5 +96,5 @@ def _raise_adyen_error(exc: Exception, url: str) -> NoReturn:
         error = adyen_errors.AdyenAPICommunicationError(f"payonce: {exc}{about(exc)}", url=url)
     else:
         error = adyen_errors.AdyenError(f"payonce: {exc}", url=url)
-    error.payonce_error = exc if isinstance(exc, PayonceError) else None
+    carry(error, exc)
     raise error from exc

@@ -6,11 +6,12 @@ from typing import Any
 
 import requests
 import requests.exceptions
+from mollie.api.error import RequestError
 from mollie.api.resources.base import ResourceBase
 
 from .._requests_adapter import TransportAdapter
 from ..errors import PayonceError
-from ._transports import DrawnKeys, TransportSource, about, sync_transport
+from ._transports import DrawnKeys, TransportSource, about, carry, sync_transport
 
 __all__ = ["use_transport"]
 
@@ -37,8 +38,31 @@ class _MollieAdapter(TransportAdapter):
         except PayonceError as exc:
             message = f"payonce: {exc}{about(exc)}"
             error = requests.exceptions.ConnectionError(message, request=request)
-            error.payonce_error = exc  # type: ignore[attr-defined]
+            carry(error, exc)
             raise error from exc
+
+
+def _carrying(mollie_client: Any) -> None:
+    """Make the ``RequestError`` mollie-api-python raises for a payonce error carry that
+    error's key, reference and step as attributes (``carry``), as the other SDKs' do: the
+    SDK raises it while handling the requests error the adapter raised, with its message
+    only."""
+    perform = mollie_client.perform_http_call
+    if getattr(perform, "_payonce_carrying", False):
+        return  # plugged in already
+
+    def perform_http_call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return perform(*args, **kwargs)
+        except RequestError as error:
+            cause = error.__context__
+            if isinstance(getattr(cause, "payonce_error", None), PayonceError):
+                assert cause is not None
+                carry(error, cause.payonce_error)  # type: ignore[attr-defined]
+            raise
+
+    perform_http_call._payonce_carrying = True  # type: ignore[attr-defined]
+    mollie_client.perform_http_call = perform_http_call
 
 
 def use_transport(mollie_client: Any, client: TransportSource) -> requests.Session:
@@ -53,6 +77,7 @@ def use_transport(mollie_client: Any, client: TransportSource) -> requests.Sessi
     for scheme in ("https://", "http://"):
         session.mount(scheme, adapter)
     mollie_client._client = session
+    _carrying(mollie_client)
     oauth = getattr(mollie_client, "_oauth_client", None)
     if oauth is not None:
         for scheme in ("https://", "http://"):

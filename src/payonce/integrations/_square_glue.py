@@ -9,7 +9,7 @@ import httpx
 from square.core.api_error import ApiError
 
 from ..errors import PayonceError
-from ._transports import TransportSource, about, async_transport, sync_transport
+from ._transports import TransportSource, about, async_transport, carry, sync_transport
 
 __all__ = ["async_httpx_client", "httpx_client"]
 
@@ -22,7 +22,7 @@ def _code(exc: PayonceError) -> str:
 def _raise_square_error(exc: PayonceError) -> NoReturn:
     detail = {"category": "API_ERROR", "code": _code(exc), "detail": f"{exc}{about(exc)}"}
     error = ApiError(status_code=None, body={"errors": [detail]})
-    error.payonce_error = exc  # type: ignore[attr-defined]
+    carry(error, exc)
     raise error from exc
 
 

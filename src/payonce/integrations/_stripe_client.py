@@ -15,7 +15,14 @@ from ..errors import (
     OutcomeUnknown,
     PayonceError,
 )
-from ._transports import DrawnKeys, TransportSource, about, async_transport, sync_transport
+from ._transports import (
+    DrawnKeys,
+    TransportSource,
+    about,
+    async_transport,
+    carry,
+    sync_transport,
+)
 
 __all__ = ["HTTPClient"]
 
@@ -166,8 +173,8 @@ def _raise_stripe_error(exc: Exception) -> NoReturn:
     else:
         assert isinstance(exc, PayonceError)
         error = _connection_error(f"payonce: {exc}{about(exc)}")
-    # The payonce error itself, for callers that want its key, reference or state.
-    setattr(error, "payonce_error", exc if isinstance(exc, PayonceError) else None)  # noqa: B010
+    # The payonce error itself, its key, reference and step, for callers that want them.
+    carry(error, exc)
     raise error from exc
 
 
