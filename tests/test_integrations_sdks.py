@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import Adyen
 import httpx
@@ -54,6 +55,7 @@ FAULTS = [
 UNANSWERED = ["fail_before"] * FAST_RETRY.max_attempts
 """Every attempt of a step meets a 503: whether it executed, payonce cannot tell."""
 ONCE = payonce.RetryPolicy(max_attempts=1)
+T = TypeVar("T")
 
 MakePayonce = Callable[..., payonce.Client]
 
@@ -309,27 +311,43 @@ def test_a_stripe_python_checkout_on_a_postgresql_journal_recovers_a_lost_answer
     assert sorted(stripe_server.store.executions().values()) == [1, 1]
 
 
+async def in_an_async_block(
+    server: SandboxServer,
+    stripe_client: Callable[..., stripe.StripeClient],
+    journal: Path,
+    reference: str,
+    body: Callable[[stripe.StripeClient], Awaitable[T]],
+) -> T:
+    """``body`` given stripe-python over a payonce AsyncClient, in that client's block for
+    ``reference``."""
+    async with payonce.AsyncClient(**payonce_options(server, "stripe", journal)) as client:
+        http = stripe_integration.HTTPClient(client)
+        sdk = stripe_client(server, http_client=http)
+        try:
+            async with client.intent(reference):
+                return await body(sdk)
+        finally:
+            await http.close_async()
+
+
 def test_stripe_python_async_through_an_async_client(
     stripe_server: SandboxServer,
     stripe_client: Callable[..., stripe.StripeClient],
     journal_path: Path,
 ) -> None:
-    async def pay() -> stripe.PaymentIntent:
-        options = payonce_options(stripe_server, "stripe", journal_path)
-        async with payonce.AsyncClient(**options) as client:
-            http = stripe_integration.HTTPClient(client)
-            sdk = stripe_client(stripe_server, http_client=http)
-            try:
-                async with client.intent("order-async"):
-                    stripe_server.script(["drop_after"])
-                    created = await sdk.v1.payment_intents.create_async(
-                        params={"amount": 900, "currency": "eur"}
-                    )
-                    return await sdk.v1.payment_intents.confirm_async(
-                        created.id, params={"payment_method": "pm_card_visa"}
-                    )
-            finally:
-                await http.close_async()
+    async def checkout_async(sdk: stripe.StripeClient) -> stripe.PaymentIntent:
+        stripe_server.script(["drop_after"])
+        created = await sdk.v1.payment_intents.create_async(
+            params={"amount": 900, "currency": "eur"}
+        )
+        return await sdk.v1.payment_intents.confirm_async(
+            created.id, params={"payment_method": "pm_card_visa"}
+        )
+
+    def pay() -> Coroutine[Any, Any, stripe.PaymentIntent]:
+        return in_an_async_block(
+            stripe_server, stripe_client, journal_path, "order-async", checkout_async
+        )
 
     paid = asyncio.run(pay())
     assert paid.status == "succeeded"
@@ -351,6 +369,70 @@ def test_an_integration_over_an_async_client_refuses_sync_calls_with_a_stripe_er
     with pytest.raises(stripe.APIConnectionError, match="over an AsyncClient"):
         sdk.v1.payment_intents.create(params={"amount": 900, "currency": "eur"})
     assert stripe_server.store.total_executions() == 0
+
+
+def test_two_stripe_python_calls_at_once_in_one_block_are_payonce_s_configuration_error(
+    stripe_server: SandboxServer,
+    stripe_client: Callable[..., stripe.StripeClient],
+    journal_path: Path,
+) -> None:
+    # A programming error (the steps of one intent run one after another): raised as
+    # itself, never as an APIConnectionError someone may retry.
+    async def pay_twice_at_once(sdk: stripe.StripeClient) -> list[Any]:
+        return await asyncio.gather(
+            sdk.v1.payment_intents.create_async(params={"amount": 900, "currency": "eur"}),
+            sdk.v1.payment_intents.create_async(params={"amount": 901, "currency": "eur"}),
+            return_exceptions=True,
+        )
+
+    created, refused = asyncio.run(
+        in_an_async_block(
+            stripe_server, stripe_client, journal_path, "order-gather", pay_twice_at_once
+        )
+    )
+    assert isinstance(created, stripe.PaymentIntent)
+    assert type(refused) is payonce.ConfigurationError
+    assert "one after another" in str(refused)
+    assert list(stripe_server.store.executions().values()) == [1]
+    assert [i["id"] for i in stripe_server.store.payment_intents()] == [created.id]
+
+
+ELSEWHERE = "http://localhost:9"
+"""Not the sandbox's address: a payonce client there refuses every request an SDK pointed
+at the sandbox sends through it (a programming error), before sending anything."""
+
+
+@pytest.mark.parametrize("sdk", ["stripe", "adyen", "mollie", "square"])
+def test_a_programming_error_reaches_the_sdk_s_caller_as_itself_never_as_a_network_error(
+    shared_sandboxes: SharedSandboxes, journal_path: Path, closing: contextlib.ExitStack, sdk: str
+) -> None:
+    server = sandbox_like(shared_sandboxes, sdk)
+    client = payonce_maker(server, sdk, journal_path, closing)(base_url=ELSEWHERE)
+    pay: Callable[[], Any]
+    if sdk == "stripe":
+        http_client = stripe_integration.HTTPClient(client)
+        closing.callback(http_client.close)
+        payments = stripe.StripeClient(
+            DEFAULT_API_KEY, base_addresses={"api": server.url}, http_client=http_client
+        ).v1.payment_intents
+        pay = functools.partial(payments.create, params={"amount": 900, "currency": "eur"})
+    elif sdk == "adyen":
+        adyen = adyen_sdk(server)
+        adyen_integration.use_transport(adyen, client)
+        pay = functools.partial(adyen.checkout.payments_api.payments, adyen_payment("order-x"))
+    elif sdk == "mollie":
+        mollie_client = mollie_sdk(server)
+        closing.enter_context(mollie_integration.use_transport(mollie_client, client))
+        pay = functools.partial(mollie_client.payments.create, MOLLIE_PAYMENT)
+    else:
+        http = closing.enter_context(square_integration.httpx_client(client))
+        square = Square(token=DEFAULT_API_KEY, base_url=server.url, httpx_client=http)
+        pay = functools.partial(square_pay, square, "k-misplugged")
+    with client.intent("order-misplugged"), pytest.raises(payonce.ConfigurationError) as caught:
+        pay()
+    assert type(caught.value) is payonce.ConfigurationError
+    assert "is not under this client's base_url" in str(caught.value)
+    assert server.store.total_executions() == 0
 
 
 @contextlib.contextmanager

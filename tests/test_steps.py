@@ -280,9 +280,12 @@ def test_a_step_whose_outcome_stays_unknown_is_refused_again_rather_than_resent(
 def test_blocks_of_one_client_do_not_nest(client: payonce.Client, sandbox: SandboxServer) -> None:
     with client.intent("order-outer") as outer:
         inner = client.intent("order-inner")
-        with pytest.raises(payonce.ConfigurationError, match="do not nest"):
+        with pytest.raises(payonce.ConfigurationError, match="do not nest") as nested:
             inner.__enter__()
+        # The open block is named by its reference, and by how far it got: not key=None.
+        assert "(<Operation reference='order-outer', no step yet>)" in str(nested.value)
         outer.post("/v1/payments", json=PAYMENT)
+        assert repr(outer) == f"<Operation reference='order-outer' key={outer.key!r}, 1 step(s)>"
     # The refused block left the outer one current, and it ended cleanly: a new block opens.
     with client.intent("order-after") as after:
         after.post("/v1/payments", json=PAYMENT)

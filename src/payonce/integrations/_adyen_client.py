@@ -9,7 +9,13 @@ from typing import Any, NoReturn
 import httpx
 from Adyen import exceptions as adyen_errors
 
-from ..errors import AuthenticationError, IntentError, IntentMismatch, PayonceError
+from ..errors import (
+    AuthenticationError,
+    ConfigurationError,
+    IntentError,
+    IntentMismatch,
+    PayonceError,
+)
 from ._transports import TransportSource, about, carry, sync_transport
 
 __all__ = ["TransportHTTPClient", "use_transport"]
@@ -48,6 +54,8 @@ class TransportHTTPClient:
         sent["User-Agent"] = self.user_agent
         try:
             response = self._http.request(method, url, json=json, data=data, headers=sent)
+        except ConfigurationError:
+            raise  # a programming error, not a network one: never presented as retryable
         except (PayonceError, httpx.TransportError) as exc:
             _raise_adyen_error(exc, url)
         return response.text, json, response.status_code, response.headers

@@ -10,7 +10,7 @@ from mollie.api.error import RequestError
 from mollie.api.resources.base import ResourceBase
 
 from .._requests_adapter import TransportAdapter
-from ..errors import PayonceError
+from ..errors import ConfigurationError, PayonceError
 from ._transports import DrawnKeys, TransportSource, about, carry, sync_transport
 
 __all__ = ["use_transport"]
@@ -35,6 +35,10 @@ class _MollieAdapter(TransportAdapter):
             del request.headers["Idempotency-Key"]
         try:
             return super().send(request, *args, **kwargs)
+        except ConfigurationError:
+            # A programming error, not a network one: raised as itself (mollie-api-python
+            # wraps only requests' errors as its RequestError).
+            raise
         except PayonceError as exc:
             message = f"payonce: {exc}{about(exc)}"
             error = requests.exceptions.ConnectionError(message, request=request)

@@ -8,7 +8,7 @@ from typing import Any, NoReturn
 import httpx
 from square.core.api_error import ApiError
 
-from ..errors import PayonceError
+from ..errors import ConfigurationError, PayonceError
 from ._transports import TransportSource, about, async_transport, carry, sync_transport
 
 __all__ = ["async_httpx_client", "httpx_client"]
@@ -33,6 +33,8 @@ class _Translating(httpx.BaseTransport):
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         try:
             return self.inner.handle_request(request)
+        except ConfigurationError:
+            raise  # a programming error, not a network one: never presented as retryable
         except PayonceError as exc:
             _raise_square_error(exc)
 
@@ -47,6 +49,8 @@ class _AsyncTranslating(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         try:
             return await self.inner.handle_async_request(request)
+        except ConfigurationError:
+            raise  # a programming error, not a network one: never presented as retryable
         except PayonceError as exc:
             _raise_square_error(exc)
 

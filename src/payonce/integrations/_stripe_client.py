@@ -11,6 +11,7 @@ from stripe import _api_requestor
 
 from ..errors import (
     AuthenticationError,
+    ConfigurationError,
     IntentMismatch,
     OutcomeUnknown,
     PayonceError,
@@ -101,6 +102,8 @@ class HTTPClient(stripe.HTTPClient):
             response = self._sync.request(
                 method, url, headers=_DRAWN.without_drawn(headers), content=post_data
             )
+        except ConfigurationError:
+            raise  # a programming error, not a network one: never presented as retryable
         except (PayonceError, httpx.TransportError) as exc:
             _raise_stripe_error(exc)
         return response.content, response.status_code, response.headers
@@ -135,6 +138,8 @@ class HTTPClient(stripe.HTTPClient):
             response = await self._async.request(
                 method, url, headers=_DRAWN.without_drawn(headers), content=post_data
             )
+        except ConfigurationError:
+            raise  # a programming error, not a network one: never presented as retryable
         except (PayonceError, httpx.TransportError) as exc:
             _raise_stripe_error(exc)
         return response.content, response.status_code, response.headers

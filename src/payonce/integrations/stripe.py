@@ -15,7 +15,10 @@ retry hint), and a second attempt made by the SDK would be a new step of the int
 
 payonce's errors arrive as the stripe errors callers catch: an outcome that stays unknown is
 ``stripe.APIConnectionError`` with ``should_retry=False``, naming the key and the reference;
-each carries the payonce error as ``payonce_error`` (and as its ``__cause__``).
+each carries the payonce error as ``payonce_error`` (and as its ``__cause__``), and its key,
+reference and step as ``payonce_key``, ``payonce_reference`` and ``payonce_step``. A
+programming error (two steps of one block at once, a request outside the client's
+``base_url``) is payonce's ``ConfigurationError`` itself, never a connection error to retry.
 """
 
 from __future__ import annotations
