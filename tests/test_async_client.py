@@ -40,6 +40,19 @@ async def test_a_payment_is_sent_once_and_replayed_from_the_journal(
     assert op.state is payonce.IntentState.SUCCEEDED
 
 
+async def test_a_replay_whose_body_was_too_large_to_journal_is_the_provider_s_replay(
+    make_async_client: MakeAsyncClient, sandbox: SandboxServer
+) -> None:
+    client = make_async_client(max_stored_response_bytes=16)
+    first = await client.post("/v1/payments", json=PAYMENT, reference="order-big")
+    again = await client.post("/v1/payments", json=PAYMENT, reference="order-big")
+    assert again.json() == first.json()
+    info = payonce.response_info(again)
+    assert info is not None
+    assert (info.replayed, info.provider_replayed, info.body_stored) == (True, True, False)
+    assert sandbox.store.total_executions() == 1
+
+
 @pytest.mark.parametrize("faults", [["fail_before"], ["fail_after"], ["drop_after", "rate_limit"]])
 async def test_transient_failures_are_retried_under_one_key(
     make_async_client: MakeAsyncClient, sandbox: SandboxServer, faults: list[str]

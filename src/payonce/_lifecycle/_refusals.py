@@ -24,6 +24,7 @@ from ._verdicts import Outcome, Verdict
 
 __all__ = [
     "abandoned",
+    "answer_not_kept",
     "authentication",
     "in_flight",
     "lookup_refused",
@@ -104,6 +105,23 @@ def unknown_remedy(key: str, *, reconcilable: bool) -> str:
 def abandoned(record: IntentRecord) -> IntentStateError:
     why = f"was abandoned by an operator ({record.abandon_reason}); it is never resent"
     return _about(IntentStateError, record, f"{why}. Use a new reference to pay again")
+
+
+def answer_not_kept(record: IntentRecord, why: str) -> IntentStateError:
+    """A settled intent replayed whose answer's body was too large to journal, and that
+    the provider could not give again: nothing was sent twice, and nothing empty is handed
+    back as if it were the answer."""
+    assert record.response is not None
+    status = record.response.status
+    what = (
+        f"{record.state.value} (HTTP {status}), but its answer's body was larger than "
+        "max_stored_response_bytes and was not journaled, and it could not be got again "
+        f"without executing anything twice: {why}. Nothing was sent twice, and no empty "
+        "body is handed back as its answer. The operation itself is done: read its result "
+        f"at the provider (`payonce intents show {record.key}` shows what was sent), and "
+        "raise max_stored_response_bytes so that answers this large are kept"
+    )
+    return _about(IntentStateError, record, what)
 
 
 def unavailable(record: IntentRecord, reason: str) -> ProviderUnavailable:

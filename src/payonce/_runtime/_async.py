@@ -10,6 +10,7 @@ hand-off answers through the asyncio loop).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar, Unpack, assert_never
@@ -259,6 +260,9 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
                     case drive.LookUp(record):
                         answer = await self._look_up(record, http, auth)
                         failed = answer.error if isinstance(answer, drive.Failed) else None
+                    case drive.AskAgain(record):
+                        ask = functools.partial(core.journaled_request, record, auth=auth)
+                        answer = core.asked_again(record, await self._asked(ask, http))
                     case drive.ReadClock():
                         answer = await self._read_clock()
                     case drive.Sleep(seconds):
@@ -317,10 +321,19 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
         http: httpx.AsyncClient | None,
         auth: Mapping[str, str] | None,
     ) -> drive.Answered | drive.Failed:
+        core = self._core
+        return await self._asked(lambda c: _reconcile.lookup_request(core, record, c, auth), http)
+
+    async def _asked(
+        self,
+        request: Callable[[httpx.AsyncClient], httpx.Request],
+        http: httpx.AsyncClient | None,
+    ) -> drive.Answered | drive.Failed:
+        """A request that executes nothing (a look-up, a settled intent's request again):
+        its answer, or what it raised."""
         http = self._http if http is None else http
         try:
-            request = _reconcile.lookup_request(self._core, record, http, auth)
-            return drive.Answered(await self._exchange(request, http))
+            return drive.Answered(await self._exchange(request(http), http))
         except Exception as exc:
             return drive.Failed(exc)
 

@@ -29,11 +29,13 @@ from .._lifecycle import (
     rule,
 )
 from .._lifecycle._drive import (
+    Answered,
     ClaimIntent,
     ClaimKey,
     Command,
     DriveSettings,
     EndAttempt,
+    Failed,
     LookedUp,
     LookupRetried,
     MarkUnknown,
@@ -218,14 +220,22 @@ class IntentCore:
     ) -> httpx.Request:
         """The same bytes and the same key on every attempt, taken from the journal; the
         credentials are this process's (``auth``: a transported request's own)."""
-        record = run.record
+        if self.hooks:
+            self.tell.attempt_started(run)
+        return self.journaled_request(run.record, client, auth)
+
+    def journaled_request(
+        self,
+        record: IntentRecord,
+        client: httpx.Client | httpx.AsyncClient,
+        auth: Mapping[str, str] | None = None,
+    ) -> httpx.Request:
+        """The intent's journaled request under its key, as every attempt sends it."""
         headers = dict(record.request_headers)
         content_type = headers.get("content-type")
         if self.profile.key_field is None:  # else prepare_body puts it in the body
             headers[self.profile.key_header] = self.profile.key_header_value(record.key)
         headers.update(self._auth_headers if auth is None else auth)
-        if self.hooks:
-            self.tell.attempt_started(run)
         body = record.body
         if self.profile.prepares(record.method, httpx.URL(record.url).path):
             body = self.profile.prepare_body(body, content_type, record.key)
@@ -449,13 +459,31 @@ class IntentCore:
         self.tell.settled(record, provider_replayed=True)
         return record
 
+    def asked_again(self, record: IntentRecord, answer: Answered | Failed) -> Answered | Failed:
+        """What came of sending a settled intent's request again under its key (its
+        answer's body was not journaled): the answer tagged as the replay it is."""
+        if isinstance(answer, Answered):
+            logger.info(
+                "intent %s: its answer's body was not journaled; asked the provider again "
+                "under its key: HTTP %d",
+                record.key,
+                answer.response.status_code,
+                extra=log_extra(record),
+            )
+            tagged(
+                answer.response, record, replayed=True, provider_replayed=None, profile=self.profile
+            )
+        return answer
+
     def told(self, command: Replay | Resending | Sleep | LookupRetried) -> httpx.Response | None:
         """Carry out a command that only builds an answer or tells something."""
         match command:
-            case Replay(record, provider_replayed=True):
-                answer = replayed(record)
+            case Replay(record, provider_replayed=True, found=found):
+                # ``found``: a settled intent's answer, its body the provider's record (its
+                # own was not journaled): a replay. Otherwise settled by this call's look-up.
+                answer = replayed(record, found=found)
                 if answer is not None:
-                    tagged(answer, record, replayed=False, provider_replayed=True)
+                    tagged(answer, record, replayed=found is not None, provider_replayed=True)
                 return answer
             case Replay(record):
                 response = replayed(record)
