@@ -105,6 +105,47 @@ def test_a_body_key_other_than_the_intent_s_is_refused_and_nothing_is_journaled(
     assert server.store.total_executions() == 0
 
 
+def test_a_create_call_without_the_key_field_gets_the_intent_s_key_in_its_body(
+    client: payonce.Client, server: SandboxServer
+) -> None:
+    # CreatePayment requires the key: the caller need not write the field, payonce puts
+    # it in (a body sent without it would be refused by Square, or pay with no key).
+    without_field = {k: v for k, v in payment().items() if k != "idempotency_key"}
+    sent = sent_requests(client)
+    with client.intent("order-nofield") as op:
+        paid = op.post("/v2/payments", json=without_field)
+    assert paid.json()["payment"]["status"] == "COMPLETED"
+    assert json.loads(sent[0].content)["idempotency_key"] == op.key
+    # Journaled as if the caller had written the field empty: the same request either way.
+    record = client.journal.get(op.key)
+    assert record is not None
+    assert json.loads(record.body)["idempotency_key"] == ""
+    again = client.post("/v2/payments", reference="order-nofield", json=payment())
+    assert again.content == paid.content
+    assert len(sent) == 1
+    assert server.store.executions() == {op.key: 1}
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "takes_key"),
+    [
+        ("POST", "/v2/payments", True),
+        ("POST", "/v2/refunds", True),
+        ("POST", "/v2/orders", True),
+        ("POST", "/v2/orders/o-1/pay", True),
+        ("POST", "/proxy/v2/payments", True),
+        ("POST", "/v2/payments/p-1/complete", False),
+        ("POST", "/v2/payments/p-1/cancel", False),
+        ("POST", "/v2/payments/cancel", False),  # its key names the payment to cancel
+        ("PUT", "/v2/payments", False),
+    ],
+)
+def test_square_s_create_calls_are_the_ones_that_take_the_key_in_the_body(
+    method: str, path: str, takes_key: bool
+) -> None:
+    assert get_profile("square").body_key_required(method, path) is takes_key
+
+
 def test_a_request_without_the_key_field_is_sent_as_it_is(
     client: payonce.Client, server: SandboxServer
 ) -> None:

@@ -117,6 +117,10 @@ def _every_request(method: str, path: str) -> bool:
     return True
 
 
+def _no_request(method: str, path: str) -> bool:
+    return False
+
+
 def _is_json(content_type: str | None) -> bool:
     media_type = (content_type or "").split(";")[0].strip().lower()
     return media_type == "application/json" or media_type.endswith("+json")
@@ -243,6 +247,11 @@ class ProviderProfile:
     with the base URL's own path); every one by default. Stripe's tags creations only:
     Stripe refuses metadata on a confirm or a capture, and an update's would overwrite the
     key its creation was tagged with."""
+    body_key_required: Callable[[str, str], bool] = _no_request
+    """Which requests (method, and the path the provider sees) take the key in
+    ``key_field``: a JSON body without the field gets it, emptied, before it is journaled,
+    so that every attempt carries the intent's key there (the caller need not write
+    ``"idempotency_key": ""``). Square's create calls; none by default."""
 
     @property
     def verifies(self) -> bool:
@@ -251,16 +260,23 @@ class ProviderProfile:
             return self.resend == "verify" and self.lookup is not None
         return self.lookup is not None and self.lookup.consistent
 
-    def without_body_key(self, canonical: CanonicalRequest) -> tuple[CanonicalRequest, str | None]:
+    def without_body_key(
+        self, canonical: CanonicalRequest, provider_path: str | None = None
+    ) -> tuple[CanonicalRequest, str | None]:
         """The request with its body's key field emptied, and the key it held (None when
-        it has no such field, or an empty one). Unchanged for a profile whose key travels
-        in a header."""
+        it has no such field, or an empty one). A body without the field gets it, emptied,
+        when the request takes a key there (``body_key_required``, by the path the provider
+        sees: ``provider_path``). Unchanged for a profile whose key travels in a header."""
         if self.key_field is None:
             return canonical, None
         data = _json_body_object(canonical.body, canonical.content_type)
-        if data is None or self.key_field not in data:
+        if data is None:
             return canonical, None
-        found = data[self.key_field]
+        if self.key_field not in data and not (
+            provider_path is not None and self.body_key_required(canonical.method, provider_path)
+        ):
+            return canonical, None
+        found = data.get(self.key_field)
         if found is not None and not isinstance(found, str):
             raise ConfigurationError(
                 f"the body's {self.key_field!r} holds {type(found).__name__}, not a string: "
