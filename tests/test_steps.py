@@ -13,10 +13,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 import payonce
 from helpers.cli import run_cli
+from helpers.journals import draft_for
 from helpers.payments import PAYMENT, MakeClient
 from payonce.sandbox import SandboxServer
 
@@ -184,6 +186,42 @@ def test_an_error_about_step_2_names_the_step_its_intent_s_reference_and_its_key
     assert str(again.value).startswith(f"step 2 of intent 'order-named' (key {step_key})")
     assert again.value.reference == "order-named"
     assert sandbox.store.total_executions() == 2
+
+
+@pytest.mark.parametrize(
+    ("key", "said", "named"),
+    [
+        pytest.param(
+            "KEY-step2",
+            "intent KEY-step2 has an unknown outcome (…)",
+            "step 2 of intent 'order-b' (key KEY-step2) has an unknown outcome (…)",
+            id="its-own-record",
+        ),
+        pytest.param(
+            "shared-key",
+            "intent shared-key (reference 'order-a') has an unknown outcome (…)",
+            "step 2 of intent 'order-b' (key shared-key): intent shared-key (reference "
+            "'order-a') has an unknown outcome (…)",
+            id="a-key-the-caller-set-that-is-another-intent-s",
+        ),
+    ],
+)
+def test_a_step_s_error_is_named_by_the_step_and_keeps_another_intent_s_words(
+    key: str, said: str, named: str
+) -> None:
+    from payonce._lifecycle._refusals import of_step
+
+    draft = attrs.evolve(
+        draft_for(1), key=key, reference=None, step=2, intent_key="KEY", intent_reference="order-b"
+    )
+    error = of_step(payonce.OutcomeUnknown(said, key=key, reference=None, reason="…"), draft)
+    assert str(error) == named
+    assert (error.key, error.reference, error.step, error.intent_key) == (
+        key,
+        "order-b",
+        2,
+        "KEY",
+    )
 
 
 def test_step_1_errors_name_the_intent_as_they_always_did(

@@ -64,10 +64,15 @@ def of_step(error: E, draft: IntentDraft) -> E:
     error.intent_key = draft.intent_key
     message = str(error)
     step_subject = _step_subject(draft)
-    if not message.startswith(step_subject):
-        plain = _subject(error.key, None)
-        rest = message[len(plain) :] if message.startswith(plain) else f": {message}"
-        error.args = (f"{step_subject}{rest}", *error.args[1:])
+    if message.startswith(step_subject):
+        return error  # worded for the step already (a changed step)
+    plain = f"{_subject(draft.key, None)} "
+    if message.startswith(plain) and not message.startswith(f"{plain}(reference "):
+        error.args = (f"{step_subject} {message[len(plain) :]}", *error.args[1:])
+    else:
+        # About another intent's record (a key the caller set that is another intent's):
+        # its own words stay, after the step's name.
+        error.args = (f"{step_subject}: {message}", *error.args[1:])
     return error
 
 
