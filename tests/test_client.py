@@ -642,6 +642,20 @@ def test_a_replay_without_its_body_past_the_key_s_lifetime_answers_with_the_look
     assert sandbox.store.total_executions() == 1
 
 
+def test_a_replay_without_its_body_the_provider_does_not_replay_answers_with_its_record(
+    make_client: MakeClient, sandbox: SandboxServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = make_client(max_stored_response_bytes=16)
+    live = client.post("/v1/payments", json=PAYMENT, reference="order-big-503")
+    sandbox.script(["fail_before"])  # the request sent again meets a 503, not the replay
+    with caplog.at_level(logging.INFO, logger="payonce"):
+        replay = client.post("/v1/payments", json=PAYMENT, reference="order-big-503")
+    assert "asked the provider again under its key: HTTP 503" in caplog.text
+    assert (replay.status_code, replay.json()["id"]) == (201, live.json()["id"])
+    assert payonce.response_info(replay).replayed  # type: ignore[union-attr]
+    assert sandbox.store.total_executions() == 1
+
+
 def test_a_replay_without_its_body_and_no_way_to_get_it_again_is_an_error_never_empty(
     make_client: MakeClient, sandbox: SandboxServer
 ) -> None:

@@ -780,20 +780,16 @@ def _answer_again(settings: DriveSettings, record: IntentRecord) -> Drive:
     attempts: Sequence[AttemptRecord] = yield ReadAttempts(record.key)
     provider_now = yield from _provider_now(settings)
     expired = _key_gone(settings, record, attempts, provider_now, executed=True)
-    why = []
+    why: list[str] = []
     if expired is None:
         result: Answered | Failed = yield AskAgain(record)
         if isinstance(result, Answered) and result.response.status_code == stored.status:
             return result.response
-        why.append(
-            "the provider did not replay it under its key ("
-            + (
-                type(result.error).__name__
-                if isinstance(result, Failed)
-                else f"HTTP {result.response.status_code}"
-            )
-            + ")"
-        )
+        if isinstance(result, Failed):
+            answered = type(result.error).__name__
+        else:
+            answered = f"HTTP {result.response.status_code}, not {stored.status}"
+        why.append(f"the provider did not replay it under its key ({answered})")
     else:
         why.append(f"a resend under its key is no longer safe: {expired}")
     lookup = profile.lookup
