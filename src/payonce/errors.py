@@ -81,8 +81,10 @@ class IntentError(PayonceError):
     and ``intent_key`` the key of the intent (its step 1) it belongs to.
     """
 
-    step: int
-    """The request's position in its intent block: 1 for the intent itself."""
+    step: int | None
+    """The request's position in its intent block (1: the intent itself), for an error
+    raised by a call in a block or a one-shot call; None for one raised by ``resume`` or
+    ``reconcile``, which drive a journaled intent without its block."""
     intent_key: str | None
     """For a step 2 or later: the key of its intent (step 1's); None otherwise."""
 
@@ -90,7 +92,7 @@ class IntentError(PayonceError):
         super().__init__(message)
         self.key = key
         self.reference = reference
-        self.step = 1
+        self.step = None
         self.intent_key = None
 
 

@@ -492,12 +492,13 @@ def call(
 
     An error about step n >= 2 of a block names the step, its intent's reference and its
     own key: the step's journaled record has no reference of its own to name."""
-    if draft.step == 1:
-        return (yield from _call(settings, draft, owner, acknowledge_on_success))
     try:
         return (yield from _call(settings, draft, owner, acknowledge_on_success))
     except IntentError as error:
-        refusals.of_step(error, draft)
+        if draft.step == 1:
+            error.step = 1
+        else:
+            refusals.of_step(error, draft)
         raise
 
 

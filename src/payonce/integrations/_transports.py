@@ -63,7 +63,7 @@ def about(exc: PayonceError) -> str:
     named = [f"idempotency key {exc.key!r}"]
     if exc.reference is not None:
         named.append(f"reference {exc.reference!r}")
-    if exc.step > 1:
+    if exc.step is not None and exc.step > 1:
         named.append(f"step {exc.step}")
     return f" ({', '.join(named)})"
 
