@@ -10,7 +10,14 @@ from mollie.api.resources.base import ResourceBase
 
 from .._requests_adapter import TransportAdapter
 from ..errors import PayonceError
-from ._transports import DrawnKeys, TransportSource, about, sync_transport
+from ._transports import (
+    DrawnKeys,
+    OutsideIntent,
+    TransportSource,
+    about,
+    sync_transport,
+    transport_options,
+)
 
 __all__ = ["use_transport"]
 
@@ -41,11 +48,16 @@ class _MollieAdapter(TransportAdapter):
             raise error from exc
 
 
-def use_transport(mollie_client: Any, client: TransportSource) -> requests.Session:
+def use_transport(
+    mollie_client: Any, client: TransportSource, *, outside_intent: OutsideIntent | None = None
+) -> requests.Session:
     """Send every call of ``mollie_client`` (a ``mollie.api.client.Client``) through
     ``client.transport()``, mollie-api-python's own keys replaced by the steps' (a key the
-    caller passes as ``idempotency_key=`` is kept); returns the session it now uses."""
-    adapter = _MollieAdapter(sync_transport(client))
+    caller passes as ``idempotency_key=`` is kept); returns the session it now uses.
+    ``outside_intent="refuse"`` refuses a call outside any intent block instead of
+    journaling it as a one-shot intent."""
+    options = transport_options(outside_intent=outside_intent)
+    adapter = _MollieAdapter(sync_transport(client, **options))
     # The SDK creates its session lazily (and mounts its retrying adapter on it then); one
     # already there is reused. An OAuth client's session is mounted too.
     session = getattr(mollie_client, "_client", None) or requests.Session()

@@ -11,7 +11,19 @@ import httpx
 
 from ..errors import ConfigurationError, IntentError, PayonceError
 
-__all__ = ["DrawnKeys", "TransportSource", "about", "async_transport", "sync_transport"]
+__all__ = [
+    "DrawnKeys",
+    "OutsideIntent",
+    "TransportSource",
+    "about",
+    "async_transport",
+    "sync_transport",
+    "transport_options",
+]
+
+OutsideIntent = Literal["journal", "refuse"]
+"""``client.transport(outside_intent=...)``: a mutating request outside any intent block is
+journaled as a one-shot intent, or refused."""
 
 
 class TransportSource(Protocol):
@@ -25,6 +37,15 @@ class TransportSource(Protocol):
         sdk_keys: Literal["honour", "replace"] = ...,
         outside_intent: Literal["journal", "refuse"] = ...,
     ) -> httpx.BaseTransport | httpx.AsyncBaseTransport: ...
+
+
+def transport_options(
+    *, sdk_keys: str | None = None, outside_intent: OutsideIntent | None = None
+) -> dict[str, Any]:
+    """What an integration's caller chose of ``client.transport()``'s options (the rest is
+    the transport's default)."""
+    chosen = {"sdk_keys": sdk_keys, "outside_intent": outside_intent}
+    return {name: value for name, value in chosen.items() if value is not None}
 
 
 def sync_transport(client: TransportSource, **options: Any) -> httpx.BaseTransport:
