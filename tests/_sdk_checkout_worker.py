@@ -3,7 +3,8 @@ tests/test_sdk_kills.py.
 
 For each order: stripe-python creates a PaymentIntent then confirms it; Adyen authorises a
 payment then captures it; Square approves a payment (a ``uuid4`` key per call, as its
-examples do) then completes it; Mollie creates a payment. ``--with-payonce`` adds what
+examples do) then completes it (or, ``--split``, pays two identical halves); Mollie
+creates a payment. ``--with-payonce`` adds what
 payonce asks of such code: one line (the SDK over ``payonce.integrations``) and one block
 per order. Without it, the SDK alone: its keys live in this process only.
 
@@ -137,7 +138,10 @@ def mollie_checkout(url: str, client: payonce.Client | None) -> Checkout:
     return checkout
 
 
-def square_checkout(url: str, client: payonce.Client | None) -> Checkout:
+NO_RETRIES: Any = {"max_retries": 0}
+
+
+def square_sdk(url: str, client: payonce.Client | None) -> Any:
     import httpx
     from square import Square
 
@@ -147,24 +151,47 @@ def square_checkout(url: str, client: payonce.Client | None) -> Checkout:
         http = httpx_client(client, sdk_keys="replace")  # the one line
     else:
         http = httpx.Client(timeout=60.0)
-    square = Square(token=DEFAULT_API_KEY, base_url=url, httpx_client=http)
-    no_retries: Any = {"max_retries": 0}
+    return Square(token=DEFAULT_API_KEY, base_url=url, httpx_client=http)
+
+
+def square_create(square: Any, order: str, amount: int, **more: Any) -> Any:
+    """One payment, under a ``uuid4`` made for this call, as Square's examples do."""
+    paid = square.payments.create(
+        idempotency_key=str(uuid.uuid4()),
+        source_id="cnon:card-nonce-ok",
+        amount_money={"amount": amount, "currency": "USD"},
+        reference_id=order,
+        request_options=NO_RETRIES,
+        **more,
+    ).payment
+    assert paid is not None
+    return paid
+
+
+def square_checkout(url: str, client: payonce.Client | None) -> Checkout:
+    square = square_sdk(url, client)
 
     def checkout(order: str, between: Callable[[], None]) -> dict[str, str]:
-        approved = square.payments.create(
-            idempotency_key=str(uuid.uuid4()),
-            source_id="cnon:card-nonce-ok",
-            amount_money={"amount": 1500, "currency": "USD"},
-            reference_id=order,
-            autocomplete=False,
-            request_options=no_retries,
-        ).payment
+        approved = square_create(square, order, 1500, autocomplete=False)
         between()
-        assert approved is not None
         assert approved.id is not None
-        done = square.payments.complete(approved.id, request_options=no_retries).payment
+        done = square.payments.complete(approved.id, request_options=NO_RETRIES).payment
         assert done is not None
         return {"order": order, "id": str(done.id), "status": str(done.status)}
+
+    return checkout
+
+
+def square_split_checkout(url: str, client: payonce.Client | None) -> Checkout:
+    """A bill split in two equal halves: two identical payments in one block, each with a
+    ``uuid4`` of its own (replaced by payonce's step keys)."""
+    square = square_sdk(url, client)
+
+    def checkout(order: str, between: Callable[[], None]) -> dict[str, str]:
+        first = square_create(square, order, 750).id
+        between()
+        second = square_create(square, order, 750).id
+        return {"order": order, "id": f"{first},{second}", "status": "COMPLETED"}
 
     return checkout
 
@@ -189,6 +216,7 @@ def main() -> None:
     parser.add_argument("--orders", type=int, default=2)
     parser.add_argument("--die-between-steps", action="store_true")
     parser.add_argument("--max-stored-bytes", type=int)
+    parser.add_argument("--split", action="store_true", help="square: two identical halves")
     args = parser.parse_args()
 
     between = die if args.die_between_steps else lambda: None
@@ -196,7 +224,7 @@ def main() -> None:
     if args.journal:
         base_url = adyen_base_url(args.url) if args.sdk == "adyen" else args.url
         client = transport_client(base_url, args.sdk, args.journal, args.max_stored_bytes)
-    checkout = CHECKOUTS[args.sdk](args.url, client)
+    checkout = (square_split_checkout if args.split else CHECKOUTS[args.sdk])(args.url, client)
 
     for n in range(args.orders):
         order = f"order-{n}"

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import functools
 import gc
+import logging
 import subprocess
 import sys
 import threading
@@ -1042,6 +1043,187 @@ def test_baseline_square_alone_pays_twice_when_an_answer_is_lost_and_it_runs_aga
         square = Square(token=DEFAULT_API_KEY, base_url=square_server.url, httpx_client=http)
         square_pay(square, str(uuid.uuid4()))
     assert [p["reference"] for p in square_server.store.payments()] == ["order-1", "order-1"]
+
+
+# -- identical payments in one block; a block on the wrong client -----------------------------
+
+
+def test_square_paying_two_identical_amounts_in_one_block_pays_twice_and_a_run_again_replays(
+    square_server: SandboxServer,
+    square_through: Callable[..., tuple[payonce.Client, Square]],
+) -> None:
+    # A bill split in two equal halves, each call with a uuid4 of its own (replaced by
+    # payonce's step keys): two payments, not one answered twice.
+    def run() -> tuple[list[Any], list[str]]:
+        client, square = square_through(sdk_keys="replace")
+        with client.intent("order-split") as op:
+            halves = [square_pay(square, str(uuid.uuid4()), amount=750) for _ in range(2)]
+        return [half.payment.id for half in halves], [key for _, key, _ in op.steps]
+
+    paid, keys = run()
+    assert paid[0] != paid[1]
+    assert keys[1] == f"{keys[0]}-step2"
+    assert run() == (paid, keys)  # run again: both halves replayed, in their order
+    assert square_server.store.executions() == {key: 1 for key in keys}
+    assert len(square_server.store.payments()) == 2
+
+
+def test_square_retrying_an_unknown_half_of_a_split_payment_executes_it_once(
+    square_server: SandboxServer,
+    square_through: Callable[..., tuple[payonce.Client, Square]],
+) -> None:
+    client, square = square_through(sdk_keys="replace", retry=ONCE)
+    with client.intent("order-split-lost") as op:
+        square_pay(square, str(uuid.uuid4()), amount=750)
+        square_server.script(["drop_after"])  # the second half executes; its answer is lost
+        with pytest.raises(SquareApiError) as lost:
+            square_pay(square, str(uuid.uuid4()), amount=750)
+        # The caller's retry is that half again, refused as unknown: never a third payment.
+        with pytest.raises(SquareApiError) as retried:
+            square_pay(square, str(uuid.uuid4()), amount=750)
+    assert unknown_key(retried.value) == unknown_key(lost.value) == f"{op.key}-step2"
+    assert [n for n, _, _ in op.steps] == [1, 2]
+    assert sorted(square_server.store.executions().values()) == [1, 1]
+    assert len(square_server.store.payments()) == 2
+
+
+def test_stripe_python_s_async_calls_inside_the_sync_client_s_block_are_refused_unsent(
+    stripe_server: SandboxServer,
+    stripe_client: Callable[..., stripe.StripeClient],
+    journal_path: Path,
+    closing: contextlib.ExitStack,
+) -> None:
+    # The review's case: HTTPClient(payments, async_client=apay), the block on `payments`,
+    # the call through `apay`. It used to go through as a one-shot under a fresh key.
+    options = payonce_options(stripe_server, "stripe", journal_path)
+    payments = closing.enter_context(payonce.Client(**options))
+
+    async def pay() -> tuple[payonce.ConfigurationError, list[Any]]:
+        async with payonce.AsyncClient(**options) as apay:
+            http = stripe_integration.HTTPClient(payments, async_client=apay)
+            sdk = stripe_client(stripe_server, http_client=http)
+            try:
+                with (
+                    payments.intent("order-1") as op,
+                    # A programming error: payonce's own, never a connection error to retry.
+                    pytest.raises(payonce.ConfigurationError) as refused,
+                ):
+                    await sdk.v1.payment_intents.create_async(
+                        params={"amount": 900, "currency": "eur"}
+                    )
+                return refused.value, op.steps
+            finally:
+                await http.close_async()
+
+    carried, steps = asyncio.run(pay())
+    assert "went through payonce.AsyncClient(provider='stripe'" in str(carried)
+    assert "intent 'order-1' on payonce.Client(provider='stripe'" in str(carried)
+    assert "`async with <AsyncClient>.intent(...)`" in str(carried)
+    assert steps == []
+    assert payments.journal.list_intents() == []
+    assert stripe_server.store.executions() == {}
+    assert stripe_server.store.payment_intents() == []
+
+
+def test_square_calls_through_a_second_client_of_the_same_settings_are_refused_unsent(
+    square_server: SandboxServer,
+    square_through: Callable[..., tuple[payonce.Client, Square]],
+    journal_path: Path,
+    closing: contextlib.ExitStack,
+) -> None:
+    client, square = square_through()
+    twin = payonce_maker(square_server, "square", journal_path, closing)()
+    with twin.intent("order-1"), pytest.raises(payonce.ConfigurationError) as refused:
+        square_pay(square, "k-wrong-client")
+    assert "another client object with the same settings" in str(refused.value)
+    assert client.journal.list_intents() == []
+    assert square_server.store.executions() == {}
+
+
+def test_one_operation_over_two_providers_opens_a_block_on_each_client(
+    stripe_server: SandboxServer,
+    square_server: SandboxServer,
+    stripe_through: Callable[..., tuple[payonce.Client, stripe.StripeClient]],
+    square_through: Callable[..., tuple[payonce.Client, Square]],
+) -> None:
+    def run() -> tuple[str, str]:
+        stripe_payments, stripe_sdk = stripe_through()
+        square_payments, square = square_through(sdk_keys="replace")
+        with stripe_payments.intent("order-2p"), square_payments.intent("order-2p"):
+            deposit = stripe_sdk.v1.payment_intents.create(
+                params={"amount": 500, "currency": "eur"}
+            )
+            balance = square_pay(square, str(uuid.uuid4()), amount=1000)
+        return deposit.id, balance.payment.id
+
+    paid = run()
+    assert run() == paid  # run again: each provider's step replayed from its intent
+    assert list(stripe_server.store.executions().values()) == [1]
+    assert list(square_server.store.executions().values()) == [1]
+
+
+def test_a_block_around_an_sdk_not_wired_to_payonce_warns_nothing_was_made_exactly_once(
+    stripe_server: SandboxServer,
+    stripe_client: Callable[..., stripe.StripeClient],
+    stripe_through: Callable[..., tuple[payonce.Client, stripe.StripeClient]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client, wired = stripe_through()
+    unwired = stripe_client(stripe_server)  # stripe-python's own HTTP client: no payonce
+    params = {"amount": 900, "currency": "eur"}
+    with caplog.at_level(logging.WARNING, logger="payonce"):
+        with client.intent("order-unwired"):
+            unwired.v1.payment_intents.create(params=params)
+        (warned,) = caplog.records
+        assert "the block of intent 'order-unwired'" in warned.getMessage()
+        assert "nothing in it was made exactly-once" in warned.getMessage()
+        caplog.clear()
+        with client.intent("order-wired"):
+            wired.v1.payment_intents.create(params=params)
+    assert caplog.records == []
+    # Both were paid; only the wired one is an intent payonce knows (and could recover).
+    assert len(stripe_server.store.payment_intents()) == 2
+    assert [r.reference for r in client.journal.list_intents()] == ["order-wired"]
+
+
+def _refused_outside_any_block(sdk: str, server: SandboxServer, client: payonce.Client) -> None:
+    """One payment call of ``sdk``, outside any block, over an integration made with
+    ``outside_intent="refuse"``."""
+    if sdk == "stripe":
+        http = stripe_integration.HTTPClient(client, outside_intent="refuse")
+        sdk_client = stripe.StripeClient(
+            DEFAULT_API_KEY, base_addresses={"api": server.url}, http_client=http
+        )
+        sdk_client.v1.payment_intents.create(params={"amount": 900, "currency": "eur"})
+    elif sdk == "adyen":
+        adyen = adyen_sdk(server)
+        adyen_integration.use_transport(adyen, client, outside_intent="refuse")
+        adyen.checkout.payments_api.payments(adyen_payment("order-1"))
+    elif sdk == "mollie":
+        mollie_client = mollie_sdk(server)
+        mollie_integration.use_transport(mollie_client, client, outside_intent="refuse")
+        mollie_client.payments.create(MOLLIE_PAYMENT)
+    else:
+        http_square = square_integration.httpx_client(client, outside_intent="refuse")
+        square_pay(
+            Square(token=DEFAULT_API_KEY, base_url=server.url, httpx_client=http_square), "k"
+        )
+
+
+@pytest.mark.parametrize("sdk", ["stripe", "adyen", "mollie", "square"])
+def test_each_integration_passes_outside_intent_to_its_transport(
+    shared_sandboxes: SharedSandboxes, journal_path: Path, closing: contextlib.ExitStack, sdk: str
+) -> None:
+    server = sandbox_like(shared_sandboxes, sdk)
+    base_url = adyen_sdk(server).checkout.payments_api.baseUrl if sdk == "adyen" else server.url
+    client = payonce_maker(server, sdk, journal_path, closing)(base_url=base_url)
+    # A programming error: payonce's own, through every SDK, never one of its network errors.
+    with pytest.raises(payonce.ConfigurationError) as caught:
+        _refused_outside_any_block(sdk, server, client)
+    assert type(caught.value) is payonce.ConfigurationError
+    assert "outside any intent block" in str(caught.value)
+    assert server.store.executions() == {}
+    assert client.journal.list_intents() == []
 
 
 TYPED_USE = """

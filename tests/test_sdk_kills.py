@@ -39,6 +39,7 @@ def run_checkout(
     crash_at: str | None = None,
     die_between_steps: bool = False,
     max_stored_bytes: int | None = None,
+    split: bool = False,
 ) -> tuple[int, list[dict[str, str]]]:
     """Run the worker to its end or its kill: its exit code and the answers it printed."""
     command = [sys.executable, str(WORKER), "--sdk", sdk, "--url", server.url]
@@ -49,6 +50,8 @@ def run_checkout(
         command += ["--max-stored-bytes", str(max_stored_bytes)]
     if die_between_steps:
         command.append("--die-between-steps")
+    if split:
+        command.append("--split")
     return run_checkout_worker(command, server, crash_at)
 
 
@@ -167,3 +170,27 @@ def test_the_same_sdk_checkout_without_payonce_pays_twice_when_killed_and_run_ag
     assert len(by_order["order-0"]) == 2
     assert len(by_order["order-1"]) == 1
     assert [a["order"] for a in answers] == ["order-0", "order-1"]
+
+
+def test_a_square_split_payment_killed_between_its_halves_and_run_again_pays_each_half_once(
+    shared_sandboxes: SharedSandboxes, tmp_path: Path
+) -> None:
+    # Two identical payments in one block: the second is a step of its own (a payment),
+    # not a replay of the first; killed between them and run again, neither is paid twice.
+    server = sandbox_like(shared_sandboxes, "square")
+    journal = tmp_path / "journal.db"
+    assert run_checkout("square", server, journal, die_between_steps=True, split=True)[0] == KILLED
+    assert executions_once_arrived(server, 1) == 1
+
+    code, answers = run_checkout("square", server, journal, split=True)
+    assert code == 0
+    assert run_checkout("square", server, journal, split=True)[0] == 0  # and once more
+    by_order = payments_by_order("square", server)
+    assert {order: len(payments) for order, payments in by_order.items()} == {
+        f"order-{n}": 2 for n in range(ORDERS)
+    }
+    assert sorted(server.store.executions().values()) == [1] * (2 * ORDERS)
+    # Each caller was told its two payments, the first one the run before the kill made.
+    for answer in answers:
+        halves = answer["id"].split(",")
+        assert sorted(halves) == sorted(p["id"] for p in by_order[answer["order"]])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import pytest
 import payonce
 from helpers.cli import run_cli
 from helpers.journals import draft_for
-from helpers.payments import PAYMENT, MakeClient
+from helpers.payments import DECLINED, PAYMENT, MakeClient
 from payonce.sandbox import SandboxServer
 
 REFUND = {"amount": 100, "currency": "eur"}
@@ -270,24 +271,117 @@ def test_a_changed_step_that_may_have_executed_warns_that_a_new_reference_could_
 # -- the same request again -----------------------------------------------------------------
 
 
+def _step_2_turned_away(op: payonce.Operation, sandbox: SandboxServer) -> None:
+    """Step 1 succeeds; every attempt of step 2 is turned away (a 429): it stays pending."""
+    op.post("/v1/payments", json=PAYMENT)
+    sandbox.script(["rate_limit"] * 5)
+    with pytest.raises(payonce.ProviderUnavailable):
+        op.post("/v1/payments", json=SECOND)
+
+
 def test_a_caller_s_retry_of_a_step_that_did_not_settle_is_that_step_again(
     client: payonce.Client, sandbox: SandboxServer
 ) -> None:
     with client.intent("order-retry-loop") as op:
-        op.post("/v1/payments", json=PAYMENT)
-        sandbox.script(["rate_limit"] * 5)  # every attempt of step 2 is turned away: a 429
-        with pytest.raises(payonce.ProviderUnavailable):
-            op.post("/v1/payments", json=SECOND)
+        _step_2_turned_away(op, sandbox)
         # The caller's own retry loop posts the very same request again: step 2, resent
         # under its key, not a step 3.
         retried = op.post("/v1/payments", json=SECOND)
-        # And the creation re-posted after that, too, is step 1 replayed, not a second one.
-        recreated = op.post("/v1/payments", json=PAYMENT)
     assert _info(retried).key == f"{op.key}-step2"
-    assert _info(recreated).replayed
-    assert _info(recreated).key == op.key
     assert [n for n, _, _ in op.steps] == [1, 2]
     assert sandbox.store.total_executions() == 2
+
+
+def test_a_caller_s_retry_of_a_declined_step_is_its_refusal_again_never_a_new_attempt(
+    client: payonce.Client, sandbox: SandboxServer
+) -> None:
+    with client.intent("order-declined-twice") as op:
+        with pytest.raises(payonce.ProviderError) as declined:
+            op.post("/v1/payments", json=DECLINED)
+        with pytest.raises(payonce.ProviderError) as again:
+            op.post("/v1/payments", json=DECLINED)
+    assert again.value.key == declined.value.key == op.key
+    assert again.value.response.json() == declined.value.response.json()
+    assert [n for n, _, _ in op.steps] == [1]
+    assert sandbox.store.total_executions() == 1
+
+
+# -- the same request again after its success was answered: a second one on purpose ---------
+
+
+def _split_payment(client: payonce.Client, reference: str, *, die_between: bool = False) -> Any:
+    """Two identical payments in one block (a bill split in two equal halves)."""
+    with client.intent(reference) as op:
+        first = op.post("/v1/payments", json=PAYMENT)
+        if die_between:
+            raise RuntimeError("crashed between the two payments")
+        second = op.post("/v1/payments", json=PAYMENT)
+    return first, second, op
+
+
+def test_the_same_request_again_after_its_success_was_answered_is_a_second_payment(
+    client: payonce.Client, sandbox: SandboxServer
+) -> None:
+    first, second, op = _split_payment(client, "order-split")
+    assert _info(second).key == f"{_info(first).key}-step2"
+    assert first.json()["id"] != second.json()["id"]
+    assert not _info(second).replayed
+    assert [n for n, _, _ in op.steps] == [1, 2]
+    assert sandbox.store.total_executions() == 2
+
+    # Run again, each repeat lands on the same position: both replayed, nothing sent.
+    again_first, again_second, _ = _split_payment(client, "order-split")
+    assert _info(again_first).replayed
+    assert _info(again_second).replayed
+    assert [r.json()["id"] for r in (again_first, again_second)] == [
+        first.json()["id"],
+        second.json()["id"],
+    ]
+    assert sandbox.store.total_executions() == 2
+
+
+def test_a_split_payment_cut_between_its_payments_and_run_again_pays_twice_not_three_times(
+    client: payonce.Client, sandbox: SandboxServer
+) -> None:
+    with pytest.raises(RuntimeError, match="between the two payments"):
+        _split_payment(client, "order-split-cut", die_between=True)
+    assert sandbox.store.total_executions() == 1
+    first, second, _ = _split_payment(client, "order-split-cut")
+    assert (_info(first).replayed, _info(second).replayed) == (True, False)
+    _split_payment(client, "order-split-cut")
+    assert sandbox.store.total_executions() == 2
+
+
+def test_a_repeat_of_a_step_that_succeeded_while_a_later_one_did_not_is_refused(
+    client: payonce.Client, sandbox: SandboxServer
+) -> None:
+    # A retry loop around several steps, inside the block: step 2 was turned away, and the
+    # loop starts the operation over. A next step would pay step 1's payment twice.
+    with client.intent("order-loop-inside") as op:
+        _step_2_turned_away(op, sandbox)
+        before = client.journal.list_intents()
+        with pytest.raises(payonce.ConfigurationError) as refused:
+            op.post("/v1/payments", json=PAYMENT)
+        assert client.journal.list_intents() == before
+    message = str(refused.value)
+    assert "POST /v1/payments is the same request as step 1 of intent 'order-loop-inside'" in (
+        message
+    )
+    assert "while step 2 is pending" in message
+    assert "nothing was sent" in message
+    assert "run the block again" in message
+    assert "idempotency key of its own" in message
+    assert [n for n, _, _ in op.steps] == [1, 2]
+    assert sandbox.store.total_executions() == 1
+
+    # As the refusal says: the block run again replays step 1 and sends step 2.
+    with client.intent("order-loop-inside") as op:
+        assert _info(op.post("/v1/payments", json=PAYMENT)).replayed
+        op.post("/v1/payments", json=SECOND)
+        # Every step succeeded now: the same payment again is a third step, on purpose.
+        third = op.post("/v1/payments", json=PAYMENT)
+    assert _info(third).key == f"{op.key}-step3"
+    assert sandbox.store.total_executions() == 3
 
 
 def test_a_step_whose_outcome_stays_unknown_is_refused_again_rather_than_resent(
@@ -366,6 +460,71 @@ def test_a_one_shot_call_inside_a_block_is_the_block_s_next_step(
             client.post("/v1/payments", json=REFUND, reference="order-elsewhere")
     assert _info(second).key == f"{op.key}-step2"
     assert sandbox.store.total_executions() == 2
+
+
+# -- a block on one client, a request through another ---------------------------------------
+
+
+def test_a_one_shot_through_another_client_inside_a_block_is_refused_unless_it_names_its_intent(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    client, twin = make_client(), make_client()  # the same settings, two client objects
+    with client.intent("order-twin") as op:
+        op.post("/v1/payments", json=PAYMENT)
+        with pytest.raises(payonce.ConfigurationError) as refused:
+            twin.post("/v1/payments", json=SECOND)
+        # One that names its intent is that intent on every run: it goes, a one-shot.
+        named = twin.post("/v1/payments", json=REFUND, reference="order-twin-refund")
+    message = str(refused.value)
+    assert "POST /v1/payments went through payonce.Client(provider='sandbox'" in message
+    assert "intent 'order-twin'" in message
+    assert "another client object with the same settings" in message
+    assert "nothing was journaled or sent" in message
+    assert "open a block on each client" in message
+    assert _info(named).reference == "order-twin-refund"
+    assert sorted(r.reference or "" for r in client.journal.list_intents()) == [
+        "order-twin",
+        "order-twin-refund",
+    ]
+    assert sandbox.store.total_executions() == 2
+
+
+@pytest.mark.anyio
+async def test_an_async_client_s_one_shot_inside_the_sync_client_s_block_is_refused(
+    make_client: MakeClient, make_async_client: Any, sandbox: SandboxServer
+) -> None:
+    client = make_client()
+    async_client: payonce.AsyncClient = make_async_client()
+    with client.intent("order-sync-block"):
+        with pytest.raises(payonce.ConfigurationError, match=r"through payonce\.AsyncClient\("):
+            await async_client.post("/v1/payments", json=PAYMENT)
+        async with async_client.intent("order-async-block") as theirs:
+            await async_client.post("/v1/payments", json=PAYMENT)  # its own block: a step
+        client.post("/v1/payments", json=SECOND)
+    assert [n for n, _, _ in theirs.steps] == [1]
+    assert sandbox.store.total_executions() == 2
+
+
+def test_a_block_that_ends_without_a_request_through_its_client_warns(
+    client: payonce.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="payonce"):
+        with client.intent("order-nothing"):
+            pass  # the payment calls went around payonce
+        warned = [r.getMessage() for r in caplog.records]
+        assert len(warned) == 1
+        assert "the block of intent 'order-nothing'" in warned[0]
+        assert "without a single request through payonce.Client(" in warned[0]
+        assert "nothing in it was made exactly-once" in warned[0]
+        assert "another client's transport" in warned[0]
+        assert "not wired to this client" in warned[0]
+        caplog.clear()
+
+        with client.intent("order-something") as op:
+            op.post("/v1/payments", json=PAYMENT)
+        with pytest.raises(RuntimeError), client.intent("order-raised"):
+            raise RuntimeError("it never got to pay")  # its exception says enough
+    assert caplog.records == []
 
 
 @pytest.mark.anyio

@@ -8,6 +8,7 @@ never an idempotency key, and knows nothing of payonce but the transport and the
 from __future__ import annotations
 
 import contextlib
+import logging
 import sqlite3
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -381,6 +382,74 @@ def test_a_strict_transport_refuses_a_mutating_request_outside_any_block(
     assert http.get("/v1/payment_intents").status_code == 200  # reads are fine
     assert server.store.executions() == {}
     assert payonce_client.journal.list_intents() == []
+
+
+# -- a block on one client, the request through another ---------------------------------------
+
+
+def test_a_request_through_another_client_s_transport_inside_a_block_is_refused_unsent(
+    payonce_client: payonce.Client,
+    server: SandboxServer,
+    journal_path: Path,
+    closing: contextlib.ExitStack,
+) -> None:
+    # The code's block is on one client; its httpx client was given a second one's
+    # transport (same settings, another object). Let through, the request would be a
+    # one-shot under a fresh key, which a run again would pay again.
+    twin = closing.enter_context(payonce.Client(**_options(server, journal_path)))
+    http = closing.enter_context(
+        httpx.Client(base_url=server.url, transport=twin.transport(), headers=AUTHORIZATION)
+    )
+    before = _journal_rows(journal_path)
+    with payonce_client.intent("order-wrong-client") as op:
+        with pytest.raises(payonce.ConfigurationError) as refused:
+            http.post("/v1/payment_intents", data=ORDER)
+        assert http.get("/v1/payment_intents").status_code == 200  # reads still pass
+    message = str(refused.value)
+    assert f"POST {server.url}/v1/payment_intents went through payonce.Client(" in message
+    assert "intent 'order-wrong-client' on payonce.Client(" in message
+    assert "another client object with the same settings" in message
+    assert "nothing was journaled or sent" in message
+    assert op.steps == []
+    assert _journal_rows(journal_path) == before
+    assert server.store.executions() == {}
+
+
+@pytest.mark.anyio
+async def test_an_async_transport_s_request_inside_the_sync_client_s_block_is_refused(
+    payonce_client: payonce.Client,
+    async_http: tuple[payonce.AsyncClient, httpx.AsyncClient],
+    server: SandboxServer,
+    journal_path: Path,
+) -> None:
+    async_client, http = async_http
+    with (
+        payonce_client.intent("order-sync-block"),
+        pytest.raises(payonce.ConfigurationError) as refused,
+    ):
+        await http.post("/v1/payment_intents", data=ORDER)
+    assert "went through payonce.AsyncClient(provider='stripe'" in str(refused.value)
+    assert "`async with <AsyncClient>.intent(...)`" in str(refused.value)
+    assert server.store.executions() == {}
+    assert payonce_client.journal.list_intents() == []
+    # The block on the client that carries the request: a step, as it should be.
+    async with async_client.intent("order-async-block") as op:
+        await http.post("/v1/payment_intents", data=ORDER)
+    assert [key for _, key, _ in op.steps] == list(server.store.executions())
+
+
+def test_a_block_whose_code_only_read_through_the_transport_does_not_warn(
+    payonce_client: payonce.Client, http: httpx.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="payonce"):
+        with payonce_client.intent("order-read-only"):
+            http.get("/v1/payment_intents")  # wired to this client, just nothing to pay
+        assert caplog.records == []
+        with payonce_client.intent("order-not-wired"):
+            pass
+    assert [r.getMessage().split(" ended ")[0] for r in caplog.records] == [
+        "the block of intent 'order-not-wired'"
+    ]
 
 
 def test_transport_options_are_checked(payonce_client: payonce.Client) -> None:

@@ -108,7 +108,7 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
     ) -> httpx.Response:
         """A one-shot operation (see ``Client.request``)."""
         reference, key, request = self.one_shot(options)
-        current = self._current_block(reference, key)
+        current = self._current_block(method, path, reference, key)
         if current is not None:
             return await current.request(method, path, **request)
         async with self._one_shot_intent(reference, key) as op:

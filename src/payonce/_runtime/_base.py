@@ -72,7 +72,9 @@ __all__ = [
     "OperationBase",
     "RequestOptions",
     "Verbs",
+    "client_label",
     "draft_request",
+    "refuse_outside_own_block",
 ]
 
 logger = logging.getLogger("payonce")
@@ -183,6 +185,45 @@ def current_operation(core: object) -> OperationBase | None:
     return _OPEN.get({}).get(core)
 
 
+def client_label(kind: str, core: IntentCore) -> str:
+    """How an error names a payonce client: its class and what tells it from another."""
+    return (
+        f"payonce.{kind}(provider={core.profile.name!r}, account={core.account!r}, "
+        f"base_url={core.base_url!r})"
+    )
+
+
+def refuse_outside_own_block(core: IntentCore, kind: str, request: str) -> None:
+    """A mutating request through this client (``core``) outside any block of its own,
+    while a block of another payonce client is open in this context: refused, nothing
+    journaled or sent.
+
+    It is almost always a block opened on the wrong client: on the sync client while the
+    SDK call goes through the async one (``create_async``), or on a second client built
+    with the same settings. Let through, the request would be no step of that block but a
+    one-shot intent under a fresh key, and the same code run again after a crash would
+    pay a second time, silently.
+    """
+    others = [op for owner, op in _OPEN.get({}).items() if owner is not core]
+    if not others:
+        return
+    this = client_label(kind, core)
+    blocks = "; ".join(
+        f"{op._named()} on {op._client_label}"
+        + (" (another client object with the same settings)" if op._client_label == this else "")
+        for op in others
+    )
+    raise ConfigurationError(
+        f"{request} went through {this}, which has no intent block open here, while "
+        f"another payonce client's block is: {blocks}. It would be no step of that intent "
+        "but a one-shot under a fresh key, which a run again after a crash would send "
+        "again (a second payment); nothing was journaled or sent. Open the block on the "
+        "client that carries the request (`async with <AsyncClient>.intent(...)` for an "
+        "SDK's async calls, on the very client object the SDK was given), or open a block "
+        "on each client: blocks of different clients may be open together"
+    )
+
+
 @attrs.define(eq=False)
 class Step:
     """One mutating request of a block: its position, its draft, and what came of it."""
@@ -195,6 +236,9 @@ class Step:
     """As the journal last showed it to this block; None: never journaled (refused first)."""
     key: str | None = None
     acknowledged: bool = False
+    answered: bool = False
+    """Its success was handed to the caller in this block (returned, not raised): the
+    same request again is then a second one on purpose (see ``OperationBase._position``)."""
 
     @property
     def settled(self) -> bool:
@@ -212,6 +256,7 @@ class OperationBase:
         acknowledge: bool,
     ) -> None:
         self._core = client._core
+        self._client_label = client_label(type(client).__name__, client._core)
         self.reference = None if reference is None else validate_reference(reference)
         self._acknowledge = acknowledge
         self._key = key
@@ -225,6 +270,9 @@ class OperationBase:
         self._folds_acknowledgement = False
         """A one-shot's: nothing runs between its answer and the end of its block, so its
         acknowledgement goes into the settle's transaction instead of one of its own."""
+        self._reads = 0
+        """Reads (GET, HEAD) that went through this client's transport inside the block:
+        they make no step, but show that the code above was wired to this client."""
 
     @property
     def key(self) -> str | None:
@@ -286,13 +334,11 @@ class OperationBase:
 
         Position 1 is the intent as payonce always journaled it (its reference, its key).
         Position n >= 2 is keyed ``step_key(intent key, n)`` (or ``caller_key``, a key the
-        caller set on purpose) and carries no reference. The same request again as an
-        earlier step of the block is that step again (a caller's own retry loop): it
-        replays, resends under the same key, or is refused as unknown; it never executes
-        twice.
+        caller set on purpose) and carries no reference. Which position a request takes,
+        a repeated one included, is ``_position``'s rule.
         """
         draft = self._draft(method, path, options)
-        number = self._position(draft, caller_key)
+        number = self._position(draft, caller_key, asked=f"{method.upper()} {path}")
         profile = self._core.profile
         if caller_key is not None:
             validate_key(caller_key, max_length=profile.key_max_length)
@@ -324,11 +370,29 @@ class OperationBase:
         self._steps[number] = step
         return step
 
-    def _position(self, draft: IntentDraft, caller_key: str | None) -> int:
-        """Where a request goes in this block: the position of the earlier step it repeats
-        (the same request, or the same key set by the caller), else the next one."""
+    def _position(self, draft: IntentDraft, caller_key: str | None, *, asked: str) -> int:
+        """Where a request goes in this block, ``asked`` naming it for a refusal.
+
+        - A key the caller set on purpose names its step: the position of the earlier step
+          under that key, else the next one.
+        - The same request (method, path, body, meaningful headers) as an earlier step
+          whose success this block never handed back (still pending or unknown, refused by
+          the provider, or raised before its answer came) is that step again: the caller's
+          retry, or an SDK's. It is resent under its key, refused as unknown, or its
+          refusal replayed; it never executes twice.
+        - The same request as earlier steps that succeeded and were answered is a second
+          request on purpose (a split payment: two identical charges): the next step,
+          under its own key. A run again is as deterministic: the earlier steps replay one
+          by one, so the repeat lands on the same position, replayed once it settled.
+        - Unless a step of the block has not succeeded (it raised, was refused, is pending
+          or unknown): then a repeat of a step that succeeded looks like a retry loop
+          running the operation again from its start, where a next step would pay twice.
+          ``ConfigurationError``, nothing sent, naming the ways to retry the whole block
+          or to pay twice on purpose.
+        """
         if self._key is None:
             return 1  # step 1 was never journaled: this is step 1 again
+        repeated: Step | None = None
         for number, earlier in self._steps.items():
             if caller_key is not None:
                 if earlier.draft.key == caller_key:
@@ -338,8 +402,33 @@ class OperationBase:
                 and earlier.draft.scope == draft.scope
                 and earlier.draft.fingerprint == draft.fingerprint
             ):
-                return number
+                if not earlier.answered:
+                    return number
+                repeated = repeated or earlier
+        if repeated is not None:
+            unfinished = next((s for s in self._steps.values() if not s.answered), None)
+            if unfinished is not None:
+                raise ConfigurationError(
+                    f"{asked} is the same request as step {repeated.number} of "
+                    f"{self._named()}, which succeeded, while step {unfinished.number} "
+                    f"{_how_it_ended(unfinished)}: a retry of the operation from its start, "
+                    "or the same payment a second time on purpose? payonce cannot tell, so "
+                    "nothing was sent. To retry, put the retry around the whole block: run "
+                    "the block again (the same reference replays the steps that succeeded "
+                    f"and carries on at step {unfinished.number}). To pay twice on purpose, "
+                    "give the request an idempotency key of its own (key=, the SDK's "
+                    "idempotency_key) or make it in a block of its own"
+                )
         return max(self._steps, default=0) + 1
+
+    def _named(self) -> str:
+        """The block's intent as an error names it."""
+        if self.reference is None:
+            # A block opened with neither: its key comes with its first request.
+            return "an intent of no reference" if self._key is None else f"intent {self._key!r}"
+        if self._key is None:
+            return f"intent {self.reference!r}"
+        return f"intent {self.reference!r} (key {self._key!r})"
 
     @contextlib.contextmanager
     def _next_step(
@@ -362,6 +451,8 @@ class OperationBase:
         try:
             step = self._step(method, path, options, caller_key=caller_key)
             yield step.draft, functools.partial(self._bind_step, step)
+            # Not reached when the step raised: its answer never came back to the caller.
+            step.answered = step.state is IntentState.SUCCEEDED
         finally:
             self._stepping.release()
 
@@ -395,9 +486,23 @@ class OperationBase:
         acknowledged, step by step: one still pending or unknown has none to acknowledge,
         and one another worker settles meanwhile is an outcome this block never saw.
         Already acknowledged (with the settle, or before a replay): nothing to do. Never
-        touches the disk, so it is safe on an event loop.
+        touches the disk, so it is safe on an event loop. A block that ends normally with
+        no request through its client at all is logged as a WARNING: its payment calls, if
+        any, went around payonce (another client, an SDK not wired to it).
         """
         self._leave()
+        if exc_type is None and not self._steps and not self._reads:
+            logger.warning(
+                "the block of %s ended without a single request through %s: nothing in it "
+                "was made exactly-once. If it made payment calls, they went around this "
+                "client: through another client's transport (the sync one's block around an "
+                "SDK's async calls, or a second client object), or through an SDK not wired "
+                "to this client (its http_client, httpx_client or session not given "
+                "payonce.integrations' or client.transport()). A block with nothing to do "
+                "may ignore this",
+                self._named(),
+                self._client_label,
+            )
         if exc_type is None and self._acknowledge:
             for step in self._steps.values():
                 if step.key is not None and step.settled and not step.acknowledged:
@@ -420,6 +525,19 @@ class OperationBase:
         if not self._steps:
             return f"<{name} {named or 'without reference'}, no step yet>"
         return f"<{name} {named}, {len(self._steps)} step(s)>"
+
+
+def _how_it_ended(step: Step) -> str:
+    """What came of a step whose success this block did not hand back, for an error."""
+    if step.state is IntentState.SUCCEEDED:
+        return "succeeded but its answer never reached the caller"
+    if step.state is None:
+        return "raised before the journal had it"
+    return {
+        IntentState.FAILED: "was refused by the provider",
+        IntentState.UNKNOWN: "is unknown (it may have executed)",
+        IntentState.ABANDONED: "was abandoned",
+    }.get(step.state, f"is {step.state.value} (it raised before its answer came)")
 
 
 _ENQUEUEABLE = ("POST", "PUT", "PATCH", "DELETE")
@@ -661,11 +779,21 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
         """
         return self._operation(self, reference, key, acknowledge)
 
-    def _current_block(self, reference: str | None, key: str | None) -> OperationT | None:
+    def _current_block(
+        self, method: str, path: str, reference: str | None, key: str | None
+    ) -> OperationT | None:
         """The block of this client open here, for a one-shot call made inside it: that
-        call is the block's next step, and cannot name another intent."""
+        call is the block's next step, and cannot name another intent.
+
+        Outside any block of this client but inside another client's, a one-shot that
+        names its intent (``reference=``, ``key=``) is that intent, the same on a run again,
+        so it goes; one that names none would get a fresh key each run, so it is refused
+        (``refuse_outside_own_block``) when it is a mutating request."""
         current = current_operation(self._core)
         if current is None:
+            if reference is None and key is None and method.upper() in MUTATING:
+                request = f"{method.upper()} {path}"
+                refuse_outside_own_block(self._core, type(self).__name__, request)
             return None
         if reference is not None or key is not None:
             raise ConfigurationError(

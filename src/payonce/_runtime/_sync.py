@@ -112,7 +112,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         Takes ``reference=`` and ``key=`` besides what ``Operation.request`` takes.
         """
         reference, key, request = self.one_shot(options)
-        current = self._current_block(reference, key)
+        current = self._current_block(method, path, reference, key)
         if current is not None:
             return current.request(method, path, **request)
         with self._one_shot_intent(reference, key) as op:

@@ -2,7 +2,9 @@
 
 The transport is one more executor's front door, not a second engine: a mutating request
 (POST, PUT, PATCH, DELETE) becomes the next step of the intent block open in this context
-(``with client.intent(...)``), or a one-shot intent outside any block, and is driven by
+(``with client.intent(...)``), or a one-shot intent outside any block (refused while
+another payonce client's block is open here: see ``refuse_outside_own_block``), and is
+driven by
 the client's own ``_execute`` (the same drive as ``op.post``), sent through the
 transport's inner transport with the request's own credentials. Reads pass straight
 through to the inner transport, unjournaled.
@@ -35,7 +37,14 @@ import httpx
 
 from .._fork import ForkGuard
 from ..errors import ConfigurationError, ProviderError
-from ._base import MUTATING, OutsideIntent, RequestOptions, SdkKeys, current_operation
+from ._base import (
+    MUTATING,
+    OutsideIntent,
+    RequestOptions,
+    SdkKeys,
+    current_operation,
+    refuse_outside_own_block,
+)
 from ._core import IntentCore
 
 __all__ = ["AsyncTransport", "SyncTransport", "TransportRules", "delivered"]
@@ -126,7 +135,9 @@ class Transported:
 class TransportRules:
     """What the sync and async transports share: what a request is, for payonce."""
 
-    def __init__(self, core: IntentCore, sdk_keys: SdkKeys, outside_intent: OutsideIntent) -> None:
+    def __init__(
+        self, core: IntentCore, sdk_keys: SdkKeys, outside_intent: OutsideIntent, *, kind: str
+    ) -> None:
         if sdk_keys not in ("honour", "replace"):
             raise ConfigurationError(f"sdk_keys must be 'honour' or 'replace', not {sdk_keys!r}")
         if outside_intent not in ("journal", "refuse"):
@@ -134,6 +145,8 @@ class TransportRules:
                 f"outside_intent must be 'journal' or 'refuse', not {outside_intent!r}"
             )
         self.core = core
+        self._kind = kind
+        """The class of the client this transport sends through, for errors."""
         self._honour_keys = sdk_keys == "honour"
         self._refuse_outside = outside_intent == "refuse"
         base = httpx.URL(core.base_url)
@@ -187,13 +200,27 @@ class TransportRules:
         )
 
     def outside(self, request: httpx.Request) -> None:
-        """A mutating request outside any block: a one-shot intent, unless refused."""
+        """A mutating request outside any block of this client: a one-shot intent, unless
+        refused. Refused either way while another client's block is open here: it was meant
+        as that block's step, and its own one-shot key would be new on a run again (even a
+        key the request carries may be an SDK's per call)."""
+        refuse_outside_own_block(
+            self.core, self._kind, f"{request.method} {request.url.copy_with(query=None)}"
+        )
         if self._refuse_outside:
             raise ConfigurationError(
                 f"{request.method} {request.url.path} was sent outside any intent block, and "
                 "this transport was made with outside_intent='refuse': nothing was sent. Put "
                 "the call inside `with client.intent(reference):`"
             )
+
+
+def _seen_read(core: IntentCore) -> None:
+    """A read through this client inside its block: the code is wired to this client, so
+    a block that made no step is not warned of (see ``OperationBase._exit``)."""
+    current = current_operation(core)
+    if current is not None:
+        current._reads += 1
 
 
 def _unquoted(value: str) -> str:
@@ -232,7 +259,9 @@ class SyncTransport(httpx.BaseTransport):
         verify: bool,
     ) -> None:
         self._client = client
-        self._rules = TransportRules(client._core, sdk_keys, outside_intent)
+        self._rules = TransportRules(
+            client._core, sdk_keys, outside_intent, kind=type(client).__name__
+        )
         self._verify = verify
         self._owns_inner = inner is None
         self._inner = httpx.HTTPTransport(verify=verify) if inner is None else inner
@@ -251,6 +280,7 @@ class SyncTransport(httpx.BaseTransport):
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         self._in_this_process()
         if request.method.upper() not in MUTATING:
+            _seen_read(self._client._core)
             return self._inner.handle_request(request)
         step = self._rules.split(request, request.read())
         try:
@@ -283,7 +313,9 @@ class AsyncTransport(httpx.AsyncBaseTransport):
         verify: bool,
     ) -> None:
         self._client = client
-        self._rules = TransportRules(client._core, sdk_keys, outside_intent)
+        self._rules = TransportRules(
+            client._core, sdk_keys, outside_intent, kind=type(client).__name__
+        )
         self._verify = verify
         self._owns_inner = inner is None
         self._inner = httpx.AsyncHTTPTransport(verify=verify) if inner is None else inner
@@ -300,6 +332,7 @@ class AsyncTransport(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         self._in_this_process()
         if request.method.upper() not in MUTATING:
+            _seen_read(self._client._core)
             return await self._inner.handle_async_request(request)
         step = self._rules.split(request, await request.aread())
         try:

@@ -16,7 +16,8 @@ from ..errors import (
     IntentMismatch,
     PayonceError,
 )
-from ._transports import TransportSource, about, carry, sync_transport
+from ._sdk_errors import about, carry
+from ._transports import OutsideIntent, TransportSource, sync_transport, transport_options
 
 __all__ = ["TransportHTTPClient", "use_transport"]
 
@@ -70,20 +71,24 @@ def use_transport(
     *,
     timeout: float | None = None,
     sdk_keys: str | None = None,
+    outside_intent: OutsideIntent | None = None,
 ) -> None:
     """Send every call of ``adyen`` (an ``Adyen.Adyen`` or its ``AdyenClient``) through
     ``client.transport()``.
 
     The keys Adyen's callers give (``idempotency_key=``) are kept unless
     ``sdk_keys="replace"``: pass it when your code makes a ``uuid4()`` per call, which a
-    process run again would not make the same."""
+    process run again would not make the same. ``outside_intent="refuse"`` refuses a call
+    outside any intent block instead of journaling it as a one-shot intent."""
     adyen_client = getattr(adyen, "client", adyen)
     # AdyenClient builds its HTTP client lazily, unless told it has one (http_init).
     user_agent = f"{adyen_client.USER_AGENT_SUFFIX}{adyen_client.LIB_VERSION}"
     if adyen_client.application_name:
         user_agent = f"{adyen_client.application_name} {user_agent}"
     adyen_client.http_client = TransportHTTPClient(
-        sync_transport(client, **({} if sdk_keys is None else {"sdk_keys": sdk_keys})),
+        sync_transport(
+            client, **transport_options(sdk_keys=sdk_keys, outside_intent=outside_intent)
+        ),
         user_agent=user_agent,
         timeout=timeout or adyen_client.http_timeout,
     )

@@ -11,7 +11,14 @@ from mollie.api.resources.base import ResourceBase
 
 from .._requests_adapter import TransportAdapter
 from ..errors import ConfigurationError, PayonceError
-from ._transports import DrawnKeys, TransportSource, about, carry, sync_transport
+from ._sdk_errors import about, carry
+from ._transports import (
+    DrawnKeys,
+    OutsideIntent,
+    TransportSource,
+    sync_transport,
+    transport_options,
+)
 
 __all__ = ["use_transport"]
 
@@ -69,11 +76,16 @@ def _carrying(mollie_client: Any) -> None:
     mollie_client.perform_http_call = perform_http_call
 
 
-def use_transport(mollie_client: Any, client: TransportSource) -> requests.Session:
+def use_transport(
+    mollie_client: Any, client: TransportSource, *, outside_intent: OutsideIntent | None = None
+) -> requests.Session:
     """Send every call of ``mollie_client`` (a ``mollie.api.client.Client``) through
     ``client.transport()``, mollie-api-python's own keys replaced by the steps' (a key the
-    caller passes as ``idempotency_key=`` is kept); returns the session it now uses."""
-    adapter = _MollieAdapter(sync_transport(client))
+    caller passes as ``idempotency_key=`` is kept); returns the session it now uses.
+    ``outside_intent="refuse"`` refuses a call outside any intent block instead of
+    journaling it as a one-shot intent."""
+    options = transport_options(outside_intent=outside_intent)
+    adapter = _MollieAdapter(sync_transport(client, **options))
     # The SDK creates its session lazily (and mounts its retrying adapter on it then); one
     # already there is reused. An OAuth client's session is mounted too.
     session = getattr(mollie_client, "_client", None) or requests.Session()

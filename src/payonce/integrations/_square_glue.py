@@ -9,7 +9,14 @@ import httpx
 from square.core.api_error import ApiError
 
 from ..errors import ConfigurationError, PayonceError
-from ._transports import TransportSource, about, async_transport, carry, sync_transport
+from ._sdk_errors import about, carry
+from ._transports import (
+    OutsideIntent,
+    TransportSource,
+    async_transport,
+    sync_transport,
+    transport_options,
+)
 
 __all__ = ["async_httpx_client", "httpx_client"]
 
@@ -58,12 +65,12 @@ class _AsyncTranslating(httpx.AsyncBaseTransport):
         await self.inner.aclose()
 
 
-def _transport_options(sdk_keys: str | None) -> dict[str, Any]:
-    return {} if sdk_keys is None else {"sdk_keys": sdk_keys}
-
-
 def httpx_client(
-    client: TransportSource, *, sdk_keys: str | None = None, **options: Any
+    client: TransportSource,
+    *,
+    sdk_keys: str | None = None,
+    outside_intent: OutsideIntent | None = None,
+    **options: Any,
 ) -> httpx.Client:
     """An ``httpx.Client`` for ``Square(httpx_client=...)`` that sends through
     ``client.transport()``; ``options`` go to ``httpx.Client`` (``timeout=``...).
@@ -71,16 +78,22 @@ def httpx_client(
     The key a caller puts in the body is kept unless ``sdk_keys="replace"``: pass it when
     your code makes a ``uuid4()`` per call (Square's examples do), which a process run
     again would not make the same; keep the default if you use your keys afterwards
-    (``payments.cancel_by_idempotency_key``)."""
+    (``payments.cancel_by_idempotency_key``). ``outside_intent="refuse"`` refuses a call
+    outside any intent block instead of journaling it as a one-shot intent."""
     options.setdefault("timeout", 60.0)  # Square's own default
-    transport = sync_transport(client, **_transport_options(sdk_keys))
-    return httpx.Client(transport=_Translating(transport), **options)
+    chosen = transport_options(sdk_keys=sdk_keys, outside_intent=outside_intent)
+    return httpx.Client(transport=_Translating(sync_transport(client, **chosen)), **options)
 
 
 def async_httpx_client(
-    client: TransportSource, *, sdk_keys: str | None = None, **options: Any
+    client: TransportSource,
+    *,
+    sdk_keys: str | None = None,
+    outside_intent: OutsideIntent | None = None,
+    **options: Any,
 ) -> httpx.AsyncClient:
     """The same for ``AsyncSquare(httpx_client=...)`` over an ``AsyncClient``."""
     options.setdefault("timeout", 60.0)
-    transport = async_transport(client, **_transport_options(sdk_keys))
+    chosen = transport_options(sdk_keys=sdk_keys, outside_intent=outside_intent)
+    transport = async_transport(client, **chosen)
     return httpx.AsyncClient(transport=_AsyncTranslating(transport), **options)

@@ -16,14 +16,8 @@ from ..errors import (
     OutcomeUnknown,
     PayonceError,
 )
-from ._transports import (
-    DrawnKeys,
-    TransportSource,
-    about,
-    async_transport,
-    carry,
-    sync_transport,
-)
+from ._sdk_errors import about, carry
+from ._transports import DrawnKeys, OutsideIntent, TransportSource, async_transport, sync_transport
 
 __all__ = ["HTTPClient"]
 
@@ -44,6 +38,12 @@ class HTTPClient(stripe.HTTPClient):
     Inside ``with client.intent(...)`` each POST is a step under payonce's key, unless the
     caller gave stripe-python a key of its own (``options={"idempotency_key": ...}``): that
     one is the step's key. The keys stripe-python draws itself are replaced.
+
+    ``outside_intent``: a POST outside any intent block of the payonce client it goes
+    through is journaled as a one-shot intent (``"journal"``, the default) or refused
+    (``"refuse"``, nothing sent), as ``client.transport(outside_intent=...)`` says. Either
+    way, one made while another payonce client's block is open is refused: open the block
+    on the client that carries the call (the ``async_client`` for ``…_async`` methods).
     """
 
     name = "payonce"
@@ -54,20 +54,21 @@ class HTTPClient(stripe.HTTPClient):
         *,
         async_client: TransportSource | None = None,
         timeout: float = DEFAULT_TIMEOUT,
+        outside_intent: OutsideIntent = "journal",
     ) -> None:
         super().__init__()
         self._sync: httpx.Client | None = None
         self._async: httpx.AsyncClient | None = None
         if client is not None:
-            transport = client.transport()
+            transport = client.transport(outside_intent=outside_intent)
             if isinstance(transport, httpx.AsyncBaseTransport) and async_client is None:
                 self._async = httpx.AsyncClient(transport=transport, timeout=timeout)
             else:
                 if isinstance(transport, httpx.AsyncBaseTransport):
-                    transport = sync_transport(client)
+                    transport = sync_transport(client, outside_intent=outside_intent)
                 self._sync = httpx.Client(transport=transport, timeout=timeout)
         if async_client is not None:
-            transport_async = async_transport(async_client)
+            transport_async = async_transport(async_client, outside_intent=outside_intent)
             self._async = httpx.AsyncClient(transport=transport_async, timeout=timeout)
         if self._sync is None and self._async is None:
             raise TypeError("HTTPClient needs a payonce client: HTTPClient(client)")

@@ -9,16 +9,20 @@ from typing import Any, Literal, Protocol
 
 import httpx
 
-from ..errors import ConfigurationError, IntentError, PayonceError
+from ..errors import ConfigurationError
 
 __all__ = [
     "DrawnKeys",
+    "OutsideIntent",
     "TransportSource",
-    "about",
     "async_transport",
-    "carry",
     "sync_transport",
+    "transport_options",
 ]
+
+OutsideIntent = Literal["journal", "refuse"]
+"""``client.transport(outside_intent=...)``: a mutating request outside any intent block is
+journaled as a one-shot intent, or refused."""
 
 
 class TransportSource(Protocol):
@@ -32,6 +36,15 @@ class TransportSource(Protocol):
         sdk_keys: Literal["honour", "replace"] = ...,
         outside_intent: Literal["journal", "refuse"] = ...,
     ) -> httpx.BaseTransport | httpx.AsyncBaseTransport: ...
+
+
+def transport_options(
+    *, sdk_keys: str | None = None, outside_intent: OutsideIntent | None = None
+) -> dict[str, Any]:
+    """What an integration's caller chose of ``client.transport()``'s options (the rest is
+    the transport's default)."""
+    chosen = {"sdk_keys": sdk_keys, "outside_intent": outside_intent}
+    return {name: value for name, value in chosen.items() if value is not None}
 
 
 def sync_transport(client: TransportSource, **options: Any) -> httpx.BaseTransport:
@@ -53,32 +66,6 @@ def async_transport(client: TransportSource, **options: Any) -> httpx.AsyncBaseT
             "async httpx transport: pass a payonce.AsyncClient for async SDK calls"
         )
     return transport
-
-
-def about(exc: PayonceError) -> str:
-    """What an SDK's error adds to payonce's message: the key and the reference, for the
-    caller to resume or reconcile with (and the step, for a step 2 or later of a block)."""
-    if not isinstance(exc, IntentError):
-        return ""
-    named = [f"idempotency key {exc.key!r}"]
-    if exc.reference is not None:
-        named.append(f"reference {exc.reference!r}")
-    if exc.step is not None and exc.step > 1:
-        named.append(f"step {exc.step}")
-    return f" ({', '.join(named)})"
-
-
-def carry(error: BaseException, exc: BaseException) -> None:
-    """Give an SDK's exception what payonce knows of the intent it is about, as attributes:
-    ``payonce_error`` (the payonce error itself, or None), ``payonce_key``,
-    ``payonce_reference`` and ``payonce_step`` (1 for the intent itself)."""
-    payonce_error = exc if isinstance(exc, PayonceError) else None
-    about_intent = payonce_error if isinstance(payonce_error, IntentError) else None
-    setattr(error, "payonce_error", payonce_error)  # noqa: B010
-    setattr(error, "payonce_key", None if about_intent is None else about_intent.key)  # noqa: B010
-    reference = None if about_intent is None else about_intent.reference
-    setattr(error, "payonce_reference", reference)  # noqa: B010
-    setattr(error, "payonce_step", None if about_intent is None else about_intent.step)  # noqa: B010
 
 
 class DrawnKeys:
