@@ -210,3 +210,33 @@ def test_the_sandbox_answers_a_reused_key_and_one_in_flight_as_square_does(
     assert reused.status_code == 400
     assert reused.json()["errors"][0]["code"] == "IDEMPOTENCY_KEY_REUSED"
     assert slow.store.execution_count("k-1") == 1
+
+
+def test_cancel_by_idempotency_key_keeps_the_payment_s_key_in_its_body(
+    client: payonce.Client, server: SandboxServer
+) -> None:
+    # CancelPaymentByIdempotencyKey's "idempotency_key" names the payment to cancel: it is
+    # neither the request's own key nor replaced by the step's.
+    with client.intent("order-cancel") as op:
+        approved = op.post("/v2/payments", json=payment(autocomplete=False)).json()["payment"]
+        paid_key = op.key
+        sent = sent_requests(client)
+        op.post("/v2/payments/cancel", json={"idempotency_key": paid_key})
+
+    assert json.loads(sent[0].content) == {"idempotency_key": paid_key}
+    with httpx.Client(base_url=server.url, headers=AUTH) as http:
+        assert http.get(f"/v2/payments/{approved['id']}").json()["payment"]["status"] == (
+            "CANCELED"
+        )
+    (_, first, _), (_, cancel_step, _) = op.steps
+    assert first == paid_key
+    assert cancel_step not in (None, paid_key), "the cancel is a step under a key of its own"
+
+
+@pytest.mark.parametrize("path", ["/v2/payments/cancel", "/sq/v2/payments/cancel"])
+def test_a_transported_cancel_by_key_carries_no_key_of_its_own(path: str) -> None:
+    body = json.dumps({"idempotency_key": "the-payment-s-key"}).encode()
+    assert get_profile("square").take_body_key("POST", path, body, "application/json") == (
+        body,
+        None,
+    )

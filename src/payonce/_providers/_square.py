@@ -59,6 +59,17 @@ def square_takes_key(method: str, path: str) -> bool:
     return method.upper() == "POST" and _KEYED_CALLS.search(path) is not None
 
 
+_CANCEL_BY_KEY = re.compile(r"(?:^|/)v2/payments/cancel$")
+
+
+def square_keys_itself(method: str, path: str) -> bool:
+    """Whether a request's ``idempotency_key`` field is its own key: every one but
+    CancelPaymentByIdempotencyKey's, which names the payment to cancel (it takes no key of
+    its own; cancelling twice is harmless, so payonce sends it as it is, under a step key
+    of its own journal)."""
+    return not (method.upper() == "POST" and _CANCEL_BY_KEY.search(path) is not None)
+
+
 def square_profile(
     *, lookup: Lookup | None = None, key_lifetime: float = 24 * 3600.0, name: str = "square"
 ) -> ProviderProfile:
@@ -76,6 +87,7 @@ def square_profile(
         refine=square_refine,
         prepare_body=BodyKeyField(SQUARE_KEY_FIELD),
         body_key_required=square_takes_key,
+        prepares=square_keys_itself,
     )
 
 
