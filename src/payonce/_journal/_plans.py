@@ -188,3 +188,6 @@ class AsyncEdge(Protocol):
     """An engine's writes on the running event loop."""
 
     async def write(self, write: Write[T]) -> T: ...
+
+    async def aclose(self) -> None:
+        """Close what this loop holds open (its idle connections)."""

@@ -39,7 +39,7 @@ from . import _sql as sql
 from ._engine import AFTER_SEND, BEFORE_SEND, Engine, Tx
 from ._held import HeldRecords, created_record, settled_record
 from ._intents import allowed, reread, select_intent
-from ._plans import Call, Plan, Work, Write, commit_with, one, selected, send
+from ._plans import AsyncEdge, Call, Plan, Work, Write, commit_with, one, selected, send
 from ._reports import JournalCommitted
 from ._rows import intent_from_row, response_values, write_ahead_values
 
@@ -183,6 +183,14 @@ class IntentStore:
     @property
     def location(self) -> str:
         return self._engine.location
+
+    def carry_out(self, plan: Plan[T]) -> T:
+        """Carry out a plan of this store's writes in this thread (``Engine.carry_out``)."""
+        return self._engine.carry_out(plan)
+
+    def async_edge(self) -> AsyncEdge | None:
+        """The engine's writes on the running event loop, if it has them there."""
+        return self._engine.async_edge()
 
     def acknowledge_later(self, key: str, *, now: float) -> None:
         """Acknowledge the settled intent ``key`` with the engine's next write (``_acks``):
