@@ -22,7 +22,7 @@ from helpers.payments import FAST_RETRY, PAYMENT
 from helpers.pgproxy import PostgresRelay, relay_to
 from payonce._journal._postgres import PostgresJournal
 from payonce._runtime._journal_threads import calls_made
-from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
+from payonce.sandbox import DEFAULT_API_KEY, Faults, SandboxServer
 from pgserver import PostgresServer
 
 pytestmark = pytest.mark.anyio
@@ -139,6 +139,28 @@ async def test_payments_on_sqlite_still_reach_the_journal_through_its_threads(
     before = calls_made()
     await pay_concurrently(client, 5)
     assert calls_made() >= before + 5 * 2  # the write-ahead and the settle of each
+
+
+async def test_an_intent_left_pending_is_taken_up_again_on_the_loop_and_executed_once(
+    postgres_url: str, make_async: MakeAsync, sandbox: SandboxServer
+) -> None:
+    """Its lease is taken with the row read and locked first: several round trips of one
+    transaction, pipelined on the loop's connection."""
+    client = make_async(postgres_url)
+    sandbox.set_faults(Faults(retry_after_seconds=0))
+    sandbox.script(["rate_limit"] * 5)  # every attempt of the first call refused unexecuted
+    with pytest.raises(payonce.ProviderUnavailable):
+        await client.post("/v1/payments", json=PAYMENT, reference="order-1")
+    (record,) = client.journal.find("order-1")
+    assert record.state is payonce.IntentState.PENDING
+    assert record.lease_owner is None
+
+    response = await client.post("/v1/payments", json=PAYMENT, reference="order-1")
+    assert response.is_success
+    (record,) = client.journal.find("order-1")
+    assert record.state is payonce.IntentState.SUCCEEDED
+    assert len(client.journal.attempts(record.key)) == 6
+    assert sandbox.store.executions() == {record.key: 1}
 
 
 # -- failover on the loop ---------------------------------------------------------------------

@@ -39,7 +39,9 @@ __all__ = [
     "Statements",
     "Work",
     "Write",
+    "all_rows",
     "commit_with",
+    "execute",
     "one",
     "run_on",
     "selected",
@@ -82,6 +84,17 @@ Work = Generator[Statement, Any, T]
 def one(text: str, params: Sequence[Any] = ()) -> Work[tuple[Any, ...] | None]:
     row: tuple[Any, ...] | None = yield Statement(Ask.ONE, text, params)
     return row
+
+
+def all_rows(text: str, params: Sequence[Any] = ()) -> Work[list[tuple[Any, ...]]]:
+    rows: list[tuple[Any, ...]] = yield Statement(Ask.ALL, text, params)
+    return rows
+
+
+def execute(text: str, params: Sequence[Any] = ()) -> Work[int]:
+    """The count of rows the statement changed."""
+    count: int = yield Statement(Ask.EXECUTE, text, params)
+    return count
 
 
 def send(text: str, params: Sequence[Any] = ()) -> Work[None]:

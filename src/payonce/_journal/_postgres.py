@@ -1049,14 +1049,17 @@ class _AsyncEdge:
     ) -> psycopg.AsyncConnection[Any] | None:
         """An idle connection of this loop's, or a new one; None when the database refused
         a new one (then the slot taken is given back)."""
-        wait = reconnecting.pool_wait() if reconnecting else self._engine._busy_timeout
-        try:
-            async with asyncio.timeout(wait):
-                await self._slots.acquire()
-        except TimeoutError:
-            if reconnecting is not None:
-                return None  # look for the new primary alone, as the engine does
-            raise self._engine._no_connection(None, busy) from None
+        if self._slots.locked():  # all in use: wait for one, as long as the pool would
+            wait = reconnecting.pool_wait() if reconnecting else self._engine._busy_timeout
+            try:
+                async with asyncio.timeout(wait):
+                    await self._slots.acquire()
+            except TimeoutError:
+                if reconnecting is not None:
+                    return None  # look for the new primary alone, as the engine does
+                raise self._engine._no_connection(None, busy) from None
+        else:
+            await self._slots.acquire()  # free: taken at once, without a timer
         while self._idle:
             conn = self._idle.pop()
             if not conn.closed:

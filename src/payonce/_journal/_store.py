@@ -39,7 +39,19 @@ from . import _sql as sql
 from ._engine import AFTER_SEND, BEFORE_SEND, Engine, Tx
 from ._held import HeldRecords, created_record, settled_record
 from ._intents import allowed, reread, select_intent
-from ._plans import AsyncEdge, Call, Plan, Work, Write, commit_with, one, selected, send
+from ._plans import (
+    AsyncEdge,
+    Call,
+    Plan,
+    Work,
+    Write,
+    all_rows,
+    commit_with,
+    execute,
+    one,
+    selected,
+    send,
+)
 from ._reports import JournalCommitted
 from ._rows import intent_from_row, response_values, write_ahead_values
 
@@ -107,30 +119,40 @@ def _idempotent(work: Callable[[Tx], T]) -> _Recoverable[T]:
 
 
 class _Found(Generic[T]):
-    """A plan's write that commits itself (one statement: ``commit_with``), and how to
-    tell after a commit whose outcome is unknown whether it was recorded: ``found`` reads
-    back what it would have returned, or None to run it again (``_Recoverable``'s rules,
-    as work)."""
+    """``_Recoverable`` for a plan's write: ``work`` as work, and how to tell after a
+    commit whose outcome is unknown whether it was recorded, by the same rules:
+    ``committed(result)`` reads whether what ``work`` returned was committed; ``found()``,
+    for a write that commits itself (``commit_with``) and was lost before it returned,
+    reads back what it would have returned. None from either runs ``work`` again."""
 
-    __slots__ = ("_done", "_found", "_work")
+    __slots__ = ("_committed", "_done", "_found", "_result", "_work")
 
     def __init__(
-        self, work: Callable[[], Work[T]], found: Callable[[], Work[T | None]] | None
+        self,
+        work: Callable[[], Work[T]],
+        found: Callable[[], Work[T | None]] | None,
+        committed: Callable[[T], Work[bool]] | None = None,
     ) -> None:
         self._work = work
         self._found = found
+        self._committed = committed
         self._done = False
+        self._result: T | None = None
 
     def work(self) -> Work[T]:
         self._done = False
         result = yield from self._work()
-        self._done = True
+        self._result, self._done = result, True
         return result
 
     def recover(self) -> Work[T | None]:
-        if self._done or self._found is None:
-            return None  # committed with its answer, or idempotent: run it again
-        return (yield from self._found())
+        if not self._done:
+            # Lost inside ``work``: its own commit was on its way, or it never reached one.
+            return (yield from self._found()) if self._found is not None else None
+        if self._committed is None:
+            return None  # idempotent: run it again
+        result: T = self._result  # type: ignore[assignment]  # set with _done
+        return result if (yield from self._committed(result)) else None
 
     def write(self, *, durable: bool, busy: Unwritten) -> Write[T]:
         return Write(self.work, durable, busy, self.recover)
@@ -327,13 +349,14 @@ class IntentStore:
         held) the one already journaled. ``sent_to``: where attempt 1 of a created intent
         is sent (the URL without userinfo)."""
 
-        def find(tx: Tx, lock: bool) -> IntentRecord | None:
+        dialect = self._engine.dialect
+
+        def find(lock: bool) -> Work[IntentRecord | None]:
             record = None
             if draft.reference is not None:
-                record = select_intent(
-                    tx, sql.BY_REFERENCE, (draft.scope, draft.reference), lock=lock
-                )
-            return record or select_intent(tx, sql.BY_KEY, (draft.key,), lock=lock)
+                where = (draft.scope, draft.reference)
+                record = yield from selected(dialect, sql.BY_REFERENCE, where, lock=lock)
+            return record or (yield from selected(dialect, sql.BY_KEY, (draft.key,), lock=lock))
 
         def created() -> Claim:
             return Claim(
@@ -342,19 +365,21 @@ class IntentStore:
                 attempt_number=1,
             )
 
-        def work(tx: Tx) -> Claim:
-            if not tx.dialect.lock_rows and self._create(
-                tx, draft, owner, now, lease_seconds, sent_to
+        def work() -> Work[Claim]:
+            if not dialect.lock_rows and (
+                yield from self._create(draft, owner, now, lease_seconds, sent_to)
             ):
                 # Writers are serialised (SQLite holds the whole journal), so an insert the
                 # unique key and (scope, reference) let through is exactly a look-up that
                 # found nothing: a new intent costs no look-ups. Any other answer needs them.
                 return created()
             for _ in range(_CLAIM_ROUNDS):
-                claim = self._claim_row(tx, find, draft, owner, now, lease_seconds, False, is_stale)
+                claim = yield from self._claim_row(
+                    find, draft, owner, now, lease_seconds, False, is_stale
+                )
                 if claim is not None:
                     return claim
-                if self._create(tx, draft, owner, now, lease_seconds, sent_to):
+                if (yield from self._create(draft, owner, now, lease_seconds, sent_to)):
                     return created()
                 # Another worker created it between the look-up and the insert, and has
                 # committed: the next look-up finds its row.
@@ -363,10 +388,12 @@ class IntentStore:
                 "concurrent writers; nothing was sent. Retry later"
             )
 
-        def committed(tx: Tx, claim: Claim) -> bool:
+        def committed(claim: Claim) -> Work[bool]:
             if claim.kind is not ClaimKind.CREATED:
                 return False  # a lease taken or a verdict: deciding again is the same
-            return by_this_claim(select_intent(tx, sql.BY_KEY, (draft.key,), lock=True))
+            return by_this_claim(
+                (yield from selected(dialect, sql.BY_KEY, (draft.key,), lock=True))
+            )
 
         def by_this_claim(found: IntentRecord | None) -> bool:
             return found is not None and found.lease_owner == owner and found.created_at == now
@@ -382,7 +409,7 @@ class IntentStore:
         def created_in_one() -> Work[tuple[bool, IntentRecord | None] | None]:
             # Lost with its commit on its way: this claim's own row, or run it again (it
             # then finds whatever another worker committed meanwhile).
-            mine = yield from selected(self._engine.dialect, sql.BY_KEY, (draft.key,), lock=True)
+            mine = yield from selected(dialect, sql.BY_KEY, (draft.key,), lock=True)
             return (True, None) if by_this_claim(mine) else None
 
         unwritten = rule(Transition.WRITE_AHEAD).unwritten
@@ -412,10 +439,7 @@ class IntentStore:
                 )
                 if kind is not None:
                     return Claim(kind, record)
-        write = _Recoverable(work, committed)
-        claimed: Claim = yield self._call(
-            write.work, durable=True, busy=unwritten, recover=write.recover
-        )
+        claimed: Claim = yield _Found(work, None, committed).write(durable=True, busy=unwritten)
         return self._keep(claimed)
 
     def _call(
@@ -432,15 +456,14 @@ class IntentStore:
 
     def _claim_row(
         self,
-        tx: Tx,
-        find: Callable[[Tx, bool], IntentRecord | None],
+        find: Callable[[bool], Work[IntentRecord | None]],
         draft: IntentDraft | None,
         owner: str,
         now: float,
         lease_seconds: float,
         unknown: bool,
         is_stale: Callable[[str], bool],
-    ) -> Claim | None:
+    ) -> Work[Claim | None]:
         """Ask ``decide_claim`` about the intent ``find`` returns, and take its lease if it
         may be taken."""
 
@@ -455,19 +478,19 @@ class IntentStore:
                 lease_seconds=lease_seconds,
             )
 
-        record = find(tx, False)
+        record = yield from find(False)
         kind = verdict(record) if record is not None else None
-        if record is not None and kind is None and tx.dialect.lock_rows:
+        if record is not None and kind is None and self._engine.dialect.lock_rows:
             # Only taking the lease writes, so only it needs the row locked: replays,
             # refusals and waits are answered from the committed row, without a row lock
             # (and, in PostgreSQL, without the WAL flush a lock's commit would cost).
-            record = find(tx, True)
+            record = yield from find(True)
             kind = verdict(record) if record is not None else None
         if record is None:
             return None
         if kind is not None:
             return Claim(kind, record)
-        return self._take(tx, record, owner, now, lease_seconds)
+        return (yield from self._take(record, owner, now, lease_seconds))
 
     @staticmethod
     def _intent_values(
@@ -481,37 +504,38 @@ class IntentStore:
     @classmethod
     def _create(
         cls,
-        tx: Tx,
         draft: IntentDraft,
         owner: str,
         now: float,
         lease_seconds: float,
         sent_to: str | None,
-    ) -> bool:
-        inserted = tx.execute(
+    ) -> Work[bool]:
+        inserted = yield from execute(
             sql.INSERT_INTENT, cls._intent_values(draft, owner, now, lease_seconds)
         )
         if inserted != 1:
             return False
-        tx.send(sql.INSERT_ATTEMPT, (draft.key, 1, now, sent_to))
+        yield from send(sql.INSERT_ATTEMPT, (draft.key, 1, now, sent_to))
         return True
 
     def _take(
-        self, tx: Tx, record: IntentRecord, owner: str, now: float, lease_seconds: float
-    ) -> Claim:
+        self, record: IntentRecord, owner: str, now: float, lease_seconds: float
+    ) -> Work[Claim]:
         """Take the lease of a row this transaction holds and found free to take.
 
         The update repeats the test atomically: it takes the lease only if the row still
         has the holder it was judged on (or none, or an expired one)."""
-        tx.send(
+        yield from send(
             sql.TAKE_LEASE,
             (owner, now + lease_seconds, now, record.key, owner, now, record.lease_owner),
         )
-        claimed = reread(tx, record.key)
+        claimed = yield from selected(self._engine.dialect, sql.BY_KEY, (record.key,))
+        assert claimed is not None, "a row this transaction holds cannot vanish"
         if claimed.lease_owner != owner:
             return Claim(ClaimKind.LEASED, claimed)
         return Claim(ClaimKind.CLAIMED, claimed)
 
+    @_Planned
     def claim_key(
         self,
         key: str,
@@ -521,17 +545,22 @@ class IntentStore:
         lease_seconds: float,
         unknown: bool = False,
         is_stale: Callable[[str], bool] = owner_is_dead,
-    ) -> Claim | None:
-        def find(tx: Tx, lock: bool) -> IntentRecord | None:
-            return select_intent(tx, sql.BY_KEY, (key,), lock=lock)
+    ) -> Plan[Claim | None]:
+        dialect = self._engine.dialect
 
-        write = _idempotent(
-            lambda tx: self._claim_row(tx, find, None, owner, now, lease_seconds, unknown, is_stale)
-        )
-        return self._engine.write(
-            write.work, durable=True, busy=BEFORE_SEND.for_intent(key), recover=write.recover
-        )
+        def find(lock: bool) -> Work[IntentRecord | None]:
+            return (yield from selected(dialect, sql.BY_KEY, (key,), lock=lock))
 
+        def work() -> Work[Claim | None]:
+            return (
+                yield from self._claim_row(find, None, owner, now, lease_seconds, unknown, is_stale)
+            )
+
+        # Idempotent: run again, it decides the same.
+        claim: Claim | None = yield Write(work, True, BEFORE_SEND.for_intent(key), _run_again)
+        return claim
+
+    @_Planned
     def claim_next_pending(
         self,
         *,
@@ -542,7 +571,7 @@ class IntentStore:
         lease_seconds: float,
         after: tuple[float, str] | None = None,
         is_stale: Callable[[str], bool] = owner_is_dead,
-    ) -> Claim | None:
+    ) -> Plan[Claim | None]:
         """Lease the oldest pending intent no live worker holds, after ``after``.
 
         ``after`` is the ``(created_at, key)`` of the intent a queue pass handled last, so
@@ -551,11 +580,13 @@ class IntentStore:
         claiming right now are skipped, not waited for (PostgreSQL ``SKIP LOCKED``).
         """
 
-        def work(tx: Tx) -> Claim | None:
+        skip_locked = self._engine.dialect.skip_locked
+
+        def work() -> Work[Claim | None]:
             created_at, key = after if after is not None else (float("-inf"), "")
             while True:
-                rows = tx.all(
-                    sql.NEXT_PENDING + tx.dialect.skip_locked,
+                rows = yield from all_rows(
+                    sql.NEXT_PENDING + skip_locked,
                     (
                         IntentState.PENDING.value,
                         account,
@@ -573,15 +604,15 @@ class IntentStore:
                         record, owner=owner, now=now, is_stale=is_stale, lease_seconds=lease_seconds
                     )
                     if verdict is None:
-                        return self._take(tx, record, owner, now, lease_seconds)
+                        return (yield from self._take(record, owner, now, lease_seconds))
                 if len(rows) < _QUEUE_BATCH:
                     return None
                 last = intent_from_row(rows[-1])
                 created_at, key = last.created_at, last.key
 
         # Run again, it leases the same intent: its own lease does not keep this owner out.
-        write = _idempotent(work)
-        return self._engine.write(write.work, durable=True, busy=BEFORE_SEND, recover=write.recover)
+        claim: Claim | None = yield Write(work, True, BEFORE_SEND, _run_again)
+        return claim
 
     def renew_lease(self, key: str, *, owner: str, now: float, lease_seconds: float) -> bool:
         write = _idempotent(

@@ -368,12 +368,9 @@ class IntentCore:
             case Verified(run, transition, detail, response, found):
                 return (yield from self._verified(run, transition, detail, response, found, now))
             case ClaimKey(key, owner):
-                lease_seconds = self.lease_seconds
                 return (
-                    yield Call(
-                        lambda: store.claim_key(
-                            key, owner=owner, now=now, lease_seconds=lease_seconds, unknown=True
-                        )
+                    yield from store.claim_key.plan(
+                        key, owner=owner, now=now, lease_seconds=self.lease_seconds, unknown=True
                     )
                 )
             case Reconciled():
