@@ -1006,14 +1006,22 @@ class _AsyncEdge:
         while True:
             alone = False
             conn = await self._connection(reconnecting, busy)
-            if conn is None:  # the database refused a new connection: a failover, a restart
-                reconnecting = reconnecting or engine._reconnection(_NO_PRIMARY)
-                found = await self._connect_alone(reconnecting)
-                if found is None:
+            if isinstance(conn, psycopg.Error):  # refused a new one: a failover, a restart
+                if reconnecting is None:
+                    reconnecting = engine._reconnection(conn)
+                else:
+                    reconnecting.cause = conn
+                if await _paused(reconnecting):
+                    continue
+                raise engine._lost(reconnecting, busy) from None
+            if conn is None:  # every connection in use while reconnecting: one of its own
+                assert reconnecting is not None
+                conn = await self._connect_alone(reconnecting)
+                if conn is None:
                     if await _paused(reconnecting):
                         continue
                     raise engine._lost(reconnecting, busy) from None
-                conn, alone = found, True
+                alone = True
             try:
                 result = await self._run(conn, work(), begin=begin)
             except DamagedRow as exc:
@@ -1046,9 +1054,10 @@ class _AsyncEdge:
 
     async def _connection(
         self, reconnecting: _Reconnection | None, busy: Unwritten
-    ) -> psycopg.AsyncConnection[Any] | None:
-        """An idle connection of this loop's, or a new one; None when the database refused
-        a new one (then the slot taken is given back)."""
+    ) -> psycopg.AsyncConnection[Any] | psycopg.Error | None:
+        """An idle connection of this loop's, or a new one; what the database answered when
+        it refused a new one (then the slot taken is given back); None when every slot
+        stayed in use while reconnecting (the engine then looks for the primary alone)."""
         if self._slots.locked():  # all in use: wait for one, as long as the pool would
             wait = reconnecting.pool_wait() if reconnecting else self._engine._busy_timeout
             try:
@@ -1068,14 +1077,12 @@ class _AsyncEdge:
             return await self._connect()
         except psycopg.Error as exc:
             self._slots.release()
-            if reconnecting is not None:
-                reconnecting.cause = exc
             logger.debug(
                 "journal %s: no connection yet (%s)",
                 self._engine.location,
                 self._engine._describe(exc),
             )
-            return None
+            return exc
         except BaseException:
             self._slots.release()
             raise
@@ -1182,9 +1189,6 @@ class _AsyncEdge:
                 reconnecting.elapsed(),
             )
             return result
-
-
-_NO_PRIMARY = psycopg.OperationalError("the database refused a new connection")
 
 
 async def _paused(reconnecting: _Reconnection) -> bool:
