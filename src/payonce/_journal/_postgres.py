@@ -1090,8 +1090,9 @@ class _AsyncEdge:
     async def _put(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Give a connection back: kept idle if it is usable and this loop still writes."""
         try:
-            usable = not conn.broken and conn.info.transaction_status == TransactionStatus.IDLE
-            if usable and not conn.closed:
+            if conn.closed:
+                return
+            if not conn.broken and conn.info.transaction_status == TransactionStatus.IDLE:
                 self._idle.append(conn)
             else:
                 await conn.close()
