@@ -154,10 +154,13 @@ class PostgresRelay:
                         in_transaction = False
                 if cut == "after_commit":
                     # The server gets the COMMIT and carries it out; its answer, relayed
-                    # the other way, finds the client gone.
+                    # the other way, finds the client gone: gone first, so that no answer
+                    # can slip through before the cut (a loaded machine let one, and the
+                    # transaction then never lost its connection).
+                    self.cuts_made += 1
+                    _close(source)
                     sink.sendall(data)
                     keep_sink = True
-                    self.cuts_made += 1
                     return
                 if cut == "before_commit":
                     self.cuts_made += 1  # the server never sees it: rolled back
