@@ -14,10 +14,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -33,7 +36,7 @@ from helpers.pgproxy import PostgresRelay, relay_to
 from helpers.processes import python_env
 from payonce._journal._postgres import PostgresJournal
 from payonce.sandbox import DEFAULT_API_KEY, Faults, SandboxServer
-from pgcluster import ReplicatedPair
+from pgcluster import Node, ReplicatedPair
 from pgserver import PostgresServer, find_bindir
 
 
@@ -633,3 +636,113 @@ def test_payments_from_several_processes_survive_five_failovers_to_a_synchronous
         f"max {max(reconnections, default=0):.2f}s over {len(reconnections)}; "
         f"{commits_checked} commits lost with their connection, looked for on the new primary"
     )
+
+
+# -- a synchronous standby that stopped answering -----------------------------------------------
+# Every commit then waits in ``SyncRep``. A DBA who cancels that wait (``pg_cancel_backend``)
+# gets the commit kept on the primary only, with no more than a WARNING: a write-ahead so
+# committed is not durable (a failover now loses it, and a retry would mint a new key), so
+# payonce sends nothing on the strength of it and tells its caller so.
+
+
+def _processes(node: Node) -> list[int]:
+    postmaster = node.postmaster_pid()
+    children = subprocess.run(
+        ["pgrep", "-P", str(postmaster)], capture_output=True, text=True, check=False
+    ).stdout.split()
+    return [postmaster, *map(int, children)]
+
+
+@contextlib.contextmanager
+def frozen(node: Node) -> Iterator[None]:
+    """Every process of ``node`` stopped (SIGSTOP): it acknowledges no WAL until the end."""
+    stopped = _processes(node)
+    for pid in stopped:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+def _cancel_the_wait_for_the_standby(pair: ReplicatedPair, how: str) -> None:
+    """What a DBA does to a session stuck in ``SyncRep``: cancel it, from another session."""
+    with pair.primary.connect() as conn:
+        waiting: list[int] = []
+
+        def found() -> bool:
+            waiting[:] = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT pid FROM pg_stat_activity"
+                    " WHERE wait_event = 'SyncRep' AND application_name = 'payonce'"
+                ).fetchall()
+            ]
+            return bool(waiting)
+
+        _wait_for(found, "payonce's commit waits for the standby")
+        for pid in waiting:
+            conn.execute(f"SELECT {how}(%s)", (pid,))
+
+
+def _standby_synchronous(pair: ReplicatedPair) -> bool:
+    with pair.primary.connect() as conn:
+        row = conn.execute(
+            "SELECT sync_state FROM pg_stat_replication WHERE state = 'streaming'"
+        ).fetchone()
+    return row is not None and row[0] == "sync"
+
+
+LEASE_SECONDS = 3.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_write_ahead_whose_wait_for_the_standby_was_cancelled_sends_nothing_and_a_retry_pays_once(
+    pair: ReplicatedPair, sandbox: SandboxServer, make_client: MakeClient
+) -> None:
+    # A short lease: the refused call's lease keeps the intent until it runs out.
+    client = make_client(journal=pair.url, lease_seconds=LEASE_SECONDS)
+    client.post("/v1/payments", json=PAYMENT, reference="before-the-standby-stopped")
+    executed_before = sandbox.store.executions()
+
+    outcome: list[BaseException | object] = []
+
+    def pay() -> None:
+        try:
+            outcome.append(client.post("/v1/payments", json=PAYMENT, reference="order-1"))
+        except BaseException as exc:  # the test reads it below
+            outcome.append(exc)
+
+    with frozen(pair.standby):
+        caller = threading.Thread(target=pay)
+        caller.start()
+        _cancel_the_wait_for_the_standby(pair, "pg_cancel_backend")
+        caller.join(timeout=60)
+        assert not caller.is_alive(), "the caller is still waiting"
+
+        [error] = outcome
+        assert isinstance(error, payonce.JournalError), error
+        assert not error.may_have_executed
+        message = str(error)
+        assert "without its synchronous standby" in message, message
+        assert "canceling wait for synchronous replication due to user request" in message
+        assert "nothing was sent" in message, message
+        assert "journaled on the primary only" in message, message
+        assert "same reference" in message, message
+        assert "payonce resume" in message, message
+        assert pair.password not in message
+        # Nothing reached the provider.
+        assert sandbox.store.executions() == executed_before
+        # The intent is journaled (on the primary), never sent.
+        [record] = [r for r in client.journal.list_intents() if r.reference == "order-1"]
+        assert record.state is payonce.IntentState.PENDING
+
+    _wait_for(lambda: _standby_synchronous(pair), "the standby is synchronous again")
+    time.sleep(LEASE_SECONDS)  # the refused call's lease runs out
+    response = client.post("/v1/payments", json=PAYMENT, reference="order-1")
+    assert response.status_code == 201
+    assert sandbox.store.execution_count(record.key) == 1
+    assert sandbox.store.total_executions() == sum(executed_before.values()) + 1

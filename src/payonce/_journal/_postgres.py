@@ -30,7 +30,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -178,6 +178,8 @@ class PostgresEngine(Engine):
                     self._run(conn, self._verify, begin=None, busy=NO_SEND)
             except _CommitUnknown as unknown:  # opening again finds the schema as it is
                 raise self._commit_unknown(unknown, BEFORE_SEND) from None
+            except _NotReplicated as unreplicated:
+                raise self._not_replicated(unreplicated, BEFORE_SEND) from None
             except psycopg.Error as exc:
                 raise self.translate(exc, BEFORE_SEND) from None
         try:
@@ -217,7 +219,6 @@ class PostgresEngine(Engine):
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
         """Session settings of every connection, in one round trip."""
-        conn.add_notice_handler(self._notice)
         ms = f"{round(self._busy_timeout * 1000)}ms"
         safety = f"{round(self._safety_timeout * 1000)}ms"
         row = conn.execute(
@@ -239,7 +240,10 @@ class PostgresEngine(Engine):
         ).fetchone()
         assert row is not None
         synchronous_commit, fsync = row[0], row[1]
-        self._backends[conn] = _Backend(conn.info.backend_pid, row[-1], conn.info.server_version)
+        backend = _Backend(conn.info.backend_pid, row[-1], conn.info.server_version)
+        self._backends[conn] = backend
+        conn.add_notice_handler(self._notice)
+        conn.add_notice_handler(backend.hear)
         if synchronous_commit == "off":
             # The write-ahead record must be flushed before the request leaves.
             conn.execute("SET synchronous_commit = on")
@@ -262,14 +266,31 @@ class PostgresEngine(Engine):
         busy: Unwritten,
         recover: Callable[[Tx], T | None] | None = None,
     ) -> T:
+        before_send = durable  # what must be durable before a request leaves
         durable = durable or self._synchronous_settles
         begin = _DURABLE if durable else _LAZY
         try:
-            return self._transact(work, begin=begin, busy=busy)
-        except _CommitUnknown as unknown:
-            if recover is None:
-                raise self._commit_unknown(unknown, busy) from None
-            return self._recover(work, recover, unknown, begin=begin, durable=durable, busy=busy)
+            try:
+                return self._transact(work, begin=begin, busy=busy)
+            except _CommitUnknown as unknown:
+                if recover is None:
+                    raise self._commit_unknown(unknown, busy) from None
+                return self._recover(
+                    work, recover, unknown, begin=begin, durable=durable, busy=busy
+                )
+        except _NotReplicated as unreplicated:
+            if before_send:
+                raise self._not_replicated(unreplicated, busy) from None
+            # A settle (synchronous_settles) kept on the primary only costs what a lazy
+            # settle costs: a failover may put the intent back to pending for resume.
+            logger.warning(
+                "journal %s: a write made after sending was committed on the primary only "
+                "(%s); a failover before the standby catches up may put its intent back to "
+                "pending, which payonce resume settles",
+                self.location,
+                unreplicated.said,
+            )
+            return cast(T, unreplicated.result)
 
     def _query(self, work: Callable[[Tx], T], *, snapshot: bool) -> T:
         begin = _SNAPSHOT if snapshot else None
@@ -440,6 +461,9 @@ class PostgresEngine(Engine):
         if begin is None:  # reads, each statement its own round trip and transaction
             return work(Tx(conn.cursor(), self.dialect))
         tx = _Pipelined(conn, self.dialect, begin)
+        backend = self._backends.get(conn) if begin == _DURABLE else None
+        if backend is not None:
+            backend.unreplicated = None
         try:
             result = work(tx)
             tx.commit()
@@ -462,7 +486,31 @@ class PostgresEngine(Engine):
                 # (``_recover``), never by running it again blindly.
                 raise _CommitUnknown(exc, self._backends.get(conn)) from None
             raise  # refused by the server: rolled back, nothing recorded
+        if backend is not None and backend.unreplicated is not None:
+            # Committed, but on this server only: the wait for the synchronous standby was
+            # cancelled (the server said so with the COMMIT's result). Not durable: a
+            # failover now would lose it, so nothing may be sent on the strength of it.
+            raise _NotReplicated(result, backend.unreplicated)
         return result
+
+    def _not_replicated(self, unreplicated: _NotReplicated, busy: Unwritten) -> JournalError:
+        about = busy.about or "this write"
+        advice = (
+            "it is journaled on the primary only, and a failover before the standby catches "
+            "up would lose it (and a new key). Once the synchronous standby answers again and "
+            "this call's lease has run out (the client's lease_seconds), call again with the "
+            "same reference, which carries on under the same key, or run payonce resume"
+        )
+        return self.error(
+            f"the journal database committed {about} without its synchronous standby: the "
+            f"wait for the standby was cancelled (the database said: {unreplicated.said}), "
+            "so it is not durable and payonce sent nothing on the strength of it",
+            then=Unwritten(
+                f"{busy.words}; {advice}",
+                may_have_executed=busy.may_have_executed,
+                retry_later=False,
+            ),
+        )
 
     def _commit_unknown(
         self,
@@ -499,10 +547,18 @@ class PostgresEngine(Engine):
         )
 
     def _notice(self, diagnostic: psycopg.errors.Diagnostic) -> None:
-        """A server's notice or warning, in payonce's log rather than on stderr: a warning
-        (a commit that did not wait for its synchronous standby, say) as a warning."""
+        """A server's notice or warning, in payonce's log rather than on stderr.
+
+        What payonce handles itself is INFO: a session ended by the server's operator or a
+        shutdown (class 57: payonce reconnects, and tells its callers), a cancelled wait for
+        the synchronous standby (the write is refused as not durable). Other warnings stay
+        warnings; notices are DEBUG."""
         severity = diagnostic.severity_nonlocalized or diagnostic.severity or "NOTICE"
-        level = logging.WARNING if severity == "WARNING" else logging.DEBUG
+        handled = (diagnostic.sqlstate or "").startswith("57") or _unreplicated(diagnostic)
+        if severity != "WARNING":
+            level = logging.DEBUG
+        else:
+            level = logging.INFO if handled else logging.WARNING
         logger.log(
             level,
             "journal %s: the database said: %s: %s",
@@ -751,15 +807,47 @@ class PostgresJournal(Journal):
 
 
 class _Backend:
-    """The server process a connection talks to: its pid and start, and whether its server
-    can wait for another process's end (``pg_terminate_backend`` with a timeout, 14+)."""
+    """The server process a connection talks to: its pid and start, whether its server
+    can wait for another process's end (``pg_terminate_backend`` with a timeout, 14+), and
+    whether it said its last commit did not wait for the synchronous standby."""
 
-    __slots__ = ("can_wait", "pid", "started")
+    __slots__ = ("can_wait", "pid", "started", "unreplicated")
 
     def __init__(self, pid: int, started: object, server_version: int) -> None:
         self.pid = pid
         self.started = started
         self.can_wait = started is not None and server_version >= 140000
+        self.unreplicated: str | None = None
+
+    def hear(self, diagnostic: psycopg.errors.Diagnostic) -> None:
+        """The connection's notice handler: notes a cancelled wait for the standby."""
+        if _unreplicated(diagnostic):
+            self.unreplicated = f"WARNING: {diagnostic.message_primary}"
+
+
+# What PostgreSQL says (as a WARNING, with the COMMIT's result) when a commit stops waiting
+# for its synchronous standby: a pg_cancel_backend (01000), or a pg_terminate_backend or a
+# fast shutdown (57P01). "The transaction has already committed locally, but might not have
+# been replicated to the standby." The messages are matched in English (lc_messages=C or en).
+_SYNC_REP_CANCELLED = (
+    "canceling wait for synchronous replication",
+    "canceling the wait for synchronous replication",
+)
+
+
+def _unreplicated(diagnostic: psycopg.errors.Diagnostic) -> bool:
+    severity = diagnostic.severity_nonlocalized or diagnostic.severity
+    message = diagnostic.message_primary or ""
+    return severity == "WARNING" and message.startswith(_SYNC_REP_CANCELLED)
+
+
+class _NotReplicated(Exception):
+    """A durable commit the server kept on itself only: its synchronous wait was cancelled."""
+
+    def __init__(self, result: object, said: str) -> None:
+        super().__init__(said)
+        self.result = result
+        self.said = said
 
 
 class _CommitUnknown(Exception):

@@ -14,6 +14,7 @@ import click
 from rich.console import Console
 
 import payonce
+from payonce._journal._open import refuse_conninfo
 
 __all__ = [
     "CONTEXT_SETTINGS",
@@ -82,6 +83,10 @@ def _journal_location(
 ) -> JournalLocation | None:
     if value is None:
         return None
+    try:
+        refuse_conninfo(value, "--journal (or $PAYONCE_JOURNAL)")
+    except payonce.ConfigurationError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
     return value if "://" in value else Path(value)
 
 
