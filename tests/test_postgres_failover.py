@@ -746,3 +746,56 @@ def test_a_write_ahead_whose_wait_for_the_standby_was_cancelled_sends_nothing_an
     assert response.status_code == 201
     assert sandbox.store.execution_count(record.key) == 1
     assert sandbox.store.total_executions() == sum(executed_before.values()) + 1
+
+
+# -- a database restarted under a program that set up no logging --------------------------------
+
+_RESTARTED_UNDER_A_CHILD = """
+import sys
+import payonce
+
+url, base_url, api_key = sys.argv[1:4]
+with payonce.Client(base_url=base_url, api_key=api_key, journal=url) as client:
+    client.post("/v1/payments", json={"amount": 100, "currency": "eur"}, reference="one")
+    print("paid", flush=True)
+    sys.stdin.readline()  # the database is restarted meanwhile
+    for n in range(3):
+        answer = client.post(
+            "/v1/payments", json={"amount": 100, "currency": "eur"}, reference=f"two-{n}"
+        )
+        print(answer.status_code, flush=True)
+"""
+
+
+def test_a_database_restart_payonce_reconnects_from_prints_nothing_on_stderr(
+    postgres_server: PostgresServer, postgres_url: str, sandbox: SandboxServer
+) -> None:
+    """An immediate shutdown tells every session "WARNING: terminating connection due to
+    immediate shutdown command"; payonce reconnects, so it is logged at INFO, and a program
+    with no logging set up (Python's last-resort handler prints WARNING and above) prints
+    nothing."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", _RESTARTED_UNDER_A_CHILD, postgres_url, sandbox.url,
+         DEFAULT_API_KEY],
+        env=python_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == "paid\n"
+        postgres_server._tool(
+            "pg_ctl", "-D", str(postgres_server.data), "-l", str(postgres_server.log),
+            "-m", "immediate", "-w", "-t", "60", "restart",
+        )  # fmt: skip
+        postgres_server._wait_until_ready()
+        out, err = child.communicate("go\n", timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 0, err
+    assert out.split() == ["201"] * 3
+    assert err == ""
