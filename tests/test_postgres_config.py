@@ -104,3 +104,80 @@ def test_the_password_is_redacted_in_a_url_a_setting_and_a_quoted_value() -> Non
         "connecting to postgresql://u:***@db/pay failed: password=*** sslpassword = "
         '*** invalid value "***", user u, ssl on'
     )
+
+
+def _role(postgres_server: PostgresServer, dbname: str, *statements: str) -> None:
+    with postgres_server.admin(dbname) as conn:
+        for statement in statements:
+            conn.execute(statement)
+
+
+def test_a_read_only_server_is_said_to_be_a_standby_or_read_only_and_where_to_point_instead(
+    postgres_server: PostgresServer, postgres_url: str
+) -> None:
+    """A standby in recovery answers every write as a read-only transaction would: so does a
+    role whose transactions are read-only by default, which stands in for one here."""
+    dbname = postgres_url.rsplit("/", 1)[1]
+    _role(
+        postgres_server,
+        dbname,
+        "CREATE ROLE reader LOGIN PASSWORD 'reader-pw'",
+        "ALTER ROLE reader SET default_transaction_read_only = on",
+    )
+
+    with pytest.raises(payonce.JournalError) as caught:
+        payonce.open_journal(postgres_server.url(dbname, user="reader", password="reader-pw"))
+
+    message = str(caught.value)
+    assert "the journal database is read-only" in message, message
+    assert "a standby in recovery" in message
+    assert "target_session_attrs=read-write" in message
+    assert "nothing was sent" in message
+
+
+def test_a_role_that_may_not_create_the_journal_s_schema_is_told_what_to_grant_or_create(
+    postgres_server: PostgresServer, postgres_url: str
+) -> None:
+    dbname = postgres_url.rsplit("/", 1)[1]
+    _role(postgres_server, dbname, "CREATE ROLE limited LOGIN PASSWORD 'limited-pw'")
+    url = postgres_server.url(dbname, user="limited", password="limited-pw") + "?schema=payonce"
+
+    with pytest.raises(payonce.JournalError) as caught:
+        payonce.open_journal(url)
+
+    message = str(caught.value)
+    assert "permission denied for database" in message, message
+    assert "grant the role CREATE ON DATABASE (to create the schema payonce)" in message
+    assert "CREATE SCHEMA payonce AUTHORIZATION <role>" in message
+    assert "(?schema=payonce)" not in message, "no advice to do what was done"
+
+    _role(postgres_server, dbname, "CREATE SCHEMA payonce AUTHORIZATION limited")
+    with payonce.open_journal(url) as journal:
+        assert journal.list_intents() == []
+
+
+def test_journal_check_of_a_database_server_does_not_speak_of_a_damaged_file(
+    postgres_url: str, journal_path: Path
+) -> None:
+    from payonce.cli._report import report_lines
+    from payonce.journal import JournalReport
+
+    def intents_line(location: str) -> str:
+        report = JournalReport(
+            location=location,
+            ok=False,
+            problems=("the database server runs with fsync=off: committed intents can be lost",),
+            schema_version=7,
+            intents_by_state={"succeeded": 3},
+            unacknowledged=0,
+            size_bytes=0,
+        )
+        [line] = [line for line in report_lines(report) if line.startswith("intents\t")]
+        return line
+
+    assert (
+        intents_line(postgres_url) == "intents\t3 (3 succeeded), as read despite the problems below"
+    )
+    assert (
+        intents_line(str(journal_path)) == "intents\t3 (3 succeeded), as read from a damaged file"
+    )

@@ -97,7 +97,7 @@ def states(journal: payonce.Journal) -> dict[str | None, str]:
     [
         (
             "postgresql://payonce@db1:5432,db2:5432/payments",
-            "names 2 hosts (db1, db2) without target_session_attrs=read-write",
+            "names 2 hosts (db1:5432, db2:5432) without target_session_attrs=read-write",
         ),
         (
             "postgresql://payonce@db1,db2/payments?target_session_attrs=any",
@@ -106,6 +106,10 @@ def states(journal: payonce.Journal) -> dict[str | None, str]:
         (
             "postgresql://payonce@db1,db2/payments?port=1,2,3&target_session_attrs=read-write",
             "names 2 host(s) but 3 port values",
+        ),
+        (
+            "postgresql://u@a:1,b:2,c/db?target_session_attrs=read-write",
+            "gives a port for some of its 3 hosts but not for the others",
         ),
         (
             "postgresql://payonce@db1/payments?target_session_attrs=standby",

@@ -595,14 +595,36 @@ class PostgresEngine(Engine):
         if isinstance(exc, pg_errors.InsufficientPrivilege):
             return self.error(
                 f"the database role lacks a privilege the journal needs "
-                f"({self._describe(exc)}): grant it, or give the journal a schema it may "
-                "create tables in (?schema=payonce)"
+                f"({self._describe(exc)}): {self._privilege_advice()}"
+            )
+        if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
+            return self.error(
+                f"the journal database is read-only ({self._describe(exc)}): the server "
+                "is a standby in recovery (or default_transaction_read_only is on for this "
+                "role or database), and payonce writes only to a primary. Point the URL at "
+                "the primary, or name every server with ?target_session_attrs=read-write "
+                "so that libpq picks the primary",
+                then=busy,
             )
         if isinstance(exc, psycopg.OperationalError):
             return self.error(
                 f"lost the journal database ({self._describe(exc)})", then=_then_resume(busy)
             )
         return self.error(f"journal operation failed ({self._describe(exc)})", then=busy)
+
+    def _privilege_advice(self) -> str:
+        if self._schema is not None:
+            return (
+                f"grant the role CREATE ON DATABASE (to create the schema {self._schema}), or "
+                f"have an administrator create it for the role: CREATE SCHEMA "
+                f"{self._schema} AUTHORIZATION <role>"
+            )
+        return (
+            "grant the role CREATE ON SCHEMA public (PostgreSQL 15 and later grant it to no "
+            "one by default), or give the journal a schema of its own (?schema=payonce), "
+            "which needs CREATE ON DATABASE or the schema created for the role by an "
+            "administrator"
+        )
 
     # -- operating --------------------------------------------------------------------------
 

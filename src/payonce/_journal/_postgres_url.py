@@ -98,6 +98,17 @@ class Target:
                     f"it names {count} host(s) but {len(given)} {name} values: give one "
                     f"{name} for all of them, or one per host, in the same order"
                 )
+            if len(given) > 1 and "" in given and any(given):
+                # libpq would take the default port (5432) for a host written without one.
+                raise self.invalid(
+                    f"it gives a {name} for some of its {count} hosts but not for the others: "
+                    f"give one {name} for all of them, or one per host, in the same order"
+                )
+        ports = _listed(self.parameters.get("port"))
+        if len(ports) == len(hosts) > 1:
+            hosts = [f"{h}:{p}" if p else h for h, p in zip(hosts, ports, strict=True)]
+        elif len(ports) == 1 and len(hosts) > 1:
+            hosts = [f"{host}:{ports[0]}" for host in hosts]
         attrs = str(self.parameters.get("target_session_attrs") or "any")
         if attrs in ("read-only", "standby", "prefer-standby"):
             raise ConfigurationError(
