@@ -540,8 +540,10 @@ class PostgresEngine(Engine):
         if reconnecting is not None:
             return self._lost(reconnecting, busy)
         return self.error(
-            f"no connection to the journal database became free within "
-            f"{self._busy_timeout:g}s (all in use, or the database is unreachable)",
+            f"no connection to the journal database became free after waiting "
+            f"{self._busy_timeout:g}s for one (busy_timeout): all in use, or the database "
+            "unreachable (a restart, a failover: only a call that lost its own connection "
+            "waits for a new primary, up to failover_timeout)",
             busy=True,
             then=busy,
         )
@@ -777,7 +779,8 @@ class PostgresJournal(Journal):
     ``schema`` (or ``?schema=name`` in the URL) keeps the journal's tables in a schema of
     their own, created on first open; by default they go where unqualified names resolve
     (usually ``public``). ``busy_timeout`` bounds every wait for a row lock or a pooled
-    connection; ``pool_size`` is the most connections this journal holds at once.
+    connection (not a commit's wait for a synchronous standby: see docs/postgres.md);
+    ``pool_size`` is the most connections this journal holds at once.
 
     ``location`` is the URL without its password, which appears in no message or log.
 
