@@ -281,6 +281,8 @@ class PostgresEngine(Engine):
         except _NotReplicated as unreplicated:
             if before_send:
                 raise self._not_replicated(unreplicated, busy) from None
+            if unreplicated.lost is not None:  # its answer went with the connection
+                raise self._commit_unknown(_CommitUnknown(unreplicated.lost), busy) from None
             # A settle (synchronous_settles) kept on the primary only costs what a lazy
             # settle costs: a failover may put the intent back to pending for resume.
             logger.warning(
@@ -481,6 +483,10 @@ class PostgresEngine(Engine):
             refused = not conn.broken and _server_refusal(exc)
             lost = conn.broken or (isinstance(exc, psycopg.OperationalError) and not refused)
             if tx.committing and isinstance(exc, psycopg.Error) and lost:
+                if backend is not None and backend.unreplicated is not None:
+                    # Terminated while waiting for the standby (pg_terminate_backend, a
+                    # fast shutdown): the server said the commit is on itself only.
+                    raise _NotReplicated(None, backend.unreplicated, lost=exc) from None
                 # Lost with the commit on its way (a COMMIT, or a statement that is its
                 # own transaction): whether it was recorded is learnt on a new connection
                 # (``_recover``), never by running it again blindly.
@@ -869,10 +875,12 @@ def _unreplicated(diagnostic: psycopg.errors.Diagnostic) -> bool:
 class _NotReplicated(Exception):
     """A durable commit the server kept on itself only: its synchronous wait was cancelled."""
 
-    def __init__(self, result: object, said: str) -> None:
+    def __init__(self, result: object, said: str, lost: psycopg.Error | None = None) -> None:
         super().__init__(said)
         self.result = result
         self.said = said
+        self.lost = lost
+        """The connection, ended by the server right after it said so: no result read."""
 
 
 class _CommitUnknown(Exception):
