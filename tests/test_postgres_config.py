@@ -58,7 +58,10 @@ def test_a_libpq_key_value_string_is_refused_as_a_journal_and_nothing_is_created
     assert done.exit_code == 2, done.output
     assert "libpq key=value connection string" in done.output
     assert "secret-pw" not in done.output
-    done = run_cli(["resume", "--journal", CONNINFO], env={"PAYONCE_JOURNAL": ""})
+    done = run_cli(
+        ["resume", "--journal", CONNINFO, "--base-url", "http://127.0.0.1:9"],
+        env={"PAYONCE_JOURNAL": ""},
+    )
     assert done.exit_code == 2, done.output
     assert "write it as a postgresql:// URL" in " ".join(done.output.split())
     assert "secret-pw" not in done.output

@@ -85,7 +85,9 @@ _LIBPQ_KEYWORDS = [
 _CONNINFO_PAIR = re.compile(r"(?:^|\s)(" + "|".join(_LIBPQ_KEYWORDS) + r")\s*=", re.IGNORECASE)
 
 
-def refuse_conninfo(journal: object, where: str = "journal=") -> None:
+def refuse_conninfo(
+    journal: object, where: str = "the journal given (journal=, --journal or $PAYONCE_JOURNAL)"
+) -> None:
     """Refuse a libpq ``key=value`` connection string given as a journal.
 
     It would otherwise be taken for a file name and a SQLite journal created under it (its

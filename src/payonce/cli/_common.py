@@ -14,7 +14,6 @@ import click
 from rich.console import Console
 
 import payonce
-from payonce._journal._open import refuse_conninfo
 
 __all__ = [
     "CONTEXT_SETTINGS",
@@ -83,10 +82,6 @@ def _journal_location(
 ) -> JournalLocation | None:
     if value is None:
         return None
-    try:
-        refuse_conninfo(value, "--journal (or $PAYONCE_JOURNAL)")
-    except payonce.ConfigurationError as exc:
-        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
     return value if "://" in value else Path(value)
 
 
@@ -110,6 +105,14 @@ def existing_journal_target(location: JournalLocation | None) -> JournalLocation
         location if location is not None else payonce.journal.default_journal_path()
     ).expanduser()
     if not target.exists():
+        # Not "no journal at" a libpq key=value string, which would print its password:
+        # payonce refuses one as a journal (ConfigurationError), before touching the disk.
+        try:
+            payonce.open_journal(target, read_only=True, check_integrity=False).close()
+        except payonce.ConfigurationError as exc:
+            raise CliError(str(exc)) from None
+        except payonce.PayonceError:
+            pass  # no such file: said below
         raise CliError(f"no journal at {target}")
     return target
 
