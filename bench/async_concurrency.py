@@ -29,6 +29,8 @@ same payonce.AsyncClient (httpx's default pool) at 1, 16 and 64 callers on a SQL
 file (group commit, the default) and on a PostgreSQL journal (a local server the script
 starts as the tests do, bench/_harness.py: 127.0.0.1, fsync and synchronous_commit on),
 intents/s and p99 latency, and PostgreSQL / SQLite at 64 callers against the 0.8x target.
+"PG, journal threads" is the same PostgreSQL journal reached as before AsyncClient wrote on
+the event loop: every journal command in a journal thread (its async edge switched off).
 --no-postgres leaves the PostgreSQL half out; --journal-only runs this section alone.
 
     PYTHONPATH=src .venv/bin/python bench/async_concurrency.py
@@ -269,7 +271,26 @@ def sync_sequential(url: str, journal: Path, requests: int) -> float:
 
 # -- the journal section: the same AsyncClient on SQLite and on PostgreSQL ------------------
 
-JOURNALS = ("SQLite", "PostgreSQL")
+THREADED = "PG, journal threads"
+"""PostgreSQL reached the way AsyncClient did before its writes ran on the event loop:
+every journal command in a journal thread (the engine's async edge switched off)."""
+JOURNALS = ("SQLite", "PostgreSQL", THREADED)
+
+
+@contextlib.contextmanager
+def journal_threads_only(kind: str) -> Iterator[None]:
+    """For the ``THREADED`` cells: no async edge, so every journal command hops."""
+    if kind != THREADED:
+        yield
+        return
+    from payonce._journal._postgres import PostgresEngine
+
+    edge = PostgresEngine.async_edge
+    PostgresEngine.async_edge = lambda self: None  # type: ignore[assignment,method-assign]
+    try:
+        yield
+    finally:
+        PostgresEngine.async_edge = edge  # type: ignore[method-assign]
 
 
 class Timed(NamedTuple):
@@ -331,9 +352,10 @@ def journal_section(
                 journal: Path | str = (
                     directory / f"{tag}.db" if kind == "SQLite" else str(postgres_url)
                 )
-                timed = asyncio.run(
-                    journal_cell(kind, url, journal, tag, concurrency, args.requests)
-                )
+                with journal_threads_only(kind):
+                    timed = asyncio.run(
+                        journal_cell(kind, url, journal, tag, concurrency, args.requests)
+                    )
                 results.setdefault((kind, concurrency), []).append(timed)
 
     def per_second(kind: str, c: int) -> float:
@@ -355,14 +377,16 @@ def journal_section(
         ]
         for kind in kinds
     ]
-    if "PostgreSQL" in kinds:
+    for kind, name in (("PostgreSQL", "PG / SQLite"), (THREADED, "PG threads / SQLite")):
+        if kind not in kinds:
+            continue
         rows.append(
             [
-                "PG / SQLite",
+                name,
                 *itertools.chain.from_iterable(
                     (
-                        ratio(per_second("PostgreSQL", c) / per_second("SQLite", c)),
-                        ratio(p99_ms("PostgreSQL", c) / p99_ms("SQLite", c)),
+                        ratio(per_second(kind, c) / per_second("SQLite", c)),
+                        ratio(p99_ms(kind, c) / p99_ms("SQLite", c)),
                     )
                     for c in args.journal_concurrency
                 ),

@@ -68,7 +68,7 @@ def main() -> int:
 
 
 def _pay_until_stopped(args: argparse.Namespace, report: Any) -> None:
-    lock = threading.Lock()  # AsyncClient tells its hooks from a journal thread
+    lock = threading.Lock()  # AsyncClient may tell its hooks from a journal thread (SQLite)
 
     def write(line: dict[str, Any]) -> None:
         with lock:

@@ -34,8 +34,11 @@ Checkout = Callable[[str, Callable[[], None]], dict[str, str]]
 """One order's checkout: (order, what to do between its steps) -> its final answer."""
 
 
-def transport_client(url: str, provider: str, journal: str) -> payonce.Client:
+def transport_client(
+    url: str, provider: str, journal: str, max_stored_bytes: int | None = None
+) -> payonce.Client:
     """The payonce client the SDK sends through; the SDK brings its own credentials."""
+    more = {} if max_stored_bytes is None else {"max_stored_response_bytes": max_stored_bytes}
     return payonce.Client(
         base_url=url,
         provider=provider,
@@ -43,6 +46,7 @@ def transport_client(url: str, provider: str, journal: str) -> payonce.Client:
         journal=journal,
         retry=FAST_RETRY,
         transport_only=True,
+        **more,
     )
 
 
@@ -62,7 +66,9 @@ def stripe_checkout(url: str, client: payonce.Client | None) -> Checkout:
         )
         between()
         paid = sdk.v1.payment_intents.confirm(created.id, params={"payment_method": "pm_card_visa"})
-        return {"order": order, "id": paid.id, "status": paid.status}
+        # What the SDK parsed of each answer (a replayed one too).
+        parsed = f"{created.object} {created.amount} {paid.object} {paid.amount}"
+        return {"order": order, "id": paid.id, "status": paid.status, "parsed": parsed}
 
     return checkout
 
@@ -209,6 +215,7 @@ def main() -> None:
     parser.add_argument("--journal")
     parser.add_argument("--orders", type=int, default=2)
     parser.add_argument("--die-between-steps", action="store_true")
+    parser.add_argument("--max-stored-bytes", type=int)
     parser.add_argument("--split", action="store_true", help="square: two identical halves")
     args = parser.parse_args()
 
@@ -216,7 +223,7 @@ def main() -> None:
     client = None
     if args.journal:
         base_url = adyen_base_url(args.url) if args.sdk == "adyen" else args.url
-        client = transport_client(base_url, args.sdk, args.journal)
+        client = transport_client(base_url, args.sdk, args.journal, args.max_stored_bytes)
     checkout = (square_split_checkout if args.split else CHECKOUTS[args.sdk])(args.url, client)
 
     for n in range(args.orders):

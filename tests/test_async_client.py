@@ -14,6 +14,7 @@ import pytest
 
 import payonce
 from helpers.payments import PAYMENT, leave_pending
+from payonce._journal._plans import Call
 from payonce.sandbox import Faults, SandboxServer
 
 pytestmark = pytest.mark.anyio
@@ -38,6 +39,19 @@ async def test_a_payment_is_sent_once_and_replayed_from_the_journal(
     assert info is not None
     assert info.replayed
     assert op.state is payonce.IntentState.SUCCEEDED
+
+
+async def test_a_replay_whose_body_was_too_large_to_journal_is_the_provider_s_replay(
+    make_async_client: MakeAsyncClient, sandbox: SandboxServer
+) -> None:
+    client = make_async_client(max_stored_response_bytes=16)
+    first = await client.post("/v1/payments", json=PAYMENT, reference="order-big")
+    again = await client.post("/v1/payments", json=PAYMENT, reference="order-big")
+    assert again.json() == first.json()
+    info = payonce.response_info(again)
+    assert info is not None
+    assert (info.replayed, info.provider_replayed, info.body_stored) == (True, True, False)
+    assert sandbox.store.total_executions() == 1
 
 
 @pytest.mark.parametrize("faults", [["fail_before"], ["fail_after"], ["drop_after", "rate_limit"]])
@@ -263,12 +277,18 @@ async def test_a_call_cancelled_while_its_settle_is_being_written_still_holds_th
     settle = store.settle
     writing, go_on = threading.Event(), threading.Event()
 
-    def held_up_settle(*args: Any, **kwargs: Any) -> Any:
+    def held_up() -> None:
         writing.set()
         assert go_on.wait(10)
-        return settle(*args, **kwargs)
 
-    store.settle = held_up_settle  # type: ignore[method-assign]
+    class HeldUpSettle:
+        """The settle's plan, held up in the journal thread before it writes."""
+
+        def plan(self, *args: Any, **kwargs: Any) -> Any:
+            yield Call(held_up)
+            return (yield from settle.plan(*args, **kwargs))
+
+    store.settle = HeldUpSettle()  # type: ignore[assignment]
     first = asyncio.create_task(client.post("/v1/payments", json=PAYMENT, reference="order-c"))
     assert await asyncio.to_thread(writing.wait, 10)
     first.cancel()

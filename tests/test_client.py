@@ -361,7 +361,10 @@ def test_a_step_whose_request_changed_between_runs_is_refused_naming_it(
 
     with client.intent("order-changed-step") as again:
         replay = again.post("/v1/payments", json=PAYMENT)
-        with pytest.raises(payonce.IntentMismatch, match=r"is step 2 \(POST /v1/payments\)"):
+        with pytest.raises(
+            payonce.IntentMismatch,
+            match=r"step 2 of intent 'order-changed-step' \(key .*-step2\), POST /v1/payments,",
+        ):
             again.post("/v1/payments", json={"amount": 2, "currency": "eur"})
     assert payonce.response_info(replay).replayed  # type: ignore[union-attr]
     assert client.journal.list_intents() == journaled
@@ -612,13 +615,71 @@ def test_a_response_over_the_size_cap_settles_from_status_and_headers_only(
     assert payonce.response_info(live).body_stored is False  # type: ignore[union-attr]
     assert "exceeds the 16-byte cap" in caplog.text
 
+    # Called again, its answer is never an empty body: the journal has none, so the same
+    # request goes again under the same key, and the provider replays its stored answer.
     replay = client.post("/v1/payments", json=PAYMENT, reference="order-big")
     info = payonce.response_info(replay)
     assert info is not None
-    assert info.replayed
-    assert not info.body_stored
-    assert (replay.status_code, replay.content) == (201, b"")
-    assert replay.headers["request-id"] == live.headers["request-id"]
+    assert (info.replayed, info.provider_replayed, info.body_stored) == (True, True, False)
+    assert (replay.status_code, replay.json()) == (201, live.json())
+    assert sandbox.store.total_executions() == 1
+
+
+LATER = 3 * 24 * 3600.0
+"""Past every profile's key lifetime: a resend under the key could execute again."""
+
+
+def test_a_replay_without_its_body_past_the_key_s_lifetime_answers_with_the_look_up_s_record(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    live = make_client(max_stored_response_bytes=16).post(
+        "/v1/payments", json=PAYMENT, reference="order-big-later"
+    )
+    later = make_client(max_stored_response_bytes=16, clock=lambda: time.time() + LATER)
+    replay = later.post("/v1/payments", json=PAYMENT, reference="order-big-later")
+    assert replay.status_code == 201
+    assert replay.json()["id"] == live.json()["id"]  # the provider's record, as it stands
+    assert payonce.response_info(replay).replayed  # type: ignore[union-attr]
+    assert sandbox.store.total_executions() == 1
+
+
+def test_a_replay_without_its_body_the_provider_does_not_replay_answers_with_its_record(
+    make_client: MakeClient, sandbox: SandboxServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = make_client(max_stored_response_bytes=16)
+    live = client.post("/v1/payments", json=PAYMENT, reference="order-big-503")
+    sandbox.script(["fail_before"])  # the request sent again meets a 503, not the replay
+    with caplog.at_level(logging.INFO, logger="payonce"):
+        replay = client.post("/v1/payments", json=PAYMENT, reference="order-big-503")
+    assert "asked the provider again under its key: HTTP 503" in caplog.text
+    assert (replay.status_code, replay.json()["id"]) == (201, live.json()["id"])
+    assert payonce.response_info(replay).replayed  # type: ignore[union-attr]
+    assert sandbox.store.total_executions() == 1
+
+
+def test_a_replay_without_its_body_and_no_way_to_get_it_again_is_an_error_never_empty(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    # No status look-up, and the key's lifetime over: nothing could answer without a risk
+    # of executing it twice, so the caller is told so, and nothing is sent.
+    sandbox_profile = payonce.providers.get_profile("sandbox")
+    blind = attrs.evolve(sandbox_profile, name="sandbox-blind", lookup=None)
+    options = {"provider": blind, "max_stored_response_bytes": 16}
+    make_client(**options).post("/v1/payments", json=PAYMENT, reference="order-big-blind")
+    later = make_client(**options, clock=lambda: time.time() + LATER)
+    journaled = later.journal.list_intents()
+    with pytest.raises(payonce.IntentStateError) as refused:
+        later.post("/v1/payments", json=PAYMENT, reference="order-big-blind")
+    # It names the intent, what it came to, why no answer could be had, and what to do.
+    for said in (
+        "(reference 'order-big-blind') succeeded (HTTP 201), but its answer's body",
+        "beyond the provider's key lifetime",
+        "has no status look-up",
+        "raise max_stored_response_bytes",
+    ):
+        assert said in str(refused.value)
+    assert later.journal.list_intents() == journaled
+    assert sandbox.store.total_executions() == 1
 
 
 def test_turning_tls_verification_off_is_explicit_and_logged(

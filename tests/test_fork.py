@@ -142,8 +142,11 @@ def test_children_of_a_transport_that_already_paid_journal_only_their_own_answer
 
 
 def test_children_of_an_async_client_that_already_paid_pay_with_their_own_connections(
-    sandbox: SandboxServer, journal_path: Path
+    sandbox: SandboxServer, location: str
 ) -> None:
+    """On SQLite and on PostgreSQL, whose writes run on the loop's own async connections:
+    a child's new loop opens its own, and the parent's still serve the parent."""
+
     def pay(client: payonce.AsyncClient, n: int) -> None:
         async def payments() -> None:
             for i in range(EACH):
@@ -166,14 +169,18 @@ def test_children_of_an_async_client_that_already_paid_pay_with_their_own_connec
             provider="sandbox",
             account="acct_demo",
             api_key=DEFAULT_API_KEY,
-            journal=journal_path,
+            journal=location,
             retry=FAST_RETRY,
         ) as client:
             await client.post("/v1/payments", json=PAYMENT, reference="in-the-parent")
-            return _in_children(lambda n: pay(client, n))
+            codes = _in_children(lambda n: pay(client, n))
+            # Still works here, on the connections the children never touched: replayed.
+            again = await client.post("/v1/payments", json=PAYMENT, reference="in-the-parent")
+            assert again.is_success
+            return codes
 
     assert asyncio.run(parent()) == [0] * CHILDREN
-    _assert_each_answer_is_its_own(journal_path, sandbox)
+    _assert_each_answer_is_its_own(location, sandbox)
 
 
 def _run_catching(

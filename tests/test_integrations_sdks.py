@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import subprocess
@@ -22,9 +23,9 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import Adyen
 import httpx
@@ -55,6 +56,7 @@ FAULTS = [
 UNANSWERED = ["fail_before"] * FAST_RETRY.max_attempts
 """Every attempt of a step meets a 503: whether it executed, payonce cannot tell."""
 ONCE = payonce.RetryPolicy(max_attempts=1)
+T = TypeVar("T")
 
 MakePayonce = Callable[..., payonce.Client]
 
@@ -253,8 +255,17 @@ def test_a_stripe_python_outcome_that_stays_unknown_is_a_connection_error_never_
     assert caught.value.should_retry is False  # stripe-python must not resend it itself
     key = unknown_key(caught.value)
     assert key.endswith("-step2")
-    # A step's key names its intent's; it has no reference of its own to show.
-    assert f"(idempotency key {key!r})" in str(caught.value)
+    # The step is named by its position, its intent's reference and its own key, in the
+    # words and in the attributes of the SDK's exception and of payonce's.
+    assert f"step 2 of intent 'order-unknown' (key {key})" in str(caught.value)
+    error = caught.value
+    assert (error.payonce_key, error.payonce_reference, error.payonce_step) == (  # type: ignore[attr-defined]
+        key,
+        "order-unknown",
+        2,
+    )
+    assert (error.payonce_error.reference, error.payonce_error.step) == ("order-unknown", 2)  # type: ignore[attr-defined]
+    assert error.payonce_error.intent_key == key.removesuffix("-step2")  # type: ignore[attr-defined]
     executions = stripe_server.store.executions()
     with pytest.raises(stripe.APIConnectionError):
         pay()  # run again: the create replays, the confirm is refused, nothing is sent
@@ -301,27 +312,43 @@ def test_a_stripe_python_checkout_on_a_postgresql_journal_recovers_a_lost_answer
     assert sorted(stripe_server.store.executions().values()) == [1, 1]
 
 
+async def in_an_async_block(
+    server: SandboxServer,
+    stripe_client: Callable[..., stripe.StripeClient],
+    journal: Path,
+    reference: str,
+    body: Callable[[stripe.StripeClient], Awaitable[T]],
+) -> T:
+    """``body`` given stripe-python over a payonce AsyncClient, in that client's block for
+    ``reference``."""
+    async with payonce.AsyncClient(**payonce_options(server, "stripe", journal)) as client:
+        http = stripe_integration.HTTPClient(client)
+        sdk = stripe_client(server, http_client=http)
+        try:
+            async with client.intent(reference):
+                return await body(sdk)
+        finally:
+            await http.close_async()
+
+
 def test_stripe_python_async_through_an_async_client(
     stripe_server: SandboxServer,
     stripe_client: Callable[..., stripe.StripeClient],
     journal_path: Path,
 ) -> None:
-    async def pay() -> stripe.PaymentIntent:
-        options = payonce_options(stripe_server, "stripe", journal_path)
-        async with payonce.AsyncClient(**options) as client:
-            http = stripe_integration.HTTPClient(client)
-            sdk = stripe_client(stripe_server, http_client=http)
-            try:
-                async with client.intent("order-async"):
-                    stripe_server.script(["drop_after"])
-                    created = await sdk.v1.payment_intents.create_async(
-                        params={"amount": 900, "currency": "eur"}
-                    )
-                    return await sdk.v1.payment_intents.confirm_async(
-                        created.id, params={"payment_method": "pm_card_visa"}
-                    )
-            finally:
-                await http.close_async()
+    async def checkout_async(sdk: stripe.StripeClient) -> stripe.PaymentIntent:
+        stripe_server.script(["drop_after"])
+        created = await sdk.v1.payment_intents.create_async(
+            params={"amount": 900, "currency": "eur"}
+        )
+        return await sdk.v1.payment_intents.confirm_async(
+            created.id, params={"payment_method": "pm_card_visa"}
+        )
+
+    def pay() -> Coroutine[Any, Any, stripe.PaymentIntent]:
+        return in_an_async_block(
+            stripe_server, stripe_client, journal_path, "order-async", checkout_async
+        )
 
     paid = asyncio.run(pay())
     assert paid.status == "succeeded"
@@ -343,6 +370,70 @@ def test_an_integration_over_an_async_client_refuses_sync_calls_with_a_stripe_er
     with pytest.raises(stripe.APIConnectionError, match="over an AsyncClient"):
         sdk.v1.payment_intents.create(params={"amount": 900, "currency": "eur"})
     assert stripe_server.store.total_executions() == 0
+
+
+def test_two_stripe_python_calls_at_once_in_one_block_are_payonce_s_configuration_error(
+    stripe_server: SandboxServer,
+    stripe_client: Callable[..., stripe.StripeClient],
+    journal_path: Path,
+) -> None:
+    # A programming error (the steps of one intent run one after another): raised as
+    # itself, never as an APIConnectionError someone may retry.
+    async def pay_twice_at_once(sdk: stripe.StripeClient) -> list[Any]:
+        return await asyncio.gather(
+            sdk.v1.payment_intents.create_async(params={"amount": 900, "currency": "eur"}),
+            sdk.v1.payment_intents.create_async(params={"amount": 901, "currency": "eur"}),
+            return_exceptions=True,
+        )
+
+    created, refused = asyncio.run(
+        in_an_async_block(
+            stripe_server, stripe_client, journal_path, "order-gather", pay_twice_at_once
+        )
+    )
+    assert isinstance(created, stripe.PaymentIntent)
+    assert type(refused) is payonce.ConfigurationError
+    assert "one after another" in str(refused)
+    assert list(stripe_server.store.executions().values()) == [1]
+    assert [i["id"] for i in stripe_server.store.payment_intents()] == [created.id]
+
+
+ELSEWHERE = "http://localhost:9"
+"""Not the sandbox's address: a payonce client there refuses every request an SDK pointed
+at the sandbox sends through it (a programming error), before sending anything."""
+
+
+@pytest.mark.parametrize("sdk", ["stripe", "adyen", "mollie", "square"])
+def test_a_programming_error_reaches_the_sdk_s_caller_as_itself_never_as_a_network_error(
+    shared_sandboxes: SharedSandboxes, journal_path: Path, closing: contextlib.ExitStack, sdk: str
+) -> None:
+    server = sandbox_like(shared_sandboxes, sdk)
+    client = payonce_maker(server, sdk, journal_path, closing)(base_url=ELSEWHERE)
+    pay: Callable[[], Any]
+    if sdk == "stripe":
+        http_client = stripe_integration.HTTPClient(client)
+        closing.callback(http_client.close)
+        payments = stripe.StripeClient(
+            DEFAULT_API_KEY, base_addresses={"api": server.url}, http_client=http_client
+        ).v1.payment_intents
+        pay = functools.partial(payments.create, params={"amount": 900, "currency": "eur"})
+    elif sdk == "adyen":
+        adyen = adyen_sdk(server)
+        adyen_integration.use_transport(adyen, client)
+        pay = functools.partial(adyen.checkout.payments_api.payments, adyen_payment("order-x"))
+    elif sdk == "mollie":
+        mollie_client = mollie_sdk(server)
+        closing.enter_context(mollie_integration.use_transport(mollie_client, client))
+        pay = functools.partial(mollie_client.payments.create, MOLLIE_PAYMENT)
+    else:
+        http = closing.enter_context(square_integration.httpx_client(client))
+        square = Square(token=DEFAULT_API_KEY, base_url=server.url, httpx_client=http)
+        pay = functools.partial(square_pay, square, "k-misplugged")
+    with client.intent("order-misplugged"), pytest.raises(payonce.ConfigurationError) as caught:
+        pay()
+    assert type(caught.value) is payonce.ConfigurationError
+    assert "is not under this client's base_url" in str(caught.value)
+    assert server.store.total_executions() == 0
 
 
 @contextlib.contextmanager
@@ -912,6 +1003,33 @@ def test_square_s_unknown_outcome_is_its_api_error_and_is_never_resent(
     assert square_server.store.executions() == {"k-sq-9": 1}
 
 
+def test_square_s_unknown_step_2_names_the_step_its_intent_s_reference_and_its_key(
+    square_server: SandboxServer, journal_path: Path, closing: contextlib.ExitStack
+) -> None:
+    client = payonce_maker(square_server, "square", journal_path, closing)(retry=ONCE)
+    http = closing.enter_context(square_integration.httpx_client(client, sdk_keys="replace"))
+    square = Square(token=DEFAULT_API_KEY, base_url=square_server.url, httpx_client=http)
+    with client.intent("order-sq-step") as op:
+        payment = square_pay(square, str(uuid.uuid4()), autocomplete=False).payment
+        square_server.script(["drop_after"])
+        with pytest.raises(SquareApiError) as caught:
+            square.payments.complete(payment.id, request_options=NO_SDK_RETRIES)
+    (_, intent_key, _), (_, step_key, _) = op.steps
+    assert step_key == f"{intent_key}-step2"
+    detail = str(caught.value.errors[0].detail)
+    assert f"step 2 of intent 'order-sq-step' (key {step_key})" in detail
+    assert "'order-sq-step'" in detail
+    error = caught.value
+    assert (error.payonce_key, error.payonce_reference, error.payonce_step) == (  # type: ignore[attr-defined]
+        step_key,
+        "order-sq-step",
+        2,
+    )
+    # Square's complete carries no key of its own: the sandbox counts it under none.
+    assert sorted(square_server.store.executions().values()) == [1, 1]
+    assert square_server.store.executions()[intent_key] == 1
+
+
 def test_baseline_square_alone_pays_twice_when_an_answer_is_lost_and_it_runs_again(
     square_server: SandboxServer,
 ) -> None:
@@ -980,14 +1098,15 @@ def test_stripe_python_s_async_calls_inside_the_sync_client_s_block_are_refused_
     options = payonce_options(stripe_server, "stripe", journal_path)
     payments = closing.enter_context(payonce.Client(**options))
 
-    async def pay() -> tuple[stripe.StripeError, list[Any]]:
+    async def pay() -> tuple[payonce.ConfigurationError, list[Any]]:
         async with payonce.AsyncClient(**options) as apay:
             http = stripe_integration.HTTPClient(payments, async_client=apay)
             sdk = stripe_client(stripe_server, http_client=http)
             try:
                 with (
                     payments.intent("order-1") as op,
-                    pytest.raises(stripe.APIConnectionError) as refused,
+                    # A programming error: payonce's own, never a connection error to retry.
+                    pytest.raises(payonce.ConfigurationError) as refused,
                 ):
                     await sdk.v1.payment_intents.create_async(
                         params={"amount": 900, "currency": "eur"}
@@ -996,9 +1115,7 @@ def test_stripe_python_s_async_calls_inside_the_sync_client_s_block_are_refused_
             finally:
                 await http.close_async()
 
-    refused, steps = asyncio.run(pay())
-    carried = getattr(refused, "payonce_error", None)
-    assert isinstance(carried, payonce.ConfigurationError)
+    carried, steps = asyncio.run(pay())
     assert "went through payonce.AsyncClient(provider='stripe'" in str(carried)
     assert "intent 'order-1' on payonce.Client(provider='stripe'" in str(carried)
     assert "`async with <AsyncClient>.intent(...)`" in str(carried)
@@ -1016,10 +1133,9 @@ def test_square_calls_through_a_second_client_of_the_same_settings_are_refused_u
 ) -> None:
     client, square = square_through()
     twin = payonce_maker(square_server, "square", journal_path, closing)()
-    with twin.intent("order-1"), pytest.raises(SquareApiError) as refused:
+    with twin.intent("order-1"), pytest.raises(payonce.ConfigurationError) as refused:
         square_pay(square, "k-wrong-client")
-    assert refused.value.errors[0].code == "PAYONCE_CONFIGURATION_ERROR"
-    assert "another client object with the same settings" in str(refused.value.errors[0].detail)
+    assert "another client object with the same settings" in str(refused.value)
     assert client.journal.list_intents() == []
     assert square_server.store.executions() == {}
 
@@ -1072,7 +1188,7 @@ def test_a_block_around_an_sdk_not_wired_to_payonce_warns_nothing_was_made_exact
 
 def _refused_outside_any_block(sdk: str, server: SandboxServer, client: payonce.Client) -> None:
     """One payment call of ``sdk``, outside any block, over an integration made with
-    ``outside_intent="refuse"``; the payonce error its SDK's exception carries."""
+    ``outside_intent="refuse"``."""
     if sdk == "stripe":
         http = stripe_integration.HTTPClient(client, outside_intent="refuse")
         sdk_client = stripe.StripeClient(
@@ -1101,14 +1217,11 @@ def test_each_integration_passes_outside_intent_to_its_transport(
     server = sandbox_like(shared_sandboxes, sdk)
     base_url = adyen_sdk(server).checkout.payments_api.baseUrl if sdk == "adyen" else server.url
     client = payonce_maker(server, sdk, journal_path, closing)(base_url=base_url)
-    with pytest.raises(Exception) as caught:  # noqa: PT011 (each SDK's own error type)
+    # A programming error: payonce's own, through every SDK, never one of its network errors.
+    with pytest.raises(payonce.ConfigurationError) as caught:
         _refused_outside_any_block(sdk, server, client)
-    error = caught.value
-    carried = getattr(error, "payonce_error", None) or getattr(
-        error.__context__, "payonce_error", None
-    )
-    assert isinstance(carried, payonce.ConfigurationError), repr(error)
-    assert "outside any intent block" in str(carried)
+    assert type(caught.value) is payonce.ConfigurationError
+    assert "outside any intent block" in str(caught.value)
     assert server.store.executions() == {}
     assert client.journal.list_intents() == []
 

@@ -11,6 +11,7 @@ synchronous standby, again and again, under payments from several processes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -27,6 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 import payonce
@@ -705,29 +707,75 @@ LEASE_SECONDS = 3.0
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
-    ("how", "said"),
+    ("how", "said", "kind"),
     [
-        ("pg_cancel_backend", "canceling wait for synchronous replication due to user request"),
+        (
+            "pg_cancel_backend",
+            "canceling wait for synchronous replication due to user request",
+            "Client",
+        ),
         (
             "pg_terminate_backend",
             "canceling the wait for synchronous replication and terminating connection due to "
             "administrator command",
+            "Client",
+        ),
+        # An AsyncClient writes on its event loop, on connections of its own.
+        (
+            "pg_cancel_backend",
+            "canceling wait for synchronous replication due to user request",
+            "AsyncClient",
         ),
     ],
 )
 def test_a_write_ahead_whose_wait_for_the_standby_was_cancelled_sends_nothing_and_a_retry_pays_once(
-    pair: ReplicatedPair, sandbox: SandboxServer, make_client: MakeClient, how: str, said: str
+    pair: ReplicatedPair,
+    sandbox: SandboxServer,
+    client_options: dict[str, Any],
+    closing: contextlib.ExitStack,
+    how: str,
+    said: str,
+    kind: str,
 ) -> None:
     # A short lease: the refused call's lease keeps the intent until it runs out.
-    client = make_client(journal=pair.url, lease_seconds=LEASE_SECONDS)
-    client.post("/v1/payments", json=PAYMENT, reference="before-the-standby-stopped")
+    options = {**client_options, "journal": pair.url, "lease_seconds": LEASE_SECONDS}
+    if kind == "AsyncClient":
+        # One event loop, in a thread of its own, for every call: a service's loop.
+        loop = asyncio.new_event_loop()
+        running = threading.Thread(target=loop.run_forever, daemon=True)
+        running.start()
+        asynchronous = payonce.AsyncClient(**options)
+        journal = asynchronous.journal
+
+        def on_loop(coroutine: Any) -> Any:
+            return asyncio.run_coroutine_threadsafe(coroutine, loop).result(timeout=120)
+
+        def stop_loop() -> None:
+            on_loop(asynchronous.aclose())
+            loop.call_soon_threadsafe(loop.stop)
+            running.join()
+            loop.close()
+
+        closing.callback(stop_loop)
+
+        def post(reference: str) -> object:
+            return on_loop(asynchronous.post("/v1/payments", json=PAYMENT, reference=reference))
+
+    else:
+        client = closing.enter_context(payonce.Client(**options))
+        journal = client.journal
+
+        def post(reference: str) -> object:
+            return client.post("/v1/payments", json=PAYMENT, reference=reference)
+
+    post("before-the-standby-stopped")
     executed_before = sandbox.store.executions()
 
     outcome: list[BaseException | object] = []
 
     def pay() -> None:
         try:
-            outcome.append(client.post("/v1/payments", json=PAYMENT, reference="order-1"))
+            outcome.append(post("order-1"))
         except BaseException as exc:  # the test reads it below
             outcome.append(exc)
 
@@ -752,12 +800,13 @@ def test_a_write_ahead_whose_wait_for_the_standby_was_cancelled_sends_nothing_an
         # Nothing reached the provider.
         assert sandbox.store.executions() == executed_before
         # The intent is journaled (on the primary), never sent.
-        [record] = [r for r in client.journal.list_intents() if r.reference == "order-1"]
+        [record] = [r for r in journal.list_intents() if r.reference == "order-1"]
         assert record.state is payonce.IntentState.PENDING
 
     _wait_for(lambda: _standby_synchronous(pair), "the standby is synchronous again")
     time.sleep(LEASE_SECONDS)  # the refused call's lease runs out
-    response = client.post("/v1/payments", json=PAYMENT, reference="order-1")
+    response = post("order-1")
+    assert isinstance(response, httpx.Response)
     assert response.status_code == 201
     assert sandbox.store.execution_count(record.key) == 1
     assert sandbox.store.total_executions() == sum(executed_before.values()) + 1

@@ -38,6 +38,7 @@ def run_checkout(
     *,
     crash_at: str | None = None,
     die_between_steps: bool = False,
+    max_stored_bytes: int | None = None,
     split: bool = False,
 ) -> tuple[int, list[dict[str, str]]]:
     """Run the worker to its end or its kill: its exit code and the answers it printed."""
@@ -45,6 +46,8 @@ def run_checkout(
     command += ["--orders", str(ORDERS)]
     if journal is not None:
         command += ["--journal", str(journal)]
+    if max_stored_bytes is not None:
+        command += ["--max-stored-bytes", str(max_stored_bytes)]
     if die_between_steps:
         command.append("--die-between-steps")
     if split:
@@ -112,6 +115,42 @@ def test_an_sdk_checkout_killed_and_run_again_executes_each_step_once(
     ]
     ids = {order: payments[0]["id"] for order, payments in by_order.items()}
     assert all(ids[a["order"]] == a["id"] for a in answers)
+
+
+@pytest.mark.parametrize(
+    "kill",
+    [
+        pytest.param({"die_between_steps": True}, id="after-step-1-settled"),
+        pytest.param({"crash_at": "after_send:2"}, id="after-step-2-was-sent"),
+    ],
+)
+def test_answers_too_large_to_journal_reach_stripe_python_in_full_when_it_runs_again(
+    shared_sandboxes: SharedSandboxes, tmp_path: Path, kill: dict[str, Any]
+) -> None:
+    # Every answer is larger than the journal keeps (status and headers only): the run
+    # again replays the settled steps from the provider's own replay under their keys,
+    # never as an empty body stripe-python cannot parse, and executes nothing twice.
+    server = sandbox_like(shared_sandboxes, "stripe")
+    journal = tmp_path / "journal.db"
+    assert run_checkout("stripe", server, journal, max_stored_bytes=64, **kill)[0] == KILLED
+    code, answers = run_checkout("stripe", server, journal, max_stored_bytes=64)
+    assert code == 0
+    ids = {
+        order: intents[0]["id"] for order, intents in payments_by_order("stripe", server).items()
+    }
+    assert answers == [
+        {
+            "order": f"order-{n}",
+            "id": ids[f"order-{n}"],
+            "status": "succeeded",
+            "parsed": "payment_intent 2000 payment_intent 2000",
+        }
+        for n in range(ORDERS)
+    ]
+    assert sorted(server.store.executions().values()) == [1] * (2 * ORDERS)
+    # And run once more, every step of every order settled: all replays, all in full.
+    assert run_checkout("stripe", server, journal, max_stored_bytes=64) == (0, answers)
+    assert sorted(server.store.executions().values()) == [1] * (2 * ORDERS)
 
 
 @pytest.mark.parametrize("sdk", ["stripe", "adyen", "square", "mollie"])

@@ -105,6 +105,47 @@ def test_a_body_key_other_than_the_intent_s_is_refused_and_nothing_is_journaled(
     assert server.store.total_executions() == 0
 
 
+def test_a_create_call_without_the_key_field_gets_the_intent_s_key_in_its_body(
+    client: payonce.Client, server: SandboxServer
+) -> None:
+    # CreatePayment requires the key: the caller need not write the field, payonce puts
+    # it in (a body sent without it would be refused by Square, or pay with no key).
+    without_field = {k: v for k, v in payment().items() if k != "idempotency_key"}
+    sent = sent_requests(client)
+    with client.intent("order-nofield") as op:
+        paid = op.post("/v2/payments", json=without_field)
+    assert paid.json()["payment"]["status"] == "COMPLETED"
+    assert json.loads(sent[0].content)["idempotency_key"] == op.key
+    # Journaled as if the caller had written the field empty: the same request either way.
+    record = client.journal.get(op.key)
+    assert record is not None
+    assert json.loads(record.body)["idempotency_key"] == ""
+    again = client.post("/v2/payments", reference="order-nofield", json=payment())
+    assert again.content == paid.content
+    assert len(sent) == 1
+    assert server.store.executions() == {op.key: 1}
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "takes_key"),
+    [
+        ("POST", "/v2/payments", True),
+        ("POST", "/v2/refunds", True),
+        ("POST", "/v2/orders", True),
+        ("POST", "/v2/orders/o-1/pay", True),
+        ("POST", "/proxy/v2/payments", True),
+        ("POST", "/v2/payments/p-1/complete", False),
+        ("POST", "/v2/payments/p-1/cancel", False),
+        ("POST", "/v2/payments/cancel", False),  # its key names the payment to cancel
+        ("PUT", "/v2/payments", False),
+    ],
+)
+def test_square_s_create_calls_are_the_ones_that_take_the_key_in_the_body(
+    method: str, path: str, takes_key: bool
+) -> None:
+    assert get_profile("square").body_key_required(method, path) is takes_key
+
+
 def test_a_request_without_the_key_field_is_sent_as_it_is(
     client: payonce.Client, server: SandboxServer
 ) -> None:
@@ -169,3 +210,33 @@ def test_the_sandbox_answers_a_reused_key_and_one_in_flight_as_square_does(
     assert reused.status_code == 400
     assert reused.json()["errors"][0]["code"] == "IDEMPOTENCY_KEY_REUSED"
     assert slow.store.execution_count("k-1") == 1
+
+
+def test_cancel_by_idempotency_key_keeps_the_payment_s_key_in_its_body(
+    client: payonce.Client, server: SandboxServer
+) -> None:
+    # CancelPaymentByIdempotencyKey's "idempotency_key" names the payment to cancel: it is
+    # neither the request's own key nor replaced by the step's.
+    with client.intent("order-cancel") as op:
+        approved = op.post("/v2/payments", json=payment(autocomplete=False)).json()["payment"]
+        paid_key = op.key
+        sent = sent_requests(client)
+        op.post("/v2/payments/cancel", json={"idempotency_key": paid_key})
+
+    assert json.loads(sent[0].content) == {"idempotency_key": paid_key}
+    with httpx.Client(base_url=server.url, headers=AUTH) as http:
+        assert http.get(f"/v2/payments/{approved['id']}").json()["payment"]["status"] == (
+            "CANCELED"
+        )
+    (_, first, _), (_, cancel_step, _) = op.steps
+    assert first == paid_key
+    assert cancel_step not in (None, paid_key), "the cancel is a step under a key of its own"
+
+
+@pytest.mark.parametrize("path", ["/v2/payments/cancel", "/sq/v2/payments/cancel"])
+def test_a_transported_cancel_by_key_carries_no_key_of_its_own(path: str) -> None:
+    body = json.dumps({"idempotency_key": "the-payment-s-key"}).encode()
+    assert get_profile("square").take_body_key("POST", path, body, "application/json") == (
+        body,
+        None,
+    )

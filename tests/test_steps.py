@@ -14,10 +14,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 import payonce
 from helpers.cli import run_cli
+from helpers.journals import draft_for
 from helpers.payments import DECLINED, PAYMENT, MakeClient
 from payonce.sandbox import SandboxServer
 
@@ -52,6 +54,19 @@ async def _dies_after_step_1_async(client: payonce.AsyncClient, reference: str) 
     async with client.intent(reference) as op:
         await op.post("/v1/payments", json=PAYMENT)
         raise RuntimeError("crashed between the steps")
+
+
+def _step_2_lost(
+    make_client: MakeClient, sandbox: SandboxServer, reference: str
+) -> tuple[payonce.Client, payonce.Operation, payonce.OutcomeUnknown]:
+    """A two-step block whose step 2 executes and loses its answer: it stays unknown."""
+    client = make_client(retry=payonce.RetryPolicy(max_attempts=1))
+    with client.intent(reference) as op:
+        op.post("/v1/payments", json=PAYMENT)
+        sandbox.script(["drop_after"])
+        with pytest.raises(payonce.OutcomeUnknown) as lost:
+            op.post("/v1/payments", json=SECOND)
+    return client, op, lost.value
 
 
 # -- step keys ------------------------------------------------------------------------------
@@ -142,12 +157,83 @@ def test_a_step_whose_request_changed_is_refused_naming_it_and_leaves_the_journa
         with pytest.raises(payonce.IntentMismatch) as refused:
             op.post("/v1/refunds", json=SECOND)
     message = str(refused.value)
-    assert "is step 2 (POST /v1/refunds)" in message
+    assert (
+        f"step 2 of intent 'order-changed' (key {refused.value.key}), POST /v1/refunds," in message
+    )
     assert "journaled as POST /v1/payments and is now POST /v1/refunds" in message
     assert refused.value.key is not None
     assert refused.value.key.endswith("-step2")
     assert client.journal.list_intents() == before
     assert sandbox.store.total_executions() == 3
+
+
+def test_an_error_about_step_2_names_the_step_its_intent_s_reference_and_its_key(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    client, op, error = _step_2_lost(make_client, sandbox, "order-named")
+    ((_, intent_key, _), (_, step_key, _)) = op.steps
+    assert (error.key, error.reference, error.step, error.intent_key) == (
+        step_key,
+        "order-named",
+        2,
+        intent_key,
+    )
+    assert str(error).startswith(f"step 2 of intent 'order-named' (key {step_key}) has an")
+    # Run again, the step is refused as unknown without a send, and named the same way.
+    with client.intent("order-named") as again_op:
+        again_op.post("/v1/payments", json=PAYMENT)
+        with pytest.raises(payonce.OutcomeUnknown) as again:
+            again_op.post("/v1/payments", json=SECOND)
+    assert str(again.value).startswith(f"step 2 of intent 'order-named' (key {step_key})")
+    assert again.value.reference == "order-named"
+    assert sandbox.store.total_executions() == 2
+
+
+@pytest.mark.parametrize(
+    ("key", "said", "named"),
+    [
+        pytest.param(
+            "KEY-step2",
+            "intent KEY-step2 has an unknown outcome (…)",
+            "step 2 of intent 'order-b' (key KEY-step2) has an unknown outcome (…)",
+            id="its-own-record",
+        ),
+        pytest.param(
+            "shared-key",
+            "intent shared-key (reference 'order-a') has an unknown outcome (…)",
+            "step 2 of intent 'order-b' (key shared-key): intent shared-key (reference "
+            "'order-a') has an unknown outcome (…)",
+            id="a-key-the-caller-set-that-is-another-intent-s",
+        ),
+    ],
+)
+def test_a_step_s_error_is_named_by_the_step_and_keeps_another_intent_s_words(
+    key: str, said: str, named: str
+) -> None:
+    from payonce._lifecycle._refusals import of_step
+
+    draft = attrs.evolve(
+        draft_for(1), key=key, reference=None, step=2, intent_key="KEY", intent_reference="order-b"
+    )
+    error = of_step(payonce.OutcomeUnknown(said, key=key, reference=None, reason="…"), draft)
+    assert str(error) == named
+    assert (error.key, error.reference, error.step, error.intent_key) == (
+        key,
+        "order-b",
+        2,
+        "KEY",
+    )
+
+
+def test_step_1_errors_name_the_intent_as_they_always_did(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    client = make_client(retry=payonce.RetryPolicy(max_attempts=1))
+    sandbox.script(["drop_after"])
+    with client.intent("order-first") as op, pytest.raises(payonce.OutcomeUnknown) as lost:
+        op.post("/v1/payments", json=PAYMENT)
+    assert str(lost.value).startswith(f"intent {op.key} (reference 'order-first') has an")
+    assert (lost.value.step, lost.value.intent_key) == (1, None)
 
 
 def test_a_step_whose_body_changed_says_what_differs(
@@ -166,12 +252,7 @@ def test_a_step_whose_body_changed_says_what_differs(
 def test_a_changed_step_that_may_have_executed_warns_that_a_new_reference_could_pay_twice(
     make_client: MakeClient, sandbox: SandboxServer
 ) -> None:
-    client = make_client(retry=payonce.RetryPolicy(max_attempts=1))
-    with client.intent("order-maybe") as op:
-        op.post("/v1/payments", json=PAYMENT)
-        sandbox.script(["drop_after"])  # step 2 executes; its answer is lost
-        with pytest.raises(payonce.OutcomeUnknown):
-            op.post("/v1/payments", json=SECOND)
+    client, _, _ = _step_2_lost(make_client, sandbox, "order-maybe")
     assert sandbox.store.total_executions() == 2
 
     with client.intent("order-maybe") as op:
@@ -179,7 +260,8 @@ def test_a_changed_step_that_may_have_executed_warns_that_a_new_reference_could_
         with pytest.raises(payonce.IntentMismatch) as refused:
             op.post("/v1/payments", json={**SECOND, "amount": 1})
     message = str(refused.value)
-    assert "is step 2 (POST /v1/payments)" in message
+    assert "step 2 of intent 'order-maybe' (key " in message
+    assert "), POST /v1/payments, cannot be sent" in message
     assert "This step is unknown: the provider may have executed it" in message
     assert "a new reference could pay twice" in message
     assert "use a new reference for a new operation" not in message
@@ -330,9 +412,12 @@ def test_a_step_whose_outcome_stays_unknown_is_refused_again_rather_than_resent(
 def test_blocks_of_one_client_do_not_nest(client: payonce.Client, sandbox: SandboxServer) -> None:
     with client.intent("order-outer") as outer:
         inner = client.intent("order-inner")
-        with pytest.raises(payonce.ConfigurationError, match="do not nest"):
+        with pytest.raises(payonce.ConfigurationError, match="do not nest") as nested:
             inner.__enter__()
+        # The open block is named by its reference, and by how far it got: not key=None.
+        assert "(<Operation reference='order-outer', no step yet>)" in str(nested.value)
         outer.post("/v1/payments", json=PAYMENT)
+        assert repr(outer) == f"<Operation reference='order-outer' key={outer.key!r}, 1 step(s)>"
     # The refused block left the outer one current, and it ended cleanly: a new block opens.
     with client.intent("order-after") as after:
         after.post("/v1/payments", json=PAYMENT)

@@ -256,7 +256,8 @@ def test_a_step_changed_between_runs_raises_intent_mismatch_naming_it(
         http.post("/v1/payment_intents", data={**ORDER, "metadata[order]": "order-changed"})
         with pytest.raises(payonce.IntentMismatch) as refused:
             http.post(f"/v1/payment_intents/{created.json()['id']}/capture")
-    assert f"is step 2 (POST /v1/payment_intents/{created.json()['id']}/capture)" in str(
+    capture = f"/v1/payment_intents/{created.json()['id']}/capture"
+    assert f"step 2 of intent 'order-changed' (key {refused.value.key}), POST {capture}," in str(
         refused.value
     )
     assert "journaled as POST" in str(refused.value)
@@ -508,7 +509,7 @@ async def test_async_a_changed_step_and_a_strict_transport_refuse(
     created, _ = await _async_checkout(client, http, "order-async-changed")
     async with client.intent("order-async-changed"):
         await http.post("/v1/payment_intents", data=ORDER)
-        with pytest.raises(payonce.IntentMismatch, match="is step 2"):
+        with pytest.raises(payonce.IntentMismatch, match="step 2 of intent 'order-async-changed'"):
             await http.post(f"/v1/payment_intents/{created.json()['id']}/capture")
     strict = httpx.AsyncClient(
         base_url=server.url,

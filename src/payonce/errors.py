@@ -74,12 +74,26 @@ class JournalBusy(JournalError):
 
 
 class IntentError(PayonceError):
-    """An error about one intent: carries its idempotency key and the caller's reference."""
+    """An error about one intent: carries its idempotency key and the caller's reference.
+
+    For a step of an intent block (its second request and later, keyed ``KEY-stepN``),
+    ``key`` is the step's own key, ``reference`` the block's, ``step`` the step's position
+    and ``intent_key`` the key of the intent (its step 1) it belongs to.
+    """
+
+    step: int | None
+    """The request's position in its intent block (1: the intent itself), for an error
+    raised by a call in a block or a one-shot call; None for one raised by ``resume`` or
+    ``reconcile``, which drive a journaled intent without its block."""
+    intent_key: str | None
+    """For a step 2 or later: the key of its intent (step 1's); None otherwise."""
 
     def __init__(self, message: str, *, key: str | None, reference: str | None) -> None:
         super().__init__(message)
         self.key = key
         self.reference = reference
+        self.step = None
+        self.intent_key = None
 
 
 class IntentMismatch(IntentError, ValueError):

@@ -33,7 +33,14 @@ from typing import Any, Protocol
 from .._fork import ForkGuard
 from .._lifecycle import IntentState
 
-__all__ = ["FLUSH_DELAY", "Flushable", "PendingAcknowledgements", "acknowledge_all", "flusher"]
+__all__ = [
+    "FLUSH_DELAY",
+    "Flushable",
+    "PendingAcknowledgements",
+    "acknowledge_all",
+    "acknowledgements",
+    "flusher",
+]
 
 logger = logging.getLogger("payonce")
 
@@ -53,20 +60,30 @@ class Statement(Protocol):
 
 
 def acknowledge_all(tx: Statement, acknowledged: dict[str, float]) -> None:
-    """Acknowledge every key at its own time, in one statement per ``_CHUNK`` keys. An
-    intent acknowledged already keeps its first time; one that is not settled (never the
-    case for a key a block queued) or no longer there is left alone."""
+    """Acknowledge every key at its own time (see ``acknowledgements``)."""
+    for text, params in acknowledgements(acknowledged):
+        tx.send(text, params)
+
+
+def acknowledgements(acknowledged: dict[str, float]) -> list[tuple[str, tuple[Any, ...]]]:
+    """The statements that acknowledge every key at its own time, one per ``_CHUNK`` keys.
+    An intent acknowledged already keeps its first time; one that is not settled (never
+    the case for a key a block queued) or no longer there is left alone."""
     keys = list(acknowledged)
+    statements = []
     for start in range(0, len(keys), _CHUNK):
         chunk = keys[start : start + _CHUNK]
         whens = " ".join("WHEN ? THEN ?" for _ in chunk)
         marks = ", ".join("?" for _ in chunk)
         params: list[Any] = [value for key in chunk for value in (key, acknowledged[key])]
-        tx.send(
-            f"UPDATE intents SET acknowledged_at = CASE key {whens} END"
-            f" WHERE key IN ({marks}) AND acknowledged_at IS NULL AND state IN (?, ?)",
-            (*params, *chunk, *_SETTLED),
+        statements.append(
+            (
+                f"UPDATE intents SET acknowledged_at = CASE key {whens} END"
+                f" WHERE key IN ({marks}) AND acknowledged_at IS NULL AND state IN (?, ?)",
+                (*params, *chunk, *_SETTLED),
+            )
         )
+    return statements
 
 
 class PendingAcknowledgements:

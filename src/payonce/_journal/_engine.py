@@ -39,7 +39,8 @@ from .._lifecycle import (
 from .._version import __version__
 from ..errors import JournalBusy, JournalError
 from . import _sql as sql
-from ._acks import PendingAcknowledgements, acknowledge_all, flusher
+from ._acks import PendingAcknowledgements, acknowledge_all, acknowledgements, flusher
+from ._plans import AsyncEdge, Plan, Write, run_on
 from ._reports import JournalCommitted
 from ._schema import APPLICATION, SCHEMA_VERSION, parts_at
 
@@ -308,6 +309,57 @@ class Engine(abc.ABC):
                 acks.restore(taken)
             raise
 
+    def write_planned(self, write: Write[T]) -> T:
+        """``write`` (a plan's ``Write``) carried out through ``write``, in this thread."""
+        recover = write.recover
+        return self.write(
+            lambda tx: run_on(tx, write.work()),
+            durable=write.durable,
+            busy=write.busy,
+            recover=None if recover is None else (lambda tx: run_on(tx, recover())),
+        )
+
+    def carry_out(self, plan: Plan[T]) -> T:
+        """Carry ``plan`` out in this thread: each ``Write`` through ``write``, each
+        ``Call`` called. What a step raises ends the plan and is raised."""
+        answer: Any = None
+        try:
+            while True:
+                try:
+                    step = plan.send(answer)
+                except StopIteration as done:
+                    result: T = done.value
+                    return result
+                answer = self.write_planned(step) if isinstance(step, Write) else step.function()
+        finally:
+            plan.close()
+
+    def async_edge(self) -> AsyncEdge | None:
+        """What carries this engine's writes out on the running event loop, or None
+        where a journal thread must (no async driver, or not for this loop)."""
+        return None
+
+    def _writing(self, write: Write[T]) -> tuple[Write[T], dict[str, float] | None]:
+        """``write`` as an async edge sends it: refused on a read-only journal, with the
+        acknowledgements waiting in memory first (``write``'s rules). The keys taken are
+        given back to ``_not_written`` if it does not commit."""
+        self._refuse_writes()
+        acks = self._acks
+        taken = acks.take() if acks is not None else None
+        if taken is not None:
+            write = write.acknowledging(acknowledgements(taken))
+        return write, taken
+
+    def _not_written(self, taken: dict[str, float] | None) -> None:
+        if taken is not None and self._acks is not None:
+            self._acks.restore(taken)
+
+    def _committed(self, started: float, durable: bool) -> None:
+        """Tell the commit watchers of a write that began at ``started`` (perf_counter)."""
+        event = JournalCommitted(self.location, time.perf_counter() - started, durable)
+        for watcher in self._commit_watchers:
+            watcher(event)
+
     def read(self, work: Callable[[Tx], T], *, snapshot: bool = False) -> T:
         """Run ``work`` for reading; ``snapshot`` makes its statements see one instant.
         Acknowledgements waiting in memory are written first: this engine reads its own."""
@@ -360,9 +412,7 @@ class Engine(abc.ABC):
         """``write()``, timed for the watchers (called only when there are some)."""
         started = time.perf_counter()
         result = write()
-        event = JournalCommitted(self.location, time.perf_counter() - started, durable)
-        for watcher in self._commit_watchers:
-            watcher(event)
+        self._committed(started, durable)
         return result
 
     # -- errors ----------------------------------------------------------------------------

@@ -21,6 +21,7 @@ by the unique (scope, reference) index and ``INSERT … ON CONFLICT DO NOTHING``
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -42,6 +43,7 @@ from .._lifecycle import Unwritten
 from ..errors import ConfigurationError, JournalError
 from . import _sql as sql
 from ._engine import BEFORE_SEND, NO_SEND, Engine, Finished, Tx, migrate, schema_found
+from ._plans import Ask, Statement, Work, Write, one
 from ._postgres_url import Target
 from ._reads import Journal
 from ._rows import DamagedRow
@@ -119,10 +121,13 @@ class PostgresEngine(Engine):
             connect["connect_timeout"] = max(1, round(connect_timeout))
         self._connect_options, self._pool_size = connect, pool_size
         self._fork = ForkGuard()
-        self._backends: weakref.WeakKeyDictionary[psycopg.Connection[Any], _Backend] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._backends: weakref.WeakKeyDictionary[
+            psycopg.Connection[Any] | psycopg.AsyncConnection[Any], _Backend
+        ] = weakref.WeakKeyDictionary()
         """Which server process each connection talks to, for a recovery to wait for."""
+        self._edges: dict[asyncio.AbstractEventLoop, _AsyncEdge] = {}
+        """The async connections of each event loop that wrote through this journal."""
+        self._edges_lock = threading.Lock()
         self._pool = self._new_pool()
         try:
             self._open(connect, connect_timeout, check_integrity)
@@ -144,10 +149,28 @@ class PostgresEngine(Engine):
 
     def _in_this_process(self) -> None:
         """After a fork, a pool of the child's own (see ``_fork``): the parent's connections
-        are never used, nor closed, here."""
-        if self._fork.forked(self._pool):
+        are never used, nor closed, here; its event loops' connections neither."""
+        if self._fork.forked(self._pool, self._edges):
             self._pool = self._new_pool()
             self._pool.open(wait=False)
+            self._edges = {}
+
+    def async_edge(self) -> _AsyncEdge | None:
+        """This journal's writes on the running event loop: its own async connections
+        (``_AsyncEdge``), one set per loop. None outside a loop."""
+        self._in_this_process()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return None
+        edge = self._edges.get(loop)
+        if edge is None:
+            with self._edges_lock:
+                # A loop that has closed left idle connections that nothing will use again.
+                for gone in [old for old in self._edges if old.is_closed()]:
+                    self._edges.pop(gone).finish()
+                edge = self._edges.setdefault(loop, _AsyncEdge(self))
+        return edge
 
     @property
     def location(self) -> str:
@@ -219,34 +242,34 @@ class PostgresEngine(Engine):
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
         """Session settings of every connection, in one round trip."""
+        conn.add_notice_handler(self._notice)
+        row = conn.execute(_SESSION, self._session_settings()).fetchone()
+        if self._configured(conn, row):
+            conn.execute(_SYNCHRONOUS_COMMIT_ON)
+
+    def _session_settings(self) -> tuple[str | None, ...]:
+        """``_SESSION``'s parameters."""
         ms = f"{round(self._busy_timeout * 1000)}ms"
         safety = f"{round(self._safety_timeout * 1000)}ms"
-        row = conn.execute(
-            "SELECT current_setting('synchronous_commit'), current_setting('fsync'),"
-            " set_config('lock_timeout', %s, false),"
-            " set_config('statement_timeout', %s, false),"
-            " set_config('idle_in_transaction_session_timeout', %s, false),"
-            " set_config('search_path', coalesce(%s, current_setting('search_path')), false),"
-            " set_config('default_transaction_read_only',"
-            " coalesce(%s, current_setting('default_transaction_read_only')), false),"
-            " (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid())",
-            (
-                ms,
-                safety,
-                safety,
-                f'"{self._schema}"' if self._schema else None,
-                "on" if self.read_only else None,  # a writer keeps what the DBA set
-            ),
-        ).fetchone()
+        return (
+            ms,
+            safety,
+            safety,
+            f'"{self._schema}"' if self._schema else None,
+            "on" if self.read_only else None,  # a writer keeps what the DBA set
+        )
+
+    def _configured(
+        self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], row: Any
+    ) -> bool:
+        """Note what ``_SESSION`` answered on ``conn``; True when the session must raise
+        ``synchronous_commit`` to ``on``: the write-ahead record must be flushed before the
+        request leaves."""
         assert row is not None
         synchronous_commit, fsync = row[0], row[1]
         backend = _Backend(conn.info.backend_pid, row[-1], conn.info.server_version)
         self._backends[conn] = backend
-        conn.add_notice_handler(self._notice)
-        conn.add_notice_handler(backend.hear)
-        if synchronous_commit == "off":
-            # The write-ahead record must be flushed before the request leaves.
-            conn.execute("SET synchronous_commit = on")
+        conn.add_notice_handler(backend.hear)  # a durable commit's standby wait cancelled
         if fsync == "off" and not self._fsync_off_warned:
             self._fsync_off_warned = True
             logger.warning(
@@ -255,6 +278,7 @@ class PostgresEngine(Engine):
                 "twice. Never run a payment journal so in production",
                 self.location,
             )
+        return bool(synchronous_commit == "off")
 
     # -- transactions ----------------------------------------------------------------------
 
@@ -279,20 +303,39 @@ class PostgresEngine(Engine):
                     work, recover, unknown, begin=begin, durable=durable, busy=busy
                 )
         except _NotReplicated as unreplicated:
-            if before_send:
-                raise self._not_replicated(unreplicated, busy) from None
-            if unreplicated.lost is not None:  # its answer went with the connection
-                raise self._commit_unknown(_CommitUnknown(unreplicated.lost), busy) from None
-            # A settle (synchronous_settles) kept on the primary only costs what a lazy
-            # settle costs: a failover may put the intent back to pending for resume.
-            logger.warning(
-                "journal %s: a write made after sending was committed on the primary only "
-                "(%s); a failover before the standby catches up may put its intent back to "
-                "pending, which payonce resume settles",
-                self.location,
-                unreplicated.said,
-            )
-            return cast(T, unreplicated.result)
+            return cast(T, self._unreplicated(unreplicated, before_send=before_send, busy=busy))
+
+    def _unreplicated(
+        self, unreplicated: _NotReplicated, *, before_send: bool, busy: Unwritten
+    ) -> object:
+        """A durable commit kept on the primary only: refused when something is to be sent
+        on the strength of it; else (a settle under ``synchronous_settles``) its result."""
+        if before_send:
+            raise self._not_replicated(unreplicated, busy) from None
+        if unreplicated.lost is not None:  # its answer went with the connection
+            raise self._commit_unknown(_CommitUnknown(unreplicated.lost), busy) from None
+        # A settle kept on the primary only costs what a lazy settle costs: a failover may
+        # put the intent back to pending, for resume.
+        logger.warning(
+            "journal %s: a write made after sending was committed on the primary only "
+            "(%s); a failover before the standby catches up may put its intent back to "
+            "pending, which payonce resume settles",
+            self.location,
+            unreplicated.said,
+        )
+        return unreplicated.result
+
+    def _listening(
+        self,
+        conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+        begin: tuple[str, ...] | None,
+    ) -> _Backend | None:
+        """The backend of a durable transaction about to run on ``conn``, its ear reset:
+        whether the server says its commit stopped waiting for the standby."""
+        backend = self._backends.get(conn) if begin == _DURABLE else None
+        if backend is not None:
+            backend.unreplicated = None
+        return backend
 
     def _query(self, work: Callable[[Tx], T], *, snapshot: bool) -> T:
         begin = _SNAPSHOT if snapshot else None
@@ -341,11 +384,7 @@ class PostgresEngine(Engine):
                 with _driver_logs_routed():
                     result = self._run(conn, work, begin=begin, busy=busy)
             except DamagedRow as exc:
-                raise self.error(
-                    f"the journal cannot be read ({exc}); it is damaged: restore it from a "
-                    "backup, or repair that row",
-                    then=busy,
-                ) from None
+                raise self._damaged(exc, busy) from None
             except _CommitUnknown:
                 raise
             except psycopg.Error as exc:
@@ -374,6 +413,13 @@ class PostgresEngine(Engine):
                 reconnecting.over()
             return result
 
+    def _damaged(self, exc: DamagedRow, busy: Unwritten) -> JournalError:
+        return self.error(
+            f"the journal cannot be read ({exc}); it is damaged: restore it from a "
+            "backup, or repair that row",
+            then=busy,
+        )
+
     def _recover(
         self,
         work: Callable[[Tx], T],
@@ -400,11 +446,7 @@ class PostgresEngine(Engine):
                 # The same server may still be carrying the COMMIT out (only the connection
                 # was cut): end that process and wait for it, so that what is read below is
                 # its outcome. A new primary has no process of that pid and start.
-                tx.one(
-                    "SELECT pg_terminate_backend(pid, ?) FROM pg_stat_activity"
-                    " WHERE pid = ? AND backend_start = ?",
-                    (_LOST_BACKEND_WAIT_MS, lost.pid, lost.started),
-                )
+                tx.one(_END_LOST_BACKEND, (_LOST_BACKEND_WAIT_MS, lost.pid, lost.started))
             if durable:
                 tx.one("SELECT pg_current_xact_id()")
             found = recover(tx)
@@ -463,9 +505,7 @@ class PostgresEngine(Engine):
         if begin is None:  # reads, each statement its own round trip and transaction
             return work(Tx(conn.cursor(), self.dialect))
         tx = _Pipelined(conn, self.dialect, begin)
-        backend = self._backends.get(conn) if begin == _DURABLE else None
-        if backend is not None:
-            backend.unreplicated = None
+        backend = self._listening(conn, begin)
         try:
             result = work(tx)
             tx.commit()
@@ -483,20 +523,13 @@ class PostgresEngine(Engine):
             refused = not conn.broken and _server_refusal(exc)
             lost = conn.broken or (isinstance(exc, psycopg.OperationalError) and not refused)
             if tx.committing and isinstance(exc, psycopg.Error) and lost:
-                if backend is not None and backend.unreplicated is not None:
-                    # Terminated while waiting for the standby (pg_terminate_backend, a
-                    # fast shutdown): the server said the commit is on itself only.
-                    raise _NotReplicated(None, backend.unreplicated, lost=exc) from None
+                _NotReplicated.check(backend, None, lost=exc)
                 # Lost with the commit on its way (a COMMIT, or a statement that is its
                 # own transaction): whether it was recorded is learnt on a new connection
                 # (``_recover``), never by running it again blindly.
                 raise _CommitUnknown(exc, self._backends.get(conn)) from None
             raise  # refused by the server: rolled back, nothing recorded
-        if backend is not None and backend.unreplicated is not None:
-            # Committed, but on this server only: the wait for the synchronous standby was
-            # cancelled (the server said so with the COMMIT's result). Not durable: a
-            # failover now would lose it, so nothing may be sent on the strength of it.
-            raise _NotReplicated(result, backend.unreplicated)
+        _NotReplicated.check(backend, result)
         return result
 
     def _not_replicated(self, unreplicated: _NotReplicated, busy: Unwritten) -> JournalError:
@@ -678,10 +711,30 @@ class PostgresEngine(Engine):
     def close(self) -> None:
         self._in_this_process()  # a child closes its own pool, never its parent's
         self.flush_acknowledgements()
+        with self._edges_lock:
+            edges, self._edges = list(self._edges.values()), {}
+        for edge in edges:
+            edge.finish()
         with _driver_logs_routed():
             self._pool.close()
 
 
+# Every session's settings, and what it tells of the server, in one round trip.
+_SESSION = (
+    "SELECT current_setting('synchronous_commit'), current_setting('fsync'),"
+    " set_config('lock_timeout', %s, false),"
+    " set_config('statement_timeout', %s, false),"
+    " set_config('idle_in_transaction_session_timeout', %s, false),"
+    " set_config('search_path', coalesce(%s, current_setting('search_path')), false),"
+    " set_config('default_transaction_read_only',"
+    " coalesce(%s, current_setting('default_transaction_read_only')), false),"
+    " (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid())"
+)
+_SYNCHRONOUS_COMMIT_ON = "SET synchronous_commit = on"
+# A recovery's first statement when the lost connection's server may still be committing.
+_END_LOST_BACKEND = (
+    "SELECT pg_terminate_backend(pid, ?) FROM pg_stat_activity WHERE pid = ? AND backend_start = ?"
+)
 _DURABLE = ("BEGIN",)
 # Settles and the like: visible to every host at once, flushed to disk a moment later.
 _LAZY = ("BEGIN", "SET LOCAL synchronous_commit = off")
@@ -882,6 +935,18 @@ class _NotReplicated(Exception):
         self.lost = lost
         """The connection, ended by the server right after it said so: no result read."""
 
+    @classmethod
+    def check(
+        cls, backend: _Backend | None, result: object, *, lost: psycopg.Error | None = None
+    ) -> None:
+        """Raise when the server said this durable transaction's commit stopped waiting for
+        the synchronous standby: committed on the primary only (with the COMMIT's result:
+        a ``pg_cancel_backend``), or, when ``lost``, just before ending the session (a
+        ``pg_terminate_backend``, a fast shutdown). Not durable: a failover now would lose
+        it, so nothing may be sent on the strength of it."""
+        if backend is not None and backend.unreplicated is not None:
+            raise cls(result, backend.unreplicated, lost=lost)
+
 
 class _CommitUnknown(Exception):
     """The connection was lost during ``COMMIT``: the write may or may not be recorded."""
@@ -904,13 +969,18 @@ class _Reconnection:
 
     def wait(self) -> bool:
         """Pause before the next try; False once the deadline has passed."""
+        pause = self.pause()
+        if pause is None:
+            return False
+        time.sleep(pause)
+        return True
+
+    def pause(self) -> float | None:
+        """How long to pause before the next try; None once the deadline has passed."""
         pause = _RECONNECT_PAUSES[min(self._tries, len(_RECONNECT_PAUSES) - 1)]
         self._tries += 1
         left = self._deadline - time.monotonic()
-        if left <= 0:
-            return False
-        time.sleep(min(pause, left))
-        return True
+        return None if left <= 0 else min(pause, left)
 
     def pool_wait(self) -> float:
         """How long to wait for the pool before looking for a primary alone."""
@@ -984,3 +1054,401 @@ def _server_refusal(exc: BaseException) -> bool:
     back), as opposed to a connection lost or ended by the server's operator."""
     state = getattr(exc, "sqlstate", None)
     return isinstance(state, str) and not state.startswith(("08", "57"))
+
+
+# -- the async edge: writes on the event loop --------------------------------------------------
+
+
+class _AsyncEdge:
+    """One event loop's writes to a PostgreSQL journal, on async connections of its own:
+    an ``AsyncClient``'s journal commands run on its loop, with no journal thread between.
+
+    The same transactions as the engine's (``_transact``, ``_run``, ``_recover``), the same
+    statements (a plan's ``Write``), the same failover promise: a connection lost before
+    the commit runs the write again on a new one, within ``failover_timeout``; one lost
+    during the commit is looked for on a new connection (``recover``) before anything is
+    decided; a caller in the gap gets the same truthful ``JournalError``.
+
+    Connections are made on demand, at most ``pool_size`` for this loop, kept idle for the
+    next write and never shared with another loop or thread: there is no background task,
+    so a loop that ends leaves nothing running, and its idle connections are finished by
+    the next loop's first write or by ``close()``. (psycopg_pool's ``AsyncConnectionPool``
+    binds its workers to the loop that opened it; an ``AsyncClient`` used by
+    ``asyncio.run`` twice, or by a test framework's loop per test, would need it reopened
+    on each.) Acknowledgements flushed by the flusher thread, and everything that is not a
+    plan's ``Write``, go through the engine's thread-safe pool as before."""
+
+    __slots__ = ("_engine", "_idle", "_slots")
+
+    def __init__(self, engine: PostgresEngine) -> None:
+        self._engine = engine
+        self._idle: list[psycopg.AsyncConnection[Any]] = []
+        self._slots = asyncio.Semaphore(engine._pool_size)
+
+    # -- what a plan's driver calls ----------------------------------------------------------
+
+    async def write(self, write: Write[T]) -> T:
+        """Carry ``write`` out on this loop. A caller cancelled meanwhile does not cut it
+        short: like a journal thread's, the write runs to its end (shielded), so that a
+        settle is not lost to a caller's timeout."""
+        task = asyncio.ensure_future(self._write(write))
+        task.add_done_callback(_retrieved)
+        return await asyncio.shield(task)
+
+    async def _write(self, write: Write[T]) -> T:
+        engine = self._engine
+        write, taken = engine._writing(write)
+        started = time.perf_counter() if engine._commit_watchers else None
+        try:
+            result = await self._commit(write)
+        except BaseException:
+            engine._not_written(taken)
+            raise
+        if started is not None:
+            engine._committed(started, write.durable)
+        return result
+
+    async def aclose(self) -> None:
+        """Close this loop's idle connections (a client closing its own journal)."""
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await conn.close()
+
+    def finish(self) -> None:
+        """Close the idle connections from any thread: their loop is gone or the journal
+        is closing (closing one needs no loop: it ends its socket)."""
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            with contextlib.suppress(Exception):
+                conn.pgconn.finish()
+
+    # -- transactions (the engine's, on this loop) -------------------------------------------
+
+    async def _commit(self, write: Write[T]) -> T:
+        engine = self._engine
+        durable = write.durable or engine._synchronous_settles
+        begin = _DURABLE if durable else _LAZY
+        try:
+            try:
+                return await self._transact(write.work, begin=begin, busy=write.busy)
+            except _CommitUnknown as unknown:
+                if write.recover is None:
+                    raise engine._commit_unknown(unknown, write.busy) from None
+                return await self._recover(write, unknown, begin=begin, durable=durable)
+        except _NotReplicated as unreplicated:
+            result = engine._unreplicated(unreplicated, before_send=write.durable, busy=write.busy)
+            return cast(T, result)
+
+    async def _transact(
+        self,
+        work: Callable[[], Work[T]],
+        *,
+        begin: tuple[str, ...],
+        busy: Unwritten,
+        reconnecting: _Reconnection | None = None,
+    ) -> T:
+        """``PostgresEngine._transact`` on this loop's connections."""
+        engine = self._engine
+        retried = 0
+        while True:
+            alone = False
+            conn = await self._connection(reconnecting, busy)
+            if isinstance(conn, psycopg.Error):  # refused a new one: a failover, a restart
+                if reconnecting is None:
+                    reconnecting = engine._reconnection(conn)
+                else:
+                    reconnecting.cause = conn
+                if await _paused(reconnecting):
+                    continue
+                raise engine._lost(reconnecting, busy) from None
+            if conn is None:  # every connection in use while reconnecting: one of its own
+                assert reconnecting is not None
+                conn = await self._connect_alone(reconnecting)
+                if conn is None:
+                    if await _paused(reconnecting):
+                        continue
+                    raise engine._lost(reconnecting, busy) from None
+                alone = True
+            try:
+                result = await self._run(conn, work(), begin=begin)
+            except DamagedRow as exc:
+                raise engine._damaged(exc, busy) from None
+            except _CommitUnknown:
+                raise
+            except psycopg.Error as exc:
+                if isinstance(exc, psycopg.OperationalError) and conn.broken:
+                    if reconnecting is None:
+                        reconnecting = engine._reconnection(exc)
+                    else:
+                        reconnecting.cause = exc
+                    self.finish()  # the other idle connections died with it
+                    if await _paused(reconnecting):
+                        continue
+                    raise engine._lost(reconnecting, busy) from None
+                if isinstance(exc, _RETRYABLE) and retried < _ROUNDS - 1:
+                    retried += 1
+                    logger.debug("journal transaction retried: %s", engine._describe(exc))
+                    continue
+                raise engine.translate(exc, busy) from None
+            finally:
+                if alone:
+                    await conn.close()
+                else:
+                    await self._put(conn)
+            if reconnecting is not None:
+                reconnecting.over()
+            return result
+
+    async def _connection(
+        self, reconnecting: _Reconnection | None, busy: Unwritten
+    ) -> psycopg.AsyncConnection[Any] | psycopg.Error | None:
+        """An idle connection of this loop's, or a new one; what the database answered when
+        it refused a new one (then the slot taken is given back); None when every slot
+        stayed in use while reconnecting (the engine then looks for the primary alone)."""
+        if self._slots.locked():  # all in use: wait for one, as long as the pool would
+            wait = reconnecting.pool_wait() if reconnecting else self._engine._busy_timeout
+            try:
+                async with asyncio.timeout(wait):
+                    await self._slots.acquire()
+            except TimeoutError:
+                if reconnecting is not None:
+                    return None  # look for the new primary alone, as the engine does
+                raise self._engine._no_connection(None, busy) from None
+        else:
+            await self._slots.acquire()  # free: taken at once, without a timer
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.closed:
+                return conn
+        try:
+            return await self._connect()
+        except psycopg.Error as exc:
+            self._slots.release()
+            logger.debug(
+                "journal %s: no connection yet (%s)",
+                self._engine.location,
+                self._engine._describe(exc),
+            )
+            return exc
+        except BaseException:
+            self._slots.release()
+            raise
+
+    async def _put(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Give a connection back: kept idle if it is usable and this loop still writes."""
+        try:
+            if conn.closed:
+                return
+            if not conn.broken and conn.info.transaction_status == TransactionStatus.IDLE:
+                self._idle.append(conn)
+            else:
+                await conn.close()
+        finally:
+            self._slots.release()
+
+    async def _connect(self) -> psycopg.AsyncConnection[Any]:
+        engine = self._engine
+        conn = await psycopg.AsyncConnection.connect(
+            engine._target.conninfo, **engine._connect_options
+        )
+        try:
+            conn.add_notice_handler(engine._notice)
+            cursor = await conn.execute(_SESSION, engine._session_settings())
+            if engine._configured(conn, await cursor.fetchone()):
+                await conn.execute(_SYNCHRONOUS_COMMIT_ON)
+        except BaseException:
+            await conn.close()
+            raise
+        return conn
+
+    async def _connect_alone(
+        self, reconnecting: _Reconnection
+    ) -> psycopg.AsyncConnection[Any] | None:
+        """A connection outside this loop's count to the primary, or None while there is
+        none (``PostgresEngine._connect_alone``)."""
+        try:
+            return await self._connect()
+        except psycopg.Error as exc:
+            reconnecting.cause = exc
+            logger.debug(
+                "journal %s: no primary yet (%s)",
+                self._engine.location,
+                self._engine._describe(exc),
+            )
+            return None
+
+    async def _run(
+        self, conn: psycopg.AsyncConnection[Any], work: Work[T], *, begin: tuple[str, ...]
+    ) -> T:
+        """``PostgresEngine._run`` of a plan's work, on an async connection."""
+        tx = _AsyncPipelined(conn, self._engine.dialect, begin)
+        backend = self._engine._listening(conn, begin)
+        try:
+            result = await tx.carry_out(work)
+            await tx.commit()
+        except BaseException as exc:
+            await tx.abandon()
+            if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
+                await conn.close()  # left mid-protocol: never reused
+            elif not conn.broken and conn.info.transaction_status != TransactionStatus.IDLE:
+                try:
+                    await conn.execute("ROLLBACK")
+                except psycopg.Error:
+                    await conn.close()
+            refused = not conn.broken and _server_refusal(exc)
+            lost = conn.broken or (isinstance(exc, psycopg.OperationalError) and not refused)
+            if tx.committing and isinstance(exc, psycopg.Error) and lost:
+                _NotReplicated.check(backend, None, lost=exc)
+                raise _CommitUnknown(exc, self._engine._backends.get(conn)) from None
+            raise
+        _NotReplicated.check(backend, result)
+        return result
+
+    async def _recover(
+        self, write: Write[T], unknown: _CommitUnknown, *, begin: tuple[str, ...], durable: bool
+    ) -> T:
+        """``PostgresEngine._recover`` on this loop: the write looked for on a new
+        connection, or run again in the same transaction."""
+        engine, recover = self._engine, write.recover
+        assert recover is not None
+
+        def confirm() -> Work[T]:
+            lost = unknown.backend
+            if lost is not None and lost.can_wait:
+                # See ``PostgresEngine._recover``: wait for the old session's own end.
+                yield from one(_END_LOST_BACKEND, (_LOST_BACKEND_WAIT_MS, lost.pid, lost.started))
+            if durable:
+                yield from one("SELECT pg_current_xact_id()")
+            found = yield from recover()
+            return (yield from write.work()) if found is None else found
+
+        reconnecting = engine._reconnection(unknown.cause)
+        while True:
+            try:
+                result = await self._transact(
+                    confirm, begin=begin, busy=write.busy, reconnecting=reconnecting
+                )
+            except _CommitUnknown as again:  # lost once more: ask again, while time remains
+                reconnecting.cause = again.cause
+                if await _paused(reconnecting):
+                    continue
+                raise engine._commit_unknown(again, write.busy, reconnecting) from None
+            logger.info(
+                "journal %s: a write whose commit lost its connection was checked on a new "
+                "connection after %.2fs; carrying on",
+                engine.location,
+                reconnecting.elapsed(),
+            )
+            return result
+
+
+async def _paused(reconnecting: _Reconnection) -> bool:
+    """``_Reconnection.wait`` on the loop."""
+    pause = reconnecting.pause()
+    if pause is None:
+        return False
+    await asyncio.sleep(pause)
+    return True
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """A shielded write whose caller went away: its error is not left unretrieved."""
+    if not task.cancelled():
+        task.exception()
+
+
+class _AsyncPipelined:
+    """``_Pipelined`` on an async connection, carrying out a plan's work: what needs no
+    answer yet (BEGIN, SET LOCAL, a ``send``, COMMIT) rides with the next statement whose
+    answer is read; a durable one-statement write runs alone in autocommit."""
+
+    __slots__ = (
+        "_begin",
+        "_conn",
+        "_cursor",
+        "_dialect",
+        "_pipeline",
+        "_pipeline_mode",
+        "committing",
+    )
+
+    def __init__(
+        self, conn: psycopg.AsyncConnection[Any], dialect: sql.Dialect, begin: tuple[str, ...]
+    ) -> None:
+        self._conn = conn
+        self._cursor = conn.cursor()
+        self._dialect = dialect
+        self._begin = begin
+        self._pipeline_mode: contextlib.AbstractAsyncContextManager[psycopg.AsyncPipeline] | None
+        self._pipeline_mode = None
+        self._pipeline: psycopg.AsyncPipeline | None = None
+        self.committing = False
+
+    async def _started(self) -> psycopg.AsyncPipeline:
+        assert not self.committing, "nothing runs in a transaction after its commit"
+        if self._pipeline is None:
+            self._pipeline_mode = self._conn.pipeline()
+            self._pipeline = await self._pipeline_mode.__aenter__()
+            for statement in self._begin:
+                await self._cursor.execute(statement, ())
+        return self._pipeline
+
+    async def carry_out(self, work: Work[T]) -> T:
+        answer: Any = None
+        try:
+            while True:
+                try:
+                    statement = work.send(answer)
+                except StopIteration as done:
+                    result: T = done.value
+                    return result
+                answer = await self._answer(statement)
+        finally:
+            work.close()
+
+    async def _answer(self, statement: Statement) -> Any:
+        text, params, cursor = self._dialect.sql(statement.text), statement.params, self._cursor
+        if statement.ask is Ask.COMMIT_WITH:
+            return await self._commit_with(text, params, statement.whole)
+        pipeline = await self._started()
+        await cursor.execute(text, params)
+        match statement.ask:
+            case Ask.SEND:
+                return None
+            case Ask.ONE:
+                row = await cursor.fetchone()
+                return None if row is None else tuple(row)
+            case Ask.ALL:
+                return [tuple(row) for row in await cursor.fetchall()]
+            case Ask.EXECUTE:
+                await pipeline.sync()
+                return int(cursor.rowcount)
+        raise AssertionError(statement.ask)
+
+    async def _commit_with(self, text: str, params: Sequence[Any], whole: bool) -> Finished:
+        final = self._conn.cursor()
+        if self._pipeline is None and (whole or self._begin == _DURABLE):
+            self.committing = True  # one statement, one transaction of its own
+            await final.execute(text, params)
+        else:
+            await self._started()
+            await final.execute(text, params)
+            await self.commit()
+        rows = [tuple(row) for row in await final.fetchall()] if final.description else []
+        return Finished(final.rowcount, rows)
+
+    async def commit(self) -> None:
+        if self.committing:
+            return
+        self.committing = True
+        mode, self._pipeline_mode, self._pipeline = self._pipeline_mode, None, None
+        if mode is None:
+            return
+        await self._cursor.execute("COMMIT", ())
+        await mode.__aexit__(None, None, None)
+
+    async def abandon(self) -> None:
+        mode, self._pipeline_mode, self._pipeline = self._pipeline_mode, None, None
+        if mode is not None:
+            with contextlib.suppress(psycopg.Error):
+                await mode.__aexit__(None, None, None)

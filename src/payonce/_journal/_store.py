@@ -16,7 +16,7 @@ it. Each write is applied atomically, in one transaction of the backend's.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from .._crash import crash_point
 from .._lifecycle import (
@@ -27,6 +27,7 @@ from .._lifecycle import (
     IntentState,
     StoredResponse,
     Transition,
+    Unwritten,
     decide_claim,
     is_mismatch,
     rule,
@@ -38,12 +39,26 @@ from . import _sql as sql
 from ._engine import AFTER_SEND, BEFORE_SEND, Engine, Tx
 from ._held import HeldRecords, created_record, settled_record
 from ._intents import allowed, reread, select_intent
+from ._plans import (
+    AsyncEdge,
+    Call,
+    Plan,
+    Work,
+    Write,
+    all_rows,
+    commit_with,
+    execute,
+    one,
+    selected,
+    send,
+)
 from ._reports import JournalCommitted
 from ._rows import intent_from_row, response_values, write_ahead_values
 
 __all__ = ["IntentStore"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 _CLAIM_ROUNDS = 3
 _QUEUE_BATCH = 32
@@ -103,6 +118,82 @@ def _idempotent(work: Callable[[Tx], T]) -> _Recoverable[T]:
     return _Recoverable(work)
 
 
+class _Found(Generic[T]):
+    """``_Recoverable`` for a plan's write: ``work`` as work, and how to tell after a
+    commit whose outcome is unknown whether it was recorded, by the same rules:
+    ``committed(result)`` reads whether what ``work`` returned was committed; ``found()``,
+    for a write that commits itself (``commit_with``) and was lost before it returned,
+    reads back what it would have returned. None from either runs ``work`` again."""
+
+    __slots__ = ("_committed", "_done", "_found", "_result", "_work")
+
+    def __init__(
+        self,
+        work: Callable[[], Work[T]],
+        found: Callable[[], Work[T | None]] | None,
+        committed: Callable[[T], Work[bool]] | None = None,
+    ) -> None:
+        self._work = work
+        self._found = found
+        self._committed = committed
+        self._done = False
+        self._result: T | None = None
+
+    def work(self) -> Work[T]:
+        self._done = False
+        result = yield from self._work()
+        self._result, self._done = result, True
+        return result
+
+    def recover(self) -> Work[T | None]:
+        if not self._done:
+            # Lost inside ``work``: its own commit was on its way, or it never reached one.
+            return (yield from self._found()) if self._found is not None else None
+        if self._committed is None:
+            return None  # idempotent: run it again
+        result: T = self._result  # type: ignore[assignment]  # set with _done
+        return result if (yield from self._committed(result)) else None
+
+    def write(self, *, durable: bool, busy: Unwritten) -> Write[T]:
+        return Write(self.work, durable, busy, self.recover)
+
+
+def _run_again() -> Work[None]:
+    """The recovery of an idempotent write: it simply runs again."""
+    return None
+    yield  # a generator, of no statement
+
+
+class _Planned(Generic[P, T]):
+    """A store write written once as a plan (``_plans``): ``store.settle(...)`` carries it
+    out in the caller's thread, ``store.settle.plan(...)`` is the plan, for an engine's
+    async edge."""
+
+    __slots__ = ("_plan",)
+
+    def __init__(self, plan: Callable[Concatenate[IntentStore, P], Plan[T]]) -> None:
+        self._plan = plan
+
+    def __get__(self, store: IntentStore, owner: type[IntentStore] | None = None) -> _Bound[P, T]:
+        return _Bound(store, self._plan)
+
+
+class _Bound(Generic[P, T]):
+    __slots__ = ("_plan", "_store")
+
+    def __init__(
+        self, store: IntentStore, plan: Callable[Concatenate[IntentStore, P], Plan[T]]
+    ) -> None:
+        self._store = store
+        self._plan = plan
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self._store._engine.carry_out(self._plan(self._store, *args, **kwargs))
+
+    def plan(self, *args: P.args, **kwargs: P.kwargs) -> Plan[T]:
+        return self._plan(self._store, *args, **kwargs)
+
+
 class IntentStore:
     """Every write of payonce's clients to an intent, on any backend's engine."""
 
@@ -114,6 +205,14 @@ class IntentStore:
     @property
     def location(self) -> str:
         return self._engine.location
+
+    def carry_out(self, plan: Plan[T]) -> T:
+        """Carry out a plan of this store's writes in this thread (``Engine.carry_out``)."""
+        return self._engine.carry_out(plan)
+
+    def async_edge(self) -> AsyncEdge | None:
+        """The engine's writes on the running event loop, if it has them there."""
+        return self._engine.async_edge()
 
     def acknowledge_later(self, key: str, *, now: float) -> None:
         """Acknowledge the settled intent ``key`` with the engine's next write (``_acks``):
@@ -154,8 +253,8 @@ class IntentStore:
         params: Sequence[Any],
         *,
         durable: bool,
-        found: Callable[[Tx], tuple[Any, IntentRecord] | None] | None = None,
-    ) -> tuple[Any, IntentRecord]:
+        found: Callable[[], Work[tuple[Any, IntentRecord] | None]] | None = None,
+    ) -> Plan[tuple[Any, IntentRecord]]:
         """Apply a held intent's writes chained in one statement (``sql.*_HELD``, where
         ``Dialect.chains_writes``): one round trip. The answer's first column and the
         intent's row; refused as ``_held_by`` and ``allowed`` refuse when they did not
@@ -167,18 +266,17 @@ class IntentStore:
         applied = rule(transition)
         sources = [state.value for state in applied.sources if state is not None]
 
-        def work(tx: Tx) -> tuple[Any, IntentRecord | None]:
-            rows = tx.commit_with(statement, (key, owner, sources, *params, key)).rows
+        def work() -> Work[tuple[Any, IntentRecord | None]]:
+            finished = yield from commit_with(statement, (key, owner, sources, *params, key))
+            rows = finished.rows
             # Decoded here, where a damaged row is reported as the journal's damage.
             return (rows[0][0], intent_from_row(rows[0][1:])) if rows else (None, None)
 
         if found is None:
-            first, record = self._engine.write(work, durable=durable, busy=applied.unwritten)
+            write = Write(work, durable, applied.unwritten)
         else:
-            write = _Recoverable(work, found=found)
-            first, record = self._engine.write(
-                write.work, durable=durable, busy=applied.unwritten, recover=write.recover
-            )
+            write = _Found(work, found).write(durable=durable, busy=applied.unwritten)
+        first, record = yield write
         if record is None or first in (None, False):
             if record is not None and record.lease_owner == owner:
                 allowed(record, transition)  # raises, worded for the state it is in
@@ -193,43 +291,39 @@ class IntentStore:
         transition: Transition,
         statement: str,
         params: Sequence[Any],
-    ) -> IntentRecord:
+    ) -> Plan[IntentRecord]:
         """A chained write that ends this owner's lease (a settle, marking it unknown),
         found committed after an unknown commit as ``_released_in`` tells."""
         to = _state_after(transition)
-        _, record = self._chained(
-            key,
-            owner,
-            transition,
-            statement,
-            params,
-            durable=False,
-            found=lambda tx: _applied(self._released_in(tx, key, owner, to)),
+
+        def found() -> Work[tuple[Any, IntentRecord] | None]:
+            return _applied((yield from self._released_in(key, owner, to)))
+
+        _, record = yield from self._chained(
+            key, owner, transition, statement, params, durable=False, found=found
         )
         return record
 
-    @staticmethod
-    def _released_in(tx: Tx, key: str, owner: str, state: str | None) -> IntentRecord | None:
+    def _released_in(self, key: str, owner: str, state: str | None) -> Work[IntentRecord | None]:
         """The intent, if a write of this owner's that ends its lease (a settle, marking it
         unknown) was committed: the lease is no longer this owner's, and the intent is in
         ``state`` (None: any). While the owner held it, no one else could have written it."""
-        record = select_intent(tx, sql.BY_KEY, (key,), lock=True)
+        record = yield from selected(self._engine.dialect, sql.BY_KEY, (key,), lock=True)
         if record is None or record.lease_owner == owner:
             return None
         if state is not None and record.state.value != state:
             return None
         return record
 
-    @staticmethod
     def _attempt_started_at(
-        tx: Tx, key: str, owner: str, now: float
-    ) -> tuple[int, IntentRecord] | None:
+        self, key: str, owner: str, now: float
+    ) -> Work[tuple[int, IntentRecord] | None]:
         """The attempt this owner started at ``now``, and the intent, if it was committed.
         Only the lease's holder adds attempts: it is there, or not."""
-        record = select_intent(tx, sql.BY_KEY, (key,), lock=True)
+        record = yield from selected(self._engine.dialect, sql.BY_KEY, (key,), lock=True)
         if record is None or record.lease_owner != owner:
             return None  # run again, it is refused as no longer held
-        row = tx.one(sql.ATTEMPT_STARTED_AT, (key, now))
+        row = yield from one(sql.ATTEMPT_STARTED_AT, (key, now))
         return (int(row[0]), record) if row is not None else None
 
     def _apply(
@@ -240,6 +334,7 @@ class IntentStore:
         record = self._held_by(tx, key, owner)
         return record, allowed(record, transition)
 
+    @_Planned
     def claim(
         self,
         draft: IntentDraft,
@@ -249,18 +344,19 @@ class IntentStore:
         lease_seconds: float,
         is_stale: Callable[[str], bool] = owner_is_dead,
         sent_to: str | None = None,
-    ) -> Claim:
+    ) -> Plan[Claim]:
         """Create the intent ``draft`` describes with its first attempt, or take (or find
         held) the one already journaled. ``sent_to``: where attempt 1 of a created intent
         is sent (the URL without userinfo)."""
 
-        def find(tx: Tx, lock: bool) -> IntentRecord | None:
+        dialect = self._engine.dialect
+
+        def find(lock: bool) -> Work[IntentRecord | None]:
             record = None
             if draft.reference is not None:
-                record = select_intent(
-                    tx, sql.BY_REFERENCE, (draft.scope, draft.reference), lock=lock
-                )
-            return record or select_intent(tx, sql.BY_KEY, (draft.key,), lock=lock)
+                where = (draft.scope, draft.reference)
+                record = yield from selected(dialect, sql.BY_REFERENCE, where, lock=lock)
+            return record or (yield from selected(dialect, sql.BY_KEY, (draft.key,), lock=lock))
 
         def created() -> Claim:
             return Claim(
@@ -269,19 +365,21 @@ class IntentStore:
                 attempt_number=1,
             )
 
-        def work(tx: Tx) -> Claim:
-            if not tx.dialect.lock_rows and self._create(
-                tx, draft, owner, now, lease_seconds, sent_to
+        def work() -> Work[Claim]:
+            if not dialect.lock_rows and (
+                yield from self._create(draft, owner, now, lease_seconds, sent_to)
             ):
                 # Writers are serialised (SQLite holds the whole journal), so an insert the
                 # unique key and (scope, reference) let through is exactly a look-up that
                 # found nothing: a new intent costs no look-ups. Any other answer needs them.
                 return created()
             for _ in range(_CLAIM_ROUNDS):
-                claim = self._claim_row(tx, find, draft, owner, now, lease_seconds, False, is_stale)
+                claim = yield from self._claim_row(
+                    find, draft, owner, now, lease_seconds, False, is_stale
+                )
                 if claim is not None:
                     return claim
-                if self._create(tx, draft, owner, now, lease_seconds, sent_to):
+                if (yield from self._create(draft, owner, now, lease_seconds, sent_to)):
                     return created()
                 # Another worker created it between the look-up and the insert, and has
                 # committed: the next look-up finds its row.
@@ -290,26 +388,29 @@ class IntentStore:
                 "concurrent writers; nothing was sent. Retry later"
             )
 
-        def committed(tx: Tx, claim: Claim) -> bool:
+        def committed(claim: Claim) -> Work[bool]:
             if claim.kind is not ClaimKind.CREATED:
                 return False  # a lease taken or a verdict: deciding again is the same
-            return created_by_this_claim(tx)
+            return by_this_claim(
+                (yield from selected(dialect, sql.BY_KEY, (draft.key,), lock=True))
+            )
 
-        def created_by_this_claim(tx: Tx) -> bool:
-            found = select_intent(tx, sql.BY_KEY, (draft.key,), lock=True)
+        def by_this_claim(found: IntentRecord | None) -> bool:
             return found is not None and found.lease_owner == owner and found.created_at == now
 
-        def create_in_one(tx: Tx) -> tuple[bool, IntentRecord | None]:
+        def create_in_one() -> Work[tuple[bool, IntentRecord | None]]:
             found = (draft.key, draft.scope, draft.reference, draft.scope, draft.reference)
             values = (*self._intent_values(draft, owner, now, lease_seconds), now, sent_to)
-            made, *existing = tx.commit_with(sql.CREATE_INTENT, (*values, *found)).rows[0]
+            finished = yield from commit_with(sql.CREATE_INTENT, (*values, *found))
+            made, *existing = finished.rows[0]
             # Decoded here, where a damaged row is reported as the journal's damage.
             return bool(made), intent_from_row(tuple(existing)) if existing[0] else None
 
-        def created_in_one(tx: Tx) -> tuple[bool, IntentRecord | None] | None:
+        def created_in_one() -> Work[tuple[bool, IntentRecord | None] | None]:
             # Lost with its commit on its way: this claim's own row, or run it again (it
             # then finds whatever another worker committed meanwhile).
-            return (True, None) if created_by_this_claim(tx) else None
+            mine = yield from selected(dialect, sql.BY_KEY, (draft.key,), lock=True)
+            return (True, None) if by_this_claim(mine) else None
 
         unwritten = rule(Transition.WRITE_AHEAD).unwritten
         # A reference's key is the one journaled first: the draft's may not be it.
@@ -321,9 +422,8 @@ class IntentStore:
             # A new intent, the common case, is one statement: one round trip to the
             # server. So is a replay, a refusal or a wait answered from the committed row
             # it finds instead; a lease to take is taken below, with the row locked.
-            chained = _Recoverable(create_in_one, found=created_in_one)
-            made, record = self._engine.write(
-                chained.work, durable=True, busy=unwritten, recover=chained.recover
+            made, record = yield _Found(create_in_one, created_in_one).write(
+                durable=True, busy=unwritten
             )
             if made:
                 return self._keep(created())
@@ -339,22 +439,31 @@ class IntentStore:
                 )
                 if kind is not None:
                     return Claim(kind, record)
-        write = _Recoverable(work, committed)
-        return self._keep(
-            self._engine.write(write.work, durable=True, busy=unwritten, recover=write.recover)
-        )
+        claimed: Claim = yield _Found(work, None, committed).write(durable=True, busy=unwritten)
+        return self._keep(claimed)
+
+    def _call(
+        self,
+        work: Callable[[Tx], T],
+        *,
+        durable: bool,
+        busy: Unwritten,
+        recover: Callable[[Tx], T | None] | None = None,
+    ) -> Call[T]:
+        """A write of a plan that has no ``Write`` form (it reads before it decides, or
+        runs only on SQLite): run through ``Engine.write``, in a journal thread on a loop."""
+        return Call(lambda: self._engine.write(work, durable=durable, busy=busy, recover=recover))
 
     def _claim_row(
         self,
-        tx: Tx,
-        find: Callable[[Tx, bool], IntentRecord | None],
+        find: Callable[[bool], Work[IntentRecord | None]],
         draft: IntentDraft | None,
         owner: str,
         now: float,
         lease_seconds: float,
         unknown: bool,
         is_stale: Callable[[str], bool],
-    ) -> Claim | None:
+    ) -> Work[Claim | None]:
         """Ask ``decide_claim`` about the intent ``find`` returns, and take its lease if it
         may be taken."""
 
@@ -369,19 +478,19 @@ class IntentStore:
                 lease_seconds=lease_seconds,
             )
 
-        record = find(tx, False)
+        record = yield from find(False)
         kind = verdict(record) if record is not None else None
-        if record is not None and kind is None and tx.dialect.lock_rows:
+        if record is not None and kind is None and self._engine.dialect.lock_rows:
             # Only taking the lease writes, so only it needs the row locked: replays,
             # refusals and waits are answered from the committed row, without a row lock
             # (and, in PostgreSQL, without the WAL flush a lock's commit would cost).
-            record = find(tx, True)
+            record = yield from find(True)
             kind = verdict(record) if record is not None else None
         if record is None:
             return None
         if kind is not None:
             return Claim(kind, record)
-        return self._take(tx, record, owner, now, lease_seconds)
+        return (yield from self._take(record, owner, now, lease_seconds))
 
     @staticmethod
     def _intent_values(
@@ -395,37 +504,38 @@ class IntentStore:
     @classmethod
     def _create(
         cls,
-        tx: Tx,
         draft: IntentDraft,
         owner: str,
         now: float,
         lease_seconds: float,
         sent_to: str | None,
-    ) -> bool:
-        inserted = tx.execute(
+    ) -> Work[bool]:
+        inserted = yield from execute(
             sql.INSERT_INTENT, cls._intent_values(draft, owner, now, lease_seconds)
         )
         if inserted != 1:
             return False
-        tx.send(sql.INSERT_ATTEMPT, (draft.key, 1, now, sent_to))
+        yield from send(sql.INSERT_ATTEMPT, (draft.key, 1, now, sent_to))
         return True
 
     def _take(
-        self, tx: Tx, record: IntentRecord, owner: str, now: float, lease_seconds: float
-    ) -> Claim:
+        self, record: IntentRecord, owner: str, now: float, lease_seconds: float
+    ) -> Work[Claim]:
         """Take the lease of a row this transaction holds and found free to take.
 
         The update repeats the test atomically: it takes the lease only if the row still
         has the holder it was judged on (or none, or an expired one)."""
-        tx.send(
+        yield from send(
             sql.TAKE_LEASE,
             (owner, now + lease_seconds, now, record.key, owner, now, record.lease_owner),
         )
-        claimed = reread(tx, record.key)
+        claimed = yield from selected(self._engine.dialect, sql.BY_KEY, (record.key,))
+        assert claimed is not None, "a row this transaction holds cannot vanish"
         if claimed.lease_owner != owner:
             return Claim(ClaimKind.LEASED, claimed)
         return Claim(ClaimKind.CLAIMED, claimed)
 
+    @_Planned
     def claim_key(
         self,
         key: str,
@@ -435,17 +545,22 @@ class IntentStore:
         lease_seconds: float,
         unknown: bool = False,
         is_stale: Callable[[str], bool] = owner_is_dead,
-    ) -> Claim | None:
-        def find(tx: Tx, lock: bool) -> IntentRecord | None:
-            return select_intent(tx, sql.BY_KEY, (key,), lock=lock)
+    ) -> Plan[Claim | None]:
+        dialect = self._engine.dialect
 
-        write = _idempotent(
-            lambda tx: self._claim_row(tx, find, None, owner, now, lease_seconds, unknown, is_stale)
-        )
-        return self._engine.write(
-            write.work, durable=True, busy=BEFORE_SEND.for_intent(key), recover=write.recover
-        )
+        def find(lock: bool) -> Work[IntentRecord | None]:
+            return (yield from selected(dialect, sql.BY_KEY, (key,), lock=lock))
 
+        def work() -> Work[Claim | None]:
+            return (
+                yield from self._claim_row(find, None, owner, now, lease_seconds, unknown, is_stale)
+            )
+
+        # Idempotent: run again, it decides the same.
+        claim: Claim | None = yield Write(work, True, BEFORE_SEND.for_intent(key), _run_again)
+        return claim
+
+    @_Planned
     def claim_next_pending(
         self,
         *,
@@ -456,7 +571,7 @@ class IntentStore:
         lease_seconds: float,
         after: tuple[float, str] | None = None,
         is_stale: Callable[[str], bool] = owner_is_dead,
-    ) -> Claim | None:
+    ) -> Plan[Claim | None]:
         """Lease the oldest pending intent no live worker holds, after ``after``.
 
         ``after`` is the ``(created_at, key)`` of the intent a queue pass handled last, so
@@ -465,11 +580,13 @@ class IntentStore:
         claiming right now are skipped, not waited for (PostgreSQL ``SKIP LOCKED``).
         """
 
-        def work(tx: Tx) -> Claim | None:
+        skip_locked = self._engine.dialect.skip_locked
+
+        def work() -> Work[Claim | None]:
             created_at, key = after if after is not None else (float("-inf"), "")
             while True:
-                rows = tx.all(
-                    sql.NEXT_PENDING + tx.dialect.skip_locked,
+                rows = yield from all_rows(
+                    sql.NEXT_PENDING + skip_locked,
                     (
                         IntentState.PENDING.value,
                         account,
@@ -487,15 +604,15 @@ class IntentStore:
                         record, owner=owner, now=now, is_stale=is_stale, lease_seconds=lease_seconds
                     )
                     if verdict is None:
-                        return self._take(tx, record, owner, now, lease_seconds)
+                        return (yield from self._take(record, owner, now, lease_seconds))
                 if len(rows) < _QUEUE_BATCH:
                     return None
                 last = intent_from_row(rows[-1])
                 created_at, key = last.created_at, last.key
 
         # Run again, it leases the same intent: its own lease does not keep this owner out.
-        write = _idempotent(work)
-        return self._engine.write(write.work, durable=True, busy=BEFORE_SEND, recover=write.recover)
+        claim: Claim | None = yield Write(work, True, BEFORE_SEND, _run_again)
+        return claim
 
     def renew_lease(self, key: str, *, owner: str, now: float, lease_seconds: float) -> bool:
         write = _idempotent(
@@ -505,6 +622,7 @@ class IntentStore:
         )
         return self._engine.write(write.work, durable=False, busy=AFTER_SEND, recover=write.recover)
 
+    @_Planned
     def start_attempt(
         self,
         key: str,
@@ -513,20 +631,20 @@ class IntentStore:
         now: float,
         lease_seconds: float,
         sent_to: str | None = None,
-    ) -> int:
+    ) -> Plan[int]:
         """Journal the next attempt of a held intent; ``sent_to``: where it is sent (the URL
         without userinfo)."""
 
         if self._engine.dialect.chains_writes:
             writes = (now, sent_to, now, now + lease_seconds, now)
-            number, _ = self._chained(
+            number, _ = yield from self._chained(
                 key,
                 owner,
                 Transition.ATTEMPT_STARTED,
                 sql.START_ATTEMPT_HELD,
                 writes,
                 durable=True,
-                found=lambda tx: self._attempt_started_at(tx, key, owner, now),
+                found=lambda: self._attempt_started_at(key, owner, now),
             )
             return int(number)
 
@@ -545,12 +663,13 @@ class IntentStore:
             return row is not None and int(row[0]) == number
 
         write = _Recoverable(work, committed)
-        return self._engine.write(
+        started: int = yield self._call(
             write.work,
             durable=True,
             busy=rule(Transition.ATTEMPT_STARTED).unwritten,
             recover=write.recover,
         )
+        return started
 
     @staticmethod
     def _end_attempt(
@@ -567,6 +686,7 @@ class IntentStore:
             sql.END_ATTEMPT, (now, status_code, error, int(ambiguous), provider_date, key, number)
         )
 
+    @_Planned
     def end_attempt(
         self,
         key: str,
@@ -578,7 +698,7 @@ class IntentStore:
         status_code: int | None,
         error: str | None,
         provider_date: float | None = None,
-    ) -> None:
+    ) -> Plan[None]:
         """``provider_date``: the provider's time in the attempt's answer (its ``Date``)."""
         applied = rule(transition)
         if applied.attempt_ambiguous is None:
@@ -587,7 +707,9 @@ class IntentStore:
         if self._engine.dialect.chains_writes:
             ended = (now, status_code, error, int(ambiguous), provider_date, number)
             writes = (*ended, applied.releases_lease)
-            self._chained(key, owner, transition, sql.END_ATTEMPT_HELD, writes, durable=False)
+            yield from self._chained(
+                key, owner, transition, sql.END_ATTEMPT_HELD, writes, durable=False
+            )
             return
 
         def work(tx: Tx) -> None:
@@ -596,12 +718,13 @@ class IntentStore:
             if applied.releases_lease:
                 tx.send(sql.RELEASE_LEASE, (key, owner))
 
-        self._engine.write(work, durable=False, busy=applied.unwritten)
+        yield self._call(work, durable=False, busy=applied.unwritten)
 
     @staticmethod
     def _store_response(tx: Tx, key: str, response: StoredResponse) -> None:
         tx.send(sql.STORE_RESPONSE, (*response_values(response), key))
 
+    @_Planned
     def settle(
         self,
         key: str,
@@ -613,7 +736,7 @@ class IntentStore:
         attempt: int,
         acknowledge_success: bool = False,
         provider_date: float | None = None,
-    ) -> IntentRecord:
+    ) -> Plan[IntentRecord]:
         """Settle a held intent from its answer; ``acknowledge_success`` acknowledges it in
         the same transaction when it succeeded (a caller that returns the answer at once).
         ``provider_date``: the provider's time in the answer (its ``Date``)."""
@@ -632,7 +755,7 @@ class IntentStore:
             crash_point("during_settle")
             return settled_record(held, state, now, acknowledged(state), response)
 
-        def known_in_one(tx: Tx, held: IntentRecord, state: IntentState) -> IntentRecord | None:
+        def known_in_one(held: IntentRecord, state: IntentState) -> Work[IntentRecord | None]:
             """``known`` as one statement: one round trip to the server."""
             values = (*response_values(response), state.value, now, acknowledged(state), key)
             guard = (owner, held.state.value, held.created_at)
@@ -643,7 +766,7 @@ class IntentStore:
                 if self._engine.settles_synchronously
                 else sql.SETTLE_KNOWN_ENDING_ATTEMPT
             )
-            finished = tx.commit_with(statement, (*values, *guard, *ended), whole=True)
+            finished = yield from commit_with(statement, (*values, *guard, *ended), whole=True)
             if finished.rows[0][0] != 1:
                 return None
             return settled_record(held, state, now, acknowledged(state), response)
@@ -673,19 +796,20 @@ class IntentStore:
         busy = rule(transition).unwritten
         if not self._engine.dialect.chains_writes:
             write = _Recoverable(work, committed)
-            return self._engine.write(write.work, durable=False, busy=busy, recover=write.recover)
+            done: IntentRecord = yield self._call(
+                write.work, durable=False, busy=busy, recover=write.recover
+            )
+            return done
 
         if kept is not None and kept.attempt_count == attempt:
             state = target(transition, kept.state)
             if state is not None:
                 held, settled_to = kept, state
-                known_write = _Recoverable(
-                    lambda tx: known_in_one(tx, held, settled_to),
-                    found=lambda tx: self._released_in(tx, key, owner, settled_to.value),
+                known_write = _Found(
+                    lambda: known_in_one(held, settled_to),
+                    lambda: self._released_in(key, owner, settled_to.value),
                 )
-                settled = self._engine.write(
-                    known_write.work, durable=False, busy=busy, recover=known_write.recover
-                )
+                settled: IntentRecord | None = yield known_write.write(durable=False, busy=busy)
                 if settled is not None:
                     return settled
         to = _state_after(transition)
@@ -693,14 +817,21 @@ class IntentStore:
         succeeded = (to, IntentState.SUCCEEDED.value, now if acknowledge_success else None)
         writes = (*ended, *response_values(response), to, now, *succeeded)
         crash_point("during_settle")  # nothing of the settle has left yet
-        return self._chained_ending_lease(key, owner, transition, sql.SETTLE_HELD, writes)
+        return (
+            yield from self._chained_ending_lease(key, owner, transition, sql.SETTLE_HELD, writes)
+        )
 
+    @_Planned
     def mark_unknown(
         self, key: str, *, transition: Transition, owner: str, now: float, reason: str
-    ) -> IntentRecord:
+    ) -> Plan[IntentRecord]:
         if self._engine.dialect.chains_writes:
             writes = (_state_after(transition), reason, now)
-            return self._chained_ending_lease(key, owner, transition, sql.MARK_UNKNOWN_HELD, writes)
+            return (
+                yield from self._chained_ending_lease(
+                    key, owner, transition, sql.MARK_UNKNOWN_HELD, writes
+                )
+            )
 
         def work(tx: Tx) -> IntentRecord:
             _, state = self._apply(tx, key, owner, transition)
@@ -712,16 +843,19 @@ class IntentStore:
             return found is not None and found.state is marked.state
 
         write = _Recoverable(work, committed)
-        return self._engine.write(
+        marked: IntentRecord = yield self._call(
             write.work, durable=False, busy=rule(transition).unwritten, recover=write.recover
         )
+        return marked
 
-    def release(self, key: str, *, owner: str) -> None:
+    @_Planned
+    def release(self, key: str, *, owner: str) -> Plan[None]:
         if self._kept is not None:
             self._kept.forget(key)
-        write = _idempotent(lambda tx: tx.send(sql.RELEASE_LEASE, (key, owner)))
-        self._engine.write(write.work, durable=False, busy=AFTER_SEND, recover=write.recover)
+        # Idempotent: run again whether or not it was committed.
+        yield Write(lambda: send(sql.RELEASE_LEASE, (key, owner)), False, AFTER_SEND, _run_again)
 
+    @_Planned
     def looked_up(
         self,
         key: str,
@@ -731,11 +865,11 @@ class IntentStore:
         outcome: str,
         detail: str,
         status_code: int | None,
-    ) -> None:
+    ) -> Plan[None]:
         """Journal a look-up made before a resend that settled nothing; the lease stays."""
         if self._engine.dialect.chains_writes:
             writes = (now, outcome, detail, status_code)
-            self._chained(
+            yield from self._chained(
                 key, owner, Transition.LOOKED_UP, sql.LOOKED_UP_HELD, writes, durable=False
             )
             return
@@ -744,8 +878,9 @@ class IntentStore:
             self._apply(tx, key, owner, Transition.LOOKED_UP)
             tx.send(sql.INSERT_RECONCILIATION, (key, now, outcome, detail, status_code))
 
-        self._engine.write(work, durable=False, busy=rule(Transition.LOOKED_UP).unwritten)
+        yield self._call(work, durable=False, busy=rule(Transition.LOOKED_UP).unwritten)
 
+    @_Planned
     def reconciled(
         self,
         key: str,
@@ -757,7 +892,7 @@ class IntentStore:
         detail: str,
         status_code: int | None,
         response: StoredResponse | None = None,
-    ) -> IntentRecord:
+    ) -> Plan[IntentRecord]:
         if self._engine.dialect.chains_writes:
             to = _state_after(transition)
             new_state = (to, to, IntentState.UNKNOWN.value, detail, now)
@@ -767,7 +902,9 @@ class IntentStore:
             else:
                 statement = sql.RECONCILED_WITH_RESPONSE_HELD
                 writes = (*noted, *response_values(response), *new_state)
-            _, record = self._chained(key, owner, transition, statement, writes, durable=False)
+            _, record = yield from self._chained(
+                key, owner, transition, statement, writes, durable=False
+            )
             return record
 
         def work(tx: Tx) -> IntentRecord:
@@ -779,7 +916,10 @@ class IntentStore:
             tx.send(sql.SET_STATE, (state.value, reason, now, key))
             return reread(tx, key)
 
-        return self._engine.write(work, durable=False, busy=rule(transition).unwritten)
+        reconciled: IntentRecord = yield self._call(
+            work, durable=False, busy=rule(transition).unwritten
+        )
+        return reconciled
 
 
 def _not_held(key: str, record: IntentRecord | None) -> IntentInFlight:

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import attrs
 import httpx
 
-from ..errors import JournalError, PayonceError
+from ..errors import IntentError, JournalError, PayonceError
 from . import _refusals as refusals
 from ._claims import Claim, ClaimKind
 from ._guards import (
@@ -66,6 +66,7 @@ from ._verify import Verification, quiet_after
 __all__ = [
     "IN_FLIGHT_POLL",
     "Answered",
+    "AskAgain",
     "ClaimIntent",
     "Clock",
     "Command",
@@ -367,6 +368,15 @@ class LookUp:
 
 
 @attrs.frozen
+class AskAgain:
+    """Send a settled intent's journaled request again, under its key, to get its answer
+    back (the provider replays what it stored for the key): nothing is journaled. Answers
+    ``Answered`` or ``Failed``."""
+
+    record: IntentRecord
+
+
+@attrs.frozen
 class ReadClock:
     """Ask the provider what time it is: any answer's ``Date`` tells it (a ``HEAD`` of the
     base URL, which executes nothing and carries no credentials). Answers ``Answered`` or
@@ -389,6 +399,9 @@ class Replay:
     record: IntentRecord
     provider_replayed: bool = False
     """Settled from the provider's record (verify), rather than replayed from the journal."""
+    found: dict[str, Any] | None = None
+    """The provider's record a status look-up found, as the answer's body in place of the
+    journaled one (whose body was not kept)."""
 
 
 @attrs.frozen
@@ -411,6 +424,7 @@ Command = (
     | Holding
     | Send
     | LookUp
+    | AskAgain
     | ReadClock
     | Sleep
     | Replay
@@ -474,7 +488,23 @@ Reconciling = Generator[Command, Any, Reconciliation]
 def call(
     settings: DriveSettings, draft: IntentDraft, owner: str, *, acknowledge_on_success: bool
 ) -> Drive:
-    """A caller's request of an intent: claim it, then replay, wait, refuse, or send it."""
+    """A caller's request of an intent: claim it, then replay, wait, refuse, or send it.
+
+    An error about step n >= 2 of a block names the step, its intent's reference and its
+    own key: the step's journaled record has no reference of its own to name."""
+    try:
+        return (yield from _call(settings, draft, owner, acknowledge_on_success))
+    except IntentError as error:
+        if draft.step == 1:
+            error.step = 1
+        else:
+            refusals.of_step(error, draft)
+        raise
+
+
+def _call(
+    settings: DriveSettings, draft: IntentDraft, owner: str, acknowledge_on_success: bool
+) -> Drive:
     clock = settings.clock
     give_up_waiting = clock.monotonic() + settings.in_flight_wait
     while True:
@@ -549,20 +579,33 @@ def _resumed(settings: DriveSettings, claim: Claim, owner: str) -> Generator[Com
     # The provider forgets the key by its clock: where an attempt may have executed, its
     # age is judged by that clock, read afresh if the last reading is stale.
     provider_now = (yield from _provider_now(settings)) if ambiguous else None
-    refusal = resend_refusal(
-        record.first_sent_at,
-        clock.now(),
-        profile.key_lifetime,
-        executed=ambiguous,
-        provider_now=provider_now,
-        provider_first=provider_first_sent(attempts),
-    )
+    refusal = _key_gone(settings, record, attempts, provider_now, executed=ambiguous)
     moment = Moment(resend_refused=refusal is not None)
     if choose(RESUMED, moment) is Transition.KEY_WINDOW_PASSED:
         assert refusal is not None
         run.record = yield MarkUnknown(run, Transition.KEY_WINDOW_PASSED, refusal)
         raise refusals.unknown(run.record, reconcilable=settings.reconcilable)
     return run
+
+
+def _key_gone(
+    settings: DriveSettings,
+    record: IntentRecord,
+    attempts: Sequence[AttemptRecord],
+    provider_now: float | None,
+    *,
+    executed: bool,
+) -> str | None:
+    """Why a resend of ``record`` under its key is no longer safe (the provider may have
+    forgotten the key), or None while it is (``resend_refusal``)."""
+    return resend_refusal(
+        record.first_sent_at,
+        settings.clock.now(),
+        settings.profile.key_lifetime,
+        executed=executed,
+        provider_now=provider_now,
+        provider_first=provider_first_sent(attempts),
+    )
 
 
 def _provider_now(settings: DriveSettings) -> Generator[Command, Any, float | None]:
@@ -720,7 +763,55 @@ def _replay(settings: DriveSettings, record: IntentRecord) -> Drive:
     response: httpx.Response | None = yield Replay(record)
     if response is None:
         raise refusals.unknown(record, reconcilable=settings.reconcilable)
+    assert record.response is not None  # replayed: an answer is stored
+    if not record.response.body_stored:
+        response = yield from _answer_again(settings, record)
     return _deliver(settings, record, response)
+
+
+def _answer_again(settings: DriveSettings, record: IntentRecord) -> Drive:
+    """The answer of a settled intent whose body was too large to journal, got again
+    without executing anything twice: the provider's replay of the same request under the
+    same key while it still remembers the key, else the record its status look-up finds.
+    Never a response with an empty body an SDK cannot parse: when neither can be had, an
+    error that says so."""
+    profile = settings.profile
+    stored = record.response
+    assert stored is not None
+    attempts: Sequence[AttemptRecord] = yield ReadAttempts(record.key)
+    provider_now = yield from _provider_now(settings)
+    expired = _key_gone(settings, record, attempts, provider_now, executed=True)
+    why: list[str] = []
+    if expired is None:
+        result: Answered | Failed = yield AskAgain(record)
+        if isinstance(result, Answered) and result.response.status_code == stored.status:
+            return result.response
+        if isinstance(result, Failed):
+            answered = type(result.error).__name__
+        else:
+            answered = f"HTTP {result.response.status_code}, not {stored.status}"
+        why.append(f"the provider did not replay it under its key ({answered})")
+    else:
+        why.append(f"a resend under its key is no longer safe: {expired}")
+    lookup = profile.lookup
+    if lookup is None:
+        why.append("the provider profile has no status look-up")
+    elif lookup.by != "key" and record.reference is None:
+        why.append("the status look-up finds intents by reference, and it has none")
+    else:
+        looked: Answered | Failed = yield LookUp(record)
+        if isinstance(looked, Answered):
+            verdict = classify_lookup(looked.response, lookup, record)
+            if verdict.kind is LookupKind.FOUND and verdict.record is not None:
+                found: httpx.Response | None = yield Replay(
+                    record, provider_replayed=True, found=verdict.record
+                )
+                assert found is not None
+                return found
+            why.append(f"its status look-up found no record to answer with ({verdict.detail})")
+        else:
+            why.append(f"its status look-up failed ({type(looked.error).__name__})")
+    raise refusals.answer_not_kept(record, "; ".join(why))
 
 
 def _deliver(

@@ -49,6 +49,9 @@ class IntentDraft(IntentRequest):
     (each an intent of its own, keyed from the first's key: ``step_key``)."""
     intent_key: str | None = None
     """For a step 2 or later: the key of the intent (its step 1) it is a step of."""
+    intent_reference: str | None = None
+    """For a step 2 or later: its intent's reference, which its errors name (never
+    journaled with the step: the step's row relates to its intent by its key)."""
 
 
 @attrs.frozen

@@ -24,10 +24,12 @@ from ._verdicts import Outcome, Verdict
 
 __all__ = [
     "abandoned",
+    "answer_not_kept",
     "authentication",
     "in_flight",
     "lookup_refused",
     "mismatch",
+    "of_step",
     "refused",
     "unavailable",
     "unknown",
@@ -38,9 +40,40 @@ E = TypeVar("E", bound=IntentError)
 
 def _about(error: type[E], record: IntentRecord, what: str, **details: Any) -> E:
     """``error`` about ``record``: "intent KEY (reference 'REF') " then ``what``."""
-    reference = f" (reference {record.reference!r})" if record.reference else ""
-    message = f"intent {record.key}{reference} {what}"
+    message = f"{_subject(record.key, record.reference)} {what}"
     return error(message, key=record.key, reference=record.reference, **details)
+
+
+def _subject(key: str | None, reference: str | None) -> str:
+    return f"intent {key}" + (f" (reference {reference!r})" if reference else "")
+
+
+def _step_subject(draft: IntentDraft) -> str:
+    """How an error names step n >= 2 of a block: its position, its intent (by reference,
+    else by key) and its own key, the one to resume or reconcile."""
+    intent = repr(draft.intent_reference) if draft.intent_reference else draft.intent_key
+    return f"step {draft.step} of intent {intent} (key {draft.key})"
+
+
+def of_step(error: E, draft: IntentDraft) -> E:
+    """``error``, raised by the drive of step n >= 2 of a block (whose journaled record
+    has no reference of its own), made to name the step, its intent's reference and its
+    key, in its words and its attributes."""
+    error.reference = draft.intent_reference
+    error.step = draft.step
+    error.intent_key = draft.intent_key
+    message = str(error)
+    step_subject = _step_subject(draft)
+    if message.startswith(step_subject):
+        return error  # worded for the step already (a changed step)
+    plain = f"{_subject(draft.key, None)} "
+    if message.startswith(plain) and not message.startswith(f"{plain}(reference "):
+        error.args = (f"{step_subject} {message[len(plain) :]}", *error.args[1:])
+    else:
+        # About another intent's record (a key the caller set that is another intent's):
+        # its own words stay, after the step's name.
+        error.args = (f"{step_subject}: {message}", *error.args[1:])
+    return error
 
 
 def in_flight(record: IntentRecord) -> IntentInFlight:
@@ -77,6 +110,23 @@ def unknown_remedy(key: str, *, reconcilable: bool) -> str:
 def abandoned(record: IntentRecord) -> IntentStateError:
     why = f"was abandoned by an operator ({record.abandon_reason}); it is never resent"
     return _about(IntentStateError, record, f"{why}. Use a new reference to pay again")
+
+
+def answer_not_kept(record: IntentRecord, why: str) -> IntentStateError:
+    """A settled intent replayed whose answer's body was too large to journal, and that
+    the provider could not give again: nothing was sent twice, and nothing empty is handed
+    back as if it were the answer."""
+    assert record.response is not None
+    status = record.response.status
+    what = (
+        f"{record.state.value} (HTTP {status}), but its answer's body was larger than "
+        "max_stored_response_bytes and was not journaled, and it could not be got again "
+        f"without executing anything twice: {why}. Nothing was sent twice, and no empty "
+        "body is handed back as its answer. The operation itself is done: read its result "
+        f"at the provider (`payonce intents show {record.key}` shows what was sent), and "
+        "raise max_stored_response_bytes so that answers this large are kept"
+    )
+    return _about(IntentStateError, record, what)
 
 
 def unavailable(record: IntentRecord, reason: str) -> ProviderUnavailable:
@@ -133,14 +183,14 @@ def _step_mismatch(draft: IntentDraft, record: IntentRecord, reconcilable: bool)
         what = "its request differs from the one journaled"
         if differences := request_differences(record, draft):
             what += f" in {', '.join(differences)}"
-    return _about(
-        IntentMismatch,
-        record,
-        f"is step {draft.step} ({now}) of intent {draft.intent_key} and cannot be sent: {what}. "
+    return IntentMismatch(
+        f"{_step_subject(draft)}, {now}, cannot be sent: {what}. "
         "Nothing was sent and the journal is unchanged. The steps of an intent must be the "
         "same requests, in the same order, on every run: restore the code that journaled "
         f"them (`payonce intents show {draft.intent_key}` shows them). This step "
         f"{_what_now(record, reconcilable).removeprefix('That intent ')}",
+        key=record.key,
+        reference=draft.intent_reference,
         stored_fingerprint=record.fingerprint,
         new_fingerprint=draft.fingerprint,
     )

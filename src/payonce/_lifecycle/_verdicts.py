@@ -352,6 +352,10 @@ class LookupRules(Protocol):
     def failed(self) -> frozenset[str]: ...
     @property
     def creation_only(self) -> Callable[[str, str, bytes], bool]: ...
+    @property
+    def by(self) -> str:
+        """``"key"`` or ``"reference"``: what the look-up finds an intent by."""
+        ...
 
 
 class LookedUpRequest(Protocol):

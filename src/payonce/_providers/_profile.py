@@ -117,6 +117,10 @@ def _every_request(method: str, path: str) -> bool:
     return True
 
 
+def _no_request(method: str, path: str) -> bool:
+    return False
+
+
 def _is_json(content_type: str | None) -> bool:
     media_type = (content_type or "").split(";")[0].strip().lower()
     return media_type == "application/json" or media_type.endswith("+json")
@@ -242,7 +246,14 @@ class ProviderProfile:
     """Which requests ``prepare_body`` applies to (method, and the path the provider sees,
     with the base URL's own path); every one by default. Stripe's tags creations only:
     Stripe refuses metadata on a confirm or a capture, and an update's would overwrite the
-    key its creation was tagged with."""
+    key its creation was tagged with. With a ``key_field``, a request left out here keeps
+    that field as the caller wrote it: it is not the request's key (Square's
+    ``/v2/payments/cancel`` names there the payment to cancel)."""
+    body_key_required: Callable[[str, str], bool] = _no_request
+    """Which requests (method, and the path the provider sees) take the key in
+    ``key_field``: a JSON body without the field gets it, emptied, before it is journaled,
+    so that every attempt carries the intent's key there (the caller need not write
+    ``"idempotency_key": ""``). Square's create calls; none by default."""
 
     @property
     def verifies(self) -> bool:
@@ -251,16 +262,25 @@ class ProviderProfile:
             return self.resend == "verify" and self.lookup is not None
         return self.lookup is not None and self.lookup.consistent
 
-    def without_body_key(self, canonical: CanonicalRequest) -> tuple[CanonicalRequest, str | None]:
+    def without_body_key(
+        self, canonical: CanonicalRequest, provider_path: str | None = None
+    ) -> tuple[CanonicalRequest, str | None]:
         """The request with its body's key field emptied, and the key it held (None when
-        it has no such field, or an empty one). Unchanged for a profile whose key travels
-        in a header."""
+        it has no such field, or an empty one). A body without the field gets it, emptied,
+        when the request takes a key there (``body_key_required``, by the path the provider
+        sees: ``provider_path``). Unchanged for a profile whose key travels in a header."""
         if self.key_field is None:
             return canonical, None
+        if provider_path is not None and not self.prepares(canonical.method, provider_path):
+            return canonical, None  # its field names something else (Square's cancel by key)
         data = _json_body_object(canonical.body, canonical.content_type)
-        if data is None or self.key_field not in data:
+        if data is None:
             return canonical, None
-        found = data[self.key_field]
+        if self.key_field not in data and not (
+            provider_path is not None and self.body_key_required(canonical.method, provider_path)
+        ):
+            return canonical, None
+        found = data.get(self.key_field)
         if found is not None and not isinstance(found, str):
             raise ConfigurationError(
                 f"the body's {self.key_field!r} holds {type(found).__name__}, not a string: "
@@ -270,11 +290,14 @@ class ProviderProfile:
         emptied = attrs.evolve(canonical, body=body, canonical_body=body)
         return emptied, found or None
 
-    def take_body_key(self, body: bytes, content_type: str | None) -> tuple[bytes, str | None]:
+    def take_body_key(
+        self, method: str, provider_path: str, body: bytes, content_type: str | None
+    ) -> tuple[bytes, str | None]:
         """A transported request's body with its key field emptied, and the string key it
         held (None: no such field, an empty one, or not a string, left for the draft to
-        refuse). The step's own key goes back in when it is sent (``prepare_body``)."""
-        if self.key_field is None:
+        refuse). The step's own key goes back in when it is sent (``prepare_body``); a
+        request ``prepare_body`` leaves alone keeps its field (it names something else)."""
+        if self.key_field is None or not self.prepares(method, provider_path):
             return body, None
         data = _json_body_object(body, content_type)
         if data is None or not isinstance(data.get(self.key_field), str):

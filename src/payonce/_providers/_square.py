@@ -20,6 +20,8 @@ What Square documents (and its Python SDK, ``squareup``, shows) and payonce reli
 
 from __future__ import annotations
 
+import re
+
 import httpx
 
 from .._lifecycle import Outcome, Verdict
@@ -45,6 +47,29 @@ def square_refine(response: httpx.Response) -> Verdict | None:
     return Verdict(Outcome.MISMATCH, ambiguous=False, reason=f"HTTP 400 {_REUSED}")
 
 
+_KEYED_CALLS = re.compile(r"(?:^|/)v2/(?:payments|refunds|orders|orders/[^/]+/pay|cards)$")
+"""The create calls whose body takes a required ``idempotency_key`` (CreatePayment,
+RefundPayment, CreateOrder, PayOrder, CreateCard): payonce puts the field in when the
+caller left it out. Not ``/v2/payments/cancel``, whose ``idempotency_key`` names the
+payment to cancel, nor the calls that take no key (CompletePayment, CancelPayment)."""
+
+
+def square_takes_key(method: str, path: str) -> bool:
+    """Whether a request is one of Square's create calls that take the key in the body."""
+    return method.upper() == "POST" and _KEYED_CALLS.search(path) is not None
+
+
+_CANCEL_BY_KEY = re.compile(r"(?:^|/)v2/payments/cancel$")
+
+
+def square_keys_itself(method: str, path: str) -> bool:
+    """Whether a request's ``idempotency_key`` field is its own key: every one but
+    CancelPaymentByIdempotencyKey's, which names the payment to cancel (it takes no key of
+    its own; cancelling twice is harmless, so payonce sends it as it is, under a step key
+    of its own journal)."""
+    return not (method.upper() == "POST" and _CANCEL_BY_KEY.search(path) is not None)
+
+
 def square_profile(
     *, lookup: Lookup | None = None, key_lifetime: float = 24 * 3600.0, name: str = "square"
 ) -> ProviderProfile:
@@ -61,6 +86,8 @@ def square_profile(
         lookup=lookup,
         refine=square_refine,
         prepare_body=BodyKeyField(SQUARE_KEY_FIELD),
+        body_key_required=square_takes_key,
+        prepares=square_keys_itself,
     )
 
 

@@ -1,15 +1,18 @@
 """``payonce.AsyncClient``: the async executor, carrying out the same drive as ``Client``.
 
 Only the I/O edge differs: the drive runs on the event loop, httpx.AsyncClient sends,
-asyncio sleeps, leases are kept alive from a task, and every journal command (an fsync may
-take milliseconds) runs in one of payonce's journal threads (``_journal_threads``) so the
-event loop never blocks on the disk. Runs under asyncio; trio is not supported (the
-hand-off answers through the asyncio loop).
+asyncio sleeps, leases are kept alive from a task. A journal command is a plan
+(``IntentCore.journal_plan``): on a journal whose engine has an async edge (PostgreSQL,
+psycopg's async connections) its writes run on the event loop itself, with no thread
+between; on SQLite (an fsync may take milliseconds, and sqlite3 has no async API) the
+command runs in one of payonce's journal threads (``_journal_threads``) so the event loop
+never blocks on the disk. Runs under asyncio; trio is not supported.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar, Unpack, assert_never
@@ -17,6 +20,7 @@ from typing import Any, ParamSpec, TypeVar, Unpack, assert_never
 import httpx
 
 from .._crash import crash_point
+from .._journal._plans import AsyncEdge, Write
 from .._lifecycle import Claim, IntentDraft, IntentRecord
 from .._lifecycle import _drive as drive
 from .._owners import new_owner
@@ -33,6 +37,7 @@ from ._base import (
     bound,
 )
 from ._batch import Claimed, ReconcileBatch, ResumeBatch, ResumeResult, arun_batch
+from ._core import IntentCore
 from ._deadline import Deadline
 from ._journal_threads import off_loop
 from ._lease_keeper import Lease
@@ -50,6 +55,30 @@ Awaited = Coroutine[Any, Any, httpx.Response]
 
 async def _off_loop(function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     return await off_loop(function, *args, **kwargs)
+
+
+async def _on_loop(
+    core: IntentCore, edge: AsyncEdge, command: drive.Command, after: BaseException | None
+) -> Any:
+    """A drive's journal command carried out on the loop: each write of its plan through
+    ``edge``, each call the plan has no async form of in a journal thread."""
+    plan = core.journal_plan(command)
+    answer: Any = None
+    try:
+        while True:
+            try:
+                step = plan.send(answer)
+            except StopIteration as done:
+                return done.value
+            if isinstance(step, Write):
+                answer = await edge.write(step)
+            else:
+                answer = await off_loop(step.function)
+    except BaseException as exc:
+        core.followed(exc, after)
+        raise
+    finally:
+        plan.close()
 
 
 class AsyncOperation(OperationBase, Verbs[Awaited]):
@@ -222,8 +251,8 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
         http: httpx.AsyncClient | None = None,
         auth: Mapping[str, str] | None = None,
     ) -> T:
-        """See ``Client._execute``: the drive runs on the loop; only its journal commands
-        leave it, one journal thread hop each."""
+        """See ``Client._execute``: the drive runs on the loop; so do its journal commands
+        on an engine with an async edge (PostgreSQL), else each is one journal thread hop."""
         core = self._core
         run: drive.Run | None = None
         failure: BaseException | None = None
@@ -245,6 +274,8 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
                 if isinstance(command, drive.JOURNAL_COMMANDS):  # the most frequent, first
                     if interrupted:
                         answer = core.journal_command(command, after=failed)
+                    elif (edge := core.journal_edge()) is not None:
+                        answer = await _on_loop(core, edge, command, failed)
                     else:
                         answer = await off_loop(core.journal_command, command, after=failed)
                     failed = None
@@ -259,6 +290,9 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
                     case drive.LookUp(record):
                         answer = await self._look_up(record, http, auth)
                         failed = answer.error if isinstance(answer, drive.Failed) else None
+                    case drive.AskAgain(record):
+                        ask = functools.partial(core.journaled_request, record, auth=auth)
+                        answer = core.asked_again(record, await self._asked(ask, http))
                     case drive.ReadClock():
                         answer = await self._read_clock()
                     case drive.Sleep(seconds):
@@ -317,10 +351,19 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
         http: httpx.AsyncClient | None,
         auth: Mapping[str, str] | None,
     ) -> drive.Answered | drive.Failed:
+        core = self._core
+        return await self._asked(lambda c: _reconcile.lookup_request(core, record, c, auth), http)
+
+    async def _asked(
+        self,
+        request: Callable[[httpx.AsyncClient], httpx.Request],
+        http: httpx.AsyncClient | None,
+    ) -> drive.Answered | drive.Failed:
+        """A request that executes nothing (a look-up, a settled intent's request again):
+        its answer, or what it raised."""
         http = self._http if http is None else http
         try:
-            request = _reconcile.lookup_request(self._core, record, http, auth)
-            return drive.Answered(await self._exchange(request, http))
+            return drive.Answered(await self._exchange(request(http), http))
         except Exception as exc:
             return drive.Failed(exc)
 
@@ -350,6 +393,9 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
         await self._http.aclose()
         self._stop_watching()
         if self._owns_journal:
+            edge = self._core.journal_edge()
+            if edge is not None:
+                await edge.aclose()
             await _off_loop(self.journal.close)
 
     async def __aenter__(self) -> AsyncClient:

@@ -363,6 +363,7 @@ class OperationBase:
                     reference=None,
                     step=number,
                     intent_key=self._key,
+                    intent_reference=self.reference,
                 ),
                 caller_key=caller_key is not None,
             )
@@ -515,7 +516,15 @@ class OperationBase:
         return [s.key for s in self._steps.values() if s.key is not None and s.settled]
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} key={self._key!r} reference={self.reference!r}>"
+        # Named by what the caller knows it by: its reference (a key before step 1 ran is
+        # only the caller's own, and None says nothing), then how far it got.
+        name = type(self).__name__
+        named = f"reference={self.reference!r}" if self.reference is not None else ""
+        if self._key is not None:
+            named = f"{named} key={self._key!r}".strip()
+        if not self._steps:
+            return f"<{name} {named or 'without reference'}, no step yet>"
+        return f"<{name} {named}, {len(self._steps)} step(s)>"
 
 
 def _how_it_ended(step: Step) -> str:

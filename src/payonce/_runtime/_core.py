@@ -17,6 +17,7 @@ import attrs
 import httpx
 
 from .._crash import crash_armed, crash_atrace, crash_point, crash_trace
+from .._journal._plans import AsyncEdge, Call, Plan
 from .._journal._reads import Journal
 from .._journal._store import IntentStore
 from .._lifecycle import (
@@ -29,11 +30,13 @@ from .._lifecycle import (
     rule,
 )
 from .._lifecycle._drive import (
+    Answered,
     ClaimIntent,
     ClaimKey,
     Command,
     DriveSettings,
     EndAttempt,
+    Failed,
     LookedUp,
     LookupRetried,
     MarkUnknown,
@@ -218,14 +221,22 @@ class IntentCore:
     ) -> httpx.Request:
         """The same bytes and the same key on every attempt, taken from the journal; the
         credentials are this process's (``auth``: a transported request's own)."""
-        record = run.record
+        if self.hooks:
+            self.tell.attempt_started(run)
+        return self.journaled_request(run.record, client, auth)
+
+    def journaled_request(
+        self,
+        record: IntentRecord,
+        client: httpx.Client | httpx.AsyncClient,
+        auth: Mapping[str, str] | None = None,
+    ) -> httpx.Request:
+        """The intent's journaled request under its key, as every attempt sends it."""
         headers = dict(record.request_headers)
         content_type = headers.get("content-type")
         if self.profile.key_field is None:  # else prepare_body puts it in the body
             headers[self.profile.key_header] = self.profile.key_header_value(record.key)
         headers.update(self._auth_headers if auth is None else auth)
-        if self.hooks:
-            self.tell.attempt_started(run)
         body = record.body
         if self.profile.prepares(record.method, httpx.URL(record.url).path):
             body = self.profile.prepare_body(body, content_type, record.key)
@@ -274,17 +285,31 @@ class IntentCore:
         a journal that fails to record it names it as its cause's context, so the caller's
         traceback still shows what happened first."""
         try:
-            return self._journal_command(command)
+            return self.store.carry_out(self.journal_plan(command))
         except BaseException as exc:
-            if after is not None:
-                _follows(exc, after)
+            self.followed(exc, after)
             raise
 
-    def _journal_command(self, command: Command) -> Any:
+    @staticmethod
+    def followed(error: BaseException, after: BaseException | None) -> None:
+        """Name ``after`` (what the send or look-up a journal command records raised) as
+        the context of ``error``, the journal's failure to record it."""
+        if after is not None:
+            _follows(error, after)
+
+    def journal_edge(self) -> AsyncEdge | None:
+        """What carries ``journal_plan``'s writes out on the running event loop, where the
+        journal's engine has one (PostgreSQL); None where a journal thread must."""
+        return self.store.async_edge()
+
+    def journal_plan(self, command: Command) -> Plan[Any]:
+        """One of a drive's journal commands as a plan (``_journal._plans``), telling what
+        came of it: ``journal_command`` carries it out in this thread; an ``AsyncClient``
+        on an engine with an async edge, on its event loop."""
         store, now = self.store, self.clock()
         match command:
             case ClaimIntent(draft, owner):
-                claim: Claim = store.claim(
+                claim: Claim = yield from store.claim.plan(
                     draft,
                     owner=owner,
                     now=now,
@@ -295,9 +320,9 @@ class IntentCore:
                     crash_point("after_write_ahead")
                 return claim
             case ReadAttempts(key):
-                return self.journal.attempts(key)
+                return (yield Call(lambda: self.journal.attempts(key)))
             case StartAttempt(run):
-                number = store.start_attempt(
+                number = yield from store.start_attempt.plan(
                     run.key,
                     owner=run.owner,
                     now=now,
@@ -310,7 +335,7 @@ class IntentCore:
                 debug = logger.isEnabledFor(logging.DEBUG)
                 if debug and verdict is not None and status_code is not None:
                     self.tell.log_answer(run, status_code, verdict)
-                store.end_attempt(
+                yield from store.end_attempt.plan(
                     run.key,
                     run.attempt,
                     transition=transition,
@@ -329,19 +354,19 @@ class IntentCore:
             case Settle(run, transition, response, verdict, provider_date):
                 if logger.isEnabledFor(logging.DEBUG):
                     self.tell.log_answer(run, response.status_code, verdict)
-                return self._settle(run, transition, response, now, provider_date)
+                return (yield from self._settle(run, transition, response, now, provider_date))
             case MarkUnknown(run, transition, reason):
-                record = store.mark_unknown(
+                record = yield from store.mark_unknown.plan(
                     run.key, transition=transition, owner=run.owner, now=now, reason=reason
                 )
                 self.tell.went_unknown(record, reason)
                 return record
             case Release(run, _):
-                store.release(run.key, owner=run.owner)
+                yield from store.release.plan(run.key, owner=run.owner)
                 return None
             case LookedUp(run, kind, outcome, detail, response):
                 self.tell.lookup_ended(run.record, kind, response, before_resend=True)
-                store.looked_up(
+                yield from store.looked_up.plan(
                     run.key,
                     owner=run.owner,
                     now=now,
@@ -351,22 +376,24 @@ class IntentCore:
                 )
                 return None
             case Verified(run, transition, detail, response, found):
-                return self._verified(run, transition, detail, response, found, now)
+                return (yield from self._verified(run, transition, detail, response, found, now))
             case ClaimKey(key, owner):
-                return store.claim_key(
-                    key, owner=owner, now=now, lease_seconds=self.lease_seconds, unknown=True
+                return (
+                    yield from store.claim_key.plan(
+                        key, owner=owner, now=now, lease_seconds=self.lease_seconds, unknown=True
+                    )
                 )
             case Reconciled():
-                return self._reconciled(command, now)
+                return (yield from self._reconciled(command, now))
         raise AssertionError(f"not a journal command: {command!r}")
 
-    def _reconciled(self, command: Reconciled, now: float) -> IntentRecord:
+    def _reconciled(self, command: Reconciled, now: float) -> Plan[IntentRecord]:
         record, response = command.record, command.response
         if response is not None:
             self.tell.lookup_ended(record, command.kind, response, before_resend=False)
         status = None if response is None else response.status_code
         found = command.found
-        after = self.store.reconciled(
+        after = yield from self.store.reconciled.plan(
             record.key,
             transition=command.transition,
             owner=command.owner,
@@ -392,8 +419,8 @@ class IntentCore:
         response: httpx.Response,
         now: float,
         provider_date: float | None,
-    ) -> IntentRecord:
-        record = self.store.settle(
+    ) -> Plan[IntentRecord]:
+        record = yield from self.store.settle.plan(
             run.key,
             transition=transition,
             owner=run.owner,
@@ -427,10 +454,10 @@ class IntentCore:
         response: httpx.Response,
         found: dict[str, Any],
         now: float,
-    ) -> IntentRecord:
+    ) -> Plan[IntentRecord]:
         self.tell.lookup_ended(run.record, LookupKind.FOUND, response, before_resend=True)
         status = response.status_code
-        record = self.store.reconciled(
+        record = yield from self.store.reconciled.plan(
             run.key,
             transition=transition,
             owner=run.owner,
@@ -449,13 +476,31 @@ class IntentCore:
         self.tell.settled(record, provider_replayed=True)
         return record
 
+    def asked_again(self, record: IntentRecord, answer: Answered | Failed) -> Answered | Failed:
+        """What came of sending a settled intent's request again under its key (its
+        answer's body was not journaled): the answer tagged as the replay it is."""
+        if isinstance(answer, Answered):
+            logger.info(
+                "intent %s: its answer's body was not journaled; asked the provider again "
+                "under its key: HTTP %d",
+                record.key,
+                answer.response.status_code,
+                extra=log_extra(record),
+            )
+            tagged(
+                answer.response, record, replayed=True, provider_replayed=None, profile=self.profile
+            )
+        return answer
+
     def told(self, command: Replay | Resending | Sleep | LookupRetried) -> httpx.Response | None:
         """Carry out a command that only builds an answer or tells something."""
         match command:
-            case Replay(record, provider_replayed=True):
-                answer = replayed(record)
+            case Replay(record, provider_replayed=True, found=found):
+                # ``found``: a settled intent's answer, its body the provider's record (its
+                # own was not journaled): a replay. Otherwise settled by this call's look-up.
+                answer = replayed(record, found=found)
                 if answer is not None:
-                    tagged(answer, record, replayed=False, provider_replayed=True)
+                    tagged(answer, record, replayed=found is not None, provider_replayed=True)
                 return answer
             case Replay(record):
                 response = replayed(record)

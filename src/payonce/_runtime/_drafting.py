@@ -46,7 +46,9 @@ class Drafter:
         headers: Mapping[str, str] | None,
     ) -> IntentDraft:
         # A key in the body (Square's) is not part of what the fingerprint compares.
-        canonical, body_key = self.profile.without_body_key(canonical)
+        canonical, body_key = self.profile.without_body_key(
+            canonical, self._base_path + canonical.path
+        )
         if body_key is not None:
             if key is None:
                 key, key_supplied = body_key, True  # the caller's, set on purpose

@@ -54,7 +54,9 @@ class ResponseInfo:
     reference: str | None
     state: IntentState
     replayed: bool
-    """True when served from the journal without a network call."""
+    """True when the intent was settled before this call, which executed nothing: its
+    answer is the journal's (or, when its body was too large to journal, the provider's
+    replay under the same key, or the provider's record found by the status look-up)."""
     provider_replayed: bool
     """True when the provider said it replayed a stored answer for this key."""
     attempts: int
@@ -112,7 +114,7 @@ def stored(response: httpx.Response, *, record: IntentRecord, max_bytes: int) ->
     if not body_stored:
         logger.warning(
             "intent %s: response body of %d bytes exceeds the %d-byte cap; journaled "
-            "status and headers only, a replay will have an empty body",
+            "status and headers only: a replay will ask the provider for it again",
             record.key,
             len(body),
             max_bytes,
@@ -154,12 +156,15 @@ def tagged(
     return response
 
 
-def replayed(record: IntentRecord) -> httpx.Response | None:
+def replayed(record: IntentRecord, *, found: dict[str, Any] | None = None) -> httpx.Response | None:
     """The journaled answer of a settled intent, as an ``httpx.Response``; None when it has
-    none stored."""
+    none stored. ``found``: the provider's record a status look-up found, as its body (the
+    journaled answer's was too large to keep)."""
     answer = record.response
     if answer is None:
         return None
+    if found is not None:
+        answer = from_lookup(found, answer.status)
     response = httpx.Response(
         answer.status,
         headers=list(answer.headers),

@@ -316,6 +316,9 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
                     case drive.LookUp(record):
                         answer = self._look_up(record, http, auth)
                         failed = answer.error if isinstance(answer, drive.Failed) else None
+                    case drive.AskAgain(record):
+                        ask = functools.partial(core.journaled_request, record, auth=auth)
+                        answer = core.asked_again(record, self._asked(ask, http))
                     case drive.ReadClock():
                         answer = self._read_clock()
                     case drive.Sleep(seconds):
@@ -371,10 +374,17 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
     def _look_up(
         self, record: IntentRecord, http: httpx.Client | None, auth: Mapping[str, str] | None
     ) -> drive.Answered | drive.Failed:
+        core = self._core
+        return self._asked(lambda c: _reconcile.lookup_request(core, record, c, auth), http)
+
+    def _asked(
+        self, request: Callable[[httpx.Client], httpx.Request], http: httpx.Client | None
+    ) -> drive.Answered | drive.Failed:
+        """A request that executes nothing (a look-up, a settled intent's request again):
+        its answer, or what it raised."""
         http = self._http if http is None else http
         try:
-            request = _reconcile.lookup_request(self._core, record, http, auth)
-            return drive.Answered(self._exchange(request, http))
+            return drive.Answered(self._exchange(request(http), http))
         except Exception as exc:
             return drive.Failed(exc)
 

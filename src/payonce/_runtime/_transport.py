@@ -185,7 +185,9 @@ class TransportRules:
         # A key in the JSON body (Square's) is the request's key as much as a header's:
         # taken out here, so that the step's key (the caller's, honoured, or payonce's,
         # replacing it) is the one the body carries when it is sent.
-        body, body_key = self._profile.take_body_key(body, request.headers.get("content-type"))
+        body, body_key = self._profile.take_body_key(
+            request.method, path, body, request.headers.get("content-type")
+        )
         caller_key = caller_key if body_key is None else body_key
         options: RequestOptions = {"headers": headers}
         if body:

@@ -9,14 +9,15 @@ from typing import Any, NoReturn
 import httpx
 from Adyen import exceptions as adyen_errors
 
-from ..errors import AuthenticationError, IntentError, IntentMismatch, PayonceError
-from ._transports import (
-    OutsideIntent,
-    TransportSource,
-    about,
-    sync_transport,
-    transport_options,
+from ..errors import (
+    AuthenticationError,
+    ConfigurationError,
+    IntentError,
+    IntentMismatch,
+    PayonceError,
 )
+from ._sdk_errors import about, carry
+from ._transports import OutsideIntent, TransportSource, sync_transport, transport_options
 
 __all__ = ["TransportHTTPClient", "use_transport"]
 
@@ -54,6 +55,8 @@ class TransportHTTPClient:
         sent["User-Agent"] = self.user_agent
         try:
             response = self._http.request(method, url, json=json, data=data, headers=sent)
+        except ConfigurationError:
+            raise  # a programming error, not a network one: never presented as retryable
         except (PayonceError, httpx.TransportError) as exc:
             _raise_adyen_error(exc, url)
         return response.text, json, response.status_code, response.headers
@@ -106,5 +109,5 @@ def _raise_adyen_error(exc: Exception, url: str) -> NoReturn:
         error = adyen_errors.AdyenAPICommunicationError(f"payonce: {exc}{about(exc)}", url=url)
     else:
         error = adyen_errors.AdyenError(f"payonce: {exc}", url=url)
-    error.payonce_error = exc if isinstance(exc, PayonceError) else None
+    carry(error, exc)
     raise error from exc

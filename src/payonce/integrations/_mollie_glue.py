@@ -6,15 +6,16 @@ from typing import Any
 
 import requests
 import requests.exceptions
+from mollie.api.error import RequestError
 from mollie.api.resources.base import ResourceBase
 
 from .._requests_adapter import TransportAdapter
-from ..errors import PayonceError
+from ..errors import ConfigurationError, PayonceError
+from ._sdk_errors import about, carry
 from ._transports import (
     DrawnKeys,
     OutsideIntent,
     TransportSource,
-    about,
     sync_transport,
     transport_options,
 )
@@ -41,11 +42,38 @@ class _MollieAdapter(TransportAdapter):
             del request.headers["Idempotency-Key"]
         try:
             return super().send(request, *args, **kwargs)
+        except ConfigurationError:
+            # A programming error, not a network one: raised as itself (mollie-api-python
+            # wraps only requests' errors as its RequestError).
+            raise
         except PayonceError as exc:
             message = f"payonce: {exc}{about(exc)}"
             error = requests.exceptions.ConnectionError(message, request=request)
-            error.payonce_error = exc  # type: ignore[attr-defined]
+            carry(error, exc)
             raise error from exc
+
+
+def _carrying(mollie_client: Any) -> None:
+    """Make the ``RequestError`` mollie-api-python raises for a payonce error carry that
+    error's key, reference and step as attributes (``carry``), as the other SDKs' do: the
+    SDK raises it while handling the requests error the adapter raised, with its message
+    only."""
+    perform = mollie_client.perform_http_call
+    if getattr(perform, "_payonce_carrying", False):
+        return  # plugged in already
+
+    def perform_http_call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return perform(*args, **kwargs)
+        except RequestError as error:
+            cause = error.__context__
+            if isinstance(getattr(cause, "payonce_error", None), PayonceError):
+                assert cause is not None
+                carry(error, cause.payonce_error)  # type: ignore[attr-defined]
+            raise
+
+    perform_http_call._payonce_carrying = True  # type: ignore[attr-defined]
+    mollie_client.perform_http_call = perform_http_call
 
 
 def use_transport(
@@ -65,6 +93,7 @@ def use_transport(
     for scheme in ("https://", "http://"):
         session.mount(scheme, adapter)
     mollie_client._client = session
+    _carrying(mollie_client)
     oauth = getattr(mollie_client, "_oauth_client", None)
     if oauth is not None:
         for scheme in ("https://", "http://"):

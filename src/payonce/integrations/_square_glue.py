@@ -8,11 +8,11 @@ from typing import Any, NoReturn
 import httpx
 from square.core.api_error import ApiError
 
-from ..errors import PayonceError
+from ..errors import ConfigurationError, PayonceError
+from ._sdk_errors import about, carry
 from ._transports import (
     OutsideIntent,
     TransportSource,
-    about,
     async_transport,
     sync_transport,
     transport_options,
@@ -29,7 +29,7 @@ def _code(exc: PayonceError) -> str:
 def _raise_square_error(exc: PayonceError) -> NoReturn:
     detail = {"category": "API_ERROR", "code": _code(exc), "detail": f"{exc}{about(exc)}"}
     error = ApiError(status_code=None, body={"errors": [detail]})
-    error.payonce_error = exc  # type: ignore[attr-defined]
+    carry(error, exc)
     raise error from exc
 
 
@@ -40,6 +40,8 @@ class _Translating(httpx.BaseTransport):
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         try:
             return self.inner.handle_request(request)
+        except ConfigurationError:
+            raise  # a programming error, not a network one: never presented as retryable
         except PayonceError as exc:
             _raise_square_error(exc)
 
@@ -54,6 +56,8 @@ class _AsyncTranslating(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         try:
             return await self.inner.handle_async_request(request)
+        except ConfigurationError:
+            raise  # a programming error, not a network one: never presented as retryable
         except PayonceError as exc:
             _raise_square_error(exc)
 

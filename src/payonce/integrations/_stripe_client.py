@@ -11,18 +11,13 @@ from stripe import _api_requestor
 
 from ..errors import (
     AuthenticationError,
+    ConfigurationError,
     IntentMismatch,
     OutcomeUnknown,
     PayonceError,
 )
-from ._transports import (
-    DrawnKeys,
-    OutsideIntent,
-    TransportSource,
-    about,
-    async_transport,
-    sync_transport,
-)
+from ._sdk_errors import about, carry
+from ._transports import DrawnKeys, OutsideIntent, TransportSource, async_transport, sync_transport
 
 __all__ = ["HTTPClient"]
 
@@ -108,6 +103,8 @@ class HTTPClient(stripe.HTTPClient):
             response = self._sync.request(
                 method, url, headers=_DRAWN.without_drawn(headers), content=post_data
             )
+        except ConfigurationError:
+            raise  # a programming error, not a network one: never presented as retryable
         except (PayonceError, httpx.TransportError) as exc:
             _raise_stripe_error(exc)
         return response.content, response.status_code, response.headers
@@ -142,6 +139,8 @@ class HTTPClient(stripe.HTTPClient):
             response = await self._async.request(
                 method, url, headers=_DRAWN.without_drawn(headers), content=post_data
             )
+        except ConfigurationError:
+            raise  # a programming error, not a network one: never presented as retryable
         except (PayonceError, httpx.TransportError) as exc:
             _raise_stripe_error(exc)
         return response.content, response.status_code, response.headers
@@ -180,8 +179,8 @@ def _raise_stripe_error(exc: Exception) -> NoReturn:
     else:
         assert isinstance(exc, PayonceError)
         error = _connection_error(f"payonce: {exc}{about(exc)}")
-    # The payonce error itself, for callers that want its key, reference or state.
-    setattr(error, "payonce_error", exc if isinstance(exc, PayonceError) else None)  # noqa: B010
+    # The payonce error itself, its key, reference and step, for callers that want them.
+    carry(error, exc)
     raise error from exc
 
 

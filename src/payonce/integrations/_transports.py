@@ -9,13 +9,12 @@ from typing import Any, Literal, Protocol
 
 import httpx
 
-from ..errors import ConfigurationError, IntentError, PayonceError
+from ..errors import ConfigurationError
 
 __all__ = [
     "DrawnKeys",
     "OutsideIntent",
     "TransportSource",
-    "about",
     "async_transport",
     "sync_transport",
     "transport_options",
@@ -67,17 +66,6 @@ def async_transport(client: TransportSource, **options: Any) -> httpx.AsyncBaseT
             "async httpx transport: pass a payonce.AsyncClient for async SDK calls"
         )
     return transport
-
-
-def about(exc: PayonceError) -> str:
-    """What an SDK's error adds to payonce's message: the key and the reference, for the
-    caller to resume or reconcile with. A step of a block has no reference of its own (its
-    key, ``KEY-stepN``, names its intent's)."""
-    if not isinstance(exc, IntentError):
-        return ""
-    if exc.reference is None:
-        return f" (idempotency key {exc.key!r})"
-    return f" (idempotency key {exc.key!r}, reference {exc.reference!r})"
 
 
 class DrawnKeys:

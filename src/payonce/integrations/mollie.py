@@ -1,9 +1,9 @@
 """mollie-api-python through payonce (extra ``mollie``).
 
 ```python
-mollie = mollie.api.client.Client()
-mollie.set_api_key("live_…")
-payonce.integrations.mollie.use_transport(mollie, client)
+mollie_client = mollie.api.client.Client()
+mollie_client.set_api_key("live_…")
+payonce.integrations.mollie.use_transport(mollie_client, client)
 ```
 
 mollie-api-python gives every ``create``/``update``/``delete`` a fresh ``uuid4`` key

@@ -7,8 +7,9 @@
   and ``GET /v2/payments/{id}``; the key in ``Idempotency-Key``, optional. The hosted
   checkout is skipped: a payment is ``paid`` (or ``failed``) at once.
 - Square: ``POST /v2/payments`` with the key in the JSON body's ``idempotency_key``
-  (required), ``GET /v2/payments/{id}``, ``GET /v2/payments`` and ``POST
-  /v2/payments/{id}/complete`` (for a payment made with ``autocomplete: false``).
+  (required), ``GET /v2/payments/{id}``, ``GET /v2/payments``, ``POST
+  /v2/payments/{id}/complete`` (for a payment made with ``autocomplete: false``) and ``POST
+  /v2/payments/cancel`` (cancel by the key a payment was created under).
 
 Every mutating request runs through the shared ``KeyGuard`` (faults first, then the key:
 the same key and body replay the first answer, another body is refused as the dialect
@@ -106,6 +107,7 @@ class SdkPaymentsApi:
             return [
                 Route("/v2/payments", self.square_create, methods=["POST"]),
                 Route("/v2/payments", self.square_list, methods=["GET"]),
+                Route("/v2/payments/cancel", self.square_cancel_by_key, methods=["POST"]),
                 Route("/v2/payments/{payment_id}", self.square_get, methods=["GET"]),
                 Route("/v2/payments/{payment_id}/complete", self.square_complete, methods=["POST"]),
             ]
@@ -379,4 +381,34 @@ class SdkPaymentsApi:
             return outcome[1] if isinstance(outcome, tuple) else outcome
 
         # CompletePayment takes no idempotency key: completing twice completes once.
+        return await self._run(request, account, None, "", record)
+
+    async def square_cancel_by_key(self, request: Request) -> Response:
+        """CancelPaymentByIdempotencyKey: the body's ``idempotency_key`` names the payment
+        (the key it was created under); an approved one is canceled, one already canceled
+        stays so, and the answer is Square's empty object either way."""
+        account = authenticate(request, self.config)
+        data = json_object(await request.body())
+        created_under = _text(data, SQUARE_KEY_FIELD, 400, required=True)
+        found = await run_in_threadpool(
+            lambda: self.store.find_payments(account, idempotency_key=created_under)
+        )
+        if not found:
+            raise ApiError(404, "not_found", f"no payment created under {created_under!r}")
+        payment_id = found[0].id
+
+        def decide(payment: Payment | None) -> tuple[Payment, StoredResponse] | StoredResponse:
+            if payment is None:
+                raise ApiError(404, "not_found", f"no such payment: {payment_id}")
+            if payment.status == "canceled":
+                return StoredResponse(200, dumps({}))
+            if payment.status != "authorized":
+                raise ApiError(400, "invalid_request", f"payment {payment_id} is {payment.status}")
+            return attrs.evolve(payment, status="canceled"), StoredResponse(200, dumps({}))
+
+        def record(claim: Claimed) -> StoredResponse:
+            outcome = self.store.change_payment(claim.token, account, "", payment_id, decide)
+            return outcome[1] if isinstance(outcome, tuple) else outcome
+
+        # It takes no key of its own: canceling twice cancels once.
         return await self._run(request, account, None, "", record)
