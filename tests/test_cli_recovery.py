@@ -27,6 +27,7 @@ from helpers.journals import store_of
 from helpers.keyrings import SessionKeyring, UseKeyring
 from helpers.payments import PAYMENT, MakeClient, leave_pending, make_unknown
 from payonce._journal._schema import SCHEMA_VERSION
+from payonce._owners import new_owner as payonce_owner
 from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
 
 ACCOUNT = "acct_demo"  # the sandbox's account for DEFAULT_API_KEY, as in conftest
@@ -97,6 +98,48 @@ def test_resume_finishes_what_a_dead_worker_left_pending_under_the_same_key(
     again = run_cli(["resume"], env=env, secrets=SECRETS)
     assert again.exit_code == 0
     assert "nothing to resume" in again.stderr
+
+
+def test_resume_skips_pending_intents_live_workers_hold_and_says_when_to_run_again(
+    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str], journal_path: Path
+) -> None:
+    """Right after a failover, settles lost with the old primary leave intents pending under
+    the leases of workers still running: resume must not say "nothing to resume"."""
+    held = [leave_pending(make_client, f"order-h{n}") for n in range(2)]
+    free = leave_pending(make_client, "order-free")
+    live_worker = payonce_owner()
+    until = time.time() + 120
+    journal = payonce.open_journal(journal_path)
+    try:
+        for record in held:
+            claim = store_of(journal).claim_key(
+                record.key, owner=live_worker, now=until - 120, lease_seconds=120
+            )
+            assert claim is not None
+    finally:
+        journal.close()
+    executed = sandbox.store.executions()
+
+    result = run_cli(["resume"], env=env, secrets=SECRETS)
+
+    assert result.exit_code == 1, result.output
+    assert free.key in result.stdout
+    summary = " ".join(result.stderr.split())
+    assert "resumed 1 intent(s)" in summary, summary
+    assert "2 other pending intents held by live workers" in summary, summary
+    last = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(until))
+    assert summary.endswith(f"Run `payonce resume` again after {last}"), summary
+    for record in held:
+        assert _state(journal_path, record.key).state is payonce.IntentState.PENDING
+    assert sandbox.store.executions() == {**executed, free.key: 1}
+
+    again = run_cli(["resume"], env=env, secrets=SECRETS)
+    assert again.exit_code == 1, again.output
+    assert " ".join(again.stderr.split()) == (
+        "nothing resumed of account 'acct_demo' (provider 'sandbox'); 2 pending intents held "
+        f"by live workers (leases until {last} at the latest), skipped: their workers may be "
+        f"sending them now. Run `payonce resume` again after {last}"
+    )
 
 
 def test_resume_json_is_a_list_of_results_and_the_summary_goes_to_stderr(

@@ -11,19 +11,24 @@ synchronous standby, again and again, under payments from several processes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
+import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 import payonce
@@ -33,7 +38,7 @@ from helpers.pgproxy import PostgresRelay, relay_to
 from helpers.processes import python_env
 from payonce._journal._postgres import PostgresJournal
 from payonce.sandbox import DEFAULT_API_KEY, Faults, SandboxServer
-from pgcluster import ReplicatedPair
+from pgcluster import Node, ReplicatedPair
 from pgserver import PostgresServer, find_bindir
 
 
@@ -94,7 +99,7 @@ def states(journal: payonce.Journal) -> dict[str | None, str]:
     [
         (
             "postgresql://payonce@db1:5432,db2:5432/payments",
-            "names 2 hosts (db1, db2) without target_session_attrs=read-write",
+            "names 2 hosts (db1:5432, db2:5432) without target_session_attrs=read-write",
         ),
         (
             "postgresql://payonce@db1,db2/payments?target_session_attrs=any",
@@ -103,6 +108,10 @@ def states(journal: payonce.Journal) -> dict[str | None, str]:
         (
             "postgresql://payonce@db1,db2/payments?port=1,2,3&target_session_attrs=read-write",
             "names 2 host(s) but 3 port values",
+        ),
+        (
+            "postgresql://u@a:1,b:2,c/db?target_session_attrs=read-write",
+            "gives a port for some of its 3 hosts but not for the others",
         ),
         (
             "postgresql://payonce@db1/payments?target_session_attrs=standby",
@@ -633,3 +642,224 @@ def test_payments_from_several_processes_survive_five_failovers_to_a_synchronous
         f"max {max(reconnections, default=0):.2f}s over {len(reconnections)}; "
         f"{commits_checked} commits lost with their connection, looked for on the new primary"
     )
+
+
+# -- a synchronous standby that stopped answering -----------------------------------------------
+# Every commit then waits in ``SyncRep``. A DBA who cancels that wait (``pg_cancel_backend``)
+# gets the commit kept on the primary only, with no more than a WARNING: a write-ahead so
+# committed is not durable (a failover now loses it, and a retry would mint a new key), so
+# payonce sends nothing on the strength of it and tells its caller so.
+
+
+def _processes(node: Node) -> list[int]:
+    postmaster = node.postmaster_pid()
+    children = subprocess.run(
+        ["pgrep", "-P", str(postmaster)], capture_output=True, text=True, check=False
+    ).stdout.split()
+    return [postmaster, *map(int, children)]
+
+
+@contextlib.contextmanager
+def frozen(node: Node) -> Iterator[None]:
+    """Every process of ``node`` stopped (SIGSTOP): it acknowledges no WAL until the end."""
+    stopped = _processes(node)
+    for pid in stopped:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+def _cancel_the_wait_for_the_standby(pair: ReplicatedPair, how: str) -> None:
+    """What a DBA does to a session stuck in ``SyncRep``: cancel it, from another session."""
+    with pair.primary.connect() as conn:
+        waiting: list[int] = []
+
+        def found() -> bool:
+            waiting[:] = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT pid FROM pg_stat_activity"
+                    " WHERE wait_event = 'SyncRep' AND application_name = 'payonce'"
+                ).fetchall()
+            ]
+            return bool(waiting)
+
+        _wait_for(found, "payonce's commit waits for the standby")
+        for pid in waiting:
+            conn.execute(f"SELECT {how}(%s)", (pid,))
+
+
+def _standby_synchronous(pair: ReplicatedPair) -> bool:
+    with pair.primary.connect() as conn:
+        row = conn.execute(
+            "SELECT sync_state FROM pg_stat_replication WHERE state = 'streaming'"
+        ).fetchone()
+    return row is not None and row[0] == "sync"
+
+
+LEASE_SECONDS = 3.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("how", "said", "kind"),
+    [
+        (
+            "pg_cancel_backend",
+            "canceling wait for synchronous replication due to user request",
+            "Client",
+        ),
+        (
+            "pg_terminate_backend",
+            "canceling the wait for synchronous replication and terminating connection due to "
+            "administrator command",
+            "Client",
+        ),
+        # An AsyncClient writes on its event loop, on connections of its own.
+        (
+            "pg_cancel_backend",
+            "canceling wait for synchronous replication due to user request",
+            "AsyncClient",
+        ),
+    ],
+)
+def test_a_write_ahead_whose_wait_for_the_standby_was_cancelled_sends_nothing_and_a_retry_pays_once(
+    pair: ReplicatedPair,
+    sandbox: SandboxServer,
+    client_options: dict[str, Any],
+    closing: contextlib.ExitStack,
+    how: str,
+    said: str,
+    kind: str,
+) -> None:
+    # A short lease: the refused call's lease keeps the intent until it runs out.
+    options = {**client_options, "journal": pair.url, "lease_seconds": LEASE_SECONDS}
+    if kind == "AsyncClient":
+        # One event loop, in a thread of its own, for every call: a service's loop.
+        loop = asyncio.new_event_loop()
+        running = threading.Thread(target=loop.run_forever, daemon=True)
+        running.start()
+        asynchronous = payonce.AsyncClient(**options)
+        journal = asynchronous.journal
+
+        def on_loop(coroutine: Any) -> Any:
+            return asyncio.run_coroutine_threadsafe(coroutine, loop).result(timeout=120)
+
+        def stop_loop() -> None:
+            on_loop(asynchronous.aclose())
+            loop.call_soon_threadsafe(loop.stop)
+            running.join()
+            loop.close()
+
+        closing.callback(stop_loop)
+
+        def post(reference: str) -> object:
+            return on_loop(asynchronous.post("/v1/payments", json=PAYMENT, reference=reference))
+
+    else:
+        client = closing.enter_context(payonce.Client(**options))
+        journal = client.journal
+
+        def post(reference: str) -> object:
+            return client.post("/v1/payments", json=PAYMENT, reference=reference)
+
+    post("before-the-standby-stopped")
+    executed_before = sandbox.store.executions()
+
+    outcome: list[BaseException | object] = []
+
+    def pay() -> None:
+        try:
+            outcome.append(post("order-1"))
+        except BaseException as exc:  # the test reads it below
+            outcome.append(exc)
+
+    with frozen(pair.standby):
+        caller = threading.Thread(target=pay)
+        caller.start()
+        _cancel_the_wait_for_the_standby(pair, how)
+        caller.join(timeout=60)
+        assert not caller.is_alive(), "the caller is still waiting"
+
+        [error] = outcome
+        assert isinstance(error, payonce.JournalError), error
+        assert not error.may_have_executed
+        message = str(error)
+        assert "without its synchronous standby" in message, message
+        assert said in message, message
+        assert "nothing was sent" in message, message
+        assert "journaled on the primary only" in message, message
+        assert "same reference" in message, message
+        assert "payonce resume" in message, message
+        assert pair.password not in message
+        # Nothing reached the provider.
+        assert sandbox.store.executions() == executed_before
+        # The intent is journaled (on the primary), never sent.
+        [record] = [r for r in journal.list_intents() if r.reference == "order-1"]
+        assert record.state is payonce.IntentState.PENDING
+
+    _wait_for(lambda: _standby_synchronous(pair), "the standby is synchronous again")
+    time.sleep(LEASE_SECONDS)  # the refused call's lease runs out
+    response = post("order-1")
+    assert isinstance(response, httpx.Response)
+    assert response.status_code == 201
+    assert sandbox.store.execution_count(record.key) == 1
+    assert sandbox.store.total_executions() == sum(executed_before.values()) + 1
+
+
+# -- a database restarted under a program that set up no logging --------------------------------
+
+_RESTARTED_UNDER_A_CHILD = """
+import sys
+import payonce
+
+url, base_url, api_key = sys.argv[1:4]
+with payonce.Client(base_url=base_url, api_key=api_key, journal=url) as client:
+    client.post("/v1/payments", json={"amount": 100, "currency": "eur"}, reference="one")
+    print("paid", flush=True)
+    sys.stdin.readline()  # the database is restarted meanwhile
+    for n in range(3):
+        answer = client.post(
+            "/v1/payments", json={"amount": 100, "currency": "eur"}, reference=f"two-{n}"
+        )
+        print(answer.status_code, flush=True)
+"""
+
+
+def test_a_database_restart_payonce_reconnects_from_prints_nothing_on_stderr(
+    postgres_server: PostgresServer, postgres_url: str, sandbox: SandboxServer
+) -> None:
+    """An immediate shutdown tells every session "WARNING: terminating connection due to
+    immediate shutdown command"; payonce reconnects, so it is logged at INFO, and a program
+    with no logging set up (Python's last-resort handler prints WARNING and above) prints
+    nothing."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", _RESTARTED_UNDER_A_CHILD, postgres_url, sandbox.url,
+         DEFAULT_API_KEY],
+        env=python_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == "paid\n"
+        postgres_server._tool(
+            "pg_ctl", "-D", str(postgres_server.data), "-l", str(postgres_server.log),
+            "-m", "immediate", "-w", "-t", "60", "restart",
+        )  # fmt: skip
+        postgres_server._wait_until_ready()
+        out, err = child.communicate("go\n", timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 0, err
+    assert out.split() == ["201"] * 3
+    assert err == ""

@@ -4,6 +4,7 @@ place), and the private writers a client or an inbox builds on its engine."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,7 @@ __all__ = [
     "open_journal",
     "open_to_write",
     "postgres_journal_class",
+    "refuse_conninfo",
     "store_of",
 ]
 
@@ -32,6 +34,79 @@ JOURNAL_ENV = "PAYONCE_JOURNAL"
 _POSTGRES_EXTRA = (
     "a postgresql:// journal needs the postgres extra: pip install 'payonce[postgres]'"
 )
+
+
+# libpq's connection keywords (PostgreSQL 16's list): a journal argument that starts with
+# one of them and "=" is a key=value connection string, never meant as a file name.
+_LIBPQ_KEYWORDS = [
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "passfile",
+    "require_auth",
+    "channel_binding",
+    "connect_timeout",
+    "client_encoding",
+    "options",
+    "application_name",
+    "fallback_application_name",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_count",
+    "tcp_user_timeout",
+    "replication",
+    "gssencmode",
+    "sslmode",
+    "sslnegotiation",
+    "requiressl",
+    "sslcompression",
+    "sslcert",
+    "sslkey",
+    "sslcertmode",
+    "sslpassword",
+    "sslrootcert",
+    "sslcrl",
+    "sslcrldir",
+    "sslsni",
+    "requirepeer",
+    "ssl_min_protocol_version",
+    "ssl_max_protocol_version",
+    "krbsrvname",
+    "gsslib",
+    "gssdelegation",
+    "service",
+    "target_session_attrs",
+    "load_balance_hosts",
+]
+_CONNINFO_PAIR = re.compile(r"(?:^|\s)(" + "|".join(_LIBPQ_KEYWORDS) + r")\s*=", re.IGNORECASE)
+
+
+def refuse_conninfo(
+    journal: object, where: str = "the journal given (journal=, --journal or $PAYONCE_JOURNAL)"
+) -> None:
+    """Refuse a libpq ``key=value`` connection string given as a journal.
+
+    It would otherwise be taken for a file name and a SQLite journal created under it (its
+    name holding the password). Only the keywords are named in the error, never a value.
+    A file whose name really starts so is written ``./NAME``.
+    """
+    if not isinstance(journal, str | os.PathLike):
+        return
+    text = os.fspath(journal)
+    if not isinstance(text, str) or not _CONNINFO_PAIR.match(text.lstrip()):
+        return
+    keywords = list(dict.fromkeys(m.group(1).lower() for m in _CONNINFO_PAIR.finditer(text)))
+    raise ConfigurationError(
+        f"{where} holds a libpq key=value connection string ({', '.join(keywords)}), which "
+        "payonce would take for a file name: write it as a postgresql:// URL, e.g. "
+        "postgresql://USER:PASSWORD@HOST:PORT/DBNAME (a password percent-encoded, or left "
+        "to PGPASSWORD or ~/.pgpass). Nothing was opened or created. A file whose name "
+        "really starts so: write it as ./NAME"
+    )
 
 
 def postgres_journal_class() -> type[PostgresJournal]:
@@ -46,6 +121,7 @@ def default_journal_path() -> Path:
     """``$PAYONCE_JOURNAL`` if set, else ``payonce/journal.db`` in the user data directory."""
     configured = os.environ.get(JOURNAL_ENV)
     if configured:
+        refuse_conninfo(configured, f"${JOURNAL_ENV}")
         return Path(configured).expanduser()
     import platformdirs  # only when no journal was named: not on every import
 
@@ -77,6 +153,8 @@ def open_journal(
                 f"{type(journal).__name__}"
             )
         return journal
+    refuse_conninfo(journal)
+    refuse_conninfo(os.environ.get(JOURNAL_ENV) if journal is None else None, f"${JOURNAL_ENV}")
     if isinstance(journal, str) and "://" in journal and not is_postgres_url(journal):
         scheme = journal.split("://", 1)[0]
         raise ConfigurationError(

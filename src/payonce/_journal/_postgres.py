@@ -31,7 +31,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -201,6 +201,8 @@ class PostgresEngine(Engine):
                     self._run(conn, self._verify, begin=None, busy=NO_SEND)
             except _CommitUnknown as unknown:  # opening again finds the schema as it is
                 raise self._commit_unknown(unknown, BEFORE_SEND) from None
+            except _NotReplicated as unreplicated:
+                raise self._not_replicated(unreplicated, BEFORE_SEND) from None
             except psycopg.Error as exc:
                 raise self.translate(exc, BEFORE_SEND) from None
         try:
@@ -265,7 +267,9 @@ class PostgresEngine(Engine):
         request leaves."""
         assert row is not None
         synchronous_commit, fsync = row[0], row[1]
-        self._backends[conn] = _Backend(conn.info.backend_pid, row[-1], conn.info.server_version)
+        backend = _Backend(conn.info.backend_pid, row[-1], conn.info.server_version)
+        self._backends[conn] = backend
+        conn.add_notice_handler(backend.hear)  # a durable commit's standby wait cancelled
         if fsync == "off" and not self._fsync_off_warned:
             self._fsync_off_warned = True
             logger.warning(
@@ -286,14 +290,52 @@ class PostgresEngine(Engine):
         busy: Unwritten,
         recover: Callable[[Tx], T | None] | None = None,
     ) -> T:
+        before_send = durable  # what must be durable before a request leaves
         durable = durable or self._synchronous_settles
         begin = _DURABLE if durable else _LAZY
         try:
-            return self._transact(work, begin=begin, busy=busy)
-        except _CommitUnknown as unknown:
-            if recover is None:
-                raise self._commit_unknown(unknown, busy) from None
-            return self._recover(work, recover, unknown, begin=begin, durable=durable, busy=busy)
+            try:
+                return self._transact(work, begin=begin, busy=busy)
+            except _CommitUnknown as unknown:
+                if recover is None:
+                    raise self._commit_unknown(unknown, busy) from None
+                return self._recover(
+                    work, recover, unknown, begin=begin, durable=durable, busy=busy
+                )
+        except _NotReplicated as unreplicated:
+            return cast(T, self._unreplicated(unreplicated, before_send=before_send, busy=busy))
+
+    def _unreplicated(
+        self, unreplicated: _NotReplicated, *, before_send: bool, busy: Unwritten
+    ) -> object:
+        """A durable commit kept on the primary only: refused when something is to be sent
+        on the strength of it; else (a settle under ``synchronous_settles``) its result."""
+        if before_send:
+            raise self._not_replicated(unreplicated, busy) from None
+        if unreplicated.lost is not None:  # its answer went with the connection
+            raise self._commit_unknown(_CommitUnknown(unreplicated.lost), busy) from None
+        # A settle kept on the primary only costs what a lazy settle costs: a failover may
+        # put the intent back to pending, for resume.
+        logger.warning(
+            "journal %s: a write made after sending was committed on the primary only "
+            "(%s); a failover before the standby catches up may put its intent back to "
+            "pending, which payonce resume settles",
+            self.location,
+            unreplicated.said,
+        )
+        return unreplicated.result
+
+    def _listening(
+        self,
+        conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+        begin: tuple[str, ...] | None,
+    ) -> _Backend | None:
+        """The backend of a durable transaction about to run on ``conn``, its ear reset:
+        whether the server says its commit stopped waiting for the standby."""
+        backend = self._backends.get(conn) if begin == _DURABLE else None
+        if backend is not None:
+            backend.unreplicated = None
+        return backend
 
     def _query(self, work: Callable[[Tx], T], *, snapshot: bool) -> T:
         begin = _SNAPSHOT if snapshot else None
@@ -463,6 +505,7 @@ class PostgresEngine(Engine):
         if begin is None:  # reads, each statement its own round trip and transaction
             return work(Tx(conn.cursor(), self.dialect))
         tx = _Pipelined(conn, self.dialect, begin)
+        backend = self._listening(conn, begin)
         try:
             result = work(tx)
             tx.commit()
@@ -480,12 +523,33 @@ class PostgresEngine(Engine):
             refused = not conn.broken and _server_refusal(exc)
             lost = conn.broken or (isinstance(exc, psycopg.OperationalError) and not refused)
             if tx.committing and isinstance(exc, psycopg.Error) and lost:
+                _NotReplicated.check(backend, None, lost=exc)
                 # Lost with the commit on its way (a COMMIT, or a statement that is its
                 # own transaction): whether it was recorded is learnt on a new connection
                 # (``_recover``), never by running it again blindly.
                 raise _CommitUnknown(exc, self._backends.get(conn)) from None
             raise  # refused by the server: rolled back, nothing recorded
+        _NotReplicated.check(backend, result)
         return result
+
+    def _not_replicated(self, unreplicated: _NotReplicated, busy: Unwritten) -> JournalError:
+        about = busy.about or "this write"
+        advice = (
+            "it is journaled on the primary only, and a failover before the standby catches "
+            "up would lose it (and a new key). Once the synchronous standby answers again and "
+            "this call's lease has run out (the client's lease_seconds), call again with the "
+            "same reference, which carries on under the same key, or run payonce resume"
+        )
+        return self.error(
+            f"the journal database committed {about} without its synchronous standby: the "
+            f"wait for the standby was cancelled (the database said: {unreplicated.said}), "
+            "so it is not durable and payonce sent nothing on the strength of it",
+            then=Unwritten(
+                f"{busy.words}; {advice}",
+                may_have_executed=busy.may_have_executed,
+                retry_later=False,
+            ),
+        )
 
     def _commit_unknown(
         self,
@@ -515,17 +579,27 @@ class PostgresEngine(Engine):
         if reconnecting is not None:
             return self._lost(reconnecting, busy)
         return self.error(
-            f"no connection to the journal database became free within "
-            f"{self._busy_timeout:g}s (all in use, or the database is unreachable)",
+            f"no connection to the journal database became free after waiting "
+            f"{self._busy_timeout:g}s for one (busy_timeout): all in use, or the database "
+            "unreachable (a restart, a failover: only a call that lost its own connection "
+            "waits for a new primary, up to failover_timeout)",
             busy=True,
             then=busy,
         )
 
     def _notice(self, diagnostic: psycopg.errors.Diagnostic) -> None:
-        """A server's notice or warning, in payonce's log rather than on stderr: a warning
-        (a commit that did not wait for its synchronous standby, say) as a warning."""
+        """A server's notice or warning, in payonce's log rather than on stderr.
+
+        What payonce handles itself is INFO: a session ended by the server's operator or a
+        shutdown (class 57: payonce reconnects, and tells its callers), a cancelled wait for
+        the synchronous standby (the write is refused as not durable). Other warnings stay
+        warnings; notices are DEBUG."""
         severity = diagnostic.severity_nonlocalized or diagnostic.severity or "NOTICE"
-        level = logging.WARNING if severity == "WARNING" else logging.DEBUG
+        handled = (diagnostic.sqlstate or "").startswith("57") or _unreplicated(diagnostic)
+        if severity != "WARNING":
+            level = logging.DEBUG
+        else:
+            level = logging.INFO if handled else logging.WARNING
         logger.log(
             level,
             "journal %s: the database said: %s: %s",
@@ -562,14 +636,36 @@ class PostgresEngine(Engine):
         if isinstance(exc, pg_errors.InsufficientPrivilege):
             return self.error(
                 f"the database role lacks a privilege the journal needs "
-                f"({self._describe(exc)}): grant it, or give the journal a schema it may "
-                "create tables in (?schema=payonce)"
+                f"({self._describe(exc)}): {self._privilege_advice()}"
+            )
+        if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
+            return self.error(
+                f"the journal database is read-only ({self._describe(exc)}): the server "
+                "is a standby in recovery (or default_transaction_read_only is on for this "
+                "role or database), and payonce writes only to a primary. Point the URL at "
+                "the primary, or name every server with ?target_session_attrs=read-write "
+                "so that libpq picks the primary",
+                then=busy,
             )
         if isinstance(exc, psycopg.OperationalError):
             return self.error(
                 f"lost the journal database ({self._describe(exc)})", then=_then_resume(busy)
             )
         return self.error(f"journal operation failed ({self._describe(exc)})", then=busy)
+
+    def _privilege_advice(self) -> str:
+        if self._schema is not None:
+            return (
+                f"grant the role CREATE ON DATABASE (to create the schema {self._schema}), or "
+                f"have an administrator create it for the role: CREATE SCHEMA "
+                f"{self._schema} AUTHORIZATION <role>"
+            )
+        return (
+            "grant the role CREATE ON SCHEMA public (PostgreSQL 15 and later grant it to no "
+            "one by default), or give the journal a schema of its own (?schema=payonce), "
+            "which needs CREATE ON DATABASE or the schema created for the role by an "
+            "administrator"
+        )
 
     # -- operating --------------------------------------------------------------------------
 
@@ -742,7 +838,8 @@ class PostgresJournal(Journal):
     ``schema`` (or ``?schema=name`` in the URL) keeps the journal's tables in a schema of
     their own, created on first open; by default they go where unqualified names resolve
     (usually ``public``). ``busy_timeout`` bounds every wait for a row lock or a pooled
-    connection; ``pool_size`` is the most connections this journal holds at once.
+    connection (not a commit's wait for a synchronous standby: see docs/postgres.md);
+    ``pool_size`` is the most connections this journal holds at once.
 
     ``location`` is the URL without its password, which appears in no message or log.
 
@@ -794,15 +891,61 @@ class PostgresJournal(Journal):
 
 
 class _Backend:
-    """The server process a connection talks to: its pid and start, and whether its server
-    can wait for another process's end (``pg_terminate_backend`` with a timeout, 14+)."""
+    """The server process a connection talks to: its pid and start, whether its server
+    can wait for another process's end (``pg_terminate_backend`` with a timeout, 14+), and
+    whether it said its last commit did not wait for the synchronous standby."""
 
-    __slots__ = ("can_wait", "pid", "started")
+    __slots__ = ("can_wait", "pid", "started", "unreplicated")
 
     def __init__(self, pid: int, started: object, server_version: int) -> None:
         self.pid = pid
         self.started = started
         self.can_wait = started is not None and server_version >= 140000
+        self.unreplicated: str | None = None
+
+    def hear(self, diagnostic: psycopg.errors.Diagnostic) -> None:
+        """The connection's notice handler: notes a cancelled wait for the standby."""
+        if _unreplicated(diagnostic):
+            self.unreplicated = f"WARNING: {diagnostic.message_primary}"
+
+
+# What PostgreSQL says (as a WARNING, with the COMMIT's result) when a commit stops waiting
+# for its synchronous standby: a pg_cancel_backend (01000), or a pg_terminate_backend or a
+# fast shutdown (57P01). "The transaction has already committed locally, but might not have
+# been replicated to the standby." The messages are matched in English (lc_messages=C or en).
+_SYNC_REP_CANCELLED = (
+    "canceling wait for synchronous replication",
+    "canceling the wait for synchronous replication",
+)
+
+
+def _unreplicated(diagnostic: psycopg.errors.Diagnostic) -> bool:
+    severity = diagnostic.severity_nonlocalized or diagnostic.severity
+    message = diagnostic.message_primary or ""
+    return severity == "WARNING" and message.startswith(_SYNC_REP_CANCELLED)
+
+
+class _NotReplicated(Exception):
+    """A durable commit the server kept on itself only: its synchronous wait was cancelled."""
+
+    def __init__(self, result: object, said: str, lost: psycopg.Error | None = None) -> None:
+        super().__init__(said)
+        self.result = result
+        self.said = said
+        self.lost = lost
+        """The connection, ended by the server right after it said so: no result read."""
+
+    @classmethod
+    def check(
+        cls, backend: _Backend | None, result: object, *, lost: psycopg.Error | None = None
+    ) -> None:
+        """Raise when the server said this durable transaction's commit stopped waiting for
+        the synchronous standby: committed on the primary only (with the COMMIT's result:
+        a ``pg_cancel_backend``), or, when ``lost``, just before ending the session (a
+        ``pg_terminate_backend``, a fast shutdown). Not durable: a failover now would lose
+        it, so nothing may be sent on the strength of it."""
+        if backend is not None and backend.unreplicated is not None:
+            raise cls(result, backend.unreplicated, lost=lost)
 
 
 class _CommitUnknown(Exception):
@@ -986,11 +1129,15 @@ class _AsyncEdge:
         durable = write.durable or engine._synchronous_settles
         begin = _DURABLE if durable else _LAZY
         try:
-            return await self._transact(write.work, begin=begin, busy=write.busy)
-        except _CommitUnknown as unknown:
-            if write.recover is None:
-                raise engine._commit_unknown(unknown, write.busy) from None
-            return await self._recover(write, unknown, begin=begin, durable=durable)
+            try:
+                return await self._transact(write.work, begin=begin, busy=write.busy)
+            except _CommitUnknown as unknown:
+                if write.recover is None:
+                    raise engine._commit_unknown(unknown, write.busy) from None
+                return await self._recover(write, unknown, begin=begin, durable=durable)
+        except _NotReplicated as unreplicated:
+            result = engine._unreplicated(unreplicated, before_send=write.durable, busy=write.busy)
+            return cast(T, result)
 
     async def _transact(
         self,
@@ -1135,6 +1282,7 @@ class _AsyncEdge:
     ) -> T:
         """``PostgresEngine._run`` of a plan's work, on an async connection."""
         tx = _AsyncPipelined(conn, self._engine.dialect, begin)
+        backend = self._engine._listening(conn, begin)
         try:
             result = await tx.carry_out(work)
             await tx.commit()
@@ -1150,8 +1298,10 @@ class _AsyncEdge:
             refused = not conn.broken and _server_refusal(exc)
             lost = conn.broken or (isinstance(exc, psycopg.OperationalError) and not refused)
             if tx.committing and isinstance(exc, psycopg.Error) and lost:
+                _NotReplicated.check(backend, None, lost=exc)
                 raise _CommitUnknown(exc, self._engine._backends.get(conn)) from None
             raise
+        _NotReplicated.check(backend, result)
         return result
 
     async def _recover(

@@ -1,8 +1,11 @@
 """A PostgreSQL journal URL taken apart: what libpq gets, what may be shown, what must not.
 
 The password never leaves this module but inside ``conninfo``: ``location`` is the URL
-without it, and ``redact`` takes every form of it (as written, decoded, encoded) out of
-any message a driver error carries.
+without it, and ``redact`` takes it out of any message a driver error carries where a
+password can stand: a URL's user-info, a ``password=`` setting, a value the driver quotes
+(every form of it: as written, decoded, encoded). Nowhere else: replacing every occurrence
+of its text would reveal it (a password ``o`` turns "permission denied for schema" into
+"permissi*** denied f***r schema").
 """
 
 from __future__ import annotations
@@ -95,6 +98,17 @@ class Target:
                     f"it names {count} host(s) but {len(given)} {name} values: give one "
                     f"{name} for all of them, or one per host, in the same order"
                 )
+            if len(given) > 1 and "" in given and any(given):
+                # libpq would take the default port (5432) for a host written without one.
+                raise self.invalid(
+                    f"it gives a {name} for some of its {count} hosts but not for the others: "
+                    f"give one {name} for all of them, or one per host, in the same order"
+                )
+        ports = _listed(self.parameters.get("port"))
+        if len(ports) == len(hosts) > 1:
+            hosts = [f"{h}:{p}" if p else h for h, p in zip(hosts, ports, strict=True)]
+        elif len(ports) == 1 and len(hosts) > 1:
+            hosts = [f"{host}:{ports[0]}" for host in hosts]
         attrs = str(self.parameters.get("target_session_attrs") or "any")
         if attrs in ("read-only", "standby", "prefer-standby"):
             raise ConfigurationError(
@@ -128,16 +142,27 @@ class Target:
         return ConfigurationError(f"the PostgreSQL journal URL is not valid: {self.redact(why)}")
 
     def redact(self, text: str) -> str:
+        text = _URL_PASSWORD.sub(r"\1***@", text)
+        text = _PASSWORD_SETTING.sub(r"\1***", text)
         for secret in self._secrets:
-            text = text.replace(secret, "***")
+            for quote in ('"', "'"):
+                text = text.replace(f"{quote}{secret}{quote}", f"{quote}***{quote}")
         return text
+
+
+# scheme://user:PASSWORD@ (a password holding "@" unencoded is refused as ambiguous).
+_URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^\s:/?#@]*:)[^\s@]*@")
+# password=VALUE, sslpassword = 'VALUE' (a conninfo string, a URL's query).
+_PASSWORD_SETTING = re.compile(
+    r"((?<![A-Za-z0-9_])(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&#]*)", re.IGNORECASE
+)
 
 
 def secrets_of(url: str) -> list[str]:
     """The password, as written and decoded, even from a URL too broken to parse.
 
-    Over-redacting a message is harmless; missing one form of the password is not, so the
-    user-info is cut both at the authority's end and at the URL's last "@".
+    Missing one form of the password would let a quoted value through, so the user-info is
+    cut both at the authority's end and at the URL's last "@".
     """
     found = []
     rest = url.partition("://")[2]

@@ -105,6 +105,14 @@ def existing_journal_target(location: JournalLocation | None) -> JournalLocation
         location if location is not None else payonce.journal.default_journal_path()
     ).expanduser()
     if not target.exists():
+        # Not "no journal at" a libpq key=value string, which would print its password:
+        # payonce refuses one as a journal (ConfigurationError), before touching the disk.
+        try:
+            payonce.open_journal(target, read_only=True, check_integrity=False).close()
+        except payonce.ConfigurationError as exc:
+            raise CliError(str(exc)) from None
+        except payonce.PayonceError:
+            pass  # no such file: said below
         raise CliError(f"no journal at {target}")
     return target
 

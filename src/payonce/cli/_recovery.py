@@ -8,6 +8,7 @@ command only shows the results as they come.
 from __future__ import annotations
 
 import functools
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -27,6 +28,7 @@ from ._common import (
     echo_json,
     existing_journal,
     existing_journal_target,
+    iso,
     journal_option,
 )
 from ._recovery_views import Row, print_rows, progress, reconcile_row, resume_row, summary
@@ -81,6 +83,25 @@ class Connection:
             and self.account in (None, record.account)
             for record in records
         )
+
+    def held_by_live_workers(self, reported: Iterable[str]) -> list[payonce.IntentRecord]:
+        """The pending intents of the options' provider and account (every one, without
+        them) besides the ``reported`` keys that a live worker's lease still holds: resume
+        skips them (their worker may be sending them right now)."""
+        reported, now = set(reported), time.time()
+        pending = [payonce.IntentState.PENDING]
+        with existing_journal(self.journal, read_only=True) as journal:
+            records = journal.list_intents(states=pending)
+        return [
+            record
+            for record in records
+            if record.key not in reported
+            and self.provider in (None, record.provider)
+            and self.account in (None, record.account)
+            and record.lease_owner is not None
+            and (record.lease_expires_at or 0.0) > now
+            and not payonce.journal.owner_is_dead(record.lease_owner)
+        ]
 
     @contextmanager
     def client(self, target: Target, base_url: str) -> Iterator[payonce.Client]:
@@ -222,10 +243,15 @@ def resume(connection: Connection, as_json: bool) -> None:
     Unknown intents are never resent: the summary says how many wait, and to run
     `payonce reconcile --all`.
 
+    Pending intents a live worker's lease holds are skipped, and counted in the summary
+    with the time the last lease runs out.
+
     Exits 0 when everything it targeted is settled and no unknown intent waits; 1 if an
-    intent is still pending (the provider was unreachable, or refused the API key) or
-    unknown (left unknown by this run or before it), or an account could not be driven (no
-    API key, a profile this process does not know); 2 on a usage error.
+    intent is still pending (the provider was unreachable, or refused the API key, or a
+    live worker's lease holds it) or unknown (left unknown by this run or before it), or an
+    account could not be driven (no API key, a profile this process does not know); 2 on a
+    usage error.
+
     """
     pending = [payonce.IntentState.PENDING]
     targets, held = connection.targets(lambda j: j.list_intents(states=pending), "pending intents")
@@ -237,15 +263,36 @@ def resume(connection: Connection, as_json: bool) -> None:
         return [resume_row(result, client.journal) for result in results]
 
     rows, undriven = connection.drive_each(targets, drive)
+    leased = connection.held_by_live_workers(row.key for row in rows)
+    nothing = (
+        f"nothing resumed of {_labels(targets)}"
+        if leased
+        else f"nothing to resume: no pending intent of {_labels(targets)}"
+    )
     _finish(
         rows,
         undriven,
         verb="resumed",
         title=f"{len(rows)} resumed intent(s)",
-        nothing=f"nothing to resume: no pending intent of {_labels(targets)}"
-        + elsewhere(held, targets),
+        nothing=nothing + elsewhere(held, targets),
         as_json=as_json,
-        waiting=_unknown_waiting(connection.unknown_waiting(row.key for row in rows), rows),
+        waiting=_held_waiting(leased, rows)
+        + _unknown_waiting(connection.unknown_waiting(row.key for row in rows), rows),
+    )
+
+
+def _held_waiting(leased: Sequence[payonce.IntentRecord], rows: Sequence[Row]) -> str:
+    """The end of resume's summary when live workers' leases kept it off pending intents
+    (right after a failover, their settles lost with the old primary): they are not done,
+    so "nothing to resume" would read as "all clear"."""
+    if not leased:
+        return ""
+    last = iso(max(record.lease_expires_at or 0.0 for record in leased), precise=False)
+    intents = "intent" if len(leased) == 1 else "intents"
+    return (
+        f"; {len(leased)} {'other ' if rows else ''}pending {intents} held by live workers "
+        f"(leases until {last} at the latest), skipped: their workers may be sending them "
+        f"now. Run `payonce resume` again after {last}"
     )
 
 

@@ -68,7 +68,11 @@ def _fields(report: payonce.journal.JournalReport) -> list[tuple[str, Text]]:
     states = ", ".join(f"{n} {state}" for state, n in counts.items() if n) or "none"
     intents = f"{sum(counts.values())} ({states})"
     if report.contents_read and report.problems:
-        intents += ", as read from a damaged file"
+        # A database server's problems (fsync=off) are its settings, not a damaged file.
+        server = "://" in report.location
+        intents += (
+            ", as read despite the problems below" if server else ", as read from a damaged file"
+        )
     read = report.contents_read
     return [
         ("journal", Text(report.location)),
