@@ -536,9 +536,10 @@ class PostgresEngine(Engine):
         about = busy.about or "this write"
         advice = (
             "it is journaled on the primary only, and a failover before the standby catches "
-            "up would lose it (and a new key). Once the synchronous standby answers again and "
-            "this call's lease has run out (the client's lease_seconds), call again with the "
-            "same reference, which carries on under the same key, or run payonce resume"
+            "up would lose it (and a new key). Once the synchronous standby answers again, call "
+            "again with the same reference, which carries on under the same key (from this "
+            "process at once; from another once this call's lease has run out, the client's "
+            "lease_seconds), or run payonce resume"
         )
         return self.error(
             f"the journal database committed {about} without its synchronous standby: the "

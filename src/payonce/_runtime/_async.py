@@ -75,7 +75,7 @@ async def _on_loop(
             else:
                 answer = await off_loop(step.function)
     except BaseException as exc:
-        core.followed(exc, after)
+        core.failed(command, exc, after)
         raise
     finally:
         plan.close()

@@ -287,15 +287,21 @@ class IntentCore:
         try:
             return self.store.carry_out(self.journal_plan(command))
         except BaseException as exc:
-            self.followed(exc, after)
+            self.failed(command, exc, after)
             raise
 
     @staticmethod
-    def followed(error: BaseException, after: BaseException | None) -> None:
-        """Name ``after`` (what the send or look-up a journal command records raised) as
-        the context of ``error``, the journal's failure to record it."""
+    def failed(command: Command, error: BaseException, after: BaseException | None) -> None:
+        """A journal command raised ``error``: name ``after`` (what the send or look-up it
+        records raised) as its context. A write-ahead the journal failed ends its drive
+        before anything is sent, yet may have committed (on a primary whose synchronous
+        standby's wait was cancelled): its owner never writes again, so this process's
+        next call of the intent takes its lease at once (``run_over`` does the same for a
+        drive under way)."""
         if after is not None:
             _follows(error, after)
+        if isinstance(command, ClaimIntent) and isinstance(error, JournalError):
+            owner_ended(command.owner)
 
     def journal_edge(self) -> AsyncEdge | None:
         """What carries ``journal_plan``'s writes out on the running event loop, where the
