@@ -27,7 +27,7 @@ import stripe
 
 import payonce
 from helpers.cli import run_cli
-from helpers.payments import payonce_options
+from helpers.payments import MakeClient, payonce_options
 from helpers.processes import python_env
 from helpers.sandboxes import SharedSandboxes
 from payonce.integrations import adyen as adyen_integration
@@ -38,7 +38,9 @@ ORDER = {"amount": "4200", "currency": "eur", "payment_method": "pm_card_visa"}
 TIP = {"amount": "300", "currency": "eur", "payment_method": "pm_card_visa"}
 
 
-def _options(server: SandboxServer, provider: str, journal: Path, **more: Any) -> dict[str, Any]:
+def _options(
+    server: SandboxServer, provider: str, journal: str | Path, **more: Any
+) -> dict[str, Any]:
     return {**payonce_options(server, provider, journal), **more}
 
 
@@ -64,14 +66,20 @@ def _tips(server: SandboxServer, order: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
+def backend() -> str:
+    """The journal's store where a test does not ask for each (``location``)."""
+    return "sqlite"
+
+
+@pytest.fixture
 def stripe_run(
-    stripe_server: SandboxServer, journal_path: Path, closing: contextlib.ExitStack
+    stripe_server: SandboxServer, location: str, closing: contextlib.ExitStack
 ) -> Callable[[str, str | None], stripe.PaymentIntent]:
     """One run of a shop's checkout with a tip: a new process would build the same."""
 
     def run(order: str, tip_key: str | None) -> stripe.PaymentIntent:
         client = closing.enter_context(
-            payonce.Client(**_options(stripe_server, "stripe", journal_path))
+            payonce.Client(**_options(stripe_server, "stripe", location))
         )
         http_client = stripe_integration.HTTPClient(client)
         closing.callback(http_client.close)
@@ -94,14 +102,15 @@ def stripe_run(
     return run
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_a_stripe_python_step_keyed_with_a_fresh_uuid4_is_refused_when_the_block_runs_again(
     stripe_server: SandboxServer,
     stripe_run: Callable[[str, str | None], stripe.PaymentIntent],
-    journal_path: Path,
+    location: str,
 ) -> None:
     first_key = str(uuid.uuid4())
     stripe_run("order-tip-uuid", first_key)
-    journal = payonce.open_journal(journal_path)
+    journal = payonce.open_journal(location)
     before = journal.list_intents()
 
     second_key = str(uuid.uuid4())
@@ -286,3 +295,37 @@ def test_a_block_killed_after_a_uuid4_keyed_step_and_run_again_is_refused_not_pa
     (intent,) = journal.find("order-killed")
     assert [s.state for s in journal.steps(intent.key)] == [payonce.IntentState.SUCCEEDED]
     journal.close()
+
+
+# -- a status look-up by reference ----------------------------------------------------------
+
+
+@pytest.fixture
+def by_reference(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A provider profile that looks intents up by their reference (forgotten after)."""
+    from payonce._providers import _profile
+
+    monkeypatch.setattr(_profile, "_REGISTRY", dict(_profile._REGISTRY))
+    lookup = payonce.providers.Lookup(path="/v1/payments", by="reference", param="reference")
+    payonce.register_profile(payonce.ProviderProfile(name="by-reference", lookup=lookup))
+    return "by-reference"
+
+
+def test_a_step_is_never_looked_up_by_its_own_reference_which_the_provider_does_not_know(
+    make_client: MakeClient, sandbox: SandboxServer, by_reference: str
+) -> None:
+    client = make_client(provider=by_reference, retry=payonce.RetryPolicy(max_attempts=1))
+    payment = {"amount": 4200, "currency": "eur", "reference": "order-looked-up"}
+    with client.intent("order-looked-up") as op:
+        op.post("/v1/payments", json=payment)
+        sandbox.script(["drop_after"])  # step 2 executes; its answer is lost
+        with pytest.raises(payonce.OutcomeUnknown):
+            op.post("/v1/payments", json={**payment, "amount": 300})
+    step_key = op.steps[1][1]
+    assert step_key is not None
+
+    (result,) = client.reconcile(step_key)
+    assert result.after is payonce.IntentState.UNKNOWN  # not "never executed", not resent
+    assert "is a later step of a block" in (result.detail or "")
+    assert "'order-looked-up#step2' is payonce's own" in (result.detail or "")
+    assert sandbox.store.executions()[step_key] == 1

@@ -104,7 +104,12 @@ def lookup_request(
         # A step's reference is payonce's own (``order-1#step2``), never the merchant
         # reference the provider knows: a look-up by it would find nothing, and "nothing"
         # would read as "never executed".
-        value = None
+        raise ConfigurationError(
+            f"provider {core.profile.name!r} looks intents up by reference, and intent "
+            f"{record.key} is a later step of a block: its reference {record.reference!r} "
+            "is payonce's own, which the provider does not know. Check it at the provider "
+            "by hand"
+        )
     if value is None:
         raise ConfigurationError(
             f"provider {core.profile.name!r} looks intents up by reference, and intent "
