@@ -13,6 +13,8 @@ nothing. A Python block that is neither run nor named with why (``NOT_RUN``) fai
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import types
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ import payonce.integrations.adyen
 import payonce.integrations.mollie
 import payonce.integrations.square
 import payonce.integrations.stripe
+from helpers.processes import python_env
 from helpers.sandboxes import SharedSandboxes
 from payonce.sandbox import DEFAULT_API_KEY, MOLLIE_TEST_API_KEY, SandboxConfig, SandboxServer
 
@@ -239,6 +242,38 @@ def test_the_readme_s_first_example_runs_and_its_run_again_executes_nothing(
     journal = tmp_path / "journal.db"
     monkeypatch.setenv("PAYONCE_JOURNAL", str(journal))
     run_twice(block, README_EXAMPLE, server, journal)
+
+
+def test_the_readme_s_first_example_runs_as_written_in_a_fresh_interpreter(
+    shared_sandboxes: SharedSandboxes, tmp_path: Path
+) -> None:
+    # Its imports are its own: nothing this test module imported may stand in for them.
+    (block,) = [b for b in python_blocks(README) if "payonce.integrations.stripe" in b]
+    server = shared_sandboxes.get("sdk stripe", SandboxConfig.like("stripe"))
+    code = block
+    for old, new in README_EXAMPLE.changes.items():
+        code = code.replace(old, new.replace(URL, server.url))
+    preamble = (
+        f"import types\napi_key = {DEFAULT_API_KEY!r}\norder = types.SimpleNamespace(id='rd_1')\n"
+    )
+    env = python_env(PAYONCE_JOURNAL=str(tmp_path / "journal.db"))
+    counts: list[dict[str, int]] = [server.store.executions()]
+    for _ in range(2):  # the code, then the code run again for the same order
+        done = subprocess.run(
+            [sys.executable, "-c", preamble + code],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        server.wait_idle()
+        counts.append(server.store.executions())
+    before, first, again = counts
+    made = {key: n for key, n in first.items() if before.get(key) != n}
+    assert len(made) == 2, made  # the create and the confirm, once each
+    assert again == first  # the run again executed nothing
 
 
 def test_the_examples_name_an_order_s_intent_the_same_way_everywhere() -> None:

@@ -38,7 +38,7 @@ from square import AsyncSquare, Square
 from square.core.api_error import ApiError as SquareApiError
 
 import payonce
-from helpers.payments import FAST_RETRY
+from helpers.payments import FAST_RETRY, payonce_options
 from helpers.processes import mypy_strict, python_output
 from helpers.sandboxes import SharedSandboxes
 from payonce.integrations import adyen as adyen_integration
@@ -63,19 +63,6 @@ MakePayonce = Callable[..., payonce.Client]
 
 def sandbox_like(shared: SharedSandboxes, provider: str) -> SandboxServer:
     return shared.get(f"sdk {provider}", SandboxConfig.like(provider))  # type: ignore[arg-type]
-
-
-def payonce_options(server: SandboxServer, provider: str, journal: str | Path) -> dict[str, Any]:
-    """A payonce client used only as the SDK's transport: the SDK brings its credentials."""
-    return {
-        "base_url": server.url,
-        "provider": provider,
-        "account": "acct_shop",
-        "journal": journal,
-        "retry": FAST_RETRY,
-        "timeout": 5.0,
-        "transport_only": True,
-    }
 
 
 def payonce_maker(
@@ -356,7 +343,7 @@ def test_stripe_python_async_through_an_async_client(
     assert sorted(stripe_server.store.executions().values()) == [1, 1]
 
 
-def test_an_integration_over_an_async_client_refuses_sync_calls_with_a_stripe_error(
+def test_an_integration_over_an_async_client_refuses_sync_calls_as_a_configuration_error(
     stripe_server: SandboxServer,
     stripe_client: Callable[..., stripe.StripeClient],
     journal_path: Path,
@@ -367,8 +354,24 @@ def test_an_integration_over_an_async_client_refuses_sync_calls_with_a_stripe_er
         )
 
     sdk = stripe_client(stripe_server, http_client=asyncio.run(make()))
-    with pytest.raises(stripe.APIConnectionError, match="over an AsyncClient"):
+    # A wiring mistake, payonce's own error: never a network error someone might retry.
+    with pytest.raises(payonce.ConfigurationError, match="over an AsyncClient"):
         sdk.v1.payment_intents.create(params={"amount": 900, "currency": "eur"})
+    assert stripe_server.store.total_executions() == 0
+
+
+def test_an_integration_over_a_sync_client_refuses_async_calls_as_a_configuration_error(
+    stripe_server: SandboxServer,
+    stripe_client: Callable[..., stripe.StripeClient],
+    stripe_payonce: MakePayonce,
+) -> None:
+    sdk = stripe_client(stripe_server, http_client=stripe_integration.HTTPClient(stripe_payonce()))
+
+    async def create() -> Any:
+        return await sdk.v1.payment_intents.create_async(params={"amount": 900, "currency": "eur"})
+
+    with pytest.raises(payonce.ConfigurationError, match="as async_client= for async calls"):
+        asyncio.run(create())
     assert stripe_server.store.total_executions() == 0
 
 

@@ -8,8 +8,10 @@ from the first's key, replayed from the journal when the same code runs again, a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import sqlite3
 import threading
 from pathlib import Path
 from typing import Any
@@ -101,7 +103,7 @@ def test_each_different_request_of_a_block_is_its_next_step_with_a_key_of_its_ow
     assert client.unacknowledged() == []
 
 
-def test_a_step_carries_no_reference_and_the_journal_lists_it_with_its_intent(
+def test_a_step_carries_a_reference_of_its_own_and_the_journal_lists_it_with_its_intent(
     client: payonce.Client, journal_path: Path
 ) -> None:
     first, _ = _checkout(client, "order-listed")
@@ -110,10 +112,14 @@ def test_a_step_carries_no_reference_and_the_journal_lists_it_with_its_intent(
     (step,) = client.journal.steps(key)
     assert (step.key, step.reference, step.state) == (
         f"{key}-step2",
-        None,
+        "order-listed#step2",
         payonce.IntentState.SUCCEEDED,
     )
     assert client.journal.steps(step.key) == []
+
+    step_shown = run_cli(["intents", "show", step.key, "--journal", str(journal_path)])
+    assert step_shown.exit_code == 0, step_shown.stderr
+    assert f"step 2 of intent {key} (reference order-listed)" in step_shown.stdout
 
     shown = run_cli(["intents", "show", "order-listed", "--journal", str(journal_path)])
     assert shown.exit_code == 0, shown.stderr
@@ -406,6 +412,28 @@ def test_a_step_whose_outcome_stays_unknown_is_refused_again_rather_than_resent(
     assert sandbox.store.total_executions() == 2
 
 
+def test_an_abandoned_step_stops_the_block_without_suggesting_a_new_reference(
+    make_client: MakeClient, sandbox: SandboxServer, journal_path: Path
+) -> None:
+    client, op, _ = _step_2_lost(make_client, sandbox, "order-abandoned-step")
+    step_key = op.steps[1][1]
+    abandoned = run_cli(
+        ["abandon", str(step_key), "--reason", "settled by hand", "--journal", str(journal_path)]
+    )
+    assert abandoned.exit_code == 0, abandoned.stderr
+
+    with client.intent("order-abandoned-step") as again:
+        again.post("/v1/payments", json=PAYMENT)
+        with pytest.raises(payonce.IntentStateError) as refused:
+            again.post("/v1/payments", json=SECOND)
+    message = str(refused.value)
+    assert message.startswith(f"step 2 of intent 'order-abandoned-step' (key {step_key}) was")
+    assert "cannot carry on past an abandoned step" in message
+    # A new reference would run the block from step 1 again: a second payment.
+    assert "Use a new reference to pay again" not in message
+    assert sandbox.store.total_executions() == 2
+
+
 # -- the block's scope -----------------------------------------------------------------------
 
 
@@ -578,3 +606,18 @@ def test_a_client_built_for_its_transport_only_refuses_its_verbs(
     with pytest.raises(payonce.ConfigurationError):
         payonce.Client(**{**client_options, "api_key": None})
     assert sandbox.store.total_executions() == 0
+
+
+def test_steps_journaled_without_a_reference_by_earlier_code_replay_when_the_block_runs_again(
+    make_client: MakeClient, sandbox: SandboxServer, journal_path: Path
+) -> None:
+    first, second = _checkout(make_client(), "order-earlier-code")
+    # As the code before step references journaled a step: no reference of its own.
+    with contextlib.closing(sqlite3.connect(journal_path)) as conn, conn:
+        conn.execute("UPDATE intents SET reference = NULL WHERE reference LIKE '%#step%'")
+    assert sandbox.store.total_executions() == 2
+
+    again = _checkout(make_client(), "order-earlier-code")
+    assert all(_info(r).replayed for r in again)
+    assert [r.json() for r in again] == [first.json(), second.json()]
+    assert sandbox.store.total_executions() == 2

@@ -6,6 +6,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,6 +20,19 @@ DECLINED = {"amount": 40200, "currency": "eur"}  # the sandbox declines this amo
 FAST_RETRY = payonce.RetryPolicy(initial_wait=0.001, max_wait=0.01, max_attempts=5)
 
 MakeClient = Callable[..., payonce.Client]
+
+
+def payonce_options(server: SandboxServer, provider: str, journal: str | Path) -> dict[str, Any]:
+    """A payonce client used only as the SDK's transport: the SDK brings its credentials."""
+    return {
+        "base_url": server.url,
+        "provider": provider,
+        "account": "acct_shop",
+        "journal": journal,
+        "retry": FAST_RETRY,
+        "timeout": 5.0,
+        "transport_only": True,
+    }
 
 
 class DiesAfterSending(httpx.HTTPTransport):

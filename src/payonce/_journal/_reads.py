@@ -30,6 +30,8 @@ from .._lifecycle import (
     Unwritten,
     abandon_blocked,
     step_key,
+    step_of_reference,
+    step_reference,
 )
 from .._lifecycle._key_age import PRUNE_AFTER_KEY_LIFETIMES
 from .._owners import owner_is_dead
@@ -187,15 +189,28 @@ class Journal:
         """The steps 2, 3… of the intent keyed ``key``, in order: the later requests of its
         ``with client.intent(...)`` block, each an intent of its own keyed from this one's
         (``KEY-step2``…, or a hashed form where the provider's key limit is too short).
-        Empty for an intent of one request, or for a key that is itself a step's."""
+        Empty for an intent of one request, or for a key that is itself a step's. A step
+        under a key the caller set is found by its reference (``order-1#step2``)."""
         record = self.get(key)
-        if record is None:
+        if record is None or step_of_reference(record.reference) is not None:
             return []
         max_length = key_max_length_of(record.provider)
+        named = record.reference or record.key
         found: list[IntentRecord] = []
-        while (step := self.get(step_key(key, len(found) + 2, max_length=max_length))) is not None:
+        while True:
+            number = len(found) + 2
+            step = self.get(step_key(key, number, max_length=max_length))
+            if step is None:
+                step = self._step_by_reference(step_reference(named, number), record)
+            if step is None:
+                return found
             found.append(step)
-        return found
+
+    def _step_by_reference(self, reference: str, intent: IntentRecord) -> IntentRecord | None:
+        # The first journaled since its intent: an intent of the same reference on another
+        # endpoint (another scope) may have steps of its own under the same name.
+        since = [r for r in self.find(reference) if r.created_at >= intent.created_at]
+        return min(since, key=lambda r: r.created_at, default=None)
 
     def list_intents(
         self, *, states: Iterable[IntentState] | None = None, limit: int | None = None

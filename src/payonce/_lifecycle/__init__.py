@@ -33,6 +33,8 @@ from ._identity import (
     new_key,
     request_differences,
     step_key,
+    step_of_reference,
+    step_reference,
     validate_key,
     validate_reference,
 )
@@ -135,6 +137,8 @@ __all__ = [
     "journaled_fingerprint_matches",
     "request_differences",
     "step_key",
+    "step_of_reference",
+    "step_reference",
     "classify_error",
     "classify_lookup",
     "classify_lookup_error",

@@ -30,6 +30,8 @@ __all__ = [
     "new_key",
     "request_differences",
     "step_key",
+    "step_of_reference",
+    "step_reference",
     "validate_key",
     "validate_reference",
 ]
@@ -72,6 +74,33 @@ def step_key(intent_key: str, step: int, *, max_length: int = MAX_KEY_LENGTH) ->
     digest = hashlib.sha256(intent_key.encode()).hexdigest()[:_STEP_HASH_LENGTH]
     head = intent_key[: max(0, max_length - len(suffix) - _STEP_HASH_LENGTH - 1)]
     return f"{head}~{digest}{suffix}"[-max_length:]
+
+
+_STEP_REFERENCE = re.compile(r"(.+)#step([0-9]+)")
+
+
+def step_reference(intent: str, step: int) -> str:
+    """The reference of step ``step`` (2 and later) of the intent named ``intent`` (its
+    reference, else its key): ``order-1#step2``.
+
+    Journaled with the step, it binds the step's position to the key it was first
+    journaled under, as a reference binds step 1: a run again whose step n carries another
+    key (one the caller's code draws per call, a uuid4) is refused before anything is
+    sent, instead of being a new step that pays again. Readable in ``payonce intents
+    list``, typed without quoting, and unlike an order id a caller would choose.
+    """
+    if step < 2:
+        raise ValueError(f"step 1 is the intent itself, named {intent!r}; got step {step}")
+    return f"{intent}#step{step}"
+
+
+def step_of_reference(reference: str | None) -> tuple[str, int] | None:
+    """(the intent's reference or key, the position) of a step's reference; None for any
+    other reference (an intent's own)."""
+    if reference is None or (match := _STEP_REFERENCE.fullmatch(reference)) is None:
+        return None
+    step = int(match.group(2))
+    return (match.group(1), step) if step >= 2 else None
 
 
 def validate_key(key: str, *, max_length: int = MAX_KEY_LENGTH) -> str:

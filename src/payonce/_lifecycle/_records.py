@@ -50,8 +50,11 @@ class IntentDraft(IntentRequest):
     intent_key: str | None = None
     """For a step 2 or later: the key of the intent (its step 1) it is a step of."""
     intent_reference: str | None = None
-    """For a step 2 or later: its intent's reference, which its errors name (never
-    journaled with the step: the step's row relates to its intent by its key)."""
+    """For a step 2 or later: its intent's reference, which its errors name. The step's
+    own reference (``step_reference``) is derived from it, else from ``intent_key``."""
+    derived_key: str | None = None
+    """For a step 2 or later: the key payonce gives that step (``step_key``), so that a
+    refusal tells a key the caller's code set from payonce's own."""
 
 
 @attrs.frozen

@@ -17,7 +17,7 @@ from ..errors import (
     ProviderError,
     ProviderUnavailable,
 )
-from ._identity import request_differences
+from ._identity import request_differences, step_of_reference
 from ._records import IntentDraft, IntentRecord
 from ._states import IntentState
 from ._verdicts import Outcome, Verdict
@@ -67,7 +67,11 @@ def of_step(error: E, draft: IntentDraft) -> E:
     if message.startswith(step_subject):
         return error  # worded for the step already (a changed step)
     plain = f"{_subject(draft.key, None)} "
-    if message.startswith(plain) and not message.startswith(f"{plain}(reference "):
+    own = f"{_subject(draft.key, draft.reference)} "  # its record, by its step reference
+    if draft.reference is not None and message.startswith(own):
+        error.args = (f"{step_subject} {message[len(own) :]}", *error.args[1:])
+    elif message.startswith(plain) and not message.startswith(f"{plain}(reference "):
+        # Its record journaled by earlier code, without a step reference.
         error.args = (f"{step_subject} {message[len(plain) :]}", *error.args[1:])
     else:
         # About another intent's record (a key the caller set that is another intent's):
@@ -109,6 +113,14 @@ def unknown_remedy(key: str, *, reconcilable: bool) -> str:
 
 def abandoned(record: IntentRecord) -> IntentStateError:
     why = f"was abandoned by an operator ({record.abandon_reason}); it is never resent"
+    if step_of_reference(record.reference) is not None:
+        # A new reference would run the block from its step 1: a second payment.
+        what = (
+            f"{why}. The block cannot carry on past an abandoned step, and a new reference "
+            "would run it again from its step 1 (pay that a second time): finish this order "
+            "outside the block, by hand"
+        )
+        return _about(IntentStateError, record, what)
     return _about(IntentStateError, record, f"{why}. Use a new reference to pay again")
 
 
@@ -145,6 +157,8 @@ def mismatch(
     sends, and leaves the caller's transaction as it was before the call."""
     if draft.step > 1 and record.key == draft.key:
         return _step_mismatch(draft, record, reconcilable)
+    if draft.step > 1 and draft.reference is not None and record.reference == draft.reference:
+        return _step_key_changed(draft, record, reconcilable)
     if draft.key_supplied and record.key != draft.key:
         what = f"reference {draft.reference!r} is bound to key {record.key}, not {draft.key}"
     elif record.scope != draft.scope:
@@ -188,12 +202,60 @@ def _step_mismatch(draft: IntentDraft, record: IntentRecord, reconcilable: bool)
         "Nothing was sent and the journal is unchanged. The steps of an intent must be the "
         "same requests, in the same order, on every run: restore the code that journaled "
         f"them (`payonce intents show {draft.intent_key}` shows them). This step "
-        f"{_what_now(record, reconcilable).removeprefix('That intent ')}",
+        f"{_step_what_now(record, reconcilable)}",
         key=record.key,
         reference=draft.intent_reference,
         stored_fingerprint=record.fingerprint,
         new_fingerprint=draft.fingerprint,
     )
+
+
+def _step_key_changed(
+    draft: IntentDraft, record: IntentRecord, reconcilable: bool
+) -> IntentMismatch:
+    """Step n of an intent asked for under another key than the one its position was
+    first journaled under (its step reference binds the two): most often a key the
+    caller's code draws per call, a uuid4, which would make every run again a new payment."""
+
+    def whose(key: str) -> str:
+        return "payonce's key for it" if key == draft.derived_key else "a key your code set"
+
+    if draft.key == draft.derived_key:
+        now = f"this run leaves the key to payonce ({draft.key})"
+    else:
+        now = f"this run's code sets {draft.key}"
+    return IntentMismatch(
+        f"{_step_subject(draft)}, {draft.method} "
+        f"{urlsplit(draft.url).path}, cannot be sent: it was journaled under key "
+        f"{record.key} ({whose(record.key)}), and {now}. Nothing was sent and the journal "
+        "is unchanged. A step's key must be the same on every run, or a run again would "
+        "pay that step again: a key drawn per call (uuid4) changes every run. Derive it "
+        'from the order (e.g. f"order-{id}-tip"), or let payonce key the step (leave '
+        'idempotency_key out, or sdk_keys="replace" where the integration takes it). '
+        f"This step {_step_what_now(record, reconcilable)}",
+        key=record.key,
+        reference=draft.intent_reference,
+        stored_fingerprint=record.fingerprint,
+        new_fingerprint=draft.fingerprint,
+    )
+
+
+def _step_what_now(record: IntentRecord, reconcilable: bool) -> str:
+    """``_what_now`` for step n >= 2 ("This step …"): once the step is settled, a new
+    reference is no way on (it would run the block again from its step 1, paying that a
+    second time)."""
+    if record.state in (IntentState.SUCCEEDED, IntentState.FAILED, IntentState.ABANDONED):
+        ended = {
+            IntentState.SUCCEEDED: "succeeded: its operation is done",
+            IntentState.FAILED: "failed: the provider refused it",
+            IntentState.ABANDONED: "was abandoned by an operator",
+        }[record.state]
+        return (
+            f"{ended}, and the request first journaled for it gets its stored outcome. Do "
+            "not use a new reference for the block: it would run again from its step 1 "
+            "(a second payment)"
+        )
+    return _what_now(record, reconcilable).removeprefix("That intent ")
 
 
 def _what_now(record: IntentRecord, reconcilable: bool) -> str:

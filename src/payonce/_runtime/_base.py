@@ -40,6 +40,7 @@ from .._lifecycle import (
     default_lease_seconds,
     new_key,
     step_key,
+    step_reference,
     validate_key,
     validate_reference,
 )
@@ -334,8 +335,9 @@ class OperationBase:
 
         Position 1 is the intent as payonce always journaled it (its reference, its key).
         Position n >= 2 is keyed ``step_key(intent key, n)`` (or ``caller_key``, a key the
-        caller set on purpose) and carries no reference. Which position a request takes,
-        a repeated one included, is ``_position``'s rule.
+        caller set on purpose) and referenced ``step_reference(reference or key, n)``, which
+        holds the position to the key it was first journaled under on every run again.
+        Which position a request takes, a repeated one included, is ``_position``'s rule.
         """
         draft = self._draft(method, path, options)
         number = self._position(draft, caller_key, asked=f"{method.upper()} {path}")
@@ -353,17 +355,21 @@ class OperationBase:
             step = Step(1, draft, caller_key=caller_key is not None)
         else:
             assert self._key is not None
-            key = caller_key or step_key(self._key, number, max_length=profile.key_max_length)
+            derived = step_key(self._key, number, max_length=profile.key_max_length)
             step = Step(
                 number,
                 attrs.evolve(
                     draft,
-                    key=key,
+                    key=caller_key or derived,
                     key_supplied=True,
-                    reference=None,
+                    # Binds position n to the key it was first journaled under, as the
+                    # block's reference binds step 1: a caller key drawn per call (a
+                    # uuid4) is refused on a run again instead of paying that step again.
+                    reference=step_reference(self.reference or self._key, number),
                     step=number,
                     intent_key=self._key,
                     intent_reference=self.reference,
+                    derived_key=derived,
                 ),
                 caller_key=caller_key is not None,
             )
@@ -416,8 +422,9 @@ class OperationBase:
                     "nothing was sent. To retry, put the retry around the whole block: run "
                     "the block again (the same reference replays the steps that succeeded "
                     f"and carries on at step {unfinished.number}). To pay twice on purpose, "
-                    "give the request an idempotency key of its own (key=, the SDK's "
-                    "idempotency_key) or make it in a block of its own"
+                    "give the request an idempotency key of its own derived from the "
+                    'order (the SDK\'s idempotency_key=f"order-{id}-second"; never a '
+                    "uuid4, which a run again would refuse) or make it in a block of its own"
                 )
         return max(self._steps, default=0) + 1
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import attrs
 import httpx
 
-from .._lifecycle import IntentRecord, IntentState, ReconcileOutcome
+from .._lifecycle import IntentRecord, IntentState, ReconcileOutcome, step_of_reference
 from .._lifecycle._drive import Reconciliation
 from .._owners import owner_ended
 from ..errors import ConfigurationError, JournalError
@@ -100,6 +100,16 @@ def lookup_request(
     lookup = core.profile.lookup
     assert lookup is not None
     value = record.key if lookup.by == "key" else record.reference
+    if lookup.by == "reference" and step_of_reference(record.reference) is not None:
+        # A step's reference is payonce's own (``order-1#step2``), never the merchant
+        # reference the provider knows: a look-up by it would find nothing, and "nothing"
+        # would read as "never executed".
+        raise ConfigurationError(
+            f"provider {core.profile.name!r} looks intents up by reference, and intent "
+            f"{record.key} is a later step of a block: its reference {record.reference!r} "
+            "is payonce's own, which the provider does not know. Check it at the provider "
+            "by hand"
+        )
     if value is None:
         raise ConfigurationError(
             f"provider {core.profile.name!r} looks intents up by reference, and intent "

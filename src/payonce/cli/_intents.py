@@ -85,6 +85,12 @@ def show_intent(
         steps = {r.key: journal.steps(r.key) for r in found}
         records = [each for r in found for each in (r, *steps[r.key])]
         position = {s.key: (n, r.key) for r in found for n, s in enumerate(steps[r.key], 2)}
+        intents_of = {r.key: r for r in found}
+        for record in found:
+            if record.key not in position and (found_step := _intent_of_step(journal, record)):
+                number, intent = found_step
+                position[record.key] = (number, intent.key)
+                intents_of[intent.key] = intent
         attempts = {r.key: list(journal.attempts(r.key)) for r in records}
         reconciliations = {r.key: list(journal.reconciliations(r.key)) for r in records}
     if not records:
@@ -111,9 +117,26 @@ def show_intent(
     for record in records:
         if record.key in position:
             number, of = position[record.key]
-            out.print(f"step {number} of intent {shown(of)}", markup=False)
+            reference = intents_of[of].reference
+            named = f" (reference {shown(reference)})" if reference else ""
+            out.print(f"step {number} of intent {shown(of)}{named}", markup=False)
         elif steps.get(record.key):
             out.print(f"intent of {len(steps[record.key]) + 1} steps", markup=False)
         print_intent_detail(
             out, record, attempts[record.key], reconciliations[record.key], with_body=with_body
         )
+
+
+def _intent_of_step(
+    journal: payonce.Journal, record: payonce.IntentRecord
+) -> tuple[int, payonce.IntentRecord] | None:
+    """(its position, its intent) when ``record`` is step 2 or later of a block, found by
+    its reference (``order-1#step2``) and confirmed by the intent's own list of steps."""
+    named, marker, _ = (record.reference or "").rpartition("#step")
+    if not marker or not named:
+        return None
+    for intent in journal.find(named):
+        keys = [step.key for step in journal.steps(intent.key)]
+        if record.key in keys:
+            return keys.index(record.key) + 2, intent
+    return None

@@ -95,9 +95,10 @@ class HTTPClient(stripe.HTTPClient):
         _usage: list[str] | None = None,
     ) -> tuple[Any, int, Mapping[str, str]]:
         if self._sync is None:
-            raise _connection_error(
+            # A wiring mistake: payonce's own error, never a network error one might retry.
+            raise ConfigurationError(
                 "this payonce HTTPClient was built over an AsyncClient: use the async "
-                "methods (…_async), or pass a payonce.Client too"
+                "methods (…_async), or pass a payonce.Client too; nothing was sent"
             )
         try:
             response = self._sync.request(
@@ -131,9 +132,9 @@ class HTTPClient(stripe.HTTPClient):
         self, method: str, url: str, headers: Mapping[str, str], post_data: Any = None
     ) -> Answer:
         if self._async is None:
-            raise _connection_error(
+            raise ConfigurationError(
                 "this payonce HTTPClient was built over a Client: pass a payonce.AsyncClient "
-                "as async_client= for async calls"
+                "as async_client= for async calls; nothing was sent"
             )
         try:
             response = await self._async.request(
