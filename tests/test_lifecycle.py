@@ -45,7 +45,7 @@ from payonce._lifecycle._guards import (
     Moment,
     choose,
 )
-from payonce._lifecycle._key_age import provider_first_sent
+from payonce._lifecycle._key_age import provider_first_sent, provider_sent_before
 from payonce._lifecycle._leases import LEASE_MARGIN
 from payonce._lifecycle._provider_clock import READING_FRESH, ProviderClock, provider_date
 from payonce._providers._profile import Lookup
@@ -388,6 +388,37 @@ def test_the_provider_s_time_of_the_first_send_is_its_first_answer_s_date_less_t
     unanswered = Dated(ended_at=None, provider_date=None)
     assert provider_first_sent([unanswered, Dated(number=2, provider_date=T0 + DAY)]) is None
     assert provider_first_sent([]) is None
+
+
+def test_a_host_clock_ahead_at_an_unanswered_first_send_cannot_make_the_key_look_young() -> None:
+    # A red-team's case: the first attempt got no answer, sent while this host's clock was
+    # 5 h ahead (so journaled at T0 + 5 h); attempts 2 and 3 were answered at T0 by the
+    # provider. 25 h later, both clocks agree again: by this host's journal the key is 20 h
+    # old (under Square's 21.6 h window), by the provider's answers at least 25 h.
+    attempts = [
+        Dated(number=1, started_at=T0 + 5 * HOUR, ended_at=None, provider_date=None),
+        Dated(number=2, started_at=T0 + 5 * HOUR, provider_date=T0 + 1.0),
+        Dated(number=3, started_at=T0 + 5 * HOUR, provider_date=T0 + 2.0),
+    ]
+    assert provider_first_sent(attempts) is None
+    assert provider_sent_before(attempts) == T0 + 1.0
+    now = T0 + 25 * HOUR
+    refusal = resend_refusal(
+        T0 + 5 * HOUR,
+        now,
+        DAY,
+        provider_now=now,
+        provider_first=None,
+        provider_sent_by=provider_sent_before(attempts),
+    )
+    assert refusal is not None
+    assert "it answered an attempt 89999s ago" in refusal
+    # Without what the later answers say, the journal's own date let it through.
+    assert resend_refusal(T0 + 5 * HOUR, now, DAY, provider_now=now) is None
+    # And a key the provider answered recently is still resent.
+    recent = T0 + 2 * HOUR
+    assert resend_refusal(T0, recent, DAY, provider_now=recent, provider_sent_by=T0 + 1.0) is None
+    assert provider_sent_before([]) is None
 
 
 def test_a_clock_set_back_25_hours_cannot_make_a_key_the_provider_aged_25_hours_look_young() -> (

@@ -43,7 +43,12 @@ from ._guards import (
     choose,
 )
 from ._identity import journaled_fingerprint_matches
-from ._key_age import may_have_executed, provider_first_sent, resend_refusal
+from ._key_age import (
+    may_have_executed,
+    provider_first_sent,
+    provider_sent_before,
+    resend_refusal,
+)
 from ._provider_clock import ProviderClock, provider_date
 from ._records import AttemptRecord, IntentDraft, IntentRecord
 from ._states import IntentState, Transition
@@ -605,6 +610,7 @@ def _key_gone(
         executed=executed,
         provider_now=provider_now,
         provider_first=provider_first_sent(attempts),
+        provider_sent_by=provider_sent_before(attempts),
     )
 
 
@@ -977,6 +983,7 @@ def _concluded(
             profile.key_lifetime,
             provider_now=settings.provider_clock.now(clock.monotonic()),
             provider_first=provider_first_sent(attempts),
+            provider_sent_by=provider_sent_before(attempts),
         )
         resend_refused = refusal is not None
     moment = Moment(

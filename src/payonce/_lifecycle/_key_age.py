@@ -18,6 +18,12 @@ is judged by it:
   stepped back (or slow) since cannot make an old key look young, and one stepped ahead
   cannot either.
 
+Whichever of those applies, any answer the provider gave to any attempt of the intent
+bounds it too: the first attempt left before that answer was written, so the key is at
+least as old as that answer's ``Date`` by the provider's clock now. A first attempt that got
+no answer, sent while this host's clock was ahead (and since corrected), cannot make a key
+the provider has long since seen look young while a later attempt's answer says otherwise.
+
 Without the provider's time (its answers carry no ``Date``, or it could not be asked) the
 key's age is this host's clock's, as it was before.
 """
@@ -35,6 +41,7 @@ __all__ = [
     "DatedAttempt",
     "may_have_executed",
     "provider_first_sent",
+    "provider_sent_before",
     "resend_refusal",
 ]
 
@@ -83,6 +90,14 @@ def provider_first_sent(attempts: Iterable[DatedAttempt]) -> float | None:
     return first.provider_date - max(0.0, first.ended_at - first.started_at)
 
 
+def provider_sent_before(attempts: Iterable[DatedAttempt]) -> float | None:
+    """The provider's time by which the key's first attempt had surely been sent: the
+    earliest ``Date`` of any attempt's answer (the first attempt left before every later
+    one, and each answer was written after its attempt arrived). None without any."""
+    dates = [attempt.provider_date for attempt in attempts if attempt.provider_date is not None]
+    return min(dates, default=None)
+
+
 def may_have_executed(attempts: Iterable[AttemptLike]) -> bool:
     """Whether any attempt may have reached the provider: ambiguous, or still in flight
     (its worker died before journaling how it ended)."""
@@ -97,6 +112,7 @@ def resend_refusal(
     executed: bool = True,
     provider_now: float | None = None,
     provider_first: float | None = None,
+    provider_sent_by: float | None = None,
 ) -> str | None:
     """Why a resend under the key is no longer safe, or None while it still is.
 
@@ -106,15 +122,40 @@ def resend_refusal(
 
     ``provider_now``: the provider's time now (a fresh reading of its ``Date``), None when
     unknown; ``provider_first``: the provider's time when the first attempt was sent
-    (``provider_first_sent``), None when unknown. With ``provider_now``, the key's age is the
+    (``provider_first_sent``), None when unknown; ``provider_sent_by``: the provider's time
+    by which it had surely been sent (``provider_sent_before``), a bound on the key's age
+    whatever this host's clock said then. With ``provider_now``, the key's age is the
     provider's clock's, as the module says.
     """
     if first_sent_at is None:
         return None
     if not executed or provider_now is None:
         return _by_this_host(first_sent_at, now, key_lifetime, executed=executed)
+    refusal = _by_the_first_send(first_sent_at, now, key_lifetime, provider_now, provider_first)
+    if refusal is not None or provider_sent_by is None:
+        return refusal
+    if provider_now - provider_sent_by < key_lifetime * (1 - KEY_LIFETIME_MARGIN):
+        return None
+    skew = now - provider_now
+    return (
+        f"{_disagreeing(skew) if abs(skew) > CLOCK_TOLERANCE else ''}by the provider's clock "
+        f"it answered an attempt {provider_now - provider_sent_by:.0f}s ago, and the first "
+        f"attempt was sent before that: beyond the provider's key lifetime of "
+        f"{key_lifetime:.0f}s (less payonce's margin); a resend could execute twice"
+    )
+
+
+def _by_the_first_send(
+    first_sent_at: float,
+    now: float,
+    key_lifetime: float,
+    provider_now: float,
+    provider_first: float | None,
+) -> str | None:
+    """``resend_refusal`` by when the first attempt was sent, the provider's time known."""
     skew = now - provider_now
     off = abs(skew) > CLOCK_TOLERANCE
+    window = key_lifetime * (1 - KEY_LIFETIME_MARGIN)
     if provider_first is not None:
         age = provider_now - provider_first
         clocks = _disagreeing(skew) if off else ""
@@ -124,7 +165,6 @@ def resend_refusal(
                 "ahead of the provider's time now: the provider's clock moved back; a "
                 "resend could execute twice"
             )
-        window = key_lifetime * (1 - KEY_LIFETIME_MARGIN)
         if age >= window:
             return (
                 f"{clocks}by the provider's clock it was first sent {age:.0f}s ago, beyond "
