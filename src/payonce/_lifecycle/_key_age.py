@@ -140,8 +140,7 @@ def resend_refusal(
     return (
         f"{_disagreeing(skew) if abs(skew) > CLOCK_TOLERANCE else ''}by the provider's clock "
         f"it answered an attempt {provider_now - provider_sent_by:.0f}s ago, and the first "
-        f"attempt was sent before that: beyond the provider's key lifetime of "
-        f"{key_lifetime:.0f}s (less payonce's margin); a resend could execute twice"
+        f"attempt was sent before that: {_past(key_lifetime)}"
     )
 
 
@@ -167,9 +166,8 @@ def _by_the_first_send(
             )
         if age >= window:
             return (
-                f"{clocks}by the provider's clock it was first sent {age:.0f}s ago, beyond "
-                f"the provider's key lifetime of {key_lifetime:.0f}s; a resend could execute "
-                "twice"
+                f"{clocks}by the provider's clock it was first sent {age:.0f}s ago, "
+                f"{_past(key_lifetime)}"
             )
         # Neither clock is settled by trusting the other: a provider's Date can be wrong too
         # (a cached answer, an edge with a clock of its own). Either saying the key may be
@@ -177,9 +175,8 @@ def _by_the_first_send(
         local = now - first_sent_at
         if local >= window:
             return (
-                f"{clocks}yet by this host's clock it was first sent {local:.0f}s ago, beyond "
-                f"the provider's key lifetime of {key_lifetime:.0f}s; a resend could execute "
-                "twice"
+                f"{clocks}yet by this host's clock it was first sent {local:.0f}s ago, "
+                f"{_past(key_lifetime)}"
             )
         return None
     if not off:
@@ -202,8 +199,16 @@ def _by_the_first_send(
     if age < key_lifetime * (1 - KEY_LIFETIME_MARGIN):
         return None
     return (
-        f"{unanswered}: by {clock} clock now it was first sent {age:.0f}s ago, beyond the "
-        f"provider's key lifetime of {key_lifetime:.0f}s; a resend could execute twice"
+        f"{unanswered}: by {clock} clock now it was first sent {age:.0f}s ago, "
+        f"{_past(key_lifetime)}"
+    )
+
+
+def _past(key_lifetime: float) -> str:
+    """Why an age refuses a resend: past the window, which ends short of the lifetime."""
+    return (
+        f"near or beyond the provider's key lifetime of {key_lifetime:.0f}s (payonce resends "
+        f"only within {1 - KEY_LIFETIME_MARGIN:.0%} of it); a resend could execute twice"
     )
 
 
@@ -227,7 +232,4 @@ def _by_this_host(
         )
     if not executed or age < key_lifetime * (1 - KEY_LIFETIME_MARGIN):
         return None
-    return (
-        f"first sent {age:.0f}s ago, beyond the provider's key lifetime of "
-        f"{key_lifetime:.0f}s; a resend could execute twice"
-    )
+    return f"first sent {age:.0f}s ago, {_past(key_lifetime)}"
