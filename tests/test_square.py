@@ -4,15 +4,18 @@ Square dialect (``SandboxConfig.like("square")``), with the sandbox's faults."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 import payonce
+import payonce.worker
 from helpers.sandboxes import SharedSandboxes
 from payonce.providers import get_profile
 from payonce.sandbox import DEFAULT_API_KEY, SandboxConfig, SandboxServer
@@ -240,3 +243,41 @@ def test_a_transported_cancel_by_key_carries_no_key_of_its_own(path: str) -> Non
         body,
         None,
     )
+
+
+def test_an_unknown_payment_without_a_look_up_is_escalated_with_advice_that_can_work(
+    make_client: MakeClient,
+    server: SandboxServer,
+    journal_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Square has no status look-up: `payonce reconcile` cannot ask, so the escalation must
+    # not send the operator there, only to the provider's dashboard and `payonce abandon`.
+    client = make_client(
+        base_url=server.url,
+        provider="square",
+        retry=payonce.RetryPolicy(max_attempts=3, initial_wait=0.01, max_wait=0.05),
+    )
+    server.script(["fail_after", "fail_before", "rate_limit"])
+    with (
+        pytest.raises(payonce.OutcomeUnknown),
+        client.intent("order-escalated") as op,
+    ):
+        op.post("/v2/payments", json=payment())
+    monkeypatch.setenv("PAYONCE_API_KEY", DEFAULT_API_KEY)
+    with (
+        caplog.at_level(logging.ERROR, logger="payonce.worker"),
+        payonce.worker.Worker(journal=journal_path, base_url=server.url) as worker,
+    ):
+        worker.run_pass()
+
+    [escalated] = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.ERROR and r.getMessage().startswith(f"intent {op.key} escalated")
+    ]
+    assert "no status look-up" in escalated
+    assert f"payonce abandon {op.key}" in escalated
+    assert "payonce reconcile" not in escalated
+    assert server.store.executions() == {op.key: 1}

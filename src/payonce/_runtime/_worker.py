@@ -439,17 +439,19 @@ class Worker:
         since = unknown_since(record, self.journal.attempts(record.key))
         if client.provider.lookup is None:
             reason = f"provider profile {record.provider!r} has no status look-up"
+            # `payonce reconcile` cannot ask either: only a person at the provider can tell.
+            then = f"`payonce abandon {record.key} --reason ...`"
         else:
             found = self.journal.reconciliations(record.key)
             reason = found[-1].detail if found else (record.unknown_reason or "no look-up made")
+            then = f"`payonce reconcile {record.key}` or `payonce abandon {record.key}`"
         logger.error(
             "intent %s escalated: its outcome is still unknown after %d look-up(s) (%s); "
-            "check it at the provider, then `payonce reconcile %s` or `payonce abandon %s`",
+            "check it at the provider, then %s",
             record.key,
             decision.tries,
             reason,
-            record.key,
-            record.key,
+            then,
             extra=log_extra(record),
         )
         if self._hooks:
