@@ -643,18 +643,33 @@ def test_a_replay_without_its_body_past_the_key_s_lifetime_answers_with_the_look
     assert sandbox.store.total_executions() == 1
 
 
-def test_a_replay_without_its_body_the_provider_does_not_replay_answers_with_its_record(
-    make_client: MakeClient, sandbox: SandboxServer, caplog: pytest.LogCaptureFixture
+def test_a_replay_without_its_body_asks_the_status_look_up_before_sending_anything_again(
+    make_client: MakeClient, sandbox: SandboxServer
 ) -> None:
+    # The intent certainly executed: a resend under its key would execute it again at a
+    # provider that forgot the key early, so the look-up, which only reads, comes first.
     client = make_client(max_stored_response_bytes=16)
-    live = client.post("/v1/payments", json=PAYMENT, reference="order-big-503")
-    sandbox.script(["fail_before"])  # the request sent again meets a 503, not the replay
-    with caplog.at_level(logging.INFO, logger="payonce"):
-        replay = client.post("/v1/payments", json=PAYMENT, reference="order-big-503")
-    assert "asked the provider again under its key: HTTP 503" in caplog.text
+    live = client.post("/v1/payments", json=PAYMENT, reference="order-big-look")
+    sent: list[httpx.Request] = []
+    client._http.event_hooks["request"].append(sent.append)
+    replay = client.post("/v1/payments", json=PAYMENT, reference="order-big-look")
     assert (replay.status_code, replay.json()["id"]) == (201, live.json()["id"])
     assert payonce.response_info(replay).replayed  # type: ignore[union-attr]
+    assert [request.method for request in sent] == ["GET"], "looked up, never sent again"
     assert sandbox.store.total_executions() == 1
+
+
+def test_a_replay_without_its_body_and_no_look_up_is_the_provider_s_replay_under_its_key(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    sandbox_profile = payonce.providers.get_profile("sandbox")
+    blind = attrs.evolve(sandbox_profile, name="sandbox-blind-replay", lookup=None)
+    client = make_client(provider=blind, max_stored_response_bytes=16)
+    live = client.post("/v1/payments", json=PAYMENT, reference="order-big-again")
+    replay = client.post("/v1/payments", json=PAYMENT, reference="order-big-again")
+    assert (replay.status_code, replay.json()["id"]) == (201, live.json()["id"])
+    assert payonce.response_info(replay).replayed  # type: ignore[union-attr]
+    assert sandbox.store.execution_count(payonce.response_info(live).key) == 1  # type: ignore[union-attr]
 
 
 def test_a_replay_without_its_body_and_no_way_to_get_it_again_is_an_error_never_empty(

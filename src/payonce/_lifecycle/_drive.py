@@ -777,28 +777,16 @@ def _replay(settings: DriveSettings, record: IntentRecord) -> Drive:
 
 def _answer_again(settings: DriveSettings, record: IntentRecord) -> Drive:
     """The answer of a settled intent whose body was too large to journal, got again
-    without executing anything twice: the provider's replay of the same request under the
-    same key while it still remembers the key, else the record its status look-up finds.
-    Never a response with an empty body an SDK cannot parse: when neither can be had, an
-    error that says so."""
+    without executing anything twice: the record its status look-up finds, else the
+    provider's replay of the same request under the same key while it still remembers the
+    key. The look-up comes first: it reads, where a resend of an intent that certainly
+    executed would execute it again at a provider that forgot the key sooner than its
+    profile assumes. Never a response with an empty body an SDK cannot parse: when neither
+    can be had, an error that says so."""
     profile = settings.profile
     stored = record.response
     assert stored is not None
-    attempts: Sequence[AttemptRecord] = yield ReadAttempts(record.key)
-    provider_now = yield from _provider_now(settings)
-    expired = _key_gone(settings, record, attempts, provider_now, executed=True)
     why: list[str] = []
-    if expired is None:
-        result: Answered | Failed = yield AskAgain(record)
-        if isinstance(result, Answered) and result.response.status_code == stored.status:
-            return result.response
-        if isinstance(result, Failed):
-            answered = type(result.error).__name__
-        else:
-            answered = f"HTTP {result.response.status_code}, not {stored.status}"
-        why.append(f"the provider did not replay it under its key ({answered})")
-    else:
-        why.append(f"a resend under its key is no longer safe: {expired}")
     lookup = profile.lookup
     if lookup is None:
         why.append("the provider profile has no status look-up")
@@ -817,6 +805,20 @@ def _answer_again(settings: DriveSettings, record: IntentRecord) -> Drive:
             why.append(f"its status look-up found no record to answer with ({verdict.detail})")
         else:
             why.append(f"its status look-up failed ({type(looked.error).__name__})")
+    attempts: Sequence[AttemptRecord] = yield ReadAttempts(record.key)
+    provider_now = yield from _provider_now(settings)
+    expired = _key_gone(settings, record, attempts, provider_now, executed=True)
+    if expired is None:
+        result: Answered | Failed = yield AskAgain(record)
+        if isinstance(result, Answered) and result.response.status_code == stored.status:
+            return result.response
+        if isinstance(result, Failed):
+            answered = type(result.error).__name__
+        else:
+            answered = f"HTTP {result.response.status_code}, not {stored.status}"
+        why.append(f"the provider did not replay it under its key ({answered})")
+    else:
+        why.append(f"a resend under its key is no longer safe: {expired}")
     raise refusals.answer_not_kept(record, "; ".join(why))
 
 
