@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
+import attrs
 import httpx
 import pytest
 
 import payonce
 from helpers.payments import DECLINED, PAYMENT, MakeClient, leave_pending
 from helpers.sandboxes import SharedSandboxes
-from payonce._lifecycle import Outcome, classify_response
+from payonce._lifecycle import LookupKind, Outcome, classify_lookup, classify_response
 from payonce._providers import _profile as profile_module
 from payonce._providers._adyen import ADYEN, adyen_profile, adyen_reference_lookup
 from payonce._providers._mollie import MOLLIE
@@ -773,3 +774,27 @@ def test_stripe_tags_and_settles_by_the_object_found_only_what_creates(
     assert STRIPE.prepares(method, path) is tagged
     assert STRIPE.lookup is not None
     assert STRIPE.lookup.creation_only(method, path, body) is settled_by_the_object
+    # Only what carries the tag can be found by the search at all.
+    assert STRIPE.lookup.finds(method, path) is tagged
+
+
+@attrs.frozen
+class _Journaled:
+    method: str
+    url: str
+    body: bytes = b""
+
+
+def test_an_empty_search_for_a_confirm_is_not_read_as_never_executed() -> None:
+    # A confirm carries no metadata tag: Stripe's search could never find it, so its empty
+    # answer must not tell the operator "the provider has no record" of a confirm that may
+    # well have charged the card.
+    assert STRIPE.lookup is not None
+    empty = httpx.Response(200, json={"object": "search_result", "data": []})
+    confirm = _Journaled("POST", "https://api.stripe.com/v1/payment_intents/pi_1/confirm")
+    verdict = classify_lookup(empty, STRIPE.lookup, confirm)
+    assert verdict.kind is LookupKind.ABSENT  # a resend under the key stays safe in its window
+    assert "cannot see a POST /v1/payment_intents/pi_1/confirm" in verdict.detail
+    assert "proves nothing" in verdict.detail
+    create = _Journaled("POST", "https://api.stripe.com/v1/payment_intents", b"amount=1")
+    assert classify_lookup(empty, STRIPE.lookup, create).detail == "the provider has no record"

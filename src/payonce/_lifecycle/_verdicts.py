@@ -353,6 +353,8 @@ class LookupRules(Protocol):
     @property
     def creation_only(self) -> Callable[[str, str, bytes], bool]: ...
     @property
+    def finds(self) -> Callable[[str, str], bool]: ...
+    @property
     def by(self) -> str:
         """``"key"`` or ``"reference"``: what the look-up finds an intent by."""
         ...
@@ -417,7 +419,7 @@ def classify_lookup(
         detail = f"unreadable status look-up answer ({items!s:.40}); still unknown"
         return LookupVerdict(LookupKind.UNREADABLE, detail)
     if not items:
-        return LookupVerdict(LookupKind.ABSENT, "the provider has no record")
+        return LookupVerdict(LookupKind.ABSENT, _absent_detail(request, lookup))
     if len(items) > 1:
         detail = f"the provider has {len(items)} records for this intent; check them by hand"
         return LookupVerdict(LookupKind.UNDECIDED, detail)
@@ -437,6 +439,22 @@ def classify_lookup(
         return LookupVerdict(LookupKind.UNDECIDED, detail)
     detail = f"the provider has the record, status {provider_status!r}"
     return LookupVerdict(LookupKind.FOUND, detail, state=state, record=item)
+
+
+def _absent_detail(request: LookedUpRequest | None, lookup: LookupRules) -> str:
+    if request is None:
+        return "the provider has no record"
+    path = urlsplit(request.url).path
+    if lookup.finds(request.method, path):
+        return "the provider has no record"
+    # Still absent for what follows (a resend under the same key within its lifetime is
+    # safe whatever happened), but a person reading the reason must not take it for "never
+    # executed".
+    return (
+        f"the status look-up cannot see a {request.method} {path} (it finds only requests "
+        "that create an object), so its empty answer proves nothing: check the object at "
+        "the provider"
+    )
 
 
 def _created_only(request: LookedUpRequest, lookup: LookupRules) -> bool:

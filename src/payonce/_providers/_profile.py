@@ -37,6 +37,10 @@ def _value_as_is(value: str) -> str:
     return value
 
 
+def _every_request(method: str, path: str) -> bool:
+    return True
+
+
 def _asks_more(method: str, path: str, body: bytes) -> bool:
     return False
 
@@ -66,6 +70,11 @@ class Lookup:
     did all it asked), where other requests wait for a status in ``succeeded`` or
     ``failed``. None by default; Stripe's: a creation without ``confirm=true`` (a
     PaymentIntent created to be confirmed by a later step)."""
+    finds: Callable[[str, str], bool] = _every_request
+    """Whether the look-up can find a request (method, path the provider sees) at all. One
+    it cannot see (Stripe's search finds only creations, which carry the metadata tag; a
+    confirm or capture carries none) is still looked up, but "no record" then proves
+    nothing, and the intent's reason says so."""
     consistent: bool = True
     """Whether the look-up sees a payment as soon as it is executed. One that lags (Stripe's
     Search API) cannot tell "not executed" from "not indexed yet", so it is no ground for
@@ -111,10 +120,6 @@ def _body_as_is(body: bytes, content_type: str | None, key: str) -> bytes:
 
 def _any_request(method: str, path: str, content_type: str | None) -> str | None:
     return None
-
-
-def _every_request(method: str, path: str) -> bool:
-    return True
 
 
 def _no_request(method: str, path: str) -> bool:

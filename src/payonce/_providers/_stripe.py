@@ -234,6 +234,9 @@ def stripe_profile(
             failed=frozenset({"canceled", "failed"}),
             # A PaymentIntent created to be confirmed by a later step: found, it was created.
             creation_only=stripe_creation_only,
+            # Only a creation carries the tag the search finds: a confirm or a capture of
+            # the object cannot be seen, and "no result" says nothing about it.
+            finds=stripe_creates,
             # Stripe documents that search results may lag writes by up to a minute.
             consistent=False,
         )
