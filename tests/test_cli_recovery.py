@@ -328,6 +328,29 @@ def test_the_one_provider_named_without_its_base_url_is_a_usage_error(
     assert sandbox.store.total_executions() == 1, "sent once, before; not again"
 
 
+@pytest.mark.parametrize("command", [["resume"], ["reconcile", "order-a"]])
+def test_no_base_url_at_all_names_where_the_journal_says_the_intents_went(
+    make_client: MakeClient,
+    sandbox: SandboxServer,
+    env: dict[str, str],
+    journal_path: Path,
+    command: list[str],
+) -> None:
+    # The journal keeps each request's URL, not the API root its look-ups start from, so
+    # payonce shows the origin rather than guess the root; nothing is sent or changed.
+    record = leave_pending(make_client, "order-a")
+    origin = sandbox.url.rstrip("/")
+
+    result = run_cli(command, env=_without(env, "PAYONCE_BASE_URL"), secrets=SECRETS)
+
+    assert result.exit_code == 2
+    assert "--base-url is required (or PAYONCE_BASE_URL)" in result.stderr
+    assert f"The journal's intents of provider 'sandbox' to {origin}:" in result.stderr
+    after = _state(journal_path, record.key)
+    assert (after.state, after.lease_owner) == (payonce.IntentState.PENDING, None)
+    assert sandbox.store.executions() == {record.key: 1}, "sent once, before; not again"
+
+
 def test_a_provider_without_a_base_url_is_named_and_the_others_are_driven(
     make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str], journal_path: Path
 ) -> None:

@@ -32,7 +32,7 @@ from ._common import (
     journal_option,
 )
 from ._recovery_views import Row, print_rows, progress, reconcile_row, resume_row, summary
-from ._targets import BaseUrls, Target, choose, elsewhere, holdings
+from ._targets import BaseUrls, Target, choose, elsewhere, holdings, sent_origins
 
 __all__ = ["Connection", "connection_options", "reconcile", "resume"]
 
@@ -65,10 +65,40 @@ class Connection:
         self, records: Callable[[payonce.Journal], list[payonce.IntentRecord]], what: str
     ) -> tuple[list[Target], Counter[Target]]:
         """The groups to drive, and what every group holds of ``records``."""
-        urls = self.urls  # a missing or bad --base-url before the journal
+        if not self.base_url:
+            raise CliError(self._missing_base_url(records))
+        urls = self.urls  # a bad --base-url before the journal
         with existing_journal(self.journal, read_only=True) as journal:
             held = holdings(records(journal))
         return choose(held, self.provider, self.account, what=what, urls=urls), held
+
+    def _missing_base_url(
+        self, records: Callable[[payonce.Journal], list[payonce.IntentRecord]]
+    ) -> str:
+        """ "--base-url is required", with where the journal says the intents were sent: the
+        journal keeps each request's URL, not the base URL its look-ups start from (Adyen's
+        has a path of its own), so the operator is shown the origin, not guessed for."""
+        plain = "--base-url is required (or PAYONCE_BASE_URL)"
+        try:
+            with existing_journal(self.journal, read_only=True) as journal:
+                sent = records(journal)
+        except (payonce.PayonceError, CliError, OSError):
+            return plain  # the journal's own error comes once a base URL is given
+        origins = sent_origins(
+            record
+            for record in sent
+            if self.provider in (None, record.provider) and self.account in (None, record.account)
+        )
+        if not origins:
+            return plain
+        where = "; ".join(
+            f"{provider!r} to {', '.join(sorted(urls))}" for provider, urls in origins.items()
+        )
+        return (
+            f"{plain}. The journal's intents of provider {where}: give the API root you "
+            "send them to, e.g. --base-url PROVIDER=https://host[/path] (a failover "
+            "endpoint works too: the journaled path is sent there)"
+        )
 
     def unknown_waiting(self, reported: Iterable[str]) -> int:
         """How many unknown intents of the options' provider and account (every one, without

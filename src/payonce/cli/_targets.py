@@ -19,7 +19,7 @@ import payonce
 
 from ._common import CliError
 
-__all__ = ["BaseUrls", "Target", "choose", "elsewhere", "holdings"]
+__all__ = ["BaseUrls", "Target", "choose", "elsewhere", "holdings", "sent_origins"]
 
 
 @attrs.frozen(order=True)
@@ -35,6 +35,19 @@ class Target:
 def holdings(records: Iterable[payonce.IntentRecord]) -> Counter[Target]:
     """How many of these intents each group holds."""
     return Counter(Target(record.provider, record.account) for record in records)
+
+
+def sent_origins(records: Iterable[payonce.IntentRecord]) -> dict[str, set[str]]:
+    """Each provider's origins (``scheme://host[:port]``) its intents were sent to, as
+    journaled: what to suggest to an operator who gave no base URL."""
+    origins: dict[str, set[str]] = {}
+    for record in records:
+        parts = urlsplit(record.url)
+        host = parts.hostname or ""
+        host = f"[{host}]" if ":" in host else host  # an IPv6 address, as a URL writes it
+        port = f":{parts.port}" if parts.port is not None else ""
+        origins.setdefault(record.provider, set()).add(f"{parts.scheme}://{host}{port}")
+    return dict(sorted(origins.items()))
 
 
 @attrs.frozen
