@@ -981,6 +981,49 @@ def test_async_square_through_an_async_client(
     assert sorted(square_server.store.executions().values()) == [1]
 
 
+@pytest.mark.parametrize("mistake", ["not under the base url", "outside any block"])
+def test_async_square_gets_a_programming_error_as_itself_never_as_a_network_error(
+    square_server: SandboxServer, journal_path: Path, mistake: str
+) -> None:
+    # Adyen's and Mollie's SDKs have no async calls; Square's AsyncSquare goes through
+    # payonce's async transport, which must hand payonce's own error through as well.
+    async def pay() -> None:
+        options = payonce_options(square_server, "square", journal_path)
+        elsewhere = mistake == "not under the base url"
+        if elsewhere:
+            options["base_url"] = ELSEWHERE
+        async with (
+            payonce.AsyncClient(**options) as client,
+            square_integration.async_httpx_client(client, outside_intent="refuse") as http,
+        ):
+            square = AsyncSquare(
+                token=DEFAULT_API_KEY, base_url=square_server.url, httpx_client=http
+            )
+            payment = square.payments.create(
+                idempotency_key="k-async-misplugged",
+                source_id="cnon:card-nonce-ok",
+                amount_money={"amount": 700, "currency": "USD"},
+                request_options=NO_SDK_RETRIES,
+            )
+            if elsewhere:
+                async with client.intent("order-misplugged"):
+                    await payment
+            else:
+                await payment
+
+    with pytest.raises(payonce.ConfigurationError) as caught:
+        asyncio.run(pay())
+    assert type(caught.value) is payonce.ConfigurationError
+    expected = {
+        "not under the base url": "is not under this client's base_url",
+        "outside any block": "outside any intent block",
+    }[mistake]
+    assert expected in str(caught.value)
+    assert square_server.store.executions() == {}
+    with payonce.open_journal(journal_path) as journal:
+        assert journal.list_intents() == []
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_square_s_unknown_outcome_is_its_api_error_and_is_never_resent(
     square_server: SandboxServer, location: str, closing: contextlib.ExitStack
