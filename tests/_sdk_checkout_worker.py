@@ -1,16 +1,17 @@
 """A shop's checkout written with a provider's own SDK, run as a real child process by
 tests/test_sdk_kills.py.
 
-For each order: stripe-python creates a PaymentIntent then confirms it; Adyen authorises a
-payment then captures it; Square approves a payment (a ``uuid4`` key per call, as its
-examples do) then completes it (or, ``--split``, pays two identical halves); Mollie
-creates a payment. ``--with-payonce`` adds what
+For each order: stripe-python creates a PaymentIntent then confirms it (with ``--card``,
+``pm_card_visa`` unless told); Adyen authorises a payment then captures it; Square
+approves a payment (a ``uuid4`` key per call, as its examples do) then completes it (or,
+``--split``, pays two identical halves); Mollie creates a payment. ``--with-payonce`` adds what
 payonce asks of such code: one line (the SDK over ``payonce.integrations``) and one block
 per order. Without it, the SDK alone: its keys live in this process only.
 
 The tests kill it with SIGKILL (PAYONCE_CRASH_AT at payonce's ``after_send``, or
-``--die-between-steps`` once step 1 answered) and run it again; each order's final answer
-is printed as one JSON line, which the tests compare with the sandbox's store.
+``--die-between-steps`` once step 1 answered, or ``--die-if-declined`` once the card's
+decline reached the code) and run it again; each order's final answer is printed as one
+JSON line, which the tests compare with the sandbox's store.
 """
 
 from __future__ import annotations
@@ -50,7 +51,15 @@ def transport_client(
     )
 
 
-def stripe_checkout(url: str, client: payonce.Client | None) -> Checkout:
+def stripe_checkout(
+    url: str,
+    client: payonce.Client | None,
+    *,
+    card: str = "pm_card_visa",
+    die_if_declined: bool = False,
+) -> Checkout:
+    """``card``: the customer's, confirmed with; ``die_if_declined``: SIGKILLed as its
+    decline reaches the code (journaled by then)."""
     import stripe
 
     options: dict[str, Any] = {}
@@ -65,7 +74,12 @@ def stripe_checkout(url: str, client: payonce.Client | None) -> Checkout:
             params={"amount": 2000, "currency": "eur", "metadata": {"order": order}}
         )
         between()
-        paid = sdk.v1.payment_intents.confirm(created.id, params={"payment_method": "pm_card_visa"})
+        try:
+            paid = sdk.v1.payment_intents.confirm(created.id, params={"payment_method": card})
+        except stripe.CardError:
+            if die_if_declined:
+                die()
+            raise
         # What the SDK parsed of each answer (a replayed one too).
         parsed = f"{created.object} {created.amount} {paid.object} {paid.amount}"
         return {"order": order, "id": paid.id, "status": paid.status, "parsed": parsed}
@@ -217,6 +231,8 @@ def main() -> None:
     parser.add_argument("--die-between-steps", action="store_true")
     parser.add_argument("--max-stored-bytes", type=int)
     parser.add_argument("--split", action="store_true", help="square: two identical halves")
+    parser.add_argument("--card", default="pm_card_visa", help="stripe: the confirm's card")
+    parser.add_argument("--die-if-declined", action="store_true", help="stripe: killed then")
     args = parser.parse_args()
 
     between = die if args.die_between_steps else lambda: None
@@ -224,7 +240,12 @@ def main() -> None:
     if args.journal:
         base_url = adyen_base_url(args.url) if args.sdk == "adyen" else args.url
         client = transport_client(base_url, args.sdk, args.journal, args.max_stored_bytes)
-    checkout = (square_split_checkout if args.split else CHECKOUTS[args.sdk])(args.url, client)
+    if args.sdk == "stripe":
+        checkout = stripe_checkout(
+            args.url, client, card=args.card, die_if_declined=args.die_if_declined
+        )
+    else:
+        checkout = (square_split_checkout if args.split else CHECKOUTS[args.sdk])(args.url, client)
 
     for n in range(args.orders):
         order = f"order-{n}"

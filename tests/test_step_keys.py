@@ -30,8 +30,8 @@ from helpers.cli import run_cli
 from helpers.payments import MakeClient, payonce_options
 from helpers.processes import python_env
 from helpers.sandboxes import SharedSandboxes
+from helpers.stripe_sdk import stripe_over
 from payonce.integrations import adyen as adyen_integration
-from payonce.integrations import stripe as stripe_integration
 from payonce.sandbox import DEFAULT_API_KEY, SandboxConfig, SandboxServer
 
 ORDER = {"amount": "4200", "currency": "eur", "payment_method": "pm_card_visa"}
@@ -81,14 +81,7 @@ def stripe_run(
         client = closing.enter_context(
             payonce.Client(**_options(stripe_server, "stripe", location))
         )
-        http_client = stripe_integration.HTTPClient(client)
-        closing.callback(http_client.close)
-        sdk = stripe.StripeClient(
-            DEFAULT_API_KEY,
-            base_addresses={"api": stripe_server.url},
-            http_client=http_client,
-            max_network_retries=0,
-        )
+        sdk = stripe_over(client, stripe_server, closing)
         with client.intent(order):
             sdk.v1.payment_intents.create(
                 params={"amount": 4200, "currency": "eur", "metadata": {"order": order}}

@@ -13,6 +13,7 @@ both): ::
 
     claim ─┬─ final ───────────────▶ replay ──▶ return / raise the stored refusal
            ├─ unknown, mismatch ───▶ raise
+           ├─ a declined step n ───▶ claim step n+1 (a later run's other request there)
            ├─ leased ──────────────▶ sleep, claim again (until in_flight_wait)
            └─ created / claimed ───▶ hold the lease ─▶ attempts:
                  [verify: look up ─▶ found: settle from it | absent long enough: resend]
@@ -51,6 +52,7 @@ from ._key_age import (
 )
 from ._provider_clock import ProviderClock, provider_date
 from ._records import AttemptRecord, IntentDraft, IntentRecord
+from ._redo import may_pass_over, next_position
 from ._states import IntentState, Transition
 from ._verdicts import (
     LOOKUP_FAILURES,
@@ -141,6 +143,11 @@ class DriveProfile(AnswerRules, Protocol):
 
     @property
     def lookup(self) -> LookupRules | None: ...
+
+    @property
+    def key_max_length(self) -> int:
+        """The longest key the provider takes: a step's key is derived to fit it."""
+        ...
 
 
 class RetryRules(Protocol):
@@ -495,23 +502,27 @@ def call(
 ) -> Drive:
     """A caller's request of an intent: claim it, then replay, wait, refuse, or send it.
 
-    An error about step n >= 2 of a block names the step, its intent's reference and its
-    own key: the step's journaled record has no reference of its own to name."""
+    A step n >= 2 whose position holds a different request that the provider refused in an
+    earlier run (a declined card, now retried with another) passes it over to position
+    n+1 (``payonce._lifecycle._redo``). An error about step n >= 2 of a block names the
+    step (at the position it reached), its intent's reference and its own key."""
+    asked = [draft]  # the position the request reached: an error names that one
     try:
-        return (yield from _call(settings, draft, owner, acknowledge_on_success))
+        return (yield from _call(settings, asked, owner, acknowledge_on_success))
     except IntentError as error:
-        if draft.step == 1:
+        if asked[-1].step == 1:
             error.step = 1
         else:
-            refusals.of_step(error, draft)
+            refusals.of_step(error, asked[-1])
         raise
 
 
 def _call(
-    settings: DriveSettings, draft: IntentDraft, owner: str, acknowledge_on_success: bool
+    settings: DriveSettings, asked: list[IntentDraft], owner: str, acknowledge_on_success: bool
 ) -> Drive:
     clock = settings.clock
     give_up_waiting = clock.monotonic() + settings.in_flight_wait
+    draft = asked[-1]
     while True:
         claim: Claim = yield ClaimIntent(draft, owner)
         record = claim.record
@@ -534,7 +545,10 @@ def _call(
             case ClaimKind.FINAL:
                 return (yield from _replay(settings, record))
             case ClaimKind.MISMATCH:
-                raise refusals.mismatch(draft, record, reconcilable=settings.reconcilable)
+                if not may_pass_over(record, draft, settings.profile):
+                    raise refusals.mismatch(draft, record, reconcilable=settings.reconcilable)
+                draft = next_position(draft, max_length=settings.profile.key_max_length)
+                asked.append(draft)
             case ClaimKind.UNKNOWN:
                 raise refusals.unknown(record, reconcilable=settings.reconcilable)
             case ClaimKind.LEASED:
@@ -544,9 +558,14 @@ def _call(
 
 
 def resume(settings: DriveSettings, claim: Claim, owner: str) -> Drive:
-    """A pending intent ``owner`` has claimed (``resume``): resend it under its key."""
-    run = yield from _resumed(settings, claim, owner)
-    return (yield from _send(settings, run))
+    """A pending intent ``owner`` has claimed (``resume``): resend it under its key. An
+    error about a step 2 or later of a block names it as the block would."""
+    try:
+        run = yield from _resumed(settings, claim, owner)
+        return (yield from _send(settings, run))
+    except IntentError as error:
+        refusals.of_step_row(error, claim.record, max_length=settings.profile.key_max_length)
+        raise
 
 
 def _resumed(settings: DriveSettings, claim: Claim, owner: str) -> Generator[Command, Any, Run]:
@@ -919,7 +938,17 @@ def reconcile(settings: DriveSettings, record: IntentRecord, owner: str) -> Reco
       run): back to ``pending``, a resend under the same key cannot execute twice;
     - no record past that, a record not final yet, an unreadable or refused answer, or no
       answer at all: stays ``unknown`` with the reason.
+
+    An error about a step 2 or later of a block names it as the block would.
     """
+    try:
+        return (yield from _reconcile(settings, record, owner))
+    except IntentError as error:
+        refusals.of_step_row(error, record, max_length=settings.profile.key_max_length)
+        raise
+
+
+def _reconcile(settings: DriveSettings, record: IntentRecord, owner: str) -> Reconciling:
     if (reason := skip_reason(settings, record)) is not None:
         return Reconciliation(record, record.state, ReconcileOutcome.SKIPPED, reason)
     claim: Claim | None = yield ClaimKey(record.key, owner)

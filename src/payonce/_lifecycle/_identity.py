@@ -146,7 +146,20 @@ def validate_reference(reference: str, *, required: bool = False) -> str:
             f"reference {reference!r} holds a control character (a newline, a tab, NUL…). "
             f"{_EARLIER}"
         )
+    if (suffix := _STEP_SUFFIX.search(reference)) is not None:
+        base = reference[: suffix.start()]
+        raise ConfigurationError(
+            f"reference {reference!r} ends in {suffix.group()!r}, which payonce keeps for the "
+            f"references of a block's later steps (step 2 of the block of intent {base!r} "
+            f"is journaled as {base + '#step2'!r}): a reference of your own in that form "
+            "would be taken for such a step. Nothing was journaled or sent. Name the order "
+            f"without that ending, e.g. {base + '-' + suffix.group()[1:]!r}"
+        )
     return reference
+
+
+_STEP_SUFFIX = re.compile(r"#step[0-9]+\Z")
+"""How a step's reference ends (``step_reference``): no caller's reference may."""
 
 
 _EARLIER = (

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+import attrs
 import httpx
 
 from ..errors import (
@@ -17,8 +18,8 @@ from ..errors import (
     ProviderError,
     ProviderUnavailable,
 )
-from ._identity import request_differences, step_of_reference
-from ._records import IntentDraft, IntentRecord
+from ._identity import request_differences, step_key, step_of_reference
+from ._records import IntentDraft, IntentRecord, IntentRequest
 from ._states import IntentState
 from ._verdicts import Outcome, Verdict
 
@@ -30,6 +31,7 @@ __all__ = [
     "lookup_refused",
     "mismatch",
     "of_step",
+    "of_step_row",
     "refused",
     "unavailable",
     "unknown",
@@ -78,6 +80,39 @@ def of_step(error: E, draft: IntentDraft) -> E:
         # its own words stay, after the step's name.
         error.args = (f"{step_subject}: {message}", *error.args[1:])
     return error
+
+
+def of_step_row(error: E, record: IntentRecord, *, max_length: int) -> E:
+    """``error``, raised by ``resume`` or ``reconcile`` about a journaled step n >= 2 of a
+    block, which they drive without its block, made to name it as the block would: "step
+    n of intent 'order-1' (key KEY-stepN) …", with ``step`` n and its intent's reference
+    (and key, where the step's key is derived from it), read from the step's reference
+    (``order-1#stepN``). Any other record's error is left as it is. ``max_length``: the
+    provider's key limit, which step keys are derived to fit."""
+    found = step_of_reference(record.reference)
+    if found is None or error.key != record.key:
+        return error
+    name, number = found
+    # The block's name is its reference, or its intent's key when it had none: a step
+    # keyed from the name itself was named by its intent's key.
+    named_by_key = step_key(name, number, max_length=max_length) == record.key
+    intent_key = name if named_by_key else _intent_key_of(record.key, number, max_length)
+    request = {field.name: getattr(record, field.name) for field in attrs.fields(IntentRequest)}
+    draft = IntentDraft(
+        **request,
+        key_supplied=True,
+        step=number,
+        intent_key=intent_key,
+        intent_reference=None if named_by_key else name,
+    )
+    return of_step(error, draft)
+
+
+def _intent_key_of(key: str, number: int, max_length: int) -> str | None:
+    """The key of the intent whose step ``number`` is keyed ``key``, where that can be read
+    off it (``KEY-step2``); None for a key the caller set, or a hashed one."""
+    head = key.removesuffix(f"-step{number}")
+    return head if head != key and step_key(head, number, max_length=max_length) == key else None
 
 
 def in_flight(record: IntentRecord) -> IntentInFlight:
@@ -325,8 +360,18 @@ def refused(record: IntentRecord, response: httpx.Response, verdict: Verdict) ->
         )
     what = (
         f"was refused by the provider with HTTP {status}; the refusal is journaled and will "
-        "be replayed for this intent. Use a new reference to try a different request"
+        "be replayed for this intent. "
     )
+    if step_of_reference(record.reference) is not None:
+        # A new reference would run the block again from its step 1 (a second payment);
+        # another request at this position, in this run or a later one, is a step of its own.
+        what += (
+            "To try a different request (another card), make it in the block: in this run, "
+            "or when the block runs again, where it passes this refused step over and "
+            "becomes the next one"
+        )
+    else:
+        what += "Use a new reference to try a different request"
     return _about(ProviderError, record, what, response=response)
 
 

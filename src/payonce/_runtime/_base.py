@@ -40,6 +40,7 @@ from .._lifecycle import (
     default_lease_seconds,
     new_key,
     step_key,
+    step_of_reference,
     step_reference,
     validate_key,
     validate_reference,
@@ -464,6 +465,7 @@ class OperationBase:
             self._stepping.release()
 
     def _bind_step(self, step: Step, record: IntentRecord) -> None:
+        self._reposition(step, record)
         step.key = record.key
         step.state = record.state
         step.acknowledged = record.acknowledged_at is not None
@@ -471,6 +473,21 @@ class OperationBase:
             self._key = record.key
             self._key_supplied = True
         self._state = record.state
+
+    def _reposition(self, step: Step, record: IntentRecord) -> None:
+        """Move ``step`` to the position its drive reached: a step refused by the provider
+        in an earlier run, where this run asks for another request (the customer's other
+        card), is passed over (``payonce._lifecycle._redo``), so this block's next step
+        comes after the position that request took."""
+        found = step_of_reference(record.reference)
+        if step.number == 1 or found is None or found[1] <= step.number:
+            return
+        intent, number = found
+        if intent != (self.reference or self._key) or number in self._steps:
+            return  # another intent's record (a key the caller set): no position of ours
+        del self._steps[step.number]
+        step.number = number
+        self._steps[number] = step
 
     def _draft(self, method: str, path: str, options: RequestOptions) -> IntentDraft:
         return draft_request(

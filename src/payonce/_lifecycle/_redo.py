@@ -1,0 +1,83 @@
+"""A step the provider refused in an earlier run, redone differently in a later one.
+
+A block's steps are compared with the journal by position: run again, the request at
+position n must be the one journaled there, or it is refused (``IntentMismatch``). One
+exception lets a customer try again after a refusal: a card declined, the process ended,
+and the customer came back with another card. The journaled step n (confirm with card A)
+was refused by the provider in its own words; it executed nothing the provider would ever
+replay as a success. A run whose request at position n differs from it (confirm with card
+B) **passes it over**: the request is compared with step n+1 instead, and where there is
+none it becomes step n+1, under that position's own key and reference. A deterministic
+re-run of the first run (A, declined; then B) still lands on the same positions: A
+matches step n (its refusal replayed), B step n+1.
+
+Nothing else is passed over: a step that succeeded, is pending, unknown or abandoned may
+have executed, so a different request at its position is changed code or a second
+payment, and stays refused. See ``may_pass_over`` for the exact rule.
+"""
+
+from __future__ import annotations
+
+import attrs
+import httpx
+
+from ._identity import step_key, step_reference
+from ._records import IntentDraft, IntentRecord
+from ._states import IntentState
+from ._verdicts import AnswerRules, Outcome, classify_response
+
+__all__ = ["may_pass_over", "next_position"]
+
+
+def may_pass_over(record: IntentRecord, draft: IntentDraft, rules: AnswerRules) -> bool:
+    """Whether ``record``, journaled at the position ``draft`` asks for (a step 2 or
+    later), may be passed over by ``draft``, a different request.
+
+    All of these must hold, or the request stays refused as a changed step:
+
+    - ``record`` is this block's step at this position (its step reference, or, journaled
+      before step references, its derived key), not another intent a key points to;
+    - the request differs from it (method, path, body or a header that counts): the same
+      request under another key is a key that changed between runs, refused as such;
+    - it **failed**, settled by the provider's own answer to this very request: a 4xx
+      whose body was kept, which the profile reads today as a definitive refusal. Not a
+      failure a status look-up found (that is the provider's record, not its answer to
+      the request), not the provider's word that the key holds another request (it
+      executed something under that key), not a 5xx (it may have run in part), not an
+      answer whose body was not kept (what it said cannot be read again).
+    """
+    if draft.step < 2 or record.state is not IntentState.FAILED:
+        return False
+    if record.fingerprint == draft.fingerprint and record.scope == draft.scope:
+        return False
+    at_position = (draft.reference is not None and record.reference == draft.reference) or (
+        record.reference is None and record.key == draft.derived_key
+    )
+    if not at_position:
+        return False
+    answer = record.response
+    if answer is None or not answer.body_stored or not 400 <= answer.status < 500:
+        return False
+    refusal = httpx.Response(
+        answer.status,
+        headers=list(answer.headers),
+        content=answer.body,
+        request=httpx.Request(record.method, record.url),
+    )
+    return classify_response(refusal, rules).outcome is Outcome.FAILED
+
+
+def next_position(draft: IntentDraft, *, max_length: int) -> IntentDraft:
+    """``draft`` moved to the position after its own: that position's derived key (a key
+    the caller set stays the step's key) and step reference."""
+    assert draft.step >= 2
+    assert draft.intent_key is not None
+    number = draft.step + 1
+    derived = step_key(draft.intent_key, number, max_length=max_length)
+    return attrs.evolve(
+        draft,
+        key=derived if draft.key == draft.derived_key else draft.key,
+        reference=step_reference(draft.intent_reference or draft.intent_key, number),
+        step=number,
+        derived_key=derived,
+    )

@@ -1,0 +1,187 @@
+"""A step's name: the reference ``order-1#step2`` is payonce's, and every error about the
+step says "step 2 of intent 'order-1'", also when ``resume`` or ``reconcile`` drive its
+journaled row without its block.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import payonce
+from helpers.cli import run_cli
+from helpers.journals import draft_for
+from helpers.payments import PAYMENT, MakeClient
+from payonce._journal._held import created_record
+from payonce._lifecycle._refusals import of_step_row
+from payonce.sandbox import DEFAULT_API_KEY, Faults, SandboxServer
+
+SECOND = {"amount": 4300, "currency": "eur"}
+
+
+# -- a caller's reference in a step's form ------------------------------------------------------
+
+
+@pytest.mark.parametrize("reference", ["order-7#step2", "order-7#step1", "a#b#step12"])
+def test_a_reference_of_the_caller_s_in_a_step_s_form_is_refused_and_nothing_is_journaled(
+    make_client: MakeClient, sandbox: SandboxServer, reference: str
+) -> None:
+    client = make_client()
+    client.post("/v1/payments", json=PAYMENT, reference="order-paid")
+    before = client.journal.list_intents()
+    base, _, step = reference.rpartition("#")
+
+    with pytest.raises(payonce.ConfigurationError) as refused:
+        client.intent(reference)
+    with pytest.raises(payonce.ConfigurationError):
+        client.post("/v1/payments", json=PAYMENT, reference=reference)
+
+    message = str(refused.value)
+    assert message.startswith(f"reference {reference!r} ends in '#{step}', which payonce keeps")
+    assert "Nothing was journaled or sent" in message
+    assert message.endswith(f"e.g. '{base}-{step}'")
+    assert client.journal.list_intents() == before
+    assert sandbox.store.total_executions() == 1
+
+
+def test_references_that_only_look_like_a_step_s_are_the_caller_s_own(
+    client: payonce.Client,
+) -> None:
+    for reference in ("order#step", "order#stepx", "order#step2a", "order-step2"):
+        assert client.post("/v1/payments", json=PAYMENT, reference=reference).status_code == 201
+    # payonce's own step references keep working: a block's step 2 is journaled under one.
+    with client.intent("order-7") as op:
+        op.post("/v1/payments", json=PAYMENT)
+        op.post("/v1/payments", json=SECOND)
+    assert [r.reference for r in client.journal.steps(op.key or "")] == ["order-7#step2"]
+
+
+# -- resume and reconcile name the step ------------------------------------------------------
+
+
+def _step_2_left_pending(client: payonce.Client, sandbox: SandboxServer) -> str:
+    """Step 2 of intent 'order-1' turned away by every attempt (a 429): left pending. The
+    sandbox asks for no wait before the next attempt (a resume's meets 429s too)."""
+    sandbox.set_faults(Faults(retry_after_seconds=0))
+    with client.intent("order-1") as op:
+        op.post("/v1/payments", json=PAYMENT)
+        sandbox.script(["rate_limit"] * 5)
+        with pytest.raises(payonce.ProviderUnavailable):
+            op.post("/v1/payments", json=SECOND)
+    (_, (_, key, _)) = op.steps
+    assert key is not None
+    return key
+
+
+def test_client_resume_names_a_pending_step_by_its_position_and_its_block_s_reference(
+    client: payonce.Client, sandbox: SandboxServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    key = _step_2_left_pending(client, sandbox)
+    sandbox.script(["rate_limit"] * 5)
+
+    (result,) = client.resume()
+
+    named = f"step 2 of intent 'order-1' (key {key}) was never executed by the provider"
+    assert result.detail == (
+        f"ProviderUnavailable: {named} (HTTP 429); it stays pending under its key: calling "
+        "again later is safe"
+    )
+    assert (result.key, result.reference) == (key, "order-1#step2")
+    assert named in caplog.text
+    assert "(reference 'order-1#step2')" not in caplog.text
+
+
+def test_payonce_resume_names_a_pending_step_the_same_way(
+    client: payonce.Client, sandbox: SandboxServer, journal_path: Path
+) -> None:
+    key = _step_2_left_pending(client, sandbox)
+    sandbox.script(["rate_limit"] * 5)
+    env = {
+        "PAYONCE_API_KEY": DEFAULT_API_KEY,
+        "PAYONCE_BASE_URL": sandbox.url,
+        "PAYONCE_PROVIDER": "sandbox",
+        "PAYONCE_ACCOUNT": "acct_demo",
+        "PAYONCE_JOURNAL": str(journal_path),
+    }
+
+    result = run_cli(["resume"], env=env, secrets=[DEFAULT_API_KEY])
+
+    assert result.exit_code == 1
+    assert f"step 2 of intent 'order-1' (key {key}) was never executed" in result.stdout
+    assert "reference 'order-1#step2'" not in result.stdout
+    assert client.journal.get(key).state is payonce.IntentState.PENDING  # type: ignore[union-attr]
+
+
+def test_reconcile_names_a_step_whose_look_up_is_refused_by_its_position(
+    make_client: MakeClient, sandbox: SandboxServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = make_client(retry=payonce.RetryPolicy(max_attempts=1))
+    with client.intent("order-1") as op:
+        op.post("/v1/payments", json=PAYMENT)
+        sandbox.script(["drop_after"])
+        with pytest.raises(payonce.OutcomeUnknown):
+            op.post("/v1/payments", json=SECOND)
+    (_, (_, key, _)) = op.steps
+    caplog.clear()
+
+    (result,) = make_client(api_key="sk_test_revoked").reconcile("order-1#step2")
+
+    assert (result.key, result.outcome) == (key, "error")
+    assert (
+        f"ProviderError: step 2 of intent 'order-1' (key {key}) could not be looked up: the "
+        "provider refused the status look-up with HTTP 401" in caplog.text
+    )
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+
+
+def _row(key: str, reference: str) -> payonce.IntentRecord:
+    return created_record(draft_for(2, key=key, reference=reference), "owner", 0.0, 30.0)
+
+
+def _unknown(record: payonce.IntentRecord) -> payonce.OutcomeUnknown:
+    words = f"intent {record.key} (reference {record.reference!r}) has an unknown outcome (…)"
+    return payonce.OutcomeUnknown(words, key=record.key, reference=record.reference, reason="…")
+
+
+@pytest.mark.parametrize(
+    ("row", "named", "attributes"),
+    [
+        pytest.param(
+            ("KEY-step2", "order-1#step2"),
+            "step 2 of intent 'order-1' (key KEY-step2)",
+            ("order-1", 2, "KEY"),
+            id="a-block-with-a-reference",
+        ),
+        pytest.param(
+            ("KEY-step3", "KEY#step3"),
+            "step 3 of intent KEY (key KEY-step3)",
+            (None, 3, "KEY"),
+            id="a-block-opened-with-a-key-alone",
+        ),
+        pytest.param(
+            ("order-1-tip", "order-1#step2"),
+            "step 2 of intent 'order-1' (key order-1-tip)",
+            ("order-1", 2, None),
+            id="a-key-the-caller-set-on-the-step",
+        ),
+    ],
+)
+def test_an_error_about_a_step_s_row_names_the_step_its_block_and_its_key(
+    row: tuple[str, str], named: str, attributes: tuple[Any, ...]
+) -> None:
+    record = _row(*row)
+
+    error = of_step_row(_unknown(record), record, max_length=255)
+
+    assert str(error) == f"{named} has an unknown outcome (…)"
+    assert (error.key, error.reference, error.step, error.intent_key) == (record.key, *attributes)
+
+
+def test_an_error_about_an_intent_s_own_row_is_left_as_it_was() -> None:
+    record = _row("KEY", "order-1")
+    error = of_step_row(_unknown(record), record, max_length=255)
+    assert str(error) == "intent KEY (reference 'order-1') has an unknown outcome (…)"
+    assert (error.reference, error.step) == ("order-1", None)
