@@ -222,8 +222,11 @@ def test_a_declined_step_then_another_request_in_a_later_run_is_the_next_step(
     """With ``op.post`` on the sandbox's own dialect (it declines one amount with a 402)."""
     with make_client().intent("order-raw") as first:
         first.post("/v1/payments", json=PAYMENT)
-        with pytest.raises(payonce.ProviderError):
+        with pytest.raises(payonce.ProviderError) as declined:
             first.post("/v1/payments", json=DECLINED)
+    # A new reference would pay step 1 again: the refusal says where the other request goes.
+    assert "make it in the block" in str(declined.value)
+    assert "new reference" not in str(declined.value)
 
     with make_client().intent("order-raw") as op:
         op.post("/v1/payments", json=PAYMENT)

@@ -83,8 +83,9 @@ class IntentError(PayonceError):
 
     step: int | None
     """The request's position in its intent block (1: the intent itself), for an error
-    raised by a call in a block or a one-shot call; None for one raised by ``resume`` or
-    ``reconcile``, which drive a journaled intent without its block."""
+    raised by a call in a block or a one-shot call, or by ``resume`` or ``reconcile``
+    about a step 2 or later (read off its reference, ``order-1#step2``); None for one
+    they raise about any other intent, which they drive without its block."""
     intent_key: str | None
     """For a step 2 or later: the key of its intent (step 1's); None otherwise."""
 
