@@ -29,7 +29,7 @@ from payonce._lifecycle import LookupKind, Outcome, classify_lookup, classify_re
 from payonce._providers import _profile as profile_module
 from payonce._providers._adyen import ADYEN, adyen_profile, adyen_reference_lookup
 from payonce._providers._mollie import MOLLIE
-from payonce._providers._profile import GENERIC, Lookup, get_profile
+from payonce._providers._profile import GENERIC, Lookup, ProviderProfile, get_profile
 from payonce._providers._stripe import STRIPE, stripe_profile
 from payonce._runtime import _reconcile
 from payonce.sandbox import DEFAULT_API_KEY, SandboxConfig, SandboxServer
@@ -710,6 +710,53 @@ def test_adyen_verdicts(
     status: int, body: object, headers: dict[str, str], outcome: Outcome
 ) -> None:
     assert classify_response(_response(status, body, headers), ADYEN).outcome is outcome
+
+
+@pytest.mark.parametrize(
+    ("profile", "status", "body", "outcome"),
+    [
+        # Mollie's "API idempotency" page: a key reused with other parameters is a 400.
+        pytest.param(
+            MOLLIE,
+            400,
+            {"status": 400, "title": "Bad Request", "detail": "The Idempotency-Key was reused"},
+            Outcome.MISMATCH,
+            id="mollie-400-naming-the-key",
+        ),
+        pytest.param(
+            MOLLIE,
+            422,
+            {"status": 422, "title": "Unprocessable Entity", "detail": "idempotency key reused"},
+            Outcome.MISMATCH,
+            id="mollie-422-naming-the-key",
+        ),
+        pytest.param(
+            MOLLIE,
+            400,
+            {"status": 400, "title": "Bad Request", "detail": "The amount is invalid"},
+            Outcome.FAILED,
+            id="mollie-400-about-the-request",
+        ),
+        pytest.param(
+            ADYEN,
+            422,
+            {"status": 422, "errorCode": "idempotency_key_mismatch", "errorType": "validation"},
+            Outcome.MISMATCH,
+            id="adyen-422-naming-the-key",
+        ),
+        pytest.param(
+            ADYEN,
+            422,
+            {"status": 422, "errorCode": "101", "message": "Invalid card number"},
+            Outcome.FAILED,
+            id="adyen-422-about-the-request",
+        ),
+    ],
+)
+def test_a_refusal_naming_the_idempotency_key_is_a_mismatch_not_a_decline(
+    profile: ProviderProfile, status: int, body: dict[str, Any], outcome: Outcome
+) -> None:
+    assert classify_response(_response(status, body), profile).outcome is outcome
 
 
 def test_mollie_treats_422_as_a_definitive_refusal_not_a_mismatch() -> None:

@@ -302,6 +302,22 @@ def journaled_step_2(state: str, status: int, body: bytes, **more: Any) -> Inten
         ),
         pytest.param(
             "failed",
+            422,
+            b'{"status": 422, "errorCode": "idempotency_key_mismatch", "message": "reused"}',
+            {},
+            False,
+            id="a-422-naming-the-key",
+        ),
+        pytest.param(
+            "failed",
+            409,
+            b'{"error": {"type": "invalid_request_error"}}',
+            {},
+            False,
+            id="in-flight-status",
+        ),
+        pytest.param(
+            "failed",
             500,
             b'{"error": {}}',
             {"headers": (("stripe-should-retry", "false"),)},
@@ -332,6 +348,13 @@ def test_a_declined_step_is_not_passed_over_by_the_same_request_or_another_inten
     # A row a key the caller set points to, of another block.
     elsewhere = attrs.evolve(declined, reference="order-2#step2", key="K")
     assert not may_pass_over(elsewhere, CARD_B_DRAFT, stripe_profile)
+    # Another block's row at this very step reference (a block keyed 'order-1').
+    another_block = attrs.evolve(declined, key="order-1-step2")
+    assert not may_pass_over(another_block, CARD_B_DRAFT, stripe_profile)
+    # A step under a key the caller set: nothing ties it to this block's position.
+    caller_keyed = attrs.evolve(declined, key="order-1-pay")
+    card_b_caller_keyed = attrs.evolve(CARD_B_DRAFT, key="order-1-pay")
+    assert not may_pass_over(caller_keyed, card_b_caller_keyed, stripe_profile)
 
 
 # -- killed after the decline ----------------------------------------------------------------

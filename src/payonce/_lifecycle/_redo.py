@@ -18,6 +18,8 @@ payment, and stays refused. See ``may_pass_over`` for the exact rule.
 
 from __future__ import annotations
 
+import json
+
 import attrs
 import httpx
 
@@ -35,28 +37,39 @@ def may_pass_over(record: IntentRecord, draft: IntentDraft, rules: AnswerRules) 
 
     All of these must hold, or the request stays refused as a changed step:
 
-    - ``record`` is this block's step at this position (its step reference, or, journaled
-      before step references, its derived key), not another intent a key points to;
+    - ``record`` is **this block's** step at this position: journaled under the key this
+      block derives for it (``{block key}-step{n}``), with this position's step reference
+      (or none, journaled before step references). Another block's row that shares the
+      reference (another intent named ``order-9``), or a row under a key the caller set on
+      the step, cannot be tied to this block: a payment written over it would be another
+      block's step. A step whose key the caller sets never passes anything over;
     - the request differs from it (method, path, body or a header that counts): the same
       request under another key is a key that changed between runs, refused as such;
     - it **failed**, settled by the provider's own answer to this very request: a 4xx
-      whose body was kept, which the profile reads today as a definitive refusal. Not a
-      failure a status look-up found (that is the provider's record, not its answer to
-      the request), not the provider's word that the key holds another request (it
-      executed something under that key), not a 5xx (it may have run in part), not an
-      answer whose body was not kept (what it said cannot be read again).
+      whose body was kept, which the profile reads today as a definitive refusal about
+      the request itself (a declined card, a validation error). Not a failure a status
+      look-up found (that is the provider's record, not its answer to the request), not
+      the provider's word about the key (it holds another request, or one still running:
+      the profile's mismatch or in-flight statuses, or any refusal whose body names
+      idempotency), which says something executed under that key; not a 5xx (it may have
+      run in part), not an answer whose body was not kept (what it said cannot be read
+      again).
     """
     if draft.step < 2 or record.state is not IntentState.FAILED:
         return False
     if record.fingerprint == draft.fingerprint and record.scope == draft.scope:
         return False
-    at_position = (draft.reference is not None and record.reference == draft.reference) or (
-        record.reference is None and record.key == draft.derived_key
-    )
-    if not at_position:
+    if not _this_blocks_position(record, draft):
         return False
     answer = record.response
     if answer is None or not answer.body_stored or not 400 <= answer.status < 500:
+        return False
+    if answer.status in rules.mismatch_statuses or answer.status in rules.in_flight_statuses:
+        return False
+    if _names_idempotency(answer.body):
+        # Whatever the profile makes of it: a refusal that talks about the key may be the
+        # provider saying the key already holds another request (a journal restored from
+        # an older copy, another block's row), which is no decline of this one.
         return False
     refusal = httpx.Response(
         answer.status,
@@ -65,6 +78,40 @@ def may_pass_over(record: IntentRecord, draft: IntentDraft, rules: AnswerRules) 
         request=httpx.Request(record.method, record.url),
     )
     return classify_response(refusal, rules).outcome is Outcome.FAILED
+
+
+def _names_idempotency(body: bytes) -> bool:
+    """Whether a JSON refusal's own words name the idempotency key: a string of its top
+    level or of an error object in it (``{"error": {"type": "idempotency_error"}}``,
+    ``{"errors": [{"code": "IDEMPOTENCY_KEY_REUSED"}]}``, ``{"errorCode": ...}``), not of
+    an object it carries deeper (the declined payment, whose fields may name its key)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return False
+    return _words_name_idempotency(data, levels=2)
+
+
+def _words_name_idempotency(value: object, *, levels: int) -> bool:
+    if isinstance(value, str):
+        return "idempoten" in value.lower()
+    if isinstance(value, list):
+        return any(_words_name_idempotency(item, levels=levels) for item in value)
+    if isinstance(value, dict) and levels > 0:
+        return any(_words_name_idempotency(item, levels=levels - 1) for item in value.values())
+    return False
+
+
+def _this_blocks_position(record: IntentRecord, draft: IntentDraft) -> bool:
+    """Whether ``record`` is the row this block journals at ``draft``'s position: its key
+    is the one the block derives there and the draft is keyed by it (not a key the caller
+    set), and its reference is that position's (or none, journaled before step
+    references had one)."""
+    if draft.derived_key is None or draft.key != draft.derived_key:
+        return False
+    if record.key != draft.derived_key:
+        return False
+    return record.reference is None or record.reference == draft.reference
 
 
 def next_position(draft: IntentDraft, *, max_length: int) -> IntentDraft:

@@ -10,6 +10,10 @@ What Adyen documents and payonce relies on:
 - A request whose key is already being processed is refused with ``errorCode`` 704
   ("request already processed or in progress"); retrying under the key gets the stored
   answer once the first request ends.
+- Adyen documents no error for a key reused with another request: its page says the
+  first request's answer is returned. A 4xx whose ``errorCode`` or ``message`` names the
+  idempotency key (other than 704) is read as a key mismatch, never as a refusal of the
+  request (the sandbox's Adyen dialect answers a reused key ``422`` that way).
 - Timeouts and 5xx are retried under the same key. A ``Transient-Error: true`` response
   header marks an answer worth retrying. Validation errors (422) are definitive.
 - A refused payment is not an HTTP error: ``/payments`` answers 200 with
@@ -24,7 +28,13 @@ from __future__ import annotations
 import httpx
 
 from .._lifecycle import Outcome, Verdict, retry_after
-from ._profile import Lookup, ProviderProfile, ReconcileSchedule, json_object
+from ._profile import (
+    Lookup,
+    ProviderProfile,
+    ReconcileSchedule,
+    json_object,
+    names_idempotency,
+)
 
 __all__ = ["ADYEN", "adyen_profile", "adyen_reference_lookup"]
 
@@ -54,6 +64,16 @@ def adyen_refine(response: httpx.Response) -> Verdict | None:
         return None
     body = json_object(response) or {}
     if str(body.get("errorCode")) != _IN_PROGRESS:
+        if names_idempotency(body, "errorCode", "message"):
+            # Adyen documents no answer for a key reused with another request (its page
+            # says a key's first answer is replayed); a refusal that names the key is
+            # about the key, not the request: read as "this key holds another request",
+            # never as a decline a later run could pass over.
+            return Verdict(
+                Outcome.MISMATCH,
+                ambiguous=False,
+                reason=f"HTTP {response.status_code} key mismatch ({body.get('errorCode')})",
+            )
         return None
     # The first request with this key is still running and may well succeed: ambiguous.
     return Verdict(

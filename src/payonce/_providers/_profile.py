@@ -29,6 +29,7 @@ __all__ = [
     "get_profile",
     "json_object",
     "key_lifetime_of",
+    "names_idempotency",
     "register_profile",
 ]
 
@@ -92,6 +93,12 @@ def json_object(response: httpx.Response) -> dict[str, Any] | None:
     except (ValueError, httpx.ResponseNotRead):
         return None
     return data if isinstance(data, dict) else None
+
+
+def names_idempotency(body: dict[str, Any], *fields: str) -> bool:
+    """Whether one of an error body's ``fields`` names the idempotency key ("Idempotency-Key",
+    "idempotency_key_mismatch", "idempotent request"...): a refusal about the key."""
+    return any("idempoten" in str(body.get(field, "")).lower() for field in fields)
 
 
 def _seconds(instance: object, attribute: attrs.Attribute[float], value: float) -> None:

@@ -68,6 +68,14 @@ _KEY_MESSAGES: Final[Mapping[tuple[str, str], str]] = {
         "Please try again later."
     ),
     ("adyen", "idempotency_key_in_use"): "request already processed or in progress",
+    # Adyen documents no answer for a reused key; the sandbox's names the key.
+    ("adyen", "idempotency_key_mismatch"): (
+        "Idempotency-Key '{key}' was already used with a different request"
+    ),
+    ("mollie", "idempotency_key_mismatch"): (
+        "The Idempotency-Key '{key}' was already used for a request to another endpoint or "
+        "with different parameters."
+    ),
     ("square", "idempotency_key_mismatch"): (
         "The idempotency key '{key}' can only be used with the same request it was first used with."
     ),
@@ -114,8 +122,10 @@ def key_message(dialect: Dialect, type_: str, key: str, default: str) -> str:
 
 
 def mismatch_status(dialect: Dialect) -> int:
-    """Stripe refuses a key reused with other parameters as a bad request; the draft says 422."""
-    return 400 if dialect in ("stripe", "square") else 422
+    """Stripe, Square and Mollie (its "API idempotency" page) refuse a key reused with other
+    parameters as a bad request; the draft says 422 (and the sandbox's Adyen, which
+    documents no such answer)."""
+    return 400 if dialect in ("stripe", "square", "mollie") else 422
 
 
 def payment_answer(dialect: Dialect, payment: Payment) -> StoredResponse:
