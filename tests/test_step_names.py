@@ -42,7 +42,14 @@ def test_a_reference_of_the_caller_s_in_a_step_s_form_is_refused_and_nothing_is_
     message = str(refused.value)
     assert message.startswith(f"reference {reference!r} ends in '#{step}', which payonce keeps")
     assert "Nothing was journaled or sent" in message
-    assert message.endswith(f"e.g. '{base}-{step}'")
+    assert f"e.g. '{base}-{step}'. " in message
+    # Orders an earlier payonce journaled under such a reference are found, not paid again.
+    assert message.endswith(
+        "If an earlier payonce journaled intents under it, they keep their keys: find them "
+        "with `payonce intents list`, finish pending ones with `payonce resume` and "
+        f"reconcile unknown ones; the renamed reference ('{base}-{step}') is another "
+        "intent, and paying one of them under it again would pay twice"
+    )
     assert client.journal.list_intents() == before
     assert sandbox.store.total_executions() == 1
 
@@ -161,12 +168,6 @@ def _unknown(record: payonce.IntentRecord) -> payonce.OutcomeUnknown:
             (None, 3, "KEY"),
             id="a-block-opened-with-a-key-alone",
         ),
-        pytest.param(
-            ("order-1-tip", "order-1#step2"),
-            "step 2 of intent 'order-1' (key order-1-tip)",
-            ("order-1", 2, None),
-            id="a-key-the-caller-set-on-the-step",
-        ),
     ],
 )
 def test_an_error_about_a_step_s_row_names_the_step_its_block_and_its_key(
@@ -180,8 +181,21 @@ def test_an_error_about_a_step_s_row_names_the_step_its_block_and_its_key(
     assert (error.key, error.reference, error.step, error.intent_key) == (record.key, *attributes)
 
 
-def test_an_error_about_an_intent_s_own_row_is_left_as_it_was() -> None:
-    record = _row("KEY", "order-1")
+@pytest.mark.parametrize(
+    ("key", "reference"),
+    [
+        pytest.param("KEY", "order-1", id="an-intent-s-own-row"),
+        pytest.param("01J9ZLEGACY", "legacy-9#step2", id="an-earlier-payonce-s-intent"),
+        pytest.param("order-1-tip", "order-1#step2", id="a-key-the-caller-set-on-a-step"),
+    ],
+)
+def test_an_error_about_a_row_not_keyed_as_a_step_is_left_as_it_was(
+    key: str, reference: str
+) -> None:
+    """An intent an earlier payonce journaled under the reference ``legacy-9#step2`` is
+    no "step 2 of intent 'legacy-9'"; a row under a key the caller set cannot be told
+    from it, so neither is named as a step."""
+    record = _row(key, reference)
     error = of_step_row(_unknown(record), record, max_length=255)
-    assert str(error) == "intent KEY (reference 'order-1') has an unknown outcome (…)"
-    assert (error.reference, error.step) == ("order-1", None)
+    assert str(error) == f"intent {key} (reference {reference!r}) has an unknown outcome (…)"
+    assert (error.reference, error.step) == (reference, None)

@@ -148,12 +148,14 @@ def validate_reference(reference: str, *, required: bool = False) -> str:
         )
     if (suffix := _STEP_SUFFIX.search(reference)) is not None:
         base = reference[: suffix.start()]
+        renamed = base + "-" + suffix.group()[1:]
         raise ConfigurationError(
             f"reference {reference!r} ends in {suffix.group()!r}, which payonce keeps for the "
             f"references of a block's later steps (step 2 of the block of intent {base!r} "
             f"is journaled as {base + '#step2'!r}): a reference of your own in that form "
-            "would be taken for such a step. Nothing was journaled or sent. Name the order "
-            f"without that ending, e.g. {base + '-' + suffix.group()[1:]!r}"
+            "would be taken for such a step. Nothing was journaled or sent. Name a new "
+            f"order without that ending, e.g. {renamed!r}. "
+            + _earlier(f"the renamed reference ({renamed!r})")
         )
     return reference
 
@@ -162,12 +164,18 @@ _STEP_SUFFIX = re.compile(r"#step[0-9]+\Z")
 """How a step's reference ends (``step_reference``): no caller's reference may."""
 
 
-_EARLIER = (
-    "If an earlier payonce journaled intents under it, they keep their keys: find them with "
-    "`payonce intents list`, finish pending ones with `payonce resume` and reconcile unknown "
-    "ones; the stripped reference is another intent, and paying one of them under it again "
-    "would pay twice"
-)
+def _earlier(other: str) -> str:
+    """The warning a refused reference carries: ``other``, the reference the caller would
+    use instead, is another intent than the ones an earlier payonce journaled under it."""
+    return (
+        "If an earlier payonce journaled intents under it, they keep their keys: find them "
+        "with `payonce intents list`, finish pending ones with `payonce resume` and "
+        f"reconcile unknown ones; {other} is another intent, and paying one of them under "
+        "it again would pay twice"
+    )
+
+
+_EARLIER = _earlier("the stripped reference")
 
 
 def make_scope(account: str, method: str, path: str) -> str:

@@ -87,12 +87,18 @@ def of_step_row(error: E, record: IntentRecord, *, max_length: int) -> E:
     block, which they drive without its block, made to name it as the block would: "step
     n of intent 'order-1' (key KEY-stepN) …", with ``step`` n and its intent's reference
     (and key, where the step's key is derived from it), read from the step's reference
-    (``order-1#stepN``). Any other record's error is left as it is. ``max_length``: the
-    provider's key limit, which step keys are derived to fit."""
+    (``order-1#stepN``), where its key is one payonce derives for a step n (``…-stepN``).
+    Any other record's error is left as it is: an intent an earlier payonce journaled
+    under a reference of the caller's in that form (``legacy-9#step2``, keyed as any
+    intent), or a step under a key the caller set, cannot be told from the other by the
+    row, and naming an intent "step 2 of intent 'legacy-9'" would be false. ``max_length``:
+    the provider's key limit, which step keys are derived to fit."""
     found = step_of_reference(record.reference)
     if found is None or error.key != record.key:
         return error
     name, number = found
+    if not record.key.endswith(f"-step{number}"):
+        return error  # not a key payonce derives for a step n: nothing ties it to a block
     # The block's name is its reference, or its intent's key when it had none: a step
     # keyed from the name itself was named by its intent's key.
     named_by_key = step_key(name, number, max_length=max_length) == record.key
