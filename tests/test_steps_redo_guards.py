@@ -84,6 +84,38 @@ def test_a_step_whose_key_holds_another_payment_is_never_passed_over(
         assert client.journal.list_intents() == before
 
 
+def test_adyen_s_200_refused_is_no_declined_step_a_later_run_passes_over(
+    shared_sandboxes: SharedSandboxes, make_client: MakeClient
+) -> None:
+    """Adyen answers a decline with 200 ``resultCode: Refused``: journaled as succeeded,
+    so another card at its position is refused as a changed step, nothing sent; the
+    refusal says the step's answer was a decline, not "its operation is done". The block
+    that tries the other card after the declined one pays it as the next step."""
+    adyen = shared_sandboxes.get("redo guards adyen", SandboxConfig.like("adyen"))
+    client = make_client(base_url=adyen.url, provider="adyen")
+
+    def run(*payments: dict[str, Any]) -> list[str]:
+        with client.intent("order-a") as op:
+            return [op.post("/v1/payments", json=p).json()["resultCode"] for p in payments]
+
+    assert run(PAYMENT, DECLINED) == ["Authorised", "Refused"]
+    executed = adyen.store.executions()
+    before = client.journal.list_intents()
+
+    with pytest.raises(payonce.IntentMismatch) as refused:
+        run(PAYMENT, OTHER_AMOUNT)
+
+    assert refused.value.step == 2
+    message = str(refused.value)
+    assert "a 2xx whose body declines the payment (e.g. Adyen's resultCode Refused)" in message
+    assert "its operation is done" not in message
+    assert adyen.store.executions() == executed
+    assert client.journal.list_intents() == before
+    # As the refusal advises: the declined card first (replayed), then the other one.
+    assert run(PAYMENT, DECLINED, OTHER_AMOUNT) == ["Authorised", "Refused", "Authorised"]
+    assert adyen.store.total_executions() == sum(executed.values()) + 1
+
+
 def block(client: payonce.Client, *steps: tuple[str, dict[str, Any]], **name: str) -> None:
     """A block of ``client`` (``name``: its reference, or ``key=``) making ``steps``."""
     with client.intent(name.pop("reference", None), **name) as op:
@@ -133,6 +165,7 @@ def test_a_block_never_passes_over_the_declined_step_of_a_block_keyed_by_its_ref
     )
 
     assert refused.step == 2
+    assert "holds step 2 of another block named alike (key order-9-step2, not" in str(refused)
     declined_at_step_2(client, key="order-9")  # P's step 2 is still P's decline
 
 
@@ -153,6 +186,7 @@ def test_two_intents_named_alike_never_pass_over_each_other_s_declined_step(
     )
 
     assert refused.step == 2
+    assert "'order-9#step2' holds step 2 of another block named alike" in str(refused)
     declined_at_step_2(client, reference="order-9")
 
 

@@ -149,6 +149,12 @@ class DriveProfile(AnswerRules, Protocol):
         """The longest key the provider takes: a step's key is derived to fit it."""
         ...
 
+    @property
+    def declined_in_body(self) -> Callable[[bytes], bool]:
+        """Whether a 2xx answer's body declines the payment all the same (Adyen's 200
+        ``Refused``): for the words of a refusal about such a step."""
+        ...
+
 
 class RetryRules(Protocol):
     """How hard to try (``payonce.RetryPolicy``)."""
@@ -546,7 +552,12 @@ def _call(
                 return (yield from _replay(settings, record))
             case ClaimKind.MISMATCH:
                 if not may_pass_over(record, draft, settings.profile):
-                    raise refusals.mismatch(draft, record, reconcilable=settings.reconcilable)
+                    raise refusals.mismatch(
+                        draft,
+                        record,
+                        reconcilable=settings.reconcilable,
+                        declined=_declined_in_body(record, settings.profile),
+                    )
                 draft = next_position(draft, max_length=settings.profile.key_max_length)
                 asked.append(draft)
             case ClaimKind.UNKNOWN:
@@ -555,6 +566,17 @@ def _call(
                 if clock.monotonic() >= give_up_waiting:
                     raise refusals.in_flight(record)
                 yield Sleep(IN_FLIGHT_POLL)
+
+
+def _declined_in_body(record: IntentRecord, profile: DriveProfile) -> bool:
+    """Whether ``record`` succeeded with an answer whose body declines the payment."""
+    answer = record.response
+    return (
+        record.state is IntentState.SUCCEEDED
+        and answer is not None
+        and answer.body_stored
+        and profile.declined_in_body(answer.body)
+    )
 
 
 def resume(settings: DriveSettings, claim: Claim, owner: str) -> Drive:

@@ -192,12 +192,19 @@ def unavailable(record: IntentRecord, reason: str) -> ProviderUnavailable:
 
 
 def mismatch(
-    draft: IntentDraft, record: IntentRecord, *, reconcilable: bool, enqueuing: bool = False
+    draft: IntentDraft,
+    record: IntentRecord,
+    *,
+    reconcilable: bool,
+    enqueuing: bool = False,
+    declined: bool = False,
 ) -> IntentMismatch:
     """``enqueuing``: the refusal of ``enqueue(connection=...)``, which writes rather than
-    sends, and leaves the caller's transaction as it was before the call."""
+    sends, and leaves the caller's transaction as it was before the call. ``declined``:
+    ``record`` succeeded with an answer whose body declines the payment (Adyen's 200
+    ``Refused``)."""
     if draft.step > 1 and record.key == draft.key:
-        return _step_mismatch(draft, record, reconcilable)
+        return _step_mismatch(draft, record, reconcilable, declined=declined)
     if draft.step > 1 and draft.reference is not None and record.reference == draft.reference:
         return _step_key_changed(draft, record, reconcilable)
     if draft.key_supplied and record.key != draft.key:
@@ -226,7 +233,9 @@ def mismatch(
     )
 
 
-def _step_mismatch(draft: IntentDraft, record: IntentRecord, reconcilable: bool) -> IntentMismatch:
+def _step_mismatch(
+    draft: IntentDraft, record: IntentRecord, reconcilable: bool, *, declined: bool = False
+) -> IntentMismatch:
     """Step n of an intent asked for with another request than the one journaled for that
     position: the code that runs in the block changed between runs (or runs its steps in
     another order)."""
@@ -243,7 +252,7 @@ def _step_mismatch(draft: IntentDraft, record: IntentRecord, reconcilable: bool)
         "Nothing was sent and the journal is unchanged. The steps of an intent must be the "
         "same requests, in the same order, on every run: restore the code that journaled "
         f"them (`payonce intents show {draft.intent_key}` shows them). This step "
-        f"{_step_what_now(record, reconcilable)}",
+        f"{_declined_what_now() if declined else _step_what_now(record, reconcilable)}",
         key=record.key,
         reference=draft.intent_reference,
         stored_fingerprint=record.fingerprint,
@@ -261,6 +270,8 @@ def _step_key_changed(
     def whose(key: str) -> str:
         return "payonce's key for it" if key == draft.derived_key else "a key your code set"
 
+    if draft.key == draft.derived_key and record.key.endswith(f"-step{draft.step}"):
+        return _another_blocks_step(draft, record, reconcilable)
     if draft.key == draft.derived_key:
         now = f"this run leaves the key to payonce ({draft.key})"
     else:
@@ -278,6 +289,42 @@ def _step_key_changed(
         reference=draft.intent_reference,
         stored_fingerprint=record.fingerprint,
         new_fingerprint=draft.fingerprint,
+    )
+
+
+def _another_blocks_step(
+    draft: IntentDraft, record: IntentRecord, reconcilable: bool
+) -> IntentMismatch:
+    """Step n's reference holds a row under a key payonce derived for another block's
+    step n: two blocks named alike (``intent("order-9")`` and ``intent(key="order-9")``,
+    or one reference on two endpoints) share their steps' references, never their keys."""
+    return IntentMismatch(
+        f"{_step_subject(draft)}, {draft.method} {urlsplit(draft.url).path}, cannot be "
+        f"sent: its reference {record.reference!r} holds step {draft.step} of another "
+        f"block named alike (key {record.key}, not this block's {draft.derived_key}): two "
+        "intents named the same (a reference and a key, or one reference whose first "
+        "requests went to different endpoints) share their steps' references, and this "
+        "block cannot journal a step 2 or later under that name. Nothing was sent and the "
+        f"journal is unchanged. This block's step 1 is journaled (`payonce intents show "
+        f"{draft.intent_key}`): renamed, the block would run it again (a second payment), "
+        "so finish this order by hand, and name orders so that no reference is another "
+        f"intent's key or is used on two endpoints. The other block's step {draft.step} "
+        f"is {record.state.value}: it stays that block's",
+        key=record.key,
+        reference=draft.intent_reference,
+        stored_fingerprint=record.fingerprint,
+        new_fingerprint=draft.fingerprint,
+    )
+
+
+def _declined_what_now() -> str:
+    """``_step_what_now`` for a step whose 2xx answer declines the payment in its body."""
+    return (
+        "was answered with a 2xx whose body declines the payment (e.g. Adyen's resultCode "
+        "Refused): journaled as succeeded, it is replayed as it was and is no refused step "
+        "a later run may pass over with another request. Make the block try the other card "
+        "after this one (this step replays its decline, the other card becomes the next "
+        "step), or pay it in a block of its own"
     )
 
 

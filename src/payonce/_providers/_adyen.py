@@ -25,6 +25,8 @@ What Adyen documents and payonce relies on:
 
 from __future__ import annotations
 
+import json
+
 import httpx
 
 from .._lifecycle import Outcome, Verdict, retry_after
@@ -84,6 +86,19 @@ def adyen_refine(response: httpx.Response) -> Verdict | None:
     )
 
 
+_DECLINED_RESULTS = frozenset({"Refused", "Cancelled", "Error"})
+"""Adyen's ``resultCode`` values of a payment that did not go through."""
+
+
+def adyen_declined(body: bytes) -> bool:
+    """Whether a ``/payments`` answer (HTTP 200) declines the payment in its ``resultCode``."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and data.get("resultCode") in _DECLINED_RESULTS
+
+
 def adyen_reference_lookup(
     path: str, *, param: str = "reference", status_field: str = "status"
 ) -> Lookup:
@@ -122,6 +137,7 @@ def adyen_profile(
         lookup=lookup,
         should_retry_hint=adyen_transient,
         refine=adyen_refine,
+        declined_in_body=adyen_declined,
         reconcile_schedule=ADYEN_RECONCILE_SCHEDULE,
     )
 

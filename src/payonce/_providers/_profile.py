@@ -121,6 +121,10 @@ def _no_verdict(response: httpx.Response) -> Verdict | None:
     return None
 
 
+def _declines_nothing(body: bytes) -> bool:
+    return False
+
+
 def _body_as_is(body: bytes, content_type: str | None, key: str) -> bytes:
     return body
 
@@ -223,6 +227,10 @@ class ProviderProfile:
     refine: Callable[[httpx.Response], Verdict | None] = _no_verdict
     """A provider-specific verdict that wins over everything else (None: no opinion), e.g.
     telling a 409 "key in use, retry" from a 409 "key reused with another body"."""
+    declined_in_body: Callable[[bytes], bool] = _declines_nothing
+    """Whether a 2xx answer's body is a decline all the same (Adyen's ``200`` with
+    ``resultCode: Refused``): stored and replayed as a success, and no declined step a
+    later run may pass over; only the words of an ``IntentMismatch`` about it use it."""
     refuse_request: Callable[[str, str, str | None], str | None] = _any_request
     """Why the provider cannot take a request (method, the path the provider sees, with the
     base URL's own path, and content type), or None. A
