@@ -28,6 +28,7 @@ from helpers.keyrings import SessionKeyring, UseKeyring
 from helpers.payments import PAYMENT, MakeClient, leave_pending, make_unknown
 from payonce._journal._schema import SCHEMA_VERSION
 from payonce._owners import new_owner as payonce_owner
+from payonce.providers import get_profile
 from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
 
 ACCOUNT = "acct_demo"  # the sandbox's account for DEFAULT_API_KEY, as in conftest
@@ -618,20 +619,42 @@ def test_only_intents_of_the_given_provider_are_reconciled(
     assert _state(journal_path, record.key).state is payonce.IntentState.UNKNOWN
 
 
-def test_a_provider_without_a_status_lookup_is_a_configuration_error(
+def test_a_provider_without_a_status_lookup_is_reconciled_by_resending_under_its_key(
     make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str], journal_path: Path
 ) -> None:
     record = make_unknown(make_client, sandbox, "order-g", "fail_before", provider="generic")
 
-    result = run_cli(["reconcile", "--all", "--provider", "generic"], env=env, secrets=SECRETS)
+    result = run_cli(
+        ["reconcile", "--all", "--provider", "generic", "--json"], env=env, secrets=SECRETS
+    )
 
-    assert result.exit_code == 2
-    assert result.stdout == ""
-    (line,) = result.stderr.splitlines()
-    assert "has no status look-up" in line
-    assert "payonce abandon" in line
+    assert result.exit_code == 0, result.output
+    ((item),) = _json(result)
+    assert (item["key"], item["outcome"], item["after"]) == (record.key, "resent", "succeeded")
+    after = _state(journal_path, record.key)
+    assert (after.state, after.lease_owner) == (payonce.IntentState.SUCCEEDED, None)
+    assert sandbox.store.executions() == {record.key: 1}
+
+
+def test_past_its_key_window_a_provider_without_a_status_lookup_leaves_it_to_a_person(
+    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str], journal_path: Path
+) -> None:
+    record = make_unknown(make_client, sandbox, "order-g2", "drop_after", provider="generic")
+    lifetime = get_profile("generic").key_lifetime
+    sandbox.advance_clock(lifetime)  # the provider's clock: the key may be gone there
+
+    result = run_cli(
+        ["reconcile", "--all", "--provider", "generic", "--json"], env=env, secrets=SECRETS
+    )
+
+    assert result.exit_code == 1, result.output
+    ((item),) = _json(result)
+    assert (item["outcome"], item["after"]) == ("still_unknown", "unknown")
+    assert "no longer safe" in item["detail"]
+    assert "abandon it" in item["detail"]
     after = _state(journal_path, record.key)
     assert (after.state, after.lease_owner) == (payonce.IntentState.UNKNOWN, None)
+    assert sandbox.store.executions() == {record.key: 1}
 
 
 def test_bad_base_url_and_missing_journal_are_configuration_errors(

@@ -845,6 +845,44 @@ def test_reconcile_skips_what_is_not_unknown_without_a_command() -> None:
     assert script.commands == []
 
 
+def test_reconcile_without_a_look_up_resends_under_the_key_within_its_window() -> None:
+    script = Script(GENERIC, sends=[OK])  # GENERIC has no status look-up
+    _unknown(script)
+    resent = script.reconcile()
+    assert (resent.outcome, resent.after) == ("resent", IntentState.SUCCEEDED)
+    assert script.transitions == [T.RECONCILED_BY_RESEND, T.ATTEMPT_STARTED, T.SUCCEEDED]
+    (send,) = [c for c in script.commands if isinstance(c, drive.Send)]
+    assert script.record is not None
+    assert send.run.key == script.record.key
+    assert script.looked_up == 0
+
+
+def test_reconcile_without_a_look_up_past_the_key_window_sends_nothing() -> None:
+    script = Script(GENERIC)
+    _unknown(script, hours_ago=23)
+    kept = script.reconcile()
+    assert (kept.outcome, kept.after) == ("still_unknown", IntentState.UNKNOWN)
+    assert "no longer safe" in kept.detail
+    assert script.transitions == [T.RECONCILED_KEY_WINDOW_PASSED]
+    assert script.sent == 0
+
+
+def test_a_call_again_of_an_unknown_intent_without_a_look_up_resends_it() -> None:
+    script = Script(GENERIC, sends=[OK], claims=[ClaimKind.UNKNOWN])
+    _unknown(script)
+    assert script.call().status_code == 201
+    assert script.transitions == [T.RECONCILED_BY_RESEND, T.ATTEMPT_STARTED, T.SUCCEEDED]
+
+
+def test_a_call_again_of_an_unknown_intent_with_a_look_up_is_refused_as_before() -> None:
+    script = Script(VERIFYING, sends=[OK], claims=[ClaimKind.UNKNOWN])
+    _unknown(script)
+    with pytest.raises(payonce.OutcomeUnknown, match="payonce reconcile"):
+        script.call()
+    assert script.transitions == []
+    assert script.sent == 0
+
+
 # -- the table, both ways ------------------------------------------------------------------
 
 

@@ -39,6 +39,7 @@ from ._guards import (
     ATTEMPTS_OVER,
     RECONCILED,
     RESUMED,
+    UNLOOKED,
     VERIFIED,
     Moment,
     choose,
@@ -550,7 +551,21 @@ def _call(
                 draft = next_position(draft, max_length=settings.profile.key_max_length)
                 asked.append(draft)
             case ClaimKind.UNKNOWN:
-                raise refusals.unknown(record, reconcilable=settings.reconcilable)
+                if settings.reconcilable:
+                    raise refusals.unknown(record, reconcilable=True)
+                # No status look-up to ask with: resent under its key while the provider
+                # surely still remembers it, as payonce's own retries did (a replay of what
+                # it executed, or one execution), and claimed again as a pending intent.
+                taken: Claim | None = yield ClaimKey(record.key, owner)
+                if taken is None or taken.record.lease_owner != owner:
+                    if clock.monotonic() >= give_up_waiting:
+                        raise refusals.in_flight(record)
+                    yield Sleep(IN_FLIGHT_POLL)
+                    continue
+                yield Leased(record.key, owner)
+                after, _ = yield from _reconcile_by_resend(settings, taken.record, owner)
+                if after.state is IntentState.UNKNOWN:
+                    raise refusals.unknown(after, reconcilable=False, key_gone=True)
             case ClaimKind.LEASED:
                 if clock.monotonic() >= give_up_waiting:
                     raise refusals.in_flight(record)
@@ -608,7 +623,7 @@ def _resumed(settings: DriveSettings, claim: Claim, owner: str) -> Generator[Com
     if choose(RESUMED, moment) is Transition.KEY_WINDOW_PASSED:
         assert refusal is not None
         run.record = yield MarkUnknown(run, Transition.KEY_WINDOW_PASSED, refusal)
-        raise refusals.unknown(run.record, reconcilable=settings.reconcilable)
+        raise refusals.unknown(run.record, reconcilable=settings.reconcilable, key_gone=True)
     return run
 
 
@@ -959,6 +974,8 @@ def _reconcile(settings: DriveSettings, record: IntentRecord, owner: str) -> Rec
     yield Leased(record.key, owner)
     current = claim.record
     lookup = settings.profile.lookup
+    if lookup is None:
+        return (yield from _resent(settings, current, owner))
     retry, clock = settings.retry, settings.clock
     began = clock.monotonic()
     tried = 0
@@ -1048,6 +1065,58 @@ def _concluded(
     if kind is LookupKind.REFUSED:
         raise refusals.lookup_refused(record, response)
     return Reconciliation(record, after.state, outcome, detail)
+
+
+def _reconcile_by_resend(
+    settings: DriveSettings, record: IntentRecord, owner: str
+) -> Generator[Command, Any, tuple[IntentRecord, str]]:
+    """An unknown intent of a profile without a status look-up, its lease held: back to
+    pending (``reconciled by resend``) while a resend under its key cannot execute twice,
+    judged as ``_resumed`` judges one (the provider's clock, the profile's margin), else it
+    stays unknown (``reconciled, key window passed``). The record after, and why."""
+    attempts: Sequence[AttemptRecord] = yield ReadAttempts(record.key)
+    provider_now = yield from _provider_now(settings)
+    refusal = _key_gone(settings, record, attempts, provider_now, executed=True)
+    transition = choose(UNLOOKED, Moment(resend_refused=refusal is not None))
+    if transition is Transition.RECONCILED_BY_RESEND:
+        outcome = ReconcileOutcome.RESENT
+        detail = (
+            "the provider profile has no status look-up and the key is still within its "
+            "lifetime: resent under its key (the provider replays what it executed, or "
+            "executes it once)"
+        )
+    else:
+        outcome = ReconcileOutcome.STILL_UNKNOWN
+        detail = (
+            "the provider profile has no status look-up, and a resend under its key is no "
+            f"longer safe: {refusal}. Check it at the provider by hand, then abandon it"
+        )
+    after: IntentRecord = yield Reconciled(record, owner, transition, outcome, detail)
+    return after, detail
+
+
+def _resent(settings: DriveSettings, record: IntentRecord, owner: str) -> Reconciling:
+    """``reconcile`` of an unknown intent of a profile without a status look-up: resent
+    under its key while the key is surely remembered (``_reconcile_by_resend``)."""
+    after, detail = yield from _reconcile_by_resend(settings, record, owner)
+    if after.state is IntentState.UNKNOWN:
+        return Reconciliation(record, after.state, ReconcileOutcome.STILL_UNKNOWN, detail)
+    claim: Claim | None = yield ClaimKey(record.key, owner)
+    if claim is None or claim.record.lease_owner != owner:
+        held = "; another worker took it to send"
+        return Reconciliation(record, after.state, ReconcileOutcome.RESENT, detail + held)
+    run: Run | None = None
+    try:
+        run = yield from _resumed(settings, claim, owner)
+        yield from _send(settings, run)
+    except IntentError as error:
+        # The resend's own end (a refusal, attempts run out again) is journaled by the
+        # send; the reconciliation reports where it left the intent.
+        current = claim.record if run is None else run.record
+        state = current.state
+        return Reconciliation(record, state, ReconcileOutcome.RESENT, f"{detail}; then: {error}")
+    assert run is not None  # the send returned
+    return Reconciliation(record, run.record.state, ReconcileOutcome.RESENT, detail)
 
 
 def _reconciled(

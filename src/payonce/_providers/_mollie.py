@@ -9,8 +9,9 @@ What Mollie documents and payonce relies on:
 - ``Authorization: Bearer <live_… or test_… key>``.
 - Validation errors are 422, so a 422 is a definitive refusal here, not a key mismatch.
 - Without a key, Mollie's advice is to inspect its list endpoints; they cannot filter by
-  key or metadata, so the profile has no look-up: an ``unknown`` Mollie intent is checked
-  in the dashboard, then abandoned or paid again under a new reference.
+  key or metadata, so the profile has no look-up: an ``unknown`` Mollie intent is resent
+  under its key within the key's hour (``reconciled by resend``), and past it checked in
+  the dashboard, then abandoned or paid again under a new reference.
 
 payonce's own rules apply to the rest: timeouts and 5xx are retried under the same key, a
 429 after its Retry-After, a 409 as "still in flight".

@@ -13,8 +13,9 @@ What Square documents (and its Python SDK, ``squareup``, shows) and payonce reli
 - How long Square keeps a key is not documented: payonce assumes 24 hours (raise or lower
   it with ``square_profile(key_lifetime=...)``).
 - ``ListPayments`` cannot filter by key or ``reference_id``, so the profile has no look-up
-  (an ``unknown`` Square intent is resent under the same key, which Square answers with
-  the first result); give it one with ``square_profile(lookup=...)`` if you run a status
+  (an ``unknown`` Square intent is resent under the same key while the key is surely
+  remembered, which Square answers with the first result: ``reconciled by resend``); give
+  it one with ``square_profile(lookup=...)`` if you run a status
   endpoint of your own.
 """
 

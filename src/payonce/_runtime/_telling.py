@@ -12,7 +12,7 @@ import logging
 
 import httpx
 
-from .._lifecycle import IntentRecord, LookupKind, Transition, Verdict
+from .._lifecycle import IntentRecord, LookupKind, Transition, Verdict, step_of_reference
 from .._lifecycle._drive import Run
 from .._lifecycle._refusals import unknown_remedy
 from .._providers._profile import ProviderProfile
@@ -193,7 +193,11 @@ class Teller:
             record.key,
             f" ({record.reference})" if record.reference else "",
             reason,
-            unknown_remedy(record.key, reconcilable=self.profile.lookup is not None),
+            unknown_remedy(
+                record.key,
+                reconcilable=self.profile.lookup is not None,
+                step=step_of_reference(record.reference) is not None,
+            ),
             extra=log_extra(record),
         )
         if self.hooks:

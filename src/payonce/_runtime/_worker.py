@@ -404,7 +404,15 @@ class Worker:
     def _reconcile_due(self, client: Client, counts: _Counts) -> None:
         now = self._clock()
         due: list[IntentRecord] = []
+        resends = client.provider.lookup is None
         for record in client.unknown():
+            if resends:
+                # No status look-up to wait for: resent under its key at once while the key
+                # is surely remembered; the drive leaves it unknown past that (escalated
+                # below, once). One escalated already stays as it is.
+                if record.key not in self._escalated:
+                    due.append(record)
+                continue
             decision = self._decision(client, record, now)
             if decision.due:
                 due.append(record)
@@ -418,7 +426,13 @@ class Worker:
                 counts.add(settled=1)
             elif result.outcome == ReconcileOutcome.ERROR:
                 counts.add(failed=1)
-            if result.after is IntentState.UNKNOWN:
+            if resends and result.outcome == ReconcileOutcome.STILL_UNKNOWN:
+                current = self.journal.get(result.key)
+                if current is not None and current.state is IntentState.UNKNOWN:
+                    tries = len(self.journal.reconciliations(result.key))
+                    spent = ScheduleDecision(tries, due=False, next_at=None, exhausted=True)
+                    self._escalate(client, current, spent, counts)
+            elif result.after is IntentState.UNKNOWN:
                 current = self.journal.get(result.key)
                 if current is not None and current.state is IntentState.UNKNOWN:
                     decision = self._decision(client, current, self._clock())
@@ -437,13 +451,12 @@ class Worker:
             self._escalated.add(record.key)
             counts.escalated += 1
         since = unknown_since(record, self.journal.attempts(record.key))
+        found = self.journal.reconciliations(record.key)
+        reason = found[-1].detail if found else (record.unknown_reason or "no look-up made")
         if client.provider.lookup is None:
-            reason = f"provider profile {record.provider!r} has no status look-up"
-            # `payonce reconcile` cannot ask either: only a person at the provider can tell.
+            # Past its key window, with nothing to ask: `payonce reconcile` cannot settle it.
             then = f"`payonce abandon {record.key} --reason ...`"
         else:
-            found = self.journal.reconciliations(record.key)
-            reason = found[-1].detail if found else (record.unknown_reason or "no look-up made")
             then = f"`payonce reconcile {record.key}` or `payonce abandon {record.key}`"
         logger.error(
             "intent %s escalated: its outcome is still unknown after %d look-up(s) (%s); "
