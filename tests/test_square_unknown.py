@@ -199,7 +199,7 @@ def test_past_square_s_key_window_it_stays_unknown_and_nothing_is_sent(
     assert (ended.settled, ended.escalated, again.escalated) == (0, 1, 0)
     (escalation,) = [r.getMessage() for r in caplog.records if "escalated:" in r.getMessage()]
     assert "no longer safe" in escalation
-    assert f"`payonce abandon {key}`" in escalation
+    assert f"`payonce abandon {key} --reason ...`" in escalation
     assert "payonce reconcile" not in escalation, "a command that cannot work here"
     assert state_of(client, key) is payonce.IntentState.UNKNOWN
     assert server.store.total_executions() == sent_before
