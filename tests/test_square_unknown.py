@@ -9,6 +9,9 @@ unknown though Square executed it."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,8 @@ import pytest
 
 import payonce
 from helpers.cli import run_cli
+from helpers.crash import worker_env
+from helpers.faketime import libfaketime_env
 from helpers.payments import FAST_RETRY, MakeClient
 from helpers.sandboxes import SharedSandboxes
 from payonce.hooks import WorkerPassEnded
@@ -268,3 +273,77 @@ async def test_the_async_client_resends_it_too_by_a_re_run_and_by_reconcile(
     assert (result.key, result.outcome) == (raised.value.key, "resent")
     assert result.after is payonce.IntentState.SUCCEEDED
     assert server.store.executions() == {key: 1, result.key: 1}
+
+
+_PAY_WITH_THE_CLOCK_AHEAD = """
+import select
+import sys
+import time
+
+import payonce
+from payonce.sandbox import DEFAULT_API_KEY
+
+# libfaketime with the monotonic clock left alone refuses Python's sleep (an absolute
+# clock_nanosleep on it: EINVAL); a select's timeout is relative.
+time.sleep = lambda seconds: select.select([], [], [], seconds) and None
+
+url, journal = sys.argv[1:]
+client = payonce.Client(
+    base_url=url, provider="square", account="acct_demo", api_key=DEFAULT_API_KEY,
+    journal=journal,
+    retry=payonce.RetryPolicy(initial_wait=0.001, max_wait=0.01, max_attempts=3),
+)
+try:
+    client.post("/v2/payments", json={
+        "idempotency_key": "", "source_id": "cnon:card-nonce-ok",
+        "amount_money": {"amount": 1500, "currency": "USD"}, "reference_id": "order-17",
+    }, reference="order-17")
+except payonce.OutcomeUnknown as unknown:
+    print(unknown.key, flush=True)
+"""
+HOURS_5 = 5 * 3600.0
+HOURS_25 = 25 * 3600.0
+
+
+def test_a_first_send_with_the_clock_5_hours_ahead_is_never_resent_once_square_forgot_it(
+    square: MakeClient,
+    server: SandboxServer,
+    journal_path: Path,
+    worker_passes: WorkerPasses,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Paid by a host whose clock was 5 hours ahead (since corrected): executed at Square,
+    # its answer dropped (no Date for the first send), then a failure before executing and
+    # a rate limit, whose answer Square dates.
+    server.script(["drop_after", "fail_before", "rate_limit"])
+    child = subprocess.run(
+        [sys.executable, "-c", _PAY_WITH_THE_CLOCK_AHEAD, server.url, str(journal_path)],
+        env={**worker_env(), **libfaketime_env("+5h")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    key = child.stdout.split()[-1]
+    assert server.store.executions() == {key: 1}
+    first = square().journal.get(key)
+    assert first is not None
+    assert first.first_sent_at is not None
+    assert first.first_sent_at > time.time() + HOURS_5 - 600, "its clock was ahead"
+    # 25 hours on by Square's clock: its key is gone. By the first send's own date it is
+    # 20 hours old, within 90% of 24 h; Square's dated answer to the third attempt says
+    # the first left over 25 hours ago.
+    server.advance_clock(HOURS_25)
+
+    client = square()
+    with pytest.raises(payonce.OutcomeUnknown) as raised:
+        pay(client)
+    assert "no longer safe" in str(raised.value)
+    (result,) = client.reconcile(key)
+    assert (result.outcome, result.after) == ("still_unknown", payonce.IntentState.UNKNOWN)
+    (ended,) = worker_passes(1)
+    assert (ended.settled, ended.escalated) == (0, 1)
+
+    assert state_of(client, key) is payonce.IntentState.UNKNOWN
+    assert "resent" not in reconciled(client, key)
+    assert server.store.executions() == {key: 1}, "Square executed it once, and never again"
