@@ -53,14 +53,13 @@ def square(server: SandboxServer, make_client: MakeClient) -> MakeClient:
     """Square clients of the sandbox on the test's journal, three attempts a call."""
 
     def make(**overrides: Any) -> payonce.Client:
-        return make_client(
-            base_url=server.url, provider="square", retry=THREE_ATTEMPTS, **overrides
-        )
+        options: dict[str, Any] = {"provider": "square", "retry": THREE_ATTEMPTS, **overrides}
+        return make_client(base_url=server.url, **options)
 
     return make
 
 
-WorkerPasses = Callable[[int], list[WorkerPassEnded]]
+WorkerPasses = Callable[..., list[WorkerPassEnded]]
 
 
 @pytest.fixture
@@ -73,16 +72,34 @@ def worker_passes(
     """``payonce worker``'s passes over the test's journal, for Square's account, logged."""
     monkeypatch.setenv("PAYONCE_API_KEY", DEFAULT_API_KEY)
 
-    def passes(count: int) -> list[WorkerPassEnded]:
+    def passes(count: int, *, later: float = 0.0) -> list[WorkerPassEnded]:
+        """``later``: seconds on, for the worker's schedule (Square's clock is the
+        sandbox's, ``advance_clock``)."""
         with (
             caplog.at_level(logging.INFO, logger="payonce"),
             Worker(
-                journal=journal_path, base_url=server.url, provider="square", account="acct_demo"
+                journal=journal_path,
+                base_url=server.url,
+                provider="square",
+                account="acct_demo",
+                clock=lambda: time.time() + later,
+                retry=THREE_ATTEMPTS,
             ) as worker,
         ):
             return [worker.run_pass() for _ in range(count)]
 
     return passes
+
+
+def cli_env(server: SandboxServer, journal_path: Path) -> dict[str, str]:
+    """The environment of a `payonce` command on the test's journal and Square's account."""
+    return {
+        "PAYONCE_API_KEY": DEFAULT_API_KEY,
+        "PAYONCE_BASE_URL": server.url,
+        "PAYONCE_PROVIDER": "square",
+        "PAYONCE_ACCOUNT": "acct_demo",
+        "PAYONCE_JOURNAL": str(journal_path),
+    }
 
 
 def pay(client: payonce.Client) -> tuple[str, dict[str, Any]]:
@@ -146,13 +163,7 @@ def test_payonce_reconcile_all_settles_it_by_resending_under_its_key(
     square: MakeClient, server: SandboxServer, journal_path: Path
 ) -> None:
     key = went_unknown(square, server)
-    env = {
-        "PAYONCE_API_KEY": DEFAULT_API_KEY,
-        "PAYONCE_BASE_URL": server.url,
-        "PAYONCE_PROVIDER": "square",
-        "PAYONCE_ACCOUNT": "acct_demo",
-        "PAYONCE_JOURNAL": str(journal_path),
-    }
+    env = cli_env(server, journal_path)
 
     result = run_cli(["reconcile", "--all", "--json"], env=env, secrets=(DEFAULT_API_KEY,))
 
@@ -347,3 +358,105 @@ def test_a_first_send_with_the_clock_5_hours_ahead_is_never_resent_once_square_f
     assert state_of(client, key) is payonce.IntentState.UNKNOWN
     assert "resent" not in reconciled(client, key)
     assert server.store.executions() == {key: 1}, "Square executed it once, and never again"
+
+
+def test_an_hour_on_only_an_operator_s_reconcile_resend_resends_it(
+    square: MakeClient,
+    server: SandboxServer,
+    journal_path: Path,
+    worker_passes: WorkerPasses,
+) -> None:
+    # Square publishes no key lifetime: payonce resends an unknown Square payment on its
+    # own only within 15 minutes of its first send.
+    key = went_unknown(square, server)
+    server.advance_clock(3600)
+
+    with pytest.raises(payonce.OutcomeUnknown) as raised:
+        pay(square())
+    assert "assumed, not documented" in str(raised.value)
+    (ended,) = worker_passes(1)
+    assert ended.settled == 0
+    assert state_of(square(), key) is payonce.IntentState.UNKNOWN
+    assert server.store.executions() == {key: 1}
+    assert "resent" not in reconciled(square(), key)
+
+    env = cli_env(server, journal_path)
+    result = run_cli(["reconcile", key, "--resend"], env=env, secrets=(DEFAULT_API_KEY,))
+
+    assert result.exit_code == 0, result.output
+    assert state_of(square(), key) is payonce.IntentState.SUCCEEDED
+    assert server.store.executions() == {key: 1}, "Square replayed the payment it executed"
+
+
+def test_a_square_profile_told_its_lifetime_is_documented_resends_it_on_its_own_later(
+    square: MakeClient, server: SandboxServer
+) -> None:
+    key = went_unknown(square, server)
+    server.advance_clock(3600)
+
+    client = square(provider=payonce.providers.square_profile(key_lifetime_documented=True))
+    assert pay(client)[0] == key
+
+    assert state_of(client, key) is payonce.IntentState.SUCCEEDED
+    assert reconciled(client, key)[-1] == "resent"
+    assert server.store.executions() == {key: 1}
+
+
+def test_a_resend_s_retries_stop_before_one_could_end_past_the_key_window(
+    square: MakeClient, server: SandboxServer
+) -> None:
+    key = went_unknown(square, server)
+    # 20 s short of 90% of 24 h by Square's clock: the resend may go, but not a retry that
+    # leaves later and may run for max_processing (30 s).
+    server.advance_clock(SQUARE_KEY_WINDOW - 20)
+    server.script(["fail_before", "fail_before", "fail_before"])
+    sent_before = server.store.total_executions()
+
+    client = square()
+    (result,) = client.reconcile(key, resend=True)
+
+    assert result.outcome == "resent"
+    assert result.after is payonce.IntentState.UNKNOWN
+    assert "retries stopped" in result.detail
+    record = client.journal.get(key)
+    assert record is not None
+    assert record.unknown_reason is not None
+    assert record.unknown_reason.startswith("retries stopped")
+    assert len(client.journal.attempts(key)) == 3 + 1, "one resend, no retry"
+    assert server.store.total_executions() == sent_before
+    assert server.store.executions() == {key: 1}
+
+
+def test_the_worker_keeps_resending_while_the_window_is_open_then_escalates_once(
+    square: MakeClient,
+    server: SandboxServer,
+    worker_passes: WorkerPasses,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    key = went_unknown(square, server)
+    # Square is down for the worker's first resend (its three attempts fail before
+    # executing): the key is still surely remembered, so that is no reason to escalate.
+    server.script(["fail_before"] * 3)
+
+    (down,) = worker_passes(1)
+
+    assert (down.settled, down.escalated) == (0, 0)
+    assert state_of(square(), key) is payonce.IntentState.UNKNOWN
+    assert "escalated:" not in caplog.text
+    # The next pass comes before the backoff (Square's schedule: 5 minutes) is over: not
+    # resent yet; 20 minutes on, past the 15 minutes of an assumed lifetime: escalated.
+    (waiting,) = worker_passes(1)
+    assert (waiting.settled, waiting.escalated) == (0, 0)
+    assert reconciled(square(), key) == ["resent"]
+    server.advance_clock(20 * 60)
+    caplog.clear()
+    ended, again = worker_passes(2, later=20 * 60)
+
+    assert (ended.settled, ended.escalated, again.escalated) == (0, 1, 0)
+    (escalation,) = [r.getMessage() for r in caplog.records if "escalated:" in r.getMessage()]
+    assert "payonce no longer resends it" in escalation
+    assert "assumed, not documented" in escalation
+    assert f"`payonce reconcile {key} --resend`" in escalation, "90% of 24 h is not passed"
+    assert f"`payonce abandon {key} --reason ...`" in escalation
+    assert "calling again with the same reference" not in escalation, "in-window advice"
+    assert server.store.executions() == {key: 1}

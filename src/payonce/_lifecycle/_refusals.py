@@ -125,8 +125,8 @@ def in_flight(record: IntentRecord) -> IntentInFlight:
 
 
 def unknown(record: IntentRecord, *, reconcilable: bool, key_gone: bool = False) -> OutcomeUnknown:
-    """``key_gone``: a resend under its key is no longer safe (its profile has no look-up
-    and the key may be gone at the provider): only a person can settle it."""
+    """``key_gone``: a resend under its key is no longer safe (the key may be gone at the
+    provider); with no status look-up to ask, only a person can settle it."""
     reason = record.unknown_reason or "outcome unknown"
     remedy = unknown_remedy(
         record.key,
@@ -134,7 +134,13 @@ def unknown(record: IntentRecord, *, reconcilable: bool, key_gone: bool = False)
         key_gone=key_gone,
         step=step_of_reference(record.reference) is not None,
     )
-    what = f"has an unknown outcome ({reason}); it will not be resent blindly. {remedy}"
+    if reconcilable:
+        what = f"has an unknown outcome ({reason}); it will not be resent blindly. {remedy}"
+    elif key_gone:
+        what = f"has an unknown outcome ({reason}); payonce no longer resends it. {remedy}"
+    else:
+        # Resent under its key while it is surely remembered: not "never resent".
+        what = f"has an unknown outcome ({reason}). {remedy}"
     return _about(OutcomeUnknown, record, what, reason=reason)
 
 
@@ -160,6 +166,7 @@ def unknown_remedy(
         f"`payonce abandon {key} --reason ...`; {never}"
     )
     if key_gone:
+        # Past the key window: the in-window way (a call again, reconcile) no longer works.
         return f"This provider profile has no status look-up, so payonce cannot ask: {by_hand}"
     return (
         "This provider profile has no status look-up, so payonce cannot ask; instead, while "

@@ -43,6 +43,7 @@ def mollie_profile(*, lookup: Lookup | None = None, name: str = "mollie") -> Pro
     return ProviderProfile(
         name=name,
         key_lifetime=MOLLIE_KEY_LIFETIME,
+        key_lifetime_documented=True,
         mismatch_statuses=frozenset(),
         lookup=lookup,
         reconcile_schedule=MOLLIE_RECONCILE_SCHEDULE,

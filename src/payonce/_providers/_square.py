@@ -72,9 +72,15 @@ def square_keys_itself(method: str, path: str) -> bool:
 
 
 def square_profile(
-    *, lookup: Lookup | None = None, key_lifetime: float = 24 * 3600.0, name: str = "square"
+    *,
+    lookup: Lookup | None = None,
+    key_lifetime: float = 24 * 3600.0,
+    key_lifetime_documented: bool = False,
+    name: str = "square",
 ) -> ProviderProfile:
-    """A Square profile; pass a ``lookup`` if you run a status endpoint of your own."""
+    """A Square profile; pass a ``lookup`` if you run a status endpoint of your own, and
+    ``key_lifetime_documented=True`` with the ``key_lifetime`` Square has promised you
+    (its docs publish none)."""
     # What is not said here is ProviderProfile's default (a Bearer token in Authorization,
     # 409 in flight, 429 not executed, 5xx retried under the same key).
     return ProviderProfile(
@@ -82,6 +88,7 @@ def square_profile(
         key_field=SQUARE_KEY_FIELD,
         key_max_length=SQUARE_KEY_MAX_LENGTH,
         key_lifetime=key_lifetime,
+        key_lifetime_documented=key_lifetime_documented,
         # A 422 is no key mismatch at Square: square_refine finds the reused key in a 400.
         mismatch_statuses=frozenset(),
         lookup=lookup,

@@ -365,7 +365,8 @@ class IntentCore:
                 record = yield from store.mark_unknown.plan(
                     run.key, transition=transition, owner=run.owner, now=now, reason=reason
                 )
-                self.tell.went_unknown(record, reason)
+                key_gone = transition is Transition.KEY_WINDOW_PASSED
+                self.tell.went_unknown(record, reason, key_gone=key_gone)
                 return record
             case Release(run, _):
                 yield from store.release.plan(run.key, owner=run.owner)

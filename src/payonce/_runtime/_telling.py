@@ -186,7 +186,9 @@ class Teller:
         event = IntentReplayed(**about(record), state=record.state, status_code=status_code)
         self.hooks.emit(Hooks.replayed, event)
 
-    def went_unknown(self, record: IntentRecord, reason: str) -> None:
+    def went_unknown(self, record: IntentRecord, reason: str, *, key_gone: bool = False) -> None:
+        """``key_gone``: it went unknown because a resend is no longer safe, so the advice
+        is the one past the key window."""
         # An operator must hear of it without debug logging: money may have moved.
         logger.warning(
             "intent %s%s went unknown: %s. %s",
@@ -196,6 +198,7 @@ class Teller:
             unknown_remedy(
                 record.key,
                 reconcilable=self.profile.lookup is not None,
+                key_gone=key_gone,
                 step=step_of_reference(record.reference) is not None,
             ),
             extra=log_extra(record),
