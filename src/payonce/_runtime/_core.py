@@ -117,6 +117,9 @@ class IntentCore:
         self._base = httpx.URL(base_url)
         self._own_urls = None if "?" in base_url or "#" in base_url else base_url + "/"
         """What every URL journaled by a client of this base URL starts with."""
+        self._moved: set[str] = set()
+        """Keys of intents this client resent to another origin than the journaled one,
+        warned of once each."""
         self._auth_headers = {} if api_key is None else profile.auth_headers(api_key)
         """The client's own credentials; none for a client built for ``transport()`` only,
         whose requests bring their own."""
@@ -238,6 +241,7 @@ class IntentCore:
             headers[self.profile.key_header] = self.profile.key_header_value(record.key)
         headers.update(self._auth_headers if auth is None else auth)
         body = record.body
+        self._warn_if_moved(record)
         if self.profile.prepares(record.method, httpx.URL(record.url).path):
             body = self.profile.prepare_body(body, content_type, record.key)
         return client.build_request(
@@ -246,6 +250,28 @@ class IntentCore:
             content=body,
             headers=headers,
             extensions=self._crash_extensions(client),
+        )
+
+    def _warn_if_moved(self, record: IntentRecord) -> None:
+        """A resend (a resume, a reconcile, a call again) goes to this client's base URL,
+        by design (a failover, a move to another endpoint): said once an intent when its
+        origin is not the journaled one, since a resend to another provider, or another
+        account's endpoint, would not find the key and could execute twice."""
+        if self._own_urls is not None and record.url.startswith(self._own_urls):
+            return
+        journaled, here = _origin(httpx.URL(record.url)), _origin(self._base)
+        if journaled == here or record.key in self._moved:
+            return
+        self._moved.add(record.key)
+        logger.warning(
+            "intent %s was journaled for %s and is sent to %s, this client's base URL: "
+            "payonce resends the journaled path where the provider answers now; make sure "
+            "it is the same provider and account that saw the key, or the resend could "
+            "execute twice",
+            record.key,
+            journaled,
+            here,
+            extra=log_extra(record),
         )
 
     def sent_url(self, journaled: str) -> httpx.URL | str:
@@ -542,3 +568,9 @@ def _follows(error: BaseException, earlier: BaseException) -> None:
         seen.add(id(tail))
     if tail is not earlier:
         tail.__context__ = earlier
+
+
+def _origin(url: httpx.URL) -> str:
+    """``scheme://host:port`` of ``url`` (never its userinfo, path or query)."""
+    port = url.port if url.port is not None else {"http": 80, "https": 443}.get(url.scheme)
+    return f"{url.scheme}://{url.host}:{port}"
