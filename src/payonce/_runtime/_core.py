@@ -226,6 +226,8 @@ class IntentCore:
         credentials are this process's (``auth``: a transported request's own)."""
         if self.hooks:
             self.tell.attempt_started(run)
+        if run.ambiguous:
+            self._warn_if_moved(run.record)
         return self.journaled_request(run.record, client, auth)
 
     def journaled_request(
@@ -241,7 +243,6 @@ class IntentCore:
             headers[self.profile.key_header] = self.profile.key_header_value(record.key)
         headers.update(self._auth_headers if auth is None else auth)
         body = record.body
-        self._warn_if_moved(record)
         if self.profile.prepares(record.method, httpx.URL(record.url).path):
             body = self.profile.prepare_body(body, content_type, record.key)
         return client.build_request(
@@ -254,9 +255,11 @@ class IntentCore:
 
     def _warn_if_moved(self, record: IntentRecord) -> None:
         """A resend (a resume, a reconcile, a call again) goes to this client's base URL,
-        by design (a failover, a move to another endpoint): said once an intent when its
-        origin is not the journaled one, since a resend to another provider, or another
-        account's endpoint, would not find the key and could execute twice."""
+        by design (a failover, a move to another endpoint): said once an intent, of one an
+        attempt of which may have reached the provider, when its origin is not the
+        journaled one, since a resend to another provider, or another account's
+        endpoint, would not find the key and could execute twice. (One never sent
+        anywhere may go anywhere: no provider saw its key.)"""
         if self._own_urls is not None and record.url.startswith(self._own_urls):
             return
         journaled, here = _origin(httpx.URL(record.url)), _origin(self._base)
