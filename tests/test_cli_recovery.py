@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import keyring
 import keyring.backend
 import keyring.backends.fail
@@ -28,6 +29,7 @@ from helpers.keyrings import SessionKeyring, UseKeyring
 from helpers.payments import PAYMENT, MakeClient, leave_pending, make_unknown
 from payonce._journal._schema import SCHEMA_VERSION
 from payonce._owners import new_owner as payonce_owner
+from payonce.providers import get_profile
 from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
 
 ACCOUNT = "acct_demo"  # the sandbox's account for DEFAULT_API_KEY, as in conftest
@@ -618,20 +620,79 @@ def test_only_intents_of_the_given_provider_are_reconciled(
     assert _state(journal_path, record.key).state is payonce.IntentState.UNKNOWN
 
 
-def test_a_provider_without_a_status_lookup_is_a_configuration_error(
+def test_a_provider_without_a_status_lookup_is_reconciled_by_resending_under_its_key(
     make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str], journal_path: Path
 ) -> None:
     record = make_unknown(make_client, sandbox, "order-g", "fail_before", provider="generic")
 
-    result = run_cli(["reconcile", "--all", "--provider", "generic"], env=env, secrets=SECRETS)
+    result = run_cli(
+        ["reconcile", "--all", "--provider", "generic", "--json"], env=env, secrets=SECRETS
+    )
 
-    assert result.exit_code == 2
-    assert result.stdout == ""
-    (line,) = result.stderr.splitlines()
-    assert "has no status look-up" in line
-    assert "payonce abandon" in line
+    assert result.exit_code == 0, result.output
+    ((item),) = _json(result)
+    assert (item["key"], item["outcome"], item["after"]) == (record.key, "resent", "succeeded")
+    after = _state(journal_path, record.key)
+    assert (after.state, after.lease_owner) == (payonce.IntentState.SUCCEEDED, None)
+    assert sandbox.store.executions() == {record.key: 1}
+
+
+def test_a_resend_to_another_origin_than_the_journaled_one_is_said_naming_both(
+    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str], journal_path: Path
+) -> None:
+    record = make_unknown(make_client, sandbox, "order-moved", "fail_before", provider="generic")
+    journaled = httpx.URL(record.url)
+    assert journaled.host == "127.0.0.1"
+    # The same sandbox under another host name: a failover, or a base URL changed since.
+    moved = f"http://localhost:{journaled.port}"
+
+    # A process of its own: the CLI's warnings reach its stderr as an operator sees them.
+    result = run_cli_process(
+        ["reconcile", record.key, "--provider", "generic", "--base-url", moved],
+        env=env,
+        secrets=SECRETS,
+    )
+
+    assert result.exit_code == 0, result.output
+    said = f"was journaled for http://127.0.0.1:{journaled.port} and is sent to {moved}"
+    assert said in result.stderr
+    assert result.stderr.count(said) == 1, "once an intent, not once an attempt"
+    assert _state(journal_path, record.key).state is payonce.IntentState.SUCCEEDED
+    assert sandbox.store.executions() == {record.key: 1}
+
+
+def test_a_resend_to_the_journaled_origin_says_nothing_of_it(
+    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str]
+) -> None:
+    record = make_unknown(make_client, sandbox, "order-kept", "fail_before", provider="generic")
+
+    result = run_cli_process(
+        ["reconcile", record.key, "--provider", "generic"], env=env, secrets=SECRETS
+    )
+
+    assert result.exit_code == 0, result.output
+    assert "was journaled for" not in result.stderr
+
+
+def test_past_its_key_window_a_provider_without_a_status_lookup_leaves_it_to_a_person(
+    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str], journal_path: Path
+) -> None:
+    record = make_unknown(make_client, sandbox, "order-g2", "drop_after", provider="generic")
+    lifetime = get_profile("generic").key_lifetime
+    sandbox.advance_clock(lifetime)  # the provider's clock: the key may be gone there
+
+    result = run_cli(
+        ["reconcile", "--all", "--provider", "generic", "--json"], env=env, secrets=SECRETS
+    )
+
+    assert result.exit_code == 1, result.output
+    ((item),) = _json(result)
+    assert (item["outcome"], item["after"]) == ("still_unknown", "unknown")
+    assert "no longer safe" in item["detail"]
+    assert "abandon it" in item["detail"]
     after = _state(journal_path, record.key)
     assert (after.state, after.lease_owner) == (payonce.IntentState.UNKNOWN, None)
+    assert sandbox.store.executions() == {record.key: 1}
 
 
 def test_bad_base_url_and_missing_journal_are_configuration_errors(

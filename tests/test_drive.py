@@ -310,9 +310,9 @@ class Script:
         claim = Claim(ClaimKind.CLAIMED, self.record)
         return self._carry_out(drive.resume(self.settings, claim, "me"))
 
-    def reconcile(self) -> drive.Reconciliation:
+    def reconcile(self, *, resend: bool = False) -> drive.Reconciliation:
         assert self.record is not None
-        return self._carry_out(drive.reconcile(self.settings, self.record, "me"))
+        return self._carry_out(drive.reconcile(self.settings, self.record, "me", resend=resend))
 
     @property
     def looked_up(self) -> int:
@@ -843,6 +843,142 @@ def test_reconcile_skips_what_is_not_unknown_without_a_command() -> None:
     skipped = script.reconcile()
     assert skipped.outcome == "skipped"
     assert script.commands == []
+
+
+def test_reconcile_without_a_look_up_resends_under_the_key_within_its_window() -> None:
+    script = Script(GENERIC, sends=[OK])  # GENERIC has no status look-up
+    _unknown(script, hours_ago=0.1)  # 6 minutes: within the assumed lifetime's window
+    resent = script.reconcile()
+    assert (resent.outcome, resent.after) == ("resent", IntentState.SUCCEEDED)
+    assert script.transitions == [T.RECONCILED_BY_RESEND, T.ATTEMPT_STARTED, T.SUCCEEDED]
+    (send,) = [c for c in script.commands if isinstance(c, drive.Send)]
+    assert script.record is not None
+    assert send.run.key == script.record.key
+    assert script.looked_up == 0
+
+
+def test_reconcile_without_a_look_up_past_the_key_window_sends_nothing() -> None:
+    script = Script(GENERIC)
+    _unknown(script, hours_ago=23)
+    kept = script.reconcile()
+    assert (kept.outcome, kept.after) == ("still_unknown", IntentState.UNKNOWN)
+    assert "no longer safe" in kept.detail
+    assert script.transitions == [T.RECONCILED_KEY_WINDOW_PASSED]
+    assert script.sent == 0
+
+
+def test_a_call_again_of_an_unknown_intent_without_a_look_up_resends_it() -> None:
+    script = Script(GENERIC, sends=[OK], claims=[ClaimKind.UNKNOWN])
+    _unknown(script, hours_ago=0.1)
+    assert script.call().status_code == 201
+    assert script.transitions == [T.RECONCILED_BY_RESEND, T.ATTEMPT_STARTED, T.SUCCEEDED]
+
+
+# An assumed key lifetime (GENERIC's, Square's 24 h): resent on payonce's own only within
+# ASSUMED_LIFETIME_RESEND_WINDOW of the first send; within 90% of it when an operator asks.
+DOCUMENTED = attrs.evolve(GENERIC, key_lifetime_documented=True)
+
+
+def test_an_hour_old_unknown_intent_of_an_assumed_lifetime_is_not_resent_on_its_own() -> None:
+    script = Script(GENERIC, sends=[OK])
+    _unknown(script, hours_ago=1)
+    kept = script.reconcile()
+    assert (kept.outcome, kept.after) == ("still_unknown", IntentState.UNKNOWN)
+    assert "assumed, not documented" in kept.detail
+    assert script.transitions == [T.RECONCILED_KEY_WINDOW_PASSED]
+    assert script.sent == 0
+
+
+def test_a_call_again_of_an_hour_old_unknown_intent_of_an_assumed_lifetime_sends_nothing() -> None:
+    script = Script(GENERIC, sends=[OK], claims=[ClaimKind.UNKNOWN])
+    _unknown(script, hours_ago=1)
+    with pytest.raises(payonce.OutcomeUnknown, match="payonce abandon"):
+        script.call()
+    assert script.transitions == [T.RECONCILED_KEY_WINDOW_PASSED]
+    assert script.sent == 0
+
+
+def test_an_operator_s_resend_of_an_assumed_lifetime_reaches_90_percent_of_it() -> None:
+    script = Script(GENERIC, sends=[OK])
+    _unknown(script, hours_ago=1)
+    resent = script.reconcile(resend=True)
+    assert (resent.outcome, resent.after) == ("resent", IntentState.SUCCEEDED)
+    assert script.transitions == [T.RECONCILED_BY_RESEND, T.ATTEMPT_STARTED, T.SUCCEEDED]
+
+
+def test_an_operator_s_resend_is_refused_past_90_percent_of_the_assumed_lifetime() -> None:
+    script = Script(GENERIC, sends=[OK])
+    _unknown(script, hours_ago=23)
+    kept = script.reconcile(resend=True)
+    assert (kept.outcome, kept.after) == ("still_unknown", IntentState.UNKNOWN)
+    assert script.sent == 0
+
+
+def test_a_documented_lifetime_is_resent_on_its_own_within_90_percent_of_it() -> None:
+    script = Script(DOCUMENTED, sends=[OK], claims=[ClaimKind.UNKNOWN])
+    _unknown(script, hours_ago=20)
+    assert script.call().status_code == 201
+    assert script.transitions == [T.RECONCILED_BY_RESEND, T.ATTEMPT_STARTED, T.SUCCEEDED]
+
+
+# The key window is a deadline for every attempt of a resend, not only its first: a retry
+# that could end (max_processing after it leaves) past it is not sent.
+WINDOW = KEY_LIFETIME * 0.9
+SERVER_ERROR = _json(503, {"error": "unavailable"})
+
+
+def test_a_resend_s_retries_stop_before_one_could_end_past_the_key_window() -> None:
+    script = Script(DOCUMENTED, sends=[SERVER_ERROR] * 4)
+    _unknown(script, hours_ago=(WINDOW - 20) / 3600)  # the first resend is in time
+    kept = script.reconcile()
+    # The retry would leave 1 s later and could run 30 s (max_processing): past the window.
+    assert script.sent == 1
+    assert kept.after is IntentState.UNKNOWN
+    assert script.transitions == [
+        T.RECONCILED_BY_RESEND,
+        T.ATTEMPT_STARTED,
+        T.ATTEMPT_AMBIGUOUS,
+        T.KEY_WINDOW_PASSED,
+    ]
+    assert script.record is not None
+    assert script.record.unknown_reason is not None
+    assert script.record.unknown_reason.startswith("retries stopped")
+    assert "retries stopped" in kept.detail
+
+
+def test_a_resend_s_retries_go_on_while_they_end_inside_the_key_window() -> None:
+    script = Script(DOCUMENTED, sends=[SERVER_ERROR, SERVER_ERROR, OK])
+    _unknown(script, hours_ago=(WINDOW - 120) / 3600)
+    resent = script.reconcile()
+    assert (resent.outcome, resent.after) == ("resent", IntentState.SUCCEEDED)
+    assert script.sent == 3
+
+
+def test_a_resumed_ambiguous_intent_s_retries_stop_at_the_key_window_too() -> None:
+    script = Script(sends=[SERVER_ERROR] * 4)
+    _crashed_after_sending(script, hours_ago=(WINDOW - 20) / 3600)
+    with pytest.raises(payonce.OutcomeUnknown, match="retries stopped"):
+        script.resume()
+    assert script.sent == 1
+    assert script.transitions[-1] is T.KEY_WINDOW_PASSED
+
+
+def test_a_resumed_intent_that_never_left_is_retried_whatever_its_age() -> None:
+    script = Script(sends=[SERVER_ERROR, OK])
+    at = script.clock.wall - (WINDOW - 20)
+    script.journaled(script.draft(), state=IntentState.PENDING, first_sent_at=at)
+    script.attempt(ended=True, ambiguous=False, at=at)  # provably never executed
+    assert script.resume().status_code == 201
+    assert script.sent == 2
+
+
+def test_a_call_again_of_an_unknown_intent_with_a_look_up_is_refused_as_before() -> None:
+    script = Script(VERIFYING, sends=[OK], claims=[ClaimKind.UNKNOWN])
+    _unknown(script)
+    with pytest.raises(payonce.OutcomeUnknown, match="payonce reconcile"):
+        script.call()
+    assert script.transitions == []
+    assert script.sent == 0
 
 
 # -- the table, both ways ------------------------------------------------------------------

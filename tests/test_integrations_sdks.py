@@ -620,21 +620,22 @@ def test_adyen_with_a_fresh_key_per_call_replaced_pays_once_when_run_again(
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
-def test_adyen_s_unknown_outcome_is_its_communication_error_and_is_never_resent(
+def test_adyen_s_unknown_outcome_is_its_communication_error_and_a_run_again_gets_the_replay(
     adyen_server: SandboxServer,
     location: str,
     closing: contextlib.ExitStack,
 ) -> None:
-    # Adyen has no look-up by reference: a lost answer, not retried, stays unknown.
+    # Adyen has no look-up by reference: a lost answer, not retried, goes unknown; a run
+    # again resends it under its key while Adyen keeps the key, and gets Adyen's replay.
     adyen = adyen_sdk(adyen_server)
     base_url = adyen.checkout.payments_api.baseUrl
     client = payonce_maker(adyen_server, "adyen", location, closing)(base_url=base_url, retry=ONCE)
     adyen_integration.use_transport(adyen, client)
     closing.callback(adyen.client.http_client.close)
 
-    def pay() -> None:
+    def pay() -> Any:
         with client.intent("order-9"):
-            adyen.checkout.payments_api.payments(adyen_payment("order-9"))
+            return adyen.checkout.payments_api.payments(adyen_payment("order-9"))
 
     adyen_server.script(["drop_after"])
     with pytest.raises(Adyen.AdyenAPICommunicationError) as caught:
@@ -642,9 +643,10 @@ def test_adyen_s_unknown_outcome_is_its_communication_error_and_is_never_resent(
     key = unknown_key(caught.value)
     assert f"{key!r}" in str(caught.value.message)
     assert "'order-9'" in str(caught.value.message)
-    with pytest.raises(Adyen.AdyenAPICommunicationError):
-        pay()
+    again = pay()
+    assert again.message["merchantReference"] == "order-9"
     assert adyen_server.store.executions() == {key: 1}
+    assert [p["reference"] for p in adyen_server.store.payments()] == ["order-9"]
 
 
 # Adyen's default client calls requests.request(), whose connection cut off mid-body is
@@ -768,15 +770,15 @@ def test_mollie_reads_the_sandbox_s_refusal_as_its_own(
     assert mollie_server.store.total_executions() == 0
 
 
-def test_mollie_s_unknown_outcome_is_its_request_error_and_is_never_resent(
+def test_mollie_s_unknown_outcome_is_its_request_error_and_a_run_again_gets_the_replay(
     mollie_server: SandboxServer,
     mollie_through: Callable[..., tuple[payonce.Client, mollie.api.client.Client]],
 ) -> None:
     client, sdk = mollie_through(retry=ONCE)
 
-    def pay() -> None:
+    def pay() -> Any:
         with client.intent("order-9"):
-            sdk.payments.create(MOLLIE_PAYMENT)
+            return sdk.payments.create(MOLLIE_PAYMENT)
 
     mollie_server.script(["drop_after"])
     with pytest.raises(mollie.api.error.RequestError) as caught:
@@ -786,8 +788,9 @@ def test_mollie_s_unknown_outcome_is_its_request_error_and_is_never_resent(
     key = unknown_key(caught.value.__context__ or caught.value)
     assert f"{key!r}" in str(caught.value)
     assert "'order-9'" in str(caught.value)
-    with pytest.raises(mollie.api.error.RequestError):
-        pay()
+    # Mollie has no look-up: a run again within the key's hour resends it under its key.
+    again = pay()
+    assert again.id == mollie_server.store.payments()[0]["id"]
     assert mollie_server.store.executions() == {key: 1}
 
 
@@ -1025,16 +1028,16 @@ def test_async_square_gets_a_programming_error_as_itself_never_as_a_network_erro
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
-def test_square_s_unknown_outcome_is_its_api_error_and_is_never_resent(
+def test_square_s_unknown_outcome_is_its_api_error_and_a_run_again_gets_the_replay(
     square_server: SandboxServer, location: str, closing: contextlib.ExitStack
 ) -> None:
     client = payonce_maker(square_server, "square", location, closing)(retry=ONCE)
     http = closing.enter_context(square_integration.httpx_client(client))
     square = Square(token=DEFAULT_API_KEY, base_url=square_server.url, httpx_client=http)
 
-    def pay() -> None:
+    def pay() -> Any:
         with client.intent("order-9"):
-            square_pay(square, "k-sq-9")
+            return square_pay(square, "k-sq-9")
 
     square_server.script(["drop_after"])
     with pytest.raises(SquareApiError) as caught:
@@ -1044,8 +1047,10 @@ def test_square_s_unknown_outcome_is_its_api_error_and_is_never_resent(
     assert "'k-sq-9'" in str(caught.value.errors[0].detail)
     assert "'order-9'" in str(caught.value.errors[0].detail)
     assert unknown_key(caught.value) == "k-sq-9"
-    with pytest.raises(SquareApiError):
-        pay()
+    # Square has no look-up: a run again resends it under its key (issue 17), and gets
+    # the payment Square executed, replayed.
+    again = pay()
+    assert again.payment.status == "COMPLETED"
     assert square_server.store.executions() == {"k-sq-9": 1}
 
 
@@ -1124,10 +1129,11 @@ def test_square_retrying_an_unknown_half_of_a_split_payment_executes_it_once(
         square_server.script(["drop_after"])  # the second half executes; its answer is lost
         with pytest.raises(SquareApiError) as lost:
             square_pay(square, str(uuid.uuid4()), amount=750)
-        # The caller's retry is that half again, refused as unknown: never a third payment.
-        with pytest.raises(SquareApiError) as retried:
-            square_pay(square, str(uuid.uuid4()), amount=750)
-    assert unknown_key(retried.value) == unknown_key(lost.value) == f"{op.key}-step2"
+        # The caller's retry is that half again, resent under its step key: Square replays
+        # the half it executed, never a third payment.
+        retried = square_pay(square, str(uuid.uuid4()), amount=750)
+    assert unknown_key(lost.value) == f"{op.key}-step2"
+    assert retried.payment.status == "COMPLETED"
     assert [n for n, _, _ in op.steps] == [1, 2]
     assert sorted(square_server.store.executions().values()) == [1, 1]
     assert len(square_server.store.payments()) == 2

@@ -85,6 +85,8 @@ def test_every_transition_has_exactly_one_rule() -> None:
         (Transition.RECONCILED_FAILED, UNKNOWN, FAILED),
         (Transition.RECONCILED_ABSENT, UNKNOWN, PENDING),
         (Transition.RECONCILED_AMBIGUOUS, UNKNOWN, UNKNOWN),
+        (Transition.RECONCILED_BY_RESEND, UNKNOWN, PENDING),
+        (Transition.RECONCILED_KEY_WINDOW_PASSED, UNKNOWN, UNKNOWN),
         (Transition.ABANDONED, PENDING, ABANDONED),
         (Transition.ABANDONED, UNKNOWN, ABANDONED),
         (Transition.ACKNOWLEDGED, SUCCEEDED, SUCCEEDED),
@@ -105,6 +107,7 @@ def test_a_transition_leads_where_the_contract_says(
         (Transition.SUCCEEDED, SUCCEEDED),
         (Transition.ATTEMPT_STARTED, UNKNOWN),  # an unknown intent is never resent blindly
         (Transition.RECONCILED_ABSENT, PENDING),
+        (Transition.RECONCILED_BY_RESEND, PENDING),  # only an unknown intent is reconciled
         (Transition.ABANDONED, SUCCEEDED),
         (Transition.ABANDONED, ABANDONED),
         (Transition.ACKNOWLEDGED, PENDING),
@@ -265,6 +268,7 @@ def test_reconcile_outcomes_are_the_strings_they_were() -> None:
         "still_unknown",
         "error",
         "skipped",
+        "resent",
     ]
     assert ReconcileOutcome.NOT_FOUND == "not_found"
     assert f"{ReconcileOutcome.NOT_FOUND}" == str(ReconcileOutcome.NOT_FOUND) == "not_found"

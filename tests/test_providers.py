@@ -536,16 +536,20 @@ def test_an_adyen_intent_is_reconciled_by_its_merchant_reference(
     assert server.store.executions() == {record.key: 1}
 
 
-def test_the_registered_adyen_profile_does_not_pretend_to_reconcile(
+def test_the_registered_adyen_profile_reconciles_by_resending_under_its_key(
     start: Start, make_client: MakeClient
 ) -> None:
+    # Adyen has no status look-up to ask with: within its key lifetime the journaled
+    # request is resent under its key, which Adyen answers with what it executed.
     server = start("adyen")
     client, _ = _unknown(
         make_client, server, "adyen", ["drop_after"], json=PAYMENT, reference="order-a2"
     )
 
-    with pytest.raises(payonce.ConfigurationError, match="no status look-up"):
-        client.reconcile("order-a2")
+    (result,) = client.reconcile("order-a2")
+
+    assert (result.outcome, result.after) == ("resent", payonce.IntentState.SUCCEEDED)
+    assert server.store.executions() == {result.key: 1}
 
 
 # -- Mollie ----------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from payonce._lifecycle import (
     ReconciliationRecord,
     ScheduleDecision,
     decide_lookup,
+    decide_resend,
     first_unknown_since,
     tries_since,
     unknown_since,
@@ -194,3 +195,20 @@ def test_every_built_in_profile_has_a_schedule_that_fits_its_provider() -> None:
     for name in ("generic", "sandbox", "stripe", "adyen", "mollie", "square"):
         schedule = get_profile(name).reconcile_schedule
         assert schedule.first_after <= schedule.give_up_after
+
+
+def test_a_resend_is_due_at_once_then_after_the_backoff_and_never_escalated_in_its_window() -> None:
+    schedule = ReconcileSchedule(interval=300.0, backoff=2.0, max_interval=3600.0)
+    first = decide_resend(schedule, resent_at=[], window_passed=False, now=1000.0)
+    assert (first.due, first.exhausted) == (True, False)
+    failed_once = decide_resend(schedule, resent_at=[1000.0], window_passed=False, now=1200.0)
+    assert (failed_once.due, failed_once.next_at, failed_once.exhausted) == (False, 1300.0, False)
+    # However many resends failed, the worker keeps trying while the key window is open.
+    many = [1000.0 + n * 3600 for n in range(20)]
+    later = decide_resend(schedule, resent_at=many, window_passed=False, now=many[-1] + 3600)
+    assert (later.due, later.exhausted) == (True, False)
+
+
+def test_a_resend_whose_key_window_passed_is_escalated() -> None:
+    passed = decide_resend(ReconcileSchedule(), resent_at=[1000.0], window_passed=True, now=1000.0)
+    assert (passed.due, passed.next_at, passed.exhausted) == (False, None, True)

@@ -26,6 +26,7 @@ from helpers.payments import (
     make_unknown,
     paying_in_background,
 )
+from payonce.providers import get_profile
 from payonce.sandbox import SandboxServer
 
 DAY = 24 * 3600.0
@@ -128,23 +129,12 @@ def test_an_intent_resume_leaves_unknown_is_one_warning_and_other_failures_still
     assert "ProviderUnavailable" in still_pending
 
 
-@pytest.mark.parametrize(
-    ("provider", "remedy"),
-    [
-        ("sandbox", "payonce reconcile"),
-        ("generic", "no status look-up"),
-    ],
-)
 def test_an_unknown_outcome_names_the_remedy_its_provider_profile_allows(
-    make_client: MakeClient,
-    sandbox: SandboxServer,
-    caplog: pytest.LogCaptureFixture,
-    provider: str,
-    remedy: str,
+    make_client: MakeClient, sandbox: SandboxServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="payonce"):
-        record = make_unknown(make_client, sandbox, "order-u", "drop_after", provider=provider)
-    client = make_client(provider=provider)
+        record = make_unknown(make_client, sandbox, "order-u", "drop_after")
+    client = make_client()
 
     with pytest.raises(payonce.OutcomeUnknown) as again:
         client.post("/v1/payments", json=PAYMENT, reference="order-u")
@@ -153,10 +143,30 @@ def test_an_unknown_outcome_names_the_remedy_its_provider_profile_allows(
 
     (warned,) = _warnings_about(record.key, caplog)
     for said in (str(again.value), warned, str(changed.value)):
-        assert remedy in said
-        if provider == "generic":
-            assert f"payonce abandon {record.key}" in said
-            assert "payonce reconcile" not in said, "a command that cannot work here"
+        assert "payonce reconcile" in said
+    assert client.journal.get(record.key).state is payonce.IntentState.UNKNOWN  # type: ignore[union-attr]
+    assert sandbox.store.total_executions() == 1
+
+
+def test_without_a_status_look_up_an_unknown_outcome_is_resent_only_within_its_key_window(
+    make_client: MakeClient, sandbox: SandboxServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="payonce"):
+        record = make_unknown(make_client, sandbox, "order-u", "drop_after", provider="generic")
+    (warned,) = _warnings_about(record.key, caplog)
+    assert "calling again with the same reference" in warned
+    assert f"payonce abandon {record.key}" in warned  # once the key may be gone
+    # The provider's clock (its answers' Date): the key may be gone there now.
+    sandbox.advance_clock(get_profile("generic").key_lifetime)
+    client = make_client(provider="generic")
+
+    with pytest.raises(payonce.OutcomeUnknown) as again:
+        client.post("/v1/payments", json=PAYMENT, reference="order-u")
+
+    said = str(again.value)
+    assert "no longer safe" in said
+    assert f"payonce abandon {record.key}" in said
+    assert "payonce reconcile" not in said, "a command that cannot work here"
     assert client.journal.get(record.key).state is payonce.IntentState.UNKNOWN  # type: ignore[union-attr]
     assert sandbox.store.total_executions() == 1
 
@@ -343,15 +353,20 @@ def test_a_malformed_status_answer_is_an_error_and_changes_nothing_else(
     )
 
 
-def test_a_profile_without_a_status_lookup_says_so(
+def test_a_profile_without_a_status_lookup_reconciles_by_resending_under_its_key(
     make_client: MakeClient, sandbox: SandboxServer
 ) -> None:
     generic = make_client(provider="generic", retry=payonce.RetryPolicy(max_attempts=1))
     sandbox.script(["fail_before"])
     with pytest.raises(payonce.OutcomeUnknown):
         generic.post("/v1/payments", json=PAYMENT, reference="order-7")
-    with pytest.raises(payonce.ConfigurationError, match="no status look-up"):
-        generic.reconcile("order-7")
+
+    (result,) = generic.reconcile("order-7")
+
+    assert (result.outcome, result.after) == ("resent", payonce.IntentState.SUCCEEDED)
+    assert "no status look-up" in result.detail
+    assert [r.outcome for r in generic.journal.reconciliations(result.key)] == ["resent"]
+    assert sandbox.store.executions() == {result.key: 1}
 
 
 def test_intents_of_another_provider_are_left_to_a_client_for_that_provider(

@@ -39,12 +39,15 @@ from ._guards import (
     ATTEMPTS_OVER,
     RECONCILED,
     RESUMED,
+    UNLOOKED,
     VERIFIED,
     Moment,
     choose,
 )
 from ._identity import journaled_fingerprint_matches
 from ._key_age import (
+    ASSUMED_LIFETIME_RESEND_WINDOW,
+    KeyWindow,
     may_have_executed,
     provider_first_sent,
     provider_sent_before,
@@ -136,6 +139,9 @@ class DriveProfile(AnswerRules, Protocol):
     def key_lifetime(self) -> float: ...
 
     @property
+    def key_lifetime_documented(self) -> bool: ...
+
+    @property
     def max_processing(self) -> float: ...
 
     @property
@@ -217,6 +223,9 @@ class Run:
     nothing runs between the answer and the acknowledgement."""
     resumed: bool = False
     """An intent journaled earlier and still pending, picked up by this run."""
+    key_window: KeyWindow | None = None
+    """A resumed intent an attempt of which may have executed: until when its key is surely
+    remembered. No retry of the run goes out that could end past it."""
 
     @property
     def key(self) -> str:
@@ -529,6 +538,7 @@ def _call(
     clock = settings.clock
     give_up_waiting = clock.monotonic() + settings.in_flight_wait
     draft = asked[-1]
+    within: float | None = None  # the key age limit of an unknown intent's resend
     while True:
         claim: Claim = yield ClaimIntent(draft, owner)
         record = claim.record
@@ -545,7 +555,7 @@ def _call(
                 )
                 return (yield from _send(settings, run))
             case ClaimKind.CLAIMED:
-                run = yield from _resumed(settings, claim, owner)
+                run = yield from _resumed(settings, claim, owner, within=within)
                 run.acknowledge_on_success = acknowledge_on_success
                 return (yield from _send(settings, run))
             case ClaimKind.FINAL:
@@ -561,7 +571,22 @@ def _call(
                 draft = next_position(draft, max_length=settings.profile.key_max_length)
                 asked.append(draft)
             case ClaimKind.UNKNOWN:
-                raise refusals.unknown(record, reconcilable=settings.reconcilable)
+                if settings.reconcilable:
+                    raise refusals.unknown(record, reconcilable=True)
+                # No status look-up to ask with: resent under its key while the provider
+                # surely still remembers it, as payonce's own retries did (a replay of what
+                # it executed, or one execution), and claimed again as a pending intent.
+                taken: Claim | None = yield ClaimKey(record.key, owner)
+                if taken is None or taken.record.lease_owner != owner:
+                    if clock.monotonic() >= give_up_waiting:
+                        raise refusals.in_flight(record)
+                    yield Sleep(IN_FLIGHT_POLL)
+                    continue
+                yield Leased(record.key, owner)
+                within = _automatic_within(settings, asked=False)
+                after, _ = yield from _reconcile_by_resend(settings, taken.record, owner, within)
+                if after.state is IntentState.UNKNOWN:
+                    raise refusals.unknown(after, reconcilable=False, key_gone=True)
             case ClaimKind.LEASED:
                 if clock.monotonic() >= give_up_waiting:
                     raise refusals.in_flight(record)
@@ -590,9 +615,12 @@ def resume(settings: DriveSettings, claim: Claim, owner: str) -> Drive:
         raise
 
 
-def _resumed(settings: DriveSettings, claim: Claim, owner: str) -> Generator[Command, Any, Run]:
+def _resumed(
+    settings: DriveSettings, claim: Claim, owner: str, *, within: float | None = None
+) -> Generator[Command, Any, Run]:
     """An existing pending intent ``owner`` has claimed: resend under its key, unless an
-    attempt may have executed and the key may be gone at the provider by now."""
+    attempt may have executed and the key may be gone at the provider by now (or older than
+    ``within``: an unknown intent resent on payonce's own, its key lifetime assumed)."""
     record = claim.record
     profile, clock = settings.profile, settings.clock
     if not _intact(record):
@@ -625,12 +653,23 @@ def _resumed(settings: DriveSettings, claim: Claim, owner: str) -> Generator[Com
     # The provider forgets the key by its clock: where an attempt may have executed, its
     # age is judged by that clock, read afresh if the last reading is stale.
     provider_now = (yield from _provider_now(settings)) if ambiguous else None
-    refusal = _key_gone(settings, record, attempts, provider_now, executed=ambiguous)
+    refusal = _key_gone(settings, record, attempts, provider_now, executed=ambiguous, within=within)
+    if ambiguous and record.first_sent_at is not None:
+        run.key_window = KeyWindow(
+            record.first_sent_at,
+            profile.key_lifetime,
+            clock.now(),
+            provider_now,
+            provider_first_sent(attempts),
+            provider_sent_before(attempts),
+            within,
+            clock.monotonic(),
+        )
     moment = Moment(resend_refused=refusal is not None)
     if choose(RESUMED, moment) is Transition.KEY_WINDOW_PASSED:
         assert refusal is not None
         run.record = yield MarkUnknown(run, Transition.KEY_WINDOW_PASSED, refusal)
-        raise refusals.unknown(run.record, reconcilable=settings.reconcilable)
+        raise refusals.unknown(run.record, reconcilable=settings.reconcilable, key_gone=True)
     return run
 
 
@@ -641,6 +680,7 @@ def _key_gone(
     provider_now: float | None,
     *,
     executed: bool,
+    within: float | None = None,
 ) -> str | None:
     """Why a resend of ``record`` under its key is no longer safe (the provider may have
     forgotten the key), or None while it is (``resend_refusal``)."""
@@ -652,7 +692,17 @@ def _key_gone(
         provider_now=provider_now,
         provider_first=provider_first_sent(attempts),
         provider_sent_by=provider_sent_before(attempts),
+        within=within,
     )
+
+
+def _automatic_within(settings: DriveSettings, *, asked: bool) -> float | None:
+    """The key age within which an unknown intent of a profile without a status look-up is
+    resent: an assumed (not documented) key lifetime's short window unless an operator asked
+    for the resend (``payonce reconcile --resend``); else 90% of the lifetime (None)."""
+    if asked or settings.profile.key_lifetime_documented:
+        return None
+    return ASSUMED_LIFETIME_RESEND_WINDOW
 
 
 def _provider_now(settings: DriveSettings) -> Generator[Command, Any, float | None]:
@@ -698,6 +748,14 @@ def _send(settings: DriveSettings, run: Run) -> Drive:
         wait = retry.next_wait(tries, clock.monotonic() - began, outcome.retry_after)
         if wait is None:
             raise (yield from _give_up(settings, run))
+        if run.key_window is not None:
+            # The key window is a deadline for every attempt of a resend: the next one
+            # must end (the provider may run it for max_processing) while the key is surely
+            # remembered, or it could execute twice.
+            ends = clock.monotonic() + wait + settings.profile.max_processing
+            refusal = run.key_window.refusal_at(ends)
+            if refusal is not None:
+                raise (yield from _give_up(settings, run, key_gone=refusal))
         yield Sleep(wait, run, retry=outcome)
 
 
@@ -793,12 +851,26 @@ def _retryable(
     return verdict
 
 
-def _give_up(settings: DriveSettings, run: Run) -> Generator[Command, Any, PayonceError]:
-    """Attempts ran out: the error to raise, after journaling what is known."""
+def _give_up(
+    settings: DriveSettings, run: Run, *, key_gone: str | None = None
+) -> Generator[Command, Any, PayonceError]:
+    """Attempts ran out (or stopped: the next could end past the key window, ``key_gone``
+    says why): the error to raise, after journaling what is known."""
     if choose(ATTEMPTS_OVER, Moment(ambiguous=run.ambiguous)) is Transition.EXHAUSTED:
-        reason = f"retries exhausted; last failure: {run.last_reason}"
-        run.record = yield MarkUnknown(run, Transition.EXHAUSTED, reason)
-        return refusals.unknown(run.record, reconcilable=settings.reconcilable)
+        transition = Transition.EXHAUSTED
+        if key_gone is None:
+            reason = f"retries exhausted; last failure: {run.last_reason}"
+        else:
+            # Not sent: the key window passed for the next attempt, as for a resume.
+            transition = Transition.KEY_WINDOW_PASSED
+            reason = (
+                f"retries stopped, the next one could end when a resend is no longer safe: "
+                f"{key_gone}; last failure: {run.last_reason}"
+            )
+        run.record = yield MarkUnknown(run, transition, reason)
+        return refusals.unknown(
+            run.record, reconcilable=settings.reconcilable, key_gone=key_gone is not None
+        )
     # Exhausted, never executed: the intent stays pending and the lease goes.
     yield Release(run, Transition.EXHAUSTED_UNSENT)
     return refusals.unavailable(run.record, run.last_reason)
@@ -951,9 +1023,14 @@ def skip_reason(settings: DriveSettings, record: IntentRecord) -> str | None:
     return None
 
 
-def reconcile(settings: DriveSettings, record: IntentRecord, owner: str) -> Reconciling:
+def reconcile(
+    settings: DriveSettings, record: IntentRecord, owner: str, *, resend: bool = False
+) -> Reconciling:
     """Ask the provider about an unknown intent, never guess, and journal what its answer
-    means, once:
+    means, once. A profile without a status look-up cannot be asked: the intent is resent
+    under its key while the key is surely remembered (``_reconcile_by_resend``); ``resend``:
+    an operator asked for that, so an assumed key lifetime's window is 90% of it, not
+    ``ASSUMED_LIFETIME_RESEND_WINDOW``. With a look-up:
 
     - a record with a definitive status: stored, succeeded or failed;
     - no record, the key still within its lifetime (and no earlier attempt still able to
@@ -964,13 +1041,15 @@ def reconcile(settings: DriveSettings, record: IntentRecord, owner: str) -> Reco
     An error about a step 2 or later of a block names it as the block would.
     """
     try:
-        return (yield from _reconcile(settings, record, owner))
+        return (yield from _reconcile(settings, record, owner, resend))
     except IntentError as error:
         refusals.of_step_row(error, record, max_length=settings.profile.key_max_length)
         raise
 
 
-def _reconcile(settings: DriveSettings, record: IntentRecord, owner: str) -> Reconciling:
+def _reconcile(
+    settings: DriveSettings, record: IntentRecord, owner: str, resend: bool
+) -> Reconciling:
     if (reason := skip_reason(settings, record)) is not None:
         return Reconciliation(record, record.state, ReconcileOutcome.SKIPPED, reason)
     claim: Claim | None = yield ClaimKey(record.key, owner)
@@ -981,6 +1060,10 @@ def _reconcile(settings: DriveSettings, record: IntentRecord, owner: str) -> Rec
     yield Leased(record.key, owner)
     current = claim.record
     lookup = settings.profile.lookup
+    if lookup is None:
+        return (
+            yield from _resent(settings, current, owner, _automatic_within(settings, asked=resend))
+        )
     retry, clock = settings.retry, settings.clock
     began = clock.monotonic()
     tried = 0
@@ -1070,6 +1153,74 @@ def _concluded(
     if kind is LookupKind.REFUSED:
         raise refusals.lookup_refused(record, response)
     return Reconciliation(record, after.state, outcome, detail)
+
+
+def _reconcile_by_resend(
+    settings: DriveSettings, record: IntentRecord, owner: str, within: float | None
+) -> Generator[Command, Any, tuple[IntentRecord, str]]:
+    """An unknown intent of a profile without a status look-up, its lease held: back to
+    pending (``reconciled by resend``) while a resend under its key cannot execute twice,
+    judged as ``_resumed`` judges one (the provider's clock, the profile's margin), else it
+    stays unknown (``reconciled, key window passed``). The record after, and why."""
+    attempts: Sequence[AttemptRecord] = yield ReadAttempts(record.key)
+    provider_now = yield from _provider_now(settings)
+    refusal = _key_gone(settings, record, attempts, provider_now, executed=True, within=within)
+    transition = choose(UNLOOKED, Moment(resend_refused=refusal is not None))
+    if transition is Transition.RECONCILED_BY_RESEND:
+        outcome = ReconcileOutcome.RESENT
+        detail = (
+            "the provider profile has no status look-up and the key is still within its "
+            "lifetime: resent under its key (the provider replays what it executed, or "
+            "executes it once)"
+        )
+    else:
+        outcome = ReconcileOutcome.STILL_UNKNOWN
+        detail = (
+            "the provider profile has no status look-up, and a resend under its key is no "
+            f"longer safe: {refusal}"
+        )
+        if within is not None and (
+            _key_gone(settings, record, attempts, provider_now, executed=True) is None
+        ):
+            # Short of 90% of an assumed lifetime: an operator who knows may still resend.
+            detail += (
+                "; if you know the provider still remembers the key, `payonce reconcile "
+                f"{record.key} --resend` resends it under the key"
+            )
+    after: IntentRecord = yield Reconciled(record, owner, transition, outcome, detail)
+    return after, detail
+
+
+def _resent(
+    settings: DriveSettings, record: IntentRecord, owner: str, within: float | None
+) -> Reconciling:
+    """``reconcile`` of an unknown intent of a profile without a status look-up: resent
+    under its key while the key is surely remembered (``_reconcile_by_resend``)."""
+    after, detail = yield from _reconcile_by_resend(settings, record, owner, within)
+    if after.state is IntentState.UNKNOWN:
+        # What to do, for the one reading the reconciliation (the journal keeps the why).
+        by_hand = (
+            f"; check at the provider whether it executed, then abandon it: `payonce abandon "
+            f"{record.key} --reason ...`"
+        )
+        outcome = ReconcileOutcome.STILL_UNKNOWN
+        return Reconciliation(record, after.state, outcome, detail + by_hand)
+    claim: Claim | None = yield ClaimKey(record.key, owner)
+    if claim is None or claim.record.lease_owner != owner:
+        held = "; another worker took it to send"
+        return Reconciliation(record, after.state, ReconcileOutcome.RESENT, detail + held)
+    run: Run | None = None
+    try:
+        run = yield from _resumed(settings, claim, owner, within=within)
+        yield from _send(settings, run)
+    except IntentError as error:
+        # The resend's own end (a refusal, attempts run out again) is journaled by the
+        # send; the reconciliation reports where it left the intent.
+        current = claim.record if run is None else run.record
+        state = current.state
+        return Reconciliation(record, state, ReconcileOutcome.RESENT, f"{detail}; then: {error}")
+    assert run is not None  # the send returned
+    return Reconciliation(record, run.record.state, ReconcileOutcome.RESENT, detail)
 
 
 def _reconciled(

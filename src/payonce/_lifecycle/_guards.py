@@ -27,6 +27,7 @@ __all__ = [
     "GUARDS",
     "RECONCILED",
     "RESUMED",
+    "UNLOOKED",
     "VERIFIED",
     "Moment",
     "choose",
@@ -170,6 +171,8 @@ GUARDS: dict[Transition, Guard] = {
     T.RECONCILED_FAILED: found_failed,
     T.RECONCILED_ABSENT: absent_and_resendable,
     T.RECONCILED_AMBIGUOUS: settles_nothing,
+    T.RECONCILED_BY_RESEND: resend_safe,
+    T.RECONCILED_KEY_WINDOW_PASSED: key_window_passed,
 }
 """Each chosen transition's guard. The others (write-ahead, abandon, acknowledge) are
 commands, applied when given."""
@@ -198,6 +201,9 @@ RECONCILED = (
     T.RECONCILED_AMBIGUOUS,
 )
 """A reconciliation's look-up concluded (or its attempts ran out)."""
+UNLOOKED = (T.RECONCILED_BY_RESEND, T.RECONCILED_KEY_WINDOW_PASSED)
+"""An unknown intent of a profile without a status look-up is met (reconcile, the worker,
+a call again): resent under its key while the key is surely still remembered."""
 
 DECISION_POINTS = {
     "attempt ended": ATTEMPT_ENDED,
@@ -205,6 +211,7 @@ DECISION_POINTS = {
     "resumed": RESUMED,
     "verified": VERIFIED,
     "reconciled": RECONCILED,
+    "reconciled without a look-up": UNLOOKED,
 }
 
 

@@ -33,18 +33,30 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
+import attrs
+
 __all__ = [
+    "ASSUMED_LIFETIME_RESEND_WINDOW",
     "CLOCK_TOLERANCE",
     "KEY_LIFETIME_MARGIN",
     "PRUNE_AFTER_KEY_LIFETIMES",
     "AttemptLike",
     "DatedAttempt",
+    "KeyWindow",
     "may_have_executed",
     "provider_first_sent",
     "provider_sent_before",
     "resend_refusal",
 ]
 
+ASSUMED_LIFETIME_RESEND_WINDOW = 15 * 60.0
+"""Seconds after its first send within which payonce resends an *unknown* intent on its own
+(a call again, ``payonce reconcile``, the worker) when its profile has no status look-up and
+its key lifetime is assumed, not documented (``ProviderProfile.key_lifetime_documented``).
+Half the shortest key lifetime a payment API is known to document (30 minutes): a provider
+that keeps keys for less than it assumes would otherwise execute the resend again. Past it,
+and within 90% of the assumed lifetime, only an operator's ``payonce reconcile --resend``
+resends it."""
 KEY_LIFETIME_MARGIN = 0.1
 """Resend only while the first attempt is younger than 90% of the provider's key lifetime."""
 PRUNE_AFTER_KEY_LIFETIMES = 2.0
@@ -98,6 +110,37 @@ def provider_sent_before(attempts: Iterable[DatedAttempt]) -> float | None:
     return min(dates, default=None)
 
 
+@attrs.frozen
+class KeyWindow:
+    """What an intent's resend under its key was judged by when it began (``resend_refusal``
+    of an attempt that may have executed), kept to judge each retry of it again: both
+    clocks taken on by the monotonic clock's seconds since, so neither can step."""
+
+    first_sent_at: float
+    key_lifetime: float
+    now: float
+    provider_now: float | None
+    provider_first: float | None
+    provider_sent_by: float | None
+    within: float | None
+    taken_at: float
+    """The monotonic clock when the clocks above were read."""
+
+    def refusal_at(self, monotonic: float) -> str | None:
+        """Why a resend still running at ``monotonic`` (the monotonic clock) could execute
+        twice, or None while the key is surely remembered until then."""
+        ahead = max(0.0, monotonic - self.taken_at)
+        return resend_refusal(
+            self.first_sent_at,
+            self.now + ahead,
+            self.key_lifetime,
+            provider_now=None if self.provider_now is None else self.provider_now + ahead,
+            provider_first=self.provider_first,
+            provider_sent_by=self.provider_sent_by,
+            within=self.within,
+        )
+
+
 def may_have_executed(attempts: Iterable[AttemptLike]) -> bool:
     """Whether any attempt may have reached the provider: ambiguous, or still in flight
     (its worker died before journaling how it ended)."""
@@ -113,8 +156,13 @@ def resend_refusal(
     provider_now: float | None = None,
     provider_first: float | None = None,
     provider_sent_by: float | None = None,
+    within: float | None = None,
 ) -> str | None:
     """Why a resend under the key is no longer safe, or None while it still is.
+
+    ``within``: a key age past which not to resend though it is short of 90% of
+    ``key_lifetime`` (an unknown intent resent by payonce on its own where the lifetime is
+    assumed, not documented: ``ASSUMED_LIFETIME_RESEND_WINDOW``).
 
     ``executed``: whether an attempt may have reached the provider. The key's age matters
     only then; a first attempt dated in the future is refused either way, since nothing
@@ -129,32 +177,35 @@ def resend_refusal(
     """
     if first_sent_at is None:
         return None
+    window, past = key_lifetime * (1 - KEY_LIFETIME_MARGIN), _past(key_lifetime)
+    if within is not None and within < window:
+        window, past = within, _past_assumed(within, key_lifetime)
     if not executed or provider_now is None:
-        return _by_this_host(first_sent_at, now, key_lifetime, executed=executed)
-    refusal = _by_the_first_send(first_sent_at, now, key_lifetime, provider_now, provider_first)
+        return _by_this_host(first_sent_at, now, window, past, executed=executed)
+    refusal = _by_the_first_send(first_sent_at, now, window, past, provider_now, provider_first)
     if refusal is not None or provider_sent_by is None:
         return refusal
-    if provider_now - provider_sent_by < key_lifetime * (1 - KEY_LIFETIME_MARGIN):
+    if provider_now - provider_sent_by < window:
         return None
     skew = now - provider_now
     return (
         f"{_disagreeing(skew) if abs(skew) > CLOCK_TOLERANCE else ''}by the provider's clock "
         f"it answered an attempt {provider_now - provider_sent_by:.0f}s ago, and the first "
-        f"attempt was sent before that: {_past(key_lifetime)}"
+        f"attempt was sent before that: {past}"
     )
 
 
 def _by_the_first_send(
     first_sent_at: float,
     now: float,
-    key_lifetime: float,
+    window: float,
+    past: str,
     provider_now: float,
     provider_first: float | None,
 ) -> str | None:
     """``resend_refusal`` by when the first attempt was sent, the provider's time known."""
     skew = now - provider_now
     off = abs(skew) > CLOCK_TOLERANCE
-    window = key_lifetime * (1 - KEY_LIFETIME_MARGIN)
     if provider_first is not None:
         age = provider_now - provider_first
         clocks = _disagreeing(skew) if off else ""
@@ -165,22 +216,16 @@ def _by_the_first_send(
                 "resend could execute twice"
             )
         if age >= window:
-            return (
-                f"{clocks}by the provider's clock it was first sent {age:.0f}s ago, "
-                f"{_past(key_lifetime)}"
-            )
+            return f"{clocks}by the provider's clock it was first sent {age:.0f}s ago, {past}"
         # Neither clock is settled by trusting the other: a provider's Date can be wrong too
         # (a cached answer, an edge with a clock of its own). Either saying the key may be
         # gone is enough not to resend; reconciliation asks the provider which was right.
         local = now - first_sent_at
         if local >= window:
-            return (
-                f"{clocks}yet by this host's clock it was first sent {local:.0f}s ago, "
-                f"{_past(key_lifetime)}"
-            )
+            return f"{clocks}yet by this host's clock it was first sent {local:.0f}s ago, {past}"
         return None
     if not off:
-        return _by_this_host(first_sent_at, now, key_lifetime, executed=True)
+        return _by_this_host(first_sent_at, now, window, past, executed=True)
     # The first attempt got no answer, and the clocks disagree now: this host's clock may
     # have been right when it was sent (and stepped since), or as far off as it is now.
     ages = {"the provider's": provider_now - first_sent_at, "this host's": now - first_sent_at}
@@ -196,12 +241,9 @@ def _by_the_first_send(
             "back; a resend could execute twice"
         )
     clock, age = max(possible.items(), key=lambda item: item[1])
-    if age < key_lifetime * (1 - KEY_LIFETIME_MARGIN):
+    if age < window:
         return None
-    return (
-        f"{unanswered}: by {clock} clock now it was first sent {age:.0f}s ago, "
-        f"{_past(key_lifetime)}"
-    )
+    return f"{unanswered}: by {clock} clock now it was first sent {age:.0f}s ago, {past}"
 
 
 def _past(key_lifetime: float) -> str:
@@ -209,6 +251,16 @@ def _past(key_lifetime: float) -> str:
     return (
         f"near or beyond the provider's key lifetime of {key_lifetime:.0f}s (payonce resends "
         f"only within {1 - KEY_LIFETIME_MARGIN:.0%} of it); a resend could execute twice"
+    )
+
+
+def _past_assumed(within: float, key_lifetime: float) -> str:
+    """Why an age refuses an unknown intent's resend by payonce on its own, the provider's
+    key lifetime being assumed, not documented."""
+    return (
+        f"beyond the {within:.0f}s within which payonce resends an unknown intent on its own "
+        f"when the provider's key lifetime ({key_lifetime:.0f}s) is assumed, not documented: "
+        "a provider that keeps keys for less would execute it twice"
     )
 
 
@@ -221,7 +273,7 @@ def _disagreeing(skew: float) -> str:
 
 
 def _by_this_host(
-    first_sent_at: float, now: float, key_lifetime: float, *, executed: bool
+    first_sent_at: float, now: float, window: float, past: str, *, executed: bool
 ) -> str | None:
     """The key's age by this host's clock alone: the provider's time is not known."""
     age = now - first_sent_at
@@ -230,6 +282,6 @@ def _by_this_host(
             f"its first attempt is dated {-age:.0f}s in the future: this host's clock moved "
             "back, or the record is not this journal's own; a resend could execute twice"
         )
-    if not executed or age < key_lifetime * (1 - KEY_LIFETIME_MARGIN):
+    if not executed or age < window:
         return None
-    return f"first sent {age:.0f}s ago, {_past(key_lifetime)}"
+    return f"first sent {age:.0f}s ago, {past}"

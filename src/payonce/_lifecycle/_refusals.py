@@ -130,25 +130,56 @@ def in_flight(record: IntentRecord) -> IntentInFlight:
     )
 
 
-def unknown(record: IntentRecord, *, reconcilable: bool) -> OutcomeUnknown:
+def unknown(record: IntentRecord, *, reconcilable: bool, key_gone: bool = False) -> OutcomeUnknown:
+    """``key_gone``: a resend under its key is no longer safe (the key may be gone at the
+    provider); with no status look-up to ask, only a person can settle it."""
     reason = record.unknown_reason or "outcome unknown"
-    what = (
-        f"has an unknown outcome ({reason}); it will not be resent blindly. "
-        f"{unknown_remedy(record.key, reconcilable=reconcilable)}"
+    remedy = unknown_remedy(
+        record.key,
+        reconcilable=reconcilable,
+        key_gone=key_gone,
+        step=step_of_reference(record.reference) is not None,
     )
+    if reconcilable:
+        what = f"has an unknown outcome ({reason}); it will not be resent blindly. {remedy}"
+    elif key_gone:
+        what = f"has an unknown outcome ({reason}); payonce no longer resends it. {remedy}"
+    else:
+        # Resent under its key while it is surely remembered: not "never resent".
+        what = f"has an unknown outcome ({reason}). {remedy}"
     return _about(OutcomeUnknown, record, what, reason=reason)
 
 
-def unknown_remedy(key: str, *, reconcilable: bool) -> str:
-    """What to do about an unknown intent: ask the provider, or, when its profile has no
-    status look-up to ask with, look at the provider by hand."""
+def unknown_remedy(
+    key: str, *, reconcilable: bool, key_gone: bool = False, step: bool = False
+) -> str:
+    """What to do about an unknown intent: ask the provider; or, when its profile has no
+    status look-up to ask with, resend it under its key while the provider surely still
+    remembers the key, and past that look at the provider by hand. ``step``: the intent
+    is step n >= 2 of a block, which a new reference would run again from its step 1."""
     if reconcilable:
         return f"Reconcile it: payonce reconcile {key}"
+    if step:
+        # A new reference would run the block again from its step 1: pay that twice.
+        never = (
+            "never run the block again under a new reference, which would run its step 1 "
+            "a second time: if it did not execute, finish the order outside the block, by hand"
+        )
+    else:
+        never = "do not pay again under a new reference before you know"
+    by_hand = (
+        "check at the provider whether it executed, then close the intent with "
+        f"`payonce abandon {key} --reason ...`; {never}"
+    )
+    if key_gone:
+        # Past the key window: the in-window way (a call again, reconcile) no longer works.
+        return f"This provider profile has no status look-up, so payonce cannot ask: {by_hand}"
     return (
-        "This provider profile has no status look-up, so payonce cannot ask: check at the "
-        "provider whether it executed, then close the intent with "
-        f"`payonce abandon {key} --reason ...`; do not pay again under a new reference "
-        "before you know"
+        "This provider profile has no status look-up, so payonce cannot ask; instead, while "
+        "the provider surely still remembers its key, calling again with the same reference, "
+        f"`payonce reconcile {key}` or `payonce worker` resends it under its key (the "
+        "provider replays what it executed, or executes it once). Once the key may be gone, "
+        f"{by_hand}"
     )
 
 
@@ -372,7 +403,8 @@ def _what_now(record: IntentRecord, reconcilable: bool) -> str:
             )
         case IntentState.UNKNOWN:
             if not reconcilable:
-                remedy = unknown_remedy(record.key, reconcilable=False)
+                step = step_of_reference(record.reference) is not None
+                remedy = unknown_remedy(record.key, reconcilable=False, step=step)
                 return (
                     f"That intent is unknown: the provider may have executed it, {twice}. {remedy}"
                 )

@@ -25,6 +25,7 @@ __all__ = [
     "ReconcileSchedule",
     "ScheduleDecision",
     "decide_lookup",
+    "decide_resend",
     "first_unknown_since",
     "tries_since",
     "unknown_since",
@@ -181,4 +182,22 @@ def decide_lookup(
         if count > 0:
             return ScheduleDecision(count, due=False, next_at=None, exhausted=True)
         next_at = since + schedule.give_up_after
+    return ScheduleDecision(count, due=next_at <= now, next_at=next_at, exhausted=False)
+
+
+def decide_resend(
+    schedule: ReconcileSchedule, *, resent_at: Sequence[float], window_passed: bool, now: float
+) -> ScheduleDecision:
+    """For ``payonce worker``, an unknown intent of a profile without a status look-up:
+    resent under its key at once, then, while its resends fail (``resent_at``: when each
+    was made since it last was settled or went pending), again with the schedule's backoff
+    between them, for as long as the key window is open. Escalated once it has passed
+    (``window_passed``: the journal holds the reconciliation that found it so), never for
+    a resend that failed while the key was still surely remembered."""
+    count = len(resent_at)
+    if window_passed:
+        return ScheduleDecision(count, due=False, next_at=None, exhausted=True)
+    if not count:
+        return ScheduleDecision(0, due=True, next_at=now, exhausted=False)
+    next_at = max(resent_at) + schedule.wait_before(count)
     return ScheduleDecision(count, due=next_at <= now, next_at=next_at, exhausted=False)

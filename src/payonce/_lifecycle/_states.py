@@ -72,6 +72,8 @@ class Transition(enum.Enum):
     RECONCILED_FAILED = "reconciled, found failed"
     RECONCILED_ABSENT = "reconciled, absent"
     RECONCILED_AMBIGUOUS = "reconciled, ambiguous"
+    RECONCILED_BY_RESEND = "reconciled by resend"
+    RECONCILED_KEY_WINDOW_PASSED = "reconciled, key window passed"
     ABANDONED = "abandoned"
     ACKNOWLEDGED = "acknowledged"
 
@@ -307,6 +309,25 @@ RULES: tuple[Rule, ...] = (
         "unreadable or refused look-up: stays unknown with the reason",
         releases_lease=True,
         unwritten=LOOKUP_UNRECORDED,
+    ),
+    Rule(
+        Transition.RECONCILED_BY_RESEND,
+        (_U,),
+        _P,
+        "the profile has no status look-up and the key is still within 90% of its lifetime "
+        "(the provider's clock): back to pending and resent under its key at once, as a "
+        "retry is (the provider replays what it executed, or executes it once)",
+        releases_lease=True,
+        unwritten=NOTHING_CHANGED,
+    ),
+    Rule(
+        Transition.RECONCILED_KEY_WINDOW_PASSED,
+        (_U,),
+        None,
+        "the profile has no status look-up and the key may be gone at the provider: never "
+        "resent, stays unknown for a person to check",
+        releases_lease=True,
+        unwritten=NOTHING_CHANGED,
     ),
     Rule(
         Transition.ABANDONED,

@@ -385,6 +385,9 @@ class ReconcileOutcome(enum.StrEnum):
     """No usable answer (a failed, refused or unreadable look-up): nothing concluded."""
     SKIPPED = "skipped"
     """Not looked up (not unknown, another provider's, leased by a worker)."""
+    RESENT = "resent"
+    """No status look-up to ask with, the key still within its lifetime: resent under it
+    (the provider replays what it executed, or executes it once)."""
 
 
 @attrs.frozen

@@ -130,6 +130,7 @@ def adyen_profile(
         name=name,
         key_max_length=ADYEN_KEY_MAX_LENGTH,
         key_lifetime=key_lifetime,
+        key_lifetime_documented=True,
         # 422 is Adyen's validation error: definitive, but not a key mismatch.
         mismatch_statuses=frozenset(),
         auth_header="X-API-Key",

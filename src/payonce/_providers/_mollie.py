@@ -13,8 +13,9 @@ What Mollie documents and payonce relies on:
   or 422 whose ``title`` or ``detail`` names the idempotency key as a key mismatch, never
   as a refusal of the request.
 - Without a key, Mollie's advice is to inspect its list endpoints; they cannot filter by
-  key or metadata, so the profile has no look-up: an ``unknown`` Mollie intent is checked
-  in the dashboard, then abandoned or paid again under a new reference.
+  key or metadata, so the profile has no look-up: an ``unknown`` Mollie intent is resent
+  under its key within the key's hour (``reconciled by resend``), and past it checked in
+  the dashboard, then abandoned or paid again under a new reference.
 
 payonce's own rules apply to the rest: timeouts and 5xx are retried under the same key, a
 429 after its Retry-After, a 409 as "still in flight".
@@ -63,6 +64,7 @@ def mollie_profile(*, lookup: Lookup | None = None, name: str = "mollie") -> Pro
     return ProviderProfile(
         name=name,
         key_lifetime=MOLLIE_KEY_LIFETIME,
+        key_lifetime_documented=True,
         mismatch_statuses=frozenset(),
         refine=mollie_refine,
         lookup=lookup,

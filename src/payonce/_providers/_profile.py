@@ -199,6 +199,14 @@ class ProviderProfile:
     """Send the key as an RFC 8941 string (``"key"``), as the IETF draft says."""
     key_lifetime: float = 24 * 3600.0
     """Seconds the provider remembers a key; past it a resend could execute twice."""
+    key_lifetime_documented: bool = False
+    """Whether the provider documents ``key_lifetime`` (Stripe's 24 h, Adyen's 7 days,
+    Mollie's hour) or it is assumed (Square's, the IETF draft's). Where it is assumed and
+    the profile has no status look-up, payonce resends an *unknown* intent on its own (a
+    call again, ``payonce reconcile``, the worker) only within
+    ``ASSUMED_LIFETIME_RESEND_WINDOW`` (15 minutes) of its first send, and within 90% of
+    the lifetime only when an operator asks (``payonce reconcile --resend``). Say True
+    when you know your provider keeps keys that long (a contract, its support's word)."""
     retryable_statuses: frozenset[int] = frozenset({500, 502, 503, 504})
     not_executed_statuses: frozenset[int] = frozenset({429})
     """Retryable answers that guarantee nothing was executed (rate limiting)."""
@@ -347,6 +355,7 @@ GENERIC = ProviderProfile(
     in_flight_statuses=frozenset({409}),
     mismatch_statuses=frozenset({422}),
     lookup=None,
+    key_lifetime_documented=False,
 )
 """The IETF Idempotency-Key draft: the key an RFC 8941 string, 409 while a request with it
 is outstanding, 422 when it was used for another request. The draft leaves the key lifetime
@@ -355,6 +364,7 @@ to each server; 24 h is assumed, and a server that keeps keys for less needs its
 SANDBOX = ProviderProfile(
     name="sandbox",
     lookup=Lookup(path="/v1/payments", by="key", param="idempotency_key"),
+    key_lifetime_documented=True,  # payonce's own: its key lifetime is the one it keeps
     # The sandbox's own idempotency layer answers 409 to a duplicate that arrives while the
     # first still runs: a resend under the same key is safe at once, and costs no wait.
     resend="same-key",

@@ -13,8 +13,9 @@ What Square documents (and its Python SDK, ``squareup``, shows) and payonce reli
 - How long Square keeps a key is not documented: payonce assumes 24 hours (raise or lower
   it with ``square_profile(key_lifetime=...)``).
 - ``ListPayments`` cannot filter by key or ``reference_id``, so the profile has no look-up
-  (an ``unknown`` Square intent is resent under the same key, which Square answers with
-  the first result); give it one with ``square_profile(lookup=...)`` if you run a status
+  (an ``unknown`` Square intent is resent under the same key while the key is surely
+  remembered, which Square answers with the first result: ``reconciled by resend``); give
+  it one with ``square_profile(lookup=...)`` if you run a status
   endpoint of your own.
 """
 
@@ -71,9 +72,15 @@ def square_keys_itself(method: str, path: str) -> bool:
 
 
 def square_profile(
-    *, lookup: Lookup | None = None, key_lifetime: float = 24 * 3600.0, name: str = "square"
+    *,
+    lookup: Lookup | None = None,
+    key_lifetime: float = 24 * 3600.0,
+    key_lifetime_documented: bool = False,
+    name: str = "square",
 ) -> ProviderProfile:
-    """A Square profile; pass a ``lookup`` if you run a status endpoint of your own."""
+    """A Square profile; pass a ``lookup`` if you run a status endpoint of your own, and
+    ``key_lifetime_documented=True`` with the ``key_lifetime`` Square has promised you
+    (its docs publish none)."""
     # What is not said here is ProviderProfile's default (a Bearer token in Authorization,
     # 409 in flight, 429 not executed, 5xx retried under the same key).
     return ProviderProfile(
@@ -81,6 +88,7 @@ def square_profile(
         key_field=SQUARE_KEY_FIELD,
         key_max_length=SQUARE_KEY_MAX_LENGTH,
         key_lifetime=key_lifetime,
+        key_lifetime_documented=key_lifetime_documented,
         # A 422 is no key mismatch at Square: square_refine finds the reused key in a 400.
         mismatch_statuses=frozenset(),
         lookup=lookup,

@@ -245,6 +245,7 @@ def stripe_profile(
     return ProviderProfile(
         name=name,
         key_lifetime=24 * 3600.0,
+        key_lifetime_documented=True,
         # Only consulted for a settled answer, to raise IntentMismatch: stripe_refine classifies
         # every 409 first, so the 409s that settle are idempotency_errors (and the rare 409
         # with Stripe-Should-Retry: false).

@@ -193,25 +193,31 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
         self,
         key_or_reference: str,
         *,
+        resend: bool = False,
         on_result: Callable[[ReconcileResult], object] | None = None,
     ) -> list[ReconcileResult]:
         """See ``Client.reconcile``."""
         self._in_this_process()
         self._core.require_api_key("reconcile()")
         batch = ReconcileBatch(self._core, key_or_reference)
-        return await arun_batch(batch, self._reconcile, on_result)
+        reconciling = functools.partial(self._reconcile, resend=resend)
+        return await arun_batch(batch, reconciling, on_result)
 
     async def reconcile_all(
-        self, *, on_result: Callable[[ReconcileResult], object] | None = None
+        self,
+        *,
+        resend: bool = False,
+        on_result: Callable[[ReconcileResult], object] | None = None,
     ) -> list[ReconcileResult]:
         """See ``Client.reconcile_all``."""
         self._in_this_process()
         self._core.require_api_key("reconcile_all()")
-        return await arun_batch(ReconcileBatch(self._core, None), self._reconcile, on_result)
+        reconciling = functools.partial(self._reconcile, resend=resend)
+        return await arun_batch(ReconcileBatch(self._core, None), reconciling, on_result)
 
-    async def _reconcile(self, record: IntentRecord) -> ReconcileResult:
+    async def _reconcile(self, record: IntentRecord, *, resend: bool = False) -> ReconcileResult:
         self._in_this_process()
-        reconciling = drive.reconcile(self._core.settings, record, new_owner())
+        reconciling = drive.reconcile(self._core.settings, record, new_owner(), resend=resend)
         return _reconcile.result(await self._execute(reconciling))
 
     async def abandon(self, key: str, *, reason: str) -> IntentRecord:

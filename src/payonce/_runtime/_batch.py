@@ -19,7 +19,6 @@ import attrs
 import httpx
 
 from .._lifecycle import Claim, IntentRecord, IntentState, ReconcileOutcome
-from .._lifecycle._drive import skip_reason
 from .._owners import new_owner
 from ..errors import AuthenticationError, OutcomeUnknown, PayonceError, ProviderError
 from . import _reconcile
@@ -246,13 +245,9 @@ class ReconcileBatch:
 
     def next(self) -> IntentRecord | None:
         if self._targets is None:
+            # A profile without a status look-up reconciles by resending under the key
+            # while the key is surely remembered (the drive's ``reconcile``).
             self._targets = deque(_reconcile.targets(self._core, self._named))
-            # A profile without a status look-up is the client's configuration, not one
-            # intent's problem: said once, up front, rather than as every intent's failure.
-            for record in self._targets:
-                if skip_reason(self._core.settings, record) is None:
-                    _reconcile.check_lookup(self._core, record)
-                    break
         if not self._targets:
             return None
         self._started = self._core.clock()

@@ -117,6 +117,9 @@ class IntentCore:
         self._base = httpx.URL(base_url)
         self._own_urls = None if "?" in base_url or "#" in base_url else base_url + "/"
         """What every URL journaled by a client of this base URL starts with."""
+        self._moved: set[str] = set()
+        """Keys of intents this client resent to another origin than the journaled one,
+        warned of once each."""
         self._auth_headers = {} if api_key is None else profile.auth_headers(api_key)
         """The client's own credentials; none for a client built for ``transport()`` only,
         whose requests bring their own."""
@@ -223,6 +226,8 @@ class IntentCore:
         credentials are this process's (``auth``: a transported request's own)."""
         if self.hooks:
             self.tell.attempt_started(run)
+        if run.ambiguous:
+            self._warn_if_moved(run.record)
         return self.journaled_request(run.record, client, auth)
 
     def journaled_request(
@@ -246,6 +251,30 @@ class IntentCore:
             content=body,
             headers=headers,
             extensions=self._crash_extensions(client),
+        )
+
+    def _warn_if_moved(self, record: IntentRecord) -> None:
+        """A resend (a resume, a reconcile, a call again) goes to this client's base URL,
+        by design (a failover, a move to another endpoint): said once an intent, of one an
+        attempt of which may have reached the provider, when its origin is not the
+        journaled one, since a resend to another provider, or another account's
+        endpoint, would not find the key and could execute twice. (One never sent
+        anywhere may go anywhere: no provider saw its key.)"""
+        if self._own_urls is not None and record.url.startswith(self._own_urls):
+            return
+        journaled, here = _origin(httpx.URL(record.url)), _origin(self._base)
+        if journaled == here or record.key in self._moved:
+            return
+        self._moved.add(record.key)
+        logger.warning(
+            "intent %s was journaled for %s and is sent to %s, this client's base URL: "
+            "payonce resends the journaled path where the provider answers now; make sure "
+            "it is the same provider and account that saw the key, or the resend could "
+            "execute twice",
+            record.key,
+            journaled,
+            here,
+            extra=log_extra(record),
         )
 
     def sent_url(self, journaled: str) -> httpx.URL | str:
@@ -365,7 +394,8 @@ class IntentCore:
                 record = yield from store.mark_unknown.plan(
                     run.key, transition=transition, owner=run.owner, now=now, reason=reason
                 )
-                self.tell.went_unknown(record, reason)
+                key_gone = transition is Transition.KEY_WINDOW_PASSED
+                self.tell.went_unknown(record, reason, key_gone=key_gone)
                 return record
             case Release(run, _):
                 yield from store.release.plan(run.key, owner=run.owner)
@@ -541,3 +571,9 @@ def _follows(error: BaseException, earlier: BaseException) -> None:
         seen.add(id(tail))
     if tail is not earlier:
         tail.__context__ = earlier
+
+
+def _origin(url: httpx.URL) -> str:
+    """``scheme://host:port`` of ``url`` (never its userinfo, path or query)."""
+    port = url.port if url.port is not None else {"http": 80, "https": 443}.get(url.scheme)
+    return f"{url.scheme}://{url.host}:{port}"

@@ -44,7 +44,8 @@ class ReconcileResult:
     before: IntentState
     after: IntentState
     outcome: ReconcileOutcome
-    """``found``, ``not_found``, ``still_unknown``, ``error`` or ``skipped`` (a ``str``)."""
+    """``found``, ``not_found``, ``still_unknown``, ``error``, ``skipped`` or ``resent`` (a
+    ``str``)."""
     detail: str
 
 

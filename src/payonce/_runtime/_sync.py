@@ -223,24 +223,33 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         self,
         key_or_reference: str,
         *,
+        resend: bool = False,
         on_result: Callable[[ReconcileResult], object] | None = None,
     ) -> list[ReconcileResult]:
-        """Ask the provider about the unknown intent(s) with this key or reference."""
+        """Ask the provider about the unknown intent(s) with this key or reference; with no
+        status look-up to ask, resend under its key while the key is surely remembered.
+        ``resend``: an operator asks for that resend where the key lifetime is assumed
+        (within 90% of it, not only ``ASSUMED_LIFETIME_RESEND_WINDOW``)."""
         self._in_this_process()
         self._core.require_api_key("reconcile()")
-        return run_batch(ReconcileBatch(self._core, key_or_reference), self._reconcile, on_result)
+        reconciling = functools.partial(self._reconcile, resend=resend)
+        return run_batch(ReconcileBatch(self._core, key_or_reference), reconciling, on_result)
 
     def reconcile_all(
-        self, *, on_result: Callable[[ReconcileResult], object] | None = None
+        self,
+        *,
+        resend: bool = False,
+        on_result: Callable[[ReconcileResult], object] | None = None,
     ) -> list[ReconcileResult]:
         """Reconcile every unknown intent of this account and provider, oldest first; one
-        intent's failure never stops the rest."""
+        intent's failure never stops the rest. ``resend`` as in ``reconcile``."""
         self._in_this_process()
-        return run_batch(ReconcileBatch(self._core, None), self._reconcile, on_result)
+        reconciling = functools.partial(self._reconcile, resend=resend)
+        return run_batch(ReconcileBatch(self._core, None), reconciling, on_result)
 
-    def _reconcile(self, record: IntentRecord) -> ReconcileResult:
+    def _reconcile(self, record: IntentRecord, *, resend: bool = False) -> ReconcileResult:
         self._in_this_process()
-        reconciling = drive.reconcile(self._core.settings, record, new_owner())
+        reconciling = drive.reconcile(self._core.settings, record, new_owner(), resend=resend)
         return _reconcile.result(self._execute(reconciling))
 
     def abandon(self, key: str, *, reason: str) -> IntentRecord:

@@ -12,7 +12,7 @@ import logging
 
 import httpx
 
-from .._lifecycle import IntentRecord, LookupKind, Transition, Verdict
+from .._lifecycle import IntentRecord, LookupKind, Transition, Verdict, step_of_reference
 from .._lifecycle._drive import Run
 from .._lifecycle._refusals import unknown_remedy
 from .._providers._profile import ProviderProfile
@@ -186,14 +186,21 @@ class Teller:
         event = IntentReplayed(**about(record), state=record.state, status_code=status_code)
         self.hooks.emit(Hooks.replayed, event)
 
-    def went_unknown(self, record: IntentRecord, reason: str) -> None:
+    def went_unknown(self, record: IntentRecord, reason: str, *, key_gone: bool = False) -> None:
+        """``key_gone``: it went unknown because a resend is no longer safe, so the advice
+        is the one past the key window."""
         # An operator must hear of it without debug logging: money may have moved.
         logger.warning(
             "intent %s%s went unknown: %s. %s",
             record.key,
             f" ({record.reference})" if record.reference else "",
             reason,
-            unknown_remedy(record.key, reconcilable=self.profile.lookup is not None),
+            unknown_remedy(
+                record.key,
+                reconcilable=self.profile.lookup is not None,
+                key_gone=key_gone,
+                step=step_of_reference(record.reference) is not None,
+            ),
             extra=log_extra(record),
         )
         if self.hooks:

@@ -33,12 +33,16 @@ from .._lifecycle import (
     IntentRecord,
     IntentState,
     ReconcileOutcome,
+    ReconcileSchedule,
     ScheduleDecision,
     decide_lookup,
+    decide_resend,
     first_unknown_since,
+    step_of_reference,
     tries_since,
     unknown_since,
 )
+from .._lifecycle._refusals import unknown_remedy
 from ..errors import ConfigurationError
 from ._batch import Batch, ReconcileBatch, ResumeBatch, ResumeResult, run_batch
 from ._events import IntentEscalated, WorkerPassEnded, about, log_extra
@@ -401,10 +405,40 @@ class Worker:
             earlier_tries=len(reconciliations) - len(tries),
         )
 
+    def _resend_decision(
+        self, schedule: ReconcileSchedule, record: IntentRecord, now: float
+    ) -> ScheduleDecision:
+        """An unknown intent of a profile without a status look-up: resent while its key
+        window is open, with backoff between failed resends (``decide_resend``)."""
+        reconciliations = self.journal.reconciliations(record.key)
+        resent_at: list[float] = []
+        for reconciliation in reversed(reconciliations):
+            if reconciliation.outcome != ReconcileOutcome.RESENT:
+                break
+            resent_at.append(reconciliation.at)
+        # The journaled "key window passed" (a reconciliation still unknown, by a call
+        # again, reconcile or a worker): never resent again, escalated (once a process).
+        passed = bool(reconciliations) and (
+            reconciliations[-1].outcome == ReconcileOutcome.STILL_UNKNOWN
+        )
+        return decide_resend(schedule, resent_at=resent_at, window_passed=passed, now=now)
+
     def _reconcile_due(self, client: Client, counts: _Counts) -> None:
         now = self._clock()
         due: list[IntentRecord] = []
+        resends = client.provider.lookup is None
         for record in client.unknown():
+            if resends:
+                # No status look-up to wait for: resent under its key while the key is
+                # surely remembered, again with backoff while the resends fail; once the
+                # drive finds the window passed (journaled), escalated once, below.
+                schedule = client.provider.reconcile_schedule
+                resend = self._resend_decision(schedule, record, now)
+                if resend.due:
+                    due.append(record)
+                elif resend.exhausted:
+                    self._escalate(client, record, resend, counts)
+                continue
             decision = self._decision(client, record, now)
             if decision.due:
                 due.append(record)
@@ -418,7 +452,16 @@ class Worker:
                 counts.add(settled=1)
             elif result.outcome == ReconcileOutcome.ERROR:
                 counts.add(failed=1)
-            if result.after is IntentState.UNKNOWN:
+            if resends:
+                # Escalated once the key window passed; a resend that failed within it is
+                # tried again on a later pass, with backoff.
+                if result.outcome == ReconcileOutcome.STILL_UNKNOWN:
+                    current = self.journal.get(result.key)
+                    if current is not None and current.state is IntentState.UNKNOWN:
+                        tries = len(self.journal.reconciliations(result.key))
+                        spent = ScheduleDecision(tries, due=False, next_at=None, exhausted=True)
+                        self._escalate(client, current, spent, counts)
+            elif result.after is IntentState.UNKNOWN:
                 current = self.journal.get(result.key)
                 if current is not None and current.state is IntentState.UNKNOWN:
                     decision = self._decision(client, current, self._clock())
@@ -437,23 +480,37 @@ class Worker:
             self._escalated.add(record.key)
             counts.escalated += 1
         since = unknown_since(record, self.journal.attempts(record.key))
+        found = self.journal.reconciliations(record.key)
+        reason = found[-1].detail if found else (record.unknown_reason or "no look-up made")
         if client.provider.lookup is None:
-            reason = f"provider profile {record.provider!r} has no status look-up"
-            # `payonce reconcile` cannot ask either: only a person at the provider can tell.
-            then = f"`payonce abandon {record.key} --reason ...`"
+            # Past its key window, with nothing to ask: no more resends, and `payonce
+            # reconcile` cannot settle it either (the reason names `--resend` where an
+            # operator may still resend it).
+            remedy = unknown_remedy(
+                record.key,
+                reconcilable=False,
+                key_gone=True,
+                step=step_of_reference(record.reference) is not None,
+            )
+            logger.error(
+                "intent %s escalated: its outcome is still unknown (%s); payonce no longer "
+                "resends it. %s",
+                record.key,
+                reason,
+                remedy,
+                extra=log_extra(record),
+            )
         else:
-            found = self.journal.reconciliations(record.key)
-            reason = found[-1].detail if found else (record.unknown_reason or "no look-up made")
-            then = f"`payonce reconcile {record.key}` or `payonce abandon {record.key}`"
-        logger.error(
-            "intent %s escalated: its outcome is still unknown after %d look-up(s) (%s); "
-            "check it at the provider, then %s",
-            record.key,
-            decision.tries,
-            reason,
-            then,
-            extra=log_extra(record),
-        )
+            logger.error(
+                "intent %s escalated: its outcome is still unknown after %d look-up(s) (%s); "
+                "check it at the provider, then `payonce reconcile %s` or `payonce abandon %s`",
+                record.key,
+                decision.tries,
+                reason,
+                record.key,
+                record.key,
+                extra=log_extra(record),
+            )
         if self._hooks:
             event = IntentEscalated(
                 **about(record), tries=decision.tries, unknown_since=since, reason=reason

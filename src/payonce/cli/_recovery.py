@@ -356,23 +356,43 @@ def _check_named(client: payonce.Client, key_or_reference: str) -> None:
     )
 
 
-@click.command(short_help="Ask the provider what became of unknown intents.")
+@click.command(
+    short_help="Ask the provider what became of unknown intents (or resend under their keys)."
+)
 @click.argument("key_or_reference", required=False)
 @click.option(
     "--all", "every", is_flag=True, help="Every unknown intent of the account and provider."
 )
+@click.option(
+    "--resend",
+    is_flag=True,
+    help="Where the provider profile has no status look-up and its key lifetime is assumed "
+    "(square, generic): resend within 90% of that lifetime, not only within 15 minutes of "
+    "the first send. You take the risk that the provider kept the key that long.",
+)
 @connection_options
 @_results_json_option
 def reconcile(
-    key_or_reference: str | None, every: bool, connection: Connection, as_json: bool
+    key_or_reference: str | None,
+    every: bool,
+    resend: bool,
+    connection: Connection,
+    as_json: bool,
 ) -> None:
-    """Ask the provider what became of unknown intents, instead of guessing.
+    """Ask the provider what became of unknown intents, instead of guessing; where it
+    cannot be asked, this may resend the intent under the same key.
 
     Give one KEY_OR_REFERENCE, or --all for every unknown intent of the account and
     provider, oldest first. Per intent: the provider has it (settled: succeeded or
     failed); it has not and the key is still valid (back to pending: `payonce resume`
     sends it once); or it cannot tell (still unknown, with the reason: check by hand,
     then `payonce abandon`). Intents in other states are skipped.
+
+    A provider profile without a status look-up (square, generic; adyen and mollie
+    without one) cannot be asked: while the provider surely still remembers the key, the
+    intent is resent under the same key, and the provider replays what it executed or
+    executes it once (outcome `resent`). Where the key lifetime is assumed, not documented
+    (square, generic), that is only within 15 minutes of the first send, unless --resend.
 
     Without --provider and --account: the groups the named intent belongs to, or for --all
     every account of every provider whose unknown intents the journal holds, each provider
@@ -399,11 +419,11 @@ def reconcile(
     def drive(client: payonce.Client) -> list[Row]:
         if key_or_reference is not None:
             _check_named(client, key_or_reference)
-            results = client.reconcile(key_or_reference)
+            results = client.reconcile(key_or_reference, resend=resend)
         else:
             total = len(client.unknown())
             with progress(console(), "reconciling", total, enabled=show) as advance:
-                results = client.reconcile_all(on_result=lambda _: advance())
+                results = client.reconcile_all(resend=resend, on_result=lambda _: advance())
         return [reconcile_row(result) for result in results]
 
     rows, undriven = connection.drive_each(targets, drive)
