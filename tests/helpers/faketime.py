@@ -12,6 +12,7 @@ fails instead: ``make test`` installs the package there.
 from __future__ import annotations
 
 import functools
+import glob
 import shutil
 import subprocess
 
@@ -20,19 +21,36 @@ from helpers.ci import skip_or_fail
 __all__ = ["libfaketime_env"]
 
 
+# Where Debian's package (and a make install) puts the multi-threaded library that
+# ``faketime -m`` preloads.
+_LIBRARY_GLOBS = (
+    "/usr/lib/*/faketime/libfaketimeMT.so.1",
+    "/usr/lib/faketime/libfaketimeMT.so.1",
+    "/usr/local/lib/faketime/libfaketimeMT.so.1",
+)
+
+
 @functools.cache
 def _preload() -> str | None:
-    wrapper = shutil.which("faketime")
-    if wrapper is None:
+    if shutil.which("faketime") is None:
         return None
-    shown = subprocess.run(
-        [wrapper, "-m", "-f", "+0", "sh", "-c", 'printf %s "$LD_PRELOAD"'],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    return shown.stdout.strip() or None
+    for pattern in _LIBRARY_GLOBS:
+        found = sorted(glob.glob(pattern))
+        if found:
+            return found[0]
+    # Elsewhere, the path the wrapper itself sets. The wrapper sets up shared memory first,
+    # and that has been seen to fail once under a busy parallel run: try it again then.
+    for attempt in range(3):
+        shown = subprocess.run(
+            ["faketime", "-m", "-f", "+0", "sh", "-c", 'printf %s "$LD_PRELOAD"'],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=attempt == 2,
+        )
+        if shown.returncode == 0:
+            return shown.stdout.strip() or None
+    return None
 
 
 def libfaketime_env(offset: str) -> dict[str, str]:
