@@ -29,8 +29,9 @@ import re
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
+from collections.abc import Callable, Coroutine, Generator, Sequence
 from pathlib import Path
+from types import CoroutineType
 from typing import Any, NamedTuple, TypeVar, cast
 
 import psycopg
@@ -128,6 +129,8 @@ class PostgresEngine(Engine):
         self._edges: dict[asyncio.AbstractEventLoop, _AsyncEdge] = {}
         """The async connections of each event loop that wrote through this journal."""
         self._edges_lock = threading.Lock()
+        self._searching: _Reconnection | None = None
+        """The latest search for a primary (``_outage``)."""
         self._pool = self._new_pool()
         try:
             self._open(connect, connect_timeout, check_integrity)
@@ -331,8 +334,8 @@ class PostgresEngine(Engine):
         (``_driven``), each step answered at once by a blocking call."""
         return _at_once(_driven(steps, self._carry_out))
 
-    async def _carry_out(self, step: _Step) -> Any:
-        """One step, carried out by blocking calls: it never suspends (see ``_at_once``)."""
+    def _carry_out(self, step: _Step) -> Any:
+        """One step, carried out by a blocking call."""
         if type(step) is _Do:  # the most frequent first
             return step.function(*step.args)
         match step:
@@ -389,7 +392,17 @@ class PostgresEngine(Engine):
             self._describe(cause),
             self._failover_timeout,
         )
-        return _Reconnection(cause, self._failover_timeout, self.location)
+        searching = _Reconnection(cause, self._failover_timeout, self.location)
+        self._searching = searching
+        return searching
+
+    def _outage(self) -> _Reconnection | None:
+        """The search for a primary under way (a call lost its connection and looks for
+        one), for a call that found no connection free meanwhile: it looks too, until that
+        search's deadline, rather than give up after ``busy_timeout``. None when no search
+        is under way: every connection is simply in use."""
+        searching = self._searching
+        return None if searching is None else searching.joined()
 
     def _not_replicated(self, unreplicated: _NotReplicated, busy: Unwritten) -> JournalError:
         about = busy.about or "this write"
@@ -441,8 +454,8 @@ class PostgresEngine(Engine):
         return self.error(
             f"no connection to the journal database became free after waiting "
             f"{self._busy_timeout:g}s for one (busy_timeout): all in use, or the database "
-            "unreachable (a restart, a failover: only a call that lost its own connection "
-            "waits for a new primary, up to failover_timeout)",
+            "unreachable (a restart, a failover: a call waits for a new primary, up to "
+            "failover_timeout, once a call has lost its connection)",
             busy=True,
             then=busy,
         )
@@ -673,10 +686,11 @@ _Step = _Do | _Enter | _Leave | _InThread | _Take | _Give | _Alone | _Forget | _
 Steps = Generator[_Step, Any, T]
 
 
-async def _driven(steps: Steps[T], carry_out: Callable[[_Step], Awaitable[Any]]) -> T:
+async def _driven(steps: Steps[T], carry_out: Callable[[_Step], Any]) -> T:
     """Carry the driver's ``steps`` out, each by ``carry_out`` (an edge's): each step's
-    answer is sent back, what a step raised is thrown back in. On a loop it is awaited; in
-    a thread, whose ``carry_out`` never suspends, it runs at once (``_at_once``)."""
+    answer is sent back, what a step raised is thrown back in. An event loop's
+    ``carry_out`` is a coroutine function, awaited, and so is this; a thread's answers at
+    once, and this then never suspends: it runs as one call (``_at_once``)."""
     answer: Any = None
     failure: BaseException | None = None
     while True:
@@ -687,14 +701,16 @@ async def _driven(steps: Steps[T], carry_out: Callable[[_Step], Awaitable[Any]])
             return result
         failure = None
         try:
-            answer = await carry_out(step)
+            answer = carry_out(step)
+            if type(answer) is CoroutineType:
+                answer = await answer
         except BaseException as exc:
             answer, failure = None, exc
 
 
 def _at_once(driven: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine that never suspends (every step it awaits is a blocking call) to its
-    end in this thread, as one call: its first ``send`` finishes it."""
+    """Run a coroutine that never suspends (``_driven`` with a thread's ``carry_out``) to
+    its end in this thread, as one call: its first ``send`` finishes it."""
     try:
         driven.send(None)
     except StopIteration as done:
@@ -763,7 +779,11 @@ def _transaction(
             raise engine._lost(reconnecting, busy) from None
         if conn is None:  # none free in time
             if reconnecting is None:
-                raise engine._no_connection(None, busy) from None
+                # Busy, or caught in an outage another call is reconnecting from: then it
+                # looks for the primary too, within that search's ``failover_timeout``.
+                reconnecting = engine._outage()
+                if reconnecting is None:
+                    raise engine._no_connection(None, busy) from None
             # While reconnecting: look for the new primary alone, on a connection of its own.
             conn = yield _Alone()
             if isinstance(conn, psycopg.Error):
@@ -830,7 +850,8 @@ def _attempt(
     backend = engine._listening(conn, begin)
     try:
         result = yield from _carried(work(), tx)
-        yield from tx.commit()
+        if not tx.committing:  # not committed by its last statement (``commit_with``)
+            yield from tx.commit()
     except BaseException as exc:
         yield from tx.abandon()
         if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
@@ -1077,7 +1098,9 @@ class PostgresJournal(Journal):
     ``schema`` (or ``?schema=name`` in the URL) keeps the journal's tables in a schema of
     their own, created on first open; by default they go where unqualified names resolve
     (usually ``public``). ``busy_timeout`` bounds every wait for a row lock or a pooled
-    connection (not a commit's wait for a synchronous standby: see docs/postgres.md);
+    connection (not a commit's wait for a synchronous standby, nor, during a database
+    outage, a wait for a connection, which ``failover_timeout`` bounds: see
+    docs/postgres.md);
     ``pool_size`` is the most connections this journal holds at once.
 
     ``location`` is the URL without its password, which appears in no message or log.
@@ -1199,12 +1222,22 @@ class _CommitUnknown(Exception):
 class _Reconnection:
     """One caller's search for a primary after its connection was lost: bounded in time."""
 
-    def __init__(self, cause: psycopg.Error, timeout: float, location: str) -> None:
+    def __init__(
+        self, cause: psycopg.Error, timeout: float, location: str, *, deadline: float | None = None
+    ) -> None:
         self.cause = cause
         self._began = time.monotonic()
-        self._deadline = self._began + timeout
+        self._deadline = self._began + timeout if deadline is None else deadline
         self._tries = 0
         self._location = location
+        self._ended = False
+
+    def joined(self) -> _Reconnection | None:
+        """This search, for another call caught in the same outage: its cause and deadline.
+        None once it has found a primary or run out of time."""
+        if self._ended or time.monotonic() >= self._deadline:
+            return None
+        return _Reconnection(self.cause, 0.0, self._location, deadline=self._deadline)
 
     def pause(self) -> float | None:
         """How long to pause before the next try; None once the deadline has passed."""
@@ -1221,6 +1254,7 @@ class _Reconnection:
         return time.monotonic() - self._began
 
     def over(self) -> None:
+        self._ended = True
         logger.info("journal %s: reconnected after %.2fs", self._location, self.elapsed())
 
 
