@@ -421,6 +421,60 @@ def test_a_caller_in_the_gap_is_told_nothing_was_sent_and_to_resume_and_the_driv
     journal.close()
 
 
+def test_a_call_waiting_for_a_connection_in_an_outage_waits_for_the_new_primary_not_busy(
+    relayed_url: str, relay: PostgresRelay, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One connection for two calls: one finds it dead and looks for a primary; the other
+    waits for the pool meanwhile, longer than busy_timeout. Both get their answer once the
+    database is back, within failover_timeout."""
+    journal = PostgresJournal(relayed_url, pool_size=1, busy_timeout=0.3, failover_timeout=10.0)
+    journal.list_intents()
+    relay.refuse()
+    caplog.set_level(logging.INFO, logger="payonce")
+    answers: list[object] = []
+
+    def read() -> None:
+        try:
+            answers.append(journal.list_intents())
+        except payonce.JournalError as exc:
+            answers.append(exc)
+
+    callers = [threading.Thread(target=read) for _ in range(2)]
+    for caller in callers:
+        caller.start()
+    time.sleep(1.5)  # the outage outlasts busy_timeout five times over
+    relay.accept()
+    for caller in callers:
+        caller.join(timeout=30)
+    assert answers == [[], []]
+    assert any("reconnected after" in r.getMessage() for r in caplog.records)
+    journal.close()
+
+
+def test_with_no_outage_a_call_that_finds_no_connection_free_is_told_busy_after_busy_timeout(
+    postgres_url: str,
+) -> None:
+    journal = PostgresJournal(postgres_url, pool_size=1, busy_timeout=0.3, failover_timeout=10.0)
+    held = threading.Event()
+    release = threading.Event()
+
+    def hold(tx: Any) -> None:
+        held.set()
+        release.wait(10)
+
+    holder = threading.Thread(target=lambda: journal._engine.read(hold))
+    holder.start()
+    try:
+        assert held.wait(10)
+        with pytest.raises(payonce.JournalBusy, match=r"no connection .* became free"):
+            journal.list_intents()
+    finally:
+        release.set()
+        holder.join(timeout=30)
+    assert journal.list_intents() == []
+    journal.close()
+
+
 _LOST_IN_A_CHILD = """
 import sys
 import payonce

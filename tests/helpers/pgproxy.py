@@ -102,6 +102,11 @@ class PostgresRelay:
         for sock in sockets:
             _close(sock)
 
+    def accept(self) -> None:
+        """Accept new connections again: the database is back (after ``refuse``)."""
+        with self._lock:
+            self._refusing = False
+
     def _take_cut(self, text: bytes) -> Cut | None:
         with self._lock:
             if self._cuts and _names(text, self._cuts[0][1]):

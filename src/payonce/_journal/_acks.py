@@ -27,7 +27,6 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Sequence
 from typing import Any, Protocol
 
 from .._fork import ForkGuard
@@ -37,7 +36,6 @@ __all__ = [
     "FLUSH_DELAY",
     "Flushable",
     "PendingAcknowledgements",
-    "acknowledge_all",
     "acknowledgements",
     "flusher",
 ]
@@ -53,16 +51,6 @@ _CHUNK = 200
 """Keys per statement: two parameters each, well under SQLite's 999 of old builds."""
 
 _SETTLED = (IntentState.SUCCEEDED.value, IntentState.FAILED.value)
-
-
-class Statement(Protocol):
-    def send(self, statement: str, params: Sequence[Any] = ()) -> None: ...
-
-
-def acknowledge_all(tx: Statement, acknowledged: dict[str, float]) -> None:
-    """Acknowledge every key at its own time (see ``acknowledgements``)."""
-    for text, params in acknowledgements(acknowledged):
-        tx.send(text, params)
 
 
 def acknowledgements(acknowledged: dict[str, float]) -> list[tuple[str, tuple[Any, ...]]]:

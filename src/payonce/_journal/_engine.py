@@ -2,8 +2,9 @@
 
 Everything the journal does is written in terms of two transaction runners:
 ``write(work, durable=…, busy=…)`` runs ``work(tx)`` in one read-then-write transaction
-(durably committed or not), ``read(work)`` runs it for reading. Both are here, around what
-a backend provides (``_commit`` and ``_query``), so that every write carries the
+(durably committed or not), ``read(work)`` runs it for reading; ``write_planned(write)``
+runs a plan's ``Write`` (``_plans``), the form every write reaches a backend in. They are
+here, around what a backend provides (``_commit`` and ``_query``), so that every write carries the
 acknowledgements waiting in memory (``_acks``) and every read sees them. A backend
 (``_sqlite.SQLiteEngine``, ``_postgres.PostgresEngine``) adds only what is its own:
 connecting, opening and checking, locking, durability settings and the translation of its
@@ -39,8 +40,8 @@ from .._lifecycle import (
 from .._version import __version__
 from ..errors import JournalBusy, JournalError
 from . import _sql as sql
-from ._acks import PendingAcknowledgements, acknowledge_all, acknowledgements, flusher
-from ._plans import AsyncEdge, Plan, Write, run_on
+from ._acks import PendingAcknowledgements, acknowledgements, flusher
+from ._plans import AsyncEdge, Plan, Write, threaded
 from ._reports import JournalCommitted
 from ._schema import APPLICATION, SCHEMA_VERSION, parts_at
 
@@ -60,7 +61,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-R = TypeVar("R")
 
 logger = logging.getLogger("payonce")
 
@@ -236,15 +236,9 @@ class Engine(abc.ABC):
     # -- what a backend provides ------------------------------------------------------------
 
     @abc.abstractmethod
-    def _commit(
-        self,
-        work: Callable[[Tx], T],
-        *,
-        durable: bool,
-        busy: Unwritten,
-        recover: Callable[[Tx], T | None] | None = None,
-    ) -> T:
-        """Run ``work`` in one read-then-write transaction and commit it (see ``write``)."""
+    def _commit(self, write: Write[T]) -> T:
+        """Run ``write`` in one read-then-write transaction and commit it (see
+        ``write_planned``)."""
 
     @abc.abstractmethod
     def _query(self, work: Callable[[Tx], T], *, snapshot: bool) -> T:
@@ -267,57 +261,36 @@ class Engine(abc.ABC):
 
     # -- the transaction runners ----------------------------------------------------------
 
-    def write(
-        self,
-        work: Callable[[Tx], T],
-        *,
-        durable: bool,
-        busy: Unwritten,
-        recover: Callable[[Tx], T | None] | None = None,
-    ) -> T:
+    def write(self, work: Callable[[Tx], T], *, durable: bool, busy: Unwritten) -> T:
         """Run ``work`` in one read-then-write transaction and commit it.
 
         ``durable`` commits survive an operating-system crash before this returns; the
         others survive a crash of the process. ``busy`` ends the message of the
-        ``JournalBusy`` raised when the journal stayed locked past the busy timeout.
-
-        ``recover`` is for a commit whose outcome a backend cannot know (PostgreSQL: the
-        connection lost during ``COMMIT``, a failover): in a new transaction on a new
-        connection, it returns what ``work`` returned if ``work`` was committed, or None if
-        it was not, and then ``work`` runs again in that transaction. A write without one
-        raises ``JournalError`` saying its outcome is unknown.
-
-        The acknowledgements waiting in memory go first in the same transaction, so
-        ``work`` reads them; if it does not commit, they wait again.
+        ``JournalBusy`` raised when the journal stayed locked past the busy timeout. A
+        commit whose outcome a backend cannot know (PostgreSQL: the connection lost during
+        ``COMMIT``, a failover) raises ``JournalError`` saying so: a write that can tell
+        whether it was recorded is a plan's ``Write`` with a ``recover`` (``write_planned``).
         """
-        self._refuse_writes()
-        acks = self._acks
-        taken = acks.take() if acks is not None else None
-        if taken is not None:
-            work = _acknowledging(taken, work)
-            if recover is not None:
-                recover = _acknowledging(taken, recover)
-        try:
-            if self._commit_watchers:
-                return self._timed_write(
-                    lambda: self._commit(work, durable=durable, busy=busy, recover=recover),
-                    durable,
-                )
-            return self._commit(work, durable=durable, busy=busy, recover=recover)
-        except BaseException:
-            if acks is not None and taken is not None:
-                acks.restore(taken)
-            raise
+        return self.write_planned(Write(threaded(work), durable, busy))
 
     def write_planned(self, write: Write[T]) -> T:
-        """``write`` (a plan's ``Write``) carried out through ``write``, in this thread."""
-        recover = write.recover
-        return self.write(
-            lambda tx: run_on(tx, write.work()),
-            durable=write.durable,
-            busy=write.busy,
-            recover=None if recover is None else (lambda tx: run_on(tx, recover())),
-        )
+        """Carry ``write`` (a plan's ``Write``) out in this thread, in one transaction.
+
+        ``write.recover`` is for a commit whose outcome a backend cannot know: in a new
+        transaction on a new connection, it returns what ``work`` returned if ``work`` was
+        committed, or None if it was not, and then ``work`` runs again in that transaction.
+        A write without one raises ``JournalError`` saying its outcome is unknown.
+
+        The acknowledgements waiting in memory go first in the same transaction, so the
+        work reads them; if it does not commit, they wait again."""
+        write, taken = self._writing(write)
+        try:
+            if self._commit_watchers:
+                return self._timed_write(lambda: self._commit(write), write.durable)
+            return self._commit(write)
+        except BaseException:
+            self._not_written(taken)
+            raise
 
     def carry_out(self, plan: Plan[T]) -> T:
         """Carry ``plan`` out in this thread: each ``Write`` through ``write``, each
@@ -491,11 +464,3 @@ class Engine(abc.ABC):
 
 def _nothing(tx: Tx) -> None:
     """The work of a transaction that only carries acknowledgements."""
-
-
-def _acknowledging(acknowledged: dict[str, float], work: Callable[[Tx], R]) -> Callable[[Tx], R]:
-    def both(tx: Tx) -> R:
-        acknowledge_all(tx, acknowledged)
-        return work(tx)
-
-    return both

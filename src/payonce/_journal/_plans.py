@@ -12,10 +12,14 @@ An operation made of several writes, or of a write and what is told around it, i
 ``Plan``: a generator yielding ``Write`` objects (answered with what each returned) and
 ``Call`` objects (a blocking call the plan has no async form of yet: answered with its return).
 Two drivers carry plans out: ``Engine.carry_out`` in the caller's thread (every backend;
-each ``Write`` through ``Engine.write``), and an engine's ``AsyncEdge`` on an event loop
-(PostgreSQL's, ``_postgres_async``: each ``Write`` on an async connection, each ``Call``
+each ``Write`` through ``Engine.write_planned``), and an engine's ``AsyncEdge`` on an event
+loop (PostgreSQL's, in ``_postgres``: each ``Write`` on an async connection, each ``Call``
 in a journal thread). SQLite has no async edge: sqlite3 has no async API, so an
 ``AsyncClient`` reaches it through its journal threads.
+
+A write not yet written as statements (a function of a ``Tx``, ``Engine.write``'s) is work
+too: ``threaded(function)`` yields one ``InThread`` that a thread's driver answers by calling
+it with the transaction's ``Tx``, so that every write reaches a backend in one form.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ __all__ = [
     "Ask",
     "AsyncEdge",
     "Call",
+    "InThread",
     "Plan",
     "Statement",
     "Statements",
@@ -46,6 +51,7 @@ __all__ = [
     "run_on",
     "selected",
     "send",
+    "threaded",
 ]
 
 T = TypeVar("T")
@@ -77,8 +83,26 @@ class Statement:
     """``COMMIT_WITH`` only: the statement sets its own commit's durability (``Tx``)."""
 
 
-Work = Generator[Statement, Any, T]
+@attrs.frozen(slots=True)
+class InThread:
+    """Work written as a function of a ``Tx`` (``Engine.write``'s): answered with what it
+    returns, called in the thread that carries the transaction out (never on a loop)."""
+
+    function: Callable[[Any], Any]
+
+
+Work = Generator["Statement | InThread", Any, T]
 """A write's work: yields statements, receives their answers, returns its result."""
+
+
+def threaded(function: Callable[[Any], T]) -> Callable[[], Work[T]]:
+    """``function(tx)`` as work: one ``InThread``, answered with what it returns."""
+
+    def work() -> Work[T]:
+        result: T = yield InThread(function)
+        return result
+
+    return work
 
 
 def one(text: str, params: Sequence[Any] = ()) -> Work[tuple[Any, ...] | None]:
@@ -141,6 +165,9 @@ def run_on(tx: Statements, work: Work[T]) -> T:
             except StopIteration as done:
                 result: T = done.value
                 return result
+            if isinstance(statement, InThread):
+                answer = statement.function(tx)
+                continue
             match statement.ask:
                 case Ask.SEND:
                     answer = tx.send(statement.text, statement.params)

@@ -29,9 +29,10 @@ import re
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Generator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from types import CoroutineType
+from typing import Any, NamedTuple, TypeVar, cast
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -43,7 +44,7 @@ from .._lifecycle import Unwritten
 from ..errors import ConfigurationError, JournalError
 from . import _sql as sql
 from ._engine import BEFORE_SEND, NO_SEND, Engine, Finished, Tx, migrate, schema_found
-from ._plans import Ask, Statement, Work, Write, one
+from ._plans import Ask, InThread, Statement, Work, Write, one, threaded
 from ._postgres_url import Target
 from ._reads import Journal
 from ._rows import DamagedRow
@@ -128,6 +129,8 @@ class PostgresEngine(Engine):
         self._edges: dict[asyncio.AbstractEventLoop, _AsyncEdge] = {}
         """The async connections of each event loop that wrote through this journal."""
         self._edges_lock = threading.Lock()
+        self._searching: _Reconnection | None = None
+        """The latest search for a primary (``_outage``)."""
         self._pool = self._new_pool()
         try:
             self._open(connect, connect_timeout, check_integrity)
@@ -191,14 +194,14 @@ class PostgresEngine(Engine):
             try:
                 self._configure(conn)
                 if self.read_only:
-                    self.schema_version = self._run(
-                        conn, self._inspect, begin=("BEGIN READ ONLY",), busy=NO_SEND
+                    self.schema_version = self._now(
+                        _attempt(self, conn, threaded(self._inspect), ("BEGIN READ ONLY",))
                     )
                     check = check and self.schema_version > 0
                 else:
-                    self._run(conn, self._migrate, begin=_DURABLE, busy=BEFORE_SEND)
+                    self._now(_attempt(self, conn, threaded(self._migrate), _DURABLE))
                 if check:
-                    self._run(conn, self._verify, begin=None, busy=NO_SEND)
+                    self._now(_attempt(self, conn, threaded(self._verify), None))
             except _CommitUnknown as unknown:  # opening again finds the schema as it is
                 raise self._commit_unknown(unknown, BEFORE_SEND) from None
             except _NotReplicated as unreplicated:
@@ -282,28 +285,10 @@ class PostgresEngine(Engine):
 
     # -- transactions ----------------------------------------------------------------------
 
-    def _commit(
-        self,
-        work: Callable[[Tx], T],
-        *,
-        durable: bool,
-        busy: Unwritten,
-        recover: Callable[[Tx], T | None] | None = None,
-    ) -> T:
-        before_send = durable  # what must be durable before a request leaves
-        durable = durable or self._synchronous_settles
-        begin = _DURABLE if durable else _LAZY
-        try:
-            try:
-                return self._transact(work, begin=begin, busy=busy)
-            except _CommitUnknown as unknown:
-                if recover is None:
-                    raise self._commit_unknown(unknown, busy) from None
-                return self._recover(
-                    work, recover, unknown, begin=begin, durable=durable, busy=busy
-                )
-        except _NotReplicated as unreplicated:
-            return cast(T, self._unreplicated(unreplicated, before_send=before_send, busy=busy))
+    def _commit(self, write: Write[T]) -> T:
+        self._in_this_process()
+        with _driver_logs_routed():
+            return self._now(_committing(self, write))
 
     def _unreplicated(
         self, unreplicated: _NotReplicated, *, before_send: bool, busy: Unwritten
@@ -338,80 +323,47 @@ class PostgresEngine(Engine):
         return backend
 
     def _query(self, work: Callable[[Tx], T], *, snapshot: bool) -> T:
-        begin = _SNAPSHOT if snapshot else None
-        reconnecting = None
-        while True:
-            try:
-                return self._transact(work, begin=begin, busy=NO_SEND, reconnecting=reconnecting)
-            except _CommitUnknown as lost:  # a read's commit changes nothing: read again
-                if reconnecting is None:
-                    reconnecting = self._reconnection(lost.cause)
-                elif not reconnecting.wait():
-                    raise self._lost(reconnecting, NO_SEND) from None
-
-    def _transact(
-        self,
-        work: Callable[[Tx], T],
-        *,
-        begin: tuple[str, ...] | None,
-        busy: Unwritten,
-        reconnecting: _Reconnection | None = None,
-    ) -> T:
-        """Run ``work`` in a transaction; raises ``_CommitUnknown`` when the connection was
-        lost during its ``COMMIT``. A connection lost before it is replaced, and the work
-        run again, until the reconnection's deadline."""
         self._in_this_process()
-        retried = 0
-        while True:
-            pool, alone = self._pool, False
-            try:
-                with _driver_logs_routed():
-                    conn = pool.getconn(reconnecting.pool_wait() if reconnecting else None)
-            except PoolClosed:
-                raise self.error("this journal was closed; open it again to use it") from None
-            except PoolTimeout:
-                if reconnecting is None:
-                    raise self._no_connection(reconnecting, busy) from None
-                # The pool retries its connections with a back-off of seconds: rather than
-                # wait for it, look for the new primary at once, on a connection of its own.
-                found = self._connect_alone(reconnecting)
-                if found is None:
-                    if reconnecting.wait():
-                        continue
-                    raise self._lost(reconnecting, busy) from None
-                conn, alone = found, True
-            try:
-                with _driver_logs_routed():
-                    result = self._run(conn, work, begin=begin, busy=busy)
-            except DamagedRow as exc:
-                raise self._damaged(exc, busy) from None
-            except _CommitUnknown:
-                raise
-            except psycopg.Error as exc:
-                if isinstance(exc, psycopg.OperationalError) and conn.broken:
-                    if reconnecting is None:
-                        reconnecting = self._reconnection(exc)
-                    else:
-                        reconnecting.cause = exc
-                    with _driver_logs_routed():
-                        pool.check()  # the other idle connections died with it: replace them
-                    if reconnecting.wait():
-                        continue
-                    raise self._lost(reconnecting, busy) from None
-                if isinstance(exc, _RETRYABLE) and retried < _ROUNDS - 1:
-                    retried += 1
-                    logger.debug("journal transaction retried: %s", self._describe(exc))
-                    continue
-                raise self.translate(exc, busy) from None
-            finally:
-                if alone:
-                    conn.close()
-                else:
-                    with _driver_logs_routed():
-                        pool.putconn(conn)
-            if reconnecting is not None:
-                reconnecting.over()
-            return result
+        with _driver_logs_routed():
+            return self._now(_reading(self, threaded(work), _SNAPSHOT if snapshot else None))
+
+    # -- the I/O edge of a thread: the shared driver's steps, carried out at once --------------
+
+    def _now(self, steps: Steps[T]) -> T:
+        """Carry the driver's ``steps`` out in this thread: the drive of both edges
+        (``_driven``), each step answered at once by a blocking call."""
+        return _at_once(_driven(steps, self._carry_out))
+
+    def _carry_out(self, step: _Step) -> Any:
+        """One step, carried out by a blocking call."""
+        if type(step) is _Do:  # the most frequent first
+            return step.function(*step.args)
+        match step:
+            case _Enter(mode):
+                return mode.__enter__()
+            case _Leave(mode):
+                return mode.__exit__(None, None, None)
+            case _InThread(function, tx):
+                return function(tx if isinstance(tx, Tx) else _Pipelined(tx, self._now))
+            case _Take(wait):
+                try:
+                    return self._pool.getconn(wait)
+                except PoolClosed:
+                    raise self.error("this journal was closed; open it again to use it") from None
+                except PoolTimeout:
+                    # None free: busy, or, while reconnecting, the pool retrying its
+                    # connections with a back-off of seconds (the driver then looks for the
+                    # new primary at once, on a connection of its own).
+                    return None
+            case _Give(conn, alone):
+                return conn.close() if alone else self._pool.putconn(conn)
+            case _Alone():
+                return self._connect_alone()
+            case _Forget():
+                return self._pool.check()  # the other idle connections died with one
+            case _Pause(seconds):
+                return time.sleep(seconds)
+        raise AssertionError(f"no step {step!r}")
 
     def _damaged(self, exc: DamagedRow, busy: Unwritten) -> JournalError:
         return self.error(
@@ -420,69 +372,17 @@ class PostgresEngine(Engine):
             then=busy,
         )
 
-    def _recover(
-        self,
-        work: Callable[[Tx], T],
-        recover: Callable[[Tx], T | None],
-        unknown: _CommitUnknown,
-        *,
-        begin: tuple[str, ...],
-        durable: bool,
-        busy: Unwritten,
-    ) -> T:
-        """Learn whether a write whose ``COMMIT`` lost its connection was committed, on a
-        new connection (to the new primary, after a failover): ``recover`` finds it, or
-        ``work`` runs again in the same transaction.
-
-        A durable write's recovery takes a transaction id, so its own commit writes a
-        commit record and waits for the server's durability (the WAL flushed, synchronous
-        standbys answered): what it found was committed before it, in the same WAL, and is
-        now at least as durable as a commit that had answered. Nothing is sent before it
-        returns."""
-
-        def confirm(tx: Tx) -> T:
-            lost = unknown.backend
-            if lost is not None and lost.can_wait:
-                # The same server may still be carrying the COMMIT out (only the connection
-                # was cut): end that process and wait for it, so that what is read below is
-                # its outcome. A new primary has no process of that pid and start.
-                tx.one(_END_LOST_BACKEND, (_LOST_BACKEND_WAIT_MS, lost.pid, lost.started))
-            if durable:
-                tx.one("SELECT pg_current_xact_id()")
-            found = recover(tx)
-            return work(tx) if found is None else found
-
-        reconnecting = self._reconnection(unknown.cause)
-        while True:
-            try:
-                result = self._transact(confirm, begin=begin, busy=busy, reconnecting=reconnecting)
-            except _CommitUnknown as again:  # lost once more: ask again, while time remains
-                reconnecting.cause = again.cause
-                if reconnecting.wait():
-                    continue
-                raise self._commit_unknown(again, busy, reconnecting) from None
-            logger.info(
-                "journal %s: a write whose commit lost its connection was checked on a new "
-                "connection after %.2fs; carrying on",
-                self.location,
-                reconnecting.elapsed(),
-            )
-            return result
-
-    def _connect_alone(self, reconnecting: _Reconnection) -> psycopg.Connection[Any] | None:
-        """A connection outside the pool to the primary, or None while there is none."""
+    def _connect_alone(self) -> psycopg.Connection[Any] | psycopg.Error:
+        """A connection outside the pool, or what the database answered instead."""
         try:
             conn = psycopg.connect(self._target.conninfo, **self._connect_options)
         except psycopg.Error as exc:
-            reconnecting.cause = exc
-            logger.debug("journal %s: no primary yet (%s)", self.location, self._describe(exc))
-            return None
+            return exc
         try:
             self._configure(conn)
         except psycopg.Error as exc:
-            reconnecting.cause = exc
             conn.close()
-            return None
+            return exc
         return conn
 
     def _reconnection(self, cause: psycopg.Error) -> _Reconnection:
@@ -492,45 +392,17 @@ class PostgresEngine(Engine):
             self._describe(cause),
             self._failover_timeout,
         )
-        return _Reconnection(cause, self._failover_timeout, self.location)
+        searching = _Reconnection(cause, self._failover_timeout, self.location)
+        self._searching = searching
+        return searching
 
-    def _run(
-        self,
-        conn: psycopg.Connection[Any],
-        work: Callable[[Tx], T],
-        *,
-        begin: tuple[str, ...] | None,
-        busy: Unwritten,
-    ) -> T:
-        if begin is None:  # reads, each statement its own round trip and transaction
-            return work(Tx(conn.cursor(), self.dialect))
-        tx = _Pipelined(conn, self.dialect, begin)
-        backend = self._listening(conn, begin)
-        try:
-            result = work(tx)
-            tx.commit()
-        except BaseException as exc:
-            tx.abandon()
-            if not conn.broken and conn.info.transaction_status != TransactionStatus.IDLE:
-                try:
-                    conn.execute("ROLLBACK")
-                except psycopg.Error:
-                    conn.close()  # the pool replaces it
-            # An error the server answered with (a lock timeout, a deadlock, a serialization
-            # failure, a constraint) on a connection still up is its refusal: rolled back.
-            # A connection exception (08) or an operator's intervention (57: the server
-            # shutting down, the session terminated) says nothing about the commit.
-            refused = not conn.broken and _server_refusal(exc)
-            lost = conn.broken or (isinstance(exc, psycopg.OperationalError) and not refused)
-            if tx.committing and isinstance(exc, psycopg.Error) and lost:
-                _NotReplicated.check(backend, None, lost=exc)
-                # Lost with the commit on its way (a COMMIT, or a statement that is its
-                # own transaction): whether it was recorded is learnt on a new connection
-                # (``_recover``), never by running it again blindly.
-                raise _CommitUnknown(exc, self._backends.get(conn)) from None
-            raise  # refused by the server: rolled back, nothing recorded
-        _NotReplicated.check(backend, result)
-        return result
+    def _outage(self) -> _Reconnection | None:
+        """The search for a primary under way (a call lost its connection and looks for
+        one), for a call that found no connection free meanwhile: it looks too, until that
+        search's deadline, rather than give up after ``busy_timeout``. None when no search
+        is under way: every connection is simply in use."""
+        searching = self._searching
+        return None if searching is None else searching.joined()
 
     def _not_replicated(self, unreplicated: _NotReplicated, busy: Unwritten) -> JournalError:
         about = busy.about or "this write"
@@ -582,8 +454,8 @@ class PostgresEngine(Engine):
         return self.error(
             f"no connection to the journal database became free after waiting "
             f"{self._busy_timeout:g}s for one (busy_timeout): all in use, or the database "
-            "unreachable (a restart, a failover: only a call that lost its own connection "
-            "waits for a new primary, up to failover_timeout)",
+            "unreachable (a restart, a failover: a call waits for a new primary, up to "
+            "failover_timeout, once a call has lost its connection)",
             busy=True,
             then=busy,
         )
@@ -743,75 +615,424 @@ _LAZY = ("BEGIN", "SET LOCAL synchronous_commit = off")
 _SNAPSHOT = ("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", "SET LOCAL statement_timeout = 0")
 
 
-class _Pipelined(Tx):
+# -- one driver for both I/O edges ----------------------------------------------------------
+#
+# A write's transaction, its retries, its reconnections and the recovery of a commit lost
+# with its connection are written once, as generators of steps (in the manner of the
+# lifecycle's drive, or of psycopg's own generators): a thread carries the steps out at once
+# (``PostgresEngine._now``), an event loop awaits them (``_AsyncEdge.write``): one loop,
+# ``_driven``, with each edge's ``_carry_out`` of a step. Only the
+# steps' I/O differs: a pool or a loop's own connections, blocking or awaited calls.
+
+
+class _Do(NamedTuple):
+    """Call ``function(*args)``, a method of a connection, cursor or pipeline: a thread's
+    returns its answer, an async one's is awaited."""
+
+    function: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+
+
+class _Enter(NamedTuple):
+    """Enter pipeline mode (``mode`` from ``connection.pipeline()``): the pipeline."""
+
+    mode: Any
+
+
+class _Leave(NamedTuple):
+    """Leave pipeline mode: what waits is sent, and what the server refused is raised."""
+
+    mode: Any
+
+
+class _InThread(NamedTuple):
+    """Call a ``Tx`` function's work (``_plans.InThread``) with ``tx``, or with a ``Tx`` of
+    the pipeline: in a thread only."""
+
+    function: Callable[[Any], Any]
+    tx: Tx | _Pipeline
+
+
+class _Take(NamedTuple):
+    """A connection: answered with one, with None when none became free within ``wait``
+    seconds (None: the busy timeout), or with the database's refusal of a new one."""
+
+    wait: float | None
+
+
+class _Give(NamedTuple):
+    """Give ``conn`` back (one of its own, ``alone``, is closed)."""
+
+    conn: Any
+    alone: bool
+
+
+class _Alone(NamedTuple):
+    """A connection of its own to the primary, outside the pool: answered with it, or with
+    the database's refusal."""
+
+
+class _Forget(NamedTuple):
+    """A connection broke: the idle ones died with it, replace them."""
+
+
+class _Pause(NamedTuple):
+    """Sleep ``seconds`` before trying to reconnect again."""
+
+    seconds: float
+
+
+_Step = _Do | _Enter | _Leave | _InThread | _Take | _Give | _Alone | _Forget | _Pause
+Steps = Generator[_Step, Any, T]
+
+
+async def _driven(steps: Steps[T], carry_out: Callable[[_Step], Any]) -> T:
+    """Carry the driver's ``steps`` out, each by ``carry_out`` (an edge's): each step's
+    answer is sent back, what a step raised is thrown back in. An event loop's
+    ``carry_out`` is a coroutine function, awaited, and so is this; a thread's answers at
+    once, and this then never suspends: it runs as one call (``_at_once``)."""
+    answer: Any = None
+    failure: BaseException | None = None
+    while True:
+        try:
+            step = steps.send(answer) if failure is None else steps.throw(failure)
+        except StopIteration as done:
+            result: T = done.value
+            return result
+        failure = None
+        try:
+            answer = carry_out(step)
+            if type(answer) is CoroutineType:
+                answer = await answer
+        except BaseException as exc:
+            answer, failure = None, exc
+
+
+def _at_once(driven: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine that never suspends (``_driven`` with a thread's ``carry_out``) to
+    its end in this thread, as one call: its first ``send`` finishes it."""
+    try:
+        driven.send(None)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+    driven.close()
+    raise AssertionError("a thread's step suspended: only an event loop may carry it out")
+
+
+def _committing(engine: PostgresEngine, write: Write[T]) -> Steps[T]:
+    """A write, durable or lazy as it asks, with its recovery after a commit lost with its
+    connection and its refusal when the server kept a durable commit on the primary only."""
+    durable = write.durable or engine._synchronous_settles
+    begin = _DURABLE if durable else _LAZY
+    try:
+        try:
+            return (yield from _transaction(engine, write.work, begin=begin, busy=write.busy))
+        except _CommitUnknown as unknown:
+            if write.recover is None:
+                raise engine._commit_unknown(unknown, write.busy) from None
+            return (yield from _recovering(engine, write, unknown, begin=begin, durable=durable))
+    except _NotReplicated as unreplicated:
+        result = engine._unreplicated(unreplicated, before_send=write.durable, busy=write.busy)
+        return cast(T, result)
+
+
+def _reading(
+    engine: PostgresEngine, work: Callable[[], Work[T]], begin: tuple[str, ...] | None
+) -> Steps[T]:
+    """A read: a commit lost with its connection changes nothing, so it simply reads again."""
+    reconnecting = None
+    while True:
+        try:
+            return (
+                yield from _transaction(
+                    engine, work, begin=begin, busy=NO_SEND, reconnecting=reconnecting
+                )
+            )
+        except _CommitUnknown as lost:
+            if reconnecting is None:
+                reconnecting = engine._reconnection(lost.cause)
+            elif not (yield from _paused(reconnecting)):
+                raise engine._lost(reconnecting, NO_SEND) from None
+
+
+def _transaction(
+    engine: PostgresEngine,
+    work: Callable[[], Work[T]],
+    *,
+    begin: tuple[str, ...] | None,
+    busy: Unwritten,
+    reconnecting: _Reconnection | None = None,
+) -> Steps[T]:
+    """Run ``work`` in a transaction; raises ``_CommitUnknown`` when the connection was
+    lost during its ``COMMIT``. A connection lost before it is replaced, and the work
+    run again, until the reconnection's deadline; a deadlock's or serialisation failure's
+    victim runs again a few times."""
+    retried = 0
+    while True:
+        alone = False
+        conn = yield _Take(reconnecting.pool_wait() if reconnecting is not None else None)
+        if isinstance(conn, psycopg.Error):  # refused a new one: a failover, a restart
+            reconnecting = _reconnecting(engine, reconnecting, conn)
+            if (yield from _paused(reconnecting)):
+                continue
+            raise engine._lost(reconnecting, busy) from None
+        if conn is None:  # none free in time
+            if reconnecting is None:
+                # Busy, or caught in an outage another call is reconnecting from: then it
+                # looks for the primary too, within that search's ``failover_timeout``.
+                reconnecting = engine._outage()
+                if reconnecting is None:
+                    raise engine._no_connection(None, busy) from None
+            # While reconnecting: look for the new primary alone, on a connection of its own.
+            conn = yield _Alone()
+            if isinstance(conn, psycopg.Error):
+                reconnecting.cause = conn
+                logger.debug(
+                    "journal %s: no primary yet (%s)", engine.location, engine._describe(conn)
+                )
+                if (yield from _paused(reconnecting)):
+                    continue
+                raise engine._lost(reconnecting, busy) from None
+            alone = True
+        try:
+            result = yield from _attempt(engine, conn, work, begin)
+        except DamagedRow as exc:
+            raise engine._damaged(exc, busy) from None
+        except _CommitUnknown:
+            raise
+        except psycopg.Error as exc:
+            if isinstance(exc, psycopg.OperationalError) and conn.broken:
+                reconnecting = _reconnecting(engine, reconnecting, exc)
+                yield _Forget()
+                if (yield from _paused(reconnecting)):
+                    continue
+                raise engine._lost(reconnecting, busy) from None
+            if isinstance(exc, _RETRYABLE) and retried < _ROUNDS - 1:
+                retried += 1
+                logger.debug("journal transaction retried: %s", engine._describe(exc))
+                continue
+            raise engine.translate(exc, busy) from None
+        finally:
+            yield _Give(conn, alone)
+        if reconnecting is not None:
+            reconnecting.over()
+        return result
+
+
+def _reconnecting(
+    engine: PostgresEngine, reconnecting: _Reconnection | None, cause: psycopg.Error
+) -> _Reconnection:
+    """The search for a primary that ``cause`` starts, or the one under way, told of it."""
+    if reconnecting is None:
+        return engine._reconnection(cause)
+    reconnecting.cause = cause
+    return reconnecting
+
+
+def _paused(reconnecting: _Reconnection) -> Steps[bool]:
+    """Pause before the next try; False once the reconnection's deadline has passed."""
+    pause = reconnecting.pause()
+    if pause is None:
+        return False
+    yield _Pause(pause)
+    return True
+
+
+def _attempt(
+    engine: PostgresEngine, conn: Any, work: Callable[[], Work[T]], begin: tuple[str, ...] | None
+) -> Steps[T]:
+    """One try of ``work`` on ``conn``: raises what the server refused (rolled back), or
+    ``_CommitUnknown`` when the connection was lost with the commit on its way."""
+    if begin is None:  # reads, each statement its own round trip and transaction
+        return (yield from _carried(work(), _Plain(Tx(conn.cursor(), engine.dialect))))
+    tx = _Pipeline(conn, engine.dialect, begin)
+    backend = engine._listening(conn, begin)
+    try:
+        result = yield from _carried(work(), tx)
+        if not tx.committing:  # not committed by its last statement (``commit_with``)
+            yield from tx.commit()
+    except BaseException as exc:
+        yield from tx.abandon()
+        if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
+            yield _Do(conn.close)  # left mid-protocol: never reused (the pool replaces it)
+        elif not conn.broken and conn.info.transaction_status != TransactionStatus.IDLE:
+            try:
+                yield _Do(conn.execute, ("ROLLBACK",))
+            except psycopg.Error:
+                yield _Do(conn.close)  # the pool replaces it
+        # An error the server answered with (a lock timeout, a deadlock, a serialization
+        # failure, a constraint) on a connection still up is its refusal: rolled back.
+        # A connection exception (08) or an operator's intervention (57: the server
+        # shutting down, the session terminated) says nothing about the commit.
+        refused = not conn.broken and _server_refusal(exc)
+        lost = conn.broken or (isinstance(exc, psycopg.OperationalError) and not refused)
+        if tx.committing and isinstance(exc, psycopg.Error) and lost:
+            _NotReplicated.check(backend, None, lost=exc)
+            # Lost with the commit on its way (a COMMIT, or a statement that is its own
+            # transaction): whether it was recorded is learnt on a new connection
+            # (``_recovering``), never by running it again blindly.
+            raise _CommitUnknown(exc, engine._backends.get(conn)) from None
+        raise  # refused by the server: rolled back, nothing recorded
+    _NotReplicated.check(backend, result)
+    return result
+
+
+def _recovering(
+    engine: PostgresEngine,
+    write: Write[T],
+    unknown: _CommitUnknown,
+    *,
+    begin: tuple[str, ...],
+    durable: bool,
+) -> Steps[T]:
+    """Learn whether a write whose ``COMMIT`` lost its connection was committed, on a new
+    connection (to the new primary, after a failover): ``write.recover`` finds it, or its
+    work runs again in the same transaction.
+
+    A durable write's recovery takes a transaction id, so its own commit writes a commit
+    record and waits for the server's durability (the WAL flushed, synchronous standbys
+    answered): what it found was committed before it, in the same WAL, and is now at least
+    as durable as a commit that had answered. Nothing is sent before it returns."""
+    work, recover = write.work, write.recover
+    assert recover is not None
+
+    def confirm() -> Work[T]:
+        lost = unknown.backend
+        if lost is not None and lost.can_wait:
+            # The same server may still be carrying the COMMIT out (only the connection was
+            # cut): end that process and wait for it, so that what is read below is its
+            # outcome. A new primary has no process of that pid and start.
+            yield from one(_END_LOST_BACKEND, (_LOST_BACKEND_WAIT_MS, lost.pid, lost.started))
+        if durable:
+            yield from one("SELECT pg_current_xact_id()")
+        found = yield from recover()
+        return (yield from work()) if found is None else found
+
+    reconnecting = engine._reconnection(unknown.cause)
+    while True:
+        try:
+            result = yield from _transaction(
+                engine, confirm, begin=begin, busy=write.busy, reconnecting=reconnecting
+            )
+        except _CommitUnknown as again:  # lost once more: ask again, while time remains
+            reconnecting.cause = again.cause
+            if (yield from _paused(reconnecting)):
+                continue
+            raise engine._commit_unknown(again, write.busy, reconnecting) from None
+        logger.info(
+            "journal %s: a write whose commit lost its connection was checked on a new "
+            "connection after %.2fs; carrying on",
+            engine.location,
+            reconnecting.elapsed(),
+        )
+        return result
+
+
+def _carried(work: Work[T], tx: _Pipeline | _Plain) -> Steps[T]:
+    """``work``'s statements, each answered by ``tx``'s steps."""
+    with contextlib.closing(work):
+        try:
+            statement = next(work)
+            while True:
+                statement = work.send((yield from tx.answer(statement)))
+        except StopIteration as done:
+            result: T = done.value
+            return result
+
+
+class _Plain:
+    """Reads outside a transaction: only a ``Tx`` function's work (``InThread``)."""
+
+    __slots__ = ("_tx",)
+
+    def __init__(self, tx: Tx) -> None:
+        self._tx = tx
+
+    def answer(self, statement: Statement | InThread) -> Steps[Any]:
+        assert isinstance(statement, InThread), "a read is a Tx function's work"
+        return (yield _InThread(statement.function, self._tx))
+
+
+class _Pipeline:
     """A write transaction sent in as few round trips as its reads allow.
 
-    What needs no answer yet (BEGIN, SET LOCAL, ``send``, COMMIT) is queued in psycopg's
+    What needs no answer yet (BEGIN, SET LOCAL, a ``send``, COMMIT) is queued in psycopg's
     pipeline mode and travels with the next statement whose answer is read, so a
     transaction of ``send`` and ``commit_with`` only is one round trip. A durable
     transaction that is one ``commit_with`` alone, or one whose statement sets its own
     durability (``whole``), is that statement in autocommit, its own transaction: no
     BEGIN, no COMMIT, no pipeline (each statement a pipeline carries costs the client a
-    wait of its own). Statements are prepared on the server after a few uses
-    on a connection (psycopg's ``prepare_threshold``), in the same round trip.
+    wait of its own). Statements are prepared on the server after a few uses on a
+    connection (psycopg's ``prepare_threshold``), in the same round trip.
+
+    The same steps on a thread's connection or an event loop's (``_Do`` and the like).
     """
 
-    __slots__ = ("_begin", "_conn", "_pipeline", "_pipeline_mode", "committing")
+    __slots__ = (
+        "_begin",
+        "_conn",
+        "_cursor",
+        "_pipeline",
+        "_pipeline_mode",
+        "committing",
+        "dialect",
+    )
 
-    def __init__(
-        self, conn: psycopg.Connection[Any], dialect: sql.Dialect, begin: tuple[str, ...]
-    ) -> None:
-        super().__init__(conn.cursor(), dialect)
+    def __init__(self, conn: Any, dialect: sql.Dialect, begin: tuple[str, ...]) -> None:
         self._conn = conn
+        self._cursor = conn.cursor()
+        self.dialect = dialect
         self._begin = begin
-        self._pipeline_mode: contextlib.AbstractContextManager[psycopg.Pipeline] | None = None
-        self._pipeline: psycopg.Pipeline | None = None
+        self._pipeline_mode: Any = None
+        self._pipeline: Any = None
         self.committing = False
         """The commit has been sent: a connection lost from now on may have recorded it."""
 
-    def _started(self) -> psycopg.Pipeline:
+    def _started(self) -> Steps[Any]:
         """The pipeline, BEGIN queued in it, entered at the first statement."""
         assert not self.committing, "nothing runs in a transaction after its commit"
         if self._pipeline is None:
             self._pipeline_mode = self._conn.pipeline()
-            self._pipeline = self._pipeline_mode.__enter__()
+            self._pipeline = yield _Enter(self._pipeline_mode)
             for statement in self._begin:
-                self._cursor.execute(statement, ())
+                yield _Do(self._cursor.execute, (statement, ()))
         return self._pipeline
 
-    def execute(self, statement: str, params: Sequence[Any] = ()) -> int:
-        pipeline = self._started()
-        self._cursor.execute(self.dialect.sql(statement), params)
-        pipeline.sync()  # a Sync inside BEGIN ends no transaction; it fetches the count
-        return int(self._cursor.rowcount)
+    def answer(self, statement: Statement | InThread) -> Steps[Any]:
+        """Run ``statement``; its answer, as its ``ask`` says."""
+        if isinstance(statement, InThread):
+            return (yield _InThread(statement.function, self))
+        text, params, cursor = self.dialect.sql(statement.text), statement.params, self._cursor
+        ask = statement.ask
+        if ask is Ask.COMMIT_WITH:
+            return (yield from self._commit_with(text, params, statement.whole))
+        pipeline = yield from self._started()
+        yield _Do(cursor.execute, (text, params))
+        if ask is Ask.SEND:
+            return None
+        if ask is Ask.ONE:
+            row = yield _Do(cursor.fetchone)
+            return None if row is None else tuple(row)
+        if ask is Ask.ALL:
+            return [tuple(row) for row in (yield _Do(cursor.fetchall))]
+        assert ask is Ask.EXECUTE
+        yield _Do(pipeline.sync)  # a Sync inside BEGIN ends no transaction; it fetches the count
+        return int(cursor.rowcount)
 
-    def send(self, statement: str, params: Sequence[Any] = ()) -> None:
-        self._started()
-        super().send(statement, params)
-
-    def one(self, statement: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
-        self._started()
-        return super().one(statement, params)
-
-    def all(self, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        self._started()
-        return super().all(statement, params)
-
-    def commit_with(
-        self, statement: str, params: Sequence[Any] = (), *, whole: bool = False
-    ) -> Finished:
+    def _commit_with(self, text: str, params: Sequence[Any], whole: bool) -> Steps[Finished]:
         final = self._conn.cursor()
         if self._pipeline is None and (whole or self._begin == _DURABLE):
             self.committing = True  # one statement, one transaction of its own
-            final.execute(self.dialect.sql(statement), params)
+            yield _Do(final.execute, (text, params))
         else:
-            self._started()
-            final.execute(self.dialect.sql(statement), params)
-            self.commit()
-        rows = [tuple(row) for row in final.fetchall()] if final.description else []
+            yield from self._started()
+            yield _Do(final.execute, (text, params))
+            yield from self.commit()
+        rows = [tuple(row) for row in (yield _Do(final.fetchall))] if final.description else []
         return Finished(final.rowcount, rows)
 
-    def commit(self) -> None:
+    def commit(self) -> Steps[None]:
         """Queue COMMIT and send what waits: one round trip. Raises what the server
         refused, or the loss of the connection (then whether it committed is unknown)."""
         if self.committing:
@@ -820,16 +1041,54 @@ class _Pipelined(Tx):
         mode, self._pipeline_mode, self._pipeline = self._pipeline_mode, None, None
         if mode is None:
             return  # nothing was sent: nothing to commit
-        self._cursor.execute("COMMIT", ())
-        mode.__exit__(None, None, None)
+        yield _Do(self._cursor.execute, ("COMMIT", ()))
+        yield _Leave(mode)
 
-    def abandon(self) -> None:
+    def abandon(self) -> Steps[None]:
         """Leave pipeline mode after a failure; the caller rolls back what is open."""
         mode, self._pipeline_mode, self._pipeline = self._pipeline_mode, None, None
         if mode is not None:
             # The error already raised is the one to tell; the rollback follows.
             with contextlib.suppress(psycopg.Error):
-                mode.__exit__(None, None, None)
+                yield _Leave(mode)
+
+
+class _Pipelined(Tx):
+    """A ``Tx`` function's view of a ``_Pipeline``, in a thread: each of its statements is
+    the pipeline's steps, carried out at once (``run``: ``PostgresEngine._now``)."""
+
+    __slots__ = ("_run", "_tx")
+
+    def __init__(self, tx: _Pipeline, run: Callable[[Steps[Any]], Any]) -> None:
+        super().__init__(tx._cursor, tx.dialect)
+        self._tx = tx
+        self._run = run
+
+    def execute(self, statement: str, params: Sequence[Any] = ()) -> int:
+        return int(self._run(self._tx.answer(Statement(Ask.EXECUTE, statement, params))))
+
+    def send(self, statement: str, params: Sequence[Any] = ()) -> None:
+        self._run(self._tx.answer(Statement(Ask.SEND, statement, params)))
+
+    def one(self, statement: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+        row: tuple[Any, ...] | None = self._run(
+            self._tx.answer(Statement(Ask.ONE, statement, params))
+        )
+        return row
+
+    def all(self, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        rows: list[tuple[Any, ...]] = self._run(
+            self._tx.answer(Statement(Ask.ALL, statement, params))
+        )
+        return rows
+
+    def commit_with(
+        self, statement: str, params: Sequence[Any] = (), *, whole: bool = False
+    ) -> Finished:
+        finished: Finished = self._run(
+            self._tx.answer(Statement(Ask.COMMIT_WITH, statement, params, whole))
+        )
+        return finished
 
 
 class PostgresJournal(Journal):
@@ -839,7 +1098,9 @@ class PostgresJournal(Journal):
     ``schema`` (or ``?schema=name`` in the URL) keeps the journal's tables in a schema of
     their own, created on first open; by default they go where unqualified names resolve
     (usually ``public``). ``busy_timeout`` bounds every wait for a row lock or a pooled
-    connection (not a commit's wait for a synchronous standby: see docs/postgres.md);
+    connection (not a commit's wait for a synchronous standby, nor, during a database
+    outage, a wait for a connection, which ``failover_timeout`` bounds: see
+    docs/postgres.md);
     ``pool_size`` is the most connections this journal holds at once.
 
     ``location`` is the URL without its password, which appears in no message or log.
@@ -961,20 +1222,22 @@ class _CommitUnknown(Exception):
 class _Reconnection:
     """One caller's search for a primary after its connection was lost: bounded in time."""
 
-    def __init__(self, cause: psycopg.Error, timeout: float, location: str) -> None:
+    def __init__(
+        self, cause: psycopg.Error, timeout: float, location: str, *, deadline: float | None = None
+    ) -> None:
         self.cause = cause
         self._began = time.monotonic()
-        self._deadline = self._began + timeout
+        self._deadline = self._began + timeout if deadline is None else deadline
         self._tries = 0
         self._location = location
+        self._ended = False
 
-    def wait(self) -> bool:
-        """Pause before the next try; False once the deadline has passed."""
-        pause = self.pause()
-        if pause is None:
-            return False
-        time.sleep(pause)
-        return True
+    def joined(self) -> _Reconnection | None:
+        """This search, for another call caught in the same outage: its cause and deadline.
+        None once it has found a primary or run out of time."""
+        if self._ended or time.monotonic() >= self._deadline:
+            return None
+        return _Reconnection(self.cause, 0.0, self._location, deadline=self._deadline)
 
     def pause(self) -> float | None:
         """How long to pause before the next try; None once the deadline has passed."""
@@ -991,6 +1254,7 @@ class _Reconnection:
         return time.monotonic() - self._began
 
     def over(self) -> None:
+        self._ended = True
         logger.info("journal %s: reconnected after %.2fs", self._location, self.elapsed())
 
 
@@ -1064,8 +1328,9 @@ class _AsyncEdge:
     """One event loop's writes to a PostgreSQL journal, on async connections of its own:
     an ``AsyncClient``'s journal commands run on its loop, with no journal thread between.
 
-    The same transactions as the engine's (``_transact``, ``_run``, ``_recover``), the same
-    statements (a plan's ``Write``), the same failover promise: a connection lost before
+    The engine's own transactions (the one driver, ``_committing``: only the steps' I/O is
+    this edge's, ``_carry_out``), the same statements (a plan's ``Write``), the same
+    failover promise: a connection lost before
     the commit runs the write again on a new one, within ``failover_timeout``; one lost
     during the commit is looked for on a new connection (``recover``) before anything is
     decided; a caller in the gap gets the same truthful ``JournalError``.
@@ -1101,7 +1366,7 @@ class _AsyncEdge:
         write, taken = engine._writing(write)
         started = time.perf_counter() if engine._commit_watchers else None
         try:
-            result = await self._commit(write)
+            result = await _driven(_committing(engine, write), self._carry_out)
         except BaseException:
             engine._not_written(taken)
             raise
@@ -1123,98 +1388,44 @@ class _AsyncEdge:
             with contextlib.suppress(Exception):
                 conn.pgconn.finish()
 
-    # -- transactions (the engine's, on this loop) -------------------------------------------
+    # -- the I/O edge of a loop: the shared driver's steps, awaited -------------------------------
 
-    async def _commit(self, write: Write[T]) -> T:
-        engine = self._engine
-        durable = write.durable or engine._synchronous_settles
-        begin = _DURABLE if durable else _LAZY
-        try:
-            try:
-                return await self._transact(write.work, begin=begin, busy=write.busy)
-            except _CommitUnknown as unknown:
-                if write.recover is None:
-                    raise engine._commit_unknown(unknown, write.busy) from None
-                return await self._recover(write, unknown, begin=begin, durable=durable)
-        except _NotReplicated as unreplicated:
-            result = engine._unreplicated(unreplicated, before_send=write.durable, busy=write.busy)
-            return cast(T, result)
+    async def _carry_out(self, step: _Step) -> Any:
+        """One step, awaited on this loop."""
+        if type(step) is _Do:  # the most frequent first
+            return await step.function(*step.args)
+        match step:
+            case _Enter(mode):
+                return await mode.__aenter__()
+            case _Leave(mode):
+                return await mode.__aexit__(None, None, None)
+            case _Take(wait):
+                return await self._take(wait)
+            case _Give(conn, alone):
+                return await (conn.close() if alone else self._put(conn))
+            case _Alone():
+                try:
+                    return await self._connect()
+                except psycopg.Error as exc:
+                    return exc
+            case _Forget():
+                return self.finish()  # the other idle connections died with one
+            case _Pause(seconds):
+                return await asyncio.sleep(seconds)
+        raise AssertionError(f"no step {step!r} on an event loop")
 
-    async def _transact(
-        self,
-        work: Callable[[], Work[T]],
-        *,
-        begin: tuple[str, ...],
-        busy: Unwritten,
-        reconnecting: _Reconnection | None = None,
-    ) -> T:
-        """``PostgresEngine._transact`` on this loop's connections."""
-        engine = self._engine
-        retried = 0
-        while True:
-            alone = False
-            conn = await self._connection(reconnecting, busy)
-            if isinstance(conn, psycopg.Error):  # refused a new one: a failover, a restart
-                if reconnecting is None:
-                    reconnecting = engine._reconnection(conn)
-                else:
-                    reconnecting.cause = conn
-                if await _paused(reconnecting):
-                    continue
-                raise engine._lost(reconnecting, busy) from None
-            if conn is None:  # every connection in use while reconnecting: one of its own
-                assert reconnecting is not None
-                conn = await self._connect_alone(reconnecting)
-                if conn is None:
-                    if await _paused(reconnecting):
-                        continue
-                    raise engine._lost(reconnecting, busy) from None
-                alone = True
-            try:
-                result = await self._run(conn, work(), begin=begin)
-            except DamagedRow as exc:
-                raise engine._damaged(exc, busy) from None
-            except _CommitUnknown:
-                raise
-            except psycopg.Error as exc:
-                if isinstance(exc, psycopg.OperationalError) and conn.broken:
-                    if reconnecting is None:
-                        reconnecting = engine._reconnection(exc)
-                    else:
-                        reconnecting.cause = exc
-                    self.finish()  # the other idle connections died with it
-                    if await _paused(reconnecting):
-                        continue
-                    raise engine._lost(reconnecting, busy) from None
-                if isinstance(exc, _RETRYABLE) and retried < _ROUNDS - 1:
-                    retried += 1
-                    logger.debug("journal transaction retried: %s", engine._describe(exc))
-                    continue
-                raise engine.translate(exc, busy) from None
-            finally:
-                if alone:
-                    await conn.close()
-                else:
-                    await self._put(conn)
-            if reconnecting is not None:
-                reconnecting.over()
-            return result
-
-    async def _connection(
-        self, reconnecting: _Reconnection | None, busy: Unwritten
+    async def _take(
+        self, wait: float | None
     ) -> psycopg.AsyncConnection[Any] | psycopg.Error | None:
         """An idle connection of this loop's, or a new one; what the database answered when
         it refused a new one (then the slot taken is given back); None when every slot
-        stayed in use while reconnecting (the engine then looks for the primary alone)."""
+        stayed in use for ``wait`` seconds (None: the busy timeout, as the pool's)."""
         if self._slots.locked():  # all in use: wait for one, as long as the pool would
-            wait = reconnecting.pool_wait() if reconnecting else self._engine._busy_timeout
             try:
-                async with asyncio.timeout(wait):
+                async with asyncio.timeout(self._engine._busy_timeout if wait is None else wait):
                     await self._slots.acquire()
             except TimeoutError:
-                if reconnecting is not None:
-                    return None  # look for the new primary alone, as the engine does
-                raise self._engine._no_connection(None, busy) from None
+                return None
         else:
             await self._slots.acquire()  # free: taken at once, without a timer
         while self._idle:
@@ -1262,194 +1473,8 @@ class _AsyncEdge:
             raise
         return conn
 
-    async def _connect_alone(
-        self, reconnecting: _Reconnection
-    ) -> psycopg.AsyncConnection[Any] | None:
-        """A connection outside this loop's count to the primary, or None while there is
-        none (``PostgresEngine._connect_alone``)."""
-        try:
-            return await self._connect()
-        except psycopg.Error as exc:
-            reconnecting.cause = exc
-            logger.debug(
-                "journal %s: no primary yet (%s)",
-                self._engine.location,
-                self._engine._describe(exc),
-            )
-            return None
-
-    async def _run(
-        self, conn: psycopg.AsyncConnection[Any], work: Work[T], *, begin: tuple[str, ...]
-    ) -> T:
-        """``PostgresEngine._run`` of a plan's work, on an async connection."""
-        tx = _AsyncPipelined(conn, self._engine.dialect, begin)
-        backend = self._engine._listening(conn, begin)
-        try:
-            result = await tx.carry_out(work)
-            await tx.commit()
-        except BaseException as exc:
-            await tx.abandon()
-            if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
-                await conn.close()  # left mid-protocol: never reused
-            elif not conn.broken and conn.info.transaction_status != TransactionStatus.IDLE:
-                try:
-                    await conn.execute("ROLLBACK")
-                except psycopg.Error:
-                    await conn.close()
-            refused = not conn.broken and _server_refusal(exc)
-            lost = conn.broken or (isinstance(exc, psycopg.OperationalError) and not refused)
-            if tx.committing and isinstance(exc, psycopg.Error) and lost:
-                _NotReplicated.check(backend, None, lost=exc)
-                raise _CommitUnknown(exc, self._engine._backends.get(conn)) from None
-            raise
-        _NotReplicated.check(backend, result)
-        return result
-
-    async def _recover(
-        self, write: Write[T], unknown: _CommitUnknown, *, begin: tuple[str, ...], durable: bool
-    ) -> T:
-        """``PostgresEngine._recover`` on this loop: the write looked for on a new
-        connection, or run again in the same transaction."""
-        engine, recover = self._engine, write.recover
-        assert recover is not None
-
-        def confirm() -> Work[T]:
-            lost = unknown.backend
-            if lost is not None and lost.can_wait:
-                # See ``PostgresEngine._recover``: wait for the old session's own end.
-                yield from one(_END_LOST_BACKEND, (_LOST_BACKEND_WAIT_MS, lost.pid, lost.started))
-            if durable:
-                yield from one("SELECT pg_current_xact_id()")
-            found = yield from recover()
-            return (yield from write.work()) if found is None else found
-
-        reconnecting = engine._reconnection(unknown.cause)
-        while True:
-            try:
-                result = await self._transact(
-                    confirm, begin=begin, busy=write.busy, reconnecting=reconnecting
-                )
-            except _CommitUnknown as again:  # lost once more: ask again, while time remains
-                reconnecting.cause = again.cause
-                if await _paused(reconnecting):
-                    continue
-                raise engine._commit_unknown(again, write.busy, reconnecting) from None
-            logger.info(
-                "journal %s: a write whose commit lost its connection was checked on a new "
-                "connection after %.2fs; carrying on",
-                engine.location,
-                reconnecting.elapsed(),
-            )
-            return result
-
-
-async def _paused(reconnecting: _Reconnection) -> bool:
-    """``_Reconnection.wait`` on the loop."""
-    pause = reconnecting.pause()
-    if pause is None:
-        return False
-    await asyncio.sleep(pause)
-    return True
-
 
 def _retrieved(task: asyncio.Future[Any]) -> None:
     """A shielded write whose caller went away: its error is not left unretrieved."""
     if not task.cancelled():
         task.exception()
-
-
-class _AsyncPipelined:
-    """``_Pipelined`` on an async connection, carrying out a plan's work: what needs no
-    answer yet (BEGIN, SET LOCAL, a ``send``, COMMIT) rides with the next statement whose
-    answer is read; a durable one-statement write runs alone in autocommit."""
-
-    __slots__ = (
-        "_begin",
-        "_conn",
-        "_cursor",
-        "_dialect",
-        "_pipeline",
-        "_pipeline_mode",
-        "committing",
-    )
-
-    def __init__(
-        self, conn: psycopg.AsyncConnection[Any], dialect: sql.Dialect, begin: tuple[str, ...]
-    ) -> None:
-        self._conn = conn
-        self._cursor = conn.cursor()
-        self._dialect = dialect
-        self._begin = begin
-        self._pipeline_mode: contextlib.AbstractAsyncContextManager[psycopg.AsyncPipeline] | None
-        self._pipeline_mode = None
-        self._pipeline: psycopg.AsyncPipeline | None = None
-        self.committing = False
-
-    async def _started(self) -> psycopg.AsyncPipeline:
-        assert not self.committing, "nothing runs in a transaction after its commit"
-        if self._pipeline is None:
-            self._pipeline_mode = self._conn.pipeline()
-            self._pipeline = await self._pipeline_mode.__aenter__()
-            for statement in self._begin:
-                await self._cursor.execute(statement, ())
-        return self._pipeline
-
-    async def carry_out(self, work: Work[T]) -> T:
-        answer: Any = None
-        try:
-            while True:
-                try:
-                    statement = work.send(answer)
-                except StopIteration as done:
-                    result: T = done.value
-                    return result
-                answer = await self._answer(statement)
-        finally:
-            work.close()
-
-    async def _answer(self, statement: Statement) -> Any:
-        text, params, cursor = self._dialect.sql(statement.text), statement.params, self._cursor
-        if statement.ask is Ask.COMMIT_WITH:
-            return await self._commit_with(text, params, statement.whole)
-        pipeline = await self._started()
-        await cursor.execute(text, params)
-        match statement.ask:
-            case Ask.SEND:
-                return None
-            case Ask.ONE:
-                row = await cursor.fetchone()
-                return None if row is None else tuple(row)
-            case Ask.ALL:
-                return [tuple(row) for row in await cursor.fetchall()]
-            case Ask.EXECUTE:
-                await pipeline.sync()
-                return int(cursor.rowcount)
-        raise AssertionError(statement.ask)
-
-    async def _commit_with(self, text: str, params: Sequence[Any], whole: bool) -> Finished:
-        final = self._conn.cursor()
-        if self._pipeline is None and (whole or self._begin == _DURABLE):
-            self.committing = True  # one statement, one transaction of its own
-            await final.execute(text, params)
-        else:
-            await self._started()
-            await final.execute(text, params)
-            await self.commit()
-        rows = [tuple(row) for row in await final.fetchall()] if final.description else []
-        return Finished(final.rowcount, rows)
-
-    async def commit(self) -> None:
-        if self.committing:
-            return
-        self.committing = True
-        mode, self._pipeline_mode, self._pipeline = self._pipeline_mode, None, None
-        if mode is None:
-            return
-        await self._cursor.execute("COMMIT", ())
-        await mode.__aexit__(None, None, None)
-
-    async def abandon(self) -> None:
-        mode, self._pipeline_mode, self._pipeline = self._pipeline_mode, None, None
-        if mode is not None:
-            with contextlib.suppress(psycopg.Error):
-                await mode.__aexit__(None, None, None)

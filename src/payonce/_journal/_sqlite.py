@@ -39,6 +39,7 @@ from . import _sql as sql
 from . import _sqlite_file as files
 from ._engine import BEFORE_SEND, FOREIGN_KEY_DAMAGE, NO_SEND, Engine, Tx, migrate, schema_found
 from ._group_commit import GroupCommit
+from ._plans import Write, run_on
 from ._reads import Journal
 from ._rows import DamagedRow
 
@@ -288,20 +289,18 @@ class SQLiteEngine(Engine):
             )
         return self.error(f"journal operation failed: {message}", then=busy)
 
-    def _commit(
-        self,
-        work: Callable[[Tx], T],
-        *,
-        durable: bool,
-        busy: Unwritten,
-        recover: Callable[[Tx], T | None] | None = None,
-    ) -> T:
+    def _commit(self, write: Write[T]) -> T:
         # No recovery: a commit in this process either returns or raises having rolled back.
         self._in_this_process()
+        planned = write.work
+
+        def work(tx: Tx) -> T:
+            return run_on(tx, planned())
+
         group = self._group
         if group is not None:
-            return group.write(work, durable=durable, busy=busy)
-        return self.write_alone(work, durable=durable, busy=busy)
+            return group.write(work, durable=write.durable, busy=write.busy)
+        return self.write_alone(work, durable=write.durable, busy=write.busy)
 
     def begin(self, *, durable: bool) -> sqlite3.Cursor:
         # BEGIN IMMEDIATE takes the write lock up front, which avoids SQLITE_BUSY_SNAPSHOT

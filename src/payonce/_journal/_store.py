@@ -64,66 +64,22 @@ _CLAIM_ROUNDS = 3
 _QUEUE_BATCH = 32
 
 
-class _Recoverable(Generic[T]):
+class _Found(Generic[T]):
     """A write and how to tell, after a commit whose outcome is unknown (the connection
-    lost during ``COMMIT``, a failover), whether it was committed: ``recover`` is the
-    engine's (see ``Engine.write``). ``committed(tx, result)`` reads the journal for what
-    ``work`` returned; when it says no, ``work`` runs again.
-
-    A write that commits itself (``Tx.commit_with``: on PostgreSQL one statement, its own
-    transaction or the last of a pipeline) is lost with ``work`` unreturned, its commit on
-    its way: ``found(tx)`` reads back what it would have returned, or None if it was not
-    committed. Without ``found``, a ``work`` that never returned had not reached its commit
-    and simply runs again.
+    lost during ``COMMIT``, a failover), whether it was recorded: its ``Write``'s
+    ``recover`` (see ``Engine.write_planned``). ``committed(result)`` reads whether what
+    ``work`` returned was committed; ``found()``, for a write that commits itself
+    (``commit_with``: on PostgreSQL one statement, its own transaction or the last of a
+    pipeline) and was lost before it returned, reads back what it would have returned.
+    None from either runs ``work`` again; without ``found``, a ``work`` that never returned
+    had not reached its commit and simply runs again.
 
     What each write's unknown commit means (docs/postgres.md, "When the connection drops"):
     the write-ahead and an attempt's start are looked for on the new connection and found
     durable before anything is sent; a settle and an intent marked unknown are looked for
     and, if lost, written again under the lease this worker still holds; lease writes are
-    idempotent and simply run again."""
-
-    __slots__ = ("_committed", "_done", "_found", "_result", "_work")
-
-    def __init__(
-        self,
-        work: Callable[[Tx], T],
-        committed: Callable[[Tx, T], bool] | None = None,
-        *,
-        found: Callable[[Tx], T | None] | None = None,
-    ) -> None:
-        self._work = work
-        self._committed = committed
-        self._found = found
-        self._done = False
-        self._result: T | None = None
-
-    def work(self, tx: Tx) -> T:
-        self._done = False
-        result = self._work(tx)
-        self._result, self._done = result, True
-        return result
-
-    def recover(self, tx: Tx) -> T | None:
-        if not self._done:
-            # Lost inside ``work``: its own commit was on its way, or it never reached one.
-            return self._found(tx) if self._found is not None else None
-        if self._committed is None:
-            return None  # idempotent: run it again
-        result: T = self._result  # type: ignore[assignment]  # set with _done
-        return result if self._committed(tx, result) else None
-
-
-def _idempotent(work: Callable[[Tx], T]) -> _Recoverable[T]:
-    """A write that may simply run again whether or not it was committed."""
-    return _Recoverable(work)
-
-
-class _Found(Generic[T]):
-    """``_Recoverable`` for a plan's write: ``work`` as work, and how to tell after a
-    commit whose outcome is unknown whether it was recorded, by the same rules:
-    ``committed(result)`` reads whether what ``work`` returned was committed; ``found()``,
-    for a write that commits itself (``commit_with``) and was lost before it returned,
-    reads back what it would have returned. None from either runs ``work`` again."""
+    idempotent and simply run again (``_run_again``). The writes of a dialect that does not
+    chain them (SQLite's) need none of this: SQLite knows every commit's outcome."""
 
     __slots__ = ("_committed", "_done", "_found", "_result", "_work")
 
@@ -260,7 +216,7 @@ class IntentStore:
         intent's row; refused as ``_held_by`` and ``allowed`` refuse when they did not
         apply (then nothing was written). ``found``: after a commit whose outcome is
         unknown, that answer read back if the write was committed, or None to run it again
-        (see ``_Recoverable``); without it, such a write raises ``JournalError``."""
+        (see ``_Found``); without it, such a write raises ``JournalError``."""
         if self._kept is not None:
             self._kept.forget(key)
         applied = rule(transition)
@@ -442,17 +398,11 @@ class IntentStore:
         claimed: Claim = yield _Found(work, None, committed).write(durable=True, busy=unwritten)
         return self._keep(claimed)
 
-    def _call(
-        self,
-        work: Callable[[Tx], T],
-        *,
-        durable: bool,
-        busy: Unwritten,
-        recover: Callable[[Tx], T | None] | None = None,
-    ) -> Call[T]:
-        """A write of a plan that has no ``Write`` form (it reads before it decides, or
-        runs only on SQLite): run through ``Engine.write``, in a journal thread on a loop."""
-        return Call(lambda: self._engine.write(work, durable=durable, busy=busy, recover=recover))
+    def _call(self, work: Callable[[Tx], T], *, durable: bool, busy: Unwritten) -> Call[T]:
+        """A write of a plan that has no ``Write`` form (it runs only on SQLite, whose
+        commits' outcomes are always known): run through ``Engine.write``, in a journal
+        thread on a loop."""
+        return Call(lambda: self._engine.write(work, durable=durable, busy=busy))
 
     def _claim_row(
         self,
@@ -615,12 +565,12 @@ class IntentStore:
         return claim
 
     def renew_lease(self, key: str, *, owner: str, now: float, lease_seconds: float) -> bool:
-        write = _idempotent(
-            lambda tx: (
-                tx.commit_with(sql.RENEW_LEASE, (now + lease_seconds, key, owner)).rowcount == 1
-            )
-        )
-        return self._engine.write(write.work, durable=False, busy=AFTER_SEND, recover=write.recover)
+        def work() -> Work[bool]:
+            renewed = yield from commit_with(sql.RENEW_LEASE, (now + lease_seconds, key, owner))
+            return bool(renewed.rowcount == 1)
+
+        # Idempotent: run again whether or not it was committed.
+        return self._engine.write_planned(Write(work, False, AFTER_SEND, _run_again))
 
     @_Planned
     def start_attempt(
@@ -656,18 +606,8 @@ class IntentStore:
             tx.send(sql.ATTEMPT_STARTED, (now, now + lease_seconds, now, key))
             return number
 
-        def committed(tx: Tx, number: int) -> bool:
-            # Only the lease's holder adds attempts: the number it added is there, or not.
-            self._held_by(tx, key, owner)
-            row = tx.one(sql.LAST_ATTEMPT, (key,))
-            return row is not None and int(row[0]) == number
-
-        write = _Recoverable(work, committed)
         started: int = yield self._call(
-            write.work,
-            durable=True,
-            busy=rule(Transition.ATTEMPT_STARTED).unwritten,
-            recover=write.recover,
+            work, durable=True, busy=rule(Transition.ATTEMPT_STARTED).unwritten
         )
         return started
 
@@ -786,19 +726,11 @@ class IntentStore:
             crash_point("during_settle")
             return settled_record(held, state, now, acknowledged(state), response)
 
-        def committed(tx: Tx, settled: IntentRecord) -> bool:
-            # Settled while this worker held the lease: no one else could have settled it.
-            found = select_intent(tx, sql.BY_KEY, (key,), lock=True)
-            return found is not None and found.state is settled.state
-
         # What the claim created, if this journal object did and nothing wrote it since.
         kept = self._kept.take(key, owner) if self._kept is not None else None
         busy = rule(transition).unwritten
         if not self._engine.dialect.chains_writes:
-            write = _Recoverable(work, committed)
-            done: IntentRecord = yield self._call(
-                write.work, durable=False, busy=busy, recover=write.recover
-            )
+            done: IntentRecord = yield self._call(work, durable=False, busy=busy)
             return done
 
         if kept is not None and kept.attempt_count == attempt:
@@ -838,14 +770,8 @@ class IntentStore:
             tx.send(sql.SET_STATE, (state.value, reason, now, key))
             return reread(tx, key)
 
-        def committed(tx: Tx, marked: IntentRecord) -> bool:
-            found = select_intent(tx, sql.BY_KEY, (key,), lock=True)
-            return found is not None and found.state is marked.state
-
-        write = _Recoverable(work, committed)
-        marked: IntentRecord = yield self._call(
-            write.work, durable=False, busy=rule(transition).unwritten, recover=write.recover
-        )
+        busy = rule(transition).unwritten
+        marked: IntentRecord = yield self._call(work, durable=False, busy=busy)
         return marked
 
     @_Planned
