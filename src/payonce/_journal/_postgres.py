@@ -40,6 +40,7 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from .._fork import ForkGuard
 from .._lifecycle import Unwritten
+from .._lifecycle._key_age import CLOCK_TOLERANCE
 from ..errors import ConfigurationError, JournalError
 from . import _sql as sql
 from ._engine import BEFORE_SEND, NO_SEND, Engine, Finished, Tx, migrate, schema_found
@@ -114,6 +115,7 @@ class PostgresEngine(Engine):
         # would hold its row locks forever; the server ends both long after any honest wait.
         self._safety_timeout = max(30.0, 4 * busy_timeout)
         self._fsync_off_warned = False
+        self._clock_off_warned = False
         connect: dict[str, Any] = {"autocommit": True}
         if "application_name" not in target.parameters:
             connect["application_name"] = "payonce"
@@ -243,8 +245,9 @@ class PostgresEngine(Engine):
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
         """Session settings of every connection, in one round trip."""
         conn.add_notice_handler(self._notice)
+        sent = time.time()
         row = conn.execute(_SESSION, self._session_settings()).fetchone()
-        if self._configured(conn, row):
+        if self._configured(conn, row, sent, time.time()):
             conn.execute(_SYNCHRONOUS_COMMIT_ON)
 
     def _session_settings(self) -> tuple[str | None, ...]:
@@ -260,13 +263,19 @@ class PostgresEngine(Engine):
         )
 
     def _configured(
-        self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], row: Any
+        self,
+        conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+        row: Any,
+        sent: float,
+        received: float,
     ) -> bool:
-        """Note what ``_SESSION`` answered on ``conn``; True when the session must raise
+        """Note what ``_SESSION`` answered on ``conn``, asked at ``sent`` and answered at
+        ``received`` by this host's wall clock; True when the session must raise
         ``synchronous_commit`` to ``on``: the write-ahead record must be flushed before the
         request leaves."""
         assert row is not None
         synchronous_commit, fsync = row[0], row[1]
+        self._clock_read(float(row[2]), sent, received)
         backend = _Backend(conn.info.backend_pid, row[-1], conn.info.server_version)
         self._backends[conn] = backend
         conn.add_notice_handler(backend.hear)  # a durable commit's standby wait cancelled
@@ -279,6 +288,27 @@ class PostgresEngine(Engine):
                 self.location,
             )
         return bool(synchronous_commit == "off")
+
+    def _clock_read(self, server_now: float, sent: float, received: float) -> None:
+        """The server's clock, read on a new connection: the offset every lease and date
+        of this journal is judged by (``clock_offset``), taken at the middle of the round
+        trip (its error is at most half of it). Hosts sharing the journal then agree on
+        time however far their own clocks are apart; one far off is told, once."""
+        offset = server_now - (sent + received) / 2
+        self.clock_offset = offset
+        if abs(offset) > CLOCK_TOLERANCE and not self._clock_off_warned:
+            self._clock_off_warned = True
+            logger.warning(
+                "this host's clock is %.0fs %s the clock of the journal database %s: payonce "
+                "dates and judges this journal's leases and attempts by the database's "
+                "clock, but this host's clock is off by more than the %gs hosts may "
+                "disagree by (webhook signatures, logs and your own records use it): "
+                "synchronise it with NTP",
+                abs(offset),
+                "behind" if offset > 0 else "ahead of",
+                self.location,
+                CLOCK_TOLERANCE,
+            )
 
     # -- transactions ----------------------------------------------------------------------
 
@@ -582,6 +612,7 @@ class PostgresEngine(Engine):
 # Every session's settings, and what it tells of the server, in one round trip.
 _SESSION = (
     "SELECT current_setting('synchronous_commit'), current_setting('fsync'),"
+    " extract(epoch FROM clock_timestamp())::float8,"
     " set_config('lock_timeout', %s, false),"
     " set_config('statement_timeout', %s, false),"
     " set_config('idle_in_transaction_session_timeout', %s, false),"
@@ -1431,8 +1462,10 @@ class _AsyncEdge:
         )
         try:
             conn.add_notice_handler(engine._notice)
+            sent = time.time()
             cursor = await conn.execute(_SESSION, engine._session_settings())
-            if engine._configured(conn, await cursor.fetchone()):
+            row = await cursor.fetchone()
+            if engine._configured(conn, row, sent, time.time()):
                 await conn.execute(_SYNCHRONOUS_COMMIT_ON)
         except BaseException:
             await conn.close()
