@@ -121,6 +121,9 @@ class PostgresEngine(Engine):
             connect["application_name"] = "payonce"
         if "connect_timeout" not in target.parameters:
             connect["connect_timeout"] = max(1, round(connect_timeout))
+        for name, value in _partition_bounds(failover_timeout).items():
+            if name not in target.parameters:  # the URL's own settings win
+                connect[name] = value
         self._connect_options, self._pool_size = connect, pool_size
         self._fork = ForkGuard()
         self._backends: weakref.WeakKeyDictionary[
@@ -608,6 +611,26 @@ class PostgresEngine(Engine):
         with _driver_logs_routed():
             self._pool.close()
 
+
+def _partition_bounds(failover_timeout: float) -> dict[str, int]:
+    """libpq's TCP settings that end a connection a network partition froze (no reset
+    ever arrives) within about ``failover_timeout``, so that the write on it is run again,
+    or looked for, on a new connection like any other lost one: unacknowledged data gives
+    up after ``tcp_user_timeout``; a connection waiting for an answer (nothing unacknowledged)
+    is probed from ``keepalives_idle`` on, every ``keepalives_interval``, and ends after
+    ``keepalives_count`` unanswered probes. Ignored on a Unix socket, which no partition cuts."""
+    bound = max(failover_timeout, _SHORTEST_PARTITION_BOUND)
+    return {
+        "keepalives": 1,
+        "keepalives_idle": max(1, round(bound / 3)),
+        "keepalives_interval": max(1, round(bound / 9)),
+        "keepalives_count": 3,
+        "tcp_user_timeout": round(bound * 1000),
+    }
+
+
+# A failover_timeout of 0 (no reconnection) still ends a frozen connection in this time.
+_SHORTEST_PARTITION_BOUND = 10.0
 
 # Every session's settings, and what it tells of the server, in one round trip.
 _SESSION = (
