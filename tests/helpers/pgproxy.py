@@ -85,6 +85,9 @@ class PostgresRelay:
         self._cuts: list[tuple[Cut, bytes]] = []
         self.cuts_made = 0
         self._refusing = False
+        self._refuse_next = 0
+        self.refused = 0
+        """Connections dropped as soon as they were accepted (``refuse_next``)."""
         self._sockets: set[socket.socket] = set()
         self._flowing = threading.Event()
         self._flowing.set()
@@ -106,6 +109,12 @@ class PostgresRelay:
             sockets = list(self._sockets)
         for sock in sockets:
             _close(sock)
+
+    def refuse_next(self, connections: int) -> None:
+        """Drop the next ``connections`` as soon as they are accepted, as a database
+        restarting (or failing over) does, then relay again."""
+        with self._lock:
+            self._refuse_next += connections
 
     def freeze(self) -> None:
         """A network partition: every connection stays open but nothing more crosses the
@@ -130,9 +139,13 @@ class PostgresRelay:
             except OSError:
                 return
             with self._lock:
-                if self._refusing:
-                    _close(client)
-                    continue
+                refused = self._refusing or self._refuse_next > 0
+                if self._refuse_next > 0:
+                    self._refuse_next -= 1
+                    self.refused += 1
+            if refused:
+                _close(client)
+                continue
             try:
                 server = socket.create_connection(self._upstream)
             except OSError:

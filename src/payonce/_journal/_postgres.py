@@ -184,11 +184,45 @@ class PostgresEngine(Engine):
     # -- opening ---------------------------------------------------------------------------
 
     def _open(self, connect: dict[str, Any], connect_timeout: float, check: bool) -> None:
-        # One connection of its own first: a refused password or an unknown database is
-        # reported as such, rather than as a pool that never filled up.
+        # Opening during a restart or a failover rides it out like a write that lost its
+        # connection, within failover_timeout: a worker started then, or a service's first
+        # client, does not fail for a database that is a moment away.
+        reconnecting: _Reconnection | None = None
+        while (lost := self._opened(connect, check)) is not None:
+            reconnecting = _reconnecting(self, reconnecting, lost)
+            pause = reconnecting.pause()
+            if pause is None:
+                searched = (
+                    f", and it did not answer within {self._failover_timeout:g}s (failover_timeout)"
+                    if self._failover_timeout > 0
+                    else ""
+                )
+                raise self.error(
+                    f"cannot connect to the journal database ({self._describe(lost)}){searched}"
+                ) from None
+            time.sleep(pause)
+        if reconnecting is not None:
+            reconnecting.over()
+        try:
+            with _driver_logs_routed():
+                self._pool.open(wait=True, timeout=connect_timeout)
+        except PoolTimeout:
+            raise self.error(
+                f"the journal database accepted one connection but the pool could not "
+                f"open one within {connect_timeout:g}s"
+            ) from None
+
+    def _opened(self, connect: dict[str, Any], check: bool) -> psycopg.Error | None:
+        """Connect, migrate (or inspect) and check, on one connection of its own first: a
+        refused password or an unknown database is reported as such, rather than as a
+        pool that never filled up. What lost the connection (or never made it: refused,
+        unreachable, a server starting up or shutting down, no primary yet) is returned, to
+        try again; the rest raises ``JournalError``."""
         try:
             conn = psycopg.connect(self._target.conninfo, **connect)
         except psycopg.Error as exc:
+            if _unreachable(exc):
+                return exc
             raise self.error(
                 f"cannot connect to the journal database: {self._describe(exc)}"
             ) from None
@@ -205,19 +239,14 @@ class PostgresEngine(Engine):
                 if check:
                     self._now(_attempt(self, conn, threaded(self._verify), None))
             except _CommitUnknown as unknown:  # opening again finds the schema as it is
-                raise self._commit_unknown(unknown, BEFORE_SEND) from None
+                return unknown.cause
             except _NotReplicated as unreplicated:
                 raise self._not_replicated(unreplicated, BEFORE_SEND) from None
             except psycopg.Error as exc:
+                if isinstance(exc, psycopg.OperationalError) and conn.broken:
+                    return exc
                 raise self.translate(exc, BEFORE_SEND) from None
-        try:
-            with _driver_logs_routed():
-                self._pool.open(wait=True, timeout=connect_timeout)
-        except PoolTimeout:
-            raise self.error(
-                f"the journal database accepted one connection but the pool could not "
-                f"open one within {connect_timeout:g}s"
-            ) from None
+        return None
 
     def _kind(self) -> str:
         return f"PostgreSQL schema {self._schema}" if self._schema else "PostgreSQL database"
@@ -1332,6 +1361,26 @@ class _driver_logs_routed:
 
     def __exit__(self, *exc: object) -> None:
         _routing.active = self._was
+
+
+def _unreachable(exc: psycopg.Error) -> bool:
+    """Whether a connection ``exc`` refused is worth trying again: no server answered
+    (refused, unreachable, timed out), libpq found no primary among the hosts, or the
+    server said it is starting up, shutting down or recovering. A server's other refusal
+    (a wrong password, an unknown database) stands."""
+    text = str(exc)
+    return "FATAL:" not in text or any(words in text for words in _NOT_READY)
+
+
+# What a server starting, stopping or recovering answers a new connection (SQLSTATE 57P03
+# and the like, which libpq's connection errors do not carry).
+_NOT_READY = (
+    "the database system is starting up",
+    "the database system is shutting down",
+    "the database system is in recovery mode",
+    "the database system is not yet accepting connections",
+    "the database system is not accepting connections",
+)
 
 
 def _server_refusal(exc: BaseException) -> bool:
