@@ -20,10 +20,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import psycopg
 import pytest
 
+import payonce
 from helpers.faketime import libfaketime_env
 from helpers.processes import python_env
 from payonce.sandbox import SandboxServer
@@ -147,3 +149,64 @@ def test_the_journal_clock_of_a_host_whose_clock_is_off_is_the_servers(
     assert abs(clocks["journal"] - now) < 30, "the journal's clock is the host's, not the server's"
     off = f"{abs(skew):.0f}s {'ahead of' if skew > 0 else 'behind'} the clock of the journal"
     assert f"WARNING:payonce:this host's clock is {off}" in read.stderr, read.stderr
+
+
+_STEP_OWN_CLOCK = """
+import json, select, sys, time
+from pathlib import Path
+
+import payonce
+
+with payonce.open_journal(sys.argv[1]) as journal:
+    before = {"journal": journal.now(), "host": time.time()}
+    # The host's clock is stepped while the journal's connection lives (an NTP step, an
+    # operator fixing a clock payonce warned about): libfaketime reads this file anew.
+    Path(sys.argv[2]).write_text(sys.argv[3])
+    select.select([], [], [], 0.2)
+    after = {"journal": journal.now(), "host": time.time()}
+print(json.dumps({"before": before, "after": after}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("step", [105.0, -240.0], ids=["forward", "back"])
+def test_a_host_clock_stepped_while_connected_does_not_move_the_journal_clock(
+    postgres_url: str, tmp_path: Path, step: float
+) -> None:
+    # The red-team's case: a clock stepped after the offset was measured made the host's
+    # journal clock wrong by the step until its next connection (an hour, pooled), and a
+    # lease dated by it was taken over by another host: paid twice.
+    stepped = tmp_path / "faketime"
+    stepped.write_text("+0")
+    env = {**python_env(), **libfaketime_env("+0")}
+    del env["FAKETIME"]
+    env |= {"FAKETIME_TIMESTAMP_FILE": str(stepped), "FAKETIME_NO_CACHE": "1"}
+    read = subprocess.run(
+        [sys.executable, "-c", _STEP_OWN_CLOCK, postgres_url, str(stepped), f"{step:+.0f}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert read.returncode == 0, read.stderr[-3000:]
+    clocks = json.loads(read.stdout)
+    now = time.time()  # the server's clock: one host
+    assert abs(clocks["after"]["host"] - step - now) < 30, "the child's clock was not stepped"
+    assert abs(clocks["before"]["journal"] - now) < 30
+    assert abs(clocks["after"]["journal"] - now) < 30, "the step moved the journal's clock"
+
+
+def test_a_database_clock_that_moves_between_connections_is_warned_about(
+    postgres_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A step on the server, or a failover to a server whose clock differs: leases dated by
+    # the old clock are judged by the new one. Nothing can tell which was right; say it.
+    with payonce.open_journal(postgres_url) as journal:
+        engine = journal._engine
+        now = time.time()
+        with caplog.at_level("WARNING", logger="payonce"):
+            engine._clock_read(now + 0.01, now, now)  # type: ignore[attr-defined]
+            assert "moved by" not in caplog.text
+            engine._clock_read(now + 200.0, now, now)  # type: ignore[attr-defined]
+        assert "the clock of the journal database" in caplog.text
+        assert "moved by +200s since this host last read it" in caplog.text
+        assert abs(journal.now() - (time.time() + 200.0)) < 5

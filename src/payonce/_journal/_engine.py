@@ -220,10 +220,14 @@ class Engine(abc.ABC):
     """A writer migrates the journal to this payonce's schema on open; a read-only journal
     keeps the version it was found at (0: no payonce tables yet)."""
     _commit_watchers: tuple[Callable[[JournalCommitted], None], ...] = ()
-    clock_offset: float = 0.0
-    """Seconds to add to this host's wall clock to read the journal's clock, the one every
-    host sharing the journal dates and judges leases and attempts by: a PostgreSQL
-    server's (measured on each new connection), this host's for SQLite (0)."""
+
+    @property
+    def clock_offset(self) -> float:
+        """Seconds to add to this host's wall clock to read the journal's clock, the one
+        every host sharing the journal dates and judges leases and attempts by: a
+        PostgreSQL server's (measured on each new connection, and carried between them by
+        this host's monotonic clock), this host's for SQLite (0)."""
+        return 0.0
 
     @property
     @abc.abstractmethod

@@ -116,6 +116,8 @@ class PostgresEngine(Engine):
         self._safety_timeout = max(30.0, 4 * busy_timeout)
         self._fsync_off_warned = False
         self._clock_off_warned = False
+        self._clock_anchor: tuple[float, float, float] | None = None
+        """The offset last measured, and this host's wall and monotonic clocks then."""
         connect: dict[str, Any] = {"autocommit": True}
         if "application_name" not in target.parameters:
             connect["application_name"] = "payonce"
@@ -321,13 +323,39 @@ class PostgresEngine(Engine):
             )
         return bool(synchronous_commit == "off")
 
+    @property
+    def clock_offset(self) -> float:
+        """The measured offset, less any step of this host's wall clock since it was
+        measured (read against the monotonic clock, which no one steps): a host clock set
+        right, or wrong, while a connection lives must not move the journal's clock, or a
+        lease dated before the step would be judged by another clock after it."""
+        if self._clock_anchor is None:
+            return 0.0
+        offset, wall, monotonic = self._clock_anchor
+        stepped = (time.time() - wall) - (time.monotonic() - monotonic)
+        return offset - stepped
+
     def _clock_read(self, server_now: float, sent: float, received: float) -> None:
         """The server's clock, read on a new connection: the offset every lease and date
         of this journal is judged by (``clock_offset``), taken at the middle of the round
         trip (its error is at most half of it). Hosts sharing the journal then agree on
         time however far their own clocks are apart; one far off is told, once."""
         offset = server_now - (sent + received) / 2
-        self.clock_offset = offset
+        before = self.clock_offset if self._clock_anchor is not None else None
+        self._clock_anchor = (offset, time.time(), time.monotonic())
+        if before is not None and abs(offset - before) > CLOCK_TOLERANCE:
+            # This host's steps are taken out of ``before``: what moved is the server's
+            # clock (stepped, or a failover to a server whose clock differs). Leases dated
+            # by the old one are judged by the new one from now on, on every host.
+            logger.warning(
+                "the clock of the journal database %s moved by %+.0fs since this host last "
+                "read it (a clock step on the server, or a failover to a server whose clock "
+                "differs): leases dated by its old clock may be judged wrongly by hosts "
+                "that read the new one. Keep the database servers' clocks synchronised "
+                "with NTP, and never step them while payonce runs",
+                self.location,
+                offset - before,
+            )
         if abs(offset) > CLOCK_TOLERANCE and not self._clock_off_warned:
             self._clock_off_warned = True
             logger.warning(
