@@ -1047,7 +1047,8 @@ def test_the_password_appears_in_no_location_error_or_log(
         (good + "?nonsense=1", r"not valid"),
     ):
         with pytest.raises(payonce.PayonceError, match=error) as caught:
-            payonce.open_journal(url)
+            # A database that does not answer is waited for (failover_timeout), told after.
+            PostgresJournal(url, failover_timeout=0.2)
         chain: BaseException | None = caught.value
         while chain is not None:
             seen.append(f"{chain!s} {chain!r}")

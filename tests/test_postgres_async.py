@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -45,9 +46,11 @@ async def make_async(sandbox: SandboxServer) -> AsyncIterator[MakeAsync]:
     asked for after the journal's database, so that they close before it is dropped."""
     clients: list[payonce.AsyncClient] = []
 
-    def make(journal: object, **options: Any) -> payonce.AsyncClient:
+    def make(
+        journal: object, provider: SandboxServer = sandbox, **options: Any
+    ) -> payonce.AsyncClient:
         client = payonce.AsyncClient(
-            base_url=sandbox.url,
+            base_url=provider.url,
             provider="sandbox",
             account="acct_demo",
             api_key=DEFAULT_API_KEY,
@@ -336,6 +339,66 @@ async def test_a_caller_cancelled_while_its_settle_waits_still_has_its_payment_s
     await _eventually(lambda: _state(client, "order-1") == "succeeded")
     (record,) = client.journal.find("order-1")
     assert record.lease_owner is None
+    assert sandbox.store.executions() == {record.key: 1}
+
+
+async def test_a_call_cancelled_mid_send_during_a_partition_does_not_block_the_event_loop(
+    relay: PostgresRelay,
+    relayed_url: str,
+    make_sandbox: Callable[..., SandboxServer],
+    make_async: MakeAsync,
+) -> None:
+    """A caller cancels its payment while the request is at the provider, and the journal
+    database is cut off (every connection frozen, nothing reset). Recording what may have
+    been sent waits on the frozen connection: the other tasks of the loop go on meanwhile.
+    Once the partition ends the write finishes, the caller gets its ``CancelledError``, and
+    the journal holds the attempt as one that may have executed."""
+    sandbox = make_sandbox(processing_seconds=1.0)
+    client = make_async(relayed_url, provider=sandbox)
+    paying = asyncio.ensure_future(client.post("/v1/payments", json=PAYMENT, reference="cut-1"))
+    await _eventually(lambda: bool(sandbox.store.keys_in_progress()))
+
+    ticks_while_held = 0
+    thawed = threading.Event()
+    ticked_while_held = threading.Event()
+
+    def thaw_once_the_loop_ticked() -> None:
+        """Ends the partition once the loop has ticked while a journal write was held (or
+        after a bound: the loop was blocked)."""
+        relay.held.wait(30)
+        for _ in range(1000):
+            if ticks_while_held >= 20:
+                ticked_while_held.set()
+                break
+            time.sleep(0.01)
+        thawed.set()
+        relay.thaw()
+
+    async def tick() -> None:
+        nonlocal ticks_while_held
+        while not paying.done():
+            await asyncio.sleep(0.005)
+            if relay.held.is_set() and not thawed.is_set():
+                ticks_while_held += 1
+
+    relay.freeze()
+    thawer = threading.Thread(target=thaw_once_the_loop_ticked)
+    thawer.start()
+    ticker = asyncio.ensure_future(tick())
+    paying.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await paying
+    await ticker
+    thawer.join()
+
+    assert relay.held.is_set(), "the cancelled call wrote nothing to the journal"
+    assert ticked_while_held.is_set(), "the event loop stood still while the write waited"
+    (record,) = client.journal.find("cut-1")
+    assert record.attempt_count == 1
+    (attempt,) = client.journal.attempts(record.key)
+    assert attempt.ended_at is not None, "what may have been sent was not journaled"
+    assert attempt.ambiguous
+    sandbox.wait_idle()
     assert sandbox.store.executions() == {record.key: 1}
 
 

@@ -4,6 +4,7 @@ string instead of a URL, a password that is a common letter, a URL naming a stan
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 
 import payonce
 from helpers.cli import run_cli
+from payonce._journal._postgres import PostgresJournal
 from pgserver import PostgresServer
 
 CONNINFO = "dbname=payments host=127.0.0.1 port=55431 user=payonce password=secret-pw"
@@ -184,3 +186,52 @@ def test_journal_check_of_a_database_server_does_not_speak_of_a_damaged_file(
     assert (
         intents_line(str(journal_path)) == "intents\t3 (3 succeeded), as read from a damaged file"
     )
+
+
+def _tcp_settings(journal: payonce.Journal) -> dict[str, int]:
+    """What the kernel was told of a pooled journal connection's socket."""
+    with (
+        journal._engine._pool.connection() as conn,  # type: ignore[attr-defined]
+        socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock,
+    ):
+        return {
+            "keepalive": sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+            "idle": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+            "interval": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+            "count": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+            "user_timeout_ms": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT),
+        }
+
+
+@pytest.mark.parametrize(
+    ("query", "failover_timeout", "expected"),
+    [
+        ({}, 30.0, {"idle": 10, "interval": 3, "count": 3, "user_timeout_ms": 30000}),
+        ({}, 90.0, {"idle": 30, "interval": 10, "count": 3, "user_timeout_ms": 90000}),
+        ({}, 0.0, {"idle": 3, "interval": 1, "count": 3, "user_timeout_ms": 10000}),
+        (
+            {"keepalives_idle": "60", "tcp_user_timeout": "5000"},
+            30.0,
+            {"idle": 60, "interval": 3, "count": 3, "user_timeout_ms": 5000},
+        ),
+    ],
+    ids=["default", "longer-failover", "no-reconnection", "the-url-wins"],
+)
+def test_a_connection_a_partition_freezes_ends_within_about_the_failover_timeout(
+    postgres_server: PostgresServer,
+    postgres_url: str,
+    query: dict[str, str],
+    failover_timeout: float,
+    expected: dict[str, int],
+) -> None:
+    url = postgres_server.url(postgres_url.rsplit("/", 1)[1], **query)
+    with PostgresJournal(url, failover_timeout=failover_timeout) as journal:
+        assert _tcp_settings(journal) == {"keepalive": 1, **expected}
+
+
+def test_keepalives_turned_off_in_the_url_stay_off(
+    postgres_server: PostgresServer, postgres_url: str
+) -> None:
+    url = postgres_server.url(postgres_url.rsplit("/", 1)[1], keepalives="0")
+    with PostgresJournal(url) as journal:
+        assert _tcp_settings(journal)["keepalive"] == 0

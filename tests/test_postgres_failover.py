@@ -356,6 +356,54 @@ def test_a_journal_check_whose_commit_lost_its_connection_is_read_again(
     assert report.ok, report.problems
 
 
+# -- opening during a restart or a failover -----------------------------------------------------
+
+
+@pytest.mark.parametrize("read_only", [False, True], ids=["writer", "reader"])
+def test_a_journal_opened_while_its_database_restarts_waits_for_it(
+    relayed_url: str, relay: PostgresRelay, caplog: pytest.LogCaptureFixture, read_only: bool
+) -> None:
+    caplog.set_level(logging.INFO, logger="payonce")
+    if read_only:
+        PostgresJournal(relayed_url).close()  # a reader opens a journal that exists
+    relay.refuse_next(3)  # the first connections find the server gone: it is restarting
+    with PostgresJournal(relayed_url, read_only=read_only) as journal:
+        assert journal.check().ok
+    assert relay.refused == 3
+    said = [r.getMessage() for r in caplog.records]
+    assert any("reconnecting, for up to 30s" in line for line in said), said
+    assert any("reconnected after" in line for line in said), said
+
+
+def test_a_journal_whose_database_stays_gone_past_the_failover_timeout_is_not_opened(
+    relayed_url: str, relay: PostgresRelay
+) -> None:
+    relay.refuse_next(1_000_000)
+    with pytest.raises(payonce.JournalError) as caught:
+        PostgresJournal(relayed_url, failover_timeout=0.5)
+    message = str(caught.value)
+    assert "cannot connect to the journal database" in message, message
+    assert "within 0.5s (failover_timeout)" in message, message
+    assert relay.refused > 1, "it never tried again"
+
+
+def test_a_worker_started_while_its_database_restarts_does_its_pass(
+    relayed_url: str, relay: PostgresRelay, make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    """The red team's case: ``payonce worker`` started during a restart exited with 2."""
+    lost = make_unknown(make_client, sandbox, "order-1", "drop_after", journal=relayed_url)
+    relay.refuse_next(3)
+    result = run_cli_process(
+        ["worker", "--once", "--base-url", sandbox.url, "--journal", relayed_url],
+        env={"PAYONCE_API_KEY": DEFAULT_API_KEY},
+    )
+    assert result.exit_code == 0, result.output
+    assert relay.refused == 3
+    with PostgresJournal(relayed_url) as journal:
+        assert states(journal) == {"order-1": "succeeded"}
+    assert sandbox.store.executions() == {lost.key: 1}
+
+
 # -- a connection killed between the write-ahead and the send -------------------------------------
 
 

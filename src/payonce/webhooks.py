@@ -47,7 +47,7 @@ import attrs
 
 from ._fork import ForkGuard
 from ._journal._inbox import EventClaim, EventRecord
-from ._journal._open import inbox_of, open_to_write
+from ._journal._open import inbox_of, journal_clock, open_to_write
 from ._journal._reads import Journal
 from ._lifecycle import EVENT_LEASE_SECONDS, EventClaimKind
 from ._owners import new_owner
@@ -236,10 +236,11 @@ class WebhookInbox:
         self.tolerance = tolerance
         self.header = header
         self.lease_seconds = check_seconds("lease_seconds", lease_seconds, positive=True)
-        self._clock = clock
         self._parse = parse
         self._owns_journal = not isinstance(journal, Journal)
         self.journal: Journal = open_to_write(journal)
+        # The inbox's leases are shared by every host of the journal: one clock judges them.
+        self._clock = journal_clock(self.journal, clock)
         self._inbox = inbox_of(self.journal)
         # Handlers' leases are renewed every third of their length: from a thread for
         # receive, from a task for areceive.

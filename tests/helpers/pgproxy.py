@@ -1,7 +1,8 @@
 """A TCP relay on loopback between payonce and a real PostgreSQL server that can lose the
 connection at the worst moment: while a ``COMMIT`` is on its way, either before the
 server has it (the transaction is rolled back) or after (it is committed, and the answer
-never comes back), and that can stop accepting connections (a database that is gone).
+never comes back), that can stop accepting connections (a database that is gone), and
+that can freeze every connection without closing it (a network partition).
 
 A write that is one statement in its own transaction carries no ``COMMIT``: the cut can
 name that statement instead (``at=``, words of its text); named inside a transaction, the
@@ -84,7 +85,14 @@ class PostgresRelay:
         self._cuts: list[tuple[Cut, bytes]] = []
         self.cuts_made = 0
         self._refusing = False
+        self._refuse_next = 0
+        self.refused = 0
+        """Connections dropped as soon as they were accepted (``refuse_next``)."""
         self._sockets: set[socket.socket] = set()
+        self._flowing = threading.Event()
+        self._flowing.set()
+        self.held = threading.Event()
+        """Set once a frozen relay holds bytes back: someone is waiting on the database."""
         self._thread = threading.Thread(target=self._accept, daemon=True)
         self._thread.start()
 
@@ -107,6 +115,22 @@ class PostgresRelay:
         with self._lock:
             self._refusing = False
 
+    def refuse_next(self, connections: int) -> None:
+        """Drop the next ``connections`` as soon as they are accepted, as a database
+        restarting (or failing over) does, then relay again."""
+        with self._lock:
+            self._refuse_next += connections
+
+    def freeze(self) -> None:
+        """A network partition: every connection stays open but nothing more crosses the
+        relay either way (no reset, no FIN), until ``thaw``."""
+        self.held.clear()
+        self._flowing.clear()
+
+    def thaw(self) -> None:
+        """The partition ends: what was held back goes through."""
+        self._flowing.set()
+
     def _take_cut(self, text: bytes) -> Cut | None:
         with self._lock:
             if self._cuts and _names(text, self._cuts[0][1]):
@@ -120,9 +144,13 @@ class PostgresRelay:
             except OSError:
                 return
             with self._lock:
-                if self._refusing:
-                    _close(client)
-                    continue
+                refused = self._refusing or self._refuse_next > 0
+                if self._refuse_next > 0:
+                    self._refuse_next -= 1
+                    self.refused += 1
+            if refused:
+                _close(client)
+                continue
             try:
                 server = socket.create_connection(self._upstream)
             except OSError:
@@ -141,6 +169,9 @@ class PostgresRelay:
         in_transaction, armed = False, None
         try:
             while data := source.recv(65536):
+                if not self._flowing.is_set():
+                    self.held.set()
+                    self._flowing.wait()
                 cut = None
                 for text in statements.sent(data) if from_client else ():
                     is_commit = text.strip() == COMMIT
@@ -179,6 +210,7 @@ class PostgresRelay:
                 _close(sink)
 
     def close(self) -> None:
+        self.thaw()
         self.refuse()
         _close(self._listener)
 

@@ -222,6 +222,14 @@ class Engine(abc.ABC):
     _commit_watchers: tuple[Callable[[JournalCommitted], None], ...] = ()
 
     @property
+    def clock_offset(self) -> float:
+        """Seconds to add to this host's wall clock to read the journal's clock, the one
+        every host sharing the journal dates and judges leases and attempts by: a
+        PostgreSQL server's (measured on each new connection, and carried between them by
+        this host's monotonic clock), this host's for SQLite (0)."""
+        return 0.0
+
+    @property
     @abc.abstractmethod
     def location(self) -> str:
         """Where the journal lives (a path or a URL without credentials)."""

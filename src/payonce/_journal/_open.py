@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,7 @@ __all__ = [
     "JOURNAL_ENV",
     "default_journal_path",
     "inbox_of",
+    "journal_clock",
     "open_journal",
     "open_to_write",
     "postgres_journal_class",
@@ -205,6 +207,18 @@ def open_to_write(
             "so give it a path, a URL or a journal opened for writing"
         )
     return opened
+
+
+def journal_clock(journal: Journal, wall: Callable[[], float]) -> Callable[[], float]:
+    """``wall`` (a client's clock, which tests move) read as the journal's clock: corrected
+    by the offset of a PostgreSQL server's clock (``Engine.clock_offset``), so that every
+    host sharing the journal dates leases and attempts, and judges them, by one clock."""
+    engine = journal._engine
+
+    def now() -> float:
+        return wall() + engine.clock_offset
+
+    return now
 
 
 def store_of(journal: Journal) -> IntentStore:

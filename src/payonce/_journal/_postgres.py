@@ -41,6 +41,7 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from .._fork import ForkGuard
 from .._lifecycle import Unwritten
+from .._lifecycle._key_age import CLOCK_TOLERANCE
 from ..errors import ConfigurationError, JournalError
 from . import _sql as sql
 from ._engine import BEFORE_SEND, NO_SEND, Engine, Finished, Tx, migrate, schema_found
@@ -115,11 +116,17 @@ class PostgresEngine(Engine):
         # would hold its row locks forever; the server ends both long after any honest wait.
         self._safety_timeout = max(30.0, 4 * busy_timeout)
         self._fsync_off_warned = False
+        self._clock_off_warned = False
+        self._clock_anchor: tuple[float, float, float] | None = None
+        """The offset last measured, and this host's wall and monotonic clocks then."""
         connect: dict[str, Any] = {"autocommit": True}
         if "application_name" not in target.parameters:
             connect["application_name"] = "payonce"
         if "connect_timeout" not in target.parameters:
             connect["connect_timeout"] = max(1, round(connect_timeout))
+        for name, value in _partition_bounds(failover_timeout).items():
+            if name not in target.parameters:  # the URL's own settings win
+                connect[name] = value
         self._connect_options, self._pool_size = connect, pool_size
         self._fork = ForkGuard()
         self._backends: weakref.WeakKeyDictionary[
@@ -182,11 +189,45 @@ class PostgresEngine(Engine):
     # -- opening ---------------------------------------------------------------------------
 
     def _open(self, connect: dict[str, Any], connect_timeout: float, check: bool) -> None:
-        # One connection of its own first: a refused password or an unknown database is
-        # reported as such, rather than as a pool that never filled up.
+        # Opening during a restart or a failover rides it out like a write that lost its
+        # connection, within failover_timeout: a worker started then, or a service's first
+        # client, does not fail for a database that is a moment away.
+        reconnecting: _Reconnection | None = None
+        while (lost := self._opened(connect, check)) is not None:
+            reconnecting = _reconnecting(self, reconnecting, lost)
+            pause = reconnecting.pause()
+            if pause is None:
+                searched = (
+                    f", and it did not answer within {self._failover_timeout:g}s (failover_timeout)"
+                    if self._failover_timeout > 0
+                    else ""
+                )
+                raise self.error(
+                    f"cannot connect to the journal database ({self._describe(lost)}){searched}"
+                ) from None
+            time.sleep(pause)
+        if reconnecting is not None:
+            reconnecting.over()
+        try:
+            with _driver_logs_routed():
+                self._pool.open(wait=True, timeout=connect_timeout)
+        except PoolTimeout:
+            raise self.error(
+                f"the journal database accepted one connection but the pool could not "
+                f"open one within {connect_timeout:g}s"
+            ) from None
+
+    def _opened(self, connect: dict[str, Any], check: bool) -> psycopg.Error | None:
+        """Connect, migrate (or inspect) and check, on one connection of its own first: a
+        refused password or an unknown database is reported as such, rather than as a
+        pool that never filled up. What lost the connection (or never made it: refused,
+        unreachable, a server starting up or shutting down, no primary yet) is returned, to
+        try again; the rest raises ``JournalError``."""
         try:
             conn = psycopg.connect(self._target.conninfo, **connect)
         except psycopg.Error as exc:
+            if _unreachable(exc):
+                return exc
             raise self.error(
                 f"cannot connect to the journal database: {self._describe(exc)}"
             ) from None
@@ -203,19 +244,14 @@ class PostgresEngine(Engine):
                 if check:
                     self._now(_attempt(self, conn, threaded(self._verify), None))
             except _CommitUnknown as unknown:  # opening again finds the schema as it is
-                raise self._commit_unknown(unknown, BEFORE_SEND) from None
+                return unknown.cause
             except _NotReplicated as unreplicated:
                 raise self._not_replicated(unreplicated, BEFORE_SEND) from None
             except psycopg.Error as exc:
+                if isinstance(exc, psycopg.OperationalError) and conn.broken:
+                    return exc
                 raise self.translate(exc, BEFORE_SEND) from None
-        try:
-            with _driver_logs_routed():
-                self._pool.open(wait=True, timeout=connect_timeout)
-        except PoolTimeout:
-            raise self.error(
-                f"the journal database accepted one connection but the pool could not "
-                f"open one within {connect_timeout:g}s"
-            ) from None
+        return None
 
     def _kind(self) -> str:
         return f"PostgreSQL schema {self._schema}" if self._schema else "PostgreSQL database"
@@ -246,8 +282,9 @@ class PostgresEngine(Engine):
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
         """Session settings of every connection, in one round trip."""
         conn.add_notice_handler(self._notice)
+        sent = time.time()
         row = conn.execute(_SESSION, self._session_settings()).fetchone()
-        if self._configured(conn, row):
+        if self._configured(conn, row, sent, time.time()):
             conn.execute(_SYNCHRONOUS_COMMIT_ON)
 
     def _session_settings(self) -> tuple[str | None, ...]:
@@ -263,13 +300,19 @@ class PostgresEngine(Engine):
         )
 
     def _configured(
-        self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], row: Any
+        self,
+        conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+        row: Any,
+        sent: float,
+        received: float,
     ) -> bool:
-        """Note what ``_SESSION`` answered on ``conn``; True when the session must raise
+        """Note what ``_SESSION`` answered on ``conn``, asked at ``sent`` and answered at
+        ``received`` by this host's wall clock; True when the session must raise
         ``synchronous_commit`` to ``on``: the write-ahead record must be flushed before the
         request leaves."""
         assert row is not None
         synchronous_commit, fsync = row[0], row[1]
+        self._clock_read(float(row[2]), sent, received)
         backend = _Backend(conn.info.backend_pid, row[-1], conn.info.server_version)
         self._backends[conn] = backend
         conn.add_notice_handler(backend.hear)  # a durable commit's standby wait cancelled
@@ -282,6 +325,53 @@ class PostgresEngine(Engine):
                 self.location,
             )
         return bool(synchronous_commit == "off")
+
+    @property
+    def clock_offset(self) -> float:
+        """The measured offset, less any step of this host's wall clock since it was
+        measured (read against the monotonic clock, which no one steps): a host clock set
+        right, or wrong, while a connection lives must not move the journal's clock, or a
+        lease dated before the step would be judged by another clock after it."""
+        if self._clock_anchor is None:
+            return 0.0
+        offset, wall, monotonic = self._clock_anchor
+        stepped = (time.time() - wall) - (time.monotonic() - monotonic)
+        return offset - stepped
+
+    def _clock_read(self, server_now: float, sent: float, received: float) -> None:
+        """The server's clock, read on a new connection: the offset every lease and date
+        of this journal is judged by (``clock_offset``), taken at the middle of the round
+        trip (its error is at most half of it). Hosts sharing the journal then agree on
+        time however far their own clocks are apart; one far off is told, once."""
+        offset = server_now - (sent + received) / 2
+        before = self.clock_offset if self._clock_anchor is not None else None
+        self._clock_anchor = (offset, time.time(), time.monotonic())
+        if before is not None and abs(offset - before) > CLOCK_TOLERANCE:
+            # This host's steps are taken out of ``before``: what moved is the server's
+            # clock (stepped, or a failover to a server whose clock differs). Leases dated
+            # by the old one are judged by the new one from now on, on every host.
+            logger.warning(
+                "the clock of the journal database %s moved by %+.0fs since this host last "
+                "read it (a clock step on the server, or a failover to a server whose clock "
+                "differs): leases dated by its old clock may be judged wrongly by hosts "
+                "that read the new one. Keep the database servers' clocks synchronised "
+                "with NTP, and never step them while payonce runs",
+                self.location,
+                offset - before,
+            )
+        if abs(offset) > CLOCK_TOLERANCE and not self._clock_off_warned:
+            self._clock_off_warned = True
+            logger.warning(
+                "this host's clock is %.0fs %s the clock of the journal database %s: payonce "
+                "dates and judges this journal's leases and attempts by the database's "
+                "clock, but this host's clock is off by more than the %gs hosts may "
+                "disagree by (webhook signatures, logs and your own records use it): "
+                "synchronise it with NTP",
+                abs(offset),
+                "behind" if offset > 0 else "ahead of",
+                self.location,
+                CLOCK_TOLERANCE,
+            )
 
     # -- transactions ----------------------------------------------------------------------
 
@@ -592,9 +682,30 @@ class PostgresEngine(Engine):
             self._pool.close()
 
 
+def _partition_bounds(failover_timeout: float) -> dict[str, int]:
+    """libpq's TCP settings that end a connection a network partition froze (no reset
+    ever arrives) within about ``failover_timeout``, so that the write on it is run again,
+    or looked for, on a new connection like any other lost one: unacknowledged data gives
+    up after ``tcp_user_timeout``; a connection waiting for an answer (nothing unacknowledged)
+    is probed from ``keepalives_idle`` on, every ``keepalives_interval``, and ends after
+    ``keepalives_count`` unanswered probes. Ignored on a Unix socket, which no partition cuts."""
+    bound = max(failover_timeout, _SHORTEST_PARTITION_BOUND)
+    return {
+        "keepalives": 1,
+        "keepalives_idle": max(1, round(bound / 3)),
+        "keepalives_interval": max(1, round(bound / 9)),
+        "keepalives_count": 3,
+        "tcp_user_timeout": round(bound * 1000),
+    }
+
+
+# A failover_timeout of 0 (no reconnection) still ends a frozen connection in this time.
+_SHORTEST_PARTITION_BOUND = 10.0
+
 # Every session's settings, and what it tells of the server, in one round trip.
 _SESSION = (
     "SELECT current_setting('synchronous_commit'), current_setting('fsync'),"
+    " extract(epoch FROM clock_timestamp())::float8,"
     " set_config('lock_timeout', %s, false),"
     " set_config('statement_timeout', %s, false),"
     " set_config('idle_in_transaction_session_timeout', %s, false),"
@@ -1314,6 +1425,26 @@ class _driver_logs_routed:
         _routing.active = self._was
 
 
+def _unreachable(exc: psycopg.Error) -> bool:
+    """Whether a connection ``exc`` refused is worth trying again: no server answered
+    (refused, unreachable, timed out), libpq found no primary among the hosts, or the
+    server said it is starting up, shutting down or recovering. A server's other refusal
+    (a wrong password, an unknown database) stands."""
+    text = str(exc)
+    return "FATAL:" not in text or any(words in text for words in _NOT_READY)
+
+
+# What a server starting, stopping or recovering answers a new connection (SQLSTATE 57P03
+# and the like, which libpq's connection errors do not carry).
+_NOT_READY = (
+    "the database system is starting up",
+    "the database system is shutting down",
+    "the database system is in recovery mode",
+    "the database system is not yet accepting connections",
+    "the database system is not accepting connections",
+)
+
+
 def _server_refusal(exc: BaseException) -> bool:
     """Whether ``exc`` is the server's answer refusing a statement (which it then rolled
     back), as opposed to a connection lost or ended by the server's operator."""
@@ -1465,8 +1596,10 @@ class _AsyncEdge:
         )
         try:
             conn.add_notice_handler(engine._notice)
+            sent = time.time()
             cursor = await conn.execute(_SESSION, engine._session_settings())
-            if engine._configured(conn, await cursor.fetchone()):
+            row = await cursor.fetchone()
+            if engine._configured(conn, row, sent, time.time()):
                 await conn.execute(_SYNCHRONOUS_COMMIT_ON)
         except BaseException:
             await conn.close()

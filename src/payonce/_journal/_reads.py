@@ -78,6 +78,13 @@ class Journal:
         """Where the journal lives (a path or a URL without credentials)."""
         return self._engine.location
 
+    def now(self) -> float:
+        """The journal's time: this host's wall clock corrected to the database server's
+        for a PostgreSQL journal (its offset measured on each new connection), so that
+        hosts sharing one journal date and judge its leases by one clock; this host's
+        clock for SQLite."""
+        return time.time() + self._engine.clock_offset
+
     def backup(self, destination: str | os.PathLike[str]) -> Path:
         """A consistent copy at ``destination``, a new file; ``JournalError`` where the
         journal's own database tools must do it (PostgreSQL: ``pg_dump``)."""
@@ -304,7 +311,7 @@ class Journal:
         self, older_than: float, include_unacknowledged: bool, now: float | None
     ) -> list[tuple[Any, ...]]:
         """The parameters of the prunable selection, one set per provider in the journal."""
-        now = time.time() if now is None else now
+        now = self.now() if now is None else now
         providers = [row[0] for row in self._engine.read(lambda tx: tx.all(sql.PROVIDERS, ()))]
         return [
             (

@@ -57,6 +57,29 @@ async def _off_loop(function: Callable[P, T], *args: P.args, **kwargs: P.kwargs)
     return await off_loop(function, *args, **kwargs)
 
 
+async def _after_interruption(
+    core: IntentCore, command: drive.Command, after: BaseException | None
+) -> Any:
+    """A journal command of a drive whose send was interrupted (the caller cancelled it,
+    a KeyboardInterrupt): it records what may have been sent, so it runs to its end in a
+    journal thread while the loop goes on with its other tasks (a database outage may make
+    it wait up to ``failover_timeout``, a partition as long as the connection's keepalives
+    allow). A further cancellation does not cut it short either: it is taken once the
+    write is done, and the caller gets ``CancelledError`` then."""
+    write = asyncio.ensure_future(off_loop(core.journal_command, command, after=after))
+    cancelled_again = False
+    while not write.done():
+        try:
+            await asyncio.shield(write)
+        except asyncio.CancelledError:
+            if write.cancelled():  # the loop itself is ending: nobody will hear the answer
+                raise
+            cancelled_again = True
+    if cancelled_again:
+        raise asyncio.CancelledError
+    return write.result()
+
+
 async def _on_loop(
     core: IntentCore, edge: AsyncEdge, command: drive.Command, after: BaseException | None
 ) -> Any:
@@ -268,7 +291,7 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
         """What the last send or look-up raised, for the journal command that records it."""
         interrupted = False
         """Cancelled mid-attempt (a timeout, a caller that went away): the journal commands
-        that follow run at once on the loop, without awaiting."""
+        that follow run to their end whatever else is cancelled (``_after_interruption``)."""
         try:
             answer: Any = None
             while True:
@@ -279,7 +302,7 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
                     return ended
                 if isinstance(command, drive.JOURNAL_COMMANDS):  # the most frequent, first
                     if interrupted:
-                        answer = core.journal_command(command, after=failed)
+                        answer = await _after_interruption(core, command, failed)
                     elif (edge := core.journal_edge()) is not None:
                         answer = await _on_loop(core, edge, command, failed)
                     else:

@@ -25,7 +25,7 @@ import httpx
 from .._crash import crash_point
 from .._credentials import resolve_api_key
 from .._fork import ForkGuard
-from .._journal._open import open_to_write, store_of
+from .._journal._open import journal_clock, open_to_write, store_of
 from .._journal._reads import Journal
 from .._journal._reports import JournalCommitted
 from .._lifecycle import (
@@ -759,7 +759,9 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
             key_format=key_format,
             max_stored_bytes=max_stored,
             lease_seconds=lease_seconds,
-            clock=clock,
+            # Leases, attempts' dates and the waits judged by them are shared with every
+            # host of the journal: all of them by one clock, the journal's.
+            clock=journal_clock(self.journal, clock),
             hooks=hook_set,
             in_flight_wait=in_flight_wait,
         )

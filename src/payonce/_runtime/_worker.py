@@ -27,7 +27,7 @@ from typing import Generic, TypeVar
 import attrs
 
 from .._credentials import API_KEY_ENV
-from .._journal._open import open_to_write
+from .._journal._open import journal_clock, open_to_write
 from .._journal._reads import Journal
 from .._lifecycle import (
     IntentRecord,
@@ -173,9 +173,11 @@ class Worker:
         self._hooks = HookSet.of(hooks, None)
         self._retry = retry
         self._timeout = timeout
-        self._clock = clock
+        self._wall_clock = clock
         self._owns_journal = not isinstance(journal, Journal)
         self.journal: Journal = open_to_write(journal)
+        # The reconcile schedule counts from times the journal dated: by the journal's clock.
+        self._clock = journal_clock(self.journal, clock)
         self._clients: dict[_Group, Client] = {}
         self._stopping = threading.Event()
         self._last_waiting: tuple[int, int, int] | None = None
@@ -356,7 +358,7 @@ class Worker:
                     retry=self._retry,
                     timeout=self._timeout,
                     hooks=self._hook_list,
-                    clock=self._clock,
+                    clock=self._wall_clock,  # the client reads it as the journal's itself
                 )
             except ConfigurationError as exc:
                 problem = str(exc)

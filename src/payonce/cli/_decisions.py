@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 import click
@@ -67,7 +66,7 @@ def abandon(key_or_reference: str, reason: str, journal_path: JournalLocation | 
     with existing_journal(journal_path) as journal:
         record = _one_intent(journal, key_or_reference)
         try:
-            journal.abandon(record.key, reason=reason, now=time.time())
+            journal.abandon(record.key, reason=reason, now=journal.now())
         except (payonce.IntentStateError, payonce.IntentInFlight) as exc:
             raise Refused(str(exc)) from exc
     click.echo(f"abandoned intent {record.key}{_reference(record)}: it will never be sent again")
@@ -109,7 +108,7 @@ def ack(
         for named in keys_or_references:
             try:
                 record = _one_intent(journal, named)
-                done = journal.acknowledge(record.key, now=time.time())
+                done = journal.acknowledge(record.key, now=journal.now())
             except CliError as exc:
                 click.echo(f"error: {exc.format_message()}", err=True)
                 worst = max(worst, exc.exit_code)

@@ -8,7 +8,6 @@ command only shows the results as they come.
 from __future__ import annotations
 
 import functools
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -118,10 +117,11 @@ class Connection:
         """The pending intents of the options' provider and account (every one, without
         them) besides the ``reported`` keys that a live worker's lease still holds: resume
         skips them (their worker may be sending them right now)."""
-        reported, now = set(reported), time.time()
+        reported = set(reported)
         pending = [payonce.IntentState.PENDING]
         with existing_journal(self.journal, read_only=True) as journal:
             records = journal.list_intents(states=pending)
+            now = journal.now()  # leases are dated by the journal's clock
         return [
             record
             for record in records
