@@ -813,6 +813,22 @@ def test_reconcile_absent_past_the_key_window_stays_unknown() -> None:
     assert script.transitions == [T.RECONCILED_AMBIGUOUS]
 
 
+@pytest.mark.parametrize("hours_ago", [1.0, 23.0], ids=["in the key window", "past it"])
+def test_reconcile_of_a_request_the_look_up_cannot_see_never_says_no_record(
+    hours_ago: float,
+) -> None:
+    # A Stripe confirm carries no metadata tag: the search's empty answer proves nothing,
+    # and the operator must not read "the provider has no record" of a confirm that paid.
+    blind = attrs.evolve(VERIFYING.lookup, finds=lambda method, path: False)
+    script = Script(attrs.evolve(VERIFYING, lookup=blind), lookups=[ABSENT])
+    _unknown(script, hours_ago=hours_ago)
+    absent = script.reconcile()
+    assert absent.outcome == "not_found"
+    assert "the status look-up cannot see a POST /v1/payments" in absent.detail
+    assert "proves nothing" in absent.detail
+    assert "has no record" not in absent.detail
+
+
 def test_reconcile_absent_while_an_earlier_attempt_may_run_stays_unknown() -> None:
     script = Script(VERIFYING, lookups=[ABSENT])
     _unknown(script, hours_ago=0)  # its attempt ended a second ago: it may still run

@@ -1137,11 +1137,13 @@ def _concluded(
         )
     elif kind is LookupKind.ABSENT:
         outcome = ReconcileOutcome.NOT_FOUND
+        # The look-up's own words: for a request it cannot see (a Stripe confirm), "no
+        # record" would read as "never executed".
         detail = (
-            f"the provider has no record, but the key may have expired there ({refusal}). "
+            f"{verdict.detail}, but the key may have expired there ({refusal}). "
             "Check by hand, then abandon it or pay again under a new reference"
             if resend_refused
-            else "the provider has no record and the key is still valid: safe to resend"
+            else f"{verdict.detail}; the key is still valid: safe to resend under it"
         )
     elif kind is LookupKind.REFUSED:
         outcome = ReconcileOutcome.ERROR
