@@ -587,6 +587,9 @@ async def test_two_steps_of_one_intent_at_once_are_refused(
     refused = [r for r in results if isinstance(r, payonce.ConfigurationError)]
     assert len(refused) == 1
     assert "one after another" in str(refused[0])
+    # Where gather raises, the code loses the running step's answer: the way back is this
+    # same block again (it replays), never new references (they would pay again).
+    assert "run this same block again, which replays it" in str(refused[0])
     assert sandbox.store.total_executions() == 1
     # The refused one took no position: the block holds its one step, settled and acked.
     assert [(n, state) for n, _, state in op.steps] == [(1, payonce.IntentState.SUCCEEDED)]
