@@ -144,6 +144,52 @@ def test_reconcile_names_a_step_whose_look_up_is_refused_by_its_position(
     assert [r.levelno for r in caplog.records] == [logging.WARNING]
 
 
+def test_reconciling_a_block_by_its_reference_reconciles_its_unknown_step_too(
+    make_client: MakeClient, sandbox: SandboxServer, journal_path: Path
+) -> None:
+    # A reviewer's case: `payonce reconcile order-1` said "nothing to reconcile" and exited 0
+    # while step 2 of the block was unknown (it is an intent of its own key).
+    client = make_client(retry=payonce.RetryPolicy(max_attempts=1))
+    with client.intent("order-1") as op:
+        op.post("/v1/payments", json=PAYMENT)
+        sandbox.script(["drop_after"])
+        with pytest.raises(payonce.OutcomeUnknown):
+            op.post("/v1/payments", json=SECOND)
+    ((_, first, _), (_, second, _)) = op.steps
+
+    results = make_client().reconcile("order-1")
+
+    assert [(r.key, r.outcome) for r in results] == [(first, "skipped"), (second, "found")]
+    assert client.journal.get(second).state is payonce.IntentState.SUCCEEDED
+    assert sandbox.store.executions() == {first: 1, second: 1}
+
+
+def test_payonce_reconcile_of_a_block_s_reference_does_not_say_all_clear_over_an_unknown_step(
+    make_client: MakeClient, sandbox: SandboxServer, journal_path: Path
+) -> None:
+    client = make_client(retry=payonce.RetryPolicy(max_attempts=1))
+    with client.intent("order-2") as op:
+        op.post("/v1/payments", json=PAYMENT)
+        sandbox.script(["drop_after"])
+        with pytest.raises(payonce.OutcomeUnknown):
+            op.post("/v1/payments", json=SECOND)
+    (_, (_, second, _)) = op.steps
+    env = {
+        "PAYONCE_BASE_URL": sandbox.url,
+        "PAYONCE_PROVIDER": "sandbox",
+        "PAYONCE_ACCOUNT": client.account,
+        "PAYONCE_API_KEY": DEFAULT_API_KEY,
+    }
+    # The provider cannot be asked (it refuses the look-up): step 2 stays unknown.
+    refused = run_cli(
+        ["reconcile", "order-2", "--journal", str(journal_path), "--json"],
+        env={**env, "PAYONCE_API_KEY": "sk_test_revoked"},
+    )
+    assert refused.exit_code == 1, refused.output
+    assert second in refused.stdout
+    assert client.journal.get(second).state is payonce.IntentState.UNKNOWN
+
+
 def _row(key: str, reference: str) -> payonce.IntentRecord:
     return created_record(draft_for(2, key=key, reference=reference), "owner", 0.0, 30.0)
 

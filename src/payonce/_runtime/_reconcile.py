@@ -50,7 +50,8 @@ class ReconcileResult:
 
 
 def targets(core: IntentCore, key_or_reference: str | None) -> list[IntentRecord]:
-    """The intents of this client's account to reconcile: one key/reference, or all unknown.
+    """The intents of this client's account to reconcile: one key/reference (with the
+    steps of the block it names), or all unknown.
 
     ``--all`` takes only this client's provider: another provider's intents must be looked
     up at that provider, with its key lifetime. A named one is returned whatever its
@@ -60,7 +61,12 @@ def targets(core: IntentCore, key_or_reference: str | None) -> list[IntentRecord
         records = list(reversed(core.journal.list_intents(states=[IntentState.UNKNOWN])))
         records = [r for r in records if r.provider == core.profile.name]
     else:
-        records = core.journal.find(key_or_reference)
+        # A block's reference names its steps too: "reconcile order-1" must not report all
+        # clear while its step 2 is unknown (each step is an intent of its own key).
+        named = core.journal.find(key_or_reference)
+        records = [*named]
+        for record in named:
+            records += [s for s in core.journal.steps(record.key) if s not in records]
     return [r for r in records if r.account == core.account]
 
 
