@@ -672,6 +672,23 @@ def test_a_replay_without_its_body_and_no_look_up_is_the_provider_s_replay_under
     assert sandbox.store.execution_count(payonce.response_info(live).key) == 1  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("faults", [["fail_before"], ["rate_limit", "fail_before"]])
+def test_a_replay_without_its_body_is_asked_again_through_a_passing_failure(
+    make_client: MakeClient, sandbox: SandboxServer, faults: list[str]
+) -> None:
+    # A reviewer's case: one 503 on the way to the provider's replay cost the caller its
+    # answer, though the key was seconds old; it is asked again, as any attempt is.
+    sandbox_profile = payonce.providers.get_profile("sandbox")
+    blind = attrs.evolve(sandbox_profile, name="sandbox-blind-retried", lookup=None)
+    sandbox.set_faults(Faults(retry_after_seconds=0))
+    client = make_client(provider=blind, max_stored_response_bytes=16)
+    live = client.post("/v1/payments", json=PAYMENT, reference="order-big-retried")
+    sandbox.script(faults)
+    replay = client.post("/v1/payments", json=PAYMENT, reference="order-big-retried")
+    assert (replay.status_code, replay.json()["id"]) == (201, live.json()["id"])
+    assert sandbox.store.execution_count(payonce.response_info(live).key) == 1  # type: ignore[union-attr]
+
+
 def test_a_replay_without_its_body_and_no_way_to_get_it_again_is_an_error_never_empty(
     make_client: MakeClient, sandbox: SandboxServer
 ) -> None:

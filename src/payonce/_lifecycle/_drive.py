@@ -919,19 +919,39 @@ def _answer_again(settings: DriveSettings, record: IntentRecord) -> Drive:
         else:
             why.append(f"its status look-up failed ({type(looked.error).__name__})")
     attempts: Sequence[AttemptRecord] = yield ReadAttempts(record.key)
-    provider_now = yield from _provider_now(settings)
-    expired = _key_gone(settings, record, attempts, provider_now, executed=True)
-    if expired is None:
+    clock, retry = settings.clock, settings.retry
+    began, tried = clock.monotonic(), 0
+    while True:
+        provider_now = yield from _provider_now(settings)
+        # Judged again before every try: the retries of a resend never run past the window.
+        expired = _key_gone(settings, record, attempts, provider_now, executed=True)
+        if expired is not None:
+            why.append(f"a resend under its key is no longer safe: {expired}")
+            break
+        tried += 1
         result: Answered | Failed = yield AskAgain(record)
         if isinstance(result, Answered) and result.response.status_code == stored.status:
             return result.response
+        retry_after: float | None = None
         if isinstance(result, Failed):
+            if classify_lookup_error(result.error) is None:  # a bug, an interrupt
+                raise result.error
             answered = type(result.error).__name__
         else:
             answered = f"HTTP {result.response.status_code}, not {stored.status}"
-        why.append(f"the provider did not replay it under its key ({answered})")
-    else:
-        why.append(f"a resend under its key is no longer safe: {expired}")
+            answer = classify_response(result.response, settings.profile, redact=settings.redact)
+            if answer.outcome is not Outcome.RETRY:
+                # A definitive other answer: the provider does not replay this key.
+                why.append(f"the provider did not replay it under its key ({answered})")
+                break
+            retry_after = answer.retry_after
+        # A transport failure, a 5xx, a 429 or a 409 in flight: the same key, asked again
+        # as any attempt is, so one bad moment does not cost the caller its answer.
+        wait = retry.next_wait(tried, clock.monotonic() - began, retry_after)
+        if wait is None:
+            why.append(f"the provider did not replay it under its key ({answered})")
+            break
+        yield Sleep(wait)
     raise refusals.answer_not_kept(record, "; ".join(why))
 
 
