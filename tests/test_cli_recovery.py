@@ -347,7 +347,9 @@ def test_no_base_url_at_all_names_where_the_journal_says_the_intents_went(
 
     assert result.exit_code == 2
     assert "--base-url is required (or PAYONCE_BASE_URL)" in result.stderr
-    assert f"The journal's intents of provider 'sandbox' to {origin}:" in result.stderr
+    assert f"The journal says these intents were sent to provider 'sandbox' at {origin}:" in (
+        result.stderr
+    )
     after = _state(journal_path, record.key)
     assert (after.state, after.lease_owner) == (payonce.IntentState.PENDING, None)
     assert sandbox.store.executions() == {record.key: 1}, "sent once, before; not again"

@@ -133,6 +133,20 @@ def reconciled(client: payonce.Client, key: str) -> list[str]:
     return [r.outcome for r in client.journal.reconciliations(key)]
 
 
+def test_the_first_unknown_outcome_says_how_long_payonce_resends_it_on_its_own(
+    square: MakeClient, server: SandboxServer
+) -> None:
+    # A reviewer's case: Square's key lifetime is assumed, so payonce resends on its own
+    # only within 15 minutes; the first error must say so, not only the one after.
+    server.script(REVIEWER_FAULTS)
+    with pytest.raises(payonce.OutcomeUnknown) as raised:
+        pay(square())
+    said = str(raised.value)
+    assert "within 15 minutes of its first send" in said
+    assert "key lifetime is assumed, not documented" in said
+    assert f"payonce reconcile {raised.value.key} --resend" in said
+
+
 def test_a_re_run_of_the_block_gets_square_s_replay_of_the_payment_it_executed(
     square: MakeClient, server: SandboxServer
 ) -> None:

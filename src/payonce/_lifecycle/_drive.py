@@ -869,7 +869,10 @@ def _give_up(
             )
         run.record = yield MarkUnknown(run, transition, reason)
         return refusals.unknown(
-            run.record, reconcilable=settings.reconcilable, key_gone=key_gone is not None
+            run.record,
+            reconcilable=settings.reconcilable,
+            key_gone=key_gone is not None,
+            automatic_window=_automatic_within(settings, asked=False),
         )
     # Exhausted, never executed: the intent stays pending and the lease goes.
     yield Release(run, Transition.EXHAUSTED_UNSENT)
@@ -881,7 +884,11 @@ def _replay(settings: DriveSettings, record: IntentRecord) -> Drive:
         raise refusals.abandoned(record)
     response: httpx.Response | None = yield Replay(record)
     if response is None:
-        raise refusals.unknown(record, reconcilable=settings.reconcilable)
+        raise refusals.unknown(
+            record,
+            reconcilable=settings.reconcilable,
+            automatic_window=_automatic_within(settings, asked=False),
+        )
     assert record.response is not None  # replayed: an answer is stored
     if not record.response.body_stored:
         response = yield from _answer_again(settings, record)

@@ -130,15 +130,23 @@ def in_flight(record: IntentRecord) -> IntentInFlight:
     )
 
 
-def unknown(record: IntentRecord, *, reconcilable: bool, key_gone: bool = False) -> OutcomeUnknown:
+def unknown(
+    record: IntentRecord,
+    *,
+    reconcilable: bool,
+    key_gone: bool = False,
+    automatic_window: float | None = None,
+) -> OutcomeUnknown:
     """``key_gone``: a resend under its key is no longer safe (the key may be gone at the
-    provider); with no status look-up to ask, only a person can settle it."""
+    provider); with no status look-up to ask, only a person can settle it.
+    ``automatic_window`` as in ``unknown_remedy``."""
     reason = record.unknown_reason or "outcome unknown"
     remedy = unknown_remedy(
         record.key,
         reconcilable=reconcilable,
         key_gone=key_gone,
         step=step_of_reference(record.reference) is not None,
+        automatic_window=automatic_window,
     )
     if reconcilable:
         what = f"has an unknown outcome ({reason}); it will not be resent blindly. {remedy}"
@@ -151,12 +159,20 @@ def unknown(record: IntentRecord, *, reconcilable: bool, key_gone: bool = False)
 
 
 def unknown_remedy(
-    key: str, *, reconcilable: bool, key_gone: bool = False, step: bool = False
+    key: str,
+    *,
+    reconcilable: bool,
+    key_gone: bool = False,
+    step: bool = False,
+    automatic_window: float | None = None,
 ) -> str:
     """What to do about an unknown intent: ask the provider; or, when its profile has no
     status look-up to ask with, resend it under its key while the provider surely still
     remembers the key, and past that look at the provider by hand. ``step``: the intent
-    is step n >= 2 of a block, which a new reference would run again from its step 1."""
+    is step n >= 2 of a block, which a new reference would run again from its step 1.
+    ``automatic_window``: the seconds after its first send within which payonce resends
+    it on its own (a profile whose key lifetime is assumed, not documented), said at once
+    so that nobody learns of the limit only once it has passed."""
     if reconcilable:
         return f"Reconcile it: payonce reconcile {key}"
     if step:
@@ -174,9 +190,16 @@ def unknown_remedy(
     if key_gone:
         # Past the key window: the in-window way (a call again, reconcile) no longer works.
         return f"This provider profile has no status look-up, so payonce cannot ask: {by_hand}"
+    while_remembered = "while the provider surely still remembers its key"
+    if automatic_window is not None:
+        while_remembered = (
+            f"within {automatic_window / 60:g} minutes of its first send (this provider's "
+            "key lifetime is assumed, not documented; after that only when you ask, with "
+            f"`payonce reconcile {key} --resend`, while the key is surely remembered)"
+        )
     return (
-        "This provider profile has no status look-up, so payonce cannot ask; instead, while "
-        "the provider surely still remembers its key, calling again with the same reference, "
+        "This provider profile has no status look-up, so payonce cannot ask; instead, "
+        f"{while_remembered}, calling again with the same reference, "
         f"`payonce reconcile {key}` or `payonce worker` resends it under its key (the "
         "provider replays what it executed, or executes it once). Once the key may be gone, "
         f"{by_hand}"

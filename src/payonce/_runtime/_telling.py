@@ -14,6 +14,7 @@ import httpx
 
 from .._lifecycle import IntentRecord, LookupKind, Transition, Verdict, step_of_reference
 from .._lifecycle._drive import Run
+from .._lifecycle._key_age import ASSUMED_LIFETIME_RESEND_WINDOW
 from .._lifecycle._refusals import unknown_remedy
 from .._providers._profile import ProviderProfile
 from ._events import (
@@ -200,6 +201,9 @@ class Teller:
                 reconcilable=self.profile.lookup is not None,
                 key_gone=key_gone,
                 step=step_of_reference(record.reference) is not None,
+                automatic_window=(
+                    None if self.profile.key_lifetime_documented else ASSUMED_LIFETIME_RESEND_WINDOW
+                ),
             ),
             extra=log_extra(record),
         )

@@ -91,12 +91,13 @@ class Connection:
         if not origins:
             return plain
         where = "; ".join(
-            f"{provider!r} to {', '.join(sorted(urls))}" for provider, urls in origins.items()
+            f"provider {provider!r} at {', '.join(sorted(urls))}"
+            for provider, urls in origins.items()
         )
         return (
-            f"{plain}. The journal's intents of provider {where}: give the API root you "
-            "send them to, e.g. --base-url PROVIDER=https://host[/path] (a failover "
-            "endpoint works too: the journaled path is sent there)"
+            f"{plain}. The journal says these intents were sent to {where}: give the API "
+            "root you send them to, e.g. --base-url PROVIDER=https://host[/path] (a "
+            "failover endpoint works too: the journaled path is sent there)"
         )
 
     def unknown_waiting(self, reported: Iterable[str]) -> int:
