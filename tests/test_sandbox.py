@@ -312,6 +312,22 @@ def test_script_is_consumed_in_order(provider: SandboxServer, http: httpx.Client
     assert statuses == [503, 201, 201, 201]
 
 
+def test_a_script_can_replace_what_is_still_queued(
+    provider: SandboxServer, http: httpx.Client
+) -> None:
+    http.post("/_sandbox/script", json={"faults": ["fail_before", "fail_before"]})
+    replaced = http.post("/_sandbox/script", json={"faults": ["rate_limit"], "replace": True})
+    assert replaced.json() == {"script": ["rate_limit"]}
+    assert [_pay(http, _key()).status_code for _ in range(2)] == [429, 201]
+
+    http.post("/_sandbox/script", json={"faults": ["fail_before"]})
+    cleared = http.post("/_sandbox/script", json={"faults": [], "replace": True})
+    assert cleared.json() == {"script": []}
+    assert _pay(http, _key()).status_code == 201
+    bad = http.post("/_sandbox/script", json={"faults": [], "replace": "yes"})
+    assert bad.status_code == 400
+
+
 def test_fault_header_wins_over_the_script(provider: SandboxServer, http: httpx.Client) -> None:
     provider.script(["fail_before"])
 

@@ -33,11 +33,14 @@ class ControlApi:
         return JSONResponse({"executions": executions, "total": sum(executions.values())})
 
     async def script_faults(self, request: Request) -> Response:
-        names = json_object(await request.body()).get("faults")
+        body = json_object(await request.body())
+        names, replace = body.get("faults"), body.get("replace", False)
         if not isinstance(names, list):
             raise ApiError(400, "invalid_request", "faults must be a list of fault names")
+        if not isinstance(replace, bool):
+            raise ApiError(400, "invalid_request", "replace must be true or false")
         try:
-            self.injector.script(names)
+            self.injector.script(names, replace=replace)
         except ValueError as exc:
             raise ApiError(400, "invalid_request", str(exc)) from None
         return JSONResponse({"script": self.injector.pending_script()})

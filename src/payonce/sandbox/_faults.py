@@ -99,12 +99,16 @@ class FaultInjector:
             self._faults = faults
             self._random = random.Random(faults.seed)
 
-    def script(self, names: Iterable[str]) -> None:
+    def script(self, names: Iterable[str], *, replace: bool = False) -> None:
+        """Queue these faults for the next requests, after those still queued; ``replace``
+        drops those first (``[]`` with it clears the queue)."""
         checked = list(names)
         bad = [name for name in checked if not is_fault_name(name)]
         if bad:
             raise ValueError(f"unknown fault names: {', '.join(map(repr, bad))}")
         with self._lock:
+            if replace:
+                self._script.clear()
             self._script.extend(name for name in checked if is_fault_name(name))
 
     def pending_script(self) -> list[FaultName]:
