@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +17,7 @@ import pytest
 
 import payonce
 from helpers.payments import PAYMENT, leave_pending
+from helpers.processes import python_env
 from payonce._journal._plans import Call
 from payonce.sandbox import Faults, SandboxServer
 
@@ -307,3 +311,51 @@ async def test_a_call_cancelled_while_its_settle_is_being_written_still_holds_th
     assert payonce.response_info(replay).replayed  # type: ignore[union-attr]
     assert sandbox.store.executions() == {record.key: 1}
     assert len(journal.attempts(record.key)) == 1, "sent once"
+
+
+_TWO_RUNS = """
+import asyncio, json, sys
+
+import payonce
+
+client = payonce.AsyncClient(**json.loads(sys.argv[1]))
+
+
+async def pay(reference):
+    response = await client.post("/v1/payments", json={"amount": 4200, "currency": "eur"},
+                                 reference=reference)
+    return response.status_code, response.json()["id"]
+
+
+first = asyncio.run(pay("order-loop-1"))
+second = asyncio.run(pay("order-loop-2"))
+again = asyncio.run(pay("order-loop-1"))
+asyncio.run(client.aclose())
+print(json.dumps([first, second, again]))
+"""
+
+
+def test_one_async_client_serves_one_asyncio_run_after_another(
+    client_options: dict[str, Any], sandbox: SandboxServer
+) -> None:
+    # A red-team's case: the second asyncio.run's first payment raised a bare RuntimeError
+    # ("Event loop is closed", httpx's pool bound to the first loop) and journaled an
+    # ambiguous attempt, though nothing had left the machine. In a process of its own: the
+    # first loop's pooled sockets can only be left to the garbage collector, which warns.
+    options = {k: v for k, v in client_options.items() if k != "retry"}
+    options["journal"] = str(options["journal"])
+    ran = subprocess.run(
+        [sys.executable, "-c", _TWO_RUNS, json.dumps(options)],
+        env=python_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    first, second, again = json.loads(ran.stdout)
+    assert (first[0], second[0], again) == (201, 201, first)
+    with payonce.open_journal(client_options["journal"]) as journal:
+        records = journal.list_intents()
+        attempts = [a for record in records for a in journal.attempts(record.key)]
+    assert sandbox.store.executions() == {record.key: 1 for record in records}
+    assert [(a.status_code, a.ambiguous) for a in attempts] == [(201, False), (201, False)]

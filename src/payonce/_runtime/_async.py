@@ -150,9 +150,29 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
     _http: httpx.AsyncClient
     _keeper: TaskLeaseKeeper
 
+    _http_loop: asyncio.AbstractEventLoop | None = None
+
     def _connect(self, transport: httpx.AsyncBaseTransport | None, options: dict[str, Any]) -> None:
         self._http = httpx.AsyncClient(transport=transport, **options)
         self._keeper = TaskLeaseKeeper(self._core.lease_seconds / 3)
+        self._http_loop = None
+
+    def _in_this_process(self) -> None:
+        super()._in_this_process()
+        # httpx's pooled connections and the lease keeper's tasks belong to the event loop
+        # they were made on. One client used again by a later ``asyncio.run`` (the first
+        # loop closed) would fail on them with a bare RuntimeError, after the write-ahead:
+        # an attempt journaled as ambiguous though nothing left the machine. A new loop gets
+        # its own, as a forked child does; nothing can still run on a closed loop.
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if self._http_loop is None:
+            self._http_loop = loop
+        elif self._http_loop is not loop and self._http_loop.is_closed():
+            self._connect(self._transport, self._http_options)
+            self._http_loop = loop
 
     async def request(
         self, method: str, path: str, **options: Unpack[OneShotOptions]
