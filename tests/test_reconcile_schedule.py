@@ -212,3 +212,15 @@ def test_a_resend_is_due_at_once_then_after_the_backoff_and_never_escalated_in_i
 def test_a_resend_whose_key_window_passed_is_escalated() -> None:
     passed = decide_resend(ReconcileSchedule(), resent_at=[1000.0], window_passed=True, now=1000.0)
     assert (passed.due, passed.next_at, passed.exhausted) == (False, None, True)
+
+
+def test_an_intent_dated_by_a_clock_ahead_of_this_one_is_looked_up_now_not_days_later() -> None:
+    # A red-team's case: unknown while the journal's clock was a day ahead (a stepped
+    # database server), then the clock came back: the worker waited silently for a day.
+    dated_ahead = _decide([], now=T0 - 86_400)
+    looked_up_ahead = _decide([T0 + 60], now=T0 - 86_400)
+    within_tolerance = _decide([], now=T0 - 30)
+
+    assert (dated_ahead.due, dated_ahead.exhausted) == (True, False)
+    assert (looked_up_ahead.due, looked_up_ahead.exhausted) == (True, False)
+    assert not within_tolerance.due

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 import attrs
 
 from ..errors import ConfigurationError
+from ._key_age import CLOCK_TOLERANCE
 from ._records import AttemptRecord, IntentRecord, ReconciliationRecord
 
 __all__ = [
@@ -166,6 +167,11 @@ def decide_lookup(
     count = len(tries)
     if count >= schedule.max_tries or not can_look_up:
         return ScheduleDecision(count, due=False, next_at=None, exhausted=True)
+    if max([since, *tries]) > now + CLOCK_TOLERANCE:
+        # Dated by a clock ahead of this one (the journal's moved back: a stepped server,
+        # a failover to one whose clock differs): the schedule would wait, silently, for
+        # that clock to come round. A look-up only reads, so it is due now.
+        return ScheduleDecision(count, due=True, next_at=now, exhausted=False)
     cycled = first_since is not None and first_since < since
     if cycled and first_since is not None and now >= first_since + schedule.give_up_after:
         return ScheduleDecision(count, due=False, next_at=None, exhausted=True)
