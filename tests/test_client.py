@@ -689,6 +689,26 @@ def test_a_replay_without_its_body_is_asked_again_through_a_passing_failure(
     assert sandbox.store.execution_count(payonce.response_info(live).key) == 1  # type: ignore[union-attr]
 
 
+def test_a_replay_without_its_body_got_again_at_another_origin_is_warned_about(
+    make_client: MakeClient, sandbox: SandboxServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A red-team's case: the request that certainly executed was sent again under its key
+    # to another origin (another provider there would execute it again), and nothing said so.
+    sandbox_profile = payonce.providers.get_profile("sandbox")
+    blind = attrs.evolve(sandbox_profile, name="sandbox-blind-moved", lookup=None)
+    live = make_client(provider=blind, max_stored_response_bytes=16).post(
+        "/v1/payments", json=PAYMENT, reference="order-big-moved"
+    )
+    elsewhere = sandbox.url.replace("127.0.0.1", "localhost")
+    assert elsewhere != sandbox.url
+    moved = make_client(provider=blind, max_stored_response_bytes=16, base_url=elsewhere)
+    with caplog.at_level(logging.WARNING, logger="payonce"):
+        replay = moved.post("/v1/payments", json=PAYMENT, reference="order-big-moved")
+    assert replay.json()["id"] == live.json()["id"]
+    assert "was journaled for http://127.0.0.1:" in caplog.text
+    assert "is sent to http://localhost:" in caplog.text
+
+
 def test_a_replay_without_its_body_and_no_way_to_get_it_again_is_an_error_never_empty(
     make_client: MakeClient, sandbox: SandboxServer
 ) -> None:

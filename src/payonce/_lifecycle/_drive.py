@@ -538,7 +538,9 @@ def _call(
     clock = settings.clock
     give_up_waiting = clock.monotonic() + settings.in_flight_wait
     draft = asked[-1]
-    within: float | None = None  # the key age limit of an unknown intent's resend
+    # The key age within which payonce resends on its own an intent that may have executed
+    # (a pending one after a crash, an unknown one): short where the lifetime is assumed.
+    within = _automatic_within(settings, asked=False)
     while True:
         claim: Claim = yield ClaimIntent(draft, owner)
         record = claim.record
@@ -583,7 +585,6 @@ def _call(
                     yield Sleep(IN_FLIGHT_POLL)
                     continue
                 yield Leased(record.key, owner)
-                within = _automatic_within(settings, asked=False)
                 after, _ = yield from _reconcile_by_resend(settings, taken.record, owner, within)
                 if after.state is IntentState.UNKNOWN:
                     raise refusals.unknown(after, reconcilable=False, key_gone=True)
@@ -608,7 +609,8 @@ def resume(settings: DriveSettings, claim: Claim, owner: str) -> Drive:
     """A pending intent ``owner`` has claimed (``resume``): resend it under its key. An
     error about a step 2 or later of a block names it as the block would."""
     try:
-        run = yield from _resumed(settings, claim, owner)
+        within = _automatic_within(settings, asked=False)
+        run = yield from _resumed(settings, claim, owner, within=within)
         return (yield from _send(settings, run))
     except IntentError as error:
         refusals.of_step_row(error, claim.record, max_length=settings.profile.key_max_length)
@@ -616,11 +618,12 @@ def resume(settings: DriveSettings, claim: Claim, owner: str) -> Drive:
 
 
 def _resumed(
-    settings: DriveSettings, claim: Claim, owner: str, *, within: float | None = None
+    settings: DriveSettings, claim: Claim, owner: str, *, within: float | None
 ) -> Generator[Command, Any, Run]:
     """An existing pending intent ``owner`` has claimed: resend under its key, unless an
     attempt may have executed and the key may be gone at the provider by now (or older than
-    ``within``: an unknown intent resent on payonce's own, its key lifetime assumed)."""
+    ``within``: resent on payonce's own, its key lifetime assumed; None when an operator
+    asked for the resend, ``payonce reconcile --resend``)."""
     record = claim.record
     profile, clock = settings.profile, settings.clock
     if not _intact(record):
@@ -669,7 +672,17 @@ def _resumed(
     if choose(RESUMED, moment) is Transition.KEY_WINDOW_PASSED:
         assert refusal is not None
         run.record = yield MarkUnknown(run, Transition.KEY_WINDOW_PASSED, refusal)
-        raise refusals.unknown(run.record, reconcilable=settings.reconcilable, key_gone=True)
+        # Refused only by the assumed lifetime's short window: an operator who knows the
+        # provider still keeps the key may have it resent.
+        operator_may = within is not None and (
+            _key_gone(settings, record, attempts, provider_now, executed=ambiguous) is None
+        )
+        raise refusals.unknown(
+            run.record,
+            reconcilable=settings.reconcilable,
+            key_gone=True,
+            operator_may_resend=operator_may,
+        )
     return run
 
 
@@ -697,9 +710,12 @@ def _key_gone(
 
 
 def _automatic_within(settings: DriveSettings, *, asked: bool) -> float | None:
-    """The key age within which an unknown intent of a profile without a status look-up is
-    resent: an assumed (not documented) key lifetime's short window unless an operator asked
-    for the resend (``payonce reconcile --resend``); else 90% of the lifetime (None)."""
+    """The key age within which payonce resends on its own an intent that may have executed
+    (a pending one after a crash, an unknown one of a profile without a status look-up, a
+    replay's answer got again): an assumed (not documented) key lifetime's short window
+    unless an operator asked for the resend (``payonce reconcile --resend``); else 90% of
+    the lifetime (None). A provider that keeps keys shorter than assumed would execute a
+    later resend again."""
     if asked or settings.profile.key_lifetime_documented:
         return None
     return ASSUMED_LIFETIME_RESEND_WINDOW
@@ -931,7 +947,14 @@ def _answer_again(settings: DriveSettings, record: IntentRecord) -> Drive:
     while True:
         provider_now = yield from _provider_now(settings)
         # Judged again before every try: the retries of a resend never run past the window.
-        expired = _key_gone(settings, record, attempts, provider_now, executed=True)
+        expired = _key_gone(
+            settings,
+            record,
+            attempts,
+            provider_now,
+            executed=True,
+            within=_automatic_within(settings, asked=False),
+        )
         if expired is not None:
             why.append(f"a resend under its key is no longer safe: {expired}")
             break

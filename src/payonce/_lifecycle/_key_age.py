@@ -50,9 +50,10 @@ __all__ = [
 ]
 
 ASSUMED_LIFETIME_RESEND_WINDOW = 15 * 60.0
-"""Seconds after its first send within which payonce resends an *unknown* intent on its own
-(a call again, ``payonce reconcile``, the worker) when its profile has no status look-up and
-its key lifetime is assumed, not documented (``ProviderProfile.key_lifetime_documented``).
+"""Seconds after its first send within which payonce resends on its own an intent that may
+have executed (a pending one after a crash, an unknown one: a call again, ``payonce resume``,
+``payonce reconcile``, the worker) when its key lifetime is assumed, not documented
+(``ProviderProfile.key_lifetime_documented``).
 Half the shortest key lifetime a payment API is known to document (30 minutes): a provider
 that keeps keys for less than it assumes would otherwise execute the resend again. Past it,
 and within 90% of the assumed lifetime, only an operator's ``payonce reconcile --resend``
@@ -258,7 +259,8 @@ def _past_assumed(within: float, key_lifetime: float) -> str:
     """Why an age refuses an unknown intent's resend by payonce on its own, the provider's
     key lifetime being assumed, not documented."""
     return (
-        f"beyond the {within:.0f}s within which payonce resends an unknown intent on its own "
+        f"beyond the {within:.0f}s within which payonce resends on its own an intent that "
+        "may have executed "
         f"when the provider's key lifetime ({key_lifetime:.0f}s) is assumed, not documented: "
         "a provider that keeps keys for less would execute it twice"
     )

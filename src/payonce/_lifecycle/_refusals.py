@@ -136,10 +136,13 @@ def unknown(
     reconcilable: bool,
     key_gone: bool = False,
     automatic_window: float | None = None,
+    operator_may_resend: bool = False,
 ) -> OutcomeUnknown:
     """``key_gone``: a resend under its key is no longer safe (the key may be gone at the
     provider); with no status look-up to ask, only a person can settle it.
-    ``automatic_window`` as in ``unknown_remedy``."""
+    ``automatic_window`` as in ``unknown_remedy``; ``operator_may_resend``: only the
+    assumed lifetime's short window refused it, so ``payonce reconcile KEY --resend``
+    still can."""
     reason = record.unknown_reason or "outcome unknown"
     remedy = unknown_remedy(
         record.key,
@@ -152,6 +155,12 @@ def unknown(
         what = f"has an unknown outcome ({reason}); it will not be resent blindly. {remedy}"
     elif key_gone:
         what = f"has an unknown outcome ({reason}); payonce no longer resends it. {remedy}"
+        if operator_may_resend:
+            what += (
+                f". If you know the provider still keeps its key, `payonce reconcile "
+                f"{record.key} --resend` resends it under that key (within 90% of the "
+                "assumed lifetime)"
+            )
     else:
         # Resent under its key while it is surely remembered: not "never resent".
         what = f"has an unknown outcome ({reason}). {remedy}"

@@ -340,7 +340,7 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
                         answer = await self._look_up(record, http, auth)
                         failed = answer.error if isinstance(answer, drive.Failed) else None
                     case drive.AskAgain(record):
-                        ask = functools.partial(core.journaled_request, record, auth=auth)
+                        ask = functools.partial(core.asked_again_request, record, auth=auth)
                         answer = core.asked_again(record, await self._asked(ask, http))
                     case drive.ReadClock():
                         answer = await self._read_clock()

@@ -230,6 +230,17 @@ class IntentCore:
             self._warn_if_moved(run.record)
         return self.journaled_request(run.record, client, auth)
 
+    def asked_again_request(
+        self,
+        record: IntentRecord,
+        client: httpx.Client | httpx.AsyncClient,
+        auth: Mapping[str, str] | None = None,
+    ) -> httpx.Request:
+        """A settled intent's journaled request, sent again under its key to get back an
+        answer too large to journal: it certainly executed, so another origin is said."""
+        self._warn_if_moved(record)
+        return self.journaled_request(record, client, auth)
+
     def journaled_request(
         self,
         record: IntentRecord,

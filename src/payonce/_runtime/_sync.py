@@ -326,7 +326,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
                         answer = self._look_up(record, http, auth)
                         failed = answer.error if isinstance(answer, drive.Failed) else None
                     case drive.AskAgain(record):
-                        ask = functools.partial(core.journaled_request, record, auth=auth)
+                        ask = functools.partial(core.asked_again_request, record, auth=auth)
                         answer = core.asked_again(record, self._asked(ask, http))
                     case drive.ReadClock():
                         answer = self._read_clock()
