@@ -26,7 +26,7 @@ from helpers.payments import (
     paying_in_background,
 )
 from helpers.proxies import https_server_with_an_untrusted_certificate, portal_in_front_of
-from payonce.sandbox import DEFAULT_API_KEY, Faults, SandboxServer
+from payonce.sandbox import DEFAULT_API_KEY, Faults, SandboxConfig, SandboxServer
 
 
 def _states(journal_path: Path) -> dict[str, str]:
@@ -707,6 +707,27 @@ def test_a_replay_without_its_body_got_again_at_another_origin_is_warned_about(
     assert replay.json()["id"] == live.json()["id"]
     assert "was journaled for http://127.0.0.1:" in caplog.text
     assert "is sent to http://localhost:" in caplog.text
+
+
+def test_a_fresh_execution_is_never_handed_back_as_a_replay_s_answer(
+    make_client: MakeClient, sandbox: SandboxServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A red-team's case: got again under its key where another provider answers (or one
+    # that forgot the key), the request executed afresh, and that new payment was handed
+    # back as the intent's answer, marked replayed. The sandbox marks every replay.
+    sandbox_profile = payonce.providers.get_profile("sandbox")
+    blind = attrs.evolve(sandbox_profile, name="sandbox-blind-fresh", lookup=None)
+    make_client(provider=blind, max_stored_response_bytes=16).post(
+        "/v1/payments", json=PAYMENT, reference="order-big-fresh"
+    )
+    with SandboxServer(SandboxConfig()) as other:
+        elsewhere = make_client(provider=blind, max_stored_response_bytes=16, base_url=other.url)
+        with pytest.raises(payonce.IntentStateError) as refused:
+            elsewhere.post("/v1/payments", json=PAYMENT, reference="order-big-fresh")
+        assert other.store.total_executions() == 1, "the other provider executed it"
+    assert "without marking it a replay" in str(refused.value)
+    assert "may have executed it a second time" in str(refused.value)
+    assert "was journaled for" in caplog.text
 
 
 def test_a_replay_without_its_body_and_no_way_to_get_it_again_is_an_error_never_empty(

@@ -156,6 +156,14 @@ class DriveProfile(AnswerRules, Protocol):
         ...
 
     @property
+    def marks_replays(self) -> bool:
+        """Whether every replay carries one of ``replay_headers``."""
+        ...
+
+    @property
+    def replay_headers(self) -> tuple[str, ...]: ...
+
+    @property
     def declined_in_body(self) -> Callable[[bytes], bool]:
         """Whether a 2xx answer's body declines the payment all the same (Adyen's 200
         ``Refused``): for the words of a refusal about such a step."""
@@ -961,7 +969,17 @@ def _answer_again(settings: DriveSettings, record: IntentRecord) -> Drive:
         tried += 1
         result: Answered | Failed = yield AskAgain(record)
         if isinstance(result, Answered) and result.response.status_code == stored.status:
-            return result.response
+            if _marked_replay(settings.profile, result.response):
+                return result.response
+            # The provider marks every replay, and this answer has no mark: it executed the
+            # request again (it forgot the key, or another provider answered there). Never
+            # handed back as the intent's answer; a person must look.
+            why.append(
+                "the provider answered a resend under its key without marking it a replay: "
+                "it may have executed it a second time (check at the provider, and refund "
+                "the duplicate if so)"
+            )
+            break
         retry_after: float | None = None
         if isinstance(result, Failed):
             if classify_lookup_error(result.error) is None:  # a bug, an interrupt
@@ -983,6 +1001,15 @@ def _answer_again(settings: DriveSettings, record: IntentRecord) -> Drive:
             break
         yield Sleep(wait)
     raise refusals.answer_not_kept(record, "; ".join(why))
+
+
+def _marked_replay(profile: DriveProfile, response: httpx.Response) -> bool:
+    """An answer that may stand for the intent's own: marked a replay, or from a provider
+    that does not mark replays at all (nothing to tell it by)."""
+    if not profile.marks_replays:
+        return True
+    marks = (response.headers.get(name, "").lower() for name in profile.replay_headers)
+    return "true" in marks
 
 
 def _deliver(

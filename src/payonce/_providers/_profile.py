@@ -227,6 +227,11 @@ class ProviderProfile:
     pending under its key and ``AuthenticationError`` is raised, so it can be sent once
     the API key is fixed."""
     replay_headers: tuple[str, ...] = ("Idempotent-Replayed", "Idempotency-Replayed")
+    marks_replays: bool = False
+    """Whether the provider marks every replay with one of ``replay_headers`` (Stripe's
+    ``Idempotent-Replayed: true``). Then an answer got again under a key without the mark
+    is a fresh execution (the provider forgot the key, or another one answered), never
+    handed back as the intent's answer."""
     auth_header: str = "Authorization"
     auth_scheme: str | None = "Bearer"
     lookup: Lookup | None = None
@@ -365,6 +370,7 @@ SANDBOX = ProviderProfile(
     name="sandbox",
     lookup=Lookup(path="/v1/payments", by="key", param="idempotency_key"),
     key_lifetime_documented=True,  # payonce's own: its key lifetime is the one it keeps
+    marks_replays=True,  # every replay carries Idempotent-Replayed: true
     # The sandbox's own idempotency layer answers 409 to a duplicate that arrives while the
     # first still runs: a resend under the same key is safe at once, and costs no wait.
     resend="same-key",

@@ -251,6 +251,8 @@ def stripe_profile(
         # with Stripe-Should-Retry: false).
         mismatch_statuses=frozenset({409}),
         replay_headers=("Idempotent-Replayed",),
+        # Stripe documents the header on every replay.
+        marks_replays=True,
         lookup=lookup,
         should_retry_hint=stripe_should_retry,
         refine=stripe_refine,
