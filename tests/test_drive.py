@@ -1060,3 +1060,30 @@ def test_a_crashed_send_of_an_assumed_lifetime_is_resumed_only_within_15_minutes
     with pytest.raises(payonce.OutcomeUnknown, match="assumed, not documented"):
         again.call()
     assert again.sent == 0
+
+
+ASSUMED_LOOKUP = attrs.evolve(VERIFYING, name="assumed-lookup", key_lifetime_documented=False)
+
+
+def test_reconcile_and_resume_agree_on_an_assumed_lifetime_s_window() -> None:
+    # A red-team's case: with a look-up and an assumed lifetime, reconcile sent an hour-old
+    # unknown intent back to pending (90% of the lifetime) and resume sent it back to
+    # unknown (15 minutes), for ever. A look-up by key finds nothing once the key is gone,
+    # so "no record" counts only within the window a resend is made in.
+    script = Script(ASSUMED_LOOKUP, lookups=[ABSENT], sends=[OK])
+    _unknown(script, hours_ago=1)
+    kept = script.reconcile()
+    assert (kept.outcome, kept.after) == ("not_found", IntentState.UNKNOWN)
+    assert f"`payonce reconcile {script.record.key if script.record else ''} --resend`" in (
+        kept.detail
+    )
+    assert script.sent == 0
+
+
+def test_an_operator_s_reconcile_resend_sends_it_at_once_not_through_a_resume() -> None:
+    script = Script(ASSUMED_LOOKUP, lookups=[ABSENT] * 10, sends=[OK])
+    _unknown(script, hours_ago=1)
+    resent = script.reconcile(resend=True)
+    assert resent.outcome == "not_found"
+    assert resent.after is IntentState.SUCCEEDED
+    assert script.sent == 1

@@ -25,6 +25,7 @@ both): ::
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, Protocol
 
@@ -1158,7 +1159,15 @@ def _reconcile(
             _read_clock(settings, result.response)
             verdict = classify_lookup(result.response, lookup, current)
             if verdict.kind is not LookupKind.RETRY:
-                return (yield from _concluded(settings, current, owner, verdict, result.response))
+                concluded = yield from _concluded(
+                    settings, current, owner, verdict, result.response, resend=resend
+                )
+                if resend and concluded.after is IntentState.PENDING:
+                    # The operator asked for the resend: made now, under its key, within 90%
+                    # of the lifetime, not left to a resume that keeps to the short window
+                    # of an assumed lifetime (and would send it back to unknown).
+                    return (yield from _send_now(settings, concluded, owner, within=None))
+                return concluded
             yield LookupRetried(current, verdict.kind, result.response)
             last = verdict.detail
         wait = retry.next_wait(tried, clock.monotonic() - began, None)
@@ -1176,11 +1185,13 @@ def _concluded(
     owner: str,
     verdict: LookupVerdict,
     response: httpx.Response,
+    *,
+    resend: bool,
 ) -> Reconciling:
     profile, clock = settings.profile, settings.clock
     now = clock.now()
     kind, detail = verdict.kind, verdict.detail
-    still_running = resend_refused = False
+    still_running = resend_refused = operator_may = False
     refusal: str | None = None
     if kind is LookupKind.ABSENT:
         attempts: Sequence[AttemptRecord] = yield ReadAttempts(record.key)
@@ -1190,7 +1201,8 @@ def _concluded(
         # that guards such a duplicate, resend="same-key", answers it 409 instead).
         still_running = profile.verifies and quiet is not None and now < quiet
         # The look-up's answer just told the provider's time: the key's age is its clock's.
-        refusal = resend_refusal(
+        judged = functools.partial(
+            resend_refusal,
             record.first_sent_at,
             now,
             profile.key_lifetime,
@@ -1198,7 +1210,12 @@ def _concluded(
             provider_first=provider_first_sent(attempts),
             provider_sent_by=provider_sent_before(attempts),
         )
+        # A look-up by key finds nothing once the provider forgot the key: "no record" is
+        # evidence only within the window a resend is made in (an assumed lifetime's short
+        # one unless an operator asked), as a resume judges it.
+        refusal = judged(within=_automatic_within(settings, asked=resend))
         resend_refused = refusal is not None
+        operator_may = resend_refused and judged() is None
     moment = Moment(
         lookup=kind, found=verdict.state, still_running=still_running, resend_refused=resend_refused
     )
@@ -1218,7 +1235,13 @@ def _concluded(
         # record" would read as "never executed".
         detail = (
             f"{verdict.detail}, but the key may have expired there ({refusal}). "
-            "Check by hand, then abandon it or pay again under a new reference"
+            + (
+                f"If you know the provider still remembers the key, `payonce reconcile "
+                f"{record.key} --resend` resends it under the key; else check"
+                if operator_may
+                else "Check"
+            )
+            + " by hand, then abandon it or pay again under a new reference"
             if resend_refused
             else f"{verdict.detail}; the key is still valid: safe to resend under it"
         )
@@ -1284,10 +1307,20 @@ def _resent(
         )
         outcome = ReconcileOutcome.STILL_UNKNOWN
         return Reconciliation(record, after.state, outcome, detail + by_hand)
+    resent = Reconciliation(record, after.state, ReconcileOutcome.RESENT, detail)
+    return (yield from _send_now(settings, resent, owner, within=within))
+
+
+def _send_now(
+    settings: DriveSettings, reconciled: Reconciliation, owner: str, *, within: float | None
+) -> Reconciling:
+    """A reconciled intent back to pending, sent at once under its key (``within`` as in
+    ``_resumed``); the reconciliation reports where the send left it."""
+    record, detail, outcome = reconciled.record, reconciled.detail, reconciled.outcome
     claim: Claim | None = yield ClaimKey(record.key, owner)
     if claim is None or claim.record.lease_owner != owner:
         held = "; another worker took it to send"
-        return Reconciliation(record, after.state, ReconcileOutcome.RESENT, detail + held)
+        return Reconciliation(record, reconciled.after, outcome, detail + held)
     run: Run | None = None
     try:
         run = yield from _resumed(settings, claim, owner, within=within)
@@ -1296,10 +1329,9 @@ def _resent(
         # The resend's own end (a refusal, attempts run out again) is journaled by the
         # send; the reconciliation reports where it left the intent.
         current = claim.record if run is None else run.record
-        state = current.state
-        return Reconciliation(record, state, ReconcileOutcome.RESENT, f"{detail}; then: {error}")
+        return Reconciliation(record, current.state, outcome, f"{detail}; then: {error}")
     assert run is not None  # the send returned
-    return Reconciliation(record, run.record.state, ReconcileOutcome.RESENT, detail)
+    return Reconciliation(record, run.record.state, outcome, detail)
 
 
 def _reconciled(

@@ -51,6 +51,7 @@ from .._lifecycle._drive import (
     StartAttempt,
     Verified,
 )
+from .._lifecycle._refusals import answer_not_kept
 from .._owners import owner_ended
 from .._providers._profile import ProviderProfile
 from ..errors import ConfigurationError, JournalError
@@ -237,8 +238,18 @@ class IntentCore:
         auth: Mapping[str, str] | None = None,
     ) -> httpx.Request:
         """A settled intent's journaled request, sent again under its key to get back an
-        answer too large to journal: it certainly executed, so another origin is said."""
-        self._warn_if_moved(record)
+        answer too large to journal. It certainly executed, so never to another origin than
+        the journaled one: a provider there has not seen the key and would execute it
+        again (a resume may follow a failover; this only fetches an answer)."""
+        if not (self._own_urls is not None and record.url.startswith(self._own_urls)):
+            journaled, here = _origin(httpx.URL(record.url)), _origin(self._base)
+            if journaled != here:
+                raise answer_not_kept(
+                    record,
+                    f"it was sent to {journaled}, and this client's base URL is {here}: a "
+                    "resend there could execute it again. Read it with a client of the "
+                    "journaled base URL",
+                )
         return self.journaled_request(record, client, auth)
 
     def journaled_request(
