@@ -155,7 +155,8 @@ def test_reconciling_a_block_by_its_reference_reconciles_its_unknown_step_too(
         sandbox.script(["drop_after"])
         with pytest.raises(payonce.OutcomeUnknown):
             op.post("/v1/payments", json=SECOND)
-    ((_, first, _), (_, second, _)) = op.steps
+    ((_, first, _), (_, second, state)) = op.steps
+    assert state is payonce.IntentState.UNKNOWN, "the block shows what its step came to"
 
     results = make_client().reconcile("order-1")
 

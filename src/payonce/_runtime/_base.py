@@ -47,7 +47,7 @@ from .._lifecycle import (
 )
 from .._providers._profile import ProviderProfile, get_profile
 from .._version import __version__
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, OutcomeUnknown
 from ._core import IntentCore
 from ._deadline import default_attempt_timeout
 from ._events import RetryEvent
@@ -462,7 +462,12 @@ class OperationBase:
             )
         try:
             step = self._step(method, path, options, caller_key=caller_key)
-            yield step.draft, functools.partial(self._bind_step, step)
+            try:
+                yield step.draft, functools.partial(self._bind_step, step)
+            except OutcomeUnknown:
+                # Sent to unknown by this very drive, after its record was bound as pending.
+                step.state = IntentState.UNKNOWN
+                raise
             # Not reached when the step raised: its answer never came back to the caller.
             step.answered = step.state is IntentState.SUCCEEDED
         finally:
