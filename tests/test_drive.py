@@ -284,7 +284,7 @@ class Script:
                 return ended
             self.commands.append(command)
             match command:
-                case drive.Send():
+                case drive.Send() | drive.AskAgain():
                     answer = self._answer(self.sends)
                 case drive.LookUp():
                     answer = self._answer(self.lookups)
@@ -329,6 +329,10 @@ class Script:
     @property
     def sent(self) -> int:
         return sum(isinstance(c, drive.Send) for c in self.commands)
+
+    @property
+    def asked_again(self) -> int:
+        return sum(isinstance(c, drive.AskAgain) for c in self.commands)
 
     @property
     def state(self) -> IntentState:
@@ -989,6 +993,46 @@ def test_a_resumed_intent_that_never_left_is_retried_whatever_its_age() -> None:
     script.attempt(ended=True, ambiguous=False, at=at)  # provably never executed
     assert script.resume().status_code == 201
     assert script.sent == 2
+
+
+def _settled_without_its_body(script: Script, *, seconds_ago: float) -> None:
+    """A payment that succeeded ``seconds_ago`` with an answer too large to journal."""
+    at = script.clock.wall - seconds_ago
+    stored = StoredResponse(201, (), b"", body_stored=False)
+    script.journaled(script.draft(), state=IntentState.SUCCEEDED, first_sent_at=at, response=stored)
+    script.attempt(ended=True, ambiguous=False, at=at)
+
+
+def test_an_answer_got_again_is_not_asked_for_when_it_could_be_processed_past_the_window() -> None:
+    # Asked for 20 s before the window ends, the provider may process the resend for
+    # max_processing (30 s): it could end with the key forgotten and execute twice.
+    script = Script(DOCUMENTED, sends=[OK])
+    _settled_without_its_body(script, seconds_ago=WINDOW - 20)
+    journaled = script.record
+    with pytest.raises(payonce.IntentStateError) as refused:
+        script.call()
+    assert script.asked_again == 0
+    assert "a resend under its key is no longer safe" in str(refused.value)
+    assert script.record == journaled, "the journal still holds what it held"
+
+
+def test_an_answer_got_again_is_asked_for_while_its_processing_ends_inside_the_window() -> None:
+    script = Script(DOCUMENTED, sends=[OK])
+    _settled_without_its_body(script, seconds_ago=WINDOW - 40)
+    again = script.call()
+    assert (again.status_code, again.json()["id"]) == (201, "pay_1")
+    assert script.asked_again == 1
+
+
+def test_an_answer_got_again_stops_retrying_before_a_try_could_end_past_the_window() -> None:
+    # Tries at 33 s and (a 1 s wait later) 32 s before the window's end both end inside it;
+    # the third, after a 2 s wait, could end at the window's end itself.
+    script = Script(DOCUMENTED, sends=[SERVER_ERROR, SERVER_ERROR, OK])
+    _settled_without_its_body(script, seconds_ago=WINDOW - 33)
+    with pytest.raises(payonce.IntentStateError, match="no longer safe"):
+        script.call()
+    assert script.asked_again == 2
+    assert script.slept == [1.0, 2.0]
 
 
 def test_a_call_again_of_an_unknown_intent_with_a_look_up_is_refused_as_before() -> None:

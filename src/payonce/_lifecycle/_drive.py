@@ -666,17 +666,8 @@ def _resumed(
     # age is judged by that clock, read afresh if the last reading is stale.
     provider_now = (yield from _provider_now(settings)) if ambiguous else None
     refusal = _key_gone(settings, record, attempts, provider_now, executed=ambiguous, within=within)
-    if ambiguous and record.first_sent_at is not None:
-        run.key_window = KeyWindow(
-            record.first_sent_at,
-            profile.key_lifetime,
-            clock.now(),
-            provider_now,
-            provider_first_sent(attempts),
-            provider_sent_before(attempts),
-            within,
-            clock.monotonic(),
-        )
+    if ambiguous:
+        run.key_window = _key_window(settings, record, attempts, provider_now, within=within)
     moment = Moment(resend_refused=refusal is not None)
     if choose(RESUMED, moment) is Transition.KEY_WINDOW_PASSED:
         assert refusal is not None
@@ -715,6 +706,31 @@ def _key_gone(
         provider_first=provider_first_sent(attempts),
         provider_sent_by=provider_sent_before(attempts),
         within=within,
+    )
+
+
+def _key_window(
+    settings: DriveSettings,
+    record: IntentRecord,
+    attempts: Sequence[AttemptRecord],
+    provider_now: float | None,
+    *,
+    within: float | None,
+) -> KeyWindow | None:
+    """The window within which a resend of ``record`` (an attempt may have executed) must
+    end, read from both clocks now; None for an intent never sent."""
+    if record.first_sent_at is None:
+        return None
+    clock = settings.clock
+    return KeyWindow(
+        record.first_sent_at,
+        settings.profile.key_lifetime,
+        clock.now(),
+        provider_now,
+        provider_first_sent(attempts),
+        provider_sent_before(attempts),
+        within,
+        clock.monotonic(),
     )
 
 
@@ -955,15 +971,18 @@ def _answer_again(settings: DriveSettings, record: IntentRecord) -> Drive:
     began, tried = clock.monotonic(), 0
     while True:
         provider_now = yield from _provider_now(settings)
-        # Judged again before every try: the retries of a resend never run past the window.
-        expired = _key_gone(
+        # Judged again before every try, as each retry of a resend is: the try must end
+        # while the key is surely remembered, and the provider may run it for
+        # max_processing (an answer got again near the window's end is a resend after it).
+        window = _key_window(
             settings,
             record,
             attempts,
             provider_now,
-            executed=True,
             within=_automatic_within(settings, asked=False),
         )
+        ends = clock.monotonic() + profile.max_processing
+        expired = None if window is None else window.refusal_at(ends)
         if expired is not None:
             why.append(f"a resend under its key is no longer safe: {expired}")
             break
