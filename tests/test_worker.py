@@ -567,6 +567,52 @@ def test_an_intent_the_provider_cannot_tell_about_is_looked_up_on_schedule_then_
     assert found.after is payonce.IntentState.SUCCEEDED
 
 
+def test_an_intent_dated_by_a_clock_since_set_back_is_looked_up_at_once_then_on_schedule(
+    make_client: MakeClient,
+    sandbox: SandboxServer,
+    journal_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The host's clock was a day ahead when the payment went unknown, and was then set
+    # right. A red-team's case: after the first look-up by the right clock, the worker
+    # looked it up again on every pass and spent the schedule's tries in seconds.
+    def day_ahead() -> float:
+        return time.time() + 86_400
+
+    lost = make_unknown(make_client, sandbox, "order-ahead", "drop_after", clock=day_ahead)
+    assert sandbox.wait_idle()
+    monkeypatch.setenv("PAYONCE_API_KEY", DEFAULT_API_KEY)
+    schedule = payonce.providers.get_profile("sandbox").reconcile_schedule  # 0.5, 1, 2: 3 tries
+    recorded, clock = Recorded(), Clock(time.time())
+
+    with (
+        pages_in_front_of(sandbox.url, [MAINTENANCE] * 100) as down,
+        Worker(
+            journal=journal_path,
+            base_url=down.url,
+            hooks=recorded,
+            retry=payonce.RetryPolicy(max_attempts=1),
+            clock=clock,
+        ) as worker,
+    ):
+
+        def looked_up() -> int:
+            return 100 - len(down.pages)
+
+        worker.run_pass()  # dated a day ahead: asked at once, not a day later
+        assert looked_up() == 1
+        for _ in range(5):
+            clock.advance(0.1)
+            worker.run_pass()  # then on the schedule, from the look-up this clock made
+        assert looked_up() == 1
+        clock.advance(schedule.interval)
+        worker.run_pass()
+        assert looked_up() == 2
+        assert recorded.escalations == []
+    with payonce.open_journal(journal_path) as journal:
+        assert journal.get(lost.key).state is payonce.IntentState.UNKNOWN  # type: ignore[union-attr]
+
+
 def test_an_intent_reconciled_as_never_sent_is_sent_in_the_same_pass(
     make_client: MakeClient, sandbox: SandboxServer, journal_path: Path
 ) -> None:

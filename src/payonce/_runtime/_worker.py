@@ -35,6 +35,7 @@ from .._lifecycle import (
     ReconcileOutcome,
     ReconcileSchedule,
     ScheduleDecision,
+    current_clock_since,
     decide_lookup,
     decide_resend,
     first_unknown_since,
@@ -396,7 +397,12 @@ class Worker:
         attempts = self.journal.attempts(record.key)
         reconciliations = self.journal.reconciliations(record.key)
         since = unknown_since(record, attempts)
-        tries = tries_since(since, reconciliations)
+        tries = tries_since(
+            since,
+            reconciliations,
+            current_since=current_clock_since(record, attempts, now),
+            now=now,
+        )
         return decide_lookup(
             profile.reconcile_schedule,
             since=since,
