@@ -19,6 +19,7 @@ import attrs
 
 __all__ = [
     "APPLICATION",
+    "ESCALATIONS_SCHEMA",
     "MIGRATIONS",
     "PROVIDER_DATE_SCHEMA",
     "SCHEMA_VERSION",
@@ -127,6 +128,21 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 7: the URL each attempt was sent to: a resume by a client of another base URL sends
     #    the journaled path to its own host, so the intent's URL alone does not tell where.
     ("ALTER TABLE attempts ADD COLUMN sent_to TEXT",),
+    # 8 (escalations): a worker's escalation of an unknown intent, one per time it went
+    #    unknown, so it is said once across restarts and by one of the workers sharing a
+    #    journal (the primary key arbitrates).
+    (
+        """
+        CREATE TABLE escalations (
+            key TEXT NOT NULL REFERENCES intents (key) ON DELETE CASCADE,
+            unknown_since {REAL} NOT NULL,
+            at {REAL} NOT NULL,
+            tries INTEGER NOT NULL,
+            reason TEXT NOT NULL,
+            PRIMARY KEY (key, unknown_since)
+        )
+        """,
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -136,6 +152,8 @@ is read with none."""
 SENT_TO_SCHEMA = 7
 """The schema whose attempts carry the URL each was sent to: an older one, opened
 read-only, is read with none."""
+ESCALATIONS_SCHEMA = 8
+"""The schema that journals escalations: an older one, opened read-only, has none."""
 
 
 def render_migrations(types: Mapping[str, str]) -> tuple[tuple[str, ...], ...]:

@@ -18,6 +18,8 @@ from .._lifecycle import IntentState
 from ._rows import (
     ATTEMPT_COLUMNS,
     ATTEMPT_FIELDS,
+    ESCALATION_COLUMNS,
+    ESCALATION_FIELDS,
     EVENT_FIELDS,
     INTENT_COLUMNS,
     INTENT_FIELDS,
@@ -112,6 +114,7 @@ def needed_columns() -> dict[str, tuple[str, ...]]:
         "intents": INTENT_FIELDS,
         "attempts": ATTEMPT_FIELDS,
         "reconciliations": RECONCILIATION_FIELDS,
+        "escalations": ESCALATION_FIELDS,
         "webhook_events": EVENT_FIELDS,
     }
 
@@ -354,6 +357,16 @@ ATTEMPTS_BEFORE_PROVIDER_DATE = ATTEMPTS_BEFORE_SENT_TO.replace(
 """The same, for a journal of schema 5 or older opened read-only (never migrated)."""
 RECONCILIATIONS = (
     f"SELECT {RECONCILIATION_COLUMNS} FROM reconciliations WHERE key = ? ORDER BY at, "
+)
+ESCALATE = (
+    "INSERT INTO escalations (key, unknown_since, at, tries, reason)"
+    " SELECT key, ?, ?, ?, ? FROM intents WHERE key = ? AND state = ?"
+    # Several workers escalating the same time it went unknown: the primary key lets one
+    # insert win; the others insert nothing, and say nothing.
+    " ON CONFLICT DO NOTHING"
+)
+ESCALATIONS = (
+    f"SELECT {ESCALATION_COLUMNS} FROM escalations WHERE key = ? ORDER BY unknown_since, at"
 )
 
 META = "SELECT name, value FROM payonce_meta"

@@ -36,7 +36,7 @@ from .._lifecycle import (
 from .._owners import owner_is_dead
 from ..errors import IntentInFlight
 from . import _sql as sql
-from ._engine import AFTER_SEND, BEFORE_SEND, Engine, Tx
+from ._engine import AFTER_SEND, BEFORE_SEND, NO_SEND, Engine, Tx
 from ._held import HeldRecords, created_record, settled_record
 from ._intents import allowed, reread, select_intent
 from ._plans import (
@@ -169,6 +169,18 @@ class IntentStore:
     def async_edge(self) -> AsyncEdge | None:
         """The engine's writes on the running event loop, if it has them there."""
         return self._engine.async_edge()
+
+    def escalate(
+        self, key: str, *, unknown_since: float, now: float, tries: int, reason: str
+    ) -> bool:
+        """Journal the escalation of the unknown intent ``key`` for the time it went unknown
+        at ``unknown_since``: True if this call did, False if it was escalated for that
+        time already (by this process before a restart, or by another worker) or is no
+        longer unknown. Only the caller that gets True says it."""
+        values = (unknown_since, now, tries, reason, key, IntentState.UNKNOWN.value)
+        return self._engine.write(
+            lambda tx: tx.execute(sql.ESCALATE, values) == 1, durable=False, busy=NO_SEND
+        )
 
     def acknowledge_later(self, key: str, *, now: float) -> None:
         """Acknowledge the settled intent ``key`` with the engine's next write (``_acks``):

@@ -48,6 +48,7 @@ from ._leases import (
 )
 from ._records import (
     AttemptRecord,
+    EscalationRecord,
     IntentDraft,
     IntentRecord,
     IntentRequest,
@@ -126,6 +127,7 @@ __all__ = [
     "ReconcileOutcome",
     "ReconcileSchedule",
     "ReconciliationRecord",
+    "EscalationRecord",
     "ScheduleDecision",
     "Rule",
     "StoredResponse",
