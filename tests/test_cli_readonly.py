@@ -189,6 +189,8 @@ def _back_to_schema_4(location: str) -> None:
         tx.execute("ALTER TABLE attempts DROP COLUMN provider_date")
         tx.execute("ALTER TABLE attempts DROP COLUMN sent_to")
         tx.execute("DROP TABLE escalations")
+        tx.execute("ALTER TABLE attempts DROP COLUMN boot")
+        tx.execute("ALTER TABLE attempts DROP COLUMN boottime")
         tx.execute("UPDATE payonce_meta SET value = '4' WHERE name = 'schema_version'")
 
 
@@ -197,13 +199,18 @@ def _back_to_schema_6(location: str) -> None:
     with raw_transaction(location) as tx:
         tx.execute("ALTER TABLE attempts DROP COLUMN sent_to")
         tx.execute("DROP TABLE escalations")
+        tx.execute("ALTER TABLE attempts DROP COLUMN boot")
+        tx.execute("ALTER TABLE attempts DROP COLUMN boottime")
         tx.execute("UPDATE payonce_meta SET value = '6' WHERE name = 'schema_version'")
 
 
 def _back_to_schema_7(location: str) -> None:
-    """What payonce with schema 7 left: schema 8 added the worker's escalations."""
+    """What payonce with schema 7 left: schema 8 added the worker's escalations and each
+    attempt's boot clock."""
     with raw_transaction(location) as tx:
         tx.execute("DROP TABLE escalations")
+        tx.execute("ALTER TABLE attempts DROP COLUMN boot")
+        tx.execute("ALTER TABLE attempts DROP COLUMN boottime")
         tx.execute("UPDATE payonce_meta SET value = '7' WHERE name = 'schema_version'")
 
 
@@ -247,6 +254,7 @@ def test_a_schema_7_journal_is_shown_without_escalations_and_migrates_to_journal
 
     with payonce.open_journal(location, read_only=True) as journal:  # read as it is
         assert journal.escalations("key-00002") == []
+        assert [(a.boot, a.boottime) for a in journal.attempts("key-00002")] == [(None, None)]
     (shown,) = _json(run_cli(["intents", "show", "order-00002", "--json", "--journal", location]))
     assert (shown["state"], shown["escalations"]) == ("unknown", [])
     assert _schema_version(location) == "7"

@@ -23,6 +23,7 @@ import pytest
 import payonce
 from payonce._lifecycle import (
     AttemptRecord,
+    BootReading,
     Claim,
     ClaimKind,
     IntentDraft,
@@ -63,6 +64,9 @@ class FakeClock:
     provider: float = 1_800_000_000.0
     """The provider's clock, which its answers' Date headers tell: stepping ``wall`` (this
     host's) leaves it alone; time passing moves both."""
+    booted: BootReading | None = None
+    """This host's boot clock, which time passing moves and no step of ``wall`` does; None:
+    a host without one."""
 
     def now(self) -> float:
         return self.wall
@@ -70,10 +74,15 @@ class FakeClock:
     def monotonic(self) -> float:
         return self.mono
 
+    def boot(self) -> BootReading | None:
+        return self.booted
+
     def advance(self, seconds: float) -> None:
         self.wall += seconds
         self.mono += seconds
         self.provider += seconds
+        if self.booted is not None:
+            self.booted = attrs.evolve(self.booted, seconds=self.booted.seconds + seconds)
 
     def provider_date(self) -> str:
         return email.utils.formatdate(self.provider, usegmt=True)
@@ -177,12 +186,26 @@ class Script:
         at: float | None = None,
         provider_date: float | None = None,
     ) -> None:
-        """An attempt journaled earlier; ``provider_date``: its answer's Date."""
+        """An attempt journaled earlier; ``provider_date``: its answer's Date. Dated by the
+        boot clock as it is now, where the host has one."""
         started = self.clock.wall if at is None else at
         number = len(self.attempts) + 1
         end = started + 1 if ended else None
+        booted = self.clock.boot()
+        boot = None if booted is None else f"{booted.host}/{booted.boot_id}"
         self.attempts.append(
-            AttemptRecord("k", number, started, end, None, None, ambiguous, provider_date)
+            AttemptRecord(
+                "k",
+                number,
+                started,
+                end,
+                None,
+                None,
+                ambiguous,
+                provider_date,
+                boot=boot,
+                boottime=None if booted is None else booted.seconds,
+            )
         )
 
     def _apply(self, transition: Transition, **changes: Any) -> IntentRecord:
@@ -1033,6 +1056,59 @@ def test_an_answer_got_again_stops_retrying_before_a_try_could_end_past_the_wind
         script.call()
     assert script.asked_again == 2
     assert script.slept == [1.0, 2.0]
+
+
+# A first send dated by a clock ahead, set right before the re-run, looked younger than it
+# was: the boot clock (CLOCK_BOOTTIME, journaled with each attempt) cannot be stepped.
+AHEAD = 600.0
+THIS_BOOT = BootReading("shop-1", "boot-a", 5000.0)
+
+
+def _sent_ahead_then_set_right(script: Script, *, after: float) -> None:
+    """Sent (no answer) while this host's clock was 10 minutes ahead; ``after`` seconds
+    later the clock has been set right."""
+    script.clock.wall += AHEAD
+    _crashed_after_sending(script, hours_ago=0)
+    script.clock.advance(after)
+    script.clock.wall -= AHEAD
+
+
+def test_a_clock_ahead_at_the_first_send_and_set_right_cannot_stretch_the_15_minutes() -> None:
+    script = Script(sends=[OK], clock=FakeClock(booted=THIS_BOOT))
+    _sent_ahead_then_set_right(script, after=20 * 60)  # 10 minutes by the wall clock
+    with pytest.raises(payonce.OutcomeUnknown, match="first sent 1200s ago"):
+        script.resume()
+    assert script.sent == 0
+    assert script.transitions == [T.KEY_WINDOW_PASSED]
+
+
+def test_without_a_boot_clock_the_wall_clock_s_age_stands_as_before() -> None:
+    script = Script(sends=[OK], clock=FakeClock())
+    _sent_ahead_then_set_right(script, after=20 * 60)
+    assert script.resume().status_code == 201  # the stretch the boot clock closes
+
+
+def test_after_a_reboot_of_the_same_host_the_key_is_at_least_as_old_as_the_boot() -> None:
+    script = Script(sends=[OK], clock=FakeClock(booted=THIS_BOOT))
+    _sent_ahead_then_set_right(script, after=AHEAD + 300)  # 5 minutes by the wall clock
+    script.clock.booted = BootReading("shop-1", "boot-b", 1000.0)  # up for 16 minutes
+    with pytest.raises(payonce.OutcomeUnknown, match="first sent 1000s ago"):
+        script.resume()
+    assert script.sent == 0
+
+
+def test_another_host_s_boot_clock_says_nothing_of_the_first_send() -> None:
+    script = Script(sends=[OK], clock=FakeClock(booted=THIS_BOOT))
+    _sent_ahead_then_set_right(script, after=AHEAD + 300)
+    script.clock.booted = BootReading("shop-2", "boot-c", 900_000.0)
+    assert script.resume().status_code == 201
+
+
+def test_a_re_run_in_the_same_boot_inside_the_window_is_resent() -> None:
+    script = Script(sends=[OK], clock=FakeClock(booted=THIS_BOOT))
+    _sent_ahead_then_set_right(script, after=AHEAD + 120)
+    assert script.resume().status_code == 201
+    assert script.sent == 1
 
 
 def test_a_call_again_of_an_unknown_intent_with_a_look_up_is_refused_as_before() -> None:

@@ -56,7 +56,12 @@ from ._rows import (
     intent_from_row,
     reconciliation_from_row,
 )
-from ._schema import ESCALATIONS_SCHEMA, PROVIDER_DATE_SCHEMA, SENT_TO_SCHEMA
+from ._schema import (
+    BOOT_CLOCK_SCHEMA,
+    ESCALATIONS_SCHEMA,
+    PROVIDER_DATE_SCHEMA,
+    SENT_TO_SCHEMA,
+)
 
 __all__ = ["Journal"]
 
@@ -261,6 +266,8 @@ class Journal:
             statement = sql.ATTEMPTS_BEFORE_PROVIDER_DATE
         elif self._engine.schema_version < SENT_TO_SCHEMA:
             statement = sql.ATTEMPTS_BEFORE_SENT_TO
+        elif self._engine.schema_version < BOOT_CLOCK_SCHEMA:
+            statement = sql.ATTEMPTS_BEFORE_BOOT_CLOCK
         return self._engine.read(
             lambda tx: [attempt_from_row(row) for row in tx.all(statement, (key,))]
         )

@@ -101,6 +101,8 @@ ATTEMPT_FIELDS = (
     "ambiguous",
     "provider_date",
     "sent_to",
+    "boot",
+    "boottime",
 )
 RECONCILIATION_FIELDS = ("key", "at", "outcome", "detail", "status_code")
 ESCALATION_FIELDS = ("key", "unknown_since", "at", "tries", "reason")
@@ -284,7 +286,19 @@ def attempt_from_row(row: Sequence[Any]) -> AttemptRecord:
 
 
 def _attempt(row: Sequence[Any]) -> AttemptRecord:
-    key, number, started_at, ended_at, status_code, error, ambiguous, provider_date, sent_to = row
+    (
+        key,
+        number,
+        started_at,
+        ended_at,
+        status_code,
+        error,
+        ambiguous,
+        provider_date,
+        sent_to,
+        boot,
+        boottime,
+    ) = row
     return AttemptRecord(
         key=key,
         number=int(number),
@@ -295,6 +309,8 @@ def _attempt(row: Sequence[Any]) -> AttemptRecord:
         ambiguous=None if ambiguous is None else bool(ambiguous),
         provider_date=_real(provider_date),
         sent_to=sent_to,
+        boot=boot,
+        boottime=_real(boottime),
     )
 
 

@@ -19,6 +19,7 @@ import attrs
 
 __all__ = [
     "APPLICATION",
+    "BOOT_CLOCK_SCHEMA",
     "ESCALATIONS_SCHEMA",
     "MIGRATIONS",
     "PROVIDER_DATE_SCHEMA",
@@ -131,7 +132,11 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 8 (escalations): a worker's escalation of an unknown intent, one per time it went
     #    unknown, so it is said once across restarts and by one of the workers sharing a
     #    journal (the primary key arbitrates).
+    # 8 (boot clock): each attempt dated by its host's boot and boot clock too, which no
+    #    wall-clock step moves: a key's age cannot look young after a clock set right.
     (
+        "ALTER TABLE attempts ADD COLUMN boot TEXT",
+        "ALTER TABLE attempts ADD COLUMN boottime {REAL}",
         """
         CREATE TABLE escalations (
             key TEXT NOT NULL REFERENCES intents (key) ON DELETE CASCADE,
@@ -154,6 +159,9 @@ SENT_TO_SCHEMA = 7
 read-only, is read with none."""
 ESCALATIONS_SCHEMA = 8
 """The schema that journals escalations: an older one, opened read-only, has none."""
+BOOT_CLOCK_SCHEMA = 8
+"""The schema whose attempts carry their host's boot clock: an older one, opened
+read-only, is read with none."""
 
 
 def render_migrations(types: Mapping[str, str]) -> tuple[tuple[str, ...], ...]:

@@ -38,7 +38,12 @@ from ._identity import (
     validate_key,
     validate_reference,
 )
-from ._key_age import KEY_LIFETIME_MARGIN, may_have_executed, resend_refusal
+from ._key_age import (
+    KEY_LIFETIME_MARGIN,
+    BootReading,
+    may_have_executed,
+    resend_refusal,
+)
 from ._leases import (
     EVENT_LEASE_SECONDS,
     abandon_blocked,
@@ -108,6 +113,7 @@ __all__ = [
     "MAX_KEY_LENGTH",
     "RULES",
     "AttemptRecord",
+    "BootReading",
     "CanonicalRequest",
     "Claim",
     "FormData",

@@ -48,7 +48,10 @@ from ._guards import (
 from ._identity import journaled_fingerprint_matches
 from ._key_age import (
     ASSUMED_LIFETIME_RESEND_WINDOW,
+    BootReading,
     KeyWindow,
+    boot_elapsed,
+    first_sent_boot,
     may_have_executed,
     provider_first_sent,
     provider_sent_before,
@@ -127,6 +130,11 @@ class Clock(Protocol):
 
     def monotonic(self) -> float:
         """Seconds that never step: ``max_elapsed``, how long to wait for another worker."""
+        ...
+
+    def boot(self) -> BootReading | None:
+        """This host's boot clock (``BootReading``), None where it has none: a bound on a
+        key's age that no step of the wall clock moves."""
         ...
 
 
@@ -706,7 +714,14 @@ def _key_gone(
         provider_first=provider_first_sent(attempts),
         provider_sent_by=provider_sent_before(attempts),
         within=within,
+        at_least=_boot_elapsed(settings, attempts),
     )
+
+
+def _boot_elapsed(settings: DriveSettings, attempts: Sequence[AttemptRecord]) -> float | None:
+    """Seconds surely elapsed since the first send by this host's boot clock, which no
+    step of the wall clock moves (``boot_elapsed``)."""
+    return boot_elapsed(first_sent_boot(attempts), settings.clock.boot())
 
 
 def _key_window(
@@ -731,6 +746,7 @@ def _key_window(
         provider_sent_before(attempts),
         within,
         clock.monotonic(),
+        _boot_elapsed(settings, attempts),
     )
 
 
@@ -1228,6 +1244,7 @@ def _concluded(
             provider_now=settings.provider_clock.now(clock.monotonic()),
             provider_first=provider_first_sent(attempts),
             provider_sent_by=provider_sent_before(attempts),
+            at_least=_boot_elapsed(settings, attempts),
         )
         # A look-up by key finds nothing once the provider forgot the key: "no record" is
         # evidence only within the window a resend is made in (an assumed lifetime's short

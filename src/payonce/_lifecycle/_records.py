@@ -90,6 +90,12 @@ class AttemptRecord:
     """The URL this attempt was sent to (without userinfo): the journaled URL's path on the
     sending client's base URL, which a resume by a client of another base URL changes. None
     for an attempt journaled before schema 7."""
+    boot: str | None = None
+    """Which boot of which host started it (``host/boot id``); None where the host did
+    not tell (no Linux boot id), or for an attempt journaled before schema 8."""
+    boottime: float | None = None
+    """That host's boot clock when it started (``CLOCK_BOOTTIME``: seconds since its boot,
+    which no step of the wall clock moves); None as for ``boot``."""
 
     @property
     def in_flight(self) -> bool:
