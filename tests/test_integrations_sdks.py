@@ -1341,6 +1341,21 @@ def test_the_integrations_take_real_clients_under_mypy_strict(tmp_path: Path) ->
 # -- missing SDKs --------------------------------------------------------------------------------
 
 
+def import_error(integration: str, first: str) -> str:
+    """What importing ``payonce.integrations.<integration>`` says, in a fresh interpreter
+    that ran ``first`` before it ("imported" when it raised nothing)."""
+    script = (
+        f"{first}"
+        "try:\n"
+        f"    import payonce.integrations.{integration}\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+        "else:\n"
+        "    print('imported')\n"
+    )
+    return python_output(script)
+
+
 @pytest.mark.parametrize(
     ("integration", "sdk_module", "extra"),
     [
@@ -1354,17 +1369,8 @@ def test_the_integrations_take_real_clients_under_mypy_strict(tmp_path: Path) ->
 def test_an_integration_without_its_sdk_names_the_extra_to_install(
     integration: str, sdk_module: str, extra: str
 ) -> None:
-    script = (
-        "import sys\n"
-        f"sys.modules[{sdk_module!r}] = None  # as if it were not installed\n"
-        "try:\n"
-        f"    import payonce.integrations.{integration}\n"
-        "except ImportError as exc:\n"
-        "    print(exc)\n"
-        "else:\n"
-        "    print('imported')\n"
-    )
-    assert f"pip install 'payonce[{extra}]'" in python_output(script)
+    as_if_not_installed = f"import sys\nsys.modules[{sdk_module!r}] = None\n"
+    assert f"pip install 'payonce[{extra}]'" in import_error(integration, as_if_not_installed)
 
 
 @pytest.mark.parametrize(
@@ -1383,17 +1389,8 @@ def test_an_sdk_too_old_to_tell_its_own_keys_names_the_versions_payonce_supports
 ) -> None:
     # stripe-python before 16 has no _generate_idempotency_key to tell its own keys from a
     # caller's: the import says which versions work, not only "a version payonce supports".
-    script = (
-        f"{draws_keys}\n"
-        "del part._generate_idempotency_key  # as in an older release\n"
-        "try:\n"
-        f"    import payonce.integrations.{integration}\n"
-        "except ImportError as exc:\n"
-        "    print(exc)\n"
-        "else:\n"
-        "    print('imported')\n"
-    )
-    assert supported in python_output(script)
+    as_in_an_older_release = f"{draws_keys}\ndel part._generate_idempotency_key\n"
+    assert supported in import_error(integration, as_in_an_older_release)
 
 
 @pytest.mark.parametrize(
