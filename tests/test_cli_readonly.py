@@ -184,6 +184,7 @@ def _back_to_schema_4(location: str) -> None:
     """What payonce with schema 4 left: schema 5 added the index on references, schema 6 the
     provider's Date of each attempt."""
     with raw_transaction(location) as tx:
+        tx.execute("ALTER TABLE intents DROP COLUMN key_per_call")
         tx.execute("DROP INDEX intents_reference")
         tx.execute("ALTER TABLE attempts DROP COLUMN provider_date")
         tx.execute("ALTER TABLE attempts DROP COLUMN sent_to")
@@ -193,6 +194,7 @@ def _back_to_schema_4(location: str) -> None:
 def _back_to_schema_6(location: str) -> None:
     """What payonce with schema 6 left: schema 7 added the URL each attempt was sent to."""
     with raw_transaction(location) as tx:
+        tx.execute("ALTER TABLE intents DROP COLUMN key_per_call")
         tx.execute("ALTER TABLE attempts DROP COLUMN sent_to")
         tx.execute("UPDATE payonce_meta SET value = '6' WHERE name = 'schema_version'")
 
@@ -212,7 +214,7 @@ def test_a_schema_6_journal_is_shown_without_urls_and_migrates_with_none_for_old
     assert _schema_version(location) == "6"
 
     with payonce.open_journal(location) as journal:  # a writer migrates it
-        assert journal.schema_version == SCHEMA_VERSION == 7
+        assert journal.schema_version == SCHEMA_VERSION == 8
         store = store_of(journal)
         assert store.claim_key("key-00002", owner="w", now=1003.0, lease_seconds=30)
         store.start_attempt(
@@ -220,7 +222,35 @@ def test_a_schema_6_journal_is_shown_without_urls_and_migrates_with_none_for_old
         )
         assert [a.sent_to for a in journal.attempts("key-00001")] == [None]
         assert [a.sent_to for a in journal.attempts("key-00002")] == [None, "https://b.test/v1/p"]
+    assert _schema_version(location) == "8"
+
+
+def _back_to_schema_7(location: str) -> None:
+    """What payonce with schema 7 left: schema 8 added whether an intent's key was drawn
+    for its one call."""
+    with raw_transaction(location) as tx:
+        tx.execute("ALTER TABLE intents DROP COLUMN key_per_call")
+        tx.execute("UPDATE payonce_meta SET value = '7' WHERE name = 'schema_version'")
+
+
+def test_a_schema_7_journal_is_read_with_every_key_named_and_migrates_to_schema_8(
+    location: str,
+) -> None:
+    _two_intents(location)
+    _back_to_schema_7(location)
+
+    with payonce.open_journal(location, read_only=True) as journal:  # read as it is
+        assert [r.key_per_call for r in journal.list_intents()] == [False, False]
+        assert journal.get("key-00001") is not None
+    listed = run_cli(["intents", "list", "--journal", location])
+    assert listed.exit_code == 0, listed.output
+    assert "order-00001" in listed.stdout
     assert _schema_version(location) == "7"
+
+    with payonce.open_journal(location) as journal:  # a writer migrates it
+        assert journal.schema_version == SCHEMA_VERSION == 8
+        assert [r.key_per_call for r in journal.list_intents()] == [False, False]
+    assert _schema_version(location) == "8"
 
 
 def test_an_older_schema_is_read_as_it_is_and_only_migrate_migrates_it(location: str) -> None:

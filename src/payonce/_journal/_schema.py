@@ -20,6 +20,7 @@ import attrs
 __all__ = [
     "APPLICATION",
     "MIGRATIONS",
+    "PER_CALL_KEYS_SCHEMA",
     "PROVIDER_DATE_SCHEMA",
     "SCHEMA_VERSION",
     "SENT_TO_SCHEMA",
@@ -127,6 +128,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 7: the URL each attempt was sent to: a resume by a client of another base URL sends
     #    the journaled path to its own host, so the intent's URL alone does not tell where.
     ("ALTER TABLE attempts ADD COLUMN sent_to TEXT",),
+    # 8 (per-call keys): whether an intent's key was drawn for its one call (an SDK's own
+    #    per-call key, or payonce's for a request outside any block that carried none), so
+    #    that no resume or worker resends what the code run again paid under another key.
+    ("ALTER TABLE intents ADD COLUMN key_per_call INTEGER",),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -136,6 +141,9 @@ is read with none."""
 SENT_TO_SCHEMA = 7
 """The schema whose attempts carry the URL each was sent to: an older one, opened
 read-only, is read with none."""
+PER_CALL_KEYS_SCHEMA = 8
+"""The schema whose intents say whether their key was drawn per call: an older one, opened
+read-only, is read as none (every key named by its caller or its block)."""
 
 
 def render_migrations(types: Mapping[str, str]) -> tuple[tuple[str, ...], ...]:
