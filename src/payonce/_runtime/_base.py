@@ -189,11 +189,12 @@ _OPEN_IN_THREADS_LOCK = threading.Lock()
 
 
 def blocks_in_other_threads(core: IntentCore) -> list[tuple[OperationBase, threading.Thread]]:
-    """The blocks of this client open in other threads than this one."""
+    """The blocks of this client open in other live threads than this one (after a fork,
+    the parent's other threads are not alive in the child: their blocks are not here)."""
     here = threading.current_thread()
     with _OPEN_IN_THREADS_LOCK:
         blocks = list(_OPEN_IN_THREADS.get(core, {}).items())
-    return [(op, thread) for op, thread in blocks if thread is not here]
+    return [(op, thread) for op, thread in blocks if thread is not here and thread.is_alive()]
 
 
 def other_threads_advice(blocks: Sequence[tuple[OperationBase, threading.Thread]]) -> str:
