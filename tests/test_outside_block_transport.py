@@ -10,13 +10,16 @@ never read), or every attempt meets a fault the sandbox was told to play.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 import payonce
+from helpers.cli import run_cli
 from helpers.payments import PAYMENT, DiesAfterSending, MakeClient
 from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
 
@@ -59,7 +62,10 @@ def left_by_a_dead_call(
 
 
 def test_a_request_outside_any_block_under_no_key_of_its_own_is_not_resent_by_resume(
-    make_client: MakeClient, post_outside: Callable[..., httpx.Response], sandbox: SandboxServer
+    make_client: MakeClient,
+    post_outside: Callable[..., httpx.Response],
+    sandbox: SandboxServer,
+    journal_path: Path,
 ) -> None:
     record = left_by_a_dead_call(make_client, post_outside)
     assert record.key_per_call
@@ -69,6 +75,12 @@ def test_a_request_outside_any_block_under_no_key_of_its_own_is_not_resent_by_re
 
     assert result.state is payonce.IntentState.UNKNOWN
     assert "outside any intent block under a key drawn for that one call" in result.detail
+    shown = run_cli(["intents", "show", record.key, "--journal", str(journal_path)]).stdout
+    assert "key_per_call\tyes: sent outside any block" in shown
+    (listed,) = json.loads(
+        run_cli(["intents", "list", "--json", "--journal", str(journal_path)]).stdout
+    )
+    assert listed["key_per_call"] is True
     assert sandbox.store.executions() == {record.key: 1}  # not even sent to be replayed
     # The sandbox's look-up by key finds it executed: settled from the provider's record.
     (reconciled,) = make_client().reconcile(record.key)
