@@ -23,7 +23,7 @@ import payonce
 from helpers.cli import CliResult, run_cli
 from helpers.journals import draft_for, raw_transaction, rows, settle, store_of
 from payonce._journal import _sql as sql
-from payonce._journal._schema import ESCALATIONS_SCHEMA, SCHEMA_VERSION
+from payonce._journal._schema import ESCALATIONS_SCHEMA, PER_CALL_KEYS_SCHEMA, SCHEMA_VERSION
 from payonce._lifecycle import Transition
 
 V1_JOURNAL = Path(__file__).parent / "data" / "journal_v1.sql"
@@ -185,6 +185,7 @@ def _back_to_schema_4(location: str) -> None:
     """What payonce with schema 4 left: schema 5 added the index on references, schema 6 the
     provider's Date of each attempt."""
     with raw_transaction(location) as tx:
+        tx.execute("ALTER TABLE intents DROP COLUMN key_per_call")
         tx.execute("DROP INDEX intents_reference")
         tx.execute("ALTER TABLE attempts DROP COLUMN provider_date")
         tx.execute("ALTER TABLE attempts DROP COLUMN sent_to")
@@ -197,6 +198,7 @@ def _back_to_schema_4(location: str) -> None:
 def _back_to_schema_6(location: str) -> None:
     """What payonce with schema 6 left: schema 7 added the URL each attempt was sent to."""
     with raw_transaction(location) as tx:
+        tx.execute("ALTER TABLE intents DROP COLUMN key_per_call")
         tx.execute("ALTER TABLE attempts DROP COLUMN sent_to")
         tx.execute("DROP TABLE escalations")
         tx.execute("ALTER TABLE attempts DROP COLUMN boot")
@@ -206,8 +208,9 @@ def _back_to_schema_6(location: str) -> None:
 
 def _back_to_schema_7(location: str) -> None:
     """What payonce with schema 7 left: schema 8 added the worker's escalations and each
-    attempt's boot clock."""
+    attempt's boot clock (and schema 9 whether a key was drawn per call)."""
     with raw_transaction(location) as tx:
+        tx.execute("ALTER TABLE intents DROP COLUMN key_per_call")
         tx.execute("DROP TABLE escalations")
         tx.execute("ALTER TABLE attempts DROP COLUMN boot")
         tx.execute("ALTER TABLE attempts DROP COLUMN boottime")
@@ -260,7 +263,7 @@ def test_a_schema_7_journal_is_shown_without_escalations_and_migrates_to_journal
     assert _schema_version(location) == "7"
 
     with payonce.open_journal(location) as journal:  # a writer migrates it
-        assert journal.schema_version == SCHEMA_VERSION == ESCALATIONS_SCHEMA
+        assert journal.schema_version == SCHEMA_VERSION > ESCALATIONS_SCHEMA == 8
         store = store_of(journal)
         said = dict(unknown_since=1003.0, now=1100.0, tries=3, reason="HTTP 503")
         assert store.escalate("key-00002", **said) is True
@@ -278,6 +281,34 @@ def test_a_schema_7_journal_is_shown_without_escalations_and_migrates_to_journal
     assert [e["tries"] for e in shown["escalations"]] == [3, 3]
     text = run_cli(["intents", "show", "order-00002", "--journal", location]).stdout
     assert "escalated\t1970-01-01T00:18:20.000+00:00 after 3 tries" in text
+
+
+def _back_to_schema_8(location: str) -> None:
+    """What payonce with schema 8 left: schema 9 added whether an intent's key was drawn
+    for its one call."""
+    with raw_transaction(location) as tx:
+        tx.execute("ALTER TABLE intents DROP COLUMN key_per_call")
+        tx.execute("UPDATE payonce_meta SET value = '8' WHERE name = 'schema_version'")
+
+
+def test_a_schema_8_journal_is_read_with_every_key_named_and_migrates_to_schema_9(
+    location: str,
+) -> None:
+    _two_intents(location)
+    _back_to_schema_8(location)
+
+    with payonce.open_journal(location, read_only=True) as journal:  # read as it is
+        assert [r.key_per_call for r in journal.list_intents()] == [False, False]
+        assert journal.get("key-00001") is not None
+    listed = run_cli(["intents", "list", "--journal", location])
+    assert listed.exit_code == 0, listed.output
+    assert "order-00001" in listed.stdout
+    assert _schema_version(location) == "8"
+
+    with payonce.open_journal(location) as journal:  # a writer migrates it
+        assert journal.schema_version == SCHEMA_VERSION == PER_CALL_KEYS_SCHEMA == 9
+        assert [r.key_per_call for r in journal.list_intents()] == [False, False]
+    assert _schema_version(location) == "9"
 
 
 def test_an_older_schema_is_read_as_it_is_and_only_migrate_migrates_it(location: str) -> None:

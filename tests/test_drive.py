@@ -914,6 +914,62 @@ def test_reconcile_without_a_look_up_past_the_key_window_sends_nothing() -> None
     assert script.sent == 0
 
 
+# A key drawn for its one call (an SDK's, outside any block): the code run again paid under
+# another key, so nothing resends it on payonce's own; an operator's --resend does.
+
+
+def _per_call(script: Script) -> None:
+    assert script.record is not None
+    script.record = attrs.evolve(script.record, key_per_call=True)
+
+
+def test_resume_of_a_per_call_key_marks_it_unknown_and_sends_nothing() -> None:
+    script = Script(DOCUMENTED, sends=[OK])
+    _crashed_after_sending(script, hours_ago=0.1)  # well within the key window
+    _per_call(script)
+    with pytest.raises(payonce.OutcomeUnknown, match="drawn for that one call") as kept:
+        script.resume()
+    assert script.transitions == [T.PER_CALL_KEY]
+    assert (script.sent, script.looked_up) == (0, 0)
+    assert script.record is not None
+    assert "--resend" in (script.record.unknown_reason or "")
+    assert "payonce reconcile" in str(kept.value)
+
+
+def test_reconcile_of_a_per_call_key_without_a_look_up_sends_nothing_unless_asked() -> None:
+    script = Script(GENERIC, sends=[OK])
+    _unknown(script, hours_ago=0.1)  # a key of its caller's would be resent now
+    _per_call(script)
+    kept = script.reconcile()
+    assert (kept.outcome, kept.after) == ("still_unknown", IntentState.UNKNOWN)
+    assert "drawn for that one call" in kept.detail
+    assert script.transitions == [T.RECONCILED_PER_CALL_KEY]
+    assert script.sent == 0
+    resent = script.reconcile(resend=True)
+    assert (resent.outcome, resent.after) == ("resent", IntentState.SUCCEEDED)
+    assert script.sent == 1
+
+
+def test_a_look_up_that_finds_no_record_of_a_per_call_key_keeps_it_unknown() -> None:
+    script = Script(VERIFYING, lookups=[ABSENT])
+    _unknown(script, hours_ago=1)  # a key of its caller's would go back to pending
+    _per_call(script)
+    kept = script.reconcile()
+    assert (kept.outcome, kept.after) == ("not_found", IntentState.UNKNOWN)
+    assert "drawn for that one call" in kept.detail
+    assert script.transitions == [T.RECONCILED_AMBIGUOUS]
+    assert script.sent == 0
+
+
+def test_a_look_up_that_finds_a_per_call_key_s_record_settles_it() -> None:
+    script = Script(VERIFYING, lookups=[_found("succeeded")])
+    _unknown(script)
+    _per_call(script)
+    found = script.reconcile()
+    assert (found.outcome, found.after) == ("found", IntentState.SUCCEEDED)
+    assert script.sent == 0
+
+
 def test_a_call_again_of_an_unknown_intent_without_a_look_up_resends_it() -> None:
     script = Script(GENERIC, sends=[OK], claims=[ClaimKind.UNKNOWN])
     _unknown(script, hours_ago=0.1)

@@ -43,6 +43,7 @@ from payonce._lifecycle._guards import (
     GUARDS,
     RECONCILED,
     RESUMED,
+    UNLOOKED,
     Moment,
     choose,
 )
@@ -584,17 +585,18 @@ def test_a_cached_answer_s_date_is_aged_by_the_cache_s_own_count() -> None:
 def _moments() -> Iterator[Moment]:
     """Every moment the drive can describe: a look-up's record state is known exactly when
     it found one."""
-    for outcome, ambiguous, refused, lookup, found, running in itertools.product(
+    for outcome, ambiguous, refused, lookup, found, running, per_call in itertools.product(
         [*Outcome, None],
         [False, True],
         [False, True],
         [*LookupKind, None],
         [IntentState.SUCCEEDED, IntentState.FAILED, None],
         [False, True],
+        [False, True],
     ):
         if (lookup is LookupKind.FOUND) != (found is not None):
             continue
-        yield Moment(outcome, ambiguous, refused, lookup, found, running)
+        yield Moment(outcome, ambiguous, refused, lookup, found, running, per_call)
 
 
 @pytest.mark.parametrize("point", sorted(DECISION_POINTS))
@@ -630,6 +632,12 @@ def test_the_guards_read_as_the_contract_does() -> None:
     expired = attrs.evolve(absent, resend_refused=True)
     assert choose(RECONCILED, expired) is Transition.RECONCILED_AMBIGUOUS
     assert choose(RESUMED, Moment(resend_refused=True)) is Transition.KEY_WINDOW_PASSED
+    # A key drawn per call is never resent on payonce's own, whatever its age, and "no
+    # record" does not make it pending again.
+    assert choose(RESUMED, Moment(per_call_key=True)) is Transition.PER_CALL_KEY
+    assert choose(UNLOOKED, Moment(per_call_key=True)) is Transition.RECONCILED_PER_CALL_KEY
+    per_call_absent = attrs.evolve(absent, per_call_key=True)
+    assert choose(RECONCILED, per_call_absent) is Transition.RECONCILED_AMBIGUOUS
 
 
 def test_whether_a_failed_write_may_have_executed_is_the_rule_s() -> None:

@@ -216,9 +216,21 @@ class Engine(abc.ABC):
     settles_synchronously: bool = False
     """Every write waits for the server's durability, settles too (PostgreSQL's
     ``synchronous_settles``): a statement that would set its own lazy commit must not."""
-    schema_version: int = SCHEMA_VERSION
-    """A writer migrates the journal to this payonce's schema on open; a read-only journal
-    keeps the version it was found at (0: no payonce tables yet)."""
+    _schema_version: int = SCHEMA_VERSION
+
+    @property
+    def schema_version(self) -> int:
+        """A writer migrates the journal to this payonce's schema on open; a read-only
+        journal keeps the version it was found at (0: no payonce tables yet)."""
+        return self._schema_version
+
+    @schema_version.setter
+    def schema_version(self, version: int) -> None:
+        self._schema_version = version
+        # A read-only journal of an older schema lacks the columns added since: its reads
+        # say NULL in their place.
+        self.dialect = type(self).dialect.reading_schema(version)
+
     _commit_watchers: tuple[Callable[[JournalCommitted], None], ...] = ()
 
     @property

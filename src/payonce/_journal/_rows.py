@@ -33,6 +33,7 @@ __all__ = [
     "EVENT_FIELDS",
     "INTENT_COLUMNS",
     "INTENT_FIELDS",
+    "PER_CALL_COLUMN",
     "RECONCILIATION_COLUMNS",
     "RECONCILIATION_FIELDS",
     "attempt_from_row",
@@ -72,6 +73,7 @@ INTENT_FIELDS = (
     "response_schema",
     "acknowledged_at",
     "abandon_reason",
+    "key_per_call",
 )
 """The columns of ``intents`` in ``INTENT_COLUMNS``' order, which ``intent_from_row`` reads by
 position."""
@@ -106,6 +108,9 @@ ATTEMPT_FIELDS = (
 )
 RECONCILIATION_FIELDS = ("key", "at", "outcome", "detail", "status_code")
 ESCALATION_FIELDS = ("key", "unknown_since", "at", "tries", "reason")
+PER_CALL_COLUMN = ", key_per_call,"
+"""How ``INTENT_COLUMNS`` names the column schema 9 added: a read-only journal of an older
+schema reads ``NULL`` in its place (``Dialect.reading_schema``)."""
 
 INTENT_COLUMNS = (
     ", ".join(INTENT_FIELDS)
@@ -160,6 +165,9 @@ def write_ahead_values(
         first_sent_at,
         owner,
         lease_expires_at,
+        # NULL for a key named by its caller or its block: the column's value on every row
+        # older than schema 8.
+        1 if draft.key_per_call else None,
     )
 
 
@@ -252,7 +260,7 @@ def _intent(row: Sequence[Any]) -> IntentRecord:
         lease_expires_at,
         unknown_reason,
     ) = row[8:17]
-    acknowledged_at, abandon_reason, attempt_count = row[23:]
+    acknowledged_at, abandon_reason, key_per_call, attempt_count = row[23:]
     return IntentRecord(
         key=key,
         scope=scope,
@@ -275,6 +283,7 @@ def _intent(row: Sequence[Any]) -> IntentRecord:
         acknowledged_at=_real(acknowledged_at),
         attempt_count=int(attempt_count),
         abandon_reason=abandon_reason,
+        key_per_call=bool(key_per_call),
     )
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "BOOT_CLOCK_SCHEMA",
     "ESCALATIONS_SCHEMA",
     "MIGRATIONS",
+    "PER_CALL_KEYS_SCHEMA",
     "PROVIDER_DATE_SCHEMA",
     "SCHEMA_VERSION",
     "SENT_TO_SCHEMA",
@@ -148,6 +149,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )
         """,
     ),
+    # 9 (per-call keys): whether an intent's key was drawn for its one call (an SDK's own
+    #    per-call key, or payonce's for a request outside any block that carried none), so
+    #    that no resume or worker resends what the code run again paid under another key.
+    ("ALTER TABLE intents ADD COLUMN key_per_call INTEGER",),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -162,6 +167,9 @@ ESCALATIONS_SCHEMA = 8
 BOOT_CLOCK_SCHEMA = 8
 """The schema whose attempts carry their host's boot clock: an older one, opened
 read-only, is read with none."""
+PER_CALL_KEYS_SCHEMA = 9
+"""The schema whose intents say whether their key was drawn per call: an older one, opened
+read-only, is read as none (every key named by its caller or its block)."""
 
 
 def render_migrations(types: Mapping[str, str]) -> tuple[tuple[str, ...], ...]:

@@ -23,10 +23,11 @@ from ._rows import (
     EVENT_FIELDS,
     INTENT_COLUMNS,
     INTENT_FIELDS,
+    PER_CALL_COLUMN,
     RECONCILIATION_COLUMNS,
     RECONCILIATION_FIELDS,
 )
-from ._schema import render_migrations
+from ._schema import PER_CALL_KEYS_SCHEMA, render_migrations
 
 __all__ = [
     "POSTGRES",
@@ -56,18 +57,30 @@ class Dialect:
     chains_writes: bool = False
     """Data-modifying CTEs: a write and the writes that depend on its outcome go as one
     statement (PostgreSQL), so a transaction costs one round trip to the server."""
+    unmigrated: tuple[tuple[str, str], ...] = ()
+    """Columns a read-only journal of an older schema lacks, each with what is read in its
+    place (``reading_schema``); a writer migrates the journal instead."""
     _cache: dict[str, str] = attrs.field(factory=dict, init=False, eq=False, repr=False)
 
     def sql(self, statement: str) -> str:
         """``statement`` with its ``?`` placeholders in this dialect's style."""
-        if self.placeholder == "?":
+        if self.placeholder == "?" and not self.unmigrated:
             return statement
         translated = self._cache.get(statement)
         if translated is None:
             # No statement here holds a literal "?" or "%": the swap is exact.
             translated = statement.replace("?", self.placeholder)
+            for column, instead in self.unmigrated:
+                translated = translated.replace(column, instead)
             self._cache[statement] = translated
         return translated
+
+    def reading_schema(self, version: int) -> Dialect:
+        """This dialect for reading a journal left at schema ``version`` (read-only, never
+        migrated): a column added since is read as NULL."""
+        if not 0 < version < PER_CALL_KEYS_SCHEMA:
+            return self
+        return attrs.evolve(self, unmigrated=((PER_CALL_COLUMN, ", NULL AS key_per_call,"),))
 
     @property
     def migrations(self) -> tuple[tuple[str, ...], ...]:
@@ -133,8 +146,8 @@ BY_REFERENCE = "scope = ? AND reference = ?"
 INSERT_INTENT = (
     "INSERT INTO intents (key, scope, reference, account, provider, method, url, fingerprint,"
     " request_headers, request_body, state, created_at, updated_at, first_sent_at,"
-    " lease_owner, lease_expires_at)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " lease_owner, lease_expires_at, key_per_call)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
     # Two hosts creating the same intent at once: the unique key and (scope, reference)
     # let exactly one insert win; the other inserts nothing and reads the winner's row.
     " ON CONFLICT DO NOTHING"

@@ -623,11 +623,12 @@ def _declined_in_body(record: IntentRecord, profile: DriveProfile) -> bool:
 
 
 def resume(settings: DriveSettings, claim: Claim, owner: str) -> Drive:
-    """A pending intent ``owner`` has claimed (``resume``): resend it under its key. An
-    error about a step 2 or later of a block names it as the block would."""
+    """A pending intent ``owner`` has claimed (``resume``): resend it under its key, unless
+    its key was drawn for its one call (then it goes unknown: ``PER_CALL_KEY``). An error
+    about a step 2 or later of a block names it as the block would."""
     try:
         within = _automatic_within(settings, asked=False)
-        run = yield from _resumed(settings, claim, owner, within=within)
+        run = yield from _resumed(settings, claim, owner, within=within, on_its_own=True)
         return (yield from _send(settings, run))
     except IntentError as error:
         refusals.of_step_row(error, claim.record, max_length=settings.profile.key_max_length)
@@ -635,12 +636,19 @@ def resume(settings: DriveSettings, claim: Claim, owner: str) -> Drive:
 
 
 def _resumed(
-    settings: DriveSettings, claim: Claim, owner: str, *, within: float | None
+    settings: DriveSettings,
+    claim: Claim,
+    owner: str,
+    *,
+    within: float | None,
+    on_its_own: bool = False,
 ) -> Generator[Command, Any, Run]:
     """An existing pending intent ``owner`` has claimed: resend under its key, unless an
     attempt may have executed and the key may be gone at the provider by now (or older than
     ``within``: resent on payonce's own, its key lifetime assumed; None when an operator
-    asked for the resend, ``payonce reconcile --resend``)."""
+    asked for the resend, ``payonce reconcile --resend``). ``on_its_own``: no caller and no
+    operator asked for it (a resume, a worker), so an intent under a key drawn for its one
+    call is not resent: the code that made it may have paid again under another key."""
     record = claim.record
     profile, clock = settings.profile, settings.clock
     if not _intact(record):
@@ -663,6 +671,16 @@ def _resumed(
         started=False,
         resumed=True,
     )
+    if choose(RESUMED, Moment(per_call_key=on_its_own and record.key_per_call)) is (
+        Transition.PER_CALL_KEY
+    ):
+        # Before any look at the clock or the provider: nothing is sent for it here.
+        run.record = yield MarkUnknown(
+            run, Transition.PER_CALL_KEY, refusals.per_call_key(record.key)
+        )
+        raise refusals.unknown(
+            run.record, reconcilable=settings.reconcilable, key_gone=not settings.reconcilable
+        )
     until = quiet_after(attempts, profile.max_processing)
     if profile.verifies and until is not None:
         # After a crash with an attempt in flight, as after a timeout: look before sending.
@@ -1174,9 +1192,8 @@ def _reconcile(
     current = claim.record
     lookup = settings.profile.lookup
     if lookup is None:
-        return (
-            yield from _resent(settings, current, owner, _automatic_within(settings, asked=resend))
-        )
+        within = _automatic_within(settings, asked=resend)
+        return (yield from _resent(settings, current, owner, within, resend=resend))
     retry, clock = settings.retry, settings.clock
     began = clock.monotonic()
     tried = 0
@@ -1252,8 +1269,15 @@ def _concluded(
         refusal = judged(within=_automatic_within(settings, asked=resend))
         resend_refused = refusal is not None
         operator_may = resend_refused and judged() is None
+    # Under a key drawn for its one call, "no record" sends nothing: the code run again may
+    # have paid under another key. An operator who is sure may (``resend``).
+    per_call = record.key_per_call and not resend
     moment = Moment(
-        lookup=kind, found=verdict.state, still_running=still_running, resend_refused=resend_refused
+        lookup=kind,
+        found=verdict.state,
+        still_running=still_running,
+        resend_refused=resend_refused,
+        per_call_key=per_call,
     )
     transition = choose(RECONCILED, moment)
     if kind is LookupKind.FOUND:
@@ -1265,6 +1289,9 @@ def _concluded(
             f"the provider has no record yet, but an earlier attempt may still be executing "
             f"there for {quiet - now:.0f}s more: reconcile again after that"
         )
+    elif kind is LookupKind.ABSENT and per_call:
+        outcome = ReconcileOutcome.NOT_FOUND
+        detail = refusals.per_call_key(record.key, looked_up=verdict.detail)
     elif kind is LookupKind.ABSENT:
         outcome = ReconcileOutcome.NOT_FOUND
         # The look-up's own words: for a request it cannot see (a Stripe confirm), "no
@@ -1294,12 +1321,25 @@ def _concluded(
 
 
 def _reconcile_by_resend(
-    settings: DriveSettings, record: IntentRecord, owner: str, within: float | None
+    settings: DriveSettings,
+    record: IntentRecord,
+    owner: str,
+    within: float | None,
+    *,
+    on_its_own: bool = False,
 ) -> Generator[Command, Any, tuple[IntentRecord, str]]:
     """An unknown intent of a profile without a status look-up, its lease held: back to
     pending (``reconciled by resend``) while a resend under its key cannot execute twice,
     judged as ``_resumed`` judges one (the provider's clock, the profile's margin), else it
-    stays unknown (``reconciled, key window passed``). The record after, and why."""
+    stays unknown (``reconciled, key window passed``). ``on_its_own``: no caller and no
+    operator asked (a reconciliation, a worker): an intent under a key drawn for its one
+    call stays unknown (``reconciled, key drawn per call``). The record after, and why."""
+    if on_its_own and record.key_per_call:
+        transition = choose(UNLOOKED, Moment(per_call_key=True))
+        detail = refusals.per_call_key(record.key)
+        outcome = ReconcileOutcome.STILL_UNKNOWN
+        kept: IntentRecord = yield Reconciled(record, owner, transition, outcome, detail)
+        return kept, detail
     attempts: Sequence[AttemptRecord] = yield ReadAttempts(record.key)
     provider_now = yield from _provider_now(settings)
     refusal = _key_gone(settings, record, attempts, provider_now, executed=True, within=within)
@@ -1330,11 +1370,19 @@ def _reconcile_by_resend(
 
 
 def _resent(
-    settings: DriveSettings, record: IntentRecord, owner: str, within: float | None
+    settings: DriveSettings,
+    record: IntentRecord,
+    owner: str,
+    within: float | None,
+    *,
+    resend: bool,
 ) -> Reconciling:
     """``reconcile`` of an unknown intent of a profile without a status look-up: resent
-    under its key while the key is surely remembered (``_reconcile_by_resend``)."""
-    after, detail = yield from _reconcile_by_resend(settings, record, owner, within)
+    under its key while the key is surely remembered (``_reconcile_by_resend``); one under
+    a key drawn per call only when an operator asked (``resend``)."""
+    after, detail = yield from _reconcile_by_resend(
+        settings, record, owner, within, on_its_own=not resend
+    )
     if after.state is IntentState.UNKNOWN:
         # What to do, for the one reading the reconciliation (the journal keeps the why).
         by_hand = (

@@ -52,6 +52,9 @@ class Moment:
     """The state of the provider's record a look-up found."""
     still_running: bool = False
     """An earlier attempt may still be executing at the provider."""
+    per_call_key: bool = False
+    """The intent was sent outside any block under a key drawn for its one call, and no
+    operator asked for a resend: only that call may resend it (``key_per_call``)."""
 
 
 Guard = Callable[[Moment], bool]
@@ -111,12 +114,18 @@ def none_executed(moment: Moment) -> bool:
 
 def key_window_passed(moment: Moment) -> bool:
     """An attempt may have executed and a resend is no longer safe under the key."""
-    return moment.resend_refused
+    return moment.resend_refused and not moment.per_call_key
 
 
 def resend_safe(moment: Moment) -> bool:
-    """A resend under the key cannot execute twice."""
-    return not moment.resend_refused
+    """A resend under the key cannot execute twice, and the key is not one drawn per call."""
+    return not moment.resend_refused and not moment.per_call_key
+
+
+def key_drawn_per_call(moment: Moment) -> bool:
+    """Sent outside any block under a key drawn for its one call: the code run again may
+    have paid under another key, so it is not resent on payonce's own."""
+    return moment.per_call_key
 
 
 def found_succeeded(moment: Moment) -> bool:
@@ -136,11 +145,13 @@ def found_nothing_final(moment: Moment) -> bool:
 
 
 def absent_and_resendable(moment: Moment) -> bool:
-    """No record, no earlier attempt still able to run, and the key still valid."""
+    """No record, no earlier attempt still able to run, the key still valid, and not a
+    key drawn per call."""
     return (
         moment.lookup is LookupKind.ABSENT
         and not moment.still_running
         and not moment.resend_refused
+        and not moment.per_call_key
     )
 
 
@@ -163,6 +174,7 @@ GUARDS: dict[Transition, Guard] = {
     T.EXHAUSTED: may_have_executed,
     T.EXHAUSTED_UNSENT: none_executed,
     T.KEY_WINDOW_PASSED: key_window_passed,
+    T.PER_CALL_KEY: key_drawn_per_call,
     T.ATTEMPT_STARTED: resend_safe,
     T.VERIFIED_SUCCEEDED: found_succeeded,
     T.VERIFIED_FAILED: found_failed,
@@ -173,6 +185,7 @@ GUARDS: dict[Transition, Guard] = {
     T.RECONCILED_AMBIGUOUS: settles_nothing,
     T.RECONCILED_BY_RESEND: resend_safe,
     T.RECONCILED_KEY_WINDOW_PASSED: key_window_passed,
+    T.RECONCILED_PER_CALL_KEY: key_drawn_per_call,
 }
 """Each chosen transition's guard. The others (write-ahead, abandon, acknowledge) are
 commands, applied when given."""
@@ -190,7 +203,7 @@ ATTEMPT_ENDED = (
 """An attempt answered or raised."""
 ATTEMPTS_OVER = (T.EXHAUSTED, T.EXHAUSTED_UNSENT)
 """The retry policy allows no further attempt."""
-RESUMED = (T.KEY_WINDOW_PASSED, T.ATTEMPT_STARTED)
+RESUMED = (T.PER_CALL_KEY, T.KEY_WINDOW_PASSED, T.ATTEMPT_STARTED)
 """A pending intent journaled earlier is picked up again."""
 VERIFIED = (T.VERIFIED_SUCCEEDED, T.VERIFIED_FAILED, T.LOOKED_UP)
 """A look-up before a resend answered (or got no answer)."""
@@ -201,7 +214,7 @@ RECONCILED = (
     T.RECONCILED_AMBIGUOUS,
 )
 """A reconciliation's look-up concluded (or its attempts ran out)."""
-UNLOOKED = (T.RECONCILED_BY_RESEND, T.RECONCILED_KEY_WINDOW_PASSED)
+UNLOOKED = (T.RECONCILED_BY_RESEND, T.RECONCILED_KEY_WINDOW_PASSED, T.RECONCILED_PER_CALL_KEY)
 """An unknown intent of a profile without a status look-up is met (reconcile, the worker,
 a call again): resent under its key while the key is surely still remembered."""
 

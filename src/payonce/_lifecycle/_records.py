@@ -56,6 +56,10 @@ class IntentDraft(IntentRequest):
     derived_key: str | None = None
     """For a step 2 or later: the key payonce gives that step (``step_key``), so that a
     refusal tells a key the caller's code set from payonce's own."""
+    key_per_call: bool = False
+    """Its key was drawn for this one call (an SDK's per-call key, or payonce's for a
+    request outside any block that carried none): no later run of the code can name it
+    again, so nothing but this call resends it (see ``IntentRecord.key_per_call``)."""
 
 
 @attrs.frozen
@@ -117,6 +121,11 @@ class IntentRecord(IntentRequest):
     acknowledged_at: float | None
     attempt_count: int
     abandon_reason: str | None = None
+    key_per_call: bool = False
+    """Journaled outside any block under a key drawn for that one call: retried and verified
+    by that call only. The code that made it may have run again under another key, so a
+    resume, a worker or a reconciliation never resends it on its own (an operator may:
+    ``payonce reconcile KEY --resend``). False for a journal older than schema 8."""
 
     def lease_live(self, now: float) -> bool:
         return lease_live(self.lease_owner, self.lease_expires_at, now)

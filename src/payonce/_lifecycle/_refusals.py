@@ -32,6 +32,7 @@ __all__ = [
     "mismatch",
     "of_step",
     "of_step_row",
+    "per_call_key",
     "refused",
     "unavailable",
     "unknown",
@@ -212,6 +213,24 @@ def unknown_remedy(
         f"`payonce reconcile {key}` or `payonce worker` resends it under its key (the "
         "provider replays what it executed, or executes it once). Once the key may be gone, "
         f"{by_hand}"
+    )
+
+
+def per_call_key(key: str, *, looked_up: str | None = None) -> str:
+    """Why an intent journaled outside any block under a key drawn for its one call is not
+    resent by a resume, a worker or a reconciliation, and what to do (the reason it stays
+    unknown with). ``looked_up``: what a status look-up found, when one was made."""
+    found = f"{looked_up}; " if looked_up else ""
+    return (
+        f"{found}it was sent outside any intent block under a key drawn for that one call "
+        "(the SDK's own, or payonce's for a request that carried none), and the code that "
+        "made it may have run again since under another key and paid, so payonce does not "
+        "resend it. Check at the provider whether it executed (a status look-up finds it "
+        f"where the provider profile can: `payonce reconcile {key}`); if it did, or the "
+        f"order was paid under another key, `payonce abandon {key} --reason ...`; only if "
+        f"you are sure it was never paid, `payonce reconcile {key} --resend` sends it under "
+        "its key. Put the call in a block (`with client.intent(order_id):`) so that a run "
+        "again finds it"
     )
 
 

@@ -68,12 +68,14 @@ class Transition(enum.Enum):
     EXHAUSTED = "exhausted, ambiguous"
     EXHAUSTED_UNSENT = "exhausted, never executed"
     KEY_WINDOW_PASSED = "key window passed"
+    PER_CALL_KEY = "key drawn per call, not resent"
     RECONCILED_SUCCEEDED = "reconciled, found succeeded"
     RECONCILED_FAILED = "reconciled, found failed"
     RECONCILED_ABSENT = "reconciled, absent"
     RECONCILED_AMBIGUOUS = "reconciled, ambiguous"
     RECONCILED_BY_RESEND = "reconciled by resend"
     RECONCILED_KEY_WINDOW_PASSED = "reconciled, key window passed"
+    RECONCILED_PER_CALL_KEY = "reconciled, key drawn per call"
     ABANDONED = "abandoned"
     ACKNOWLEDGED = "acknowledged"
 
@@ -278,6 +280,16 @@ RULES: tuple[Rule, ...] = (
         unwritten=MAY_HAVE_EXECUTED,
     ),
     Rule(
+        Transition.PER_CALL_KEY,
+        (_P,),
+        _U,
+        "picked up again by a resume or a worker, and sent outside any block under a key "
+        "drawn for its one call (an SDK's): the code that made it may have run again under "
+        "another key, so it is never resent on payonce's own",
+        releases_lease=True,
+        unwritten=MAY_HAVE_EXECUTED,
+    ),
+    Rule(
         Transition.RECONCILED_SUCCEEDED,
         (_U,),
         IntentState.SUCCEEDED,
@@ -305,8 +317,9 @@ RULES: tuple[Rule, ...] = (
         Transition.RECONCILED_AMBIGUOUS,
         (_U,),
         None,
-        "no record past the key window, a record not final yet, several records, an "
-        "unreadable or refused look-up: stays unknown with the reason",
+        "no record past the key window or of an intent under a key drawn per call, a record "
+        "not final yet, several records, an unreadable or refused look-up: stays unknown "
+        "with the reason",
         releases_lease=True,
         unwritten=LOOKUP_UNRECORDED,
     ),
@@ -326,6 +339,16 @@ RULES: tuple[Rule, ...] = (
         None,
         "the profile has no status look-up and the key may be gone at the provider: never "
         "resent, stays unknown for a person to check",
+        releases_lease=True,
+        unwritten=NOTHING_CHANGED,
+    ),
+    Rule(
+        Transition.RECONCILED_PER_CALL_KEY,
+        (_U,),
+        None,
+        "the profile has no status look-up and the intent was sent outside any block under "
+        "a key drawn per call: never resent on payonce's own, stays unknown for a person to "
+        "check (`payonce reconcile KEY --resend` if sure)",
         releases_lease=True,
         unwritten=NOTHING_CHANGED,
     ),

@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypedDict, TypeVar, Unpack, cast
@@ -177,6 +178,55 @@ def current_operation(core: object) -> OperationBase | None:
     return _OPEN.get({}).get(core)
 
 
+_OPEN_IN_THREADS: weakref.WeakKeyDictionary[IntentCore, dict[OperationBase, threading.Thread]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Every block open in this process, by client (its core), with the thread it was opened
+in: what a request outside any block of its own context is checked against
+(``warn_of_blocks_in_other_threads``). Context variables are not copied into a thread
+pool's threads, so there a block's SDK call is outside it, silently, without this."""
+_OPEN_IN_THREADS_LOCK = threading.Lock()
+
+
+def blocks_in_other_threads(core: IntentCore) -> list[tuple[OperationBase, threading.Thread]]:
+    """The blocks of this client open in other live threads than this one (after a fork,
+    the parent's other threads are not alive in the child: their blocks are not here)."""
+    here = threading.current_thread()
+    with _OPEN_IN_THREADS_LOCK:
+        blocks = list(_OPEN_IN_THREADS.get(core, {}).items())
+    return [(op, thread) for op, thread in blocks if thread is not here and thread.is_alive()]
+
+
+def other_threads_advice(blocks: Sequence[tuple[OperationBase, threading.Thread]]) -> str:
+    """What an error or a warning says of blocks open in other threads, and the fix."""
+    named = "; ".join(f"{op._named()} in thread {thread.name!r}" for op, thread in blocks)
+    return (
+        f"a block of this client is open in another thread: {named}. A thread pool's "
+        "threads (ThreadPoolExecutor.submit, loop.run_in_executor) do not inherit the "
+        "block, so a call meant as its step is a one-shot of its own under a key drawn for "
+        "this call, which a run again after a crash cannot find. Run the call in the "
+        "block's context: `ctx = contextvars.copy_context()` inside the block, then "
+        "`pool.submit(ctx.run, fn, ...)`, or `await asyncio.to_thread(fn, ...)` (it copies "
+        "the context); or give the integration outside_intent='refuse' to make such a call "
+        "an error"
+    )
+
+
+def warn_of_blocks_in_other_threads(core: IntentCore, kind: str, request: str) -> None:
+    """A mutating request outside any block of its own context while a block of the same
+    client is open in another thread: most likely meant as that block's step, sent from a
+    thread pool that did not inherit it. Logged as a WARNING at once (the block's own
+    end-of-block warning never comes if the process is killed first)."""
+    blocks = blocks_in_other_threads(core)
+    if blocks:
+        logger.warning(
+            "%s went through %s outside any intent block of its thread's context, while %s",
+            request,
+            client_label(kind, core),
+            other_threads_advice(blocks),
+        )
+
+
 def client_label(kind: str, core: IntentCore) -> str:
     """How an error names a payonce client: its class and what tells it from another."""
     return (
@@ -265,6 +315,10 @@ class OperationBase:
         self._reads = 0
         """Reads (GET, HEAD) that went through this client's transport inside the block:
         they make no step, but show that the code above was wired to this client."""
+        self._key_per_call = False
+        """A one-shot of a request through the transport outside any block under no key of
+        its caller's: its key is drawn for this one call, and journaled as such, so that
+        no resume or worker resends it (``IntentRecord.key_per_call``)."""
 
     @property
     def key(self) -> str | None:
@@ -299,11 +353,16 @@ class OperationBase:
                 "its own thread or task started outside the block"
             )
         self._token = _OPEN.set({**open_blocks, self._core: self})
+        with _OPEN_IN_THREADS_LOCK:
+            blocks = _OPEN_IN_THREADS.setdefault(self._core, {})
+            blocks[self] = threading.current_thread()
 
     def _leave(self) -> None:
         token, self._token = self._token, None
         if token is None:
             return
+        with _OPEN_IN_THREADS_LOCK:
+            _OPEN_IN_THREADS.get(self._core, {}).pop(self, None)
         try:
             _OPEN.reset(token)
         except ValueError:
@@ -343,6 +402,8 @@ class OperationBase:
                 )
             if caller_key is not None:
                 draft = attrs.evolve(draft, key=caller_key, key_supplied=True)
+            if self._key_per_call:
+                draft = attrs.evolve(draft, key_per_call=True)
             step = Step(1, draft, caller_key=caller_key is not None)
         else:
             assert self._key is not None
@@ -820,6 +881,7 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
             if reference is None and key is None and method.upper() in MUTATING:
                 request = f"{method.upper()} {path}"
                 refuse_outside_own_block(self._core, type(self).__name__, request)
+                warn_of_blocks_in_other_threads(self._core, type(self).__name__, request)
             return None
         if reference is not None or key is not None:
             raise ConfigurationError(
@@ -829,10 +891,15 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
             )
         return cast(OperationT, current)
 
-    def _one_shot_intent(self, reference: str | None, key: str | None) -> OperationT:
-        """The block of one one-shot call (``client.post(...)``)."""
+    def _one_shot_intent(
+        self, reference: str | None, key: str | None, *, key_per_call: bool = False
+    ) -> OperationT:
+        """The block of one one-shot call (``client.post(...)``); ``key_per_call``: a
+        request through the transport outside any block that names no key of its caller's
+        (``OperationBase._key_per_call``)."""
         operation = self._operation(self, reference, key, True)
         operation._folds_acknowledgement = True
+        operation._key_per_call = key_per_call
         return operation
 
     def _outbox_draft(

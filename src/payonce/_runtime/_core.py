@@ -448,7 +448,9 @@ class IntentCore:
                 record = yield from store.mark_unknown.plan(
                     run.key, transition=transition, owner=run.owner, now=now, reason=reason
                 )
-                key_gone = transition is Transition.KEY_WINDOW_PASSED
+                key_gone = transition is Transition.KEY_WINDOW_PASSED or (
+                    transition is Transition.PER_CALL_KEY and self.profile.lookup is None
+                )
                 self.tell.went_unknown(record, reason, key_gone=key_gone)
                 return record
             case Release(run, _):

@@ -42,8 +42,11 @@ from ._base import (
     OutsideIntent,
     RequestOptions,
     SdkKeys,
+    blocks_in_other_threads,
     current_operation,
+    other_threads_advice,
     refuse_outside_own_block,
+    warn_of_blocks_in_other_threads,
 )
 from ._core import IntentCore
 
@@ -105,7 +108,9 @@ class Transporting(Protocol):
     @property
     def _http_options(self) -> dict[str, Any]: ...
 
-    def _one_shot_intent(self, reference: str | None, key: str | None) -> Any: ...
+    def _one_shot_intent(
+        self, reference: str | None, key: str | None, *, key_per_call: bool = False
+    ) -> Any: ...
 
 
 @attrs.frozen
@@ -127,6 +132,15 @@ class Transported:
 
     def outside_any_block(self) -> Transported:
         return attrs.evolve(self, caller_key=self.carried_key)
+
+    @property
+    def key_per_call(self) -> bool:
+        """Outside any block, whether the one-shot's key is drawn for this one call: the
+        request carried no key of its caller's (an SDK's own key was taken out by its
+        integration, or it carried none, and payonce draws one), or the transport replaces
+        the keys it carries (``sdk_keys="replace"``: a uuid4 per call). A run again of the
+        code cannot name that key, so only this call resends it."""
+        return self.caller_key is None
 
     auth: dict[str, str] | None
     """The request's own credentials: sent by this process, never journaled."""
@@ -206,15 +220,17 @@ class TransportRules:
         refused. Refused either way while another client's block is open here: it was meant
         as that block's step, and its own one-shot key would be new on a run again (even a
         key the request carries may be an SDK's per call)."""
-        refuse_outside_own_block(
-            self.core, self._kind, f"{request.method} {request.url.copy_with(query=None)}"
-        )
+        asked = f"{request.method} {request.url.copy_with(query=None)}"
+        refuse_outside_own_block(self.core, self._kind, asked)
         if self._refuse_outside:
+            elsewhere = blocks_in_other_threads(self.core)
             raise ConfigurationError(
                 f"{request.method} {request.url.path} was sent outside any intent block, and "
                 "this transport was made with outside_intent='refuse': nothing was sent. Put "
                 "the call inside `with client.intent(reference):`"
+                + (f"; {other_threads_advice(elsewhere)}" if elsewhere else "")
             )
+        warn_of_blocks_in_other_threads(self.core, self._kind, asked)
 
 
 def _seen_read(core: IntentCore) -> None:
@@ -291,7 +307,8 @@ class SyncTransport(httpx.BaseTransport):
                 response = cast(SyncSteps, current)._transported(step, self._http)
             else:
                 self._rules.outside(request)
-                with self._client._one_shot_intent(None, None) as op:
+                one_shot = self._client._one_shot_intent(None, None, key_per_call=step.key_per_call)
+                with one_shot as op:
                     response = op._transported(step.outside_any_block(), self._http)
         except ProviderError as refusal:
             response = refusal.response  # settled: the SDK reads the provider's own words
@@ -343,7 +360,8 @@ class AsyncTransport(httpx.AsyncBaseTransport):
                 response = await cast(AsyncSteps, current)._transported(step, self._http)
             else:
                 self._rules.outside(request)
-                async with self._client._one_shot_intent(None, None) as op:
+                one_shot = self._client._one_shot_intent(None, None, key_per_call=step.key_per_call)
+                async with one_shot as op:
                     response = await op._transported(step.outside_any_block(), self._http)
         except ProviderError as refusal:
             response = refusal.response

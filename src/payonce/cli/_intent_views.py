@@ -93,6 +93,7 @@ def intent_json(record: payonce.IntentRecord) -> dict[str, Any]:
         "lease_status": lease_status(record, time.time()),
         "unknown_reason": record.unknown_reason,
         "abandon_reason": record.abandon_reason,
+        "key_per_call": record.key_per_call,
         "response_status": record.response.status if record.response else None,
         "acknowledged_at": iso(record.acknowledged_at),
     }
@@ -308,6 +309,7 @@ def _fields(record: payonce.IntentRecord) -> list[tuple[str, Text]]:
         ("state", state_text(record.state)),
         ("unknown reason", record.unknown_reason),
         ("abandon reason", record.abandon_reason),
+        ("key per call", _per_call(record)),
         ("request", request_target(record)),
         ("url", redacted(record.url)),
         ("scope", record.scope),
@@ -325,6 +327,16 @@ def _fields(record: payonce.IntentRecord) -> list[tuple[str, Text]]:
         for name, value in rows
         if value is not None
     ]
+
+
+def _per_call(record: payonce.IntentRecord) -> str | None:
+    """What an operator must know of a key drawn for its one call: nothing resends it."""
+    if not record.key_per_call:
+        return None
+    return (
+        "yes: sent outside any block under a key drawn for that one call, payonce never "
+        "resends it on its own (`payonce reconcile KEY --resend` does)"
+    )
 
 
 def _never_sent(record: payonce.IntentRecord) -> str | None:
