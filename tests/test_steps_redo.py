@@ -242,6 +242,50 @@ def test_a_declined_step_then_another_request_in_a_later_run_is_the_next_step(
     assert sandbox.store.total_executions() == 4
 
 
+def test_a_request_refused_past_a_passed_over_step_shows_the_step_that_refused_it(
+    client: payonce.Client, sandbox: SandboxServer
+) -> None:
+    """Step 2 declined, then step 3 paid another amount in a run that died before it
+    acknowledged it: a third amount in a later run passes step 2 over and is refused at
+    step 3. ``op.steps`` shows step 3 as the journal holds it, and the block, which
+    caught the refusal and ended normally, acknowledges no outcome it never got."""
+
+    def run(second: dict[str, Any], *, dies: bool = False) -> payonce.Operation:
+        with client.intent("order-third") as op:
+            op.post("/v1/payments", json=PAYMENT)
+            op.post("/v1/payments", json=second)
+            if dies:
+                raise RuntimeError("died before recording the payment")
+        return op
+
+    with client.intent("order-third") as declined:
+        declined.post("/v1/payments", json=PAYMENT)
+        with pytest.raises(payonce.ProviderError):
+            declined.post("/v1/payments", json=DECLINED)
+    with pytest.raises(RuntimeError):
+        run({**PAYMENT, "amount": 4300}, dies=True)
+    step_3 = f"{declined.key}-step3"
+    assert [r.key for r in client.unacknowledged()] == [step_3]
+    before = client.journal.list_intents()
+
+    with client.intent("order-third") as op:
+        op.post("/v1/payments", json=PAYMENT)
+        with pytest.raises(payonce.IntentMismatch) as refused:
+            op.post("/v1/payments", json={**PAYMENT, "amount": 4400})
+
+    assert (refused.value.step, refused.value.key) == (3, step_3)
+    assert op.steps == [
+        (1, declined.key, payonce.IntentState.SUCCEEDED),
+        (3, step_3, payonce.IntentState.SUCCEEDED),
+    ]
+    assert client.journal.list_intents() == before
+    assert [r.key for r in client.unacknowledged()] == [step_3], "not this block's to ack"
+    # The amount step 3 paid, run again, replays it there: that block acknowledges it.
+    assert [n for n, _, _ in run({**PAYMENT, "amount": 4300}).steps] == [1, 3]
+    assert client.unacknowledged() == []
+    assert sandbox.store.total_executions() == 3
+
+
 @pytest.mark.anyio
 async def test_an_async_block_passes_a_declined_step_over_the_same_way(
     make_async_client: Callable[..., payonce.AsyncClient], sandbox: SandboxServer
