@@ -37,6 +37,7 @@ from .._lifecycle import (
     canonical_request,
     check_headers,
     default_lease_seconds,
+    is_mismatch,
     new_key,
     step_key,
     step_of_reference,
@@ -502,10 +503,10 @@ class OperationBase:
         set it), at the position asked for or at one after a declined step it passed
         over. If not, the step is refused (``IntentMismatch``): the row is another
         request's, or under another key."""
+        if step.number == 1:
+            return not is_mismatch(record, step.draft)  # the claim's own rule
         if record.fingerprint != step.draft.fingerprint or record.scope != step.draft.scope:
             return False
-        if step.number == 1:
-            return not step.draft.key_supplied or record.key == step.draft.key
         return record.key == self._key_at(step, record.reference)
 
     def _key_at(self, step: Step, reference: str | None) -> str | None:
