@@ -29,7 +29,6 @@ from .._journal._open import journal_clock, open_to_write, store_of
 from .._journal._reads import Journal
 from .._journal._reports import JournalCommitted
 from .._lifecycle import (
-    Claim,
     IntentDraft,
     IntentRecord,
     IntentState,
@@ -67,7 +66,6 @@ __all__ = [
     "OutsideIntent",
     "SdkKeys",
     "Step",
-    "bound",
     "current_operation",
     "OneShotOptions",
     "OneShotVerbs",
@@ -164,14 +162,6 @@ SdkKeys = Literal["honour", "replace"]
 """What ``client.transport()`` does with an idempotency key a request already carries."""
 OutsideIntent = Literal["journal", "refuse"]
 """What ``client.transport()`` does with a mutating request outside any intent block."""
-
-
-def bound(claim: Claim, bind: Callable[[IntentRecord], None]) -> None:
-    """Show the operation the intent its step's claim found, so that a step refused as
-    unknown or in flight still has its key; a mismatch's too (another request's row),
-    which ``OperationBase._bind_step`` tells apart and shows only where it is this
-    block's step n."""
-    bind(claim.record)
 
 
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
