@@ -75,12 +75,15 @@ def backend() -> str:
 def stripe_run(
     stripe_server: SandboxServer, location: str, closing: contextlib.ExitStack
 ) -> Callable[[str, str | None], stripe.PaymentIntent]:
-    """One run of a shop's checkout with a tip: a new process would build the same."""
+    """One run of a shop's checkout with a tip: a new process would build the same, and
+    close its client when it ends (which writes the block's acknowledgements: read by
+    another journal object meanwhile, they would appear a moment later, by the flusher)."""
 
     def run(order: str, tip_key: str | None) -> stripe.PaymentIntent:
-        client = closing.enter_context(
-            payonce.Client(**_options(stripe_server, "stripe", location))
-        )
+        with payonce.Client(**_options(stripe_server, "stripe", location)) as client:
+            return checkout(client, order, tip_key)
+
+    def checkout(client: payonce.Client, order: str, tip_key: str | None) -> stripe.PaymentIntent:
         sdk = stripe_over(client, stripe_server, closing)
         with client.intent(order):
             sdk.v1.payment_intents.create(

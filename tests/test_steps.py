@@ -169,6 +169,8 @@ def test_a_step_whose_request_changed_is_refused_naming_it_and_leaves_the_journa
     assert "journaled as POST /v1/payments and is now POST /v1/refunds" in message
     assert refused.value.key is not None
     assert refused.value.key.endswith("-step2")
+    # The block shows what its step 2 holds: the request journaled there, as it ended.
+    assert op.steps[1] == (2, refused.value.key, payonce.IntentState.SUCCEEDED)
     assert client.journal.list_intents() == before
     assert sandbox.store.total_executions() == 3
 

@@ -242,6 +242,50 @@ def test_a_declined_step_then_another_request_in_a_later_run_is_the_next_step(
     assert sandbox.store.total_executions() == 4
 
 
+def test_a_request_refused_past_a_passed_over_step_shows_the_step_that_refused_it(
+    client: payonce.Client, sandbox: SandboxServer
+) -> None:
+    """Step 2 declined, then step 3 paid another amount in a run that died before it
+    acknowledged it: a third amount in a later run passes step 2 over and is refused at
+    step 3. ``op.steps`` shows step 3 as the journal holds it, and the block, which
+    caught the refusal and ended normally, acknowledges no outcome it never got."""
+
+    def run(second: dict[str, Any], *, dies: bool = False) -> payonce.Operation:
+        with client.intent("order-third") as op:
+            op.post("/v1/payments", json=PAYMENT)
+            op.post("/v1/payments", json=second)
+            if dies:
+                raise RuntimeError("died before recording the payment")
+        return op
+
+    with client.intent("order-third") as declined:
+        declined.post("/v1/payments", json=PAYMENT)
+        with pytest.raises(payonce.ProviderError):
+            declined.post("/v1/payments", json=DECLINED)
+    with pytest.raises(RuntimeError):
+        run({**PAYMENT, "amount": 4300}, dies=True)
+    step_3 = f"{declined.key}-step3"
+    assert [r.key for r in client.unacknowledged()] == [step_3]
+    before = client.journal.list_intents()
+
+    with client.intent("order-third") as op:
+        op.post("/v1/payments", json=PAYMENT)
+        with pytest.raises(payonce.IntentMismatch) as refused:
+            op.post("/v1/payments", json={**PAYMENT, "amount": 4400})
+
+    assert (refused.value.step, refused.value.key) == (3, step_3)
+    assert op.steps == [
+        (1, declined.key, payonce.IntentState.SUCCEEDED),
+        (3, step_3, payonce.IntentState.SUCCEEDED),
+    ]
+    assert client.journal.list_intents() == before
+    assert [r.key for r in client.unacknowledged()] == [step_3], "not this block's to ack"
+    # The amount step 3 paid, run again, replays it there: that block acknowledges it.
+    assert [n for n, _, _ in run({**PAYMENT, "amount": 4300}).steps] == [1, 3]
+    assert client.unacknowledged() == []
+    assert sandbox.store.total_executions() == 3
+
+
 @pytest.mark.anyio
 async def test_an_async_block_passes_a_declined_step_over_the_same_way(
     make_async_client: Callable[..., payonce.AsyncClient], sandbox: SandboxServer
@@ -310,6 +354,50 @@ def journaled_step_2(state: str, status: int, body: bytes, **more: Any) -> Inten
         ),
         pytest.param(
             "failed",
+            400,
+            b'{"errors": [{"detail": {"cause": {"code": "IDEMPOTENCY_KEY_REUSED"}}}]}',
+            {},
+            False,
+            id="the-key-named-four-levels-deep",
+        ),
+        pytest.param(
+            "failed",
+            422,
+            b'{"gateway": {"upstream": {"error": {"type": "idempotency_error"}}}}',
+            {},
+            False,
+            id="a-gateway-wrapping-the-key-refusal",
+        ),
+        pytest.param(
+            "failed",
+            400,
+            b"Idempotency key already used with another request",
+            {"headers": (("content-type", "text/plain"), ("stripe-should-retry", "false"))},
+            False,
+            id="the-key-named-in-a-body-of-plain-text",
+        ),
+        pytest.param(
+            "failed",
+            402,
+            b'{"error": ' * 100 + b'"card_declined"' + b"}" * 100,
+            {},
+            False,
+            id="nested-deeper-than-read",
+        ),
+        pytest.param(
+            "failed", 402, b"[" * 100_000 + b"]" * 100_000, {}, False, id="nested-past-the-decoder"
+        ),
+        pytest.param(
+            "failed",
+            402,
+            b'{"error": {"type": "card_error", "code": "card_declined", "payment": {"id": '
+            b'"pay_1", "status": "failed", "idempotency_key": "KEY-step2", "metadata": {}}}}',
+            {},
+            True,
+            id="a-decline-carrying-the-payment-and-its-key-field",
+        ),
+        pytest.param(
+            "failed",
             409,
             b'{"error": {"type": "invalid_request_error"}}',
             {},
@@ -336,6 +424,30 @@ def test_only_a_refusal_in_the_provider_s_own_answer_is_passed_over(
 ) -> None:
     record = journaled_step_2(state, status, body, **more)
     assert may_pass_over(record, CARD_B_DRAFT, get_profile("stripe")) is passed_over
+
+
+def test_a_decline_echoing_its_own_key_is_passed_over_whatever_the_key_s_words() -> None:
+    """A block keyed ``idempotent-order``: its step 2's key names idempotency itself, and
+    the decline carries that key back; that is no refusal about the key."""
+    draft = attrs.evolve(
+        CARD_B_DRAFT,
+        key="idempotent-order-step2",
+        intent_key="idempotent-order",
+        derived_key="idempotent-order-step2",
+    )
+    body = (
+        b'{"error": {"code": "card_declined", "payment": {"idempotency_key": '
+        b'"idempotent-order-step2", "description": "order idempotent-order-step2"}}}'
+    )
+    declined = attrs.evolve(journaled_step_2("failed", 402, body), key=draft.key)
+    assert may_pass_over(declined, draft, get_profile("stripe"))
+    refused = attrs.evolve(
+        declined,
+        response=attrs.evolve(
+            declined.response, body=b'{"error": {"message": "idempotency key reused"}}'
+        ),
+    )
+    assert not may_pass_over(refused, draft, get_profile("stripe"))
 
 
 def test_a_declined_step_is_not_passed_over_by_the_same_request_or_another_intent_s_row() -> None:

@@ -66,7 +66,7 @@ def may_pass_over(record: IntentRecord, draft: IntentDraft, rules: AnswerRules) 
         return False
     if answer.status in rules.mismatch_statuses or answer.status in rules.in_flight_statuses:
         return False
-    if _names_idempotency(answer.body):
+    if _names_idempotency(answer.body, key=record.key):
         # Whatever the profile makes of it: a refusal that talks about the key may be the
         # provider saying the key already holds another request (a journal restored from
         # an older copy, another block's row), which is no decline of this one.
@@ -80,26 +80,50 @@ def may_pass_over(record: IntentRecord, draft: IntentDraft, rules: AnswerRules) 
     return classify_response(refusal, rules).outcome is Outcome.FAILED
 
 
-def _names_idempotency(body: bytes) -> bool:
-    """Whether a JSON refusal's own words name the idempotency key: a string of its top
-    level or of an error object in it (``{"error": {"type": "idempotency_error"}}``,
-    ``{"errors": [{"code": "IDEMPOTENCY_KEY_REUSED"}]}``, ``{"errorCode": ...}``), not of
-    an object it carries deeper (the declined payment, whose fields may name its key)."""
+_MOST_LEVELS = 64
+"""How deep into a refusal's JSON its words are read: deeper than any provider's error."""
+_MOST_VALUES = 20_000
+"""How many of its values (objects, lists, strings...) are read at most."""
+
+
+def _names_idempotency(body: bytes, *, key: str) -> bool:
+    """Whether a refusal's own words name the idempotency key: any string of its JSON, at
+    any depth (``{"error": {"type": "idempotency_error"}}``, ``{"errors": [{"code":
+    "IDEMPOTENCY_KEY_REUSED"}]}``, a provider's error wrapped in a gateway's), or its
+    text where it is no JSON. ``key``, the step's own key, is left out of the strings
+    first: the declined payment a refusal carries may echo it (``"idempotency_key":
+    key``), and a key may be any text. Field names are not words: that payment's ``idempotency_key``
+    field says nothing about a refusal.
+
+    A body nested deeper, or holding more values, than is read (``_MOST_LEVELS``,
+    ``_MOST_VALUES``) counts as naming the key: what was not read could, and the safe
+    side is a step not passed over."""
     try:
         data = json.loads(body)
+    except RecursionError:
+        return True  # nested deeper than the JSON decoder goes
     except ValueError:
-        return False
-    return _words_name_idempotency(data, levels=2)
-
-
-def _words_name_idempotency(value: object, *, levels: int) -> bool:
-    if isinstance(value, str):
-        return "idempoten" in value.lower()
-    if isinstance(value, list):
-        return any(_words_name_idempotency(item, levels=levels) for item in value)
-    if isinstance(value, dict) and levels > 0:
-        return any(_words_name_idempotency(item, levels=levels - 1) for item in value.values())
+        return _says_idempotency(body.decode("utf-8", errors="replace"), key)
+    # Read without recursion, with a bound on depth and size: the body is the provider's.
+    unread: list[tuple[object, int]] = [(data, 0)]
+    read = 0
+    while unread:
+        value, level = unread.pop()
+        read += 1
+        if read > _MOST_VALUES or level > _MOST_LEVELS:
+            return True
+        if isinstance(value, str):
+            if _says_idempotency(value, key):
+                return True
+        elif isinstance(value, dict):
+            unread.extend((item, level + 1) for item in value.values())
+        elif isinstance(value, list):
+            unread.extend((item, level + 1) for item in value)
     return False
+
+
+def _says_idempotency(words: str, key: str) -> bool:
+    return "idempoten" in words.replace(key, "").lower()
 
 
 def _this_blocks_position(record: IntentRecord, draft: IntentDraft) -> bool:

@@ -285,6 +285,8 @@ def mismatch(
     sends, and leaves the caller's transaction as it was before the call. ``declined``:
     ``record`` succeeded with an answer whose body declines the payment (Adyen's 200
     ``Refused``)."""
+    if _another_blocks_step_under_this_key(draft, record):
+        return _key_of_another_blocks_step(draft, record, enqueuing=enqueuing)
     if draft.step > 1 and record.key == draft.key:
         return _step_mismatch(draft, record, reconcilable, declined=declined)
     if draft.step > 1 and draft.reference is not None and record.reference == draft.reference:
@@ -310,6 +312,57 @@ def mismatch(
         record,
         f"{refused}: {what} (stored fingerprint {record.fingerprint[:16]}…, new "
         f"{draft.fingerprint[:16]}…). {nothing}. {_what_now(record, reconcilable)}",
+        stored_fingerprint=record.fingerprint,
+        new_fingerprint=draft.fingerprint,
+    )
+
+
+def _another_blocks_step_under_this_key(draft: IntentDraft, record: IntentRecord) -> bool:
+    """Whether the key this request asks for (one the caller set) holds step n >= 2 of
+    another block: the row is journaled under a step reference that is not this
+    request's position, and not of this very intent (a block run once by its key, once by
+    its reference, names its steps both ways)."""
+    stepped = step_of_reference(record.reference)
+    if stepped is None or record.key != draft.key or record.reference == draft.reference:
+        return False
+    if draft.step == 1:
+        return True
+    return stepped[0] not in (draft.intent_reference, draft.intent_key)
+
+
+def _key_of_another_blocks_step(
+    draft: IntentDraft, record: IntentRecord, *, enqueuing: bool
+) -> IntentMismatch:
+    """The caller's key for this request is the key of step n of another block (most
+    often the very one payonce derived for it, ``KEY-stepN``): that row is the other
+    block's, whatever this request is, and choosing another key is the way on."""
+    stepped = step_of_reference(record.reference)
+    assert stepped is not None
+    intent, number = stepped
+    if draft.step > 1:
+        subject = _step_subject(draft)
+        reference = draft.intent_reference
+    else:
+        subject = _subject(draft.key, draft.reference)
+        reference = draft.reference
+    whose = (
+        "the one payonce derived for"
+        if record.key.endswith(f"-step{number}")
+        else "the key its code set on"
+    )
+    if enqueuing:
+        refused, nothing = "cannot be enqueued", "Nothing was written by this call"
+    else:
+        refused, nothing = "cannot be sent", "Nothing was sent"
+    return IntentMismatch(
+        f"{subject}, {draft.method} {urlsplit(draft.url).path}, {refused}: its idempotency "
+        f"key {record.key} is {whose} step {number} of intent {intent!r} (journaled there "
+        f"as {record.method} {urlsplit(record.url).path}, {record.state.value}), not a key "
+        f"of this intent's. {nothing} and the journal is unchanged. Choose another key for "
+        "this intent, one of its own (derived from its order, never another intent's key "
+        f"followed by -stepN). Step {number} of intent {intent!r} stays that block's",
+        key=record.key,
+        reference=reference,
         stored_fingerprint=record.fingerprint,
         new_fingerprint=draft.fingerprint,
     )

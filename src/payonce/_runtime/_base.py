@@ -37,6 +37,7 @@ from .._lifecycle import (
     canonical_request,
     check_headers,
     default_lease_seconds,
+    is_mismatch,
     new_key,
     step_key,
     step_of_reference,
@@ -281,10 +282,14 @@ class Step:
     answered: bool = False
     """Its success was handed to the caller in this block (returned, not raised): the
     same request again is then a second one on purpose (see ``OperationBase._position``)."""
+    refused: bool = False
+    """Refused before anything was sent: its position holds another request, whose key and
+    state ``key`` and ``state`` show. That outcome is no answer of this block's request,
+    so it is never acknowledged by this block."""
 
     @property
     def settled(self) -> bool:
-        return self.state in _SETTLED
+        return self.state in _SETTLED and not self.refused
 
 
 class OperationBase:
@@ -335,7 +340,9 @@ class OperationBase:
 
     @property
     def steps(self) -> list[tuple[int, str | None, IntentState | None]]:
-        """The steps this block made so far: (position, key, state as last seen)."""
+        """The steps this block made so far: (position, key, state as last seen). A step
+        refused because its position holds another request (``IntentMismatch``) shows that
+        position, the key and the state of what the journal holds there."""
         return [(step.number, step.key, step.state) for step in self._steps.values()]
 
     # -- the block ---------------------------------------------------------------------------
@@ -526,7 +533,14 @@ class OperationBase:
             self._stepping.release()
 
     def _bind_step(self, step: Step, record: IntentRecord) -> None:
+        if not self._is_own_row(step, record):
+            # A mismatch: step 1's stays unshown (the intent is not this block's until its
+            # step 1 is), step n's shows what its position holds.
+            if step.number > 1:
+                self._show_refused(step, record)
+            return
         self._reposition(step, record)
+        step.refused = False  # a declined step it was shown at, then passed over
         step.key = record.key
         step.state = record.state
         step.acknowledged = record.acknowledged_at is not None
@@ -534,6 +548,56 @@ class OperationBase:
             self._key = record.key
             self._key_supplied = True
         self._state = record.state
+
+    def _is_own_row(self, step: Step, record: IntentRecord) -> bool:
+        """Whether ``record``, found by the drive of ``step``, is that step's own request
+        under its own key (step 1's: the one its reference is bound to, unless the caller
+        set it), at the position asked for or at one after a declined step it passed
+        over. If not, the step is refused (``IntentMismatch``): the row is another
+        request's, or under another key."""
+        if step.number == 1:
+            return not is_mismatch(record, step.draft)  # the claim's own rule
+        if record.fingerprint != step.draft.fingerprint or record.scope != step.draft.scope:
+            return False
+        return record.key == self._key_at(step, record.reference)
+
+    def _key_at(self, step: Step, reference: str | None) -> str | None:
+        """The key ``step`` has at the position step reference ``reference`` names: the
+        caller's, else the one derived for that position; its own where a row has no
+        step reference (journaled before they existed); None where ``reference`` is no
+        position of this block's."""
+        found = step_of_reference(reference)
+        if step.caller_key or found is None:
+            return step.draft.key
+        intent, number = found
+        if self._key is None or intent != (self.reference or self._key):
+            return None
+        return step_key(self._key, number, max_length=self._core.profile.key_max_length)
+
+    def _show_refused(self, step: Step, record: IntentRecord) -> None:
+        """``step``, refused because ``record``, another request, holds the position its
+        drive reached (the one it asked for, or one after a declined step it passed over),
+        shows that position, its key and its state: what ``op.steps`` lists for it.
+
+        Only a row of this block's own position under the key this block has there: not
+        a row of another block named alike, nor one a key the caller set points to
+        elsewhere, nor a row under a key that changed between runs (none of them is what
+        this block journaled at that position)."""
+        found = step_of_reference(record.reference)
+        if found is None or found[0] != (self.reference or self._key):
+            return
+        number = found[1]
+        if record.key != self._key_at(step, record.reference):
+            return
+        if number != step.number:
+            if number in self._steps:
+                return
+            del self._steps[step.number]
+            step.number = number
+            self._steps[number] = step
+        step.key = record.key
+        step.state = record.state
+        step.refused = True
 
     def _reposition(self, step: Step, record: IntentRecord) -> None:
         """Move ``step`` to the position its drive reached: a step refused by the provider
@@ -618,6 +682,8 @@ def _how_it_ended(step: Step) -> str:
         return "succeeded but its answer never reached the caller"
     if step.state is None:
         return "raised before the journal had it"
+    if step.refused:
+        return "was refused, its request another than the one journaled there"
     return {
         IntentState.FAILED: "was refused by the provider",
         IntentState.UNKNOWN: "is unknown (it may have executed)",

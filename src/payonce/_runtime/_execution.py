@@ -14,7 +14,7 @@ from typing import Any, Protocol, assert_never
 
 import attrs
 
-from .._lifecycle import Claim, ClaimKind, IntentRecord
+from .._lifecycle import Claim, IntentRecord
 from .._lifecycle import _drive as drive
 from ._core import IntentCore
 from ._lease_keeper import Lease
@@ -49,14 +49,11 @@ class Execution:
     with its own I/O, as it reaches the journal."""
 
     def journaled(self, answer: Any) -> None:
-        """A journal command answered ``answer``: a claim shows the operation its record."""
-        # Unless it found another request's intent (a mismatch): a step refused as unknown
-        # or in flight still shows its key.
-        if (
-            self.bind is not None
-            and isinstance(answer, Claim)
-            and answer.kind is not ClaimKind.MISMATCH
-        ):
+        """A journal command answered ``answer``: a claim shows the operation its record,
+        so that a step refused as unknown or in flight still shows its key; a mismatch's
+        too (another request's row), which ``OperationBase._bind_step`` tells apart and
+        shows only where it is the block's step n, at its position."""
+        if self.bind is not None and isinstance(answer, Claim):
             self.bind(answer.record)
 
     def carry_out(self, command: InProcess) -> Any:
