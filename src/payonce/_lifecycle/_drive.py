@@ -236,6 +236,10 @@ class Run:
     """Once an attempt of the intent may have executed (before this run, for a resumed one;
     else by this run's own first such attempt): until when its key is surely remembered. No
     attempt of the run goes out that could end past it."""
+    sent_at: float | None = None
+    """This host's clock when the current attempt went out, read before its start was
+    journaled (the claim's own time for a new intent's first attempt): where a key window
+    of the run's own begins."""
 
     @property
     def key(self) -> str:
@@ -564,6 +568,7 @@ def _call(
                     ambiguous=False,
                     began=clock.monotonic(),
                     acknowledge_on_success=acknowledge_on_success,
+                    sent_at=record.first_sent_at,
                 )
                 return (yield from _send(settings, run))
             case ClaimKind.CLAIMED:
@@ -787,11 +792,6 @@ def _send(settings: DriveSettings, run: Run) -> Drive:
         wait = retry.next_wait(tries, clock.monotonic() - began, outcome.retry_after)
         if wait is None:
             raise (yield from _give_up(settings, run))
-        if run.ambiguous and run.key_window is None:
-            # An attempt of this run may have executed: every later one is a resend under
-            # the key, bounded by the key window as a resume's are, or a call retrying for
-            # as long as max_elapsed allows could outlive the key and pay twice.
-            run.key_window = yield from _window_since_executed(settings, run)
         # The key window is a deadline for every attempt of a resend: the next one must
         # end (the provider may run it for max_processing) while the key is surely
         # remembered, or it could execute twice.
@@ -829,28 +829,22 @@ def _past_window(settings: DriveSettings, run: Run, *, leaving_in: float) -> _Pa
     return _PastWindow(why, operator_may)
 
 
-def _window_since_executed(
-    settings: DriveSettings, run: Run
-) -> Generator[Command, Any, KeyWindow | None]:
-    """The key window of a run one of whose own attempts may have executed (nothing before
-    it had): the key's age counts from the first attempt that may have reached the
-    provider, judged as a resume's is (the provider's clock where its answers told it,
-    within the short window of an assumed lifetime)."""
-    attempts: Sequence[AttemptRecord] = yield ReadAttempts(run.key)
-    reached = [attempt for attempt in attempts if attempt.in_flight or attempt.ambiguous]
-    if not reached:
+def _own_window(settings: DriveSettings, run: Run, date: float | None) -> KeyWindow | None:
+    """The key window of a run whose current attempt is the intent's first that may have
+    executed: the key's age counts from when it went out, by the provider's clock where its
+    answer (``date``, its ``Date``) told it, as a resume's is judged."""
+    if run.sent_at is None:
         return None
-    first = min(reached, key=lambda attempt: attempt.number)
-    since = [attempt for attempt in attempts if attempt.number >= first.number]
     clock = settings.clock
-    monotonic = clock.monotonic()
+    now, monotonic = clock.now(), clock.monotonic()
+    provider_first = None if date is None else date - max(0.0, now - run.sent_at)
     return KeyWindow(
-        first.started_at,
+        run.sent_at,
         settings.profile.key_lifetime,
-        clock.now(),
+        now,
         settings.provider_clock.now(monotonic),
-        provider_first_sent(since),
-        provider_sent_before(since),
+        provider_first,
+        date,
         _automatic_within(settings, asked=False),
         monotonic,
     )
@@ -869,6 +863,7 @@ def _attempt(
     if (past := _past_window(settings, run, leaving_in=0.0)) is not None:
         raise (yield from _give_up(settings, run, key_gone=past))
     if not run.started:
+        run.sent_at = settings.clock.now()
         run.attempt = yield StartAttempt(run)
         run.started = True
     result: Answered | Failed = yield Send(run)
@@ -940,6 +935,11 @@ def _retryable(
     error: str | None = None,
     date: float | None = None,
 ) -> Generator[Command, Any, Verdict]:
+    if verdict.ambiguous and not run.ambiguous and run.key_window is None:
+        # The intent's first attempt that may have executed: every later one is a resend
+        # under its key, bounded by the key window as a resume's are, or a call retrying
+        # for as long as max_elapsed allows could outlive the key and pay twice.
+        run.key_window = _own_window(settings, run, date)
     run.ambiguous = run.ambiguous or verdict.ambiguous
     run.last_reason = verdict.reason
     yield EndAttempt(run, transition, status_code, error, verdict, date)
