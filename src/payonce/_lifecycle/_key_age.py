@@ -24,11 +24,14 @@ least as old as that answer's ``Date`` by the provider's clock now. A first atte
 no answer, sent while this host's clock was ahead (and since corrected), cannot make a key
 the provider has long since seen look young while a later attempt's answer says otherwise.
 
-Without the provider's time now (it could not be asked, or its answers carry no ``Date``)
-the key's age is this host's clock's, and, where journaled answers of the provider's dated
-the first attempt (or an attempt after it), the older age those dates give by this host's
-clock now too: a clock that was ahead when the first attempt was sent (and was stepped back
-since) cannot make a key the provider dated long ago look young.
+Where the provider's time now cannot be had (asking it failed every try) but journaled
+answers of the provider's dated the first attempt (or one after it), the key's age is also
+what those dates give by this host's clock now, the older age standing: a clock that was
+ahead when the first attempt was sent (and was stepped back since) cannot make a key the
+provider dated long ago look young.
+
+Without the provider's time (its answers carry no ``Date``, or it could not be asked) the
+key's age is this host's clock's, as it was before.
 """
 
 from __future__ import annotations
@@ -132,21 +135,6 @@ class KeyWindow:
     taken_at: float
     """The monotonic clock when the clocks above were read."""
 
-    def read(self, provider_now: float | None, monotonic: float) -> KeyWindow:
-        """The window as the provider's time ``provider_now`` (a fresh reading of its
-        clock at ``monotonic``; None: none) also tells it: the later of that and the time
-        carried forward. A provider's clock that jumped ahead has aged the key by its own
-        reckoning, which is the one it forgets keys by; one read earlier than carried makes
-        no key younger."""
-        if provider_now is None:
-            return self
-        ahead = max(0.0, monotonic - self.taken_at)
-        if self.provider_now is not None and self.provider_now + ahead >= provider_now:
-            return self
-        return attrs.evolve(
-            self, now=self.now + ahead, provider_now=provider_now, taken_at=monotonic
-        )
-
     def refusal_at(self, monotonic: float) -> str | None:
         """Why a resend still running at ``monotonic`` (the monotonic clock) could execute
         twice, or None while the key is surely remembered until then."""
@@ -160,6 +148,20 @@ class KeyWindow:
             provider_sent_by=self.provider_sent_by,
             within=self.within,
         )
+
+    def read(self, provider_now: float | None, monotonic: float) -> KeyWindow:
+        """The window as the provider's time ``provider_now`` (a fresh reading of its
+        clock at ``monotonic``; None: none) also tells it: the later of that and the time
+        carried forward. A provider's clock that jumped ahead has aged the key by its own
+        reckoning, which is the one it forgets keys by; one read earlier than carried makes
+        no key younger. Only the provider's time when the window was taken changes (what
+        the reading says it was then), so all else goes on being carried as it was."""
+        if provider_now is None:
+            return self
+        then = provider_now - max(0.0, monotonic - self.taken_at)
+        if self.provider_now is not None and self.provider_now >= then:
+            return self
+        return attrs.evolve(self, provider_now=then)
 
 
 def may_have_executed(attempts: Iterable[AttemptLike]) -> bool:
@@ -185,6 +187,10 @@ def resend_refusal(
     ``key_lifetime`` (an unknown intent resent by payonce on its own where the lifetime is
     assumed, not documented: ``ASSUMED_LIFETIME_RESEND_WINDOW``).
 
+    Without ``provider_now`` (the provider's time could not be read), the journaled
+    ``provider_first`` and ``provider_sent_by`` judge the key's age too, by this host's
+    clock now: the older of that and this host's clock's own age stands.
+
     ``executed``: whether an attempt may have reached the provider. The key's age matters
     only then; a first attempt dated in the future is refused either way, since nothing
     about such a record can be trusted.
@@ -194,9 +200,7 @@ def resend_refusal(
     (``provider_first_sent``), None when unknown; ``provider_sent_by``: the provider's time
     by which it had surely been sent (``provider_sent_before``), a bound on the key's age
     whatever this host's clock said then. With ``provider_now``, the key's age is the
-    provider's clock's, as the module says; without it, the older of this host's clock's
-    age and the ages the journaled ``provider_first`` and ``provider_sent_by`` give by
-    this host's clock now.
+    provider's clock's, as the module says.
     """
     if first_sent_at is None:
         return None
