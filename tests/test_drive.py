@@ -239,12 +239,12 @@ class Script:
                 self._apply(transition)
                 self.attempt(ended=False, ambiguous=None)
                 return len(self.attempts)
-            case drive.EndAttempt(transition=transition):
+            case drive.EndAttempt(transition=transition, provider_date=date):
                 self._apply(transition)
                 ambiguous = rule(transition).attempt_ambiguous
                 last = self.attempts[-1]
                 self.attempts[-1] = attrs.evolve(
-                    last, ended_at=self.clock.wall, ambiguous=ambiguous
+                    last, ended_at=self.clock.wall, ambiguous=ambiguous, provider_date=date
                 )
                 return None
             case drive.Settle(transition=transition, response=response):
@@ -702,13 +702,16 @@ def test_a_fresh_reading_of_the_provider_s_clock_is_not_asked_again() -> None:
 
 
 def test_a_provider_that_cannot_tell_its_time_leaves_the_key_to_this_host_s_clock() -> None:
-    for answer in (_timeout(), _json(404, {})):  # no answer, an answer without a Date
+    # No answer to any try (each asked again, as a look-up is), or an answer without a
+    # Date (asked once: a provider that keeps no Date will not send one the next time).
+    for answers in ([_timeout()] * STEADY.max_attempts, [_json(404, {})]):
         young = Script(DOCUMENTED, sends=[OK])
-        young.clock_answers = [answer]
+        young.clock_answers = list(answers)
         _crashed_and_aged(young, aged=HOUR)
         assert young.resume().status_code == 201
+        assert young.clock_reads == len(answers)
         old = Script(DOCUMENTED, sends=[OK])
-        old.clock_answers = [answer]
+        old.clock_answers = list(answers)
         _crashed_and_aged(old, aged=23 * HOUR)
         with pytest.raises(payonce.OutcomeUnknown, match="key lifetime"):
             old.resume()
@@ -1023,15 +1026,18 @@ def test_a_documented_lifetime_is_resent_on_its_own_within_90_percent_of_it() ->
     assert script.transitions == [T.RECONCILED_BY_RESEND, T.ATTEMPT_STARTED, T.SUCCEEDED]
 
 
-# The key window is a deadline for every attempt of a resend, not only its first: a retry
-# that could end (max_processing after it leaves) past it is not sent.
+# The key window is a deadline for every attempt of a resend, its first included: an
+# attempt that could end (max_processing after it leaves) past it is not sent.
 WINDOW = KEY_LIFETIME * 0.9
 SERVER_ERROR = _json(503, {"error": "unavailable"})
+IN_TIME_ONCE = (WINDOW - GENERIC.max_processing - 0.5) / 3600
+"""Hours since the first send after which a resend leaving now ends inside the window, and
+a retry leaving a second later could not."""
 
 
 def test_a_resend_s_retries_stop_before_one_could_end_past_the_key_window() -> None:
     script = Script(DOCUMENTED, sends=[SERVER_ERROR] * 4)
-    _unknown(script, hours_ago=(WINDOW - 20) / 3600)  # the first resend is in time
+    _unknown(script, hours_ago=IN_TIME_ONCE)  # the first resend is in time
     kept = script.reconcile()
     # The retry would leave 1 s later and could run 30 s (max_processing): past the window.
     assert script.sent == 1
@@ -1058,10 +1064,45 @@ def test_a_resend_s_retries_go_on_while_they_end_inside_the_key_window() -> None
 
 def test_a_resumed_ambiguous_intent_s_retries_stop_at_the_key_window_too() -> None:
     script = Script(DOCUMENTED, sends=[SERVER_ERROR] * 4)
-    _crashed_after_sending(script, hours_ago=(WINDOW - 20) / 3600)
+    _crashed_after_sending(script, hours_ago=IN_TIME_ONCE)
     with pytest.raises(payonce.OutcomeUnknown, match="retries stopped"):
         script.resume()
     assert script.sent == 1
+    assert script.transitions[-1] is T.KEY_WINDOW_PASSED
+
+
+def test_a_resend_s_first_attempt_that_could_end_past_the_key_window_is_not_sent() -> None:
+    # Inside the window when the resume begins, but the provider may run the resend for
+    # max_processing (30 s): it could end 10 s past the window.
+    for resend in ("resume", "reconcile"):
+        script = Script(DOCUMENTED, sends=[OK])
+        if resend == "resume":
+            _crashed_after_sending(script, hours_ago=(WINDOW - 20) / 3600)
+            with pytest.raises(payonce.OutcomeUnknown, match="not resent: the provider may run"):
+                script.resume()
+            assert script.transitions == [T.KEY_WINDOW_PASSED]
+        else:
+            _unknown(script, hours_ago=(WINDOW - 20) / 3600)
+            kept = script.reconcile()
+            assert kept.after is IntentState.UNKNOWN
+            assert "not resent: the provider may run it for 30s" in kept.detail
+            assert script.transitions == [T.RECONCILED_BY_RESEND, T.KEY_WINDOW_PASSED]
+        assert script.sent == 0
+
+
+def test_a_resend_after_verify_s_look_ups_is_judged_when_it_goes_out() -> None:
+    # Sent first long ago (inside the window when the resume begins); a later attempt
+    # crashed in flight a moment ago, so verify looks up until it can no longer run (30 s):
+    # the resend would leave then, and could end past the window.
+    script = Script(VERIFYING, lookups=[ABSENT] * 10, sends=[OK])
+    first = script.clock.wall - (WINDOW - 45)
+    script.journaled(script.draft(), state=IntentState.PENDING, first_sent_at=first)
+    script.attempt(ended=True, ambiguous=True, at=first)
+    script.attempt(ended=False, ambiguous=None, at=script.clock.wall - 5)
+    with pytest.raises(payonce.OutcomeUnknown, match="not resent: the provider may run"):
+        script.resume()
+    assert script.looked_up >= 1
+    assert script.sent == 0
     assert script.transitions[-1] is T.KEY_WINDOW_PASSED
 
 
@@ -1263,3 +1304,126 @@ def test_an_operator_s_reconcile_resend_sends_it_at_once_not_through_a_resume() 
     assert resent.outcome == "not_found"
     assert resent.after is IntentState.SUCCEEDED
     assert script.sent == 1
+
+
+# -- a call's own retries: bounded by the key window once an attempt may have executed --------
+
+TEN_MINUTES = attrs.evolve(GENERIC, key_lifetime=600.0, key_lifetime_documented=True)
+PATIENT = payonce.RetryPolicy(
+    max_attempts=1000, max_elapsed=3600.0, initial_wait=60.0, max_wait=60.0, jitter=False
+)
+
+
+def _dated_503(provider_time: float) -> httpx.Response:
+    return _json(503, {"error": "unavailable"}, date=email.utils.formatdate(provider_time, True))
+
+
+def test_a_call_s_retries_stop_once_the_provider_s_date_shows_its_key_window_passed() -> None:
+    # The red-team's case: the first attempt may have executed (a 503 after executing);
+    # the provider keeps keys 10 minutes, and its next answer's Date says 700 s have passed
+    # there. The call kept retrying for max_elapsed (an hour) and paid twice.
+    script = Script(TEN_MINUTES, retry=PATIENT)
+    provider = script.clock.provider
+    script.sends = [_dated_503(provider), _dated_503(provider + 700), OK]
+    with pytest.raises(payonce.OutcomeUnknown) as unknown:
+        script.call()
+    assert script.sent == 2
+    assert script.state is IntentState.UNKNOWN
+    assert script.transitions[-1] is T.KEY_WINDOW_PASSED
+    assert script.record is not None
+    reason = script.record.unknown_reason or ""
+    assert reason.startswith("retries stopped")
+    assert "by the provider's clock it was first sent" in reason
+    assert "key lifetime of 600s" in str(unknown.value)
+
+
+def test_a_call_s_retries_of_an_assumed_lifetime_stop_within_15_minutes_of_its_first_send() -> None:
+    # No Date to go by: this host's clock, carried on by the monotonic one.
+    script = Script(GENERIC, sends=[SERVER_ERROR] * 100, retry=PATIENT)
+    with pytest.raises(payonce.OutcomeUnknown, match="assumed, not documented") as unknown:
+        script.call()
+    # Every attempt that went out could end (30 s later) inside the 15 minutes; one more,
+    # a minute later, could not.
+    assert script.sent == 15
+    assert (script.sent - 1) * 60.0 + GENERIC.max_processing < 15 * 60
+    assert script.sent * 60.0 + GENERIC.max_processing >= 15 * 60
+    assert script.transitions[-1] is T.KEY_WINDOW_PASSED
+    # As a resume says it: an operator who knows the provider keeps the key may resend.
+    key = script.record.key if script.record else ""
+    assert f"`payonce reconcile {key} --resend` resends it" in str(unknown.value)
+
+
+def test_a_call_s_key_window_counts_from_its_first_attempt_that_may_have_executed() -> None:
+    # Twenty minutes of rate limits (never executed: the provider has not kept the key),
+    # then a 503 that may have executed: the window begins there, and the retry goes out.
+    rate_limited = _json(429, {"error": "slow down"})
+    script = Script(TEN_MINUTES, sends=[rate_limited] * 20 + [SERVER_ERROR, OK], retry=PATIENT)
+    assert script.call().status_code == 201
+    assert script.sent == 22
+
+
+def test_a_call_s_retries_inside_the_key_window_go_on_as_before() -> None:
+    script = Script(TEN_MINUTES, sends=[SERVER_ERROR, SERVER_ERROR, OK])
+    assert script.call().status_code == 201
+    assert script.sent == 3
+
+
+# -- the provider's clock, when asking it fails -----------------------------------------------
+
+
+def _dated_404() -> httpx.Response:
+    return httpx.Response(404, request=httpx.Request("HEAD", "https://provider.test"))
+
+
+def test_one_lost_answer_to_the_provider_s_clock_is_asked_again() -> None:
+    # Set back 25 h, this host's clock says the key is a moment old; the provider's, 25 h.
+    script = Script(sends=[OK])
+    _crashed_and_aged(script, aged=25 * HOUR, local_step=-25 * HOUR)
+    dated = _dated_404()
+    dated.headers["Date"] = script.clock.provider_date()
+    script.clock_answers = [_refused_connection(), dated]
+    with pytest.raises(payonce.OutcomeUnknown, match="behind the provider's"):
+        script.resume()
+    assert script.clock_reads == 2
+    assert script.sent == 0
+
+
+def test_without_the_provider_s_clock_its_journaled_dates_judge_the_key_too() -> None:
+    # This host's clock was 3 h ahead when the first attempt was sent (its answer dated by
+    # the provider), and set right since: by it the key is 20 h old, short of 90% of 24 h;
+    # by the provider's Date on that answer, 23 h. Asking the provider its time fails.
+    script = Script(DOCUMENTED, sends=[OK])
+    script.clock.wall += 3 * HOUR
+    at = script.clock.wall
+    script.journaled(script.draft(), state=IntentState.PENDING, first_sent_at=at)
+    script.attempt(ended=True, ambiguous=True, at=at, provider_date=script.clock.provider + 1)
+    script.clock.advance(23 * HOUR)
+    script.clock.wall -= 3 * HOUR
+    script.clock_answers = [_timeout()] * STEADY.max_attempts
+    with pytest.raises(payonce.OutcomeUnknown, match="could not be read now") as unknown:
+        script.resume()
+    assert "dates that attempt 828" in str(unknown.value)  # 23 h (and the tries' waits)
+    assert script.clock_reads == STEADY.max_attempts
+    assert script.sent == 0
+    assert script.transitions == [T.KEY_WINDOW_PASSED]
+
+
+# -- a replay's answer got again: what a different answer means ------------------------------
+
+
+def test_a_replay_s_answer_got_again_as_another_success_says_it_may_have_executed_twice() -> None:
+    # Settled 201 with an answer too large to journal; asked again under its key, the
+    # provider answers 200: not its replay of the first, perhaps a second execution.
+    script = Script(DOCUMENTED, sends=[_json(200, {"id": "pay_2", "status": "succeeded"})])
+    at = script.clock.wall - 60
+    stored = StoredResponse(201, (), b"", body_stored=False)
+    script.journaled(script.draft(), state=IntentState.SUCCEEDED, first_sent_at=at, response=stored)
+    script.attempt(ended=True, ambiguous=False, at=at)
+    journaled = script.record
+    with pytest.raises(payonce.IntentStateError) as refused:
+        script.call()
+    message = str(refused.value)
+    assert "did not replay it under its key (HTTP 200, not 201)" in message
+    assert "may have executed it a second time" in message
+    assert "check at the provider" in message
+    assert script.record == journaled, "the journal still holds what it held"

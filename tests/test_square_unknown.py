@@ -420,13 +420,14 @@ def test_a_resend_s_retries_stop_before_one_could_end_past_the_key_window(
     square: MakeClient, server: SandboxServer
 ) -> None:
     key = went_unknown(square, server)
-    # 20 s short of 90% of 24 h by Square's clock: the resend may go, but not a retry that
-    # leaves later and may run for max_processing (30 s).
-    server.advance_clock(SQUARE_KEY_WINDOW - 20)
+    # 32 s short of 90% of 24 h by Square's clock: the resend may go (it ends, max_processing
+    # later, 2 s inside the window), but not a retry that would leave 4 s later.
+    server.advance_clock(SQUARE_KEY_WINDOW - 32)
     server.script(["fail_before", "fail_before", "fail_before"])
     sent_before = server.store.total_executions()
 
-    client = square()
+    waits_4s = attrs.evolve(THREE_ATTEMPTS, initial_wait=4.0, max_wait=4.0, jitter=False)
+    client = square(retry=waits_4s)
     (result,) = client.reconcile(key, resend=True)
 
     assert result.outcome == "resent"

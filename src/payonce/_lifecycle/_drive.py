@@ -241,8 +241,13 @@ class Run:
     resumed: bool = False
     """An intent journaled earlier and still pending, picked up by this run."""
     key_window: KeyWindow | None = None
-    """A resumed intent an attempt of which may have executed: until when its key is surely
-    remembered. No retry of the run goes out that could end past it."""
+    """Once an attempt of the intent may have executed (before this run, for a resumed one;
+    else by this run's own first such attempt): until when its key is surely remembered. No
+    attempt of the run goes out that could end past it."""
+    sent_at: float | None = None
+    """This host's clock when the current attempt went out, read before its start was
+    journaled (the claim's own time for a new intent's first attempt): where a key window
+    of the run's own begins."""
 
     @property
     def key(self) -> str:
@@ -571,6 +576,7 @@ def _call(
                     ambiguous=False,
                     began=clock.monotonic(),
                     acknowledge_on_success=acknowledge_on_success,
+                    sent_at=record.first_sent_at,
                 )
                 return (yield from _send(settings, run))
             case ClaimKind.CLAIMED:
@@ -782,15 +788,28 @@ def _automatic_within(settings: DriveSettings, *, asked: bool) -> float | None:
 
 def _provider_now(settings: DriveSettings) -> Generator[Command, Any, float | None]:
     """The provider's time now: the client's latest reading while it is fresh, else the
-    provider is asked (``ReadClock``). None when it cannot tell (no answer, no ``Date``)."""
-    clock = settings.clock
-    known = settings.provider_clock.now(clock.monotonic())
-    if known is not None:
-        return known
-    result: Answered | Failed = yield ReadClock()
-    if isinstance(result, Answered):
-        _read_clock(settings, result.response)
-    return settings.provider_clock.now(clock.monotonic())
+    provider is asked (``ReadClock``), and asked again after a failure as a look-up is (the
+    retry policy's waits, within its bounds): one lost answer must not leave a key's age to
+    this host's clock. None when it cannot tell (no answer, an answer without ``Date``);
+    the key's age is then judged by the journaled answers' dates too (``resend_refusal``)."""
+    clock, retry = settings.clock, settings.retry
+    began, tried = clock.monotonic(), 0
+    while (known := settings.provider_clock.now(clock.monotonic())) is None:
+        tried += 1
+        result: Answered | Failed = yield ReadClock()
+        if isinstance(result, Answered):
+            if _read_clock(settings, result.response) is not None:
+                return settings.provider_clock.now(clock.monotonic())
+            status = result.response.status_code
+            if status < 500 and status != 429:  # it answers, with no Date: it keeps none
+                return None
+        elif classify_lookup_error(result.error) is None:  # not a transport failure
+            return None
+        wait = retry.next_wait(tried, clock.monotonic() - began, None)
+        if wait is None:
+            return None
+        yield Sleep(wait)
+    return known
 
 
 def _unheld(record: IntentRecord, owner: str) -> Run:
@@ -823,15 +842,62 @@ def _send(settings: DriveSettings, run: Run) -> Drive:
         wait = retry.next_wait(tries, clock.monotonic() - began, outcome.retry_after)
         if wait is None:
             raise (yield from _give_up(settings, run))
-        if run.key_window is not None:
-            # The key window is a deadline for every attempt of a resend: the next one
-            # must end (the provider may run it for max_processing) while the key is surely
-            # remembered, or it could execute twice.
-            ends = clock.monotonic() + wait + settings.profile.max_processing
-            refusal = run.key_window.refusal_at(ends)
-            if refusal is not None:
-                raise (yield from _give_up(settings, run, key_gone=refusal))
+        # The key window is a deadline for every attempt of a resend: the next one must
+        # end (the provider may run it for max_processing) while the key is surely
+        # remembered, or it could execute twice.
+        if (past := _past_window(settings, run, leaving_in=wait)) is not None:
+            raise (yield from _give_up(settings, run, key_gone=past))
         yield Sleep(wait, run, retry=outcome)
+
+
+@attrs.frozen
+class _PastWindow:
+    """Why the run's next attempt could end when its key may be gone."""
+
+    why: str
+    operator_may_resend: bool
+    """Only the assumed lifetime's short window refuses it: an operator's ``payonce
+    reconcile KEY --resend`` still may resend it."""
+
+
+def _past_window(settings: DriveSettings, run: Run, *, leaving_in: float) -> _PastWindow | None:
+    """Whether an attempt of ``run`` leaving ``leaving_in`` seconds from now could end (the
+    provider may run it for ``max_processing``) when its key may be gone; None while it
+    would end inside the key window, or the run has none (nothing of it may have executed).
+    The provider's latest reading moves the window's clock on first."""
+    if run.key_window is None:
+        return None
+    monotonic = settings.clock.monotonic()
+    window = run.key_window = run.key_window.read(settings.provider_clock.now(monotonic), monotonic)
+    ends = monotonic + leaving_in + settings.profile.max_processing
+    why = window.refusal_at(ends)
+    if why is None:
+        return None
+    operator_may = (
+        window.within is not None and attrs.evolve(window, within=None).refusal_at(ends) is None
+    )
+    return _PastWindow(why, operator_may)
+
+
+def _own_window(settings: DriveSettings, run: Run, date: float | None) -> KeyWindow | None:
+    """The key window of a run whose current attempt is the intent's first that may have
+    executed: the key's age counts from when it went out, by the provider's clock where its
+    answer (``date``, its ``Date``) told it, as a resume's is judged."""
+    if run.sent_at is None:
+        return None
+    clock = settings.clock
+    now, monotonic = clock.now(), clock.monotonic()
+    provider_first = None if date is None else date - max(0.0, now - run.sent_at)
+    return KeyWindow(
+        run.sent_at,
+        settings.profile.key_lifetime,
+        now,
+        settings.provider_clock.now(monotonic),
+        provider_first,
+        date,
+        _automatic_within(settings, asked=False),
+        monotonic,
+    )
 
 
 def _attempt(
@@ -842,7 +908,12 @@ def _attempt(
         verified = yield from _verify(settings, run, run.verification)
         if verified is not None:
             return verified
+    # Judged again as it goes out, not only when the resend began or before the wait: a
+    # resume's first attempt, or one after verify's look-ups, leaves later than that.
+    if (past := _past_window(settings, run, leaving_in=0.0)) is not None:
+        raise (yield from _give_up(settings, run, key_gone=past))
     if not run.started:
+        run.sent_at = settings.clock.now()
         run.attempt = yield StartAttempt(run)
         run.started = True
     result: Answered | Failed = yield Send(run)
@@ -914,6 +985,11 @@ def _retryable(
     error: str | None = None,
     date: float | None = None,
 ) -> Generator[Command, Any, Verdict]:
+    if verdict.ambiguous and not run.ambiguous and run.key_window is None:
+        # The intent's first attempt that may have executed: every later one is a resend
+        # under its key, bounded by the key window as a resume's are, or a call retrying
+        # for as long as max_elapsed allows could outlive the key and pay twice.
+        run.key_window = _own_window(settings, run, date)
     run.ambiguous = run.ambiguous or verdict.ambiguous
     run.last_reason = verdict.reason
     yield EndAttempt(run, transition, status_code, error, verdict, date)
@@ -927,7 +1003,7 @@ def _retryable(
 
 
 def _give_up(
-    settings: DriveSettings, run: Run, *, key_gone: str | None = None
+    settings: DriveSettings, run: Run, *, key_gone: _PastWindow | None = None
 ) -> Generator[Command, Any, PayonceError]:
     """Attempts ran out (or stopped: the next could end past the key window, ``key_gone``
     says why): the error to raise, after journaling what is known."""
@@ -938,16 +1014,24 @@ def _give_up(
         else:
             # Not sent: the key window passed for the next attempt, as for a resume.
             transition = Transition.KEY_WINDOW_PASSED
-            reason = (
-                f"retries stopped, the next one could end when a resend is no longer safe: "
-                f"{key_gone}; last failure: {run.last_reason}"
-            )
+            if run.last_reason:
+                reason = (
+                    "retries stopped, the next one could end when a resend is no longer "
+                    f"safe: {key_gone.why}; last failure: {run.last_reason}"
+                )
+            else:  # a resend's first attempt, due to leave later than the resume began
+                reason = (
+                    "not resent: the provider may run it for "
+                    f"{settings.profile.max_processing:g}s, so it could end when a resend "
+                    f"is no longer safe: {key_gone.why}"
+                )
         run.record = yield MarkUnknown(run, transition, reason)
         return refusals.unknown(
             run.record,
             reconcilable=settings.reconcilable,
             key_gone=key_gone is not None,
             automatic_window=_automatic_within(settings, asked=False),
+            operator_may_resend=key_gone is not None and key_gone.operator_may_resend,
         )
     # Exhausted, never executed: the intent stays pending and the lease goes.
     yield Release(run, Transition.EXHAUSTED_UNSENT)
@@ -1043,8 +1127,15 @@ def _answer_again(settings: DriveSettings, record: IntentRecord) -> Drive:
             answered = f"HTTP {result.response.status_code}, not {stored.status}"
             answer = classify_response(result.response, settings.profile, redact=settings.redact)
             if answer.outcome is not Outcome.RETRY:
-                # A definitive other answer: the provider does not replay this key.
-                why.append(f"the provider did not replay it under its key ({answered})")
+                # A definitive other answer: the provider does not replay this key. A 2xx
+                # one is an execution: of this resend, as a new request, a second time.
+                why.append(
+                    f"the provider did not replay it under its key ({answered}): it may have "
+                    "executed it a second time (check at the provider, in its dashboard, "
+                    "and refund the duplicate if so)"
+                    if result.response.is_success
+                    else f"the provider did not replay it under its key ({answered})"
+                )
                 break
             retry_after = answer.retry_after
         # A transport failure, a 5xx, a 429 or a 409 in flight: the same key, asked again

@@ -24,6 +24,12 @@ least as old as that answer's ``Date`` by the provider's clock now. A first atte
 no answer, sent while this host's clock was ahead (and since corrected), cannot make a key
 the provider has long since seen look young while a later attempt's answer says otherwise.
 
+Where the provider's time now cannot be had (asking it failed every try) but journaled
+answers of the provider's dated the first attempt (or one after it), the key's age is also
+what those dates give by this host's clock now, the older age standing: a clock that was
+ahead when the first attempt was sent (and was stepped back since) cannot make a key the
+provider dated long ago look young.
+
 Without the provider's time (its answers carry no ``Date``, or it could not be asked) the
 key's age is this host's clock's, as it was before.
 
@@ -167,8 +173,10 @@ def provider_sent_before(attempts: Iterable[DatedAttempt]) -> float | None:
 @attrs.frozen
 class KeyWindow:
     """What an intent's resend under its key was judged by when it began (``resend_refusal``
-    of an attempt that may have executed), kept to judge each retry of it again: both
-    clocks taken on by the monotonic clock's seconds since, so neither can step."""
+    of an attempt that may have executed: a resume's, or a call's once one of its own
+    attempts may have executed), kept to judge each attempt of it again as it goes out:
+    both clocks taken on by the monotonic clock's seconds since, so neither can step, and
+    the provider's moved on by each later reading of it (``read``)."""
 
     first_sent_at: float
     key_lifetime: float
@@ -198,6 +206,20 @@ class KeyWindow:
             at_least=None if self.at_least is None else self.at_least + ahead,
         )
 
+    def read(self, provider_now: float | None, monotonic: float) -> KeyWindow:
+        """The window as the provider's time ``provider_now`` (a fresh reading of its
+        clock at ``monotonic``; None: none) also tells it: the later of that and the time
+        carried forward. A provider's clock that jumped ahead has aged the key by its own
+        reckoning, which is the one it forgets keys by; one read earlier than carried makes
+        no key younger. Only the provider's time when the window was taken changes (what
+        the reading says it was then), so all else goes on being carried as it was."""
+        if provider_now is None:
+            return self
+        then = provider_now - max(0.0, monotonic - self.taken_at)
+        if self.provider_now is not None and self.provider_now >= then:
+            return self
+        return attrs.evolve(self, provider_now=then)
+
 
 def may_have_executed(attempts: Iterable[AttemptLike]) -> bool:
     """Whether any attempt may have reached the provider: ambiguous, or still in flight
@@ -222,6 +244,10 @@ def resend_refusal(
     ``within``: a key age past which not to resend though it is short of 90% of
     ``key_lifetime`` (an unknown intent resent by payonce on its own where the lifetime is
     assumed, not documented: ``ASSUMED_LIFETIME_RESEND_WINDOW``).
+
+    Without ``provider_now`` (the provider's time could not be read), the journaled
+    ``provider_first`` and ``provider_sent_by`` judge the key's age too, by this host's
+    clock now: the older of that and this host's clock's own age stands.
 
     ``executed``: whether an attempt may have reached the provider. The key's age matters
     only then; a first attempt dated in the future is refused either way, since nothing
@@ -248,7 +274,10 @@ def resend_refusal(
     if within is not None and within < window:
         window, past = within, _past_assumed(within, key_lifetime)
     if not executed or provider_now is None:
-        return _by_this_host(first_sent_at, now, window, past, executed=executed)
+        refusal = _by_this_host(first_sent_at, now, window, past, executed=executed)
+        if refusal is not None or not executed:
+            return refusal
+        return _by_the_answers_dates(now, window, past, provider_first, provider_sent_by)
     refusal = _by_the_first_send(first_sent_at, now, window, past, provider_now, provider_first)
     if refusal is not None or provider_sent_by is None:
         return refusal
@@ -311,6 +340,31 @@ def _by_the_first_send(
     if age < window:
         return None
     return f"{unanswered}: by {clock} clock now it was first sent {age:.0f}s ago, {past}"
+
+
+def _by_the_answers_dates(
+    now: float,
+    window: float,
+    past: str,
+    provider_first: float | None,
+    provider_sent_by: float | None,
+) -> str | None:
+    """``resend_refusal`` by the journaled answers' dates, the provider's time now not
+    known: the provider's clock then against this host's now. This host's clock may be the
+    wrong one now, or may have been when the first attempt was sent; the older age stands
+    (a resend refused wrongly is reconciled, one made wrongly pays twice)."""
+    unread = "the provider's time could not be read now, and by this host's clock now"
+    if provider_first is not None and now - provider_first >= window:
+        return (
+            f"{unread} the provider's answer to its first attempt dates that attempt "
+            f"{now - provider_first:.0f}s ago, {past}"
+        )
+    if provider_sent_by is not None and now - provider_sent_by >= window:
+        return (
+            f"{unread} the provider answered an attempt {now - provider_sent_by:.0f}s ago, "
+            f"and the first attempt was sent before that: {past}"
+        )
+    return None
 
 
 def _past(key_lifetime: float) -> str:

@@ -274,8 +274,9 @@ RULES: tuple[Rule, ...] = (
         Transition.KEY_WINDOW_PASSED,
         (_P,),
         _U,
-        "picked up again after an attempt that may have executed, at 90% of the key "
-        "lifetime or later: never resent",
+        "an attempt may have executed, and the next (a resume's, a resend's, a call's own "
+        "retry) could end past the key window (90% of the key lifetime; 15 minutes of an "
+        "assumed one): never sent",
         releases_lease=True,
         unwritten=MAY_HAVE_EXECUTED,
     ),
