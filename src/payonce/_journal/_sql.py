@@ -383,6 +383,7 @@ _PRUNABLE = (
     " AND (state = ? OR acknowledged_at < ? OR (acknowledged_at IS NULL AND ?))"
 )
 PROVIDERS = "SELECT DISTINCT provider FROM intents"
+ACCOUNTS = "SELECT DISTINCT account FROM intents"
 COUNT_PRUNABLE = f"SELECT count(*) FROM intents WHERE {_PRUNABLE}"
 LIST_PRUNABLE = (
     f"SELECT {INTENT_COLUMNS} FROM intents WHERE {_PRUNABLE} ORDER BY updated_at, key LIMIT ?"
