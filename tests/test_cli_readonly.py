@@ -23,6 +23,7 @@ import payonce
 from helpers.cli import CliResult, run_cli
 from helpers.journals import draft_for, raw_transaction, rows, settle, store_of
 from payonce._journal import _sql as sql
+from payonce._journal._engine import Tx
 from payonce._journal._schema import SCHEMA_VERSION
 
 V1_JOURNAL = Path(__file__).parent / "data" / "journal_v1.sql"
@@ -180,10 +181,17 @@ def test_reading_commands_read_the_last_commit_while_a_writer_holds_the_journal(
 # -- an older schema is read as it is, never migrated ----------------------------------------
 
 
+def _drop_key_terms(tx: Tx) -> None:
+    """Schema 8 (key window columns) added each intent's provider profile key terms."""
+    for column in ("key_lifetime", "key_lifetime_documented", "max_processing"):
+        tx.execute(f"ALTER TABLE intents DROP COLUMN {column}")
+
+
 def _back_to_schema_4(location: str) -> None:
     """What payonce with schema 4 left: schema 5 added the index on references, schema 6 the
     provider's Date of each attempt."""
     with raw_transaction(location) as tx:
+        _drop_key_terms(tx)
         tx.execute("DROP INDEX intents_reference")
         tx.execute("ALTER TABLE attempts DROP COLUMN provider_date")
         tx.execute("ALTER TABLE attempts DROP COLUMN sent_to")
@@ -193,6 +201,7 @@ def _back_to_schema_4(location: str) -> None:
 def _back_to_schema_6(location: str) -> None:
     """What payonce with schema 6 left: schema 7 added the URL each attempt was sent to."""
     with raw_transaction(location) as tx:
+        _drop_key_terms(tx)
         tx.execute("ALTER TABLE attempts DROP COLUMN sent_to")
         tx.execute("UPDATE payonce_meta SET value = '6' WHERE name = 'schema_version'")
 
@@ -212,7 +221,7 @@ def test_a_schema_6_journal_is_shown_without_urls_and_migrates_with_none_for_old
     assert _schema_version(location) == "6"
 
     with payonce.open_journal(location) as journal:  # a writer migrates it
-        assert journal.schema_version == SCHEMA_VERSION == 7
+        assert journal.schema_version == SCHEMA_VERSION
         store = store_of(journal)
         assert store.claim_key("key-00002", owner="w", now=1003.0, lease_seconds=30)
         store.start_attempt(
@@ -220,7 +229,7 @@ def test_a_schema_6_journal_is_shown_without_urls_and_migrates_with_none_for_old
         )
         assert [a.sent_to for a in journal.attempts("key-00001")] == [None]
         assert [a.sent_to for a in journal.attempts("key-00002")] == [None, "https://b.test/v1/p"]
-    assert _schema_version(location) == "7"
+    assert _schema_version(location) == str(SCHEMA_VERSION)
 
 
 def test_an_older_schema_is_read_as_it_is_and_only_migrate_migrates_it(location: str) -> None:

@@ -49,8 +49,13 @@ from ._inbox import (
 )
 from ._intents import allowed, reread, select_intent
 from ._reports import JournalReport
-from ._rows import attempt_from_row, intent_from_row, reconciliation_from_row
-from ._schema import PROVIDER_DATE_SCHEMA, SENT_TO_SCHEMA
+from ._rows import (
+    attempt_from_row,
+    intent_from_row,
+    reconciliation_from_row,
+    without_key_terms,
+)
+from ._schema import KEY_TERMS_SCHEMA, PROVIDER_DATE_SCHEMA, SENT_TO_SCHEMA
 
 __all__ = ["Journal"]
 
@@ -163,6 +168,8 @@ class Journal:
     # -- reading ---------------------------------------------------------------------------
 
     def _intents(self, statement: str, params: Sequence[Any]) -> list[IntentRecord]:
+        if self._engine.schema_version < KEY_TERMS_SCHEMA:  # read-only, not migrated
+            statement = without_key_terms(statement)
         return self._engine.read(
             lambda tx: [intent_from_row(row) for row in tx.all(statement, params)]
         )
@@ -192,6 +199,9 @@ class Journal:
         return sorted(str(row[0]) for row in rows)
 
     def get(self, key: str) -> IntentRecord | None:
+        if self._engine.schema_version < KEY_TERMS_SCHEMA:  # read-only, not migrated
+            found = self._intents(sql.SELECT_INTENT + sql.BY_KEY, (key,))
+            return found[0] if found else None
         return self._engine.read(lambda tx: select_intent(tx, sql.BY_KEY, (key,)))
 
     def find(self, key_or_reference: str) -> list[IntentRecord]:

@@ -18,6 +18,7 @@ from .._lifecycle import (
     IntentDraft,
     IntentRecord,
     IntentState,
+    KeyTerms,
     ReconciliationRecord,
     StoredResponse,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "EVENT_FIELDS",
     "INTENT_COLUMNS",
     "INTENT_FIELDS",
+    "KEY_TERMS_COLUMNS",
     "RECONCILIATION_COLUMNS",
     "RECONCILIATION_FIELDS",
     "attempt_from_row",
@@ -39,6 +41,7 @@ __all__ = [
     "reconciliation_from_row",
     "response_values",
     "typed",
+    "without_key_terms",
     "write_ahead_values",
 ]
 
@@ -68,6 +71,9 @@ INTENT_FIELDS = (
     "response_schema",
     "acknowledged_at",
     "abandon_reason",
+    "key_lifetime",
+    "key_lifetime_documented",
+    "max_processing",
 )
 """The columns of ``intents`` in ``INTENT_COLUMNS``' order, which ``intent_from_row`` reads by
 position."""
@@ -104,6 +110,16 @@ INTENT_COLUMNS = (
     ", ".join(INTENT_FIELDS)
     + ", (SELECT count(*) FROM attempts a WHERE a.key = intents.key) AS attempt_count"
 )
+KEY_TERMS_COLUMNS = "key_lifetime, key_lifetime_documented, max_processing"
+"""Within ``INTENT_COLUMNS``: read as NULLs from a journal of schema 7 or older opened
+read-only (``without_key_terms``)."""
+
+
+def without_key_terms(statement: str) -> str:
+    """``statement`` reading NULL key terms: for a read-only journal not yet migrated."""
+    return statement.replace(KEY_TERMS_COLUMNS, "NULL, NULL, NULL")
+
+
 ATTEMPT_COLUMNS = ", ".join(ATTEMPT_FIELDS)
 RECONCILIATION_COLUMNS = ", ".join(RECONCILIATION_FIELDS)
 
@@ -152,7 +168,20 @@ def write_ahead_values(
         first_sent_at,
         owner,
         lease_expires_at,
+        *_key_terms_values(draft.key_terms),
     )
+
+
+def _key_terms_values(terms: KeyTerms | None) -> tuple[float | int | None, ...]:
+    if terms is None:
+        return (None, None, None)
+    return (terms.key_lifetime, int(terms.key_lifetime_documented), terms.max_processing)
+
+
+def _key_terms(lifetime: Any, documented: Any, max_processing: Any) -> KeyTerms | None:
+    if lifetime is None or documented is None or max_processing is None:
+        return None  # journaled before schema 8
+    return KeyTerms(float(lifetime), bool(documented), float(max_processing))
 
 
 def response_values(response: StoredResponse) -> tuple[Any, ...]:
@@ -244,7 +273,7 @@ def _intent(row: Sequence[Any]) -> IntentRecord:
         lease_expires_at,
         unknown_reason,
     ) = row[8:17]
-    acknowledged_at, abandon_reason, attempt_count = row[23:]
+    acknowledged_at, abandon_reason, lifetime, documented, processing, attempt_count = row[23:]
     return IntentRecord(
         key=key,
         scope=scope,
@@ -267,6 +296,7 @@ def _intent(row: Sequence[Any]) -> IntentRecord:
         acknowledged_at=_real(acknowledged_at),
         attempt_count=int(attempt_count),
         abandon_reason=abandon_reason,
+        key_terms=_key_terms(lifetime, documented, processing),
     )
 
 

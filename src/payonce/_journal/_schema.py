@@ -20,6 +20,7 @@ import attrs
 __all__ = [
     "APPLICATION",
     "MIGRATIONS",
+    "KEY_TERMS_SCHEMA",
     "PROVIDER_DATE_SCHEMA",
     "SCHEMA_VERSION",
     "SENT_TO_SCHEMA",
@@ -127,6 +128,15 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 7: the URL each attempt was sent to: a resume by a client of another base URL sends
     #    the journaled path to its own host, so the intent's URL alone does not tell where.
     ("ALTER TABLE attempts ADD COLUMN sent_to TEXT",),
+    # 8 (key window columns): the key terms of the provider profile each intent was
+    #    journaled with (``KeyTerms``): a process that drives it later rebuilds the profile
+    #    from its name alone, and an app's shortened lifetime kept that name. NULL in older
+    #    rows: the built-in profile of the name, as before.
+    (
+        "ALTER TABLE intents ADD COLUMN key_lifetime {REAL}",
+        "ALTER TABLE intents ADD COLUMN key_lifetime_documented INTEGER",
+        "ALTER TABLE intents ADD COLUMN max_processing {REAL}",
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -135,6 +145,9 @@ PROVIDER_DATE_SCHEMA = 6
 is read with none."""
 SENT_TO_SCHEMA = 7
 """The schema whose attempts carry the URL each was sent to: an older one, opened
+read-only, is read with none."""
+KEY_TERMS_SCHEMA = 8  # (key window columns): the lead may renumber it at merge
+"""The schema whose intents carry their provider profile's key terms: an older one, opened
 read-only, is read with none."""
 
 

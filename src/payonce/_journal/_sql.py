@@ -130,8 +130,8 @@ BY_REFERENCE = "scope = ? AND reference = ?"
 INSERT_INTENT = (
     "INSERT INTO intents (key, scope, reference, account, provider, method, url, fingerprint,"
     " request_headers, request_body, state, created_at, updated_at, first_sent_at,"
-    " lease_owner, lease_expires_at)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " lease_owner, lease_expires_at, key_lifetime, key_lifetime_documented, max_processing)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
     # Two hosts creating the same intent at once: the unique key and (scope, reference)
     # let exactly one insert win; the other inserts nothing and reads the winner's row.
     " ON CONFLICT DO NOTHING"

@@ -51,6 +51,7 @@ from ._records import (
     IntentDraft,
     IntentRecord,
     IntentRequest,
+    KeyTerms,
     ReconciliationRecord,
     StoredResponse,
 )
@@ -114,6 +115,7 @@ __all__ = [
     "EventClaimKind",
     "IntentDraft",
     "IntentRecord",
+    "KeyTerms",
     "IntentRequest",
     "IntentState",
     "KeyFormat",

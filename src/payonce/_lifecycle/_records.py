@@ -16,9 +16,34 @@ __all__ = [
     "IntentDraft",
     "IntentRecord",
     "IntentRequest",
+    "KeyTerms",
     "ReconciliationRecord",
     "StoredResponse",
 ]
+
+
+@attrs.frozen
+class KeyTerms:
+    """What an intent's key window is judged by: its provider profile's terms when it was
+    journaled. A process that drives it later (``payonce worker``, ``resume``, ``reconcile``)
+    rebuilds the profile from its name alone, and an app's ``square_profile(key_lifetime=600)``
+    is still named ``square``: the stricter of the two terms is kept (``stricter``)."""
+
+    key_lifetime: float
+    """Seconds the provider remembers a key (``ProviderProfile.key_lifetime``)."""
+    key_lifetime_documented: bool
+    """Whether the provider documents that lifetime, or it is assumed."""
+    max_processing: float
+    """Seconds an attempt may still run at the provider (``ProviderProfile.max_processing``)."""
+
+    def stricter(self, other: KeyTerms) -> KeyTerms:
+        """The terms no resend under either could break: the shorter lifetime, documented
+        only if both say so, the longer processing time."""
+        return KeyTerms(
+            key_lifetime=min(self.key_lifetime, other.key_lifetime),
+            key_lifetime_documented=self.key_lifetime_documented and other.key_lifetime_documented,
+            max_processing=max(self.max_processing, other.max_processing),
+        )
 
 
 @attrs.frozen
@@ -55,6 +80,8 @@ class IntentDraft(IntentRequest):
     derived_key: str | None = None
     """For a step 2 or later: the key payonce gives that step (``step_key``), so that a
     refusal tells a key the caller's code set from payonce's own."""
+    key_terms: KeyTerms | None = None
+    """The client's provider profile's key terms, journaled with the intent."""
 
 
 @attrs.frozen
@@ -110,6 +137,9 @@ class IntentRecord(IntentRequest):
     acknowledged_at: float | None
     attempt_count: int
     abandon_reason: str | None = None
+    key_terms: KeyTerms | None = None
+    """The key terms of the provider profile it was journaled with; None for an intent
+    journaled before schema 8: judged by the built-in profile of its provider's name."""
 
     def lease_live(self, now: float) -> bool:
         return lease_live(self.lease_owner, self.lease_expires_at, now)
