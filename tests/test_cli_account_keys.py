@@ -130,6 +130,7 @@ def test_resume_of_the_account_named_uses_the_environment_key_for_it_alone(
     assert _states(crashed_on_both) == {ACCOUNT_A: "pending", ACCOUNT_B: "succeeded"}
 
 
+@pytest.mark.slow  # five processes: two payments killed, two `keys set`, the resume
 def test_each_account_s_key_in_the_keyring_recovers_both_while_the_environment_key_serves_none(
     two_accounts: SandboxServer, crashed_on_both: Path
 ) -> None:
@@ -174,6 +175,7 @@ def test_reconcile_never_resends_an_unknown_intent_with_another_account_s_key(
     assert _states(journal_path) == {ACCOUNT_A: "unknown", ACCOUNT_B: "unknown"}
 
 
+@pytest.mark.slow  # four processes: two payments killed, a resume, the worker
 def test_the_worker_does_not_pin_the_environment_key_to_the_one_account_with_work(
     two_accounts: SandboxServer, crashed_on_both: Path
 ) -> None:

@@ -139,7 +139,13 @@ RECOVERIES = [
 ]
 
 
-@pytest.mark.parametrize("shortened", [SQUARE_600, MOLLIE_1800], ids=["square", "mollie"])
+@pytest.mark.parametrize(
+    "shortened",
+    [
+        pytest.param(SQUARE_600, id="square"),
+        pytest.param(MOLLIE_1800, id="mollie", marks=pytest.mark.slow),  # the same path
+    ],
+)
 @pytest.mark.parametrize("command", RECOVERIES)
 def test_a_crashed_payment_is_not_resent_past_the_app_s_shortened_key_lifetime(
     journal_path: Path, shortened: Shortened, command: list[str]
