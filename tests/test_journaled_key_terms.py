@@ -34,7 +34,7 @@ from helpers.crash import KILLED, executions_once_arrived, worker_env
 from helpers.faketime import libfaketime_env
 from helpers.journals import raw_transaction
 from helpers.payments import MakeClient
-from payonce._journal._schema import SCHEMA_VERSION
+from payonce._journal._schema import KEY_TERMS_SCHEMA, SCHEMA_VERSION
 from payonce.providers import get_profile, mollie_profile, square_profile
 from payonce.sandbox import DEFAULT_API_KEY, SandboxConfig, SandboxServer
 
@@ -220,24 +220,28 @@ def test_the_key_terms_are_journaled_with_each_intent(
     assert record.key_terms == profile.key_terms
 
 
-def _back_to_schema_7(location: str) -> None:
-    """What payonce with schema 7 left: its intents carry no key terms."""
+BEFORE_KEY_TERMS = KEY_TERMS_SCHEMA - 1
+
+
+def _back_to_before_key_terms(location: str) -> None:
+    """What the payonce before the key terms left: its intents carry none."""
     with raw_transaction(location) as tx:
         for column in ("key_lifetime", "key_lifetime_documented", "max_processing"):
             tx.execute(f"ALTER TABLE intents DROP COLUMN {column}")
-        tx.execute("UPDATE payonce_meta SET value = '7' WHERE name = 'schema_version'")
+        version = str(BEFORE_KEY_TERMS)
+        tx.execute("UPDATE payonce_meta SET value = ? WHERE name = 'schema_version'", (version,))
 
 
-def test_a_schema_7_journal_opens_migrates_and_replays(
+def test_a_journal_from_before_the_key_terms_opens_migrates_and_replays(
     make_client: MakeClient, sandbox: SandboxServer, location: str
 ) -> None:
     first = make_client(journal=location)
     paid = first.post("/v1/payments", json=PAYMENT, reference="order-1")
     first.close()
-    _back_to_schema_7(location)
+    _back_to_before_key_terms(location)
 
     with payonce.open_journal(location, read_only=True) as old:  # read as it is
-        assert old.schema_version == 7
+        assert old.schema_version == BEFORE_KEY_TERMS
         (record,) = old.find("order-1")
         assert record.key_terms is None  # judged by the built-in profile, as before
         assert old.get(record.key) == record

@@ -13,6 +13,7 @@ from ._journal._reports import JournalReport
 from ._journal._sqlite import SQLiteJournal
 from ._lifecycle import (
     AttemptRecord,
+    EscalationRecord,
     IntentRecord,
     KeyTerms,
     ReconciliationRecord,
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AttemptRecord",
+    "EscalationRecord",
     "IntentRecord",
     "Journal",
     "JournalReport",

@@ -15,6 +15,7 @@ from typing import Any
 
 from .._lifecycle import (
     AttemptRecord,
+    EscalationRecord,
     IntentDraft,
     IntentRecord,
     IntentState,
@@ -28,6 +29,8 @@ from ._schema import SCHEMA_VERSION
 __all__ = [
     "ATTEMPT_COLUMNS",
     "ATTEMPT_FIELDS",
+    "ESCALATION_COLUMNS",
+    "ESCALATION_FIELDS",
     "EVENT_FIELDS",
     "INTENT_COLUMNS",
     "INTENT_FIELDS",
@@ -36,6 +39,7 @@ __all__ = [
     "RECONCILIATION_FIELDS",
     "attempt_from_row",
     "DamagedRow",
+    "escalation_from_row",
     "headers_to_json",
     "intent_from_row",
     "reconciliation_from_row",
@@ -103,8 +107,11 @@ ATTEMPT_FIELDS = (
     "ambiguous",
     "provider_date",
     "sent_to",
+    "boot",
+    "boottime",
 )
 RECONCILIATION_FIELDS = ("key", "at", "outcome", "detail", "status_code")
+ESCALATION_FIELDS = ("key", "unknown_since", "at", "tries", "reason")
 
 INTENT_COLUMNS = (
     ", ".join(INTENT_FIELDS)
@@ -122,6 +129,7 @@ def without_key_terms(statement: str) -> str:
 
 ATTEMPT_COLUMNS = ", ".join(ATTEMPT_FIELDS)
 RECONCILIATION_COLUMNS = ", ".join(RECONCILIATION_FIELDS)
+ESCALATION_COLUMNS = ", ".join(ESCALATION_FIELDS)
 
 
 _quote = json.encoder.encode_basestring_ascii
@@ -180,7 +188,7 @@ def _key_terms_values(terms: KeyTerms | None) -> tuple[float | int | None, ...]:
 
 def _key_terms(lifetime: Any, documented: Any, max_processing: Any) -> KeyTerms | None:
     if lifetime is None or documented is None or max_processing is None:
-        return None  # journaled before schema 8
+        return None  # journaled before schema 9
     return KeyTerms(float(lifetime), bool(documented), float(max_processing))
 
 
@@ -308,7 +316,19 @@ def attempt_from_row(row: Sequence[Any]) -> AttemptRecord:
 
 
 def _attempt(row: Sequence[Any]) -> AttemptRecord:
-    key, number, started_at, ended_at, status_code, error, ambiguous, provider_date, sent_to = row
+    (
+        key,
+        number,
+        started_at,
+        ended_at,
+        status_code,
+        error,
+        ambiguous,
+        provider_date,
+        sent_to,
+        boot,
+        boottime,
+    ) = row
     return AttemptRecord(
         key=key,
         number=int(number),
@@ -319,6 +339,8 @@ def _attempt(row: Sequence[Any]) -> AttemptRecord:
         ambiguous=None if ambiguous is None else bool(ambiguous),
         provider_date=_real(provider_date),
         sent_to=sent_to,
+        boot=boot,
+        boottime=_real(boottime),
     )
 
 
@@ -338,3 +360,17 @@ def _reconciliation(row: Sequence[Any]) -> ReconciliationRecord:
         detail=detail,
         status_code=None if status_code is None else int(status_code),
     )
+
+
+def escalation_from_row(row: Sequence[Any]) -> EscalationRecord:
+    try:
+        key, unknown_since, at, tries, reason = row
+        return EscalationRecord(
+            key=key,
+            unknown_since=float(unknown_since),
+            at=float(at),
+            tries=int(tries),
+            reason=reason,
+        )
+    except (ValueError, TypeError) as exc:
+        raise DamagedRow(f"malformed row in escalations (key {row[0]!r}): {exc}") from exc

@@ -19,8 +19,10 @@ import attrs
 
 __all__ = [
     "APPLICATION",
-    "MIGRATIONS",
+    "BOOT_CLOCK_SCHEMA",
+    "ESCALATIONS_SCHEMA",
     "KEY_TERMS_SCHEMA",
+    "MIGRATIONS",
     "PROVIDER_DATE_SCHEMA",
     "SCHEMA_VERSION",
     "SENT_TO_SCHEMA",
@@ -128,7 +130,26 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 7: the URL each attempt was sent to: a resume by a client of another base URL sends
     #    the journaled path to its own host, so the intent's URL alone does not tell where.
     ("ALTER TABLE attempts ADD COLUMN sent_to TEXT",),
-    # 8 (key window columns): the key terms of the provider profile each intent was
+    # 8 (escalations): a worker's escalation of an unknown intent, one per time it went
+    #    unknown, so it is said once across restarts and by one of the workers sharing a
+    #    journal (the primary key arbitrates).
+    # 8 (boot clock): each attempt dated by its host's boot and boot clock too, which no
+    #    wall-clock step moves: a key's age cannot look young after a clock set right.
+    (
+        "ALTER TABLE attempts ADD COLUMN boot TEXT",
+        "ALTER TABLE attempts ADD COLUMN boottime {REAL}",
+        """
+        CREATE TABLE escalations (
+            key TEXT NOT NULL REFERENCES intents (key) ON DELETE CASCADE,
+            unknown_since {REAL} NOT NULL,
+            at {REAL} NOT NULL,
+            tries INTEGER NOT NULL,
+            reason TEXT NOT NULL,
+            PRIMARY KEY (key, unknown_since)
+        )
+        """,
+    ),
+    # 9 (key window columns): the key terms of the provider profile each intent was
     #    journaled with (``KeyTerms``): a process that drives it later rebuilds the profile
     #    from its name alone, and an app's shortened lifetime kept that name. NULL in older
     #    rows: the built-in profile of the name, as before.
@@ -146,7 +167,12 @@ is read with none."""
 SENT_TO_SCHEMA = 7
 """The schema whose attempts carry the URL each was sent to: an older one, opened
 read-only, is read with none."""
-KEY_TERMS_SCHEMA = 8  # (key window columns): the lead may renumber it at merge
+ESCALATIONS_SCHEMA = 8
+"""The schema that journals escalations: an older one, opened read-only, has none."""
+BOOT_CLOCK_SCHEMA = 8
+"""The schema whose attempts carry their host's boot clock: an older one, opened
+read-only, is read with none."""
+KEY_TERMS_SCHEMA = 9
 """The schema whose intents carry their provider profile's key terms: an older one, opened
 read-only, is read with none."""
 

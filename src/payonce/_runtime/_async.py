@@ -21,7 +21,7 @@ import httpx
 
 from .._crash import crash_point
 from .._journal._plans import AsyncEdge, Write
-from .._lifecycle import Claim, IntentDraft, IntentRecord
+from .._lifecycle import IntentDraft, IntentRecord
 from .._lifecycle import _drive as drive
 from .._owners import new_owner
 from . import _reconcile
@@ -34,13 +34,12 @@ from ._base import (
     RequestOptions,
     SdkKeys,
     Verbs,
-    bound,
 )
 from ._batch import Claimed, ReconcileBatch, ResumeBatch, ResumeResult, arun_batch
 from ._core import IntentCore
 from ._deadline import Deadline
+from ._execution import IN_PROCESS, Execution
 from ._journal_threads import off_loop
-from ._lease_keeper import Lease
 from ._lease_task import TaskLeaseKeeper
 from ._reconcile import ReconcileResult
 from ._telling import logger
@@ -303,10 +302,8 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
         """See ``Client._execute``: the drive runs on the loop; so do its journal commands
         on an engine with an async edge (PostgreSQL), else each is one journal thread hop."""
         core = self._core
-        run: drive.Run | None = None
+        execution = Execution(core, self._keeper, bind)
         failure: BaseException | None = None
-        lease: Lease | None = None
-        leased: tuple[str, str] | None = None
         failed: BaseException | None = None
         """What the last send or look-up raised, for the journal command that records it."""
         interrupted = False
@@ -328,8 +325,10 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
                     else:
                         answer = await off_loop(core.journal_command, command, after=failed)
                     failed = None
-                    if bind is not None and isinstance(answer, Claim):
-                        bound(answer, bind)
+                    execution.journaled(answer)
+                    continue
+                if isinstance(command, IN_PROCESS):
+                    answer = execution.carry_out(command)
                     continue
                 match command:
                     case drive.Send(current):
@@ -348,21 +347,6 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
                         core.told(command)
                         await asyncio.sleep(seconds)
                         answer = None
-                    case drive.Holding(run):
-                        if bind is not None:
-                            bind(run.record)
-                        self._keeper.hold(lease := core.lease(run))
-                        core.tell.drive_started(run)
-                        answer = None
-                    case drive.Replay(record):
-                        if bind is not None:
-                            bind(record)
-                        answer = core.told(command)
-                    case drive.Resending() | drive.LookupRetried():
-                        answer = core.told(command)
-                    case drive.Leased(key, owner):
-                        leased = (key, owner)
-                        answer = None
                     case _:
                         assert_never(command)
         except BaseException as exc:
@@ -370,15 +354,9 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
             raise
         finally:
             commands.close()
-            if lease is not None:
-                self._keeper.let_go(lease)
-            if leased is not None:
+            if (leased := execution.let_go()) is not None:
                 await off_loop(_reconcile.end, core, *leased)
-            if run is not None:
-                if bind is not None:
-                    bind(run.record)
-                core.run_over(run, failure)
-                core.tell.drive_ended(run)
+            execution.end(failure)
 
     async def _send(
         self, run: drive.Run, http: httpx.AsyncClient | None, auth: Mapping[str, str] | None

@@ -29,8 +29,6 @@ from .._journal._open import journal_clock, open_to_write, store_of
 from .._journal._reads import Journal
 from .._journal._reports import JournalCommitted
 from .._lifecycle import (
-    Claim,
-    ClaimKind,
     IntentDraft,
     IntentRecord,
     IntentState,
@@ -67,7 +65,6 @@ __all__ = [
     "OutsideIntent",
     "SdkKeys",
     "Step",
-    "bound",
     "current_operation",
     "OneShotOptions",
     "OneShotVerbs",
@@ -164,13 +161,6 @@ SdkKeys = Literal["honour", "replace"]
 """What ``client.transport()`` does with an idempotency key a request already carries."""
 OutsideIntent = Literal["journal", "refuse"]
 """What ``client.transport()`` does with a mutating request outside any intent block."""
-
-
-def bound(claim: Claim, bind: Callable[[IntentRecord], None]) -> None:
-    """Show the operation the intent its step's claim found (unless it is another request's:
-    a mismatch), so that a step refused as unknown or in flight still has its key."""
-    if claim.kind is not ClaimKind.MISMATCH:
-        bind(claim.record)
 
 
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -454,11 +444,12 @@ class OperationBase:
                 f"{method.upper()} {path} was asked of {self!r} while another of its steps "
                 "was running: the steps of one intent run one after another (their "
                 "positions are their identity). Nothing was journaled or sent for this "
-                "one; the step that was running goes on, and may pay: if its answer is "
-                "lost to your code (a gather that raised), run this same block again, "
-                "which replays it, never a block under a new reference. Await each request "
-                "before the next; truly concurrent operations need blocks of their own, "
-                "each under its own reference from the first run on"
+                "one; the step that was running goes on, and may pay. Change the code to "
+                "await each request before the next (steps asked together are refused "
+                "every time), then run this same block again: it replays the step that "
+                "ran. Never run it as a block under a new reference (a second payment). "
+                "Truly concurrent operations need blocks of their own, each under its own "
+                "reference from the first run on"
             )
         try:
             step = self._step(method, path, options, caller_key=caller_key)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, Unpack, assert_never
 import httpx
 
 from .._crash import crash_point
-from .._lifecycle import Claim, IntentDraft, IntentRecord
+from .._lifecycle import IntentDraft, IntentRecord
 from .._lifecycle import _drive as drive
 from .._owners import new_owner
 from . import _reconcile
@@ -29,11 +29,11 @@ from ._base import (
     RequestOptions,
     SdkKeys,
     Verbs,
-    bound,
 )
 from ._batch import Claimed, ReconcileBatch, ResumeBatch, ResumeResult, run_batch
 from ._deadline import Deadline
-from ._lease_keeper import Lease, ThreadLeaseKeeper
+from ._execution import IN_PROCESS, Execution
+from ._lease_keeper import ThreadLeaseKeeper
 from ._reconcile import ReconcileResult
 from ._telling import logger
 from ._transport import SyncTransport, Transported
@@ -244,6 +244,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         """Reconcile every unknown intent of this account and provider, oldest first; one
         intent's failure never stops the rest. ``resend`` as in ``reconcile``."""
         self._in_this_process()
+        self._core.require_api_key("reconcile_all()")
         reconciling = functools.partial(self._reconcile, resend=resend)
         return run_batch(ReconcileBatch(self._core, None), reconciling, on_result)
 
@@ -298,9 +299,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         ``auth``: where attempts and look-ups go and with which credentials, when not this
         client's own (a request through ``client.transport()``)."""
         core = self._core
-        run: drive.Run | None = None
-        lease: Lease | None = None
-        leased: tuple[str, str] | None = None
+        execution = Execution(core, self._keeper, bind)
         failure: BaseException | None = None
         failed: BaseException | None = None
         """What the last send or look-up raised, for the journal command that records it."""
@@ -315,8 +314,10 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
                 if isinstance(command, drive.JOURNAL_COMMANDS):  # the most frequent, first
                     answer = core.journal_command(command, after=failed)
                     failed = None
-                    if bind is not None and isinstance(answer, Claim):
-                        bound(answer, bind)
+                    execution.journaled(answer)
+                    continue
+                if isinstance(command, IN_PROCESS):
+                    answer = execution.carry_out(command)
                     continue
                 match command:
                     case drive.Send(current):
@@ -334,21 +335,6 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
                         core.told(command)
                         time.sleep(seconds)
                         answer = None
-                    case drive.Holding(run):
-                        if bind is not None:
-                            bind(run.record)
-                        self._keeper.hold(lease := core.lease(run))
-                        core.tell.drive_started(run)
-                        answer = None
-                    case drive.Replay(record):
-                        if bind is not None:
-                            bind(record)
-                        answer = core.told(command)
-                    case drive.Resending() | drive.LookupRetried():
-                        answer = core.told(command)
-                    case drive.Leased(key, owner):
-                        leased = (key, owner)
-                        answer = None
                     case _:
                         assert_never(command)
         except BaseException as exc:
@@ -356,15 +342,9 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
             raise
         finally:
             commands.close()
-            if lease is not None:
-                self._keeper.let_go(lease)
-            if leased is not None:
+            if (leased := execution.let_go()) is not None:
                 _reconcile.end(core, *leased)
-            if run is not None:
-                if bind is not None:
-                    bind(run.record)
-                core.run_over(run, failure)
-                core.tell.drive_ended(run)
+            execution.end(failure)
 
     def _send(
         self, run: drive.Run, http: httpx.Client | None, auth: Mapping[str, str] | None
