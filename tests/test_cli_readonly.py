@@ -23,7 +23,12 @@ import payonce
 from helpers.cli import CliResult, run_cli
 from helpers.journals import draft_for, raw_transaction, rows, settle, store_of
 from payonce._journal import _sql as sql
-from payonce._journal._schema import ESCALATIONS_SCHEMA, PER_CALL_KEYS_SCHEMA, SCHEMA_VERSION
+from payonce._journal._engine import Tx
+from payonce._journal._schema import (
+    ESCALATIONS_SCHEMA,
+    PER_CALL_KEYS_SCHEMA,
+    SCHEMA_VERSION,
+)
 from payonce._lifecycle import Transition
 
 V1_JOURNAL = Path(__file__).parent / "data" / "journal_v1.sql"
@@ -181,11 +186,18 @@ def test_reading_commands_read_the_last_commit_while_a_writer_holds_the_journal(
 # -- an older schema is read as it is, never migrated ----------------------------------------
 
 
+def _drop_key_terms(tx: Tx) -> None:
+    """Schema 10 (key window columns) added each intent's provider profile key terms."""
+    for column in ("key_lifetime", "key_lifetime_documented", "max_processing"):
+        tx.execute(f"ALTER TABLE intents DROP COLUMN {column}")
+
+
 def _back_to_schema_4(location: str) -> None:
     """What payonce with schema 4 left: schema 5 added the index on references, schema 6 the
     provider's Date of each attempt."""
     with raw_transaction(location) as tx:
         tx.execute("ALTER TABLE intents DROP COLUMN key_per_call")
+        _drop_key_terms(tx)
         tx.execute("DROP INDEX intents_reference")
         tx.execute("ALTER TABLE attempts DROP COLUMN provider_date")
         tx.execute("ALTER TABLE attempts DROP COLUMN sent_to")
@@ -199,6 +211,7 @@ def _back_to_schema_6(location: str) -> None:
     """What payonce with schema 6 left: schema 7 added the URL each attempt was sent to."""
     with raw_transaction(location) as tx:
         tx.execute("ALTER TABLE intents DROP COLUMN key_per_call")
+        _drop_key_terms(tx)
         tx.execute("ALTER TABLE attempts DROP COLUMN sent_to")
         tx.execute("DROP TABLE escalations")
         tx.execute("ALTER TABLE attempts DROP COLUMN boot")
@@ -211,6 +224,7 @@ def _back_to_schema_7(location: str) -> None:
     attempt's boot clock (and schema 9 whether a key was drawn per call)."""
     with raw_transaction(location) as tx:
         tx.execute("ALTER TABLE intents DROP COLUMN key_per_call")
+        _drop_key_terms(tx)
         tx.execute("DROP TABLE escalations")
         tx.execute("ALTER TABLE attempts DROP COLUMN boot")
         tx.execute("ALTER TABLE attempts DROP COLUMN boottime")
@@ -288,10 +302,11 @@ def _back_to_schema_8(location: str) -> None:
     for its one call."""
     with raw_transaction(location) as tx:
         tx.execute("ALTER TABLE intents DROP COLUMN key_per_call")
+        _drop_key_terms(tx)
         tx.execute("UPDATE payonce_meta SET value = '8' WHERE name = 'schema_version'")
 
 
-def test_a_schema_8_journal_is_read_with_every_key_named_and_migrates_to_schema_9(
+def test_a_schema_8_journal_is_read_with_every_key_named_and_migrates(
     location: str,
 ) -> None:
     _two_intents(location)
@@ -306,9 +321,9 @@ def test_a_schema_8_journal_is_read_with_every_key_named_and_migrates_to_schema_
     assert _schema_version(location) == "8"
 
     with payonce.open_journal(location) as journal:  # a writer migrates it
-        assert journal.schema_version == SCHEMA_VERSION == PER_CALL_KEYS_SCHEMA == 9
+        assert journal.schema_version == SCHEMA_VERSION > PER_CALL_KEYS_SCHEMA == 9
         assert [r.key_per_call for r in journal.list_intents()] == [False, False]
-    assert _schema_version(location) == "9"
+    assert _schema_version(location) == str(SCHEMA_VERSION)
 
 
 def test_an_older_schema_is_read_as_it_is_and_only_migrate_migrates_it(location: str) -> None:

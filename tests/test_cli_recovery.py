@@ -225,10 +225,14 @@ def _without(env: dict[str, str], *names: str) -> dict[str, str]:
 
 
 def test_without_provider_or_account_resume_drives_what_the_journal_holds(
-    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str]
+    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str], use_keyring: UseKeyring
 ) -> None:
     ours = leave_pending(make_client, "order-a")
     theirs = leave_pending(make_client, "order-b", account="acct_other")
+    # Two accounts: PAYONCE_API_KEY is neither's for sure; each has its key in the keyring.
+    use_keyring(SessionKeyring())
+    for account in (ACCOUNT, "acct_other"):
+        payonce.credentials.store_api_key(account, DEFAULT_API_KEY)
 
     result = run_cli(
         ["resume", "--json"],

@@ -109,10 +109,10 @@ def pay(client: payonce.Client) -> tuple[str, dict[str, Any]]:
     return op.key, paid.json()
 
 
-def went_unknown(square: MakeClient, server: SandboxServer) -> str:
+def went_unknown(square: MakeClient, server: SandboxServer, **options: Any) -> str:
     """The reviewer's scenario: executed at Square, unknown in the journal."""
     server.script(REVIEWER_FAULTS)
-    client = square()
+    client = square(**options)
     with pytest.raises(payonce.OutcomeUnknown) as raised:
         pay(client)
     key = raised.value.key
@@ -405,14 +405,31 @@ def test_an_hour_on_only_an_operator_s_reconcile_resend_resends_it(
 def test_a_square_profile_told_its_lifetime_is_documented_resends_it_on_its_own_later(
     square: MakeClient, server: SandboxServer
 ) -> None:
-    key = went_unknown(square, server)
+    documented = payonce.providers.square_profile(key_lifetime_documented=True)
+    key = went_unknown(square, server, provider=documented)
     server.advance_clock(3600)
 
-    client = square(provider=payonce.providers.square_profile(key_lifetime_documented=True))
+    client = square(provider=documented)
     assert pay(client)[0] == key
 
     assert state_of(client, key) is payonce.IntentState.SUCCEEDED
     assert reconciled(client, key)[-1] == "resent"
+    assert server.store.executions() == {key: 1}
+
+
+def test_an_intent_journaled_with_the_lifetime_assumed_stays_judged_as_assumed(
+    square: MakeClient, server: SandboxServer
+) -> None:
+    # Its key terms were journaled with it: a profile told later that the lifetime is
+    # documented does not widen the window of what was sent under the assumption.
+    key = went_unknown(square, server)
+    server.advance_clock(3600)
+
+    client = square(provider=payonce.providers.square_profile(key_lifetime_documented=True))
+    with pytest.raises(payonce.OutcomeUnknown, match="is assumed, not documented"):
+        pay(client)
+
+    assert state_of(client, key) is payonce.IntentState.UNKNOWN
     assert server.store.executions() == {key: 1}
 
 

@@ -172,7 +172,10 @@ def test_one_plain_url_or_environment_key_for_several_is_refused_and_nothing_is_
     ("second", "said"),
     [
         ({"provider": "generic"}, "no base URL for provider 'generic': give it one (the plain"),
-        ({"account": "acct_other"}, "PAYONCE_API_KEY is the key of account 'acct_demo', never"),
+        (
+            {"account": "acct_other"},
+            "no API key for account 'acct_other': PAYONCE_API_KEY is set, but is never sent",
+        ),
     ],
 )
 def test_a_running_worker_sends_with_its_plain_url_and_environment_key_only_what_it_first_saw(

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from ._lifecycle._identity import header_value_problem
@@ -33,6 +33,7 @@ __all__ = [
     "KEYRING_SERVICE",
     "delete_api_key",
     "keyring_problem",
+    "recovery_api_key",
     "resolve_api_key",
     "store_api_key",
     "stored_accounts",
@@ -121,6 +122,58 @@ def _sendable(secret: object, *, account: str, source: str) -> str:
     )
 
 
+def environment_key_serves(journal_accounts: Sequence[str], named: str | None) -> str | None:
+    """The one account ``PAYONCE_API_KEY`` may be sent for when recovering a journal's
+    intents (``payonce resume``, ``reconcile``, ``worker``, ``payonce.Worker``): the account
+    the operator named, else the journal's only account (of every intent it holds, in any
+    state); None when it holds several and none was named. The variable is one account's
+    key: sent for another account's intents, a provider takes it and pays on the wrong one.
+    """
+    if named is not None:
+        return named
+    accounts = set(journal_accounts)
+    return accounts.pop() if len(accounts) == 1 else None
+
+
+def recovery_api_key(
+    account: str,
+    *,
+    journal_accounts: Sequence[str],
+    named: str | None = None,
+    allow_plaintext_keyring: bool | None = None,
+) -> str:
+    """The API key to recover ``account``'s journaled intents with: ``PAYONCE_API_KEY`` only
+    where it surely is that account's (``environment_key_serves``), else the account's entry
+    in the keyring. ``journal_accounts``: every account the journal holds intents of;
+    ``named``: the account the operator named (``--account``), if any.
+
+    Raises ConfigurationError, naming the account and how to give it its key, when it has
+    none: nothing is sent for it."""
+    from_env = os.environ.get(API_KEY_ENV)
+    if not from_env or environment_key_serves(journal_accounts, named) == account:
+        return resolve_api_key(
+            None, account=account, allow_plaintext_keyring=allow_plaintext_keyring
+        )
+    try:
+        return _from_keyring(account, allow_plaintext_keyring)
+    except ConfigurationError as exc:
+        why_not = str(exc).partition(". To fix:")[0]
+        others = ", ".join(sorted(set(journal_accounts)))
+        whose = (
+            f"it is the key of account {named!r} (--account)"
+            if named is not None
+            else f"the journal holds intents of several accounts: {others}, and no account "
+            "was named (--account), so it is not known to be this one's"
+        )
+        raise ConfigurationError(
+            f"no API key for account {account!r}: {API_KEY_ENV} is set, but is never sent "
+            f"for it: {whose} (one account's key, sent for another's intents, would pay on "
+            f"the wrong account). The keyring has none either ({why_not}). To fix: store its key "
+            f"with `payonce keys set {account}`, or recover it on its own: --account {account} "
+            f"with its key in {API_KEY_ENV}"
+        ) from None
+
+
 def resolve_api_key(
     api_key: str | None, *, account: str, allow_plaintext_keyring: bool | None = None
 ) -> str:
@@ -131,6 +184,11 @@ def resolve_api_key(
     from_env = os.environ.get(API_KEY_ENV)
     if from_env:
         return _sendable(from_env, account=account, source=API_KEY_ENV)
+    return _from_keyring(account, allow_plaintext_keyring)
+
+
+def _from_keyring(account: str, allow_plaintext_keyring: bool | None) -> str:
+    """The API key of ``account`` in the keyring, or ConfigurationError saying why not."""
     how = _HOW_TO.format(account=account)
     if account == ACCOUNT_INDEX:
         raise ConfigurationError(

@@ -1,5 +1,18 @@
-"""API keys in the OS keyring: service ``payonce``, one entry per account."""
+"""API keys in the OS keyring: service ``payonce``, one entry per account; and which key
+recovers which account's journaled intents."""
 
-from ._credentials import delete_api_key, store_api_key, stored_accounts
+from ._credentials import (
+    delete_api_key,
+    environment_key_serves,
+    recovery_api_key,
+    store_api_key,
+    stored_accounts,
+)
 
-__all__ = ["delete_api_key", "store_api_key", "stored_accounts"]
+__all__ = [
+    "delete_api_key",
+    "environment_key_serves",
+    "recovery_api_key",
+    "store_api_key",
+    "stored_accounts",
+]

@@ -15,6 +15,7 @@ from ._lifecycle import (
     AttemptRecord,
     EscalationRecord,
     IntentRecord,
+    KeyTerms,
     ReconciliationRecord,
     StoredResponse,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "IntentRecord",
     "Journal",
     "JournalReport",
+    "KeyTerms",
     "PostgresJournal",
     "ReconciliationRecord",
     "SQLiteJournal",

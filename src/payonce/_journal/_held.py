@@ -96,6 +96,7 @@ def created_record(
         response=None,
         acknowledged_at=None,
         attempt_count=1,
+        key_terms=draft.key_terms,
     )
 
 
@@ -130,4 +131,5 @@ def settled_record(
         acknowledged_at=held.acknowledged_at if held.acknowledged_at is not None else acknowledged,
         attempt_count=held.attempt_count,
         abandon_reason=held.abandon_reason,
+        key_terms=held.key_terms,
     )

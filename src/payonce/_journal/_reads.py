@@ -206,6 +206,11 @@ class Journal:
             params.append(account)
         return self._intents(statement + " ORDER BY created_at, key", params)
 
+    def accounts(self) -> list[str]:
+        """Every account the journal holds intents of, in any state, sorted."""
+        rows = self._engine.read(lambda tx: tx.all(sql.ACCOUNTS, ()))
+        return sorted(str(row[0]) for row in rows)
+
     def get(self, key: str) -> IntentRecord | None:
         return self._engine.read(lambda tx: select_intent(tx, sql.BY_KEY, (key,)))
 

@@ -19,6 +19,7 @@ from .._lifecycle import (
     IntentDraft,
     IntentRecord,
     IntentState,
+    KeyTerms,
     ReconciliationRecord,
     StoredResponse,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "EVENT_FIELDS",
     "INTENT_COLUMNS",
     "INTENT_FIELDS",
+    "KEY_TERMS_COLUMNS",
     "PER_CALL_COLUMN",
     "RECONCILIATION_COLUMNS",
     "RECONCILIATION_FIELDS",
@@ -74,6 +76,9 @@ INTENT_FIELDS = (
     "acknowledged_at",
     "abandon_reason",
     "key_per_call",
+    "key_lifetime",
+    "key_lifetime_documented",
+    "max_processing",
 )
 """The columns of ``intents`` in ``INTENT_COLUMNS``' order, which ``intent_from_row`` reads by
 position."""
@@ -116,6 +121,11 @@ INTENT_COLUMNS = (
     ", ".join(INTENT_FIELDS)
     + ", (SELECT count(*) FROM attempts a WHERE a.key = intents.key) AS attempt_count"
 )
+KEY_TERMS_COLUMNS = "key_lifetime, key_lifetime_documented, max_processing"
+"""How ``INTENT_COLUMNS`` names the columns schema 10 added: a read-only journal of an older
+schema reads ``NULL`` in their place (``Dialect.reading_schema``)."""
+
+
 ATTEMPT_COLUMNS = ", ".join(ATTEMPT_FIELDS)
 RECONCILIATION_COLUMNS = ", ".join(RECONCILIATION_FIELDS)
 ESCALATION_COLUMNS = ", ".join(ESCALATION_FIELDS)
@@ -166,9 +176,22 @@ def write_ahead_values(
         owner,
         lease_expires_at,
         # NULL for a key named by its caller or its block: the column's value on every row
-        # older than schema 8.
+        # older than schema 9.
         1 if draft.key_per_call else None,
+        *_key_terms_values(draft.key_terms),
     )
+
+
+def _key_terms_values(terms: KeyTerms | None) -> tuple[float | int | None, ...]:
+    if terms is None:
+        return (None, None, None)
+    return (terms.key_lifetime, int(terms.key_lifetime_documented), terms.max_processing)
+
+
+def _key_terms(lifetime: Any, documented: Any, max_processing: Any) -> KeyTerms | None:
+    if lifetime is None or documented is None or max_processing is None:
+        return None  # journaled before schema 10
+    return KeyTerms(float(lifetime), bool(documented), float(max_processing))
 
 
 def response_values(response: StoredResponse) -> tuple[Any, ...]:
@@ -260,7 +283,15 @@ def _intent(row: Sequence[Any]) -> IntentRecord:
         lease_expires_at,
         unknown_reason,
     ) = row[8:17]
-    acknowledged_at, abandon_reason, key_per_call, attempt_count = row[23:]
+    (
+        acknowledged_at,
+        abandon_reason,
+        key_per_call,
+        lifetime,
+        documented,
+        processing,
+        attempt_count,
+    ) = row[23:]
     return IntentRecord(
         key=key,
         scope=scope,
@@ -284,6 +315,7 @@ def _intent(row: Sequence[Any]) -> IntentRecord:
         attempt_count=int(attempt_count),
         abandon_reason=abandon_reason,
         key_per_call=bool(key_per_call),
+        key_terms=_key_terms(lifetime, documented, processing),
     )
 
 

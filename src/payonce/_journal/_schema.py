@@ -21,6 +21,7 @@ __all__ = [
     "APPLICATION",
     "BOOT_CLOCK_SCHEMA",
     "ESCALATIONS_SCHEMA",
+    "KEY_TERMS_SCHEMA",
     "MIGRATIONS",
     "PER_CALL_KEYS_SCHEMA",
     "PROVIDER_DATE_SCHEMA",
@@ -153,6 +154,15 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     #    per-call key, or payonce's for a request outside any block that carried none), so
     #    that no resume or worker resends what the code run again paid under another key.
     ("ALTER TABLE intents ADD COLUMN key_per_call INTEGER",),
+    # 10 (key window columns): the key terms of the provider profile each intent was
+    #    journaled with (``KeyTerms``): a process that drives it later rebuilds the profile
+    #    from its name alone, and an app's shortened lifetime kept that name. NULL in older
+    #    rows: the built-in profile of the name, as before.
+    (
+        "ALTER TABLE intents ADD COLUMN key_lifetime {REAL}",
+        "ALTER TABLE intents ADD COLUMN key_lifetime_documented INTEGER",
+        "ALTER TABLE intents ADD COLUMN max_processing {REAL}",
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -170,6 +180,9 @@ read-only, is read with none."""
 PER_CALL_KEYS_SCHEMA = 9
 """The schema whose intents say whether their key was drawn per call: an older one, opened
 read-only, is read as none (every key named by its caller or its block)."""
+KEY_TERMS_SCHEMA = 10
+"""The schema whose intents carry their provider profile's key terms: an older one, opened
+read-only, is read with none."""
 
 
 def render_migrations(types: Mapping[str, str]) -> tuple[tuple[str, ...], ...]:

@@ -23,11 +23,12 @@ from ._rows import (
     EVENT_FIELDS,
     INTENT_COLUMNS,
     INTENT_FIELDS,
+    KEY_TERMS_COLUMNS,
     PER_CALL_COLUMN,
     RECONCILIATION_COLUMNS,
     RECONCILIATION_FIELDS,
 )
-from ._schema import PER_CALL_KEYS_SCHEMA, render_migrations
+from ._schema import KEY_TERMS_SCHEMA, PER_CALL_KEYS_SCHEMA, render_migrations
 
 __all__ = [
     "POSTGRES",
@@ -78,9 +79,13 @@ class Dialect:
     def reading_schema(self, version: int) -> Dialect:
         """This dialect for reading a journal left at schema ``version`` (read-only, never
         migrated): a column added since is read as NULL."""
-        if not 0 < version < PER_CALL_KEYS_SCHEMA:
-            return self
-        return attrs.evolve(self, unmigrated=((PER_CALL_COLUMN, ", NULL AS key_per_call,"),))
+        unmigrated: list[tuple[str, str]] = []
+        if 0 < version < PER_CALL_KEYS_SCHEMA:
+            unmigrated.append((PER_CALL_COLUMN, ", NULL AS key_per_call,"))
+        if 0 < version < KEY_TERMS_SCHEMA:
+            nulls = "NULL AS key_lifetime, NULL AS key_lifetime_documented, NULL AS max_processing"
+            unmigrated.append((KEY_TERMS_COLUMNS, nulls))
+        return attrs.evolve(self, unmigrated=tuple(unmigrated)) if unmigrated else self
 
     @property
     def migrations(self) -> tuple[tuple[str, ...], ...]:
@@ -146,8 +151,9 @@ BY_REFERENCE = "scope = ? AND reference = ?"
 INSERT_INTENT = (
     "INSERT INTO intents (key, scope, reference, account, provider, method, url, fingerprint,"
     " request_headers, request_body, state, created_at, updated_at, first_sent_at,"
-    " lease_owner, lease_expires_at, key_per_call)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " lease_owner, lease_expires_at, key_per_call, key_lifetime, key_lifetime_documented,"
+    " max_processing)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
     # Two hosts creating the same intent at once: the unique key and (scope, reference)
     # let exactly one insert win; the other inserts nothing and reads the winner's row.
     " ON CONFLICT DO NOTHING"
@@ -417,6 +423,7 @@ _PRUNABLE = (
     " AND (state = ? OR acknowledged_at < ? OR (acknowledged_at IS NULL AND ?))"
 )
 PROVIDERS = "SELECT DISTINCT provider FROM intents"
+ACCOUNTS = "SELECT DISTINCT account FROM intents"
 COUNT_PRUNABLE = f"SELECT count(*) FROM intents WHERE {_PRUNABLE}"
 LIST_PRUNABLE = (
     f"SELECT {INTENT_COLUMNS} FROM intents WHERE {_PRUNABLE} ORDER BY updated_at, key LIMIT ?"

@@ -57,6 +57,7 @@ from ._records import (
     IntentDraft,
     IntentRecord,
     IntentRequest,
+    KeyTerms,
     ReconciliationRecord,
     StoredResponse,
 )
@@ -122,6 +123,7 @@ __all__ = [
     "EventClaimKind",
     "IntentDraft",
     "IntentRecord",
+    "KeyTerms",
     "IntentRequest",
     "IntentState",
     "KeyFormat",

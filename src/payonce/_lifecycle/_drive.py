@@ -58,7 +58,7 @@ from ._key_age import (
     resend_refusal,
 )
 from ._provider_clock import ProviderClock, provider_date
-from ._records import AttemptRecord, IntentDraft, IntentRecord
+from ._records import AttemptRecord, IntentDraft, IntentRecord, KeyTerms
 from ._redo import may_pass_over, next_position
 from ._states import IntentState, Transition
 from ._verdicts import (
@@ -176,6 +176,11 @@ class DriveProfile(AnswerRules, Protocol):
     def declined_in_body(self) -> Callable[[bytes], bool]:
         """Whether a 2xx answer's body declines the payment all the same (Adyen's 200
         ``Refused``): for the words of a refusal about such a step."""
+        ...
+
+    def judged_by(self, journaled: KeyTerms | None) -> DriveProfile:
+        """This profile, its key window judged by the stricter of its own key terms and
+        ``journaled``, an intent's (``ProviderProfile.judged_by``)."""
         ...
 
 
@@ -560,12 +565,16 @@ def _call(
     clock = settings.clock
     give_up_waiting = clock.monotonic() + settings.in_flight_wait
     draft = asked[-1]
-    # The key age within which payonce resends on its own an intent that may have executed
-    # (a pending one after a crash, an unknown one): short where the lifetime is assumed.
-    within = _automatic_within(settings, asked=False)
     while True:
         claim: Claim = yield ClaimIntent(draft, owner)
         record = claim.record
+        # An intent journaled earlier: its key window is judged by the key terms it was
+        # journaled with too, where those are stricter than this client's profile.
+        journaled = _judged(settings, record)
+        # The key age within which payonce resends on its own an intent that may have
+        # executed (a pending one after a crash, an unknown one): short where the lifetime
+        # is assumed.
+        within = _automatic_within(journaled, asked=False)
         match claim.kind:
             case ClaimKind.CREATED:
                 assert claim.attempt_number is not None
@@ -580,11 +589,11 @@ def _call(
                 )
                 return (yield from _send(settings, run))
             case ClaimKind.CLAIMED:
-                run = yield from _resumed(settings, claim, owner, within=within)
+                run = yield from _resumed(journaled, claim, owner, within=within)
                 run.acknowledge_on_success = acknowledge_on_success
-                return (yield from _send(settings, run))
+                return (yield from _send(journaled, run))
             case ClaimKind.FINAL:
-                return (yield from _replay(settings, record))
+                return (yield from _replay(journaled, record))
             case ClaimKind.MISMATCH:
                 if not may_pass_over(record, draft, settings.profile):
                     raise refusals.mismatch(
@@ -608,13 +617,22 @@ def _call(
                     yield Sleep(IN_FLIGHT_POLL)
                     continue
                 yield Leased(record.key, owner)
-                after, _ = yield from _reconcile_by_resend(settings, taken.record, owner, within)
+                after, _ = yield from _reconcile_by_resend(journaled, taken.record, owner, within)
                 if after.state is IntentState.UNKNOWN:
                     raise refusals.unknown(after, reconcilable=False, key_gone=True)
             case ClaimKind.LEASED:
                 if clock.monotonic() >= give_up_waiting:
                     raise refusals.in_flight(record)
                 yield Sleep(IN_FLIGHT_POLL)
+
+
+def _judged(settings: DriveSettings, record: IntentRecord) -> DriveSettings:
+    """``settings`` for driving ``record``: its key window judged by the stricter of the
+    profile's key terms and those the intent was journaled with. A process that rebuilt
+    the profile from the journaled name (a worker, ``payonce resume``) would otherwise
+    judge an app's ``square_profile(key_lifetime=600)`` by the built-in Square's 24 hours."""
+    profile = settings.profile.judged_by(record.key_terms)
+    return settings if profile is settings.profile else attrs.evolve(settings, profile=profile)
 
 
 def _declined_in_body(record: IntentRecord, profile: DriveProfile) -> bool:
@@ -632,6 +650,7 @@ def resume(settings: DriveSettings, claim: Claim, owner: str) -> Drive:
     """A pending intent ``owner`` has claimed (``resume``): resend it under its key, unless
     its key was drawn for its one call (then it goes unknown: ``PER_CALL_KEY``). An error
     about a step 2 or later of a block names it as the block would."""
+    settings = _judged(settings, claim.record)
     try:
         within = _automatic_within(settings, asked=False)
         run = yield from _resumed(settings, claim, owner, within=within, on_its_own=True)
@@ -1262,6 +1281,7 @@ def reconcile(
 
     An error about a step 2 or later of a block names it as the block would.
     """
+    settings = _judged(settings, record)
     try:
         return (yield from _reconcile(settings, record, owner, resend))
     except IntentError as error:

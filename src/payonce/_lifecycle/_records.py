@@ -17,9 +17,34 @@ __all__ = [
     "IntentDraft",
     "IntentRecord",
     "IntentRequest",
+    "KeyTerms",
     "ReconciliationRecord",
     "StoredResponse",
 ]
+
+
+@attrs.frozen
+class KeyTerms:
+    """What an intent's key window is judged by: its provider profile's terms when it was
+    journaled. A process that drives it later (``payonce worker``, ``resume``, ``reconcile``)
+    rebuilds the profile from its name alone, and an app's ``square_profile(key_lifetime=600)``
+    is still named ``square``: the stricter of the two terms is kept (``stricter``)."""
+
+    key_lifetime: float
+    """Seconds the provider remembers a key (``ProviderProfile.key_lifetime``)."""
+    key_lifetime_documented: bool
+    """Whether the provider documents that lifetime, or it is assumed."""
+    max_processing: float
+    """Seconds an attempt may still run at the provider (``ProviderProfile.max_processing``)."""
+
+    def stricter(self, other: KeyTerms) -> KeyTerms:
+        """The terms no resend under either could break: the shorter lifetime, documented
+        only if both say so, the longer processing time."""
+        return KeyTerms(
+            key_lifetime=min(self.key_lifetime, other.key_lifetime),
+            key_lifetime_documented=self.key_lifetime_documented and other.key_lifetime_documented,
+            max_processing=max(self.max_processing, other.max_processing),
+        )
 
 
 @attrs.frozen
@@ -60,6 +85,8 @@ class IntentDraft(IntentRequest):
     """Its key was drawn for this one call (an SDK's per-call key, or payonce's for a
     request outside any block that carried none): no later run of the code can name it
     again, so nothing but this call resends it (see ``IntentRecord.key_per_call``)."""
+    key_terms: KeyTerms | None = None
+    """The client's provider profile's key terms, journaled with the intent."""
 
 
 @attrs.frozen
@@ -125,7 +152,10 @@ class IntentRecord(IntentRequest):
     """Journaled outside any block under a key drawn for that one call: retried and verified
     by that call only. The code that made it may have run again under another key, so a
     resume, a worker or a reconciliation never resends it on its own (an operator may:
-    ``payonce reconcile KEY --resend``). False for a journal older than schema 8."""
+    ``payonce reconcile KEY --resend``). False for a journal older than schema 9."""
+    key_terms: KeyTerms | None = None
+    """The key terms of the provider profile it was journaled with; None for an intent
+    journaled before schema 10: judged by the built-in profile of its provider's name."""
 
     def lease_live(self, now: float) -> bool:
         return lease_live(self.lease_owner, self.lease_expires_at, now)

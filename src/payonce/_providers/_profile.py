@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -13,11 +14,18 @@ from .._lifecycle import (
     DEFAULT_RECONCILE_SCHEDULE,
     CanonicalRequest,
     FormEncoder,
+    KeyTerms,
     ReconcileSchedule,
     Verdict,
     form_pairs,
 )
 from ..errors import ConfigurationError
+
+logger = logging.getLogger("payonce")
+
+_TERMS_SAID: set[tuple[str, KeyTerms, KeyTerms]] = set()
+"""The differences between a profile's key terms and an intent's journaled ones already
+logged by this process: each is said once, not for every intent."""
 
 __all__ = [
     "GENERIC",
@@ -337,6 +345,43 @@ class ProviderProfile:
             return body, None
         return _encode_json({**data, self.key_field: ""}), data[self.key_field] or None
 
+    @property
+    def key_terms(self) -> KeyTerms:
+        """What a key window is judged by, journaled with each intent."""
+        return KeyTerms(self.key_lifetime, self.key_lifetime_documented, self.max_processing)
+
+    def judged_by(self, journaled: KeyTerms | None) -> ProviderProfile:
+        """This profile with its key window judged by the stricter of its own key terms and
+        those an intent was journaled with (``KeyTerms.stricter``): a process that rebuilt
+        the profile from its name (``payonce worker``, ``resume``, ``reconcile``) never
+        resends later than the app that journaled the intent would. A difference is logged
+        once per process. ``journaled`` None (an intent of schema 7 or older): this profile."""
+        own = self.key_terms
+        if journaled is None or journaled == own:
+            return self
+        strict = own.stricter(journaled)
+        said = (self.name, own, journaled)
+        if said not in _TERMS_SAID:
+            _TERMS_SAID.add(said)
+            logger.warning(
+                "provider profile %r here has key_lifetime=%gs (%s), max_processing=%gs; "
+                "intents were journaled with key_lifetime=%gs (%s), max_processing=%gs: "
+                "their key window is judged by the stricter, key_lifetime=%gs (%s), "
+                "max_processing=%gs",
+                self.name,
+                *_described(own),
+                *_described(journaled),
+                *_described(strict),
+            )
+        if strict == own:
+            return self
+        return attrs.evolve(
+            self,
+            key_lifetime=strict.key_lifetime,
+            key_lifetime_documented=strict.key_lifetime_documented,
+            max_processing=strict.max_processing,
+        )
+
     def key_header_value(self, key: str) -> str:
         return f'"{key}"' if self.quote_key else key
 
@@ -398,6 +443,11 @@ def register_profile(profile: ProviderProfile) -> None:
 UNREGISTERED_KEY_LIFETIME = 31 * 24 * 3600.0
 """Assumed for a provider name this process does not know (a profile an application built
 and never registered): the longest any provider here documents (Adyen's 31 days)."""
+
+
+def _described(terms: KeyTerms) -> tuple[float, str, float]:
+    documented = "documented" if terms.key_lifetime_documented else "assumed"
+    return terms.key_lifetime, documented, terms.max_processing
 
 
 def key_lifetime_of(provider: str) -> float:

@@ -96,4 +96,5 @@ class Drafter:
             fingerprint=fingerprint,
             request_headers=tuple(kept),
             body=canonical.body,
+            key_terms=self.profile.key_terms,
         )

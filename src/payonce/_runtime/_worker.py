@@ -26,7 +26,7 @@ from typing import Generic, TypeVar
 
 import attrs
 
-from .._credentials import API_KEY_ENV
+from .._credentials import recovery_api_key
 from .._journal._open import journal_clock, open_to_write
 from .._journal._reads import Journal
 from .._lifecycle import (
@@ -136,9 +136,9 @@ class Worker:
         provider: Only this provider's intents (default: every provider's).
         account: Only this account's intents (default: every account's). With
             ``PAYONCE_API_KEY`` set, that key serves one account only: ``account``, else the
-            one account whose intents the journal holds when first seen; the intents of any
-            other account are not driven (said): give each account its key in the keyring
-            (``payonce keys set ACCOUNT``) instead.
+            journal's only account (of all its intents, in any state); every other account
+            takes its key from the keyring (``payonce keys set ACCOUNT``), and one without
+            is not driven (said): ``payonce.credentials.recovery_api_key``.
         concurrency: How many intents are driven at once.
         hooks: ``payonce.Hooks`` (or a list): the clients' events, plus ``escalated`` and
             ``worker_pass``.
@@ -189,10 +189,6 @@ class Worker:
         """The one provider ``base_url`` serves, once known."""
         self._plain_url_shared = False
         """``base_url`` was first seen to serve several providers: it serves none."""
-        self._env_key_for: str | None = account
-        """The one account ``PAYONCE_API_KEY`` serves, once known."""
-        self._env_key_shared = False
-        """``PAYONCE_API_KEY`` was first seen to serve several accounts: it serves none."""
         self._said: dict[_Group, tuple[str, float]] = {}
         """Why each group was not driven, and when that was last said at ERROR."""
 
@@ -302,10 +298,10 @@ class Worker:
         )
 
     def _pin_shared_settings(self, groups: Sequence[_Group]) -> None:
-        """The first time the journal holds work for them: the one provider the plain base
-        URL serves, the one account ``PAYONCE_API_KEY`` serves. Several at once: neither is
-        guessed (sending one provider's intents to another's URL may fail them for good;
-        one account's with another's key pays on the wrong account)."""
+        """The first time the journal holds work for several providers: the one provider the
+        plain base URL serves. Several at once: none is guessed (sending one provider's
+        intents to another's URL may fail them for good). Which account ``PAYONCE_API_KEY``
+        serves is ``recovery_api_key``'s rule, as for `payonce resume` and `reconcile`."""
         plain_url_unpinned = self._plain_url_for is None and not self._plain_url_shared
         if self._base_url is not None and plain_url_unpinned:
             unserved = {g.provider for g in groups if g.provider not in self._base_urls}
@@ -313,13 +309,6 @@ class Worker:
                 (self._plain_url_for,) = unserved
             elif unserved:
                 self._plain_url_shared = True
-        env_key_unpinned = self._env_key_for is None and not self._env_key_shared
-        if os.environ.get(API_KEY_ENV) and env_key_unpinned:
-            accounts = {g.account for g in groups}
-            if len(accounts) == 1:
-                (self._env_key_for,) = accounts
-            elif accounts:
-                self._env_key_shared = True
 
     def _client(self, group: _Group, counts: _Counts) -> Client | None:
         """The group's client, made once; None (said, and counted not driven) when it cannot
@@ -330,7 +319,6 @@ class Worker:
         base_url = self._base_urls.get(group.provider)
         if base_url is None and group.provider == self._plain_url_for:
             base_url = self._base_url
-        env_key = os.environ.get(API_KEY_ENV)
         if base_url is None:
             problem = f"no base URL for provider {group.provider!r}: give it one "
             if self._base_url is not None and self._plain_url_for is not None:
@@ -339,23 +327,17 @@ class Worker:
                 problem += "(the journal holds intents of several providers: a plain base URL "
                 problem += "would send one's to another's): "
             problem += f"--base-url {group.provider}=URL"
-        elif env_key and group.account != self._env_key_for:
-            owner = (
-                f"the key of account {self._env_key_for!r}"
-                if self._env_key_for is not None
-                else "one account's key, and the journal holds intents of several"
-            )
-            problem = (
-                f"{API_KEY_ENV} is {owner}, never sent for another account: unset it and "
-                f"give each account its key in the keyring (`payonce keys set ACCOUNT`), or "
-                f"run one worker per account (--account, its own {API_KEY_ENV})"
-            )
         else:
             try:
+                # PAYONCE_API_KEY only where it surely is this account's; else the keyring.
+                api_key = recovery_api_key(
+                    group.account, journal_accounts=self.journal.accounts(), named=self._account
+                )
                 client = Client(
                     base_url=base_url,
                     provider=group.provider,  # a name this process does not know: said why
                     account=group.account,
+                    api_key=api_key,
                     journal=self.journal,
                     retry=self._retry,
                     timeout=self._timeout,

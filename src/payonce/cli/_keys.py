@@ -15,7 +15,8 @@ __all__ = ["keys"]
 
 _KEYS_NOTE = (
     "note: PAYONCE_API_KEY is set in this environment, and takes precedence over the "
-    "keyring for every account"
+    "keyring for a client's account; `payonce resume`, `reconcile` and `worker` send it "
+    "only for the --account given, or for the journal's only account"
 )
 
 

@@ -137,10 +137,18 @@ class Connection:
     @contextmanager
     def client(self, target: Target, base_url: str) -> Iterator[payonce.Client]:
         journal = existing_journal_target(self.journal)  # never create one to resume from
+        with existing_journal(journal, read_only=True) as existing:
+            accounts = existing.accounts()
+        # PAYONCE_API_KEY only where it surely is this account's (the one named with
+        # --account, or the journal's only one); else the account's key in the keyring.
+        api_key = payonce.credentials.recovery_api_key(
+            target.account, journal_accounts=accounts, named=self.account
+        )
         with payonce.Client(
             base_url=base_url,
             provider=target.provider,
             account=target.account,
+            api_key=api_key,
             journal=journal,
         ) as client:
             yield client
@@ -176,8 +184,9 @@ class Connection:
 def connection_options(command: Callable[..., None]) -> Callable[..., None]:
     """What a command that talks to the provider needs, handed over as one ``connection``.
 
-    The API key is never an option: it comes from PAYONCE_API_KEY or the OS keyring
-    (``payonce keys set``).
+    The API key is never an option: it comes from PAYONCE_API_KEY for the account named
+    with --account, or without it for the journal's only account; else from the account's
+    entry in the OS keyring (``payonce keys set``): ``payonce.credentials.recovery_api_key``.
     """
 
     @functools.wraps(command)
@@ -297,7 +306,7 @@ def resume(connection: Connection, as_json: bool) -> None:
     leased = connection.held_by_live_workers(row.key for row in rows)
     nothing = (
         f"nothing resumed of {_labels(targets)}"
-        if leased
+        if leased or undriven
         else f"nothing to resume: no pending intent of {_labels(targets)}"
     )
     _finish(
@@ -433,7 +442,11 @@ def reconcile(
         undriven,
         verb="reconciled",
         title=f"{len(rows)} reconciled intent(s)",
-        nothing=f"nothing to reconcile: no unknown intent of {_labels(targets)}"
-        + elsewhere(held, targets),
+        nothing=(
+            f"nothing reconciled of {_labels(targets)}"
+            if undriven
+            else f"nothing to reconcile: no unknown intent of {_labels(targets)}"
+            + elsewhere(held, targets)
+        ),
         as_json=as_json,
     )

@@ -22,7 +22,7 @@ from payonce.worker import Worker, WorkerPassEnded
 
 from ._common import CliError, existing_journal, existing_journal_target
 from ._recovery import Connection, connection_options
-from ._targets import Target, choose, elsewhere, holdings
+from ._targets import choose, elsewhere, holdings
 from ._warnings import log_lines
 
 __all__ = ["worker"]
@@ -119,8 +119,9 @@ def worker(
 
     Each pass, for every provider and account whose intents the journal holds (or the
     --provider and --account given), each provider at its --base-url PROVIDER=URL (one
-    plain URL serves one provider), each account's API key from PAYONCE_API_KEY (one
-    account's key: never sent for another account) or the OS keyring:
+    plain URL serves one provider), each account's API key from PAYONCE_API_KEY (only for
+    the --account given, or without it the journal's only account: one account's key is
+    never sent for another's intents) or else the account's entry in the OS keyring:
 
     \b
     - looks up the unknown intents that are due on the provider profile's schedule
@@ -140,12 +141,13 @@ def worker(
     twice) stops it at once, exit status 130: what it was sending stays pending, for the
     next worker.
 
-    A journal that does not exist is refused, never created; so are an unknown --provider,
-    one plain --base-url for work of several providers, and PAYONCE_API_KEY for work of
-    several accounts without --account (exit status 2). Exit 2 as well when the first pass
-    can drive no account at all (no API key). With --once: one pass, then exit 0 when no
-    intent it drives is left unknown (escalated or not yet due) or unsent, 1 otherwise (or
-    when an account could not be driven: no API key, no base URL of its own).
+    A journal that does not exist is refused, never created; so are an unknown --provider
+    and one plain --base-url for work of several providers (exit status 2). Exit 2 as well
+    when the first pass can drive no account at all (no API key: an account of a journal
+    holding several takes PAYONCE_API_KEY only when named with --account). With --once:
+    one pass, then exit 0 when no intent it drives is left unknown (escalated or not yet
+    due) or unsent, 1 otherwise (or when an account could not be driven: no API key, no
+    base URL of its own).
     """
     urls = connection.urls  # a missing or bad --base-url before the journal
     if connection.provider is not None:
@@ -160,7 +162,6 @@ def worker(
         held = holdings(existing.list_intents(states=waiting))
     what = "pending or unknown intents"
     targets = choose(held, connection.provider, connection.account, what=what, urls=urls)
-    _refuse_one_key_for_several_accounts(targets, connection.account)
     hint = elsewhere(held, targets)
     if hint and not set(targets) & set(held):
         click.echo(f"warning: no {what} of the --provider/--account given{hint}", err=True)
@@ -197,16 +198,3 @@ def worker(
 def _left_over(last: WorkerPassEnded | None) -> bool:
     # Not ``pending``: intents another live worker is sending right now count there.
     return last is None or bool(last.unknown or last.failed or last.not_driven)
-
-
-def _refuse_one_key_for_several_accounts(targets: list[Target], account: str | None) -> None:
-    """PAYONCE_API_KEY is one account's key: sent for another's intents, it would pay on
-    the wrong account (a real provider takes it)."""
-    accounts = sorted({target.account for target in targets})
-    if account is None and len(accounts) > 1 and os.environ.get("PAYONCE_API_KEY"):
-        raise CliError(
-            "PAYONCE_API_KEY is set, and the journal holds intents of several accounts: "
-            f"{', '.join(accounts)}. One key is never sent for several accounts: unset it and "
-            "give each account its key in the keyring (`payonce keys set ACCOUNT`), or run "
-            "one worker per account (--account NAME, with that account's PAYONCE_API_KEY)"
-        )
