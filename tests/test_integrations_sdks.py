@@ -199,6 +199,30 @@ def test_a_key_the_caller_gave_stripe_python_is_the_step_s_key_never_replaced(
     assert stripe_server.store.executions()[key] == 1
 
 
+def test_a_key_the_caller_set_for_another_request_says_to_choose_another_key(
+    stripe_server: SandboxServer,
+    stripe_through: Callable[..., tuple[payonce.Client, stripe.StripeClient]],
+) -> None:
+    client, sdk = stripe_through()
+    params = {"amount": 2000, "currency": "eur", "metadata": {"order": "order-KA"}}
+    with client.intent("order-KA"):
+        sdk.v1.payment_intents.create(params=params, options={"idempotency_key": "shop-key-1"})
+    before = [(r.key, r.state, r.fingerprint) for r in client.journal.list_intents()]
+    executions = stripe_server.store.executions()
+
+    changed = {**params, "amount": 3000, "metadata": {"order": "order-KB"}}
+    with pytest.raises(stripe.IdempotencyError) as caught, client.intent("order-KB"):
+        sdk.v1.payment_intents.create(params=changed, options={"idempotency_key": "shop-key-1"})
+    message = str(caught.value)
+    # The key is the conflict, not the reference: a new reference would meet it again.
+    assert "idempotency key shop-key-1, set by your code for intent 'order-KB'" in message
+    assert "first used by intent 'order-KA'" in message
+    assert "give this one another idempotency key" in message
+    assert "Use a new reference" not in message
+    assert [(r.key, r.state, r.fingerprint) for r in client.journal.list_intents()] == before
+    assert stripe_server.store.executions() == executions
+
+
 def test_a_wrong_api_key_is_stripe_python_s_own_error_and_the_step_waits_under_its_key(
     stripe_server: SandboxServer,
     stripe_payonce: MakePayonce,

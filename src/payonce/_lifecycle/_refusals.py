@@ -291,6 +291,8 @@ def mismatch(
         return _step_mismatch(draft, record, reconcilable, declined=declined)
     if draft.step > 1 and draft.reference is not None and record.reference == draft.reference:
         return _step_key_changed(draft, record, reconcilable)
+    if draft.key_supplied and record.key == draft.key and record.reference != draft.reference:
+        return _key_set_for_another_request(draft, record, enqueuing=enqueuing)
     if draft.key_supplied and record.key != draft.key:
         what = f"reference {draft.reference!r} is bound to key {record.key}, not {draft.key}"
     elif record.scope != draft.scope:
@@ -312,6 +314,32 @@ def mismatch(
         record,
         f"{refused}: {what} (stored fingerprint {record.fingerprint[:16]}…, new "
         f"{draft.fingerprint[:16]}…). {nothing}. {_what_now(record, reconcilable)}",
+        stored_fingerprint=record.fingerprint,
+        new_fingerprint=draft.fingerprint,
+    )
+
+
+def _key_set_for_another_request(
+    draft: IntentDraft, record: IntentRecord, *, enqueuing: bool
+) -> IntentMismatch:
+    """The key the caller's code set for this request was first used, under another
+    reference (or none), for a different request: the key is that request's, and a new
+    reference would meet it again. Another key is the way on."""
+    differences = request_differences(record, draft)
+    differing = f" in {', '.join(differences)}" if differences else ""
+    first = f"intent {record.reference!r}" if record.reference else "a call with no reference"
+    this = f"intent {draft.reference!r}" if draft.reference else "this call"
+    action = "enqueued" if enqueuing else "sent"
+    return IntentMismatch(
+        f"idempotency key {record.key}, set by your code for {this}, was first used by "
+        f"{first} ({record.method} {record.url}, {record.state.value}) for a request that "
+        f"differs from this one{differing} (stored fingerprint {record.fingerprint[:16]}…, "
+        f"new {draft.fingerprint[:16]}…). Nothing was {action} and the journal is unchanged. "
+        "A key names one request: give this one another idempotency key (a new reference "
+        "alone would meet the same key again); the same request under this key gets that "
+        "intent's answer",
+        key=record.key,
+        reference=draft.reference,
         stored_fingerprint=record.fingerprint,
         new_fingerprint=draft.fingerprint,
     )
@@ -543,7 +571,9 @@ def refused(record: IntentRecord, response: httpx.Response, verdict: Verdict) ->
             IntentMismatch,
             record,
             f"was refused by the provider: it holds this key for a different request (HTTP "
-            f"{status}). Use a new reference for a new operation",
+            f"{status}). Use a new reference for a new operation; if your code sets this "
+            "idempotency key itself, give the new request another key too (under a new "
+            "reference the same key would be refused again)",
             stored_fingerprint="(provider)",
             new_fingerprint=record.fingerprint,
         )
