@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -50,13 +49,12 @@ def test_resume_finishes_what_a_dead_worker_left_pending_under_the_same_key(
 
 
 def test_resume_leaves_intents_held_by_a_live_worker_alone(
-    make_sandbox: Callable[..., SandboxServer], make_client: MakeClient
+    sandbox: SandboxServer, make_client: MakeClient
 ) -> None:
-    slow = make_sandbox(processing_seconds=0.8)
-    busy = make_client(base_url=slow.url)
-    with paying_in_background(busy, "o-1"):
-        assert make_client(base_url=slow.url).resume() == []
-    assert slow.store.total_executions() == 1
+    busy = make_client(timeout=60.0)  # its answer outlasts the block
+    with paying_in_background(busy, "o-1", sandbox):
+        assert make_client().resume() == []
+    assert sandbox.store.total_executions() == 1
 
 
 def test_resume_does_not_resend_past_the_key_lifetime(
