@@ -706,22 +706,25 @@ def test_the_lock_timeout_fault_answers_409_before_executing(
     assert provider.store.execution_count(key) == 1
 
 
-def _race(server: SandboxServer, key: str, **headers: str) -> list[httpx.Response]:
-    """Two requests with one key at once: one executes, the other finds the key in use."""
-    barrier = threading.Barrier(2)
-
-    def attempt(_: int) -> httpx.Response:
-        with httpx.Client(base_url=server.url, timeout=10) as client:
-            barrier.wait()
-            return _pay(client, key, headers={"Authorization": f"Bearer {DEFAULT_API_KEY}"})
-
-    with ThreadPoolExecutor(2) as pool:
-        return sorted(pool.map(attempt, range(2)), key=lambda r: r.status_code)
+def _race(server: SandboxServer, key: str) -> list[httpx.Response]:
+    """Two requests with one key, the second while the first executes (held at the
+    provider until the second is answered): one executes, the other finds the key in use."""
+    auth = {"Authorization": f"Bearer {DEFAULT_API_KEY}"}
+    with (
+        httpx.Client(base_url=server.url, timeout=30) as first_client,
+        httpx.Client(base_url=server.url, timeout=30) as second_client,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        with server.holding():
+            first = pool.submit(_pay, first_client, key, headers=auth)
+            assert server.wait_held(1), "the first request never reached the provider"
+            second = _pay(second_client, key, headers=auth)
+        return sorted([first.result(), second], key=lambda r: r.status_code)
 
 
 @pytest.mark.parametrize(("status", "expected"), [(None, 400), (409, 409)])
 def test_stripe_dialect_errors(start: Start, status: int | None, expected: int) -> None:
-    server = start(SandboxConfig(dialect="stripe", mismatch_status=status, processing_seconds=0.3))
+    server = start(SandboxConfig(dialect="stripe", mismatch_status=status))
     key = _key()
     with _client(server.url) as http:
         assert _pay(http, key, 1000).status_code == 201
@@ -751,7 +754,7 @@ def test_stripe_dialect_errors(start: Start, status: int | None, expected: int) 
 
 
 def test_adyen_dialect_answers_with_result_codes_and_error_codes(start: Start) -> None:
-    server = start(SandboxConfig(dialect="adyen", processing_seconds=0.3))
+    server = start(SandboxConfig(dialect="adyen"))
     key = _key()
     with _client(server.url) as http:
         authorised = _pay(http, _key(), reference="order-1")
