@@ -23,7 +23,8 @@ import payonce
 from helpers.cli import CliResult, run_cli
 from helpers.journals import draft_for, raw_transaction, rows, settle, store_of
 from payonce._journal import _sql as sql
-from payonce._journal._schema import SCHEMA_VERSION
+from payonce._journal._schema import ESCALATIONS_SCHEMA, SCHEMA_VERSION
+from payonce._lifecycle import Transition
 
 V1_JOURNAL = Path(__file__).parent / "data" / "journal_v1.sql"
 
@@ -187,6 +188,9 @@ def _back_to_schema_4(location: str) -> None:
         tx.execute("DROP INDEX intents_reference")
         tx.execute("ALTER TABLE attempts DROP COLUMN provider_date")
         tx.execute("ALTER TABLE attempts DROP COLUMN sent_to")
+        tx.execute("DROP TABLE escalations")
+        tx.execute("ALTER TABLE attempts DROP COLUMN boot")
+        tx.execute("ALTER TABLE attempts DROP COLUMN boottime")
         tx.execute("UPDATE payonce_meta SET value = '4' WHERE name = 'schema_version'")
 
 
@@ -194,7 +198,20 @@ def _back_to_schema_6(location: str) -> None:
     """What payonce with schema 6 left: schema 7 added the URL each attempt was sent to."""
     with raw_transaction(location) as tx:
         tx.execute("ALTER TABLE attempts DROP COLUMN sent_to")
+        tx.execute("DROP TABLE escalations")
+        tx.execute("ALTER TABLE attempts DROP COLUMN boot")
+        tx.execute("ALTER TABLE attempts DROP COLUMN boottime")
         tx.execute("UPDATE payonce_meta SET value = '6' WHERE name = 'schema_version'")
+
+
+def _back_to_schema_7(location: str) -> None:
+    """What payonce with schema 7 left: schema 8 added the worker's escalations and each
+    attempt's boot clock."""
+    with raw_transaction(location) as tx:
+        tx.execute("DROP TABLE escalations")
+        tx.execute("ALTER TABLE attempts DROP COLUMN boot")
+        tx.execute("ALTER TABLE attempts DROP COLUMN boottime")
+        tx.execute("UPDATE payonce_meta SET value = '7' WHERE name = 'schema_version'")
 
 
 def test_a_schema_6_journal_is_shown_without_urls_and_migrates_with_none_for_old_attempts(
@@ -212,7 +229,7 @@ def test_a_schema_6_journal_is_shown_without_urls_and_migrates_with_none_for_old
     assert _schema_version(location) == "6"
 
     with payonce.open_journal(location) as journal:  # a writer migrates it
-        assert journal.schema_version == SCHEMA_VERSION == 7
+        assert journal.schema_version == SCHEMA_VERSION
         store = store_of(journal)
         assert store.claim_key("key-00002", owner="w", now=1003.0, lease_seconds=30)
         store.start_attempt(
@@ -220,7 +237,47 @@ def test_a_schema_6_journal_is_shown_without_urls_and_migrates_with_none_for_old
         )
         assert [a.sent_to for a in journal.attempts("key-00001")] == [None]
         assert [a.sent_to for a in journal.attempts("key-00002")] == [None, "https://b.test/v1/p"]
+    assert _schema_version(location) == str(SCHEMA_VERSION)
+
+
+def test_a_schema_7_journal_is_shown_without_escalations_and_migrates_to_journal_them(
+    location: str,
+) -> None:
+    _two_intents(location)
+    with payonce.open_journal(location) as journal:
+        store = store_of(journal)
+        assert store.claim_key("key-00002", owner="w", now=1003.0, lease_seconds=30)
+        store.mark_unknown(
+            "key-00002", transition=Transition.EXHAUSTED, owner="w", now=1003.0, reason="lost"
+        )
+    _back_to_schema_7(location)
+
+    with payonce.open_journal(location, read_only=True) as journal:  # read as it is
+        assert journal.escalations("key-00002") == []
+        assert [(a.boot, a.boottime) for a in journal.attempts("key-00002")] == [(None, None)]
+    (shown,) = _json(run_cli(["intents", "show", "order-00002", "--json", "--journal", location]))
+    assert (shown["state"], shown["escalations"]) == ("unknown", [])
     assert _schema_version(location) == "7"
+
+    with payonce.open_journal(location) as journal:  # a writer migrates it
+        assert journal.schema_version == SCHEMA_VERSION == ESCALATIONS_SCHEMA
+        store = store_of(journal)
+        said = dict(unknown_since=1003.0, now=1100.0, tries=3, reason="HTTP 503")
+        assert store.escalate("key-00002", **said) is True
+        # The same time it went unknown, again (a restarted worker, another one): not said.
+        assert store.escalate("key-00002", **{**said, "now": 1200.0}) is False
+        # Another time it went unknown (sent again since) is said again, once.
+        assert store.escalate("key-00002", **{**said, "unknown_since": 1500.0}) is True
+        # A settled intent is escalated never.
+        assert store.escalate("key-00001", **said) is False
+        escalation, _ = journal.escalations("key-00002")
+    assert (escalation.unknown_since, escalation.at, escalation.tries) == (1003.0, 1100.0, 3)
+    assert escalation.reason == "HTTP 503"
+    assert _schema_version(location) == str(SCHEMA_VERSION)
+    (shown,) = _json(run_cli(["intents", "show", "order-00002", "--json", "--journal", location]))
+    assert [e["tries"] for e in shown["escalations"]] == [3, 3]
+    text = run_cli(["intents", "show", "order-00002", "--journal", location]).stdout
+    assert "escalated\t1970-01-01T00:18:20.000+00:00 after 3 tries" in text
 
 
 def test_an_older_schema_is_read_as_it_is_and_only_migrate_migrates_it(location: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 import sqlite3
 import threading
 import time
@@ -15,7 +16,7 @@ import httpx
 import pytest
 
 import payonce
-from helpers.journals import draft_for, store_of
+from helpers.journals import draft_for, raw_transaction, store_of
 from helpers.payments import (
     DECLINED,
     PAYMENT,
@@ -1157,6 +1158,37 @@ def test_each_attempt_journals_the_url_it_was_sent_to_never_with_userinfo(
         None,  # journaled by the store alone, as before schema 7
         "https://new.test/v71/v1/payments",
     ]
+
+
+def test_a_first_send_dated_by_a_clock_ahead_cannot_stretch_the_window_once_it_is_set_right(
+    make_client: MakeClient, journal_path: Path
+) -> None:
+    # 20 minutes ago, this host's clock 10 minutes ahead: the first send (never answered)
+    # is dated 10 minutes ago by the wall clock, inside the 15 minutes within which payonce
+    # resends an assumed lifetime's intent on its own. Its attempt also carries this host's
+    # boot clock, which no wall-clock step moves: moved back 20 minutes as the wall clock was.
+    options: dict[str, Any] = {"provider": "generic", "base_url": "https://pay.test"}
+    ahead = make_client(**options, transport=DiesMidAttempt(), clock=lambda: time.time() - 600)
+    with pytest.raises(RuntimeError, match="worker died"):
+        ahead.post("/v1/payments", json=PAYMENT, reference="order-clock-ahead")
+    (record,) = ahead.journal.find("order-clock-ahead")
+    (attempt,) = ahead.journal.attempts(record.key)
+    boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    assert attempt.boot == f"{socket.gethostname()}/{boot_id}"
+    assert attempt.boottime is not None
+    assert 0 < attempt.boottime <= time.clock_gettime(time.CLOCK_BOOTTIME)
+    with raw_transaction(str(journal_path)) as tx:
+        tx.execute("UPDATE attempts SET boottime = boottime - 1200 WHERE key = ?", (record.key,))
+    provider = RecordsUrls()
+
+    (resumed,) = make_client(**options, transport=provider).resume()
+
+    assert resumed.state is payonce.IntentState.UNKNOWN
+    assert provider.urls == [], "never resent"
+    unknown = make_client(**options).journal.get(record.key)
+    assert unknown is not None
+    assert unknown.unknown_reason is not None
+    assert "first sent 1200s ago" in unknown.unknown_reason
 
 
 def test_an_intent_journaled_at_a_host_whose_name_extends_the_base_url_s_moves_to_it(

@@ -23,6 +23,7 @@ import pytest
 import payonce
 from payonce._lifecycle import (
     AttemptRecord,
+    BootReading,
     Claim,
     ClaimKind,
     IntentDraft,
@@ -63,6 +64,9 @@ class FakeClock:
     provider: float = 1_800_000_000.0
     """The provider's clock, which its answers' Date headers tell: stepping ``wall`` (this
     host's) leaves it alone; time passing moves both."""
+    booted: BootReading | None = None
+    """This host's boot clock, which time passing moves and no step of ``wall`` does; None:
+    a host without one."""
 
     def now(self) -> float:
         return self.wall
@@ -70,10 +74,15 @@ class FakeClock:
     def monotonic(self) -> float:
         return self.mono
 
+    def boot(self) -> BootReading | None:
+        return self.booted
+
     def advance(self, seconds: float) -> None:
         self.wall += seconds
         self.mono += seconds
         self.provider += seconds
+        if self.booted is not None:
+            self.booted = attrs.evolve(self.booted, seconds=self.booted.seconds + seconds)
 
     def provider_date(self) -> str:
         return email.utils.formatdate(self.provider, usegmt=True)
@@ -177,12 +186,26 @@ class Script:
         at: float | None = None,
         provider_date: float | None = None,
     ) -> None:
-        """An attempt journaled earlier; ``provider_date``: its answer's Date."""
+        """An attempt journaled earlier; ``provider_date``: its answer's Date. Dated by the
+        boot clock as it is now, where the host has one."""
         started = self.clock.wall if at is None else at
         number = len(self.attempts) + 1
         end = started + 1 if ended else None
+        booted = self.clock.boot()
+        boot = None if booted is None else f"{booted.host}/{booted.boot_id}"
         self.attempts.append(
-            AttemptRecord("k", number, started, end, None, None, ambiguous, provider_date)
+            AttemptRecord(
+                "k",
+                number,
+                started,
+                end,
+                None,
+                None,
+                ambiguous,
+                provider_date,
+                boot=boot,
+                boottime=None if booted is None else booted.seconds,
+            )
         )
 
     def _apply(self, transition: Transition, **changes: Any) -> IntentRecord:
@@ -284,7 +307,7 @@ class Script:
                 return ended
             self.commands.append(command)
             match command:
-                case drive.Send():
+                case drive.Send() | drive.AskAgain():
                     answer = self._answer(self.sends)
                 case drive.LookUp():
                     answer = self._answer(self.lookups)
@@ -329,6 +352,10 @@ class Script:
     @property
     def sent(self) -> int:
         return sum(isinstance(c, drive.Send) for c in self.commands)
+
+    @property
+    def asked_again(self) -> int:
+        return sum(isinstance(c, drive.AskAgain) for c in self.commands)
 
     @property
     def state(self) -> IntentState:
@@ -989,6 +1016,99 @@ def test_a_resumed_intent_that_never_left_is_retried_whatever_its_age() -> None:
     script.attempt(ended=True, ambiguous=False, at=at)  # provably never executed
     assert script.resume().status_code == 201
     assert script.sent == 2
+
+
+def _settled_without_its_body(script: Script, *, seconds_ago: float) -> None:
+    """A payment that succeeded ``seconds_ago`` with an answer too large to journal."""
+    at = script.clock.wall - seconds_ago
+    stored = StoredResponse(201, (), b"", body_stored=False)
+    script.journaled(script.draft(), state=IntentState.SUCCEEDED, first_sent_at=at, response=stored)
+    script.attempt(ended=True, ambiguous=False, at=at)
+
+
+def test_an_answer_got_again_is_not_asked_for_when_it_could_be_processed_past_the_window() -> None:
+    # Asked for 20 s before the window ends, the provider may process the resend for
+    # max_processing (30 s): it could end with the key forgotten and execute twice.
+    script = Script(DOCUMENTED, sends=[OK])
+    _settled_without_its_body(script, seconds_ago=WINDOW - 20)
+    journaled = script.record
+    with pytest.raises(payonce.IntentStateError) as refused:
+        script.call()
+    assert script.asked_again == 0
+    assert "a resend under its key is no longer safe" in str(refused.value)
+    assert script.record == journaled, "the journal still holds what it held"
+
+
+def test_an_answer_got_again_is_asked_for_while_its_processing_ends_inside_the_window() -> None:
+    script = Script(DOCUMENTED, sends=[OK])
+    _settled_without_its_body(script, seconds_ago=WINDOW - 40)
+    again = script.call()
+    assert (again.status_code, again.json()["id"]) == (201, "pay_1")
+    assert script.asked_again == 1
+
+
+def test_an_answer_got_again_stops_retrying_before_a_try_could_end_past_the_window() -> None:
+    # Tries at 33 s and (a 1 s wait later) 32 s before the window's end both end inside it;
+    # the third, after a 2 s wait, could end at the window's end itself.
+    script = Script(DOCUMENTED, sends=[SERVER_ERROR, SERVER_ERROR, OK])
+    _settled_without_its_body(script, seconds_ago=WINDOW - 33)
+    with pytest.raises(payonce.IntentStateError, match="no longer safe"):
+        script.call()
+    assert script.asked_again == 2
+    assert script.slept == [1.0, 2.0]
+
+
+# A first send dated by a clock ahead, set right before the re-run, looked younger than it
+# was: the boot clock (CLOCK_BOOTTIME, journaled with each attempt) cannot be stepped.
+AHEAD = 600.0
+THIS_BOOT = BootReading("shop-1", "boot-a", 5000.0)
+
+
+def _sent_ahead_then_set_right(script: Script, *, after: float) -> None:
+    """Sent (no answer) while this host's clock was 10 minutes ahead; ``after`` seconds
+    later the clock has been set right."""
+    script.clock.wall += AHEAD
+    _crashed_after_sending(script, hours_ago=0)
+    script.clock.advance(after)
+    script.clock.wall -= AHEAD
+
+
+def test_a_clock_ahead_at_the_first_send_and_set_right_cannot_stretch_the_15_minutes() -> None:
+    script = Script(sends=[OK], clock=FakeClock(booted=THIS_BOOT))
+    _sent_ahead_then_set_right(script, after=20 * 60)  # 10 minutes by the wall clock
+    with pytest.raises(payonce.OutcomeUnknown, match="first sent 1200s ago"):
+        script.resume()
+    assert script.sent == 0
+    assert script.transitions == [T.KEY_WINDOW_PASSED]
+
+
+def test_without_a_boot_clock_the_wall_clock_s_age_stands_as_before() -> None:
+    script = Script(sends=[OK], clock=FakeClock())
+    _sent_ahead_then_set_right(script, after=20 * 60)
+    assert script.resume().status_code == 201  # the stretch the boot clock closes
+
+
+def test_after_a_reboot_of_the_same_host_the_key_is_at_least_as_old_as_the_boot() -> None:
+    script = Script(sends=[OK], clock=FakeClock(booted=THIS_BOOT))
+    _sent_ahead_then_set_right(script, after=AHEAD + 300)  # 5 minutes by the wall clock
+    script.clock.booted = BootReading("shop-1", "boot-b", 1000.0)  # up for 16 minutes
+    with pytest.raises(payonce.OutcomeUnknown, match="first sent 1000s ago"):
+        script.resume()
+    assert script.sent == 0
+
+
+def test_another_host_s_boot_clock_says_nothing_of_the_first_send() -> None:
+    script = Script(sends=[OK], clock=FakeClock(booted=THIS_BOOT))
+    _sent_ahead_then_set_right(script, after=AHEAD + 300)
+    script.clock.booted = BootReading("shop-2", "boot-c", 900_000.0)
+    assert script.resume().status_code == 201
+
+
+def test_a_re_run_in_the_same_boot_inside_the_window_is_resent() -> None:
+    script = Script(sends=[OK], clock=FakeClock(booted=THIS_BOOT))
+    _sent_ahead_then_set_right(script, after=AHEAD + 120)
+    assert script.resume().status_code == 201
+    assert script.sent == 1
 
 
 def test_a_call_again_of_an_unknown_intent_with_a_look_up_is_refused_as_before() -> None:

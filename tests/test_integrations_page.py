@@ -108,6 +108,8 @@ NOT_RUN = {
     'adyen = Adyen.Adyen(xapikey="AQE…"': "the SDK alone (as above)",
     "mollie_client = mollie.api.client.Client()\nmollie_client.set_api_key": "the SDK alone",
     'square = Square(token="EAAA…")': "the SDK alone (as above)",
+    'URL = "http://127.0.0.1:8801"\n\n# stripe-python': "where each SDK is pointed at the "
+    "sandbox: the settings every example above is run with (RUN's changes, on_sandbox)",
 }
 
 README_EXAMPLE = Example(

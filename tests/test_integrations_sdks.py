@@ -199,6 +199,34 @@ def test_a_key_the_caller_gave_stripe_python_is_the_step_s_key_never_replaced(
     assert stripe_server.store.executions()[key] == 1
 
 
+def test_a_wrong_api_key_is_stripe_python_s_own_error_and_the_step_waits_under_its_key(
+    stripe_server: SandboxServer,
+    stripe_payonce: MakePayonce,
+    stripe_through: Callable[..., tuple[payonce.Client, stripe.StripeClient]],
+    closing: contextlib.ExitStack,
+) -> None:
+    client = stripe_payonce()
+    http_client = closing.enter_context(contextlib.closing(stripe_integration.HTTPClient(client)))
+    wrong = stripe.StripeClient(
+        "sk_test_wrong", base_addresses={"api": stripe_server.url}, http_client=http_client
+    )
+    with pytest.raises(stripe.AuthenticationError) as caught, client.intent("order-401") as op:
+        checkout(wrong, "order-401")
+    # Stripe's own 401, raised by stripe-python from Stripe's answer: no payonce error in it.
+    assert getattr(caught.value, "payonce_error", None) is None
+    ((_, key, state),) = op.steps
+    assert state is payonce.IntentState.PENDING  # not replayed: it waits for a working key
+    assert stripe_server.store.executions().get(key, 0) == 0
+
+    # The right key, the same code: the same step key, each step executed once.
+    right_client, sdk = stripe_through()
+    with right_client.intent("order-401") as again:
+        paid = checkout(sdk, "order-401")
+    assert paid.status == "succeeded"
+    assert [k for _, k, _ in again.steps] == [key, f"{key}-step2"]
+    assert stripe_server.store.executions() == {key: 1, f"{key}-step2": 1}
+
+
 @pytest.mark.parametrize("faults", FAULTS)
 @pytest.mark.parametrize("step", [1, 2])
 def test_a_stripe_python_step_meeting_a_fault_executes_once_and_answers_the_sdk(
@@ -1313,6 +1341,21 @@ def test_the_integrations_take_real_clients_under_mypy_strict(tmp_path: Path) ->
 # -- missing SDKs --------------------------------------------------------------------------------
 
 
+def import_error(integration: str, first: str) -> str:
+    """What importing ``payonce.integrations.<integration>`` says, in a fresh interpreter
+    that ran ``first`` before it ("imported" when it raised nothing)."""
+    script = (
+        f"{first}"
+        "try:\n"
+        f"    import payonce.integrations.{integration}\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+        "else:\n"
+        "    print('imported')\n"
+    )
+    return python_output(script)
+
+
 @pytest.mark.parametrize(
     ("integration", "sdk_module", "extra"),
     [
@@ -1326,17 +1369,28 @@ def test_the_integrations_take_real_clients_under_mypy_strict(tmp_path: Path) ->
 def test_an_integration_without_its_sdk_names_the_extra_to_install(
     integration: str, sdk_module: str, extra: str
 ) -> None:
-    script = (
-        "import sys\n"
-        f"sys.modules[{sdk_module!r}] = None  # as if it were not installed\n"
-        "try:\n"
-        f"    import payonce.integrations.{integration}\n"
-        "except ImportError as exc:\n"
-        "    print(exc)\n"
-        "else:\n"
-        "    print('imported')\n"
-    )
-    assert f"pip install 'payonce[{extra}]'" in python_output(script)
+    as_if_not_installed = f"import sys\nsys.modules[{sdk_module!r}] = None\n"
+    assert f"pip install 'payonce[{extra}]'" in import_error(integration, as_if_not_installed)
+
+
+@pytest.mark.parametrize(
+    ("integration", "draws_keys", "supported"),
+    [
+        ("stripe", "import stripe._api_requestor as part", "stripe>=16"),
+        (
+            "mollie",
+            "from mollie.api.resources.base import ResourceBase as part",
+            "mollie-api-python>=4",
+        ),
+    ],
+)
+def test_an_sdk_too_old_to_tell_its_own_keys_names_the_versions_payonce_supports(
+    integration: str, draws_keys: str, supported: str
+) -> None:
+    # stripe-python before 16 has no _generate_idempotency_key to tell its own keys from a
+    # caller's: the import says which versions work, not only "a version payonce supports".
+    as_in_an_older_release = f"{draws_keys}\ndel part._generate_idempotency_key\n"
+    assert supported in import_error(integration, as_in_an_older_release)
 
 
 @pytest.mark.parametrize(

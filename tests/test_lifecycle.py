@@ -15,6 +15,7 @@ import pytest
 
 from payonce._lifecycle import (
     RULES,
+    AttemptRecord,
     ClaimKind,
     EventClaimKind,
     IntentState,
@@ -45,7 +46,13 @@ from payonce._lifecycle._guards import (
     Moment,
     choose,
 )
-from payonce._lifecycle._key_age import provider_first_sent, provider_sent_before
+from payonce._lifecycle._key_age import (
+    BootReading,
+    boot_elapsed,
+    first_sent_boot,
+    provider_first_sent,
+    provider_sent_before,
+)
 from payonce._lifecycle._leases import LEASE_MARGIN
 from payonce._lifecycle._provider_clock import READING_FRESH, ProviderClock, provider_date
 from payonce._providers._profile import Lookup
@@ -423,6 +430,51 @@ def test_a_host_clock_ahead_at_an_unanswered_first_send_cannot_make_the_key_look
     recent = T0 + 2 * HOUR
     assert resend_refusal(T0, recent, DAY, provider_now=recent, provider_sent_by=T0 + 1.0) is None
     assert provider_sent_before([]) is None
+
+
+def test_the_boot_clock_tells_the_seconds_since_the_first_send_whatever_the_wall_clock_did() -> (
+    None
+):
+    sent = BootReading("shop-1", "boot-a", 5000.0)
+    assert boot_elapsed(sent, BootReading("shop-1", "boot-a", 6200.0)) == 1200.0
+    # A container of the same kernel (another host name) shares its boot clock.
+    assert boot_elapsed(sent, BootReading("shop-1-worker", "boot-a", 6200.0)) == 1200.0
+    # Rebooted since: at least as long ago as this boot began.
+    assert boot_elapsed(sent, BootReading("shop-1", "boot-b", 300.0)) == 300.0
+    # Another host's boot says nothing of when this one sent it; nor does no reading.
+    assert boot_elapsed(sent, BootReading("shop-2", "boot-c", 900_000.0)) is None
+    assert boot_elapsed(None, BootReading("shop-1", "boot-a", 6200.0)) is None
+    assert boot_elapsed(sent, None) is None
+    assert boot_elapsed(sent, BootReading("shop-1", "boot-a", 4000.0)) is None  # not one clock
+    # Read from the first attempt as journaled (``host/boot id``).
+    first = AttemptRecord("k", 1, T0, None, None, None, None, boot="shop-1/boot-a", boottime=5e3)
+    later = AttemptRecord("k", 2, T0, None, None, None, None, boot="shop-1/boot-b", boottime=9.0)
+    assert first_sent_boot([later, first]) == sent
+    assert first_sent_boot([attrs.evolve(first, boot=None), later]) is None
+
+
+def test_a_host_clock_ahead_at_the_first_send_and_set_right_since_cannot_stretch_the_window() -> (
+    None
+):
+    # Sent while this host's clock was 10 minutes ahead, no answer; the clock set right
+    # (NTP) before the re-run 20 minutes later: by the wall clock the key is 10 minutes old,
+    # inside the 15 minutes of an assumed lifetime. The boot clock says 20.
+    first_sent, now, window = T0 + 600.0, T0 + 1200.0, 900.0
+    assert resend_refusal(first_sent, now, DAY, within=window) is None
+    refusal = resend_refusal(first_sent, now, DAY, within=window, at_least=1200.0)
+    assert refusal is not None
+    assert "first sent 1200s ago" in refusal
+    # With the provider's time (the clocks agree now), the same.
+    assert (
+        resend_refusal(first_sent, now, DAY, provider_now=now, within=window, at_least=1200.0)
+        is not None
+    )
+    # The boot clock never makes a key younger than the wall clock says...
+    assert resend_refusal(T0, now, DAY, within=window, at_least=10.0) is not None
+    # ...nor lets a first send dated in the future through.
+    future = resend_refusal(now + 3600.0, now, DAY, within=window, at_least=10.0)
+    assert future is not None
+    assert "in the future" in future
 
 
 def test_a_clock_set_back_25_hours_cannot_make_a_key_the_provider_aged_25_hours_look_young() -> (

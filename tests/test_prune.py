@@ -92,8 +92,12 @@ def fill(journal: payonce.Journal, store: IntentStore) -> dict[str, str]:
             settle(store, number, created + 1, state)
         if acknowledged is not None:
             journal.acknowledge(key, now=acknowledged)
-        if name == "old abandoned":
-            store.release(key, owner="w")
+        if name == "old abandoned":  # unknown, escalated by a worker, then abandoned
+            store.mark_unknown(
+                key, transition=Transition.EXHAUSTED, owner="w", now=created + 1, reason="lost"
+            )
+            escalated = {"now": created + 1, "tries": 8, "reason": "HTTP 503"}
+            assert store.escalate(key, unknown_since=created + 1, **escalated)
             journal.abandon(key, reason="checked by hand", now=created + 2)
         if name == "old unknown":
             store.mark_unknown(
@@ -107,6 +111,7 @@ def test_only_final_acknowledged_intents_untouched_since_the_cut_off_are_pruned(
 ) -> None:
     names = fill(journal, store)
     cutoff = NOW - 30 * DAY
+    assert rows(location, "SELECT count(*) FROM escalations") == [(1,)]
 
     assert journal.prune(older_than=cutoff, dry_run=True, now=NOW) == 4
     listed = journal.prunable(older_than=cutoff, now=NOW)
@@ -130,6 +135,7 @@ def test_only_final_acknowledged_intents_untouched_since_the_cut_off_are_pruned(
     attempt_keys = {key for (key,) in rows(location, "SELECT DISTINCT key FROM attempts")}
     assert attempt_keys == keys, "the attempts of pruned intents went with them"
     assert rows(location, "SELECT count(*) FROM reconciliations") == [(0,)]
+    assert rows(location, "SELECT count(*) FROM escalations") == [(0,)], "nor its escalation"
     assert journal.prune(older_than=cutoff, now=NOW) == 0
 
 

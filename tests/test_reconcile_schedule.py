@@ -12,6 +12,7 @@ from payonce._lifecycle import (
     IntentState,
     ReconciliationRecord,
     ScheduleDecision,
+    current_clock_since,
     decide_lookup,
     decide_resend,
     first_unknown_since,
@@ -224,3 +225,55 @@ def test_an_intent_dated_by_a_clock_ahead_of_this_one_is_looked_up_now_not_days_
     assert (dated_ahead.due, dated_ahead.exhausted) == (True, False)
     assert (looked_up_ahead.due, looked_up_ahead.exhausted) == (True, False)
     assert not within_tolerance.due
+
+
+BACK = T0 - 86_400
+"""The clock now, a day behind the one that dated the intent unknown at T0."""
+
+
+def test_an_intent_dated_ahead_is_looked_up_once_then_on_the_schedule_of_this_clock() -> None:
+    # A red-team's case: after the first look-up made by this clock, the worker looked it
+    # up again on every pass and spent max_tries in minutes.
+    first = _decide([], now=BACK)
+    looked_up = _decide([BACK], now=BACK + 5)
+    next_one = _decide([BACK], now=BACK + 300)
+
+    assert (first.due, first.next_at) == (True, BACK)
+    assert (looked_up.due, looked_up.next_at, looked_up.exhausted) == (False, BACK + 300, False)
+    assert next_one.due
+
+
+def test_a_look_up_dated_ahead_counts_as_a_try_spent_but_not_as_a_time() -> None:
+    ahead_then_here = _decide([T0 + 60, BACK], now=BACK + 5)
+    # Two tries spent: the next waits the second interval (600 s) from this clock's one.
+    assert (ahead_then_here.tries, ahead_then_here.due) == (2, False)
+    assert ahead_then_here.next_at == BACK + 600
+
+
+def test_an_intent_dated_ahead_is_given_up_on_from_this_clock_s_first_look_up() -> None:
+    waits = [BACK, BACK + 300, BACK + 900, BACK + 1900]  # 300, 600, then 1000 (the cap)
+    fourth = _decide(waits, now=BACK + 2000)
+    fifth = _decide([*waits, BACK + 2900], now=BACK + 2905)
+    assert (fourth.due, fourth.next_at) == (False, BACK + 2900)
+    assert (fifth.due, fifth.next_at, fifth.exhausted) == (False, None, True)  # max_tries
+    # give_up_after counts from this clock's first look-up, not from T0 a day ahead.
+    short = ReconcileSchedule(interval=300, backoff=1, max_tries=50, give_up_after=500)
+    late = decide_lookup(short, since=T0, tries=[BACK, BACK + 300], now=BACK + 400)
+    assert (late.due, late.next_at, late.exhausted) == (False, None, True)
+
+
+def test_the_look_ups_this_clock_made_count_for_an_intent_dated_ahead() -> None:
+    record = _record(BACK - 600)
+    attempts = [_attempt(1, BACK - 600, BACK - 590), _attempt(2, T0, T0 + 5)]
+    since = unknown_since(record, attempts)
+    earlier_wait, ahead, here = _look_up(BACK - 595), _look_up(T0 + 60), _look_up(BACK)
+    current_since = current_clock_since(record, attempts, BACK + 10)
+
+    assert since == T0 + 5
+    assert current_since == BACK - 590  # the first attempt's end: dated by a clock in step
+    assert tries_since(since, [earlier_wait, ahead, here]) == [T0 + 60]
+    counted = tries_since(
+        since, [earlier_wait, ahead, here], current_since=current_since, now=BACK + 10
+    )
+    assert counted == [BACK, T0 + 60]
+    assert current_clock_since(_record(T0), [_attempt(1, T0, T0 + 5)], BACK) is None

@@ -587,9 +587,11 @@ async def test_two_steps_of_one_intent_at_once_are_refused(
     refused = [r for r in results if isinstance(r, payonce.ConfigurationError)]
     assert len(refused) == 1
     assert "one after another" in str(refused[0])
-    # Where gather raises, the code loses the running step's answer: the way back is this
-    # same block again (it replays), never new references (they would pay again).
-    assert "run this same block again, which replays it" in str(refused[0])
+    # Where gather raises, the code loses the running step's answer: the way back is the
+    # same block again, awaiting each step (a gather is refused every time; it replays the
+    # step that ran), never new references (they would pay again).
+    assert "await each request before the next" in str(refused[0])
+    assert "then run this same block again: it replays the step that ran" in str(refused[0])
     assert sandbox.store.total_executions() == 1
     # The refused one took no position: the block holds its one step, settled and acked.
     assert [(n, state) for n, _, state in op.steps] == [(1, payonce.IntentState.SUCCEEDED)]
@@ -605,6 +607,11 @@ def test_a_client_built_for_its_transport_only_refuses_its_verbs(
             bare.post("/v1/payments", json=PAYMENT)
         with pytest.raises(payonce.ConfigurationError, match="transport_only=True"):
             bare.resume()
+        with pytest.raises(payonce.ConfigurationError, match="transport_only=True"):
+            bare.reconcile("order-1")
+        # Without the refusal it sent look-ups with no credentials and reported 401s.
+        with pytest.raises(payonce.ConfigurationError, match="reconcile_all"):
+            bare.reconcile_all()
     # Without transport_only, a client with no key anywhere is refused at once, as always.
     with pytest.raises(payonce.ConfigurationError):
         payonce.Client(**{**client_options, "api_key": None})

@@ -538,20 +538,19 @@ def test_an_intent_the_provider_cannot_tell_about_is_looked_up_on_schedule_then_
         with Worker(
             journal=journal_path, base_url=down.url, hooks=recorded, clock=clock
         ) as restarted:
-            restarted.run_pass()  # a worker (re)started says it once more, asking nothing
+            restarted.run_pass()  # a worker (re)started asks nothing, and says nothing again
         assert looked_up() == 3
 
-    escalation, again = recorded.escalations
+    (escalation,) = recorded.escalations
     assert (escalation.tries, escalation.reference) == (3, "order-lost")
     assert "503" in escalation.reason
-    assert again == escalation
-    assert [p.escalated for p in recorded.passes] == [0, 0, 0, 0, 1, 0, 1]
+    assert [p.escalated for p in recorded.passes] == [0, 0, 0, 0, 1, 0, 0]
     assert {p.unknown for p in recorded.passes} == {1}
     said = [r.levelno for r in caplog.records if r.getMessage().startswith("worker pass:")]
     # A pass that did nothing and found nothing new to wait for is said only at DEBUG.
     assert said == [logging.INFO] * 5
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
-    assert [r.getMessage().split(":")[0] for r in errors] == [f"intent {lost.key} escalated"] * 2
+    assert [r.getMessage().split(":")[0] for r in errors] == [f"intent {lost.key} escalated"]
     assert getattr(errors[0], "key", None) == lost.key
     assert telemetry.total("payonce.escalations") == 1
     assert telemetry.total("payonce.worker.intents", outcome="escalated") == 1
@@ -560,6 +559,8 @@ def test_an_intent_the_provider_cannot_tell_about_is_looked_up_on_schedule_then_
     with payonce.open_journal(journal_path) as journal:
         assert journal.get(lost.key).state is payonce.IntentState.UNKNOWN  # type: ignore[union-attr]
         assert [r.outcome for r in journal.reconciliations(lost.key)] == ["error"] * 3
+        (journaled,) = journal.escalations(lost.key)
+        assert (journaled.tries, journaled.reason) == (3, escalation.reason)
     assert sandbox.store.executions() == {lost.key: 1}  # never resent
 
     # The provider answers again: the operator's reconcile settles it.
@@ -568,6 +569,83 @@ def test_an_intent_the_provider_cannot_tell_about_is_looked_up_on_schedule_then_
     ) as client:
         (found,) = client.reconcile(lost.key)
     assert found.after is payonce.IntentState.SUCCEEDED
+
+
+def test_an_intent_dated_by_a_clock_since_set_back_is_looked_up_at_once_then_on_schedule(
+    make_client: MakeClient,
+    sandbox: SandboxServer,
+    journal_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The host's clock was a day ahead when the payment went unknown, and was then set
+    # right. A red-team's case: after the first look-up by the right clock, the worker
+    # looked it up again on every pass and spent the schedule's tries in seconds.
+    def day_ahead() -> float:
+        return time.time() + 86_400
+
+    lost = make_unknown(make_client, sandbox, "order-ahead", "drop_after", clock=day_ahead)
+    assert sandbox.wait_idle()
+    monkeypatch.setenv("PAYONCE_API_KEY", DEFAULT_API_KEY)
+    schedule = payonce.providers.get_profile("sandbox").reconcile_schedule  # 0.5, 1, 2: 3 tries
+    recorded, clock = Recorded(), Clock(time.time())
+
+    with (
+        pages_in_front_of(sandbox.url, [MAINTENANCE] * 100) as down,
+        Worker(
+            journal=journal_path,
+            base_url=down.url,
+            hooks=recorded,
+            retry=payonce.RetryPolicy(max_attempts=1),
+            clock=clock,
+        ) as worker,
+    ):
+
+        def looked_up() -> int:
+            return 100 - len(down.pages)
+
+        worker.run_pass()  # dated a day ahead: asked at once, not a day later
+        assert looked_up() == 1
+        for _ in range(5):
+            clock.advance(0.1)
+            worker.run_pass()  # then on the schedule, from the look-up this clock made
+        assert looked_up() == 1
+        clock.advance(schedule.interval)
+        worker.run_pass()
+        assert looked_up() == 2
+        assert recorded.escalations == []
+    with payonce.open_journal(journal_path) as journal:
+        assert journal.get(lost.key).state is payonce.IntentState.UNKNOWN  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_an_escalation_is_said_by_one_worker_process_once_not_again_by_the_next(
+    make_client: MakeClient, sandbox: SandboxServer, location: str
+) -> None:
+    # A restarted worker said every escalation again (its hooks fired, its ERROR lines
+    # repeated): each was said once per process. Now the journal keeps it, also where
+    # several hosts share it (PostgreSQL).
+    lost = make_unknown(make_client, sandbox, "order-given-up", "drop_after", journal=location)
+    assert sandbox.wait_idle()
+    schedule = payonce.providers.get_profile("sandbox").reconcile_schedule
+    with pages_in_front_of(sandbox.url, [MAINTENANCE] * 20) as down:
+        operator = make_client(base_url=down.url, journal=location)
+        for _ in range(schedule.max_tries):  # the provider cannot tell: the schedule is spent
+            operator.reconcile(lost.key)
+        first = run_cli_process(_worker_args(down.url, location, "--once"), env=KEY_ENV)
+        second = run_cli_process(_worker_args(down.url, location, "--once"), env=KEY_ENV)
+
+    said = f"intent {lost.key} escalated"
+    assert (first.exit_code, second.exit_code) == (1, 1), first.output + second.output
+    assert said in first.stderr
+    assert "1 still unknown, 1 escalated" in first.stderr
+    assert said not in second.stderr
+    assert "1 still unknown, 0 escalated" in second.stderr
+    with payonce.open_journal(location) as journal:
+        (escalation,) = journal.escalations(lost.key)
+        assert escalation.tries == schedule.max_tries
+        assert len(journal.reconciliations(lost.key)) == schedule.max_tries  # none since
+    shown = run_cli(["intents", "show", lost.key, "--json", "--journal", location])
+    assert [e["tries"] for e in json.loads(shown.stdout)[0]["escalations"]] == [3]
 
 
 def test_an_intent_reconciled_as_never_sent_is_sent_in_the_same_pass(

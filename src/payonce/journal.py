@@ -11,7 +11,13 @@ from ._journal._open import default_journal_path, open_journal, postgres_journal
 from ._journal._reads import Journal
 from ._journal._reports import JournalReport
 from ._journal._sqlite import SQLiteJournal
-from ._lifecycle import AttemptRecord, IntentRecord, ReconciliationRecord, StoredResponse
+from ._lifecycle import (
+    AttemptRecord,
+    EscalationRecord,
+    IntentRecord,
+    ReconciliationRecord,
+    StoredResponse,
+)
 from ._owners import owner_is_dead as _owner_is_dead
 
 if TYPE_CHECKING:
@@ -19,6 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AttemptRecord",
+    "EscalationRecord",
     "IntentRecord",
     "Journal",
     "JournalReport",

@@ -23,6 +23,7 @@ import attrs
 
 from .._lifecycle import (
     AttemptRecord,
+    EscalationRecord,
     IntentRecord,
     IntentState,
     ReconciliationRecord,
@@ -49,8 +50,18 @@ from ._inbox import (
 )
 from ._intents import allowed, reread, select_intent
 from ._reports import JournalReport
-from ._rows import attempt_from_row, intent_from_row, reconciliation_from_row
-from ._schema import PROVIDER_DATE_SCHEMA, SENT_TO_SCHEMA
+from ._rows import (
+    attempt_from_row,
+    escalation_from_row,
+    intent_from_row,
+    reconciliation_from_row,
+)
+from ._schema import (
+    BOOT_CLOCK_SCHEMA,
+    ESCALATIONS_SCHEMA,
+    PROVIDER_DATE_SCHEMA,
+    SENT_TO_SCHEMA,
+)
 
 __all__ = ["Journal"]
 
@@ -121,6 +132,15 @@ class Journal:
                 reconciliation_from_row(row)
                 for row in tx.all(sql.RECONCILIATIONS + tx.dialect.tiebreak, (key,))
             ]
+        )
+
+    def escalations(self, key: str) -> list[EscalationRecord]:
+        """The worker's escalations of the intent, one per time it went unknown and was
+        given up on by its schedule, oldest first (none in a journal older than schema 8)."""
+        if self._engine.schema_version < ESCALATIONS_SCHEMA:  # read-only, not migrated
+            return []
+        return self._engine.read(
+            lambda tx: [escalation_from_row(row) for row in tx.all(sql.ESCALATIONS, (key,))]
         )
 
     def abandon(self, key: str, *, reason: str, now: float) -> IntentRecord:
@@ -246,6 +266,8 @@ class Journal:
             statement = sql.ATTEMPTS_BEFORE_PROVIDER_DATE
         elif self._engine.schema_version < SENT_TO_SCHEMA:
             statement = sql.ATTEMPTS_BEFORE_SENT_TO
+        elif self._engine.schema_version < BOOT_CLOCK_SCHEMA:
+            statement = sql.ATTEMPTS_BEFORE_BOOT_CLOCK
         return self._engine.read(
             lambda tx: [attempt_from_row(row) for row in tx.all(statement, (key,))]
         )

@@ -15,6 +15,7 @@ from typing import Any
 
 from .._lifecycle import (
     AttemptRecord,
+    EscalationRecord,
     IntentDraft,
     IntentRecord,
     IntentState,
@@ -27,6 +28,8 @@ from ._schema import SCHEMA_VERSION
 __all__ = [
     "ATTEMPT_COLUMNS",
     "ATTEMPT_FIELDS",
+    "ESCALATION_COLUMNS",
+    "ESCALATION_FIELDS",
     "EVENT_FIELDS",
     "INTENT_COLUMNS",
     "INTENT_FIELDS",
@@ -34,6 +37,7 @@ __all__ = [
     "RECONCILIATION_FIELDS",
     "attempt_from_row",
     "DamagedRow",
+    "escalation_from_row",
     "headers_to_json",
     "intent_from_row",
     "reconciliation_from_row",
@@ -97,8 +101,11 @@ ATTEMPT_FIELDS = (
     "ambiguous",
     "provider_date",
     "sent_to",
+    "boot",
+    "boottime",
 )
 RECONCILIATION_FIELDS = ("key", "at", "outcome", "detail", "status_code")
+ESCALATION_FIELDS = ("key", "unknown_since", "at", "tries", "reason")
 
 INTENT_COLUMNS = (
     ", ".join(INTENT_FIELDS)
@@ -106,6 +113,7 @@ INTENT_COLUMNS = (
 )
 ATTEMPT_COLUMNS = ", ".join(ATTEMPT_FIELDS)
 RECONCILIATION_COLUMNS = ", ".join(RECONCILIATION_FIELDS)
+ESCALATION_COLUMNS = ", ".join(ESCALATION_FIELDS)
 
 
 _quote = json.encoder.encode_basestring_ascii
@@ -278,7 +286,19 @@ def attempt_from_row(row: Sequence[Any]) -> AttemptRecord:
 
 
 def _attempt(row: Sequence[Any]) -> AttemptRecord:
-    key, number, started_at, ended_at, status_code, error, ambiguous, provider_date, sent_to = row
+    (
+        key,
+        number,
+        started_at,
+        ended_at,
+        status_code,
+        error,
+        ambiguous,
+        provider_date,
+        sent_to,
+        boot,
+        boottime,
+    ) = row
     return AttemptRecord(
         key=key,
         number=int(number),
@@ -289,6 +309,8 @@ def _attempt(row: Sequence[Any]) -> AttemptRecord:
         ambiguous=None if ambiguous is None else bool(ambiguous),
         provider_date=_real(provider_date),
         sent_to=sent_to,
+        boot=boot,
+        boottime=_real(boottime),
     )
 
 
@@ -308,3 +330,17 @@ def _reconciliation(row: Sequence[Any]) -> ReconciliationRecord:
         detail=detail,
         status_code=None if status_code is None else int(status_code),
     )
+
+
+def escalation_from_row(row: Sequence[Any]) -> EscalationRecord:
+    try:
+        key, unknown_since, at, tries, reason = row
+        return EscalationRecord(
+            key=key,
+            unknown_since=float(unknown_since),
+            at=float(at),
+            tries=int(tries),
+            reason=reason,
+        )
+    except (ValueError, TypeError) as exc:
+        raise DamagedRow(f"malformed row in escalations (key {row[0]!r}): {exc}") from exc

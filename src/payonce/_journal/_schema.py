@@ -19,6 +19,8 @@ import attrs
 
 __all__ = [
     "APPLICATION",
+    "BOOT_CLOCK_SCHEMA",
+    "ESCALATIONS_SCHEMA",
     "MIGRATIONS",
     "PROVIDER_DATE_SCHEMA",
     "SCHEMA_VERSION",
@@ -127,6 +129,25 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 7: the URL each attempt was sent to: a resume by a client of another base URL sends
     #    the journaled path to its own host, so the intent's URL alone does not tell where.
     ("ALTER TABLE attempts ADD COLUMN sent_to TEXT",),
+    # 8 (escalations): a worker's escalation of an unknown intent, one per time it went
+    #    unknown, so it is said once across restarts and by one of the workers sharing a
+    #    journal (the primary key arbitrates).
+    # 8 (boot clock): each attempt dated by its host's boot and boot clock too, which no
+    #    wall-clock step moves: a key's age cannot look young after a clock set right.
+    (
+        "ALTER TABLE attempts ADD COLUMN boot TEXT",
+        "ALTER TABLE attempts ADD COLUMN boottime {REAL}",
+        """
+        CREATE TABLE escalations (
+            key TEXT NOT NULL REFERENCES intents (key) ON DELETE CASCADE,
+            unknown_since {REAL} NOT NULL,
+            at {REAL} NOT NULL,
+            tries INTEGER NOT NULL,
+            reason TEXT NOT NULL,
+            PRIMARY KEY (key, unknown_since)
+        )
+        """,
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -135,6 +156,11 @@ PROVIDER_DATE_SCHEMA = 6
 is read with none."""
 SENT_TO_SCHEMA = 7
 """The schema whose attempts carry the URL each was sent to: an older one, opened
+read-only, is read with none."""
+ESCALATIONS_SCHEMA = 8
+"""The schema that journals escalations: an older one, opened read-only, has none."""
+BOOT_CLOCK_SCHEMA = 8
+"""The schema whose attempts carry their host's boot clock: an older one, opened
 read-only, is read with none."""
 
 

@@ -18,6 +18,8 @@ from .._lifecycle import IntentState
 from ._rows import (
     ATTEMPT_COLUMNS,
     ATTEMPT_FIELDS,
+    ESCALATION_COLUMNS,
+    ESCALATION_FIELDS,
     EVENT_FIELDS,
     INTENT_COLUMNS,
     INTENT_FIELDS,
@@ -112,6 +114,7 @@ def needed_columns() -> dict[str, tuple[str, ...]]:
         "intents": INTENT_FIELDS,
         "attempts": ATTEMPT_FIELDS,
         "reconciliations": RECONCILIATION_FIELDS,
+        "escalations": ESCALATION_FIELDS,
         "webhook_events": EVENT_FIELDS,
     }
 
@@ -136,7 +139,10 @@ INSERT_INTENT = (
     # let exactly one insert win; the other inserts nothing and reads the winner's row.
     " ON CONFLICT DO NOTHING"
 )
-INSERT_ATTEMPT = "INSERT INTO attempts (key, number, started_at, sent_to) VALUES (?, ?, ?, ?)"
+INSERT_ATTEMPT = (
+    "INSERT INTO attempts (key, number, started_at, sent_to, boot, boottime)"
+    " VALUES (?, ?, ?, ?, ?, ?)"
+)
 LAST_ATTEMPT = "SELECT coalesce(max(number), 0) FROM attempts WHERE key = ?"
 ATTEMPT_STARTED_AT = (
     "SELECT number FROM attempts WHERE key = ? AND started_at = ? ORDER BY number DESC LIMIT 1"
@@ -189,8 +195,8 @@ held by that owner, in that state (see ``_held``)."""
 
 CREATE_INTENT = (
     f"WITH created AS ({INSERT_INTENT} RETURNING key),"
-    " first_attempt AS (INSERT INTO attempts (key, number, started_at, sent_to)"
-    " SELECT key, 1, ?, ? FROM created)"
+    " first_attempt AS (INSERT INTO attempts (key, number, started_at, sent_to, boot,"
+    " boottime) SELECT key, 1, ?, ?, ?, ? FROM created)"
     " SELECT made.count, found.* FROM (SELECT count(*) FROM created) AS made"
     f" LEFT JOIN LATERAL (SELECT {INTENT_COLUMNS} FROM intents"
     " WHERE key = ? OR (scope = ? AND reference = ?)"
@@ -198,10 +204,11 @@ CREATE_INTENT = (
     " ON made.count = 0"
 )
 """INSERT_INTENT and its first attempt (INSERT_ATTEMPT): parameters are INSERT_INTENT's,
-then the attempt's start and where it is sent, then the key, scope and reference, the
-scope and reference again. Answers 1 if the intent was created; else 0 and the intent
-already there, as committed when the statement began (the one of that (scope, reference)
-first, else the one of that key), or NULLs when it committed since: nothing was written."""
+then the attempt's start, where it is sent and its boot clock (boot, boottime), then the
+key, scope and reference, the scope and reference again. Answers 1 if the intent was
+created; else 0 and the intent already there, as committed when the statement began (the
+one of that (scope, reference) first, else the one of that key), or NULLs when it
+committed since: nothing was written."""
 SETTLE_KNOWN_ENDING_ATTEMPT = (
     f"WITH settled AS ({SETTLE_KNOWN} RETURNING key),"
     " ended AS (UPDATE attempts SET ended_at = ?, status_code = ?, error = NULL,"
@@ -242,16 +249,16 @@ _RESPONSE_COLUMNS = (
 _RELEASED = "lease_owner = NULL, lease_expires_at = NULL"
 
 START_ATTEMPT_HELD = (
-    _HELD + ", started AS (INSERT INTO attempts (key, number, started_at, sent_to)"
-    " SELECT key, (SELECT coalesce(max(number), 0) + 1 FROM attempts"
-    " WHERE attempts.key = held.key), ?, ? FROM held RETURNING number),"
+    _HELD + ", started AS (INSERT INTO attempts (key, number, started_at, sent_to, boot,"
+    " boottime) SELECT key, (SELECT coalesce(max(number), 0) + 1 FROM attempts"
+    " WHERE attempts.key = held.key), ?, ?, ?, ? FROM held RETURNING number),"
     " touched AS (UPDATE intents SET first_sent_at = coalesce(first_sent_at, ?),"
     " lease_expires_at = ?, updated_at = ? WHERE key IN (SELECT key FROM held))"
     f" SELECT (SELECT number FROM started), {INTENT_COLUMNS} FROM intents WHERE key = ?"
 )
 """INSERT_ATTEMPT numbered after LAST_ATTEMPT, and ATTEMPT_STARTED; answers the attempt's
-number (NULL when not held). Writes' parameters: started_at, sent_to; first_sent_at,
-lease_expires_at, updated_at."""
+number (NULL when not held). Writes' parameters: started_at, sent_to, boot, boottime;
+first_sent_at, lease_expires_at, updated_at."""
 END_ATTEMPT_HELD = (
     _HELD + ", ended AS (UPDATE attempts SET ended_at = ?, status_code = ?, error = ?,"
     " ambiguous = ?, provider_date = ? WHERE key IN (SELECT key FROM held) AND number = ?),"
@@ -346,7 +353,11 @@ def newest_in_states(count: int) -> str:
 
 
 ATTEMPTS = f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE key = ? ORDER BY number"
-ATTEMPTS_BEFORE_SENT_TO = ATTEMPTS.replace("sent_to", "NULL AS sent_to")
+ATTEMPTS_BEFORE_BOOT_CLOCK = ATTEMPTS.replace("boottime", "NULL AS boottime").replace(
+    "boot,", "NULL AS boot,"
+)
+"""The same, for a journal of schema 7 opened read-only (never migrated)."""
+ATTEMPTS_BEFORE_SENT_TO = ATTEMPTS_BEFORE_BOOT_CLOCK.replace("sent_to", "NULL AS sent_to")
 """The same, for a journal of schema 6 opened read-only (never migrated)."""
 ATTEMPTS_BEFORE_PROVIDER_DATE = ATTEMPTS_BEFORE_SENT_TO.replace(
     "provider_date", "NULL AS provider_date"
@@ -354,6 +365,16 @@ ATTEMPTS_BEFORE_PROVIDER_DATE = ATTEMPTS_BEFORE_SENT_TO.replace(
 """The same, for a journal of schema 5 or older opened read-only (never migrated)."""
 RECONCILIATIONS = (
     f"SELECT {RECONCILIATION_COLUMNS} FROM reconciliations WHERE key = ? ORDER BY at, "
+)
+ESCALATE = (
+    "INSERT INTO escalations (key, unknown_since, at, tries, reason)"
+    " SELECT key, ?, ?, ?, ? FROM intents WHERE key = ? AND state = ?"
+    # Several workers escalating the same time it went unknown: the primary key lets one
+    # insert win; the others insert nothing, and say nothing.
+    " ON CONFLICT DO NOTHING"
+)
+ESCALATIONS = (
+    f"SELECT {ESCALATION_COLUMNS} FROM escalations WHERE key = ? ORDER BY unknown_since, at"
 )
 
 META = "SELECT name, value FROM payonce_meta"

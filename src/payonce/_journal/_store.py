@@ -20,6 +20,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from .._crash import crash_point
 from .._lifecycle import (
+    BootReading,
     Claim,
     ClaimKind,
     IntentDraft,
@@ -36,7 +37,7 @@ from .._lifecycle import (
 from .._owners import owner_is_dead
 from ..errors import IntentInFlight
 from . import _sql as sql
-from ._engine import AFTER_SEND, BEFORE_SEND, Engine, Tx
+from ._engine import AFTER_SEND, BEFORE_SEND, NO_SEND, Engine, Tx
 from ._held import HeldRecords, created_record, settled_record
 from ._intents import allowed, reread, select_intent
 from ._plans import (
@@ -150,6 +151,13 @@ class _Bound(Generic[P, T]):
         return self._plan(self._store, *args, **kwargs)
 
 
+def _boot_values(boot: BootReading | None) -> tuple[str | None, float | None]:
+    """An attempt's ``boot`` and ``boottime`` columns."""
+    if boot is None:
+        return None, None
+    return f"{boot.host}/{boot.boot_id}", boot.seconds
+
+
 class IntentStore:
     """Every write of payonce's clients to an intent, on any backend's engine."""
 
@@ -169,6 +177,18 @@ class IntentStore:
     def async_edge(self) -> AsyncEdge | None:
         """The engine's writes on the running event loop, if it has them there."""
         return self._engine.async_edge()
+
+    def escalate(
+        self, key: str, *, unknown_since: float, now: float, tries: int, reason: str
+    ) -> bool:
+        """Journal the escalation of the unknown intent ``key`` for the time it went unknown
+        at ``unknown_since``: True if this call did, False if it was escalated for that
+        time already (by this process before a restart, or by another worker) or is no
+        longer unknown. Only the caller that gets True says it."""
+        values = (unknown_since, now, tries, reason, key, IntentState.UNKNOWN.value)
+        return self._engine.write(
+            lambda tx: tx.execute(sql.ESCALATE, values) == 1, durable=False, busy=NO_SEND
+        )
 
     def acknowledge_later(self, key: str, *, now: float) -> None:
         """Acknowledge the settled intent ``key`` with the engine's next write (``_acks``):
@@ -300,10 +320,13 @@ class IntentStore:
         lease_seconds: float,
         is_stale: Callable[[str], bool] = owner_is_dead,
         sent_to: str | None = None,
+        boot: BootReading | None = None,
     ) -> Plan[Claim]:
         """Create the intent ``draft`` describes with its first attempt, or take (or find
         held) the one already journaled. ``sent_to``: where attempt 1 of a created intent
-        is sent (the URL without userinfo)."""
+        is sent (the URL without userinfo); ``boot``: this host's boot clock as it starts
+        (``BootReading``)."""
+        started = (sent_to, *_boot_values(boot))
 
         dialect = self._engine.dialect
 
@@ -323,7 +346,7 @@ class IntentStore:
 
         def work() -> Work[Claim]:
             if not dialect.lock_rows and (
-                yield from self._create(draft, owner, now, lease_seconds, sent_to)
+                yield from self._create(draft, owner, now, lease_seconds, started)
             ):
                 # Writers are serialised (SQLite holds the whole journal), so an insert the
                 # unique key and (scope, reference) let through is exactly a look-up that
@@ -335,7 +358,7 @@ class IntentStore:
                 )
                 if claim is not None:
                     return claim
-                if (yield from self._create(draft, owner, now, lease_seconds, sent_to)):
+                if (yield from self._create(draft, owner, now, lease_seconds, started)):
                     return created()
                 # Another worker created it between the look-up and the insert, and has
                 # committed: the next look-up finds its row.
@@ -356,7 +379,7 @@ class IntentStore:
 
         def create_in_one() -> Work[tuple[bool, IntentRecord | None]]:
             found = (draft.key, draft.scope, draft.reference, draft.scope, draft.reference)
-            values = (*self._intent_values(draft, owner, now, lease_seconds), now, sent_to)
+            values = (*self._intent_values(draft, owner, now, lease_seconds), now, *started)
             finished = yield from commit_with(sql.CREATE_INTENT, (*values, *found))
             made, *existing = finished.rows[0]
             # Decoded here, where a damaged row is reported as the journal's damage.
@@ -458,14 +481,15 @@ class IntentStore:
         owner: str,
         now: float,
         lease_seconds: float,
-        sent_to: str | None,
+        started: tuple[str | None, str | None, float | None],
     ) -> Work[bool]:
+        """``started``: attempt 1's URL and boot clock (``INSERT_ATTEMPT``'s last values)."""
         inserted = yield from execute(
             sql.INSERT_INTENT, cls._intent_values(draft, owner, now, lease_seconds)
         )
         if inserted != 1:
             return False
-        yield from send(sql.INSERT_ATTEMPT, (draft.key, 1, now, sent_to))
+        yield from send(sql.INSERT_ATTEMPT, (draft.key, 1, now, *started))
         return True
 
     def _take(
@@ -581,12 +605,13 @@ class IntentStore:
         now: float,
         lease_seconds: float,
         sent_to: str | None = None,
+        boot: BootReading | None = None,
     ) -> Plan[int]:
         """Journal the next attempt of a held intent; ``sent_to``: where it is sent (the URL
-        without userinfo)."""
-
+        without userinfo); ``boot``: this host's boot clock as it starts."""
+        values = (sent_to, *_boot_values(boot))
         if self._engine.dialect.chains_writes:
-            writes = (now, sent_to, now, now + lease_seconds, now)
+            writes = (now, *values, now, now + lease_seconds, now)
             number, _ = yield from self._chained(
                 key,
                 owner,
@@ -602,7 +627,7 @@ class IntentStore:
             self._apply(tx, key, owner, Transition.ATTEMPT_STARTED)
             row = tx.one(sql.LAST_ATTEMPT, (key,))
             number = int(row[0] if row else 0) + 1
-            tx.send(sql.INSERT_ATTEMPT, (key, number, now, sent_to))
+            tx.send(sql.INSERT_ATTEMPT, (key, number, now, *values))
             tx.send(sql.ATTEMPT_STARTED, (now, now + lease_seconds, now, key))
             return number
 

@@ -38,7 +38,12 @@ from ._identity import (
     validate_key,
     validate_reference,
 )
-from ._key_age import KEY_LIFETIME_MARGIN, may_have_executed, resend_refusal
+from ._key_age import (
+    KEY_LIFETIME_MARGIN,
+    BootReading,
+    may_have_executed,
+    resend_refusal,
+)
 from ._leases import (
     EVENT_LEASE_SECONDS,
     abandon_blocked,
@@ -48,6 +53,7 @@ from ._leases import (
 )
 from ._records import (
     AttemptRecord,
+    EscalationRecord,
     IntentDraft,
     IntentRecord,
     IntentRequest,
@@ -58,6 +64,7 @@ from ._schedule import (
     DEFAULT_RECONCILE_SCHEDULE,
     ReconcileSchedule,
     ScheduleDecision,
+    current_clock_since,
     decide_lookup,
     decide_resend,
     first_unknown_since,
@@ -106,6 +113,7 @@ __all__ = [
     "MAX_KEY_LENGTH",
     "RULES",
     "AttemptRecord",
+    "BootReading",
     "CanonicalRequest",
     "Claim",
     "FormData",
@@ -125,6 +133,7 @@ __all__ = [
     "ReconcileOutcome",
     "ReconcileSchedule",
     "ReconciliationRecord",
+    "EscalationRecord",
     "ScheduleDecision",
     "Rule",
     "StoredResponse",
@@ -145,6 +154,7 @@ __all__ = [
     "classify_lookup_error",
     "classify_response",
     "contract_table",
+    "current_clock_since",
     "abandon_blocked",
     "decide_claim",
     "decide_event_claim",

@@ -48,7 +48,10 @@ from ._guards import (
 from ._identity import journaled_fingerprint_matches
 from ._key_age import (
     ASSUMED_LIFETIME_RESEND_WINDOW,
+    BootReading,
     KeyWindow,
+    boot_elapsed,
+    first_sent_boot,
     may_have_executed,
     provider_first_sent,
     provider_sent_before,
@@ -127,6 +130,11 @@ class Clock(Protocol):
 
     def monotonic(self) -> float:
         """Seconds that never step: ``max_elapsed``, how long to wait for another worker."""
+        ...
+
+    def boot(self) -> BootReading | None:
+        """This host's boot clock (``BootReading``), None where it has none: a bound on a
+        key's age that no step of the wall clock moves."""
         ...
 
 
@@ -666,17 +674,8 @@ def _resumed(
     # age is judged by that clock, read afresh if the last reading is stale.
     provider_now = (yield from _provider_now(settings)) if ambiguous else None
     refusal = _key_gone(settings, record, attempts, provider_now, executed=ambiguous, within=within)
-    if ambiguous and record.first_sent_at is not None:
-        run.key_window = KeyWindow(
-            record.first_sent_at,
-            profile.key_lifetime,
-            clock.now(),
-            provider_now,
-            provider_first_sent(attempts),
-            provider_sent_before(attempts),
-            within,
-            clock.monotonic(),
-        )
+    if ambiguous:
+        run.key_window = _key_window(settings, record, attempts, provider_now, within=within)
     moment = Moment(resend_refused=refusal is not None)
     if choose(RESUMED, moment) is Transition.KEY_WINDOW_PASSED:
         assert refusal is not None
@@ -715,6 +714,39 @@ def _key_gone(
         provider_first=provider_first_sent(attempts),
         provider_sent_by=provider_sent_before(attempts),
         within=within,
+        at_least=_boot_elapsed(settings, attempts),
+    )
+
+
+def _boot_elapsed(settings: DriveSettings, attempts: Sequence[AttemptRecord]) -> float | None:
+    """Seconds surely elapsed since the first send by this host's boot clock, which no
+    step of the wall clock moves (``boot_elapsed``)."""
+    return boot_elapsed(first_sent_boot(attempts), settings.clock.boot())
+
+
+def _key_window(
+    settings: DriveSettings,
+    record: IntentRecord,
+    attempts: Sequence[AttemptRecord],
+    provider_now: float | None,
+    *,
+    within: float | None,
+) -> KeyWindow | None:
+    """The window within which a resend of ``record`` (an attempt may have executed) must
+    end, read from both clocks now; None for an intent never sent."""
+    if record.first_sent_at is None:
+        return None
+    clock = settings.clock
+    return KeyWindow(
+        record.first_sent_at,
+        settings.profile.key_lifetime,
+        clock.now(),
+        provider_now,
+        provider_first_sent(attempts),
+        provider_sent_before(attempts),
+        within,
+        clock.monotonic(),
+        _boot_elapsed(settings, attempts),
     )
 
 
@@ -955,15 +987,18 @@ def _answer_again(settings: DriveSettings, record: IntentRecord) -> Drive:
     began, tried = clock.monotonic(), 0
     while True:
         provider_now = yield from _provider_now(settings)
-        # Judged again before every try: the retries of a resend never run past the window.
-        expired = _key_gone(
+        # Judged again before every try, as each retry of a resend is: the try must end
+        # while the key is surely remembered, and the provider may run it for
+        # max_processing (an answer got again near the window's end is a resend after it).
+        window = _key_window(
             settings,
             record,
             attempts,
             provider_now,
-            executed=True,
             within=_automatic_within(settings, asked=False),
         )
+        ends = clock.monotonic() + profile.max_processing
+        expired = None if window is None else window.refusal_at(ends)
         if expired is not None:
             why.append(f"a resend under its key is no longer safe: {expired}")
             break
@@ -1209,6 +1244,7 @@ def _concluded(
             provider_now=settings.provider_clock.now(clock.monotonic()),
             provider_first=provider_first_sent(attempts),
             provider_sent_by=provider_sent_before(attempts),
+            at_least=_boot_elapsed(settings, attempts),
         )
         # A look-up by key finds nothing once the provider forgot the key: "no record" is
         # evidence only within the window a resend is made in (an assumed lifetime's short

@@ -26,6 +26,13 @@ the provider has long since seen look young while a later attempt's answer says 
 
 Without the provider's time (its answers carry no ``Date``, or it could not be asked) the
 key's age is this host's clock's, as it was before.
+
+This host's clock may have been stepped since the first send (a clock ahead, corrected by
+NTP before the re-run): the wall clock's age of the key is then too young. Each attempt is
+also dated by the boot clock (``BootReading``: the kernel's boot, and ``CLOCK_BOOTTIME``,
+which no step of the wall clock moves), so where this host's clock judges, the key is at
+least as old as ``boot_elapsed`` says: the boot clock's seconds since the first send in the
+same boot; after a reboot of the same host, at least the seconds since that boot.
 """
 
 from __future__ import annotations
@@ -41,8 +48,11 @@ __all__ = [
     "KEY_LIFETIME_MARGIN",
     "PRUNE_AFTER_KEY_LIFETIMES",
     "AttemptLike",
+    "BootReading",
     "DatedAttempt",
     "KeyWindow",
+    "boot_elapsed",
+    "first_sent_boot",
     "may_have_executed",
     "provider_first_sent",
     "provider_sent_before",
@@ -68,6 +78,43 @@ CLOCK_TOLERANCE = 60.0
 dated further in the future means the clock moved back or the record is foreign."""
 
 
+@attrs.frozen
+class BootReading:
+    """This host's boot clock at one moment: which boot of which host, and the seconds
+    since that boot (``CLOCK_BOOTTIME``, counting suspended time; no wall-clock step moves
+    it)."""
+
+    host: str
+    boot_id: str
+    seconds: float
+
+
+def first_sent_boot(attempts: Iterable[DatedAttempt]) -> BootReading | None:
+    """The boot clock when the key's first attempt was sent, as journaled with it (its
+    ``boot``, ``host/boot id``, and ``boottime``); None when it was not."""
+    first = min(attempts, key=lambda attempt: attempt.number, default=None)
+    if first is None or first.boot is None or first.boottime is None:
+        return None
+    host, _, boot_id = first.boot.rpartition("/")
+    return BootReading(host, boot_id, first.boottime)
+
+
+def boot_elapsed(first_sent: BootReading | None, now: BootReading | None) -> float | None:
+    """Seconds surely elapsed since the first send, by the boot clock: the difference of
+    the two readings in the same boot (the same kernel: its containers share it); on the
+    same host after a reboot, at least the seconds since this boot (the first send came
+    before it). None when it cannot tell: no reading, another host, a reading that went
+    back (not one clock)."""
+    if first_sent is None or now is None:
+        return None
+    if first_sent.boot_id == now.boot_id:
+        elapsed = now.seconds - first_sent.seconds
+        return elapsed if elapsed >= 0 else None
+    if first_sent.host == now.host:
+        return now.seconds
+    return None
+
+
 class AttemptLike(Protocol):
     @property
     def in_flight(self) -> bool: ...
@@ -88,6 +135,12 @@ class DatedAttempt(Protocol):
 
     @property
     def provider_date(self) -> float | None: ...
+
+    @property
+    def boot(self) -> str | None: ...
+
+    @property
+    def boottime(self) -> float | None: ...
 
 
 def provider_first_sent(attempts: Iterable[DatedAttempt]) -> float | None:
@@ -126,6 +179,9 @@ class KeyWindow:
     within: float | None
     taken_at: float
     """The monotonic clock when the clocks above were read."""
+    at_least: float | None = None
+    """Seconds surely elapsed since the first send then, by the boot clock
+    (``boot_elapsed``)."""
 
     def refusal_at(self, monotonic: float) -> str | None:
         """Why a resend still running at ``monotonic`` (the monotonic clock) could execute
@@ -139,6 +195,7 @@ class KeyWindow:
             provider_first=self.provider_first,
             provider_sent_by=self.provider_sent_by,
             within=self.within,
+            at_least=None if self.at_least is None else self.at_least + ahead,
         )
 
 
@@ -158,6 +215,7 @@ def resend_refusal(
     provider_first: float | None = None,
     provider_sent_by: float | None = None,
     within: float | None = None,
+    at_least: float | None = None,
 ) -> str | None:
     """Why a resend under the key is no longer safe, or None while it still is.
 
@@ -175,9 +233,17 @@ def resend_refusal(
     by which it had surely been sent (``provider_sent_before``), a bound on the key's age
     whatever this host's clock said then. With ``provider_now``, the key's age is the
     provider's clock's, as the module says.
+
+    ``at_least``: seconds surely elapsed since the first send by this host's boot clock
+    (``boot_elapsed``), None when unknown: wherever this host's clock dates the first send,
+    the key is at least that old, whatever steps the wall clock took since.
     """
     if first_sent_at is None:
         return None
+    if at_least is not None and now - first_sent_at >= -CLOCK_TOLERANCE:
+        # A first send dated by a clock ahead then and set right since looks younger than
+        # it is; the boot clock never stepped. (One dated in the future stays refused.)
+        first_sent_at = min(first_sent_at, now - at_least)
     window, past = key_lifetime * (1 - KEY_LIFETIME_MARGIN), _past(key_lifetime)
     if within is not None and within < window:
         window, past = within, _past_assumed(within, key_lifetime)

@@ -13,6 +13,7 @@ from ._states import IntentState
 
 __all__ = [
     "AttemptRecord",
+    "EscalationRecord",
     "IntentDraft",
     "IntentRecord",
     "IntentRequest",
@@ -89,6 +90,12 @@ class AttemptRecord:
     """The URL this attempt was sent to (without userinfo): the journaled URL's path on the
     sending client's base URL, which a resume by a client of another base URL changes. None
     for an attempt journaled before schema 7."""
+    boot: str | None = None
+    """Which boot of which host started it (``host/boot id``); None where the host did
+    not tell (no Linux boot id), or for an attempt journaled before schema 8."""
+    boottime: float | None = None
+    """That host's boot clock when it started (``CLOCK_BOOTTIME``: seconds since its boot,
+    which no step of the wall clock moves); None as for ``boot``."""
 
     @property
     def in_flight(self) -> bool:
@@ -125,3 +132,21 @@ class ReconciliationRecord:
     """``found``, ``not_found``, ``still_unknown`` or ``error``."""
     detail: str
     status_code: int | None
+
+
+@attrs.frozen
+class EscalationRecord:
+    """A worker's escalation of an unknown intent: its look-ups (or resends) spent, it was
+    handed to a person. Journaled once per time the intent went unknown (``unknown_since``
+    names that time), so it is said once, by one worker, across restarts."""
+
+    key: str
+    unknown_since: float
+    """When the intent went unknown, as the journal dated it (the end of its last attempt):
+    which of its unknown times this escalation is of."""
+    at: float
+    """When it was escalated (the journal's clock)."""
+    tries: int
+    """The look-ups (or resends) made before it was."""
+    reason: str
+    """Why its outcome was still unknown."""

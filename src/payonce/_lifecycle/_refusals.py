@@ -414,7 +414,7 @@ def _what_now(record: IntentRecord, reconcilable: bool) -> str:
     reference" pays twice when its first request may have executed."""
     twice = (
         "so a new reference could pay twice: do not pay this operation again under a new "
-        "reference before that intent is settled"
+        "reference before it is settled"
     )
     match record.state:
         case IntentState.PENDING if record.attempt_count == 0:

@@ -25,6 +25,7 @@ __all__ = [
     "DEFAULT_RECONCILE_SCHEDULE",
     "ReconcileSchedule",
     "ScheduleDecision",
+    "current_clock_since",
     "decide_lookup",
     "decide_resend",
     "first_unknown_since",
@@ -139,10 +140,40 @@ def first_unknown_since(
     return min(since, max(before)) if before else since
 
 
-def tries_since(since: float, reconciliations: Iterable[ReconciliationRecord]) -> list[float]:
+def tries_since(
+    since: float,
+    reconciliations: Iterable[ReconciliationRecord],
+    *,
+    current_since: float | None = None,
+    now: float | None = None,
+) -> list[float]:
     """When the look-ups since ``since`` were made (every outcome counts: an answer that
-    told nothing, or no answer at all, is a try spent all the same), oldest first."""
-    return sorted(r.at for r in reconciliations if r.at >= since)
+    told nothing, or no answer at all, is a try spent all the same), oldest first.
+
+    ``since`` dated ahead of the clock now (``now``): the look-ups this clock made since
+    ``current_since`` (``current_clock_since``) are tries of the same wait, dated before
+    ``since`` though they came after it."""
+    if now is None or since <= now + CLOCK_TOLERANCE:
+        return sorted(r.at for r in reconciliations if r.at >= since)
+    floor = -math.inf if current_since is None else current_since
+    return sorted(r.at for r in reconciliations if r.at >= since or floor <= r.at)
+
+
+def current_clock_since(
+    record: IntentRecord, attempts: Iterable[AttemptRecord], now: float
+) -> float | None:
+    """For an intent whose history a clock ahead of this one dated (it went unknown at a
+    time past ``now``): the latest moment of it dated by a clock in step with this one
+    (its creation, an attempt's start or end), after which a look-up this clock dated
+    belongs to the same wait. None when no moment of it is.
+
+    A look-up dated before that moment was made before the intent's latest sends, in an
+    earlier wait (one that sent it back to pending)."""
+    moments = [record.created_at]
+    for attempt in attempts:
+        moments += [attempt.started_at, _ended(attempt)]
+    in_step = [moment for moment in moments if moment <= now + CLOCK_TOLERANCE]
+    return max(in_step, default=None)
 
 
 def decide_lookup(
@@ -167,11 +198,19 @@ def decide_lookup(
     count = len(tries)
     if count >= schedule.max_tries or not can_look_up:
         return ScheduleDecision(count, due=False, next_at=None, exhausted=True)
-    if max([since, *tries]) > now + CLOCK_TOLERANCE:
+    horizon = now + CLOCK_TOLERANCE
+    if max([since, *tries]) > horizon:
         # Dated by a clock ahead of this one (the journal's moved back: a stepped server,
         # a failover to one whose clock differs): the schedule would wait, silently, for
-        # that clock to come round. A look-up only reads, so it is due now.
-        return ScheduleDecision(count, due=True, next_at=now, exhausted=False)
+        # that clock to come round. A look-up only reads, so one is due now; then the
+        # schedule runs from the look-ups this clock made (every one counts as a try),
+        # the first standing for when the intent went unknown: looked up on every pass,
+        # it would spend its tries in minutes.
+        current = [moment for moment in tries if moment <= horizon]
+        if not current:
+            return ScheduleDecision(count, due=True, next_at=now, exhausted=False)
+        tries = current
+        since = since if since <= horizon else min(current)
     cycled = first_since is not None and first_since < since
     if cycled and first_since is not None and now >= first_since + schedule.give_up_after:
         return ScheduleDecision(count, due=False, next_at=None, exhausted=True)

@@ -444,11 +444,12 @@ class OperationBase:
                 f"{method.upper()} {path} was asked of {self!r} while another of its steps "
                 "was running: the steps of one intent run one after another (their "
                 "positions are their identity). Nothing was journaled or sent for this "
-                "one; the step that was running goes on, and may pay: if its answer is "
-                "lost to your code (a gather that raised), run this same block again, "
-                "which replays it, never a block under a new reference. Await each request "
-                "before the next; truly concurrent operations need blocks of their own, "
-                "each under its own reference from the first run on"
+                "one; the step that was running goes on, and may pay. Change the code to "
+                "await each request before the next (steps asked together are refused "
+                "every time), then run this same block again: it replays the step that "
+                "ran. Never run it as a block under a new reference (a second payment). "
+                "Truly concurrent operations need blocks of their own, each under its own "
+                "reference from the first run on"
             )
         try:
             step = self._step(method, path, options, caller_key=caller_key)

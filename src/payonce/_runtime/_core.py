@@ -8,9 +8,13 @@ one from a journal thread). What each step tells the hooks and the log is in ``_
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
+import socket
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -21,6 +25,7 @@ from .._journal._plans import AsyncEdge, Call, Plan
 from .._journal._reads import Journal
 from .._journal._store import IntentStore
 from .._lifecycle import (
+    BootReading,
     Claim,
     ClaimKind,
     IntentRecord,
@@ -69,7 +74,8 @@ __all__ = ["IntentCore", "SystemClock"]
 
 @attrs.frozen
 class SystemClock:
-    """A drive's clock: the client's wall clock (tests move it), and the monotonic one."""
+    """A drive's clock: the client's wall clock (tests move it), the monotonic one, and
+    this host's boot clock."""
 
     wall: Callable[[], float]
 
@@ -78,6 +84,30 @@ class SystemClock:
 
     def monotonic(self) -> float:
         return time.monotonic()
+
+    def boot(self) -> BootReading | None:
+        return boot_reading()
+
+
+@functools.cache
+def _this_boot() -> tuple[str, str] | None:
+    """This host's name and the kernel's boot id (Linux); None elsewhere. A process's
+    boot never changes (a fork's is its parent's)."""
+    with contextlib.suppress(OSError):
+        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        if boot_id:
+            return socket.gethostname(), boot_id
+    return None
+
+
+def boot_reading() -> BootReading | None:
+    """This host's boot clock now (``CLOCK_BOOTTIME``: seconds since boot, suspended time
+    included, never stepped), or None where there is none (not Linux)."""
+    this = _this_boot()
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    if this is None or boottime is None:
+        return None
+    return BootReading(this[0], this[1], time.clock_gettime(boottime))
 
 
 class IntentCore:
@@ -372,6 +402,7 @@ class IntentCore:
                     now=now,
                     lease_seconds=self.lease_seconds,
                     sent_to=self.sent_to(draft.url),
+                    boot=boot_reading(),
                 )
                 if claim.kind is ClaimKind.CREATED:
                     crash_point("after_write_ahead")
@@ -385,6 +416,7 @@ class IntentCore:
                     now=now,
                     lease_seconds=self.lease_seconds,
                     sent_to=self.sent_to(run.record.url),
+                    boot=boot_reading(),
                 )
                 crash_point("after_write_ahead")
                 return number

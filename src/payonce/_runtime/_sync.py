@@ -244,6 +244,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         """Reconcile every unknown intent of this account and provider, oldest first; one
         intent's failure never stops the rest. ``resend`` as in ``reconcile``."""
         self._in_this_process()
+        self._core.require_api_key("reconcile_all()")
         reconciling = functools.partial(self._reconcile, resend=resend)
         return run_batch(ReconcileBatch(self._core, None), reconciling, on_result)
 

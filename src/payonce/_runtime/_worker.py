@@ -35,6 +35,7 @@ from .._lifecycle import (
     ReconcileOutcome,
     ReconcileSchedule,
     ScheduleDecision,
+    current_clock_since,
     decide_lookup,
     decide_resend,
     first_unknown_since,
@@ -181,8 +182,9 @@ class Worker:
         self._clients: dict[_Group, Client] = {}
         self._stopping = threading.Event()
         self._last_waiting: tuple[int, int, int] | None = None
-        self._escalated: set[str] = set()
-        """Intents this process escalated: each is said once per process."""
+        self._escalated: set[tuple[str, float]] = set()
+        """The (intent, time it went unknown) pairs known escalated in the journal: not
+        written again on every pass."""
         self._plain_url_for: str | None = provider
         """The one provider ``base_url`` serves, once known."""
         self._plain_url_shared = False
@@ -396,7 +398,12 @@ class Worker:
         attempts = self.journal.attempts(record.key)
         reconciliations = self.journal.reconciliations(record.key)
         since = unknown_since(record, attempts)
-        tries = tries_since(since, reconciliations)
+        tries = tries_since(
+            since,
+            reconciliations,
+            current_since=current_clock_since(record, attempts, now),
+            now=now,
+        )
         return decide_lookup(
             profile.reconcile_schedule,
             since=since,
@@ -419,7 +426,7 @@ class Worker:
                 break
             resent_at.append(reconciliation.at)
         # The journaled "key window passed" (a reconciliation still unknown, by a call
-        # again, reconcile or a worker): never resent again, escalated (once a process).
+        # again, reconcile or a worker): never resent again, escalated (once, journaled).
         passed = bool(reconciliations) and (
             reconciliations[-1].outcome == ReconcileOutcome.STILL_UNKNOWN
         )
@@ -476,14 +483,20 @@ class Worker:
     def _escalate(
         self, client: Client, record: IntentRecord, decision: ScheduleDecision, counts: _Counts
     ) -> None:
-        with counts.lock:
-            if record.key in self._escalated:
-                return
-            self._escalated.add(record.key)
-            counts.escalated += 1
         since = unknown_since(record, self.journal.attempts(record.key))
+        if (record.key, since) in self._escalated:
+            return
         found = self.journal.reconciliations(record.key)
         reason = found[-1].detail if found else (record.unknown_reason or "no look-up made")
+        # Journaled first, and said only by the worker whose write made it: once each time
+        # the intent went unknown, across restarts and the workers sharing the journal.
+        escalated = client._core.store.escalate(
+            record.key, unknown_since=since, now=self._clock(), tries=decision.tries, reason=reason
+        )
+        self._escalated.add((record.key, since))
+        if not escalated:
+            return
+        counts.add(escalated=1)
         if client.provider.lookup is None:
             # Past its key window, with nothing to ask: no more resends, and `payonce
             # reconcile` cannot settle it either (the reason names `--resend` where an

@@ -26,6 +26,7 @@ from ._tables import field_name, print_table
 __all__ = [
     "STATES",
     "attempt_json",
+    "escalation_json",
     "intent_json",
     "payload_json",
     "print_intent_detail",
@@ -113,6 +114,15 @@ def attempt_json(
         "in_flight": attempt.in_flight and not interrupted,
         "interrupted": interrupted,
         "sent_to": None if attempt.sent_to is None else redacted(attempt.sent_to),
+    }
+
+
+def escalation_json(entry: payonce.journal.EscalationRecord) -> dict[str, Any]:
+    return {
+        "at": iso(entry.at),
+        "unknown_since": iso(entry.unknown_since),
+        "tries": entry.tries,
+        "reason": entry.reason,
     }
 
 
@@ -255,11 +265,16 @@ def print_intent_detail(
     reconciliations: Sequence[payonce.journal.ReconciliationRecord],
     *,
     with_body: bool,
+    escalations: Sequence[payonce.journal.EscalationRecord] = (),
 ) -> None:
     """One intent: its fields, its attempts and reconciliations, and on request its stored
     request and response. Piped: ``name<TAB>value`` lines, then each table as plain lines
     after a blank line, then the payloads as they are."""
     fields = _fields(record)
+    if escalations:
+        # Said once a time it went unknown, by the worker that gave up on it.
+        said = "; ".join(f"{iso(e.at)} after {e.tries} tries" for e in escalations)
+        fields.append(("escalated", Text(shown(said))))
     sections = [_attempts_table(record, attempts, lease_status(record, time.time()))]
     if reconciliations:
         sections.append(_reconciliations_table(reconciliations))

@@ -21,6 +21,7 @@ from ._common import (
 from ._intent_views import (
     STATES,
     attempt_json,
+    escalation_json,
     intent_json,
     payload_json,
     print_intent_detail,
@@ -93,6 +94,7 @@ def show_intent(
                 intents_of[intent.key] = intent
         attempts = {r.key: list(journal.attempts(r.key)) for r in records}
         reconciliations = {r.key: list(journal.reconciliations(r.key)) for r in records}
+        escalations = {r.key: list(journal.escalations(r.key)) for r in records}
     if not records:
         raise NotFound(f"no intent with key or reference {key_or_reference!r}")
     if as_json:
@@ -108,6 +110,7 @@ def show_intent(
             document["reconciliations"] = [
                 reconciliation_json(entry) for entry in reconciliations[record.key]
             ]
+            document["escalations"] = [escalation_json(e) for e in escalations[record.key]]
             if with_body:
                 document |= payload_json(record)
             documents.append(document)
@@ -123,7 +126,12 @@ def show_intent(
         elif steps.get(record.key):
             out.print(f"intent of {len(steps[record.key]) + 1} steps", markup=False)
         print_intent_detail(
-            out, record, attempts[record.key], reconciliations[record.key], with_body=with_body
+            out,
+            record,
+            attempts[record.key],
+            reconciliations[record.key],
+            with_body=with_body,
+            escalations=escalations[record.key],
         )
 
 

@@ -204,8 +204,8 @@ def connection_options(command: Callable[..., None]) -> Callable[..., None]:
             envvar="PAYONCE_PROVIDER",
             show_envvar=True,
             help="The provider profile the intents were sent with (stripe, adyen, mollie, "
-            "sandbox, generic, or one your code registered). Default: every provider whose "
-            "intents the journal holds, each at its --base-url PROVIDER=URL.",
+            "square, sandbox, generic, or one your code registered). Default: every "
+            "provider whose intents the journal holds, each at its --base-url PROVIDER=URL.",
         ),
         click.option(
             "--account",

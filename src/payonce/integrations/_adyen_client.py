@@ -10,7 +10,6 @@ import httpx
 from Adyen import exceptions as adyen_errors
 
 from ..errors import (
-    AuthenticationError,
     ConfigurationError,
     IntentError,
     IntentMismatch,
@@ -102,8 +101,6 @@ def _raise_adyen_error(exc: Exception, url: str) -> NoReturn:
         error = adyen_errors.AdyenAPICommunicationError(message, url=url)
     elif isinstance(exc, IntentMismatch):
         error = adyen_errors.AdyenAPIUnprocessableEntity(f"{exc}{about(exc)}", url=url)
-    elif isinstance(exc, AuthenticationError):
-        error = adyen_errors.AdyenAPIAuthenticationError(f"{exc}{about(exc)}", url=url)
     elif isinstance(exc, IntentError):
         # OutcomeUnknown, IntentInFlight, ProviderUnavailable: Adyen's word for "no answer".
         error = adyen_errors.AdyenAPICommunicationError(f"payonce: {exc}{about(exc)}", url=url)

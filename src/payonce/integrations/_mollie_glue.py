@@ -25,7 +25,13 @@ __all__ = ["use_transport"]
 
 # mollie-api-python draws a uuid4 per create/update/delete with
 # ``ResourceBase._generate_idempotency_key`` unless the caller passes ``idempotency_key=``.
-_DRAWN = DrawnKeys(ResourceBase, "_generate_idempotency_key", sdk="mollie-api-python", static=True)
+_DRAWN = DrawnKeys(
+    ResourceBase,
+    "_generate_idempotency_key",
+    sdk="mollie-api-python",
+    supported="mollie-api-python>=4 (pip install 'payonce[mollie]')",
+    static=True,
+)
 
 
 class _MollieAdapter(TransportAdapter):

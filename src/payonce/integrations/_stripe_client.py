@@ -10,7 +10,6 @@ import stripe
 from stripe import _api_requestor
 
 from ..errors import (
-    AuthenticationError,
     ConfigurationError,
     IntentMismatch,
     OutcomeUnknown,
@@ -27,7 +26,12 @@ DEFAULT_TIMEOUT = 80.0  # stripe-python's own default
 
 # stripe-python draws its keys with ``_api_requestor._generate_idempotency_key`` (16 random
 # bytes per call) unless the caller passes ``idempotency_key``.
-_DRAWN = DrawnKeys(_api_requestor, "_generate_idempotency_key", sdk="stripe-python")
+_DRAWN = DrawnKeys(
+    _api_requestor,
+    "_generate_idempotency_key",
+    sdk="stripe-python",
+    supported="stripe>=16 (pip install 'payonce[stripe]' 'stripe>=16')",
+)
 
 
 class HTTPClient(stripe.HTTPClient):
@@ -171,18 +175,22 @@ def _raise_stripe_error(exc: Exception) -> NoReturn:
     elif isinstance(exc, OutcomeUnknown):
         error = _connection_error(
             f"payonce could not learn whether Stripe executed this request{about(exc)}: "
-            f"{exc} Do not retry it under a new key: resume or reconcile the intent."
+            f"{_sentence(str(exc))} Do not retry it under a new key: resume or reconcile the "
+            "intent."
         )
     elif isinstance(exc, IntentMismatch):
         error = stripe.IdempotencyError(f"{exc}{about(exc)}")
-    elif isinstance(exc, AuthenticationError):
-        error = stripe.AuthenticationError(f"{exc}{about(exc)}")
     else:
         assert isinstance(exc, PayonceError)
         error = _connection_error(f"payonce: {exc}{about(exc)}")
     # The payonce error itself, its key, reference and step, for callers that want them.
     carry(error, exc)
     raise error from exc
+
+
+def _sentence(text: str) -> str:
+    """``text`` ending as a sentence, so that the advice after it reads as another."""
+    return text if text.endswith((".", "!", "?")) else f"{text}."
 
 
 def _connection_error(message: str) -> stripe.StripeError:

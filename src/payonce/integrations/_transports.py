@@ -82,14 +82,17 @@ class DrawnKeys:
 
     KEPT = 100_000
 
-    def __init__(self, owner: Any, attribute: str, *, sdk: str, static: bool = False) -> None:
+    def __init__(
+        self, owner: Any, attribute: str, *, sdk: str, supported: str, static: bool = False
+    ) -> None:
         self._keys: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._lock = threading.Lock()
         draw: Callable[[], str] | None = getattr(owner, attribute, None)
         if draw is None:
             raise ImportError(
                 f"payonce cannot tell {sdk}'s own idempotency keys from its callers' in this "
-                f"version of {sdk} (no {attribute}): install a version payonce supports"
+                f"version of {sdk} (no {attribute}): install a version payonce supports, "
+                f"{supported}"
             )
 
         def drawn_by_the_sdk() -> str:

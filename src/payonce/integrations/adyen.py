@@ -11,9 +11,10 @@ retries (``Adyen/httpclient.py`` makes one ``requests.request`` per call, no ses
 retry). ``use_transport`` swaps its ``http_client`` for one that sends through
 ``client.transport()``, so its calls become steps of the current intent. payonce's errors
 arrive as Adyen's: ``AdyenAPICommunicationError`` for a network failure or an outcome
-that stays unknown (naming the key and reference), ``AdyenAPIAuthenticationError``,
-``AdyenAPIUnprocessableEntity`` for a key reused with another request, ``AdyenError`` for
-the rest; each carries the payonce error as ``payonce_error``.
+that stays unknown (naming the key and reference), ``AdyenAPIUnprocessableEntity`` for a
+key reused with another request, ``AdyenError`` for the rest; each carries the payonce error
+as ``payonce_error``. A refusal by the provider (a 401 too) reaches Adyen's library as the
+provider's own answer, which it raises as usual (``AdyenAPIAuthenticationError``).
 """
 
 from __future__ import annotations
