@@ -43,6 +43,26 @@ def test_a_trickled_answer_is_cut_and_the_order_is_paid_once(
     assert sandbox.store.executions() == {key: 1}
 
 
+def test_an_answer_that_never_comes_is_cut_by_the_deadline_not_the_read_timeout(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    # Not a byte for the whole deadline (the provider holds the payment): the wait, cut
+    # short by the deadline well inside the read timeout, is the deadline's doing. (A
+    # trickling proxy stalled by a loaded machine was told as a ReadTimeout.)
+    once = {**TRICKLED, "retry": payonce.RetryPolicy(max_attempts=1)}
+    cut = make_client(**once)
+    with sandbox.holding(), pytest.raises(payonce.OutcomeUnknown) as caught:
+        cut.post("/v1/payments", json=PAYMENT, reference="order-never-answered")
+
+    key = caught.value.key
+    (attempt,) = cut.journal.attempts(key)
+    assert (attempt.error, attempt.ambiguous) == ("AttemptDeadlineExceeded", True)
+    assert sandbox.wait_idle()
+    (reconciled,) = make_client().reconcile(key)
+    assert reconciled.after is payonce.IntentState.SUCCEEDED
+    assert sandbox.store.executions() == {key: 1}
+
+
 def test_a_trickled_status_look_up_is_cut_too(
     make_client: MakeClient, sandbox: SandboxServer
 ) -> None:

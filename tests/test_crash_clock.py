@@ -45,7 +45,7 @@ url, journal, reference = sys.argv[1:]
 print(time.time(), flush=True)  # this process's wall clock, for the test to check
 client = payonce.Client(
     base_url=url, provider="sandbox", account="acct_demo", api_key=DEFAULT_API_KEY,
-    journal=journal,
+    journal=journal, timeout=120,  # its answer may be held while the test looks on
 )
 client.post("/v1/payments", json={"amount": 4200, "currency": "eur"}, reference=reference)
 """
@@ -145,35 +145,42 @@ def test_a_worker_whose_clock_is_a_year_ahead_holds_no_intent_for_a_year(
     for it (no honest worker writes a lease that long), and does not resend what the
     year-ahead worker sent either: its first attempt is dated a year in the future."""
     journal = tmp_path / "journal.db"
-    slow = make_sandbox(processing_seconds=3.0)  # the year-ahead worker's attempt runs 3 s
-    child = subprocess.Popen(
-        [sys.executable, "-c", _PAY, slow.url, str(journal), "order-ahead"],
-        env={**worker_env(), **libfaketime_env("+1y")},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    slow = make_sandbox()
+    child: subprocess.Popen[str] | None = None
     try:
-        held = _wait_for_a_lease(journal, "order-ahead")
-        assert held > time.time() + 300 * 86_400, "its lease runs a year ahead"
-        began = time.monotonic()
-        with (
-            payonce.Client(
-                base_url=slow.url,
-                provider="sandbox",
-                account=ACCOUNT,
-                api_key=DEFAULT_API_KEY,
-                journal=str(journal),
-                in_flight_wait=30.0,
-            ) as client,
-            pytest.raises(payonce.OutcomeUnknown, match="in the future"),
-        ):
-            client.post(
-                "/v1/payments", json={"amount": 4200, "currency": "eur"}, reference="order-ahead"
+        # The year-ahead worker's attempt stays at the provider until the other has tried.
+        with slow.holding():
+            child = subprocess.Popen(
+                [sys.executable, "-c", _PAY, slow.url, str(journal), "order-ahead"],
+                env={**worker_env(), **libfaketime_env("+1y")},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
             )
-        assert time.monotonic() - began < 10, "not held for a year, nor for in_flight_wait"
+            held = _wait_for_a_lease(journal, "order-ahead")
+            assert held > time.time() + 300 * 86_400, "its lease runs a year ahead"
+            assert slow.wait_held(1), "the year-ahead worker's payment never arrived"
+            began = time.monotonic()
+            with (
+                payonce.Client(
+                    base_url=slow.url,
+                    provider="sandbox",
+                    account=ACCOUNT,
+                    api_key=DEFAULT_API_KEY,
+                    journal=str(journal),
+                    in_flight_wait=30.0,
+                ) as client,
+                pytest.raises(payonce.OutcomeUnknown, match="in the future"),
+            ):
+                client.post(
+                    "/v1/payments",
+                    json={"amount": 4200, "currency": "eur"},
+                    reference="order-ahead",
+                )
+            assert time.monotonic() - began < 10, "not held for a year, nor for in_flight_wait"
     finally:
-        child.communicate(timeout=60)
+        if child is not None:
+            child.communicate(timeout=60)
     assert slow.wait_idle()
     ((key, count),) = slow.store.executions().items()
     assert count == 1, "executed once: the year-ahead worker's attempt, never resent"

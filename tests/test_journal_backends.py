@@ -1423,22 +1423,23 @@ def test_two_hosts_of_eight_threads_racing_on_the_same_fifty_references_pay_each
 
 
 def test_a_lease_held_by_one_host_is_respected_by_the_other(
-    host: MakeClient, make_sandbox: Callable[..., SandboxServer]
+    host: MakeClient, sandbox: SandboxServer
 ) -> None:
-    slow = make_sandbox(processing_seconds=1.0)
-    holder = host(base_url=slow.url)
-    with paying_in_background(holder, "o"):
-        impatient = host(base_url=slow.url, in_flight_wait=0.0)
-        with pytest.raises(payonce.IntentInFlight):
-            impatient.post("/v1/payments", json=PAYMENT, reference="o")
-        assert impatient.resume() == []
-        patient = host(base_url=slow.url, in_flight_wait=10.0)
-        waited = patient.post("/v1/payments", json=PAYMENT, reference="o")
+    holder = host(timeout=60.0)  # its answer outlasts the block
+    patient = host(in_flight_wait=60.0)
+    with ThreadPoolExecutor(1) as pool:
+        with paying_in_background(holder, "o", sandbox):
+            impatient = host(in_flight_wait=0.0)
+            with pytest.raises(payonce.IntentInFlight):
+                impatient.post("/v1/payments", json=PAYMENT, reference="o")
+            assert impatient.resume() == []
+            waiting = pool.submit(patient.post, "/v1/payments", json=PAYMENT, reference="o")
+        waited = waiting.result()
 
     assert payonce.response_info(waited).replayed  # type: ignore[union-attr]
     (record,) = holder.journal.find("o")
     assert (record.state, record.attempt_count) == (SUCCEEDED, 1)
-    assert slow.store.total_executions() == 1
+    assert sandbox.store.total_executions() == 1
 
 
 @pytest.mark.parametrize(

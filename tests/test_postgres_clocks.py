@@ -31,18 +31,20 @@ from helpers.processes import python_env
 from payonce.sandbox import SandboxServer
 
 # A host paying one reference, told IntentInFlight at once (in_flight_wait=0) and trying
-# again every half second, as a service retrying its caller's request would.
+# again every half second, as a service retrying its caller's request would. Each refusal
+# touches a file, for the test to know it was told. Its read timeout outlasts any hold.
 _PAY = """
 import json, logging, select, sys, time
+from pathlib import Path
 
 import payonce
 from payonce.sandbox import DEFAULT_API_KEY
 
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-url, journal, reference = sys.argv[1:]
+url, journal, reference, refused = sys.argv[1:]
 client = payonce.Client(
     base_url=url, provider="sandbox", account="acct_demo", api_key=DEFAULT_API_KEY,
-    journal=journal, in_flight_wait=0, lease_seconds=30,
+    journal=journal, in_flight_wait=0, lease_seconds=30, timeout=120,
 )
 told_in_flight = 0
 give_up = time.monotonic() + 60
@@ -53,6 +55,7 @@ while True:
         )
     except payonce.IntentInFlight:
         told_in_flight += 1
+        Path(refused).touch()
         if time.monotonic() > give_up:
             raise
         select.select([], [], [], 0.5)  # libfaketime's time.sleep fails (EINVAL)
@@ -63,9 +66,11 @@ client.close()
 """
 
 
-def _host(sandbox: SandboxServer, journal: str, env: dict[str, str]) -> subprocess.Popen[str]:
+def _host(
+    sandbox: SandboxServer, journal: str, env: dict[str, str], refused: Path
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-c", _PAY, sandbox.url, journal, "sl1"],
+        [sys.executable, "-c", _PAY, sandbox.url, journal, "sl1", str(refused)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -91,6 +96,19 @@ def _wait_until_sent(journal: str, host: subprocess.Popen[str]) -> None:
     pytest.fail(f"host A never sent its payment:\n{err[-3000:]}")
 
 
+def _wait_until_refused(refused: Path, host: subprocess.Popen[str], sandbox: SandboxServer) -> None:
+    """Until B has been told IntentInFlight while A's attempt is held at the provider."""
+    give_up = time.monotonic() + 60
+    while time.monotonic() < give_up and host.poll() is None and not refused.exists():
+        # A second request held is B's resend: it took A's intent over.
+        assert sandbox.held < 2, "B resent A's payment while A's attempt was in flight"
+        time.sleep(0.05)
+    if not refused.exists():
+        host.kill()
+        _, err = host.communicate(timeout=30)
+        pytest.fail(f"host B was never told A's payment is in flight:\n{err[-3000:]}")
+
+
 def _finished(host: subprocess.Popen[str], name: str) -> tuple[dict[str, object], str]:
     out, err = host.communicate(timeout=120)
     assert host.returncode == 0, f"host {name} failed:\n{err[-3000:]}"
@@ -102,12 +120,22 @@ def _finished(host: subprocess.Popen[str], name: str) -> tuple[dict[str, object]
     ("skew", "words"), [("+105", "105s ahead of"), ("-240", "240s behind")], ids=["ahead", "behind"]
 )
 def test_a_host_whose_clock_is_off_waits_for_the_real_lease_and_pays_once(
-    make_sandbox: Callable[..., SandboxServer], postgres_url: str, skew: str, words: str
+    make_sandbox: Callable[..., SandboxServer],
+    postgres_url: str,
+    tmp_path: Path,
+    skew: str,
+    words: str,
 ) -> None:
-    sandbox = make_sandbox(idempotency="racy", processing_seconds=4.0)
-    host_a = _host(sandbox, postgres_url, python_env())
-    _wait_until_sent(postgres_url, host_a)
-    host_b = _host(sandbox, postgres_url, {**python_env(), **libfaketime_env(skew)})
+    sandbox = make_sandbox(idempotency="racy")
+    # A's payment stays at the provider until B, however slowly it starts, has tried it.
+    with sandbox.holding():
+        host_a = _host(sandbox, postgres_url, python_env(), tmp_path / "a-refused")
+        _wait_until_sent(postgres_url, host_a)
+        assert sandbox.wait_held(1), "A's payment never reached the provider"
+        host_b = _host(
+            sandbox, postgres_url, {**python_env(), **libfaketime_env(skew)}, tmp_path / "b-refused"
+        )
+        _wait_until_refused(tmp_path / "b-refused", host_b, sandbox)
 
     paid_a, _ = _finished(host_a, "A")
     paid_b, said_b = _finished(host_b, "B")

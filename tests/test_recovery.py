@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -49,13 +49,12 @@ def test_resume_finishes_what_a_dead_worker_left_pending_under_the_same_key(
 
 
 def test_resume_leaves_intents_held_by_a_live_worker_alone(
-    make_sandbox: Callable[..., SandboxServer], make_client: MakeClient
+    sandbox: SandboxServer, make_client: MakeClient
 ) -> None:
-    slow = make_sandbox(processing_seconds=0.8)
-    busy = make_client(base_url=slow.url)
-    with paying_in_background(busy, "o-1"):
-        assert make_client(base_url=slow.url).resume() == []
-    assert slow.store.total_executions() == 1
+    busy = make_client(timeout=60.0)  # its answer outlasts the block
+    with paying_in_background(busy, "o-1", sandbox):
+        assert make_client().resume() == []
+    assert sandbox.store.total_executions() == 1
 
 
 def test_resume_does_not_resend_past_the_key_lifetime(
@@ -455,20 +454,34 @@ def test_acknowledgement_can_be_left_to_the_caller(client: payonce.Client) -> No
 
 @pytest.mark.slow
 def test_a_slow_attempt_keeps_its_lease_alive_so_no_one_takes_the_intent_over(
-    make_sandbox: Callable[..., SandboxServer], make_client: MakeClient
+    sandbox: SandboxServer, make_client: MakeClient
 ) -> None:
-    slow = make_sandbox(processing_seconds=1.5)
-    holder = make_client(base_url=slow.url, lease_seconds=0.3)
-    with paying_in_background(holder, "o"):
-        time.sleep(0.9)  # three lease lengths: without renewal the lease would have expired
-        other = make_client(base_url=slow.url, lease_seconds=0.3, in_flight_wait=0.0)
+    # The provider holds the attempt until the other worker has been refused, well past the
+    # lease first taken: only its renewals (every second) keep it. A renewal may come over
+    # a second late on a loaded machine and still be in time; the holder's read timeout
+    # outlasts the whole hold.
+    holder = make_client(lease_seconds=3.0, timeout=60.0)
+    other = make_client(lease_seconds=3.0, in_flight_wait=0.0)
+    with ThreadPoolExecutor(1) as pool, sandbox.holding():
+        paying = pool.submit(holder.post, "/v1/payments", json=PAYMENT, reference="o")
+        assert sandbox.wait_held(1), "the payment never reached the provider"
+        (claimed,) = holder.journal.find("o")
+        assert claimed.lease_expires_at is not None
+        while time.time() <= claimed.lease_expires_at:
+            time.sleep(0.05)
+        (renewed,) = holder.journal.find("o")
+        assert renewed.lease_expires_at is not None
+        assert renewed.lease_expires_at > claimed.lease_expires_at, "the lease was not renewed"
+
         with pytest.raises(payonce.IntentInFlight):
             other.post("/v1/payments", json=PAYMENT, reference="o")
         assert other.resume() == []
+        assert not paying.done()
+    assert paying.result().status_code == 201
     (record,) = holder.journal.find("o")
     assert record.state is payonce.IntentState.SUCCEEDED
     assert record.attempt_count == 1
-    assert slow.store.total_executions() == 1
+    assert sandbox.store.total_executions() == 1
 
 
 def test_the_lease_of_a_dead_worker_is_taken_over_once_it_expires(

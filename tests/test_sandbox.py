@@ -183,27 +183,46 @@ def test_bad_credentials_are_rejected(provider: SandboxServer, authorization: st
     assert provider.store.total_executions() == 0
 
 
-def test_concurrent_requests_with_one_key_conflict() -> None:
+def test_concurrent_requests_with_one_key_conflict(
+    provider: SandboxServer, http: httpx.Client
+) -> None:
     key = _key()
-    with SandboxServer(SandboxConfig(processing_seconds=0.5)) as server:
-        barrier = threading.Barrier(2)
+    with ThreadPoolExecutor(1) as pool:
+        # The first is executing at the provider, however long the second takes to come.
+        with provider.holding():
+            first = pool.submit(_pay, http, key)
+            assert provider.wait_held(1), "the first request never reached the provider"
+            with _client(provider.url) as client:
+                second = _pay(client, key)
+        assert first.result(timeout=30).status_code == 201
 
-        def attempt(_: int) -> httpx.Response:
-            with _client(server.url) as client:
-                barrier.wait()
-                return _pay(client, key)
+    assert second.status_code == 409
+    assert second.json()["error"]["type"] == "idempotency_key_in_use"
+    assert provider.store.executions() == {key: 1}
+    retry = _pay(http, key)
+    assert retry.status_code == 201
+    assert retry.headers["Idempotent-Replayed"] == "true"
+    assert provider.store.executions() == {key: 1}
 
-        with ThreadPoolExecutor(2) as pool:
-            responses = sorted(pool.map(attempt, range(2)), key=lambda r: r.status_code)
 
-        assert [r.status_code for r in responses] == [201, 409]
-        assert responses[1].json()["error"]["type"] == "idempotency_key_in_use"
-        assert server.store.executions() == {key: 1}
-        with _client(server.url) as client:
-            retry = _pay(client, key)
-        assert retry.status_code == 201
-        assert retry.headers["Idempotent-Replayed"] == "true"
-        assert server.store.executions() == {key: 1}
+def test_a_request_held_at_the_provider_executes_once_let_go(
+    provider: SandboxServer, http: httpx.Client
+) -> None:
+    key = _key()
+    with ThreadPoolExecutor(1) as pool:
+        with provider.holding():
+            paying = pool.submit(_pay, http, key)
+            assert provider.wait_held(1), "the payment never reached the provider"
+            assert provider.held == 1
+            assert provider.store.keys_in_progress() == {key}, "its key is claimed"
+            assert provider.store.executions() == {}
+            assert not paying.done()
+        paid = paying.result(timeout=30)
+    assert paid.status_code == 201
+    assert provider.held == 0
+    assert provider.store.executions() == {key: 1}
+    # Let go, nothing is held any more: the next payment answers at once.
+    assert _pay(http, _key()).status_code == 201
 
 
 def test_every_answer_is_dated_once_by_the_clock_keys_expire_by(
@@ -687,22 +706,25 @@ def test_the_lock_timeout_fault_answers_409_before_executing(
     assert provider.store.execution_count(key) == 1
 
 
-def _race(server: SandboxServer, key: str, **headers: str) -> list[httpx.Response]:
-    """Two requests with one key at once: one executes, the other finds the key in use."""
-    barrier = threading.Barrier(2)
-
-    def attempt(_: int) -> httpx.Response:
-        with httpx.Client(base_url=server.url, timeout=10) as client:
-            barrier.wait()
-            return _pay(client, key, headers={"Authorization": f"Bearer {DEFAULT_API_KEY}"})
-
-    with ThreadPoolExecutor(2) as pool:
-        return sorted(pool.map(attempt, range(2)), key=lambda r: r.status_code)
+def _race(server: SandboxServer, key: str) -> list[httpx.Response]:
+    """Two requests with one key, the second while the first executes (held at the
+    provider until the second is answered): one executes, the other finds the key in use."""
+    auth = {"Authorization": f"Bearer {DEFAULT_API_KEY}"}
+    with (
+        httpx.Client(base_url=server.url, timeout=30) as first_client,
+        httpx.Client(base_url=server.url, timeout=30) as second_client,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        with server.holding():
+            first = pool.submit(_pay, first_client, key, headers=auth)
+            assert server.wait_held(1), "the first request never reached the provider"
+            second = _pay(second_client, key, headers=auth)
+        return sorted([first.result(), second], key=lambda r: r.status_code)
 
 
 @pytest.mark.parametrize(("status", "expected"), [(None, 400), (409, 409)])
 def test_stripe_dialect_errors(start: Start, status: int | None, expected: int) -> None:
-    server = start(SandboxConfig(dialect="stripe", mismatch_status=status, processing_seconds=0.3))
+    server = start(SandboxConfig(dialect="stripe", mismatch_status=status))
     key = _key()
     with _client(server.url) as http:
         assert _pay(http, key, 1000).status_code == 201
@@ -732,7 +754,7 @@ def test_stripe_dialect_errors(start: Start, status: int | None, expected: int) 
 
 
 def test_adyen_dialect_answers_with_result_codes_and_error_codes(start: Start) -> None:
-    server = start(SandboxConfig(dialect="adyen", processing_seconds=0.3))
+    server = start(SandboxConfig(dialect="adyen"))
     key = _key()
     with _client(server.url) as http:
         authorised = _pay(http, _key(), reference="order-1")

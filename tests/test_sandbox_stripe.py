@@ -196,10 +196,8 @@ def test_two_confirmations_under_two_keys_at_once_charge_once(
     # the idempotency layer cannot tell them apart, the intent's state must.
     client = make_stripe(slow_server, max_network_retries=0)
     created = client.v1.payment_intents.create(params=_order(payment_method="pm_card_visa"))
-    start = threading.Barrier(2)
 
     def confirm(key: str) -> str:
-        start.wait()
         try:
             return str(
                 client.v1.payment_intents.confirm(
@@ -209,8 +207,13 @@ def test_two_confirmations_under_two_keys_at_once_charge_once(
         except stripe.InvalidRequestError as refused:
             return str(refused.code)
 
+    # Both are at the provider, held there until the other has arrived, however loaded the
+    # machine: then both go on at once.
     with ThreadPoolExecutor(2) as pool:
-        outcomes = sorted(pool.map(confirm, ["worker-a", "worker-b"]))
+        with slow_server.holding():
+            confirming = [pool.submit(confirm, key) for key in ("worker-a", "worker-b")]
+            assert slow_server.wait_held(2), "the two confirmations never met at the provider"
+        outcomes = sorted(outcome.result() for outcome in confirming)
 
     assert outcomes == ["payment_intent_unexpected_state", "succeeded"]
     executions = slow_server.store.executions()
@@ -387,8 +390,9 @@ def test_a_key_in_flight_is_409_and_stripe_python_retries_it_into_the_one_intent
     patient = make_stripe(slow_server)
     key = _key()
 
-    def create_at_once(client: stripe.StripeClient, start: threading.Barrier) -> Any:
-        start.wait()
+    def create_at_once(client: stripe.StripeClient, start: threading.Barrier | None = None) -> Any:
+        if start is not None:
+            start.wait()
         try:
             return client.v1.payment_intents.create(
                 params=_order(), options={"idempotency_key": key}
@@ -396,12 +400,15 @@ def test_a_key_in_flight_is_409_and_stripe_python_retries_it_into_the_one_intent
         except stripe.APIError as error:
             return error
 
-    # Two callers, one key, at the same moment: the second meets the first in flight.
-    start = threading.Barrier(2)
-    with ThreadPoolExecutor(2) as pool:
-        outcomes = list(pool.map(lambda _: create_at_once(impatient, start), range(2)))
-    (in_flight,) = [o for o in outcomes if isinstance(o, stripe.APIError)]
-    (created,) = [o for o in outcomes if isinstance(o, stripe.PaymentIntent)]
+    # Two callers, one key: the second meets the first in flight (held at the provider).
+    with ThreadPoolExecutor(1) as pool:
+        with slow_server.holding():
+            creating = pool.submit(create_at_once, impatient)
+            assert slow_server.wait_held(1), "the first request never reached the provider"
+            in_flight = create_at_once(impatient)
+        created = creating.result()
+    assert isinstance(in_flight, stripe.APIError), in_flight
+    assert isinstance(created, stripe.PaymentIntent), created
     # stripe-python raises a 409 as APIError, whose code only its error object carries.
     assert in_flight.http_status == 409
     assert in_flight.error is not None

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -192,27 +191,27 @@ def test_a_reused_key_is_a_mismatch_in_square_s_words() -> None:
 def test_the_sandbox_answers_a_reused_key_and_one_in_flight_as_square_does(
     make_sandbox: Callable[..., SandboxServer],
 ) -> None:
-    # Every execution takes 0.5 s: two requests started together meet in flight.
-    slow = make_sandbox(dialect="square", processing_seconds=0.5)
-    start = threading.Barrier(2)
+    square = make_sandbox(dialect="square")
 
-    def create(amount: int = 1500, *, together: bool = False) -> httpx.Response:
+    def create(amount: int = 1500) -> httpx.Response:
         body = payment(idempotency_key="k-1", amount_money={"amount": amount, "currency": "USD"})
-        with httpx.Client(base_url=slow.url, headers=AUTH, timeout=5) as http:
-            if together:
-                start.wait()
+        with httpx.Client(base_url=square.url, headers=AUTH, timeout=30) as http:
             return http.post("/v2/payments", json=body)
 
-    with ThreadPoolExecutor(2) as pool:
-        both = list(pool.map(lambda _: create(together=True), range(2)))
+    # The second request comes while the first executes: the provider holds it meanwhile.
+    with ThreadPoolExecutor(1) as pool:
+        with square.holding():
+            first = pool.submit(create)
+            assert square.wait_held(1), "the first request never reached the provider"
+            in_flight = create()
+        done = first.result()
     reused = create(amount=1600)  # the same key, another body
 
-    in_flight, done = sorted(both, key=lambda answer: -answer.status_code)
     assert (in_flight.status_code, done.status_code) == (409, 200)
     assert in_flight.json()["errors"][0]["code"] == "CONFLICT"
     assert reused.status_code == 400
     assert reused.json()["errors"][0]["code"] == "IDEMPOTENCY_KEY_REUSED"
-    assert slow.store.execution_count("k-1") == 1
+    assert square.store.execution_count("k-1") == 1
 
 
 def test_cancel_by_idempotency_key_keeps_the_payment_s_key_in_its_body(

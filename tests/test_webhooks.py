@@ -569,21 +569,44 @@ def test_a_delivery_while_another_worker_runs_the_handler_is_answered_409(
     assert second.receive(body, signed(body), Calls()).outcome is DUPLICATE
 
 
+LONG_HANDLER_LEASE = 2.0
+"""Renewed every 2/3 s: a renewal may come over a second late on a loaded machine and
+still be in time."""
+
+
+def _past_the_first_lease(inbox: WebhookInbox, event_id: str) -> None:
+    """Until the lease the handler's worker first took has ended: only renewals keep it."""
+    record = inbox.event(event_id)
+    assert record is not None
+    assert record.lease_expires_at is not None
+    first_end = record.lease_expires_at
+    while time.time() <= first_end:
+        time.sleep(0.05)
+    renewed = inbox.event(event_id)
+    assert renewed is not None
+    assert renewed.lease_expires_at is not None
+    assert renewed.lease_expires_at > first_end, "the handler's lease was not renewed"
+
+
 def test_a_long_handler_keeps_its_lease_alive(make_inbox: Callable[..., WebhookInbox]) -> None:
     body = event_body("evt_long")
-    entered = threading.Event()
+    entered, leave = threading.Event(), threading.Event()
     calls = Calls()
 
     def long(event: Event) -> None:
         entered.set()
-        time.sleep(1.2)  # four lease lengths
+        assert leave.wait(60)  # until the other worker has been answered
 
-    first, second = make_inbox(lease_seconds=0.3), make_inbox(lease_seconds=0.3)
+    first = make_inbox(lease_seconds=LONG_HANDLER_LEASE)
+    second = make_inbox(lease_seconds=LONG_HANDLER_LEASE)
     with ThreadPoolExecutor(max_workers=1) as pool:
         running = pool.submit(first.receive, body, signed(body), long)
-        assert entered.wait(10)
-        time.sleep(0.8)  # long past the first lease's end: only renewals keep it
-        meanwhile = second.receive(body, signed(body), calls)
+        try:
+            assert entered.wait(10)
+            _past_the_first_lease(first, "evt_long")
+            meanwhile = second.receive(body, signed(body), calls)
+        finally:
+            leave.set()
         assert running.result().outcome is HANDLED
     assert meanwhile.outcome is IN_PROGRESS
     assert calls.events == []
@@ -593,18 +616,23 @@ def test_a_long_async_handler_keeps_its_lease_alive(
     make_inbox: Callable[..., WebhookInbox],
 ) -> None:
     body = event_body("evt_long_async")
-    entered = threading.Event()
+    entered, leave = threading.Event(), threading.Event()
 
     async def long(event: Event) -> None:
         entered.set()
-        await asyncio.sleep(1.2)  # four lease lengths
+        while not leave.is_set():  # until the other worker has been answered
+            await asyncio.sleep(0.01)
 
-    first, second = make_inbox(lease_seconds=0.3), make_inbox(lease_seconds=0.3)
+    first = make_inbox(lease_seconds=LONG_HANDLER_LEASE)
+    second = make_inbox(lease_seconds=LONG_HANDLER_LEASE)
     with ThreadPoolExecutor(max_workers=1) as pool:
         running = pool.submit(asyncio.run, first.areceive(body, signed(body), long))
-        assert entered.wait(10)
-        time.sleep(0.8)
-        meanwhile = second.receive(body, signed(body), Calls())
+        try:
+            assert entered.wait(10)
+            _past_the_first_lease(first, "evt_long_async")
+            meanwhile = second.receive(body, signed(body), Calls())
+        finally:
+            leave.set()
         assert running.result().outcome is HANDLED
     assert meanwhile.outcome is IN_PROGRESS
 

@@ -428,21 +428,24 @@ def test_a_second_sigint_stops_at_once_leaving_the_payment_for_the_next_worker(
     journal_path: Path,
     start_worker: Callable[..., WorkerProcess],
 ) -> None:
-    slow = make_sandbox(processing_seconds=3.0)
+    slow = make_sandbox()
     (key,) = enqueue_pending(make_client(base_url=slow.url), 1)
-    worker = start_worker(slow.url, journal_path, "--interval", "60")
+    # The worker's payment stays at the provider until the worker has stopped.
+    with slow.holding():
+        worker = start_worker(slow.url, journal_path, "--interval", "60")
 
-    def sending() -> bool:
-        with payonce.open_journal(journal_path) as journal:
-            return len(journal.attempts(key)) == 2  # the write-ahead's, then the worker's
+        def sending() -> bool:
+            with payonce.open_journal(journal_path) as journal:
+                return len(journal.attempts(key)) == 2  # the write-ahead's, then the worker's
 
-    _wait_for(sending, "the worker sending the payment")
+        _wait_for(sending, "the worker sending the payment")
+        assert slow.wait_held(1), "the worker's payment never reached the provider"
 
-    worker.process.send_signal(signal.SIGINT)
-    _wait_for(lambda: "SIGINT: draining" in worker.stderr, "the worker draining")
-    worker.process.send_signal(signal.SIGINT)
+        worker.process.send_signal(signal.SIGINT)
+        _wait_for(lambda: "SIGINT: draining" in worker.stderr, "the worker draining")
+        worker.process.send_signal(signal.SIGINT)
 
-    assert worker.ended(timeout=30) == 130, worker.stderr
+        assert worker.ended(timeout=30) == 130, worker.stderr
     assert "SIGINT again: stopping at once" in worker.stderr
     assert _states(journal_path) == {key: payonce.IntentState.PENDING}
     # Once the provider is done with the request the dead worker sent, the next worker

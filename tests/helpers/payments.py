@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import socket
-import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -70,22 +70,22 @@ def make_unknown(
 
 
 @contextmanager
-def paying_in_background(client: payonce.Client, reference: str) -> Iterator[None]:
-    """The payment is on its way from another thread when the block starts (its request
-    is being sent); the thread is joined at the end of the block."""
-    sent = threading.Event()
-    client._http.event_hooks["request"].append(lambda request: sent.set())
-    worker = threading.Thread(
-        target=client.post,
-        args=("/v1/payments",),
-        kwargs={"json": PAYMENT, "reference": reference},
-    )
-    worker.start()
-    try:
-        assert sent.wait(5), "the payment never left"
-        yield
-    finally:
-        worker.join()
+def paying_in_background(
+    client: payonce.Client, reference: str, provider: SandboxServer
+) -> Iterator[Future[httpx.Response]]:
+    """The payment is at ``provider`` for the whole block, sent from another thread: its
+    request has arrived and its key is claimed, and the provider holds it, however long
+    the block takes on a loaded machine (give ``client`` a read timeout that outlasts the
+    block). The provider answers once the block ends; the thread is joined then."""
+    with ThreadPoolExecutor(1) as pool:
+        with provider.holding():
+            paying = pool.submit(client.post, "/v1/payments", json=PAYMENT, reference=reference)
+            if not provider.wait_held(1):
+                if paying.done():
+                    paying.result()  # its error says why it never arrived
+                pytest.fail("the payment never reached the provider")
+            yield paying
+        paying.result()
 
 
 def free_port() -> int:

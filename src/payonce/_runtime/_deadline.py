@@ -8,7 +8,8 @@ the same key (or verified first).
 
 The asynchronous client enforces it with ``asyncio.timeout`` around the whole exchange.
 The synchronous one cannot interrupt a blocking read from its own thread, so it bounds
-every wait by what remains and checks the deadline between chunks of the answer's body;
+every wait by the deadline (a wait that runs out once the deadline has passed is the
+deadline's cut, not the read timeout's) and checks it between chunks of the answer's body;
 a status line and headers trickled byte by byte are bounded only by each read's timeout
 and h11's limit on their size.
 """
@@ -68,6 +69,14 @@ class Deadline:
             given = waits.get(part)
             waits[part] = self.seconds if given is None else min(given, self.seconds)
         request.extensions["timeout"] = waits
+
+    def cut(self, request: httpx.Request, timeout: httpx.ReadTimeout) -> httpx.ReadTimeout:
+        """What a read that timed out is: the deadline's cut when the deadline has passed
+        (``bound_waits`` shortened the wait to it: a provider that answers nothing for the
+        whole deadline, however long the read timeout), else the read timeout itself."""
+        if isinstance(timeout, AttemptDeadlineExceeded) or time.monotonic() < self.ends:
+            return timeout
+        return self.exceeded(request)
 
     def read(self, response: httpx.Response) -> None:
         """Read a streamed answer's body, cut as soon as the deadline has passed."""

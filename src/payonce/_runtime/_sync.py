@@ -388,12 +388,18 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         """One request and its whole answer, within the exchange's total deadline."""
         deadline = Deadline.start(self._attempt_timeout)
         deadline.bound_waits(request)
-        response = (self._http if http is None else http).send(request, stream=True)
         try:
-            deadline.read(response)
-        except BaseException:
-            response.close()
-            raise
+            response = (self._http if http is None else http).send(request, stream=True)
+            try:
+                deadline.read(response)
+            except BaseException:
+                response.close()
+                raise
+        except httpx.ReadTimeout as timeout:
+            cut = deadline.cut(request, timeout)
+            if cut is timeout:
+                raise
+            raise cut from timeout
         return response
 
     def close(self) -> None:

@@ -16,6 +16,7 @@ from payonce.sandbox._control import ControlApi
 from payonce.sandbox._errors import error_handlers, silence_injected_drops
 from payonce.sandbox._faults import FaultInjector
 from payonce.sandbox._guard import KeyGuard
+from payonce.sandbox._hold import Hold
 from payonce.sandbox._middleware import (
     Activity,
     ActivityMiddleware,
@@ -55,7 +56,8 @@ class Sandbox:
         self._owns_store = owns_store
         self._activity = Activity()
         silence_injected_drops()
-        guard = KeyGuard(config, store, self.injector)
+        self.hold = Hold()
+        guard = KeyGuard(config, store, self.injector, self.hold)
         payments = PaymentsApi(config, store, guard, self.webhooks)
         control = ControlApi(store, self.injector, self.webhooks, self.reset)
         self.app = Starlette(

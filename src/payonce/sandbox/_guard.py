@@ -22,6 +22,7 @@ from payonce.sandbox._config import SandboxConfig
 from payonce.sandbox._dialects import key_message, mismatch_status
 from payonce.sandbox._errors import ApiError, DroppedResponse
 from payonce.sandbox._faults import FaultInjector, FaultName, FaultPlan
+from payonce.sandbox._hold import Hold
 from payonce.sandbox._store import (
     Claimed,
     ClaimResult,
@@ -54,6 +55,7 @@ class KeyGuard:
     config: SandboxConfig
     store: SandboxStore
     injector: FaultInjector
+    hold: Hold
 
     async def faults_before(self, forced: FaultName | None) -> FaultPlan:
         """Draw this request's faults and play those that strike before any claim."""
@@ -114,8 +116,10 @@ class KeyGuard:
         return claim
 
     async def execute(self, account: str, key: str, claim: Claimed, record: Callable[[], T]) -> T:
-        """Run ``record`` (the store's all-or-nothing execution) after the configured work."""
+        """Run ``record`` (the store's all-or-nothing execution) after the configured work,
+        and once the hold (``SandboxServer.holding``) is off."""
         try:
+            await self.hold.passed()
             if self.config.processing_seconds > 0:
                 await asyncio.sleep(self.config.processing_seconds)
             return await run_in_threadpool(record)

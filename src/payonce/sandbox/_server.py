@@ -163,6 +163,29 @@ class SandboxServer:
         """
         self._sandbox.reset(timeout)
 
+    @contextmanager
+    def holding(self) -> Iterator[None]:
+        """While the block runs, every request that executes (a payment, a PaymentIntent
+        created or confirmed) waits at the provider, its idempotency key claimed, before it
+        executes; it executes and answers once the block ends. A test so decides when the
+        provider answers (another worker tries the same intent meanwhile, a lease is
+        renewed meanwhile), however loaded the machine, where ``processing_seconds`` only
+        bets on how long that takes. ``wait_held`` tells when a request has arrived."""
+        self._sandbox.hold.hold()
+        try:
+            yield
+        finally:
+            self._sandbox.hold.let_go()
+
+    @property
+    def held(self) -> int:
+        """How many requests are waiting in ``holding`` now."""
+        return self._sandbox.hold.held
+
+    def wait_held(self, count: int = 1, timeout: float = 30.0) -> bool:
+        """Wait until ``count`` requests are waiting in ``holding``; False on timeout."""
+        return self._sandbox.hold.wait_held(count, timeout)
+
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Wait until no request is being handled, slow executions a client gave up on
         included, so that counts read afterwards are final. False on timeout."""
