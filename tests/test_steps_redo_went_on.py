@@ -16,6 +16,7 @@ a SQLite journal file; each run is a new client, as a new process would have.
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 import textwrap
@@ -69,8 +70,10 @@ def journal_of(client: payonce.Client) -> list[payonce.IntentRecord]:
 
 
 def test_the_declined_card_alone_after_another_card_paid_says_step_3_succeeded(
-    make_client: MakeClient, sandbox: SandboxServer
+    make_client: MakeClient, sandbox: SandboxServer, location: str
 ) -> None:
+    """On either journal (a SQLite file, a PostgreSQL database)."""
+    make_client = functools.partial(make_client, journal=location)
     key = declined_then_paid_in_a_later_run(make_client)
     executed = sandbox.store.total_executions()
     client = make_client()
