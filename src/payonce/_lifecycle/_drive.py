@@ -626,7 +626,8 @@ def _replay_step(settings: DriveSettings, draft: IntentDraft, record: IntentReco
     """A settled step's journaled outcome. A step n >= 2 the provider refused is replayed
     with what its block journaled after it: a run went on past the refusal (the customer's
     other card, passing it over), and the refusal alone would read as the intent's outcome
-    while step n+1 may have paid (``payonce._lifecycle._redo.went_on_after``)."""
+    while step n+1 may have paid (``_refusals.went_on_after``; the block raises as it
+    ends unless it goes on to them)."""
     if record.state is not IntentState.FAILED or draft.step < 2:
         return (yield from _replay(settings, record))
     later: list[tuple[int, IntentRecord]] = []

@@ -498,7 +498,7 @@ def refused(record: IntentRecord, response: httpx.Response, verdict: Verdict) ->
 _LATER_STATE = {
     IntentState.SUCCEEDED: "succeeded",
     IntentState.FAILED: "was refused too",
-    IntentState.PENDING: "is pending: it may have executed (its answer never reached a run)",
+    IntentState.PENDING: "is pending: it may have executed (no run has its answer yet)",
     IntentState.UNKNOWN: "is unknown: the provider may have executed it",
     IntentState.ABANDONED: "was abandoned by an operator",
 }
