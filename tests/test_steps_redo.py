@@ -151,6 +151,38 @@ def test_the_first_run_run_again_replays_the_decline_and_the_other_card_exactly(
     assert len(intents_of(server)) == 1
 
 
+def test_the_declined_card_alone_after_another_card_paid_never_ends_on_the_decline(
+    server: SandboxServer, new_run: Run
+) -> None:
+    """A declined, B paid at step 3 in a later run; then the first job is redelivered: A
+    alone. stripe-python raises its CardError for A's replayed decline, and the block
+    turns it into IntentMismatch as it ends: the order was paid at step 3, and a shop that
+    failed it on the decline would let the customer pay again."""
+    # Each run's client is closed at its end, as its process ends: its acknowledgements
+    # are written by then, and the journal compared below holds only what the third did.
+    first, first_sdk = new_run()
+    with pytest.raises(stripe.CardError):
+        checkout(first, first_sdk, CARD_A)
+    first.close()
+    second, second_sdk = new_run()
+    paid, _ = checkout(second, second_sdk, CARD_B)
+    second.close()
+    executed = server.store.executions()
+    client, sdk = new_run()
+    before = client.journal.list_intents()
+
+    with pytest.raises(payonce.IntentMismatch) as went_on:
+        checkout(client, sdk, CARD_A)
+
+    assert isinstance(went_on.value.__cause__, stripe.CardError)  # not caught as a decline
+    assert went_on.value.step == 3
+    assert f"step 3 (key {went_on.value.key}) succeeded" in str(went_on.value)
+    assert server.store.executions() == executed
+    assert client.journal.list_intents() == before
+    (intent,) = intents_of(server)
+    assert (intent["id"], intent["status"]) == (paid.id, "succeeded")
+
+
 def refused_in_a_later_run(server: SandboxServer, new_run: Run, card: str) -> Any:
     """The checkout run again with ``card``: refused as stripe-python's IdempotencyError,
     nothing sent, the journal as it was. The payonce error it carries."""

@@ -156,6 +156,13 @@ class ProviderError(IntentError):
     same intent; an ``AuthenticationError`` is not (nothing was executed).
     """
 
+    later_steps: tuple[tuple[int, str, str], ...]
+    """For a step 2 or later of a block whose refusal is replayed: the steps its block
+    journaled after it, as (position, key, state), when a run went on past the refusal
+    with another request (the customer's other card). Not empty, the refusal is **not**
+    the intent's outcome (a later step may have paid): the block raises
+    ``IntentMismatch`` as it ends unless it goes on to them. Empty otherwise."""
+
     def __init__(
         self,
         message: str,
@@ -166,6 +173,7 @@ class ProviderError(IntentError):
     ) -> None:
         super().__init__(message, key=key, reference=reference)
         self.response = response
+        self.later_steps = ()
 
     @property
     def status_code(self) -> int:

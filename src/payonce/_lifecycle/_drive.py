@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import attrs
 import httpx
 
-from ..errors import IntentError, JournalError, PayonceError
+from ..errors import IntentError, JournalError, PayonceError, ProviderError
 from . import _refusals as refusals
 from ._claims import Claim, ClaimKind
 from ._guards import (
@@ -59,7 +59,7 @@ from ._key_age import (
 )
 from ._provider_clock import ProviderClock, provider_date
 from ._records import AttemptRecord, IntentDraft, IntentRecord, KeyTerms
-from ._redo import may_pass_over, next_position
+from ._redo import is_this_blocks_step, later_positions, may_pass_over, next_position
 from ._states import IntentState, Transition
 from ._verdicts import (
     LOOKUP_FAILURES,
@@ -94,6 +94,7 @@ __all__ = [
     "LookedUp",
     "MarkUnknown",
     "ReadAttempts",
+    "ReadIntent",
     "ReadClock",
     "Release",
     "Replay",
@@ -274,6 +275,14 @@ class ClaimIntent:
 @attrs.frozen
 class ReadAttempts:
     """Journal: the intent's attempts so far. Answers a list of ``AttemptRecord``."""
+
+    key: str
+
+
+@attrs.frozen
+class ReadIntent:
+    """Journal: the intent journaled under ``key``. Answers an ``IntentRecord``, or None
+    when there is none."""
 
     key: str
 
@@ -468,6 +477,7 @@ class Resending:
 Command = (
     ClaimIntent
     | ReadAttempts
+    | ReadIntent
     | StartAttempt
     | EndAttempt
     | Settle
@@ -492,6 +502,7 @@ Command = (
 JOURNAL_COMMANDS = (
     ClaimIntent,
     ReadAttempts,
+    ReadIntent,
     StartAttempt,
     EndAttempt,
     Settle,
@@ -593,7 +604,7 @@ def _call(
                 run.acknowledge_on_success = acknowledge_on_success
                 return (yield from _send(journaled, run))
             case ClaimKind.FINAL:
-                return (yield from _replay(journaled, record))
+                return (yield from _replay_step(journaled, draft, record))
             case ClaimKind.MISMATCH:
                 if not may_pass_over(record, draft, settings.profile):
                     raise refusals.mismatch(
@@ -633,6 +644,28 @@ def _judged(settings: DriveSettings, record: IntentRecord) -> DriveSettings:
     judge an app's ``square_profile(key_lifetime=600)`` by the built-in Square's 24 hours."""
     profile = settings.profile.judged_by(record.key_terms)
     return settings if profile is settings.profile else attrs.evolve(settings, profile=profile)
+
+
+def _replay_step(settings: DriveSettings, draft: IntentDraft, record: IntentRecord) -> Drive:
+    """A settled step's journaled outcome. A step n >= 2 the provider refused is replayed
+    with what its block journaled after it: a run went on past the refusal (the customer's
+    other card, passing it over), and the refusal alone would read as the intent's outcome
+    while step n+1 may have paid (``_refusals.went_on_after``; the block raises as it
+    ends unless it goes on to them)."""
+    if record.state is not IntentState.FAILED or draft.step < 2:
+        return (yield from _replay(settings, record))
+    later: list[tuple[int, IntentRecord]] = []
+    for position in later_positions(draft, max_length=settings.profile.key_max_length):
+        found: IntentRecord | None = yield ReadIntent(position.key)
+        if found is None or not is_this_blocks_step(found, position):
+            break
+        later.append((position.step, found))
+    try:
+        return (yield from _replay(settings, record))
+    except ProviderError as refusal:
+        if later:
+            refusals.went_on_after(refusal, later)
+        raise
 
 
 def _declined_in_body(record: IntentRecord, profile: DriveProfile) -> bool:

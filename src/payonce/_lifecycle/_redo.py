@@ -14,11 +14,18 @@ matches step n (its refusal replayed), B step n+1.
 Nothing else is passed over: a step that succeeded, is pending, unknown or abandoned may
 have executed, so a different request at its position is changed code or a second
 payment, and stays refused. See ``may_pass_over`` for the exact rule.
+
+A run that asks for the refused request again (card A alone: the first job redelivered)
+replays the refusal, yet the intent did not end there: a run went on at step n+1 and may
+have paid. The refusal is replayed with the block's steps journaled after it
+(``later_positions``, ``is_this_blocks_step``), so that it never reads as the intent's
+outcome alone: the block raises ``IntentMismatch`` as it ends, unless it goes on to them.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import attrs
 import httpx
@@ -28,7 +35,7 @@ from ._records import IntentDraft, IntentRecord
 from ._states import IntentState
 from ._verdicts import AnswerRules, Outcome, classify_response
 
-__all__ = ["may_pass_over", "next_position"]
+__all__ = ["is_this_blocks_step", "later_positions", "may_pass_over", "next_position"]
 
 
 def may_pass_over(record: IntentRecord, draft: IntentDraft, rules: AnswerRules) -> bool:
@@ -136,6 +143,21 @@ def _this_blocks_position(record: IntentRecord, draft: IntentDraft) -> bool:
     if record.key != draft.derived_key:
         return False
     return record.reference is None or record.reference == draft.reference
+
+
+def is_this_blocks_step(record: IntentRecord, draft: IntentDraft) -> bool:
+    """Whether ``record`` is the row this block journals at ``draft``'s position (under
+    the key payonce derives there, with that position's reference): not another block's
+    row named alike, nor a step under a key the caller set."""
+    return _this_blocks_position(record, draft)
+
+
+def later_positions(draft: IntentDraft, *, max_length: int) -> Iterator[IntentDraft]:
+    """The positions after ``draft``'s (a step 2 or later), one after another, without
+    end: where a run that went on past ``draft``'s step journaled its next requests."""
+    while True:
+        draft = next_position(draft, max_length=max_length)
+        yield draft
 
 
 def next_position(draft: IntentDraft, *, max_length: int) -> IntentDraft:

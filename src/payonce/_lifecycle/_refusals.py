@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -27,6 +28,7 @@ __all__ = [
     "abandoned",
     "answer_not_kept",
     "authentication",
+    "block_ended_before_later_steps",
     "in_flight",
     "lookup_refused",
     "mismatch",
@@ -36,6 +38,7 @@ __all__ = [
     "refused",
     "unavailable",
     "unknown",
+    "went_on_after",
 ]
 
 E = TypeVar("E", bound=IntentError)
@@ -592,6 +595,75 @@ def refused(record: IntentRecord, response: httpx.Response, verdict: Verdict) ->
     else:
         what += "Use a new reference to try a different request"
     return _about(ProviderError, record, what, response=response)
+
+
+_LATER_STATE = {
+    IntentState.SUCCEEDED: "succeeded",
+    IntentState.FAILED: "was refused too",
+    IntentState.PENDING: "is pending: it may have executed (no run has its answer yet)",
+    IntentState.UNKNOWN: "is unknown: the provider may have executed it",
+    IntentState.ABANDONED: "was abandoned by an operator",
+}
+
+
+def _later_steps_said(later: Sequence[tuple[int, str, str]]) -> str:
+    """'step 3 (key K-step3) succeeded; step 4 …', from (position, key, state)."""
+    return "; ".join(
+        f"step {number} (key {key}) {_LATER_STATE.get(IntentState(state), state)}"
+        for number, key, state in later
+    )
+
+
+_OTHER_REQUEST_ADVICE = "To try a different request (another card)"
+
+
+def went_on_after(refusal: ProviderError, later: Sequence[tuple[int, IntentRecord]]) -> None:
+    """``refusal``, a step's refusal replayed, told of the steps its block journaled after
+    it (``later``: position and record): a run went on past it with another request, so
+    it is no outcome of the intent on its own. Flagged in its words and ``later_steps``."""
+    refusal.later_steps = tuple((number, r.key, r.state.value) for number, r in later)
+    message = str(refusal)
+    head, _, _ = message.partition(_OTHER_REQUEST_ADVICE)
+    refusal.args = (
+        f"{head.rstrip()} But a run went on past this refusal with another request: "
+        f"{_later_steps_said(refusal.later_steps)}. This refusal is not the intent's "
+        "outcome, and the order may be paid: do not act on it alone. Unless this block "
+        "goes on to that request, it raises IntentMismatch as it ends",
+        *refusal.args[1:],
+    )
+
+
+def block_ended_before_later_steps(
+    draft: IntentDraft, position: int, refusal: ProviderError
+) -> IntentMismatch:
+    """The error a block raises as it ends when its last step was a refusal replayed
+    (``refusal``, of the step at ``position``, asked with ``draft``) while a run had gone
+    on past it: it never asked for the steps journaled after it (``later_steps``), whose
+    outcome is the intent's."""
+    later = refusal.later_steps
+    last_number, last_key, _ = later[-1]
+    intent = repr(draft.intent_reference) if draft.intent_reference else draft.intent_key
+    name = draft.intent_reference or draft.intent_key
+    request = f"{draft.method} {urlsplit(draft.url).path}"
+    error = IntentMismatch(
+        f"step {position} of intent {intent} (key {refusal.key}), {request}, was refused "
+        f"by the provider (HTTP {refusal.status_code}) in an earlier run, and a run went on "
+        f"past it with another request: {_later_steps_said(later)}. This run asked for "
+        f"step {position}'s refused request again and the block ended there, so the refusal "
+        "is not the intent's outcome: the order may be paid. Nothing was sent and the "
+        "journal is unchanged. Do not act on the refusal (never pay the order again under "
+        "a new reference): run the block with the request that went on, which gets step "
+        f"{last_number}'s outcome (resent under its key where it may not have executed), "
+        f"or look at the intent with `payonce intents show {name}` and settle it with "
+        f"`payonce reconcile {name}`",
+        key=last_key,
+        reference=draft.intent_reference,
+        stored_fingerprint=f"(step {last_number}: another request)",
+        new_fingerprint=draft.fingerprint,
+    )
+    error.step = last_number
+    error.intent_key = draft.intent_key
+    return error
 
 
 def authentication(

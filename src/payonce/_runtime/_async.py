@@ -138,8 +138,10 @@ class AsyncOperation(OperationBase, Verbs[Awaited]):
         self._enter()
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
-        self._exit(exc_type)
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, *_: object
+    ) -> None:
+        self._exit(exc_type, exc)
 
 
 class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotVerbs[Awaited]):

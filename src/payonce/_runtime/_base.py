@@ -45,9 +45,10 @@ from .._lifecycle import (
     validate_key,
     validate_reference,
 )
+from .._lifecycle import _refusals as refusals
 from .._providers._profile import ProviderProfile, get_profile
 from .._version import __version__
-from ..errors import ConfigurationError, OutcomeUnknown
+from ..errors import ConfigurationError, IntentMismatch, OutcomeUnknown, ProviderError
 from ._core import IntentCore
 from ._deadline import default_attempt_timeout
 from ._events import RetryEvent
@@ -324,6 +325,10 @@ class OperationBase:
         """A one-shot of a request through the transport outside any block under no key of
         its caller's: its key is drawn for this one call, and journaled as such, so that
         no resume or worker resends it (``IntentRecord.key_per_call``)."""
+        self._went_on: tuple[Step, ProviderError] | None = None
+        """The latest step whose refusal was replayed while a run had gone on past it
+        (``ProviderError.later_steps``), and that refusal: the block must go on to those
+        steps, or raise as it ends (``_exit``)."""
 
     @property
     def key(self) -> str | None:
@@ -342,8 +347,18 @@ class OperationBase:
     def steps(self) -> list[tuple[int, str | None, IntentState | None]]:
         """The steps this block made so far: (position, key, state as last seen). A step
         refused because its position holds another request (``IntentMismatch``) shows that
-        position, the key and the state of what the journal holds there."""
-        return [(step.number, step.key, step.state) for step in self._steps.values()]
+        position, the key and the state of what the journal holds there. After a refusal
+        replayed at a position a run went on past, the steps it journaled after it follow,
+        as the journal showed them, until this block asks for them itself."""
+        made = [(step.number, step.key, step.state) for step in self._steps.values()]
+        if self._went_on is None:
+            return made
+        later = [
+            (number, key, IntentState(state))
+            for number, key, state in self._went_on[1].later_steps
+            if number not in self._steps
+        ]
+        return made + later
 
     # -- the block ---------------------------------------------------------------------------
 
@@ -527,6 +542,10 @@ class OperationBase:
                 # Sent to unknown by this very drive, after its record was bound as pending.
                 step.state = IntentState.UNKNOWN
                 raise
+            except ProviderError as refusal:
+                if refusal.later_steps:
+                    self._went_on = (step, refusal)
+                raise
             # Not reached when the step raised: its answer never came back to the caller.
             step.answered = step.state is IntentState.SUCCEEDED
         finally:
@@ -625,7 +644,7 @@ class OperationBase:
             key_supplied=self._key_supplied,
         )
 
-    def _exit(self, exc_type: type[BaseException] | None) -> None:
+    def _exit(self, exc_type: type[BaseException] | None, exc: BaseException | None = None) -> None:
         """Leaving the block: normally, the caller has dealt with the outcome; one that
         crashed or raised finds it in client.unacknowledged() instead of paying again.
 
@@ -638,8 +657,18 @@ class OperationBase:
         touches the disk, so it is safe on an event loop. A block that ends normally with
         no request through its client at all is logged as a WARNING: its payment calls, if
         any, went around payonce (another client, an SDK not wired to it).
+
+        A block whose last step was a refusal replayed while a run had gone on past it (the
+        customer's other card paid at the next step) raises ``IntentMismatch`` instead of
+        ending on the refusal (from it, when it propagates): the order may be paid. Its
+        steps stay unacknowledged.
         """
         self._leave()
+        if exc is None or isinstance(exc, Exception):
+            # Not an interrupt or a cancellation: those go on as they are.
+            ended_short = self._ended_before_later_steps()
+            if ended_short is not None:
+                raise ended_short from exc
         if exc_type is None and not self._steps and not self._reads:
             logger.warning(
                 "the block of %s ended without a single request through %s: nothing in it "
@@ -659,6 +688,20 @@ class OperationBase:
                     step.acknowledged = True
         if exc_type is None:
             crash_point("after_block")
+
+    def _ended_before_later_steps(self) -> IntentMismatch | None:
+        """The error of a block that replayed a refusal a run had gone on past (the
+        customer's other card paid at the next step) and asked for nothing after it: the
+        refusal would read as the intent's outcome while the order may be paid. None when
+        the block went on (the other card's request replayed, or refused where it differs),
+        or replayed no such refusal."""
+        if self._went_on is None:
+            return None
+        step, refusal = self._went_on
+        first_later = refusal.later_steps[0][0]
+        if max(self._steps) >= first_later:
+            return None
+        return refusals.block_ended_before_later_steps(step.draft, step.number, refusal)
 
     def _settled_keys(self) -> list[str]:
         """The keys of this block's settled steps: what ``acknowledge()`` acknowledges."""

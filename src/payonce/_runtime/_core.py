@@ -46,6 +46,7 @@ from .._lifecycle._drive import (
     LookupRetried,
     MarkUnknown,
     ReadAttempts,
+    ReadIntent,
     Reconciled,
     Release,
     Replay,
@@ -409,6 +410,8 @@ class IntentCore:
                 return claim
             case ReadAttempts(key):
                 return (yield Call(lambda: self.journal.attempts(key)))
+            case ReadIntent(key):
+                return (yield Call(lambda: self.journal.get(key)))
             case StartAttempt(run):
                 number = yield from store.start_attempt.plan(
                     run.key,

@@ -88,8 +88,10 @@ class Operation(OperationBase, Verbs[httpx.Response]):
         self._enter()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
-        self._exit(exc_type)
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, *_: object
+    ) -> None:
+        self._exit(exc_type, exc)
 
 
 class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Response]):
