@@ -15,6 +15,7 @@ against the sandbox speaking Stripe's dialect; the operator's commands through t
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,7 @@ RECOVERIES = {
 
 @pytest.mark.parametrize("recovery", sorted(RECOVERIES))
 def test_a_call_outside_any_block_killed_then_paid_by_a_run_again_is_never_paid_again(
-    server: SandboxServer, tmp_path: Path, recovery: str
+    server: SandboxServer, tmp_path: Path, recovery: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     journal = tmp_path / "journal.db"
     order = f"OC-{recovery.split()[-1]}"
@@ -97,12 +98,16 @@ def test_a_call_outside_any_block_killed_then_paid_by_a_run_again_is_never_paid_
     code, [paid] = pay_outside_any_block(server, journal, order)
     assert (code, paid["status"]) == (0, "succeeded")
 
+    caplog.set_level(logging.INFO, logger="payonce")
     recovered = operator(server, journal, *RECOVERIES[recovery])
 
     # Nothing resent the first call: the order is paid once, as stripe-python alone pays it.
     server.wait_idle()
     assert [i["id"] for i in payment_intents_for(server, order)] == [paid["id"]]
     assert recovered.exit_code == 1, recovered.output  # an unknown intent is left to judge
+    if recovery == "payonce worker":
+        # It only marked the intent unknown: the pass says it sent nothing.
+        assert "worker pass: 0 sent, 0 settled, 0 still pending, 1 still unknown" in caplog.text
     first, again = intents(journal)
     assert (first.key, first.state) == (left.key, payonce.IntentState.UNKNOWN)
     assert (again.state, again.key_per_call) == (payonce.IntentState.SUCCEEDED, True)

@@ -195,7 +195,9 @@ class WorkerPassEnded:
     """One pass of ``payonce worker`` over its journal is over: what it did, in numbers."""
 
     sent: int
-    """Pending intents it drove (sent, or found settled by a verifying look-up)."""
+    """Pending intents of which it sent an attempt. One it only marked unknown (its key
+    too old to resend, or drawn for one call) or found settled by a verifying look-up was
+    driven, not sent."""
     settled: int
     """Intents it brought to ``succeeded`` or ``failed`` (sent or reconciled)."""
     unknown: int

@@ -16,7 +16,6 @@ are driven to their end (their leases given back), then ``run`` returns.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import threading
@@ -45,7 +44,7 @@ from .._lifecycle import (
 )
 from .._lifecycle._refusals import unknown_remedy
 from ..errors import ConfigurationError
-from ._batch import Batch, ReconcileBatch, ResumeBatch, ResumeResult, run_batch
+from ._batch import Batch, Claimed, ReconcileBatch, ResumeBatch, ResumeResult, run_batch
 from ._events import IntentEscalated, WorkerPassEnded, about, log_extra
 from ._hooks import Hooks, HookSet
 from ._reconcile import ReconcileResult
@@ -363,15 +362,26 @@ class Worker:
 
     def _send_pending(self, client: Client, counts: _Counts) -> None:
         batch = ResumeBatch(client._core)
+        attempts_before: dict[str, int] = {}
+        """Each claimed intent's attempts when claimed: "sent" counts only those of which
+        an attempt went out (one gone unknown unsent, its key too old or drawn per call, is
+        no send)."""
+
+        def resume(target: Claimed) -> ResumeResult:
+            attempts_before[target.record.key] = target.record.attempt_count
+            return client._resume(batch, target)
 
         def counted(result: ResumeResult) -> None:
+            now = self.journal.get(result.key)
+            before = attempts_before.pop(result.key, None)
+            sent = now is not None and before is not None and now.attempt_count > before
             counts.add(
-                sent=1,
+                sent=int(sent),
                 settled=result.state in _SETTLED,
                 failed=result.state is IntentState.PENDING,
             )
 
-        self._share(batch, functools.partial(client._resume, batch), counted)
+        self._share(batch, resume, counted)
 
     # -- reconciling -------------------------------------------------------------------------
 
