@@ -1174,7 +1174,11 @@ def test_a_first_send_dated_by_a_clock_ahead_cannot_stretch_the_window_once_it_i
     (record,) = ahead.journal.find("order-clock-ahead")
     (attempt,) = ahead.journal.attempts(record.key)
     boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    assert attempt.boot == f"{socket.gethostname()}/{boot_id}"
+    # The machine is its name and its machine id together (a name alone can be shared).
+    machine_id_file = Path("/etc/machine-id")
+    machine_id = machine_id_file.read_text().strip() if machine_id_file.exists() else ""
+    machine = f"{socket.gethostname()}@{machine_id}" if machine_id else ""
+    assert attempt.boot == f"{machine}/{boot_id}"
     assert attempt.boottime is not None
     assert 0 < attempt.boottime <= time.clock_gettime(time.CLOCK_BOOTTIME)
     with raw_transaction(str(journal_path)) as tx:

@@ -444,6 +444,10 @@ def test_the_boot_clock_tells_the_seconds_since_the_first_send_whatever_the_wall
     assert boot_elapsed(sent, BootReading("shop-1", "boot-b", 300.0)) == 300.0
     # Another host's boot says nothing of when this one sent it; nor does no reading.
     assert boot_elapsed(sent, BootReading("shop-2", "boot-c", 900_000.0)) is None
+    # A machine that cannot be told (no machine id: "") is never taken for this one rebooted.
+    unnamed = BootReading("", "boot-a", 5000.0)
+    assert boot_elapsed(unnamed, BootReading("", "boot-b", 900_000.0)) is None
+    assert boot_elapsed(unnamed, BootReading("", "boot-a", 6200.0)) == 1200.0  # one kernel
     assert boot_elapsed(None, BootReading("shop-1", "boot-a", 6200.0)) is None
     assert boot_elapsed(sent, None) is None
     assert boot_elapsed(sent, BootReading("shop-1", "boot-a", 4000.0)) is None  # not one clock

@@ -116,7 +116,7 @@ def boot_elapsed(first_sent: BootReading | None, now: BootReading | None) -> flo
     if first_sent.boot_id == now.boot_id:
         elapsed = now.seconds - first_sent.seconds
         return elapsed if elapsed >= 0 else None
-    if first_sent.host == now.host:
+    if first_sent.host and first_sent.host == now.host:  # "": the machine cannot be told
         return now.seconds
     return None
 

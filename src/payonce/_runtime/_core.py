@@ -92,13 +92,22 @@ class SystemClock:
 
 @functools.cache
 def _this_boot() -> tuple[str, str] | None:
-    """This host's name and the kernel's boot id (Linux); None elsewhere. A process's
-    boot never changes (a fork's is its parent's)."""
+    """This machine and the kernel's boot id (Linux); None elsewhere. A process's boot
+    never changes (a fork's is its parent's). The machine is its host name and its
+    ``/etc/machine-id`` together, never the name alone: two machines named alike (cloned
+    VMs, replicas given one ``hostname:``) would take each other for itself after a reboot.
+    Without a machine id it is "" and no reboot is judged by it (``boot_elapsed``)."""
     with contextlib.suppress(OSError):
         boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         if boot_id:
-            return socket.gethostname(), boot_id
+            return f"{socket.gethostname()}@{_machine_id()}" if _machine_id() else "", boot_id
     return None
+
+
+def _machine_id() -> str:
+    with contextlib.suppress(OSError):
+        return Path("/etc/machine-id").read_text().strip()
+    return ""
 
 
 def boot_reading() -> BootReading | None:
