@@ -115,7 +115,7 @@ def test_a_call_submitted_to_a_thread_pool_inside_a_block_is_warned_of_as_it_is_
     assert "POST http://" in message
     assert "intent 'order-TH1' in thread 'MainThread'" in message
     assert "contextvars.copy_context()" in message
-    assert "pool.submit(ctx.run, fn, ...)" in message
+    assert "pool.submit(contextvars.copy_context().run, fn, ...)" in message
     assert "asyncio.to_thread" in message
     assert "outside_intent='refuse'" in message
 

@@ -206,10 +206,11 @@ def other_threads_advice(blocks: Sequence[tuple[OperationBase, threading.Thread]
         f"a block of this client is open in another thread: {named}. A thread pool's "
         "threads (ThreadPoolExecutor.submit, loop.run_in_executor) do not inherit the "
         "block, so a call meant as its step is a one-shot of its own under a key drawn for "
-        "this call, which a run again after a crash cannot find. Run the call in the "
-        "block's context: `ctx = contextvars.copy_context()` inside the block, then "
-        "`pool.submit(ctx.run, fn, ...)`, or `await asyncio.to_thread(fn, ...)` (it copies "
-        "the context); or give the integration outside_intent='refuse' to make such a call "
+        "this call, which a run again after a crash cannot find. Run the call in a copy "
+        "of the block's context, one copy per call: inside the block, "
+        "`pool.submit(contextvars.copy_context().run, fn, ...)` (a context runs in one "
+        "thread at a time), or `await asyncio.to_thread(fn, ...)` (it copies the context); "
+        "or give the integration outside_intent='refuse' to make such a call "
         "an error"
     )
 
