@@ -10,6 +10,7 @@ never read), or every attempt meets a fault the sandbox was told to play.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import Callable
@@ -116,6 +117,26 @@ def test_a_key_the_request_carries_is_journaled_per_call_and_not_resent_by_resum
 
     assert result.state is payonce.IntentState.UNKNOWN
     assert sandbox.store.executions() == {record.key: 1}  # sent once, by its own call
+
+
+def test_an_async_client_journals_a_key_the_caller_set_per_call_too(
+    make_client: MakeClient, client_options: dict[str, Any], sandbox: SandboxServer
+) -> None:
+    async def pay_outside_any_block() -> httpx.Response:
+        async with (
+            payonce.AsyncClient(**client_options) as client,
+            httpx.AsyncClient(
+                base_url=sandbox.url, transport=client.transport(), headers=AUTHORIZATION
+            ) as http,
+        ):
+            return await http.post(
+                "/v1/payments", json=PAYMENT, headers={"Idempotency-Key": "shop-async-9"}
+            )
+
+    assert asyncio.run(pay_outside_any_block()).status_code == 201
+    (record,) = make_client().journal.list_intents()
+    assert (record.key, record.key_per_call) == ("shop-async-9", True)
+    assert record.state is payonce.IntentState.SUCCEEDED
 
 
 def test_without_a_look_up_it_stays_unknown_until_an_operator_asks_for_the_resend(
