@@ -5,11 +5,13 @@ Code not migrated to blocks yet pays an order with one stripe-python call throug
 for that one call (stripe-python's own is taken out, payonce draws one): that call retries and
 verifies it. Killed before it was sent, the same code run again draws another key and pays.
 A resume or a worker that then resent the first one would pay the order a second time, where
-stripe-python alone pays once: so nothing resends it on its own. A key the caller set is the
-same on a run again, and its intent is resumed as it always was.
+stripe-python alone pays once: so nothing resends it on its own. The same holds for a key the
+caller passed (red-team r17i H3): payonce cannot tell ``f"order-{id}"`` from the
+``str(uuid.uuid4())`` of Square's and Adyen's own examples, so it is never resent on its own
+either; code run again under the same key still finds and continues it.
 
-The real SDK (stripe-python) in a real child process, SIGKILLed at payonce's crash points,
-against the sandbox speaking Stripe's dialect; the operator's commands through the CLI.
+The real SDKs (stripe-python, Square's) in a real child process, SIGKILLed at payonce's crash
+points, against the sandbox speaking their dialect; the operator's commands through the CLI.
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ def server(shared_sandboxes: SharedSandboxes) -> SandboxServer:
     return shared_sandboxes.get("sdk stripe", SandboxConfig.like("stripe"))
 
 
+@pytest.fixture
+def square_server(shared_sandboxes: SharedSandboxes) -> SandboxServer:
+    return shared_sandboxes.get("sdk square", SandboxConfig.like("square"))
+
+
 def pay_outside_any_block(
     server: SandboxServer,
     journal: Path,
@@ -46,12 +53,24 @@ def pay_outside_any_block(
     *,
     key: str | None = None,
     crash_at: str | None = None,
+    sdk: str = "stripe",
 ) -> tuple[int, list[dict[str, str]]]:
     command = [sys.executable, str(WORKER), "--url", server.url, "--journal", str(journal)]
-    command += ["--order", order]
+    command += ["--order", order, "--sdk", sdk]
     if key is not None:
         command += ["--key", key]
     return run_checkout_worker(command, server, crash_at)
+
+
+def killed_before_sending(
+    server: SandboxServer, journal: Path, order: str, **how: Any
+) -> payonce.IntentRecord:
+    """The call outside any block, killed once journaled, before a byte was sent."""
+    code, _ = pay_outside_any_block(server, journal, order, crash_at="after_write_ahead:1", **how)
+    assert code == KILLED
+    (left,) = intents(journal)
+    assert (left.state, left.key_per_call) == (payonce.IntentState.PENDING, True)
+    return left
 
 
 def payment_intents_for(server: SandboxServer, order: str) -> list[dict[str, Any]]:
@@ -63,11 +82,12 @@ def intents(journal: Path) -> list[payonce.IntentRecord]:
         return sorted(opened.list_intents(), key=lambda record: record.created_at)
 
 
-def operator(server: SandboxServer, journal: Path, *command: str) -> Any:
+def operator(server: SandboxServer, journal: Path, *command: str, provider: str = "stripe") -> Any:
     """``payonce COMMAND`` for the shop's account at the sandbox, as an operator runs it."""
     where = ["--base-url", server.url, "--journal", str(journal)]
     if command[0] != "reconcile":
-        where += ["--provider", "stripe", "--account", "acct_shop"]
+        where += ["--provider", provider]
+        where += ["--account", "acct_shop"] if provider == "stripe" else []
     return run_cli([*command, *where], env=ENV, secrets=[DEFAULT_API_KEY])
 
 
@@ -153,25 +173,70 @@ def test_a_call_outside_any_block_that_executed_is_settled_by_its_look_up_not_re
     assert [i["id"] for i in payment_intents_for(server, order)] == [executed["id"]]
 
 
-def test_a_key_the_caller_set_outside_any_block_is_resumed_as_before(
+def test_a_key_the_caller_set_outside_any_block_is_never_resumed_only_resent_by_an_operator(
+    server: SandboxServer, tmp_path: Path
+) -> None:
+    # It was resumed once, as a block's would be. But outside a block payonce cannot tell
+    # this key from a uuid4 drawn per call (Square's and Adyen's examples), and resending
+    # one of those pays twice: so a caller's key is journaled per call too (r17i H3).
+    journal = tmp_path / "journal.db"
+    order = "OC-caller-key"
+    left = killed_before_sending(server, journal, order, key="shop-OC-caller-key")
+    assert left.key == "shop-OC-caller-key"
+
+    resumed = operator(server, journal, "resume")
+
+    assert resumed.exit_code == 1, resumed.output
+    (record,) = intents(journal)
+    assert record.state is payonce.IntentState.UNKNOWN  # left to judge, not resent
+    assert "or one the caller passed" in (record.unknown_reason or "")
+    assert payment_intents_for(server, order) == []
+    # Stripe's search finds no payment under it: the operator has it sent, once.
+    forced = operator(server, journal, "reconcile", record.key, "--resend", "--json")
+    assert forced.exit_code == 0, forced.output
+    (paid,) = payment_intents_for(server, order)
+    # The code run again names the same key: it finds its intent, the answer replayed.
+    code, [again] = pay_outside_any_block(server, journal, order, key="shop-OC-caller-key")
+    assert (code, again["id"]) == (0, paid["id"])
+    assert len(payment_intents_for(server, order)) == 1
+
+
+def test_a_key_the_caller_set_outside_any_block_is_continued_by_its_run_again(
     server: SandboxServer, tmp_path: Path
 ) -> None:
     journal = tmp_path / "journal.db"
-    order = "OC-caller-key"
-    code, _ = pay_outside_any_block(
-        server, journal, order, key="shop-OC-caller-key", crash_at="after_write_ahead:1"
-    )
-    assert code == KILLED
-    (left,) = intents(journal)
-    assert (left.key, left.key_per_call) == ("shop-OC-caller-key", False)
+    order = "OC-caller-key-again"
+    killed_before_sending(server, journal, order, key="shop-OC-again")
 
+    # Run again before anyone resumed it: the same key finds its intent and finishes it.
+    code, [paid] = pay_outside_any_block(server, journal, order, key="shop-OC-again")
+    assert (code, paid["status"]) == (0, "succeeded")
     resumed = operator(server, journal, "resume")
 
     assert resumed.exit_code == 0, resumed.output
     (record,) = intents(journal)
-    assert record.state is payonce.IntentState.SUCCEEDED
-    (paid,) = payment_intents_for(server, order)
-    # The code run again names the same key: the provider's answer, replayed, no payment.
-    code, [again] = pay_outside_any_block(server, journal, order, key="shop-OC-caller-key")
-    assert (code, again["id"]) == (0, paid["id"])
-    assert len(payment_intents_for(server, order)) == 1
+    assert (record.key, record.state) == ("shop-OC-again", payonce.IntentState.SUCCEEDED)
+    assert [i["id"] for i in payment_intents_for(server, order)] == [paid["id"]]
+
+
+def test_square_s_own_example_outside_any_block_killed_run_again_and_resumed_pays_once(
+    square_server: SandboxServer, tmp_path: Path
+) -> None:
+    # Square's example passes idempotency_key=str(uuid.uuid4()): a key of the caller's,
+    # honoured by default, and a new one on every run (red-team r17i H3).
+    journal = tmp_path / "journal.db"
+    order = "OC-square"
+    left = killed_before_sending(square_server, journal, order, sdk="square")
+
+    code, [paid] = pay_outside_any_block(square_server, journal, order, sdk="square")
+    assert (code, paid["status"]) == (0, "COMPLETED")
+    resumed = operator(square_server, journal, "resume", provider="square")
+
+    square_server.wait_idle()
+    paid_for_order = [p for p in square_server.store.payments() if p["reference"] == order]
+    assert [p["id"] for p in paid_for_order] == [paid["id"]]
+    assert resumed.exit_code == 1, resumed.output  # the first is left unknown, to judge
+    first, again = intents(journal)
+    assert (first.key, first.state) == (left.key, payonce.IntentState.UNKNOWN)
+    assert "drawn for that one call" in (first.unknown_reason or "")
+    assert again.state is payonce.IntentState.SUCCEEDED

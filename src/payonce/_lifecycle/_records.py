@@ -82,8 +82,8 @@ class IntentDraft(IntentRequest):
     """For a step 2 or later: the key payonce gives that step (``step_key``), so that a
     refusal tells a key the caller's code set from payonce's own."""
     key_per_call: bool = False
-    """Its key was drawn for this one call (an SDK's per-call key, or payonce's for a
-    request outside any block that carried none): no later run of the code can name it
+    """A request through the transport outside any block: its key may have been drawn for
+    this one call (an SDK's uuid4, or payonce's), which no later run of the code names
     again, so nothing but this call resends it (see ``IntentRecord.key_per_call``)."""
     key_terms: KeyTerms | None = None
     """The client's provider profile's key terms, journaled with the intent."""

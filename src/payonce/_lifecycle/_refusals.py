@@ -226,9 +226,10 @@ def per_call_key(key: str, *, looked_up: str | None = None) -> str:
     found = f"{looked_up}; " if looked_up else ""
     return (
         f"{found}it was sent outside any intent block under a key drawn for that one call "
-        "(the SDK's own, or payonce's for a request that carried none), and the code that "
-        "made it may have run again since under another key and paid, so payonce does not "
-        "resend it. Check at the provider whether it executed (a status look-up finds it "
+        "(the SDK's own, payonce's for a request that carried none, or one the caller "
+        "passed, which payonce cannot tell from a uuid4), and the code that made it may "
+        "have run again since under another key and paid, so payonce does not resend it. "
+        "Check at the provider whether it executed (a status look-up finds it "
         f"where the provider profile can: `payonce reconcile {key}`); if it did, or the "
         f"order was paid under another key, `payonce abandon {key} --reason ...`; only if "
         f"you are sure it was never paid, `payonce reconcile {key} --resend` sends it under "

@@ -284,9 +284,10 @@ RULES: tuple[Rule, ...] = (
         Transition.PER_CALL_KEY,
         (_P,),
         _U,
-        "picked up again by a resume or a worker, and sent outside any block under a key "
-        "drawn for its one call (an SDK's): the code that made it may have run again under "
-        "another key, so it is never resent on payonce's own",
+        "picked up again by a resume or a worker, and sent through the transport outside "
+        "any block, whatever key it carried (it may be drawn for its one call: an SDK's, or "
+        "a caller's `uuid4()`): the code that made it may have run again under another key, "
+        "so it is never resent on payonce's own",
         releases_lease=True,
         unwritten=MAY_HAVE_EXECUTED,
     ),
@@ -347,9 +348,9 @@ RULES: tuple[Rule, ...] = (
         Transition.RECONCILED_PER_CALL_KEY,
         (_U,),
         None,
-        "the profile has no status look-up and the intent was sent outside any block under "
-        "a key drawn per call: never resent on payonce's own, stays unknown for a person to "
-        "check (`payonce reconcile KEY --resend` if sure)",
+        "the profile has no status look-up and the intent was sent through the transport "
+        "outside any block (its key taken as drawn per call): never resent on payonce's own, "
+        "stays unknown for a person to check (`payonce reconcile KEY --resend` if sure)",
         releases_lease=True,
         unwritten=NOTHING_CHANGED,
     ),

@@ -323,9 +323,10 @@ class OperationBase:
         """Reads (GET, HEAD) that went through this client's transport inside the block:
         they make no step, but show that the code above was wired to this client."""
         self._key_per_call = False
-        """A one-shot of a request through the transport outside any block under no key of
-        its caller's: its key is drawn for this one call, and journaled as such, so that
-        no resume or worker resends it (``IntentRecord.key_per_call``)."""
+        """A one-shot of a request through the transport outside any block, whatever key it
+        carried: payonce cannot tell whether code run again would name that key again, so
+        it is journaled as drawn for this one call, and no resume or worker resends it
+        (``IntentRecord.key_per_call``)."""
         self._went_on: tuple[Step, ProviderError] | None = None
         """The latest step whose refusal was replayed while a run had gone on past it
         (``ProviderError.later_steps``), and that refusal: the block must go on to those
@@ -1005,8 +1006,7 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
         self, reference: str | None, key: str | None, *, key_per_call: bool = False
     ) -> OperationT:
         """The block of one one-shot call (``client.post(...)``); ``key_per_call``: a
-        request through the transport outside any block that names no key of its caller's
-        (``OperationBase._key_per_call``)."""
+        request through the transport outside any block (``OperationBase._key_per_call``)."""
         operation = self._operation(self, reference, key, True)
         operation._folds_acknowledgement = True
         operation._key_per_call = key_per_call

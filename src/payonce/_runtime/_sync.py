@@ -165,9 +165,12 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         ``sdk_keys``: ``"honour"`` journals an idempotency key the request already carries
         as its step's key; ``"replace"`` drops it for payonce's own (for SDKs that draw a
         random key per call). ``outside_intent``: a mutating request outside any block is
-        journaled as a one-shot intent (``"journal"``) or refused (``"refuse"``); one under
-        no key of its caller's is journaled as drawn per call, which no resume or worker
-        resends once its call is over. See ``docs/integrations.md``.
+        journaled as a one-shot intent (``"journal"``) or refused (``"refuse"``). Such a
+        one-shot is journaled per call, whatever key it carried (payonce cannot tell a key
+        the code names again from a uuid4 drawn per call): its call retries and verifies it,
+        code run again under the same key continues it, but no resume or worker resends it
+        once its call is over (they look it up where the provider allows; an operator may
+        ``payonce reconcile KEY --resend``). See ``docs/integrations.md``.
         """
         return SyncTransport(
             self, inner, sdk_keys=sdk_keys, outside_intent=outside_intent, verify=self._verify

@@ -133,15 +133,6 @@ class Transported:
     def outside_any_block(self) -> Transported:
         return attrs.evolve(self, caller_key=self.carried_key)
 
-    @property
-    def key_per_call(self) -> bool:
-        """Outside any block, whether the one-shot's key is drawn for this one call: the
-        request carried no key of its caller's (an SDK's own key was taken out by its
-        integration, or it carried none, and payonce draws one), or the transport replaces
-        the keys it carries (``sdk_keys="replace"``: a uuid4 per call). A run again of the
-        code cannot name that key, so only this call resends it."""
-        return self.caller_key is None
-
     auth: dict[str, str] | None
     """The request's own credentials: sent by this process, never journaled."""
 
@@ -307,7 +298,11 @@ class SyncTransport(httpx.BaseTransport):
                 response = cast(SyncSteps, current)._transported(step, self._http)
             else:
                 self._rules.outside(request)
-                one_shot = self._client._one_shot_intent(None, None, key_per_call=step.key_per_call)
+                # Every request outside any block is journaled per call, whatever key it
+                # carried: payonce cannot tell a key that code run again names again from
+                # a uuid4 drawn per call (Square's and Adyen's own examples), so no resume
+                # or worker resends it; code run again under the same key continues it.
+                one_shot = self._client._one_shot_intent(None, None, key_per_call=True)
                 with one_shot as op:
                     response = op._transported(step.outside_any_block(), self._http)
         except ProviderError as refusal:
@@ -360,7 +355,8 @@ class AsyncTransport(httpx.AsyncBaseTransport):
                 response = await cast(AsyncSteps, current)._transported(step, self._http)
             else:
                 self._rules.outside(request)
-                one_shot = self._client._one_shot_intent(None, None, key_per_call=step.key_per_call)
+                # Journaled per call whatever key it carried: see ``SyncTransport``.
+                one_shot = self._client._one_shot_intent(None, None, key_per_call=True)
                 async with one_shot as op:
                     response = await op._transported(step.outside_any_block(), self._http)
         except ProviderError as refusal:

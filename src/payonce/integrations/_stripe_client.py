@@ -48,9 +48,11 @@ class HTTPClient(stripe.HTTPClient):
     (``"refuse"``, nothing sent), as ``client.transport(outside_intent=...)`` says. Either
     way, one made while another payonce client's block is open is refused: open the block
     on the client that carries the call (the ``async_client`` for ``…_async`` methods).
-    A one-shot under stripe-python's own key (taken out: payonce draws one for that call)
-    is journaled as drawn per call: retried and verified by that call, never resent by a
-    resume or a worker, since the code run again pays under another key. One sent from a
+    Every such one-shot is journaled as drawn per call, under stripe-python's own key
+    (taken out: payonce draws one for that call) or the caller's ``idempotency_key`` alike,
+    for payonce cannot tell a key the code names again from a uuid4: retried and verified by
+    that call (code run again under the same key continues it), never resent by a resume or
+    a worker, since the code run again may have paid under another key. One sent from a
     thread pool inside a block (which does not inherit it) is warned of as it is sent.
     """
 
