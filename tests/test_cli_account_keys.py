@@ -7,9 +7,11 @@ one payment of each crashed right after its request left (a child process SIGKIL
 account A's key in ``PAYONCE_API_KEY``. Before the fix, B's payment was resent with A's key,
 and A (which had never seen that key) charged it again: paid on both accounts.
 
-The rule (``payonce.credentials.recovery_api_key``): the variable serves the account named
-with ``--account``, else the journal's only account; every other account takes its key from
-the keyring, and one without is not driven, said with its name and how to give its key.
+The rule (``payonce.credentials.recovery_api_key``): the variable serves only the account
+named with ``--account`` (``PAYONCE_ACCOUNT``), never one guessed, not even a journal's only
+account (red-team r17i H2: a fresh journal holding only B's intent got A's key); every other
+account takes its key from the keyring, and one without is not driven, said with its name
+and how to give its key.
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import keyring.backends.null
 import pytest
 
 import payonce
 from helpers.cli import CliResult, run_cli_process
 from helpers.crash import KILLED, executions_once_arrived, worker_env
+from helpers.keyrings import UseKeyring
 from payonce.sandbox import SandboxConfig, SandboxServer
 
 KEY_A, KEY_B = "sk_test_account_a", "sk_test_account_b"
@@ -110,8 +114,8 @@ def test_resume_never_sends_one_account_s_environment_key_for_another_s_intents(
             result.stderr
         )
         assert f"`payonce keys set {account}`" in result.stderr
-        assert f"--account {account} with its key in PAYONCE_API_KEY" in result.stderr
-    assert "several accounts: acct_a, acct_b, and no account was named" in result.stderr
+        assert f"set PAYONCE_ACCOUNT={account} (or --account {account})" in result.stderr
+    assert "no account was named (PAYONCE_ACCOUNT or --account)" in result.stderr
     assert "nothing resumed of account 'acct_a'" in result.stderr  # not "nothing to resume"
     # Nothing sent: each account paid once, and the journal holds what it held.
     assert _payments_by_account(two_accounts) == {ACCOUNT_A: 1, ACCOUNT_B: 1}
@@ -195,9 +199,49 @@ def test_the_worker_does_not_pin_the_environment_key_to_the_one_account_with_wor
     assert _states(crashed_on_both) == {ACCOUNT_A: "succeeded", ACCOUNT_B: "pending"}
 
 
-def test_the_environment_key_serves_the_named_account_else_the_journal_s_only_one() -> None:
-    serves = payonce.credentials.environment_key_serves
-    assert serves([ACCOUNT_A, ACCOUNT_A], None) == ACCOUNT_A
-    assert serves([ACCOUNT_A, ACCOUNT_B], None) is None
-    assert serves([ACCOUNT_A, ACCOUNT_B], ACCOUNT_B) == ACCOUNT_B
-    assert serves([], None) is None
+@pytest.mark.parametrize("command", ["resume", "worker"])
+def test_a_journal_s_only_account_never_gets_the_environment_key_of_an_account_not_named(
+    two_accounts: SandboxServer, journal_path: Path, command: str
+) -> None:
+    # The red-team's path (r17i H2): a fresh journal holding only B's payment, executed on
+    # B, then a recovery run with A's key in the environment and no account named.
+    _crash_after_send(two_accounts, journal_path, ACCOUNT_B, KEY_B)
+    assert _payments_by_account(two_accounts) == {ACCOUNT_B: 1}
+    more = ["--once"] if command == "worker" else []
+
+    result = _recover(command, two_accounts, journal_path, *more, PAYONCE_API_KEY=KEY_A)
+
+    assert result.exit_code == 2, result.output  # the one account could not be driven
+    assert f"account {ACCOUNT_B!r}" in result.stderr
+    assert "no API key" in result.stderr
+    assert f"PAYONCE_ACCOUNT={ACCOUNT_B} (or --account {ACCOUNT_B})" in result.stderr
+    assert f"`payonce keys set {ACCOUNT_B}`" in result.stderr
+    # Nothing sent: B paid once, A never, and the journal holds what it held.
+    assert _payments_by_account(two_accounts) == {ACCOUNT_B: 1}
+    assert _states(journal_path) == {ACCOUNT_B: "pending"}
+
+
+def test_the_account_named_in_payonce_account_takes_the_environment_key(
+    two_accounts: SandboxServer, journal_path: Path
+) -> None:
+    _crash_after_send(two_accounts, journal_path, ACCOUNT_B, KEY_B)
+
+    result = _recover(
+        "resume", two_accounts, journal_path, PAYONCE_API_KEY=KEY_B, PAYONCE_ACCOUNT=ACCOUNT_B
+    )
+
+    assert result.exit_code == 0, result.output
+    assert _payments_by_account(two_accounts) == {ACCOUNT_B: 1}  # a replay
+    assert _states(journal_path) == {ACCOUNT_B: "succeeded"}
+
+
+def test_the_environment_key_serves_the_named_account_only(
+    monkeypatch: pytest.MonkeyPatch, use_keyring: UseKeyring
+) -> None:
+    use_keyring(keyring.backends.null.Keyring())  # no account has a key stored
+    monkeypatch.setenv("PAYONCE_API_KEY", KEY_A)
+    recovery_key = payonce.credentials.recovery_api_key
+    assert recovery_key(ACCOUNT_A, named=ACCOUNT_A) == KEY_A
+    for named in (None, ACCOUNT_B):
+        with pytest.raises(payonce.ConfigurationError, match="never sent for it"):
+            recovery_key(ACCOUNT_A, named=named)

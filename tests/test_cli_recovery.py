@@ -304,7 +304,7 @@ def test_each_provider_is_driven_at_its_own_base_url(
     sandboxed = leave_pending(make_client, "order-a")
     generic = leave_pending(make_client, "order-b", provider="generic")
     pairs = [f"sandbox={sandbox.url}", f"generic={sandbox.url}"]
-    everywhere = _without(env, "PAYONCE_PROVIDER", "PAYONCE_ACCOUNT", "PAYONCE_BASE_URL")
+    everywhere = _without(env, "PAYONCE_PROVIDER", "PAYONCE_BASE_URL")  # the key's account
     if given == "options":
         args = ["--base-url", pairs[0], "--base-url", pairs[1]]
     else:
@@ -364,7 +364,7 @@ def test_a_provider_without_a_base_url_is_named_and_the_others_are_driven(
 ) -> None:
     sandboxed = leave_pending(make_client, "order-a")
     generic = leave_pending(make_client, "order-b", provider="generic")
-    everywhere = _without(env, "PAYONCE_PROVIDER", "PAYONCE_ACCOUNT", "PAYONCE_BASE_URL")
+    everywhere = _without(env, "PAYONCE_PROVIDER", "PAYONCE_BASE_URL")  # the key's account
 
     result = run_cli(
         ["resume", "--base-url", f"sandbox={sandbox.url}"], env=everywhere, secrets=SECRETS
@@ -395,13 +395,20 @@ def test_nothing_for_the_account_named_says_where_the_work_is(
 
 
 def test_reconcile_by_reference_finds_the_intent_s_account_and_provider(
-    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str], journal_path: Path
+    make_client: MakeClient,
+    sandbox: SandboxServer,
+    env: dict[str, str],
+    journal_path: Path,
+    use_keyring: UseKeyring,
 ) -> None:
     record = make_unknown(make_client, sandbox, "order-r", "drop_after")
+    # No account named: its key comes from the keyring, never guessed from the environment.
+    use_keyring(SessionKeyring())
+    payonce.credentials.store_api_key(ACCOUNT, DEFAULT_API_KEY)
 
     result = run_cli(
         ["reconcile", "order-r"],
-        env=_without(env, "PAYONCE_PROVIDER", "PAYONCE_ACCOUNT"),
+        env=_without(env, "PAYONCE_PROVIDER", "PAYONCE_ACCOUNT", "PAYONCE_API_KEY"),
         secrets=SECRETS,
     )
 

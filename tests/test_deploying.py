@@ -28,7 +28,7 @@ from helpers.ci import skip_or_fail
 from helpers.payments import PAYMENT, MakeClient, leave_pending, make_unknown
 from helpers.pending import enqueue_pending
 from helpers.processes import deployed_env
-from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
+from payonce.sandbox import DEFAULT_ACCOUNT, DEFAULT_API_KEY, SandboxServer
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "deploying.md"
 
@@ -228,6 +228,7 @@ def test_the_systemd_unit_verifies_and_its_worker_sends_then_drains_on_stop(
         {
             "PAYONCE_JOURNAL": str(journal_path),
             "PAYONCE_BASE_URL": sandbox.url,
+            "PAYONCE_ACCOUNT": DEFAULT_ACCOUNT,
             "PAYONCE_API_KEY": DEFAULT_API_KEY,
         },
     )
@@ -258,7 +259,7 @@ def test_the_cron_line_runs_as_the_services_user_with_crons_bare_path(
     environment = tmp_path / "payonce.env"
     environment.write_text(
         f"PAYONCE_JOURNAL={journal_path}\nPAYONCE_BASE_URL={sandbox.url}\n"
-        f"PAYONCE_API_KEY={DEFAULT_API_KEY}\n"
+        f"PAYONCE_ACCOUNT={DEFAULT_ACCOUNT}\nPAYONCE_API_KEY={DEFAULT_API_KEY}\n"
     )
     environment.chmod(0o600)
     here = command.replace(sourced.group(1), str(environment)).replace(executable, sys.executable)
@@ -300,6 +301,7 @@ def test_the_kubernetes_sidecar_shares_the_services_journal_and_drains_on_stop(
         {
             "PAYONCE_JOURNAL": postgres_url,  # journal-url: a PostgreSQL journal
             "PAYONCE_BASE_URL": sandbox.url,
+            "PAYONCE_ACCOUNT": DEFAULT_ACCOUNT,
             "PAYONCE_API_KEY": DEFAULT_API_KEY,
         },
     )

@@ -36,7 +36,7 @@ from helpers.journals import raw_transaction
 from helpers.payments import MakeClient
 from payonce._journal._schema import KEY_TERMS_SCHEMA, SCHEMA_VERSION
 from payonce.providers import get_profile, mollie_profile, square_profile
-from payonce.sandbox import DEFAULT_API_KEY, SandboxConfig, SandboxServer
+from payonce.sandbox import DEFAULT_ACCOUNT, DEFAULT_API_KEY, SandboxConfig, SandboxServer
 
 SQUARE_PAYMENT = {"source_id": "cnon:ok", "amount_money": {"amount": 1234, "currency": "USD"}}
 PAYMENT = {"amount": 4200, "currency": "eur"}
@@ -129,7 +129,12 @@ def _state(journal: Path, key: str) -> str:
 def _later(seconds: float, server: SandboxServer, args: list[str]) -> CliResult:
     """``payonce *args`` ``seconds`` from now, by the provider's clock and the command's."""
     server.advance_clock(seconds)
-    env = {"PAYONCE_API_KEY": DEFAULT_API_KEY, **libfaketime_env(f"+{seconds:.0f}s")}
+    # The key is sent only for the account it is named with.
+    env = {
+        "PAYONCE_API_KEY": DEFAULT_API_KEY,
+        "PAYONCE_ACCOUNT": DEFAULT_ACCOUNT,
+        **libfaketime_env(f"+{seconds:.0f}s"),
+    }
     return run_cli_process([*args, "--base-url", server.url], env=env)
 
 

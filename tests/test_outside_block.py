@@ -33,7 +33,7 @@ from payonce.sandbox import DEFAULT_API_KEY, SandboxConfig, SandboxServer
 pytestmark = pytest.mark.slow  # child processes importing stripe-python, and the CLI
 
 WORKER = TESTS / "_outside_block_worker.py"
-ENV = {"PAYONCE_API_KEY": DEFAULT_API_KEY}
+ENV = {"PAYONCE_API_KEY": DEFAULT_API_KEY, "PAYONCE_ACCOUNT": "acct_shop"}  # the key's account
 
 
 @pytest.fixture

@@ -37,7 +37,7 @@ from helpers.payments import PAYMENT, MakeClient, make_unknown
 from helpers.pgproxy import PostgresRelay, relay_to
 from helpers.processes import python_env
 from payonce._journal._postgres import PostgresJournal
-from payonce.sandbox import DEFAULT_API_KEY, Faults, SandboxServer
+from payonce.sandbox import DEFAULT_ACCOUNT, DEFAULT_API_KEY, Faults, SandboxServer
 from pgcluster import Node, ReplicatedPair
 from pgserver import PostgresServer, find_bindir
 
@@ -395,7 +395,7 @@ def test_a_worker_started_while_its_database_restarts_does_its_pass(
     relay.refuse_next(3)
     result = run_cli_process(
         ["worker", "--once", "--base-url", sandbox.url, "--journal", relayed_url],
-        env={"PAYONCE_API_KEY": DEFAULT_API_KEY},
+        env={"PAYONCE_API_KEY": DEFAULT_API_KEY, "PAYONCE_ACCOUNT": DEFAULT_ACCOUNT},
     )
     assert result.exit_code == 0, result.output
     assert relay.refused == 3

@@ -17,7 +17,7 @@ import payonce
 import payonce.worker
 from helpers.sandboxes import SharedSandboxes
 from payonce.providers import get_profile
-from payonce.sandbox import DEFAULT_API_KEY, SandboxConfig, SandboxServer
+from payonce.sandbox import DEFAULT_ACCOUNT, DEFAULT_API_KEY, SandboxConfig, SandboxServer
 
 MakeClient = Callable[..., payonce.Client]
 AUTH = {"Authorization": f"Bearer {DEFAULT_API_KEY}"}
@@ -270,7 +270,9 @@ def test_an_unknown_payment_without_a_look_up_is_escalated_with_advice_that_can_
     monkeypatch.setenv("PAYONCE_API_KEY", DEFAULT_API_KEY)
     with (
         caplog.at_level(logging.ERROR, logger="payonce.worker"),
-        payonce.worker.Worker(journal=journal_path, base_url=server.url) as worker,
+        payonce.worker.Worker(
+            journal=journal_path, base_url=server.url, account=DEFAULT_ACCOUNT
+        ) as worker,
     ):
         worker.run_pass()
 

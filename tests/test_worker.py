@@ -27,12 +27,13 @@ from helpers.pending import enqueue_pending
 from helpers.processes import python_env
 from helpers.proxies import Page, pages_in_front_of
 from payonce.hooks import IntentEscalated, WorkerPassEnded
-from payonce.sandbox import DEFAULT_API_KEY, Faults, SandboxServer
+from payonce.sandbox import DEFAULT_ACCOUNT, DEFAULT_API_KEY, Faults, SandboxServer
 from payonce.worker import Worker
 from test_otel import Telemetry
 from test_otel import telemetry as telemetry_fixture
 
-KEY_ENV = {"PAYONCE_API_KEY": DEFAULT_API_KEY}
+# The environment key is sent only for the account it is named with.
+KEY_ENV = {"PAYONCE_API_KEY": DEFAULT_API_KEY, "PAYONCE_ACCOUNT": DEFAULT_ACCOUNT}
 telemetry = telemetry_fixture  # OpenTelemetry's in-memory exporters, as test_otel has them
 MAINTENANCE = Page(503, "application/json", b'{"error": {"type": "maintenance"}}')
 
@@ -146,7 +147,11 @@ def test_a_postgresql_journal_that_does_not_exist_is_refused_never_created(
 # A second provider's intents sent to the first's URL fail there for good; a second
 # account's sent with the first's key pay on the wrong merchant account.
 SECOND_PROVIDER = ({"provider": "generic"}, "several providers: generic (1), sandbox (1)")
-SECOND_ACCOUNT = ({"account": "acct_other"}, "several accounts: acct_demo, acct_other")
+SECOND_ACCOUNT = (
+    {"account": "acct_other"},
+    "no API key for account 'acct_other': PAYONCE_API_KEY is set, but is never sent for it: "
+    "no account was named",
+)
 
 
 @pytest.mark.parametrize(("second", "said"), [SECOND_PROVIDER, SECOND_ACCOUNT])
@@ -160,7 +165,9 @@ def test_one_plain_url_or_environment_key_for_several_is_refused_and_nothing_is_
     ours = enqueue_pending(make_client(), 1)
     theirs = enqueue_pending(make_client(**second), 1, prefix="order-second")
 
-    result = run_cli_process(_worker_args(sandbox.url, journal_path, "--once"), env=KEY_ENV)
+    # The key given alone, with no account named: whose it is is not known.
+    key_alone = {"PAYONCE_API_KEY": DEFAULT_API_KEY}
+    result = run_cli_process(_worker_args(sandbox.url, journal_path, "--once"), env=key_alone)
 
     assert result.exit_code == 2, result.output
     assert said in result.stderr
@@ -168,30 +175,19 @@ def test_one_plain_url_or_environment_key_for_several_is_refused_and_nothing_is_
     assert sandbox.store.executions() == {}
 
 
-@pytest.mark.parametrize(
-    ("second", "said"),
-    [
-        ({"provider": "generic"}, "no base URL for provider 'generic': give it one (the plain"),
-        (
-            {"account": "acct_other"},
-            "no API key for account 'acct_other': PAYONCE_API_KEY is set, but is never sent",
-        ),
-    ],
-)
-def test_a_running_worker_sends_with_its_plain_url_and_environment_key_only_what_it_first_saw(
+def test_a_running_worker_sends_with_its_plain_url_only_what_it_first_saw(
     make_client: MakeClient,
     sandbox: SandboxServer,
     journal_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
-    second: dict[str, str],
-    said: str,
 ) -> None:
+    said = "no base URL for provider 'generic': give it one (the plain"
     monkeypatch.setenv("PAYONCE_API_KEY", DEFAULT_API_KEY)
     first = enqueue_pending(make_client(), 1)
-    with Worker(journal=journal_path, base_url=sandbox.url) as worker:
-        worker.run_pass()  # the sandbox's URL and key, for account acct_demo
-        theirs = enqueue_pending(make_client(**second), 1, prefix="order-second")
+    with Worker(journal=journal_path, base_url=sandbox.url, account=DEFAULT_ACCOUNT) as worker:
+        worker.run_pass()  # the sandbox's URL and the key, for account acct_demo
+        theirs = enqueue_pending(make_client(provider="generic"), 1, prefix="order-second")
         late = enqueue_pending(make_client(), 1, prefix="order-late")
 
         ended = worker.run_pass()
@@ -201,6 +197,30 @@ def test_a_running_worker_sends_with_its_plain_url_and_environment_key_only_what
     assert sandbox.wait_idle()
     assert sandbox.store.executions() == dict.fromkeys(first + late, 1)
     assert _states(journal_path)[theirs[0]] is payonce.IntentState.PENDING
+
+
+def test_the_environment_key_is_never_sent_for_a_journal_s_only_account_not_named(
+    make_client: MakeClient,
+    sandbox: SandboxServer,
+    journal_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The journal holds intents of acct_demo alone, but the key could be any account's.
+    monkeypatch.setenv("PAYONCE_API_KEY", DEFAULT_API_KEY)
+    keys = enqueue_pending(make_client(), 2)
+    with Worker(journal=journal_path, base_url=sandbox.url) as worker:
+        unnamed = worker.run_pass()
+    assert (unnamed.sent, unnamed.not_driven, unnamed.pending) == (0, 1, 2)
+    assert f"set PAYONCE_ACCOUNT={DEFAULT_ACCOUNT} (or --account" in caplog.text
+    assert _states(journal_path) == dict.fromkeys(keys, payonce.IntentState.PENDING)
+    assert sandbox.store.executions() == {}
+
+    with Worker(journal=journal_path, base_url=sandbox.url, account=DEFAULT_ACCOUNT) as worker:
+        named = worker.run_pass()
+    assert (named.sent, named.not_driven) == (2, 0)
+    assert sandbox.wait_idle()
+    assert sandbox.store.executions() == dict.fromkeys(keys, 1)
 
 
 def test_a_group_that_cannot_be_driven_is_said_once_not_every_pass(
@@ -510,6 +530,7 @@ def test_an_intent_the_provider_cannot_tell_about_is_looked_up_on_schedule_then_
         pages_in_front_of(sandbox.url, [MAINTENANCE] * 100) as down,
         Worker(
             journal=journal_path,
+            account=DEFAULT_ACCOUNT,  # whose key PAYONCE_API_KEY is
             base_url=down.url,
             hooks=[recorded, telemetry.hooks],
             retry=one_try,
@@ -539,7 +560,11 @@ def test_an_intent_the_provider_cannot_tell_about_is_looked_up_on_schedule_then_
         worker.run_pass()  # given up: never asked again, never said again
         assert looked_up() == 3
         with Worker(
-            journal=journal_path, base_url=down.url, hooks=recorded, clock=clock
+            journal=journal_path,
+            account=DEFAULT_ACCOUNT,
+            base_url=down.url,
+            hooks=recorded,
+            clock=clock,
         ) as restarted:
             restarted.run_pass()  # a worker (re)started asks nothing, and says nothing again
         assert looked_up() == 3
@@ -596,6 +621,7 @@ def test_an_intent_dated_by_a_clock_since_set_back_is_looked_up_at_once_then_on_
         pages_in_front_of(sandbox.url, [MAINTENANCE] * 100) as down,
         Worker(
             journal=journal_path,
+            account=DEFAULT_ACCOUNT,  # whose key PAYONCE_API_KEY is
             base_url=down.url,
             hooks=recorded,
             retry=payonce.RetryPolicy(max_attempts=1),
@@ -687,7 +713,12 @@ def test_an_intent_a_failing_provider_keeps_sending_back_is_escalated_after_the_
     one_try = payonce.RetryPolicy(max_attempts=1)
 
     with Worker(
-        journal=journal_path, base_url=failing.url, hooks=recorded, retry=one_try, clock=clock
+        journal=journal_path,
+        account=DEFAULT_ACCOUNT,
+        base_url=failing.url,
+        hooks=recorded,
+        retry=one_try,
+        clock=clock,
     ) as worker:
         worker.run_pass()
         assert _states(journal_path) == {key: payonce.IntentState.UNKNOWN}

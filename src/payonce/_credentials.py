@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from ._lifecycle._identity import header_value_problem
@@ -122,35 +122,26 @@ def _sendable(secret: object, *, account: str, source: str) -> str:
     )
 
 
-def environment_key_serves(journal_accounts: Sequence[str], named: str | None) -> str | None:
-    """The one account ``PAYONCE_API_KEY`` may be sent for when recovering a journal's
-    intents (``payonce resume``, ``reconcile``, ``worker``, ``payonce.Worker``): the account
-    the operator named, else the journal's only account (of every intent it holds, in any
-    state); None when it holds several and none was named. The variable is one account's
-    key: sent for another account's intents, a provider takes it and pays on the wrong one.
-    """
-    if named is not None:
-        return named
-    accounts = set(journal_accounts)
-    return accounts.pop() if len(accounts) == 1 else None
-
-
 def recovery_api_key(
     account: str,
     *,
-    journal_accounts: Sequence[str],
     named: str | None = None,
     allow_plaintext_keyring: bool | None = None,
 ) -> str:
-    """The API key to recover ``account``'s journaled intents with: ``PAYONCE_API_KEY`` only
-    where it surely is that account's (``environment_key_serves``), else the account's entry
-    in the keyring. ``journal_accounts``: every account the journal holds intents of;
-    ``named``: the account the operator named (``--account``), if any.
+    """The API key to recover ``account``'s journaled intents with (``payonce resume``,
+    ``reconcile``, ``worker``, ``payonce.Worker``): ``PAYONCE_API_KEY`` only for the account
+    the operator named (``named``: ``--account``, ``PAYONCE_ACCOUNT``, or ``account=``),
+    else the account's entry in the keyring.
+
+    Whose key the variable holds is never guessed, not even for a journal holding one
+    account's intents: a fresh or pruned journal's only account may be another than the
+    key's, and a provider takes one account's key sent for another's intents and pays on
+    the wrong account.
 
     Raises ConfigurationError, naming the account and how to give it its key, when it has
     none: nothing is sent for it."""
     from_env = os.environ.get(API_KEY_ENV)
-    if not from_env or environment_key_serves(journal_accounts, named) == account:
+    if not from_env or named == account:
         return resolve_api_key(
             None, account=account, allow_plaintext_keyring=allow_plaintext_keyring
         )
@@ -158,19 +149,18 @@ def recovery_api_key(
         return _from_keyring(account, allow_plaintext_keyring)
     except ConfigurationError as exc:
         why_not = str(exc).partition(". To fix:")[0]
-        others = ", ".join(sorted(set(journal_accounts)))
         whose = (
             f"it is the key of account {named!r} (--account)"
             if named is not None
-            else f"the journal holds intents of several accounts: {others}, and no account "
-            "was named (--account), so it is not known to be this one's"
+            else "no account was named (PAYONCE_ACCOUNT or --account), so it is not known "
+            "to be this one's"
         )
         raise ConfigurationError(
             f"no API key for account {account!r}: {API_KEY_ENV} is set, but is never sent "
             f"for it: {whose} (one account's key, sent for another's intents, would pay on "
-            f"the wrong account). The keyring has none either ({why_not}). To fix: store its key "
-            f"with `payonce keys set {account}`, or recover it on its own: --account {account} "
-            f"with its key in {API_KEY_ENV}"
+            f"the wrong account). The keyring has none either ({why_not}). To fix: set "
+            f"PAYONCE_ACCOUNT={account} (or --account {account}) alongside {API_KEY_ENV} "
+            f"holding its key, or store its key with `payonce keys set {account}`"
         ) from None
 
 

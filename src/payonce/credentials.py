@@ -3,7 +3,6 @@ recovers which account's journaled intents."""
 
 from ._credentials import (
     delete_api_key,
-    environment_key_serves,
     recovery_api_key,
     store_api_key,
     stored_accounts,
@@ -11,7 +10,6 @@ from ._credentials import (
 
 __all__ = [
     "delete_api_key",
-    "environment_key_serves",
     "recovery_api_key",
     "store_api_key",
     "stored_accounts",

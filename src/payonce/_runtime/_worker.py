@@ -134,9 +134,9 @@ class Worker:
         base_urls: The API root of each provider, by profile name.
         provider: Only this provider's intents (default: every provider's).
         account: Only this account's intents (default: every account's). With
-            ``PAYONCE_API_KEY`` set, that key serves one account only: ``account``, else the
-            journal's only account (of all its intents, in any state); every other account
-            takes its key from the keyring (``payonce keys set ACCOUNT``), and one without
+            ``PAYONCE_API_KEY`` set, that key serves ``account`` only, and only when it is
+            given (whose key it is is never guessed); every account takes its key from the
+            keyring (``payonce keys set ACCOUNT``), and one without
             is not driven (said): ``payonce.credentials.recovery_api_key``.
         concurrency: How many intents are driven at once.
         hooks: ``payonce.Hooks`` (or a list): the clients' events, plus ``escalated`` and
@@ -328,10 +328,8 @@ class Worker:
             problem += f"--base-url {group.provider}=URL"
         else:
             try:
-                # PAYONCE_API_KEY only where it surely is this account's; else the keyring.
-                api_key = recovery_api_key(
-                    group.account, journal_accounts=self.journal.accounts(), named=self._account
-                )
+                # PAYONCE_API_KEY only for the account named; else the keyring.
+                api_key = recovery_api_key(group.account, named=self._account)
                 client = Client(
                     base_url=base_url,
                     provider=group.provider,  # a name this process does not know: said why

@@ -16,7 +16,8 @@ __all__ = ["keys"]
 _KEYS_NOTE = (
     "note: PAYONCE_API_KEY is set in this environment, and takes precedence over the "
     "keyring for a client's account; `payonce resume`, `reconcile` and `worker` send it "
-    "only for the --account given, or for the journal's only account"
+    "only for the account named with --account (or PAYONCE_ACCOUNT); every other account "
+    "takes its key from the keyring"
 )
 
 

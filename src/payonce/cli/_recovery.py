@@ -137,13 +137,9 @@ class Connection:
     @contextmanager
     def client(self, target: Target, base_url: str) -> Iterator[payonce.Client]:
         journal = existing_journal_target(self.journal)  # never create one to resume from
-        with existing_journal(journal, read_only=True) as existing:
-            accounts = existing.accounts()
-        # PAYONCE_API_KEY only where it surely is this account's (the one named with
-        # --account, or the journal's only one); else the account's key in the keyring.
-        api_key = payonce.credentials.recovery_api_key(
-            target.account, journal_accounts=accounts, named=self.account
-        )
+        # PAYONCE_API_KEY only for the account named with --account (PAYONCE_ACCOUNT); else
+        # the account's key in the keyring: whose key the variable holds is never guessed.
+        api_key = payonce.credentials.recovery_api_key(target.account, named=self.account)
         with payonce.Client(
             base_url=base_url,
             provider=target.provider,
@@ -185,7 +181,7 @@ def connection_options(command: Callable[..., None]) -> Callable[..., None]:
     """What a command that talks to the provider needs, handed over as one ``connection``.
 
     The API key is never an option: it comes from PAYONCE_API_KEY for the account named
-    with --account, or without it for the journal's only account; else from the account's
+    with --account (PAYONCE_ACCOUNT) only; every other account's from its
     entry in the OS keyring (``payonce keys set``): ``payonce.credentials.recovery_api_key``.
     """
 

@@ -120,8 +120,9 @@ def worker(
     Each pass, for every provider and account whose intents the journal holds (or the
     --provider and --account given), each provider at its --base-url PROVIDER=URL (one
     plain URL serves one provider), each account's API key from PAYONCE_API_KEY (only for
-    the --account given, or without it the journal's only account: one account's key is
-    never sent for another's intents) or else the account's entry in the OS keyring:
+    the --account given, or PAYONCE_ACCOUNT: whose key it is is never guessed, one
+    account's key is never sent for another's intents) or else the account's entry in the
+    OS keyring:
 
     \b
     - looks up the unknown intents that are due on the provider profile's schedule
@@ -143,8 +144,8 @@ def worker(
 
     A journal that does not exist is refused, never created; so are an unknown --provider
     and one plain --base-url for work of several providers (exit status 2). Exit 2 as well
-    when the first pass can drive no account at all (no API key: an account of a journal
-    holding several takes PAYONCE_API_KEY only when named with --account). With --once:
+    when the first pass can drive no account at all (no API key: an account takes PAYONCE_API_KEY
+    only when named with --account or PAYONCE_ACCOUNT). With --once:
     one pass, then exit 0 when no intent it drives is left unknown (escalated or not yet
     due) or unsent, 1 otherwise (or when an account could not be driven: no API key, no
     base URL of its own).
