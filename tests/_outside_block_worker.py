@@ -70,7 +70,12 @@ def pay_with_square(url: str, journal: str, order: str) -> None:
     import payonce.integrations.square
 
     payments = payonce.Client(
-        base_url=url, provider="square", journal=journal, retry=FAST_RETRY, transport_only=True
+        base_url=url,
+        provider="square",
+        account="acct_shop",
+        journal=journal,
+        retry=FAST_RETRY,
+        transport_only=True,
     )
     http = payonce.integrations.square.httpx_client(payments)
     square = Square(token=DEFAULT_API_KEY, base_url=url, httpx_client=http)

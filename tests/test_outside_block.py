@@ -86,8 +86,7 @@ def operator(server: SandboxServer, journal: Path, *command: str, provider: str 
     """``payonce COMMAND`` for the shop's account at the sandbox, as an operator runs it."""
     where = ["--base-url", server.url, "--journal", str(journal)]
     if command[0] != "reconcile":
-        where += ["--provider", provider]
-        where += ["--account", "acct_shop"] if provider == "stripe" else []
+        where += ["--provider", provider, "--account", "acct_shop"]
     return run_cli([*command, *where], env=ENV, secrets=[DEFAULT_API_KEY])
 
 
