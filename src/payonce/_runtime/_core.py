@@ -100,7 +100,8 @@ def _this_boot() -> tuple[str, str] | None:
     with contextlib.suppress(OSError):
         boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         if boot_id:
-            return f"{socket.gethostname()}@{_machine_id()}" if _machine_id() else "", boot_id
+            machine_id = _machine_id()
+            return (f"{socket.gethostname()}@{machine_id}" if machine_id else ""), boot_id
     return None
 
 
