@@ -18,11 +18,13 @@ database, the same schema. ``journal_place`` reads where the journal lives throu
 journal's own connection; the first step reads the same facts through the caller's. The
 server is known by its postmaster's start time and port (any role may read them, over TCP
 or a unix socket, and two servers never share both), the database by its name, the schema
-by the object id of its ``intents`` table.
+by the object id of its ``intents`` table. Every statement names the journal's tables with
+their schema (``in_schema``), never through the caller's search path.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Generator
 from typing import Any
 
@@ -43,6 +45,7 @@ __all__ = [
     "Statement",
     "StatementFailed",
     "enqueue_steps",
+    "in_schema",
     "journal_place",
 ]
 
@@ -63,6 +66,22 @@ _JOURNAL_SCHEMA = (
 
 def _quoted(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
+
+
+_JOURNAL_TABLE = re.compile(
+    r"\b(FROM|INTO|JOIN|UPDATE)\s+(" + "|".join(sql.needed_columns()) + r")\b"
+)
+
+
+def in_schema(statement: str, schema: str) -> str:
+    """``statement`` with every journal table it names qualified by ``schema``.
+
+    Run on a caller's connection, an unqualified name would resolve by that session's
+    search path, and PostgreSQL looks in the session's temporary schema first whatever the
+    path says: a temporary ``intents`` table (a pooled connection may keep one) would take
+    the intent, and no worker would ever send it.
+    """
+    return _JOURNAL_TABLE.sub(lambda m: f"{m[1]} {_quoted(schema)}.{m[2]}", statement)
 
 
 @attrs.frozen
@@ -274,21 +293,17 @@ def _enqueue(
             "was written. Pass a connection to that database, or give the client a journal in "
             "your own database (journal='postgresql://…/yourdb?schema=payonce')"
         )
-    # The journal's statements name its tables unqualified: for these few statements the
-    # caller's search path is the journal's schema, then the caller's own again.
-    before = yield _statement("SELECT current_setting('search_path')")
-    yield _statement("SELECT set_config('search_path', ?, true)", (_quoted(place.schema),))
-    record = yield from _select(sql.BY_REFERENCE, (draft.scope, draft.reference))
+    schema = place.schema
+    record = yield from _select(schema, sql.BY_REFERENCE, (draft.scope, draft.reference))
     if record is None:
         values = write_ahead_values(
             draft, now, first_sent_at=None, owner=None, lease_expires_at=None
         )
-        yield _statement(sql.INSERT_INTENT, values)
+        yield _statement(in_schema(sql.INSERT_INTENT, schema), values)
         # Inserted, or another transaction committed the same reference (or the same key)
         # first: either way the row to answer with is there now.
-        record = yield from _select(sql.BY_REFERENCE, (draft.scope, draft.reference))
-        record = record or (yield from _select(sql.BY_KEY, (draft.key,)))
-    yield _statement("SELECT set_config('search_path', ?, true)", (before.rows[0][0],))
+        record = yield from _select(schema, sql.BY_REFERENCE, (draft.scope, draft.reference))
+        record = record or (yield from _select(schema, sql.BY_KEY, (draft.key,)))
     if record is None:
         raise JournalError(
             f"enqueue did not write the intent for reference {draft.reference!r}: it was "
@@ -302,7 +317,7 @@ def _enqueue(
 
 
 def _select(
-    where: str, params: tuple[Any, ...]
+    schema: str, where: str, params: tuple[Any, ...]
 ) -> Generator[Statement, Answer, IntentRecord | None]:
-    found = yield _statement(sql.SELECT_INTENT + where, params)
+    found = yield _statement(in_schema(sql.SELECT_INTENT + where, schema), params)
     return intent_from_row(found.rows[0]) if found.rows else None

@@ -37,7 +37,7 @@ __all__ = ["Outbox"]
 
 _SQLALCHEMY_DRIVERS = ("psycopg", "psycopg_async")
 _UNDO = (f"ROLLBACK TO SAVEPOINT {SAVEPOINT}", f"RELEASE SAVEPOINT {SAVEPOINT}")
-"""Back to how the caller's transaction was before the steps (search path included)."""
+"""Back to how the caller's transaction was before the steps."""
 _NO_TRANSACTION = (
     "enqueue(connection=...) writes the intent inside your open transaction, so that it "
     "commits or rolls back with your own rows, but {why}; nothing was written. Call it "
