@@ -478,6 +478,42 @@ def test_a_second_sigint_stops_at_once_leaving_the_payment_for_the_next_worker(
     assert _states(journal_path) == {key: payonce.IntentState.SUCCEEDED}
 
 
+def _opened_by(process: subprocess.Popen[bytes], path: Path) -> bool:
+    """Whether the process holds ``path`` open: what it does first once it starts working."""
+    try:
+        fds = list(Path(f"/proc/{process.pid}/fd").iterdir())
+    except FileNotFoundError:  # it has exited
+        return True
+    with contextlib.suppress(OSError):
+        return any(fd.readlink() == path for fd in fds)
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads /proc/PID/fd")
+@pytest.mark.slow
+def test_sigterm_as_the_worker_starts_working_drains_it_and_exits_0(
+    make_client: MakeClient,
+    sandbox: SandboxServer,
+    journal_path: Path,
+    start_worker: Callable[..., WorkerProcess],
+) -> None:
+    """systemd or Kubernetes may stop a worker the moment it starts (a rollout undone): the
+    signal drains it from its first instant, never kills it. The moment: when it first
+    opens the journal, the first thing it does once its command runs."""
+    keys = enqueue_pending(make_client(), 3)
+    worker = start_worker(sandbox.url, journal_path.resolve(), "--interval", "60")
+    _wait_for(lambda: _opened_by(worker.process, journal_path.resolve()), "the journal opened")
+
+    worker.process.send_signal(signal.SIGTERM)
+    code = worker.ended(timeout=30)
+
+    assert code == 0, worker.stderr
+    assert "SIGTERM: draining" in worker.stderr
+    assert _held(journal_path) == []
+    assert _states(journal_path) == dict.fromkeys(keys, payonce.IntentState.PENDING)
+    assert sandbox.store.executions() == {}
+
+
 # -- the reconcile schedule, end to end --------------------------------------------------------
 
 

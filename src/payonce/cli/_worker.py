@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from types import FrameType
 
@@ -32,13 +33,22 @@ _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARN
 logger = logging.getLogger("payonce.worker")
 
 
-@contextlib.contextmanager
-def _draining_on_signals(running: Worker) -> Iterator[None]:
-    """SIGTERM (systemd, Kubernetes) and SIGINT (Ctrl-C) drain the worker instead of
-    killing it mid-intent; the handlers in place before come back afterwards."""
+class _Drain:
+    """What SIGTERM and SIGINT ask for, from the worker command's first instant: before the
+    journal is open (or exists), a signal stops the start; once the ``Worker`` runs, it
+    drains it."""
 
-    def drain(signum: int, frame: FrameType | None) -> None:
-        if running.stopping and signum == signal.SIGINT:
+    def __init__(self) -> None:
+        self.requested = threading.Event()
+        self.running: Worker | None = None
+
+    def attach(self, running: Worker) -> None:
+        self.running = running
+        if self.requested.is_set():
+            running.stop()
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested.is_set() and signum == signal.SIGINT:
             # Ctrl-C twice: stop now, as a kill would, which payonce is built to survive.
             # Closing the clients under the threads still sending would be worse: their
             # attempts would end in errors of this process's making. The intents being
@@ -53,11 +63,19 @@ def _draining_on_signals(running: Worker) -> Iterator[None]:
             signal.Signals(signum).name,
             " (Ctrl-C again to stop at once)" if signum == signal.SIGINT else "",
         )
-        running.stop()
+        self.requested.set()
+        if self.running is not None:
+            self.running.stop()
 
+
+@contextlib.contextmanager
+def _draining_on_signals() -> Iterator[_Drain]:
+    """SIGTERM (systemd, Kubernetes) and SIGINT (Ctrl-C) drain the worker instead of
+    killing it mid-intent; the handlers in place before come back afterwards."""
+    drain = _Drain()
     previous = {sig: signal.signal(sig, drain) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        yield
+        yield drain
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -137,8 +155,8 @@ def worker(
     it did (sent, settled, still pending, still unknown, escalated, failed, accounts not
     driven). Each worker process escalates an intent once: N workers, up to N times.
 
-    SIGTERM or SIGINT drains it: no intent is taken after it, the ones being sent are
-    finished and their leases given back, then it exits 0. A second SIGINT (Ctrl-C
+    SIGTERM or SIGINT drains it, from its start on: no intent is taken after it, the ones
+    being sent are finished and their leases given back, then it exits 0. A second SIGINT (Ctrl-C
     twice) stops it at once, exit status 130: what it was sending stays pending, for the
     next worker.
 
@@ -150,6 +168,23 @@ def worker(
     due) or unsent, 1 otherwise (or when an account could not be driven: no API key, no
     base URL of its own).
     """
+    # Before anything else: from here on SIGTERM drains (a worker stopped while it starts
+    # exits 0, having taken nothing), rather than killing the process.
+    with _draining_on_signals() as drain, log_lines(_LEVELS[log_level]):
+        last = _work(drain, connection, once, interval, concurrency, otel)
+    if once and last is not None and _left_over(last):
+        raise click.exceptions.Exit(1)
+
+
+def _work(
+    drain: _Drain,
+    connection: Connection,
+    once: bool,
+    interval: float,
+    concurrency: int,
+    otel: bool,
+) -> WorkerPassEnded | None:
+    """The worker's passes until drained; the last pass's counts (None: none was run)."""
     urls = connection.urls  # a missing or bad --base-url before the journal
     if connection.provider is not None:
         try:
@@ -168,19 +203,19 @@ def worker(
         click.echo(f"warning: no {what} of the --provider/--account given{hint}", err=True)
     journal = existing_journal_target(connection.journal)
     hooks = _otel_hooks() if otel else []
-    with (
-        log_lines(_LEVELS[log_level]),
-        Worker(
-            journal=journal,
-            base_url=urls.plain,
-            base_urls=urls.by_provider,
-            provider=connection.provider,
-            account=connection.account,
-            concurrency=concurrency,
-            hooks=hooks,
-        ) as running,
-        _draining_on_signals(running),
-    ):
+    with Worker(
+        journal=journal,
+        base_url=urls.plain,
+        base_urls=urls.by_provider,
+        provider=connection.provider,
+        account=connection.account,
+        concurrency=concurrency,
+        hooks=hooks,
+    ) as running:
+        drain.attach(running)
+        if running.stopping:
+            logger.info("worker stopped before its first pass: it took nothing")
+            return None
         logger.info(
             "worker started (concurrency %d, %s)",
             concurrency,
@@ -192,10 +227,9 @@ def worker(
         last = running.run(interval=interval, start_after=interval) if not once else first
         if not once:
             logger.info("worker stopped: every intent it held is finished and released")
-    if once and _left_over(last):
-        raise click.exceptions.Exit(1)
+    return last
 
 
-def _left_over(last: WorkerPassEnded | None) -> bool:
+def _left_over(last: WorkerPassEnded) -> bool:
     # Not ``pending``: intents another live worker is sending right now count there.
-    return last is None or bool(last.unknown or last.failed or last.not_driven)
+    return bool(last.unknown or last.failed or last.not_driven)
