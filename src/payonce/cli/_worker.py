@@ -11,7 +11,9 @@ import logging
 import os
 import signal
 import threading
+from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from types import FrameType
 
 import click
@@ -21,9 +23,9 @@ from payonce.hooks import Hooks
 from payonce.providers import get_profile
 from payonce.worker import Worker, WorkerPassEnded
 
-from ._common import CliError, existing_journal, existing_journal_target
+from ._common import CliError, JournalLocation, existing_journal, existing_journal_target
 from ._recovery import Connection, connection_options
-from ._targets import choose, elsewhere, holdings
+from ._targets import Target, choose, elsewhere, holdings
 from ._warnings import log_lines
 
 __all__ = ["worker"]
@@ -160,8 +162,11 @@ def worker(
     twice) stops it at once, exit status 130: what it was sending stays pending, for the
     next worker.
 
-    A journal that does not exist is refused, never created; so are an unknown --provider
-    and one plain --base-url for work of several providers (exit status 2). Exit 2 as well
+    A journal not created yet (a database without payonce's tables, no file yet) is waited
+    for, said once, and looked for again every --interval: the service's first client
+    creates it, or `payonce journal init`. The worker never creates it; with --once it is
+    refused (exit status 2). So are an unknown --provider and one plain --base-url for
+    work of several providers. Exit 2 as well
     when the first pass can drive no account at all (no API key: an account takes PAYONCE_API_KEY
     only when named with --account or PAYONCE_ACCOUNT). With --once:
     one pass, then exit 0 when no intent it drives is left unknown (escalated or not yet
@@ -191,11 +196,10 @@ def _work(
             get_profile(connection.provider)  # a mistyped name recovers nothing: say so now
         except payonce.ConfigurationError as exc:
             raise CliError(f"--provider: {exc}") from None
-    # Read-only first, as `resume` does: a journal that does not exist (a PostgreSQL URL
-    # without its ?schema=, or a mistyped one) is refused, never created.
-    with existing_journal(connection.journal, read_only=True) as existing:
-        waiting = [payonce.IntentState.PENDING, payonce.IntentState.UNKNOWN]
-        held = holdings(existing.list_intents(states=waiting))
+    held = _holdings_once_created(connection.journal, once, interval, drain)
+    if held is None:
+        logger.info("worker stopped while waiting for the journal: it took nothing")
+        return None
     what = "pending or unknown intents"
     targets = choose(held, connection.provider, connection.account, what=what, urls=urls)
     hint = elsewhere(held, targets)
@@ -228,6 +232,62 @@ def _work(
         if not once:
             logger.info("worker stopped: every intent it held is finished and released")
     return last
+
+
+_LEAST_WAIT = 0.5
+"""Seconds between two looks for a journal not created yet, whatever --interval says."""
+
+
+def _holdings_once_created(
+    location: JournalLocation | None, once: bool, interval: float, drain: _Drain
+) -> Counter[Target] | None:
+    """What the journal holds for the worker to drive, read-only, as `resume` reads it: a
+    journal that does not exist is never created here (a PostgreSQL URL without its
+    ?schema=, or a mistyped one). Without --once, one not created yet (no payonce tables
+    in the database, no file yet where its directory is) is waited for, as deployments
+    start the worker beside (or before) the service whose first client creates it; None
+    when a signal stopped the wait."""
+    waited = False
+    while True:
+        if once or not _not_created(location):
+            with existing_journal(location, read_only=True) as existing:
+                if once or existing.schema_version > 0:
+                    waiting = [payonce.IntentState.PENDING, payonce.IntentState.UNKNOWN]
+                    held = holdings(existing.list_intents(states=waiting))
+                    if waited:
+                        logger.warning("worker: the journal %s exists now", existing.location)
+                    return held
+                shown = existing.location
+        else:
+            shown = str(_file(location))
+        if not waited:
+            logger.warning(
+                "worker: %s is not a payonce journal yet (no payonce tables): waiting for "
+                "it, looking again every %g s. The service's first client creates it, or "
+                "`payonce journal init`; if the service's journal is elsewhere (another "
+                "?schema=, another path), stop this worker and give it that one",
+                shown,
+                max(interval, _LEAST_WAIT),
+            )
+            waited = True
+        if drain.requested.wait(max(interval, _LEAST_WAIT)):
+            return None
+
+
+def _file(location: JournalLocation | None) -> Path:
+    if isinstance(location, Path):
+        return location.expanduser()
+    return payonce.journal.default_journal_path()
+
+
+def _not_created(location: JournalLocation | None) -> bool:
+    """A journal file not there yet, where a client may create it: its directory exists
+    (payonce never creates the directory of a path given: a missing one is a typo), or it
+    is the default location, whose directory is created on demand."""
+    if isinstance(location, str):
+        return False  # a URL: the database says whether the journal is there
+    path = _file(location)
+    return not path.exists() and (location is None or path.parent.is_dir())
 
 
 def _left_over(last: WorkerPassEnded) -> bool:
