@@ -53,7 +53,9 @@ def test_every_block_of_the_outbox_page_runs(
             engine.dispose()
 
     with psycopg.connect(postgres_url) as conn:
-        rows = conn.execute("SELECT id, amount, payment_key FROM orders ORDER BY id").fetchall()
+        rows = conn.execute(
+            "SELECT id, amount, payment_key, status FROM orders ORDER BY id"
+        ).fetchall()
         journaled = dict(conn.execute("SELECT reference, state FROM payonce.intents").fetchall())
     assert [row[:2] for row in rows] == [
         ("order-1001", 4200),
@@ -65,5 +67,7 @@ def test_every_block_of_the_outbox_page_runs(
         "order-1002": "pending",
         "order-1003": "pending",
     }
-    # Only the order the page resumed was paid, once, under the key stored with the order.
+    # Only the order the page resumed was paid, once, under the key stored with the order,
+    # and the page's outcome reader recorded it on the order.
     assert sandbox.store.executions() == {rows[0][2]: 1}
+    assert [row[3] for row in rows] == ["paid", None, None]

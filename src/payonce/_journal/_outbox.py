@@ -34,7 +34,8 @@ from .._lifecycle import IntentDraft, IntentRecord, is_mismatch
 from .._lifecycle import _refusals as refusals
 from ..errors import ConfigurationError, JournalError
 from . import _sql as sql
-from ._engine import Engine, Tx
+from ._engine import BEFORE_SEND, Engine, Tx
+from ._intents import select_intent
 from ._rows import intent_from_row, write_ahead_values
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "JournalPlace",
     "Statement",
     "StatementFailed",
+    "enqueue_in_journal",
     "enqueue_steps",
     "in_schema",
     "journal_place",
@@ -204,6 +206,39 @@ def write_failed(
     )
 
 
+def enqueue_in_journal(
+    engine: Engine, draft: IntentDraft, *, now: float, reconcilable: bool
+) -> IntentRecord:
+    """Journal ``draft``'s intent, pending and unsent, in a transaction of the journal's own,
+    committed before this returns (``enqueue`` without ``connection=``, on any journal):
+    the new intent, or the one journaled for the same request already; ``IntentMismatch``
+    for another request under that reference, nothing written."""
+
+    def work(tx: Tx) -> IntentRecord:
+        found = select_intent(tx, sql.BY_REFERENCE, (draft.scope, draft.reference), lock=True)
+        if found is not None:
+            return found
+        values = write_ahead_values(
+            draft, now, first_sent_at=None, owner=None, lease_expires_at=None, enqueued=True
+        )
+        tx.execute(sql.INSERT_INTENT, values)
+        # Inserted, or another process journaled the same reference (or key) first.
+        record = select_intent(tx, sql.BY_REFERENCE, (draft.scope, draft.reference))
+        record = record or select_intent(tx, sql.BY_KEY, (draft.key,))
+        if record is None:
+            raise engine.error(
+                f"enqueue did not write the intent for reference {draft.reference!r}: it was "
+                "neither written nor found; nothing was sent. Enqueue it again"
+            )
+        return record
+
+    # Durable: a worker on another host may send it the moment it commits.
+    record = engine.write(work, durable=True, busy=BEFORE_SEND)
+    if is_mismatch(record, draft):
+        raise refusals.mismatch(draft, record, reconcilable=reconcilable, enqueuing=True)
+    return record
+
+
 def journal_place(engine: Engine) -> JournalPlace:
     """Where the journal ``engine`` writes to lives; ``ConfigurationError`` for a journal
     that is not in PostgreSQL (no one else's transaction can hold its writes)."""
@@ -212,8 +247,8 @@ def journal_place(engine: Engine) -> JournalPlace:
             f"enqueue(connection=...) writes the intent in your own PostgreSQL transaction, "
             f"but this client's journal is not in PostgreSQL ({engine.location}); nothing was "
             "written. Give the client the journal in your service's database "
-            "(journal='postgresql://…/yourdb?schema=payonce'), or call the client directly "
-            "after your transaction commits"
+            "(journal='postgresql://…/yourdb?schema=payonce'), or enqueue it on its own "
+            "(connection=None) after your transaction commits"
         )
 
     def work(tx: Tx) -> JournalPlace:
@@ -297,7 +332,7 @@ def _enqueue(
     record = yield from _select(schema, sql.BY_REFERENCE, (draft.scope, draft.reference))
     if record is None:
         values = write_ahead_values(
-            draft, now, first_sent_at=None, owner=None, lease_expires_at=None
+            draft, now, first_sent_at=None, owner=None, lease_expires_at=None, enqueued=True
         )
         yield _statement(in_schema(sql.INSERT_INTENT, schema), values)
         # Inserted, or another transaction committed the same reference (or the same key)
