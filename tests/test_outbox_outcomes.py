@@ -219,3 +219,23 @@ def test_an_outcome_enqueued_again_after_its_acknowledgement_is_not_listed_again
     assert not client.outcomes()
     assert client.resume() == []
     assert sandbox.store.executions() == {first.key: 1}
+
+
+@pytest.mark.anyio
+async def test_async_client_enqueues_on_its_own_and_reads_the_outcome(
+    make_async_client: Callable[..., payonce.AsyncClient], sandbox: SandboxServer
+) -> None:
+    client = make_async_client()
+    record = await client.enqueue(
+        "POST", "/v1/payments", reference="o-1", json=PAYMENT, connection=None
+    )
+    assert (record.state, record.enqueued) == (payonce.IntentState.PENDING, True)
+    assert not await client.outcomes()
+
+    await client.resume()
+    page = await client.outcomes()
+    assert [(i.key, i.state) for i in page] == [(record.key, payonce.IntentState.SUCCEEDED)]
+    await client.acknowledge(record.key)
+
+    assert not await client.outcomes()
+    assert sandbox.store.executions() == {record.key: 1}

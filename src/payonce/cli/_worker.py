@@ -158,9 +158,9 @@ def worker(
     driven). Each worker process escalates an intent once: N workers, up to N times.
 
     SIGTERM or SIGINT drains it, from its start on: no intent is taken after it, the ones
-    being sent are finished and their leases given back, then it exits 0. A second SIGINT (Ctrl-C
-    twice) stops it at once, exit status 130: what it was sending stays pending, for the
-    next worker.
+    being sent are finished and their leases given back, then it exits 0. A second SIGINT
+    (Ctrl-C twice) stops it at once, exit status 130: what it was sending stays pending,
+    for the next worker.
 
     A journal not created yet (a database without payonce's tables, no file yet) is waited
     for, said once, and looked for again every --interval: the service's first client
