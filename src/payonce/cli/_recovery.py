@@ -65,39 +65,55 @@ class Connection:
     ) -> tuple[list[Target], Counter[Target]]:
         """The groups to drive, and what every group holds of ``records``."""
         if not self.base_url:
-            raise CliError(self._missing_base_url(records))
+            raise CliError(self.missing_base_url(records))
         urls = self.urls  # a bad --base-url before the journal
         with existing_journal(self.journal, read_only=True) as journal:
             held = holdings(records(journal))
         return choose(held, self.provider, self.account, what=what, urls=urls), held
 
-    def _missing_base_url(
+    def missing_base_url(
         self, records: Callable[[payonce.Journal], list[payonce.IntentRecord]]
     ) -> str:
-        """ "--base-url is required", with where the journal says the intents were sent: the
-        journal keeps each request's URL, not the base URL its look-ups start from (Adyen's
-        has a path of its own), so the operator is shown the origin, not guessed for."""
+        """ "--base-url is required", with all the journal tells of what a run needs, so
+        that the next run is the one that works: where each provider's intents were sent
+        (the origin: the journal keeps each request's URL, whose path a resend keeps), and
+        which accounts have no API key here, with how to give each its key."""
         plain = "--base-url is required (or PAYONCE_BASE_URL)"
         try:
             with existing_journal(self.journal, read_only=True) as journal:
-                sent = records(journal)
+                sent = [
+                    record
+                    for record in records(journal)
+                    if self.provider in (None, record.provider)
+                    and self.account in (None, record.account)
+                ]
         except (payonce.PayonceError, CliError, OSError):
             return plain  # the journal's own error comes once a base URL is given
-        origins = sent_origins(
-            record
-            for record in sent
-            if self.provider in (None, record.provider) and self.account in (None, record.account)
-        )
+        origins = sent_origins(sent)
         if not origins:
             return plain
         where = "; ".join(
             f"provider {provider!r} at {', '.join(sorted(urls))}"
             for provider, urls in origins.items()
         )
-        return (
-            f"{plain}. The journal says these intents were sent to {where}: give the API "
-            "root you send them to, e.g. --base-url PROVIDER=https://host[/path] (a "
-            "failover endpoint works too: the journaled path is sent there)"
+        if all(len(urls) == 1 for urls in origins.values()):
+            given = (
+                [next(iter(urls)) for urls in origins.values()]
+                if len(origins) == 1
+                else [f"{provider}={next(iter(urls))}" for provider, urls in origins.items()]
+            )
+            add = " ".join(f"--base-url {url}" for url in given)
+            fix = (
+                f"add {add} (or the API root the provider answers at now, with its path if "
+                "it has one)"
+            )
+        else:
+            fix = (
+                "give the API root you send them to, e.g. --base-url PROVIDER=https://host"
+                "[/path] (a failover endpoint works too: the journaled path is sent there)"
+            )
+        return f"{plain}. The journal says these intents were sent to {where}: {fix}" + (
+            _keyless(sorted({record.account for record in sent}), named=self.account)
         )
 
     def unknown_waiting(self, reported: Iterable[str]) -> int:
@@ -175,6 +191,31 @@ class Connection:
                     raise
                 undriven.append(f"{target.label}: {exc}")
         return rows, undriven
+
+
+def _keyless(accounts: Sequence[str], *, named: str | None) -> str:
+    """The end of the "--base-url is required" line when accounts to drive have no API
+    key here: said now, not one run later."""
+    keyless = []
+    for account in accounts:
+        try:
+            payonce.credentials.recovery_api_key(account, named=named)
+        except payonce.ConfigurationError:
+            keyless.append(account)
+    if not keyless:
+        return ""
+    if len(keyless) == 1:
+        (account,) = keyless
+        return (
+            f"; and account {account!r} has no API key here: set PAYONCE_ACCOUNT={account} "
+            f"alongside PAYONCE_API_KEY holding its key, or run `payonce keys set {account}`"
+        )
+    names = ", ".join(repr(account) for account in keyless)
+    return (
+        f"; and accounts {names} have no API key here: store each one's with `payonce keys "
+        "set ACCOUNT`, or run once per account with PAYONCE_ACCOUNT=ACCOUNT alongside "
+        "PAYONCE_API_KEY holding its key"
+    )
 
 
 def connection_options(command: Callable[..., None]) -> Callable[..., None]:

@@ -150,7 +150,10 @@ def worker(
     due) or unsent, 1 otherwise (or when an account could not be driven: no API key, no
     base URL of its own).
     """
-    urls = connection.urls  # a missing or bad --base-url before the journal
+    waiting = [payonce.IntentState.PENDING, payonce.IntentState.UNKNOWN]
+    if not connection.base_url:
+        raise CliError(connection.missing_base_url(lambda j: j.list_intents(states=waiting)))
+    urls = connection.urls  # a bad --base-url before the journal
     if connection.provider is not None:
         try:
             get_profile(connection.provider)  # a mistyped name recovers nothing: say so now
@@ -159,7 +162,6 @@ def worker(
     # Read-only first, as `resume` does: a journal that does not exist (a PostgreSQL URL
     # without its ?schema=, or a mistyped one) is refused, never created.
     with existing_journal(connection.journal, read_only=True) as existing:
-        waiting = [payonce.IntentState.PENDING, payonce.IntentState.UNKNOWN]
         held = holdings(existing.list_intents(states=waiting))
     what = "pending or unknown intents"
     targets = choose(held, connection.provider, connection.account, what=what, urls=urls)
