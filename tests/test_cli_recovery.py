@@ -30,7 +30,7 @@ from helpers.payments import PAYMENT, MakeClient, leave_pending, make_unknown
 from payonce._journal._schema import SCHEMA_VERSION
 from payonce._owners import new_owner as payonce_owner
 from payonce.providers import get_profile
-from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
+from payonce.sandbox import DEFAULT_API_KEY, SandboxConfig, SandboxServer
 
 ACCOUNT = "acct_demo"  # the sandbox's account for DEFAULT_API_KEY, as in conftest
 DAY = 24 * 3600.0
@@ -1259,3 +1259,66 @@ def test_resume_with_a_refused_api_key_exits_1_and_leaves_the_intents_pending(
     ]
     assert "2 still pending" in result.stderr
     assert all(_state(journal_path, r.key).state is payonce.IntentState.PENDING for r in left)
+
+
+# -- what a look-up that cannot see a request is called (issue 29) ----------------------------
+
+
+@pytest.fixture
+def stripe_sandbox() -> Iterator[SandboxServer]:
+    with SandboxServer(SandboxConfig.like("stripe")) as server:
+        yield server
+
+
+def test_reconcile_of_a_stripe_confirm_its_search_cannot_see_says_cannot_tell(
+    stripe_sandbox: SandboxServer, journal_path: Path
+) -> None:
+    # A confirm carries no metadata tag, so Stripe's search never finds it: its empty answer
+    # says nothing about whether the card was charged, and must not be labelled not_found.
+    client = payonce.Client(
+        base_url=stripe_sandbox.url,
+        provider="stripe",
+        account=ACCOUNT,
+        api_key=DEFAULT_API_KEY,
+        journal=journal_path,
+        retry=payonce.RetryPolicy(max_attempts=1, initial_wait=0),
+    )
+    with client, client.intent("order-confirm"):
+        created = client.post("/v1/payment_intents", data={"amount": 4200, "currency": "eur"})
+        stripe_sandbox.script(["fail_after"])  # the confirm executes, then a 503: unknown
+        with pytest.raises(payonce.OutcomeUnknown) as unknown:
+            client.post(
+                f"/v1/payment_intents/{created.json()['id']}/confirm",
+                data={"payment_method": "pm_card_visa"},
+            )
+    confirm = unknown.value.key
+    executed = stripe_sandbox.store.executions()
+    env = {
+        "PAYONCE_API_KEY": DEFAULT_API_KEY,
+        "PAYONCE_BASE_URL": stripe_sandbox.url,
+        "PAYONCE_ACCOUNT": ACCOUNT,
+        "PAYONCE_JOURNAL": str(journal_path),
+    }
+
+    result = run_cli(["reconcile", "--all"], env=env, secrets=SECRETS)
+
+    assert result.exit_code == 1, result.output  # back to pending: settled once resumed
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith(confirm)]
+    _, _, before, after, outcome, detail = line.split("\t")
+    assert (before, after, outcome) == ("unknown", "pending", "cannot_tell")
+    assert "cannot see a POST /v1/payment_intents/" in detail
+    (looked_up,) = _state_reconciliations(journal_path, confirm)
+    assert looked_up.outcome == "cannot_tell"
+    assert stripe_sandbox.store.executions() == executed, "a look-up executes nothing"
+
+    # Back to pending, it is resent under its key: the provider replays the one confirm.
+    resumed = run_cli(["resume", "--json"], env=env, secrets=SECRETS)
+    assert {item["key"]: item["state"] for item in _json(resumed)} == {confirm: "succeeded"}
+    assert stripe_sandbox.store.executions() == executed
+
+
+def _state_reconciliations(
+    journal_path: Path, key: str
+) -> list[payonce.journal.ReconciliationRecord]:
+    with payonce.open_journal(journal_path, read_only=True) as journal:
+        return list(journal.reconciliations(key))

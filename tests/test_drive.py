@@ -857,7 +857,7 @@ def test_reconcile_of_a_request_the_look_up_cannot_see_never_says_no_record(
     script = Script(attrs.evolve(VERIFYING, lookup=blind), lookups=[ABSENT])
     _unknown(script, hours_ago=hours_ago)
     absent = script.reconcile()
-    assert absent.outcome == "not_found"
+    assert absent.outcome == "cannot_tell"  # the label too: not "not_found"
     assert "the status look-up cannot see a POST /v1/payments" in absent.detail
     assert "proves nothing" in absent.detail
     assert "has no record" not in absent.detail
