@@ -130,6 +130,15 @@ class Connection:
             for record in records
         )
 
+    def unheard(self, rows: Sequence[Row]) -> int:
+        """How many of the intents these rows settled no application has acknowledged: the
+        code that made them died before it heard (and recorded) their outcome."""
+        settled = {row.key for row in rows if row.category == "settled"}
+        if not settled:
+            return 0
+        with existing_journal(self.journal, read_only=True) as journal:
+            return sum(record.key in settled for record in journal.unacknowledged())
+
     def held_by_live_workers(self, reported: Iterable[str]) -> list[payonce.IntentRecord]:
         """The pending intents of the options' provider and account (every one, without
         them) besides the ``reported`` keys that a live worker's lease still holds: resume
@@ -281,9 +290,11 @@ def _finish(
     nothing: str,
     as_json: bool,
     waiting: str = "",
+    unheard: int = 0,
 ) -> None:
     """Print the results, what could not be driven, and the summary line (``waiting`` at its
-    end: what else waits for the operator); exit 1 unless everything targeted is settled and
+    end: what else waits for the operator), then once, last, how many settled intents no
+    application heard of (``unheard``); exit 1 unless everything targeted is settled and
     nothing waits."""
     line = (summary(verb, rows) if rows else nothing) + waiting
     if as_json:
@@ -299,6 +310,8 @@ def _finish(
             click.echo(line, err=True)  # piped, stdout holds the records alone, as with --json
     for reason in undriven:
         click.echo(f"error: not driven: {reason}", err=True)
+    if unheard:
+        click.echo(_unheard(unheard), err=True)
     if undriven or waiting or any(row.needs_attention for row in rows):
         raise click.exceptions.Exit(1)
 
@@ -355,6 +368,18 @@ def resume(connection: Connection, as_json: bool) -> None:
         as_json=as_json,
         waiting=_held_waiting(leased, rows)
         + _unknown_waiting(connection.unknown_waiting(row.key for row in rows), rows),
+        unheard=connection.unheard(rows),
+    )
+
+
+def _unheard(count: int) -> str:
+    """Settled here, but the application that made them never heard how: it has not
+    recorded the outcome (an order still unpaid in its own database)."""
+    intents = "intent is" if count == 1 else "intents are"
+    return (
+        f"note: {count} settled {intents} unacknowledged: the code that made "
+        f"{'it' if count == 1 else 'them'} never heard the outcome. Run it again for the "
+        "same reference (the outcome replays), or record it and `payonce ack KEY` (`ack --list`)"
     )
 
 
@@ -486,4 +511,5 @@ def reconcile(
             + elsewhere(held, targets)
         ),
         as_json=as_json,
+        unheard=connection.unheard(rows),
     )
