@@ -157,7 +157,9 @@ def recovery_api_key(
     )
     if not from_env:
         raise ConfigurationError(
-            f"no API key for account {account!r}: {API_KEY_ENV} is not set and {keyring_has}. {fix}"
+            f"no API key for account {account!r}: {API_KEY_ENV} is not set and {keyring_has}. "
+            f"To fix: set PAYONCE_ACCOUNT={account} alongside {API_KEY_ENV} holding its key, "
+            f"or run `payonce keys set {account}`"
         ) from None
     whose = (
         f"it is the key of account {named!r} (--account)"
