@@ -1225,6 +1225,10 @@ def _deliver(
 
 # -- verify before resend --------------------------------------------------------------------
 
+_JOURNALED = {LookupKind.UNDECIDED: ReconcileOutcome.STILL_UNKNOWN}
+"""A look-up before a resend that settles nothing, as journaled (no record: ``_absent``;
+anything else is an error)."""
+
 
 def _verify(
     settings: DriveSettings, run: Run, verification: Verification
@@ -1262,9 +1266,11 @@ def _verify(
         verdict = classify_lookup(response, lookup, run.record)
         transition = choose(VERIFIED, Moment(lookup=verdict.kind, found=verdict.state))
         if transition is Transition.LOOKED_UP:
-            # No record, or one that cannot be seen, a record not final yet: said so; any
-            # other answer that settles nothing is an error.
-            outcome = verdict.outcome or ReconcileOutcome.ERROR
+            outcome = (
+                _absent(verdict)
+                if verdict.kind is LookupKind.ABSENT
+                else _JOURNALED.get(verdict.kind, ReconcileOutcome.ERROR)
+            )
             yield LookedUp(run, verdict.kind, outcome, verdict.detail, response, verdict.sees)
             verification.answered(verdict.kind, clock.monotonic(), _backoff(settings, verification))
             continue

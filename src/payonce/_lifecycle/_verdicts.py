@@ -407,21 +407,6 @@ class LookupVerdict:
     """False when the look-up cannot see the request at all (``Lookup.finds``): then an
     ``ABSENT`` answer proves nothing, and is reported as ``cannot_tell``."""
 
-    @property
-    def outcome(self) -> ReconcileOutcome | None:
-        """What the answer alone says, as reconciliations name it; None when the answer
-        settles the intent or was refused (the drive names those)."""
-        if self.kind is LookupKind.ABSENT:
-            return ReconcileOutcome.NOT_FOUND if self.sees else ReconcileOutcome.CANNOT_TELL
-        return _OUTCOMES.get(self.kind)
-
-
-_OUTCOMES = {
-    LookupKind.FOUND: ReconcileOutcome.FOUND,
-    LookupKind.UNDECIDED: ReconcileOutcome.STILL_UNKNOWN,
-    LookupKind.UNREADABLE: ReconcileOutcome.ERROR,
-}
-
 
 def classify_lookup(
     response: httpx.Response, lookup: LookupRules, request: LookedUpRequest | None = None
