@@ -394,9 +394,13 @@ class World:
         self.faults = False
         self.story.append("world: faults off; the running processes finish")
         self._drain()
-        for task in ("resume shop", "resume platform", "reconcile shop", "reconcile platform"):
-            self.start(f"{task}", None, None)
-            self._drain()
+        # A reconciliation that finds no record puts an intent back to pending: a resume
+        # after it sends that one (as the worker's next pass would).
+        for verb in ("resume", "reconcile", "resume"):
+            for account in ("shop", "platform"):
+                task = f"{verb} {account}"
+                self.start(task, None, None)
+                self._drain()
 
     def _drain(self) -> None:
         for _ in range(DRAIN_LIMIT):
