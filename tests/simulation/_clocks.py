@@ -37,5 +37,10 @@ class Clocks:
     def boot(self) -> BootReading:
         return BootReading("simhost@machine-1", self.boot_id, self.true - self.boot_started)
 
+    def reboot(self) -> None:
+        """A new boot: its boot clock starts again from 0 under a new boot id."""
+        self.boot_id = f"boot-{int(self.boot_id.split('-')[1]) + 1}"
+        self.boot_started = self.true
+
     def advance(self, seconds: float) -> None:
         self.true += max(0.0, seconds)

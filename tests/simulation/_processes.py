@@ -38,6 +38,9 @@ class Process:
     glet: greenlet.greenlet | None = None
     at: str = "starts"
     crashed: bool = False
+    paused: bool = False
+    """Stopped whole (a stop-the-world pause, SIGSTOP): its lease keeper renews nothing."""
+    lease_seconds: float = 0.0
     done: bool = False
     outcome: str = ""
     journal: SQLiteJournal | None = None

@@ -27,15 +27,36 @@ from typing import Any
 import attrs
 import httpx
 
+from payonce.providers import ProviderProfile, get_profile, register_profile
+
 from ._clocks import Clocks
 
-__all__ = ["CREDENTIALS", "DECLINED_AMOUNT", "Execution", "ProviderModel"]
+__all__ = ["CREDENTIALS", "DECLINED_AMOUNT", "Execution", "ProviderModel", "profile_named"]
 
 CREDENTIALS = {"sk_sim_merchant_a": "acct_a", "sk_sim_merchant_b": "acct_b"}
 """The API keys the provider knows, and the account each one belongs to."""
 
 DECLINED_AMOUNT = 40200
 """A payment of this amount is declined (402), as the sandbox's is."""
+
+
+def _sees_creations(method: str, path: str) -> bool:
+    return path in ("/v1/payments", "/v1/customers")
+
+
+def profile_named(name: str) -> ProviderProfile:
+    """The profile the world's provider speaks: ``sandbox``, ``generic``, or
+    ``sandbox-partial``, the sandbox's with a look-up that sees creations only (and says
+    so, as Stripe's profile says its search sees no confirm)."""
+    if name != "sandbox-partial":
+        return get_profile(name)
+    sandbox = get_profile("sandbox")
+    assert sandbox.lookup is not None
+    partial = attrs.evolve(
+        sandbox, name=name, lookup=attrs.evolve(sandbox.lookup, finds=_sees_creations)
+    )
+    register_profile(partial)  # recovery rebuilds a profile by the name it journaled
+    return partial
 
 
 @attrs.define
@@ -52,6 +73,7 @@ class Execution:
 
 @attrs.define
 class _KeyEntry:
+    path: str
     fingerprint: str
     first_seen: float
     busy_until: float
@@ -62,8 +84,10 @@ class _KeyEntry:
 class ProviderModel:
     """The provider's whole state, answering ``handle(request)`` at the provider's clock."""
 
-    def __init__(self, clocks: Clocks, *, key_lifetime: float, quoted_keys: bool) -> None:
+    def __init__(self, clocks: Clocks, profile: ProviderProfile) -> None:
         self.clocks = clocks
+        key_lifetime, quoted_keys = profile.key_lifetime, profile.quote_key
+        self._sees = profile.lookup.finds if profile.lookup is not None else None
         self.key_lifetime = key_lifetime
         self.quoted_keys = quoted_keys
         self.executions: list[Execution] = []
@@ -85,7 +109,7 @@ class ProviderModel:
         account = CREDENTIALS.get(request.headers.get("authorization", "").removeprefix("Bearer "))
         if account is None:
             return self._answer(401, _error("authentication_error", "invalid API key"))
-        if request.method == "GET" and path == "/v1/payments":
+        if request.method == "GET" and path == "/v1/payments" and self._sees is not None:
             return self._look_up(account, request.url.params.get("idempotency_key", ""))
         if request.method != "POST":
             return self._answer(404, _error("invalid_request_error", f"no route {path}"))
@@ -116,7 +140,9 @@ class ProviderModel:
                 return self._answer(entry.status, entry.body, replayed=True)
         status, answer = self._execute(account, key, path, params)
         if key is not None:
-            self._keys[(account, key)] = _KeyEntry(fingerprint, now, now + busy_for, status, answer)
+            self._keys[(account, key)] = _KeyEntry(
+                path, fingerprint, now, now + busy_for, status, answer
+            )
         return self._answer(status, answer)
 
     def _execute(
@@ -173,7 +199,8 @@ class ProviderModel:
         entry = self._keys.get((account, key))
         now = self.clocks.provider()
         found: list[dict[str, Any]] = []
-        if entry is not None and now - entry.first_seen <= self.key_lifetime:
+        seen = entry is not None and self._sees is not None and self._sees("POST", entry.path)
+        if entry is not None and seen and now - entry.first_seen <= self.key_lifetime:
             if 200 <= entry.status < 300:
                 found.append(entry.body)
             elif entry.status == 402:

@@ -8,6 +8,11 @@ Order kinds:
 - ``conditional`` (world feature ``changed_code``): create the customer only if the shop's
   database has none for the order yet, then the payment: a run again after a crash past
   the customer's commit skips that step, so its block's first request differs;
+- ``retried-block``: the ``block`` inside a retry loop around the whole block (up to three
+  runs in one process, on ``OutcomeUnknown``, ``ProviderUnavailable`` or
+  ``IntentInFlight``), as the docs advise for retrying;
+- ``confirm-unless-confirmed`` (``changed_code``): the ``block``, whose confirmation is
+  skipped when the shop's database says the payment was confirmed already;
 - ``sdk``: SDK-shaped code, an ``httpx.Client`` over ``client.transport()`` of one
   transport-only payonce client, drawing a uuid4 ``Idempotency-Key`` per call and carrying
   its merchant's credential on each request (two merchants under world feature
@@ -32,7 +37,18 @@ __all__ = ["BASE_URL", "ORDER_KINDS", "Shop", "Told", "run_order"]
 
 BASE_URL = "https://provider.sim"
 
-ORDER_KINDS = ("oneshot", "block", "sdk", "declined", "conditional")
+ORDER_KINDS = (
+    "oneshot",
+    "block",
+    "retried-block",
+    "sdk",
+    "declined",
+    "conditional",
+    "confirm-unless-confirmed",
+)
+
+RETRIED = (payonce.OutcomeUnknown, payonce.ProviderUnavailable, payonce.IntentInFlight)
+"""What the shop's retry loop around a whole block retries."""
 
 
 class Told(Protocol):
@@ -50,6 +66,7 @@ class Shop:
     """The shop's database: what survives a crash is what was committed."""
 
     customers: dict[str, str] = attrs.Factory(dict)
+    confirmed: set[str] = attrs.Factory(set)
 
 
 def _json(response: httpx.Response) -> dict[str, Any]:
@@ -79,19 +96,17 @@ def run_order(
         )
         told.told(operation, response)
         return f"paid: HTTP {response.status_code}"
-    if kind == "block":
-        with client.intent(order) as op:
-            customer = _step(op.post, told, "/v1/customers", {"operation": f"{order}/customer"})
-            payment = _step(
-                op.post,
-                told,
-                "/v1/payments",
-                {"operation": f"{order}/pay", "amount": amount, "customer": customer},
-            )
-            _step(
-                op.post, told, f"/v1/payments/{payment}/confirm", {"operation": f"{order}/confirm"}
-            )
-        return "customer, payment and confirmation done"
+    if kind in ("block", "confirm-unless-confirmed"):
+        return _block(order, amount, client, shop, told, unless_confirmed=kind != "block")
+    if kind == "retried-block":
+        for run in range(1, 4):
+            try:
+                return _block(order, amount, client, shop, told, unless_confirmed=False)
+            except RETRIED as error:
+                if run == 3:
+                    raise
+                told.boundary(f"retries the whole block after {type(error).__name__}")
+        raise AssertionError("not reached")
     if kind == "conditional":
         with client.intent(order) as op:
             customer = shop.customers.get(order)
@@ -129,6 +144,32 @@ def run_order(
             )
         return "payment done through the SDK"
     raise ValueError(f"no order kind {kind!r}")
+
+
+def _block(
+    order: str,
+    amount: int,
+    client: payonce.Client,
+    shop: Shop,
+    told: Told,
+    *,
+    unless_confirmed: bool,
+) -> str:
+    with client.intent(order) as op:
+        customer = _step(op.post, told, "/v1/customers", {"operation": f"{order}/customer"})
+        payment = _step(
+            op.post,
+            told,
+            "/v1/payments",
+            {"operation": f"{order}/pay", "amount": amount, "customer": customer},
+        )
+        if unless_confirmed and order in shop.confirmed:
+            return "customer and payment done; confirmed already"
+        _step(op.post, told, f"/v1/payments/{payment}/confirm", {"operation": f"{order}/confirm"})
+        if unless_confirmed:
+            told.boundary("commits the confirmation to the shop's database")
+            shop.confirmed.add(order)
+    return "customer, payment and confirmation done"
 
 
 class SdkError(Exception):

@@ -35,7 +35,7 @@ from ._edges import SimKeeper
 from ._invariants import Checker, Violation
 from ._network import Network
 from ._processes import Process, TornDown
-from ._provider import CREDENTIALS, ProviderModel
+from ._provider import CREDENTIALS, ProviderModel, profile_named
 from ._shop import BASE_URL, Shop, run_order
 
 __all__ = ["Features", "RunResult", "TRANSITION_PAIRS", "run_world"]
@@ -44,7 +44,7 @@ MERCHANT_A, MERCHANT_B = list(CREDENTIALS)
 RETRY = payonce.RetryPolicy(max_attempts=3, initial_wait=0.5, max_wait=4.0, jitter=False)
 TIMEOUT = 10.0
 MAX_LIVE = 3
-DRAIN_LIMIT = 3000
+DRAIN_LIMIT = 20_000
 """Boundaries the quiet end of a run may take before the run is judged stuck."""
 
 TRANSITION_PAIRS = frozenset(
@@ -69,15 +69,18 @@ class Features:
     changed_code: bool = False
     per_request_credentials: bool = False
     profile: str = "sandbox"
+    """``sandbox`` (a status look-up that sees every request), ``sandbox-partial`` (one that
+    sees payments and customers created, not confirmations, as Stripe's search sees no
+    confirm; its profile says so) or ``generic`` (no look-up, quoted keys)."""
 
     @classmethod
     def everything(cls) -> Features:
         return cls(changed_code=True, per_request_credentials=True)
 
     def orders(self) -> list[tuple[str, str]]:
-        kinds = ["oneshot", "block", "sdk", "declined"]
+        kinds = ["oneshot", "block", "sdk", "declined", "retried-block"]
         if self.changed_code:
-            kinds.append("conditional")
+            kinds += ["conditional", "confirm-unless-confirmed"]
         if self.per_request_credentials:
             kinds.append("sdk-merchant-b")
         return [(f"order-{n}", kind) for n, kind in enumerate(kinds, start=1)]
@@ -109,11 +112,8 @@ class World:
         self.chooser = Chooser(seed, script)
         self.entropy = random.Random(seed ^ 0x5EED)
         self.clocks = Clocks()
-        profile = payonce.providers.get_profile(features.profile)  # type: ignore[attr-defined]
-        self.profile = profile
-        self.provider = ProviderModel(
-            self.clocks, key_lifetime=profile.key_lifetime, quoted_keys=profile.quote_key
-        )
+        self.profile = profile_named(features.profile)
+        self.provider = ProviderModel(self.clocks, self.profile)
         self.journal_path = directory / "journal.db"
         self.shop = Shop()
         self.story: list[str] = []
@@ -253,7 +253,7 @@ class World:
         current, self.current = self.current, None  # renewals are the keeper's, not a step
         try:
             for process in self.processes:
-                if process.runnable and process.keeper is not None:
+                if process.runnable and not process.paused and process.keeper is not None:
                     process.keeper.renew()
         finally:
             self.current = current
@@ -275,6 +275,7 @@ class World:
         )
         keeper = SimKeeper()
         client._keeper = keeper
+        process.lease_seconds = client._core.lease_seconds
         process.keeper = keeper
         process.closers += [journal.close, client.close]
         return client
@@ -355,6 +356,8 @@ class World:
             actions.append((4.0 if runnable else 10.0, ("start", None)))
         if self.features.crashes:
             actions += [(1.0, ("crash", p)) for p in runnable if p.glet]
+            actions += [(0.3, ("pause", p)) for p in runnable if p.glet and p.lease_seconds]
+            actions.append((0.1, ("reboot", None)))
         if self.features.clock_steps:
             actions += [
                 (0.3, ("wall", -3600.0)),
@@ -376,6 +379,17 @@ class World:
             self.step(self.start(task, order, kind))
         elif what == "crash":
             self.crash(target)
+        elif what == "pause":
+            seconds = target.lease_seconds + 1.0
+            self.story.append(f"{target.name} pauses whole for {seconds:g} s (at: {target.at})")
+            target.paused = True
+            self.waited(seconds)
+            target.paused = False
+        elif what == "reboot":
+            self.story.append("world: the host reboots")
+            for process in runnable:
+                self.crash(process)
+            self.clocks.reboot()
         elif what == "wall":
             self.clocks.wall_offset += target
             self.story.append(f"world: the host's wall clock steps {target:+g} s")
@@ -403,14 +417,18 @@ class World:
                 self._drain()
 
     def _drain(self) -> None:
-        for _ in range(DRAIN_LIMIT):
+        """Step the running processes in turn (fairly: one waiting for another's lease
+        must not starve it) until all have ended."""
+        for turn in range(DRAIN_LIMIT):
             runnable = [p for p in self.processes if p.runnable]
             if not runnable:
                 return
-            self.step(runnable[0])
+            self.step(runnable[turn % len(runnable)])
             self.checker.after_step()
         stuck = ", ".join(f"{p.name} at {p.at}" for p in self.processes if p.runnable)
-        self.checker.violated(2, f"the processes never finish with faults off: {stuck}")
+        self.checker.violated(
+            2, f"the processes never finish with faults off: {stuck}", "never finishes"
+        )
 
     def tear_down(self) -> None:
         self.tearing_down = True
