@@ -26,8 +26,10 @@ FAULTS = (
     "503 after executing",
     "429",
     "executed, a proxy's 2xx HTML page",
+    "401: the credential refused for a moment (a key being rotated)",
+    "a proxy's 403 HTML page, before the provider",
 )
-_READ_FAULTS = frozenset({1, 4, 6, 7})
+_READ_FAULTS = frozenset({1, 4, 6, 7, 8})
 """The faults a look-up (a GET) can meet: it executes nothing."""
 
 
@@ -72,6 +74,14 @@ class Network(httpx.BaseTransport):
         if fault == 1:
             host.tell(f"{named}: {FAULTS[1]}")
             raise httpx.ConnectError("simulated: connection refused", request=request)
+        if fault == 8:
+            host.tell(f"{named}: {FAULTS[8]}")
+            return httpx.Response(401, json={"error": {"type": "authentication_error"}})
+        if fault == 9:
+            host.tell(f"{named}: {FAULTS[9]}")
+            return httpx.Response(
+                403, headers={"content-type": "text/html"}, text="<html>no</html>"
+            )
         if fault in (4, 6):
             host.tell(f"{named}: {FAULTS[fault]}")
             status = 503 if fault == 4 else 429

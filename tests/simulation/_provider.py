@@ -31,7 +31,14 @@ from payonce.providers import ProviderProfile, get_profile, register_profile
 
 from ._clocks import Clocks
 
-__all__ = ["CREDENTIALS", "DECLINED_AMOUNT", "Execution", "ProviderModel", "profile_named"]
+__all__ = [
+    "CREDENTIALS",
+    "DECLINED_AMOUNT",
+    "PROFILES",
+    "Execution",
+    "ProviderModel",
+    "profile_named",
+]
 
 CREDENTIALS = {"sk_sim_merchant_a": "acct_a", "sk_sim_merchant_b": "acct_b"}
 """The API keys the provider knows, and the account each one belongs to."""
@@ -44,19 +51,27 @@ def _sees_creations(method: str, path: str) -> bool:
     return path in ("/v1/payments", "/v1/customers")
 
 
+PROFILES = ("sandbox", "sandbox-verify", "sandbox-partial", "generic")
+
+
 def profile_named(name: str) -> ProviderProfile:
-    """The profile the world's provider speaks: ``sandbox``, ``generic``, or
-    ``sandbox-partial``, the sandbox's with a look-up that sees creations only (and says
-    so, as Stripe's profile says its search sees no confirm)."""
-    if name != "sandbox-partial":
+    """The profile the world's provider speaks: ``sandbox``; ``sandbox-verify``, the
+    sandbox's verifying with its look-up before any resend; ``sandbox-partial``, the
+    sandbox's with a look-up that sees creations only (and says so, as Stripe's profile
+    says its search sees no confirm); ``generic`` (no look-up, quoted keys)."""
+    if name in ("sandbox", "generic"):
         return get_profile(name)
     sandbox = get_profile("sandbox")
     assert sandbox.lookup is not None
-    partial = attrs.evolve(
-        sandbox, name=name, lookup=attrs.evolve(sandbox.lookup, finds=_sees_creations)
-    )
-    register_profile(partial)  # recovery rebuilds a profile by the name it journaled
-    return partial
+    if name == "sandbox-verify":
+        profile = attrs.evolve(sandbox, name=name, resend="verify")
+    elif name == "sandbox-partial":
+        lookup = attrs.evolve(sandbox.lookup, finds=_sees_creations)
+        profile = attrs.evolve(sandbox, name=name, lookup=lookup)
+    else:
+        raise ValueError(f"no profile {name!r} in the world")
+    register_profile(profile)  # recovery rebuilds a profile by the name it journaled
+    return profile
 
 
 @attrs.define
