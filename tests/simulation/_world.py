@@ -424,6 +424,8 @@ class World:
         for verb in ("resume", "reconcile", "resume"):
             for account in ("shop", "platform"):
                 task = f"{verb} {account}"
+                if self.checker.violations:
+                    return
                 self.start(task, None, None)
                 self._drain()
 
@@ -432,7 +434,7 @@ class World:
         must not starve it) until all have ended."""
         for turn in range(DRAIN_LIMIT):
             runnable = [p for p in self.processes if p.runnable]
-            if not runnable:
+            if not runnable or self.checker.violations:
                 return
             self.step(runnable[turn % len(runnable)])
             self.checker.after_step()
@@ -472,6 +474,7 @@ def run_world(
                     world.checker.after_step()
                 if not world.checker.violations:
                     world.quiet_end()
+                if not world.checker.violations:
                     world.checker.at_end()
             finally:
                 world.tear_down()

@@ -48,8 +48,14 @@ def _one(job: tuple[int, Features, int]) -> dict[str, Any]:
     }
 
 
-def _story(result: RunResult) -> str:
-    lines = [line for line in result.story if "HEAD /" not in line]
+def _story(result: RunResult, *, verbose: bool = False) -> str:
+    """The run's story; without ``verbose``, the boundaries a process merely went on from
+    and its clock reads (``HEAD /``) are left out: a crash line says where it stood."""
+    lines = [
+        line
+        for line in result.story
+        if verbose or ("HEAD /" not in line and " goes on (" not in line)
+    ]
     return "\n".join(f"    {line}" for line in lines)
 
 
@@ -66,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, help="replay this one seed")
     parser.add_argument("--story", action="store_true", help="print the (shrunk) story")
     parser.add_argument("--no-shrink", action="store_true")
+    parser.add_argument("--shrink-budget", type=int, default=200, help="replays per shrink")
+    parser.add_argument("--verbose", action="store_true", help="every boundary in stories")
     arguments = parser.parse_args(argv)
     logging.getLogger("payonce").setLevel(logging.CRITICAL)
     features = _features(arguments)
@@ -77,10 +85,10 @@ def main(argv: list[str] | None = None) -> int:
         for violation in result.violations:
             print(f"  {violation}")
         if result.failed and not arguments.no_shrink:
-            result = shrink(result)
+            result = shrink(result, budget=arguments.shrink_budget)
             print(f"shrunk to {len(result.choices)} choices: {result.choices}")
         if arguments.story:
-            print(_story(result))
+            print(_story(result, verbose=arguments.verbose))
         return 1 if result.failed else 0
 
     jobs = [
@@ -130,9 +138,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"- {kind}: {count} of {len(jobs)} runs; first at seed {seed}")
         print(f"  {words}")
         if not arguments.no_shrink:
-            shrunk = shrink(run_world(seed, features, steps=arguments.steps))
+            failed = run_world(seed, features, steps=arguments.steps)
+            shrunk = shrink(failed, budget=arguments.shrink_budget)
             print(f"  shrunk to {len(shrunk.choices)} choices (replay: --seed {seed} --story):")
-            print(_story(shrunk))
+            print(_story(shrunk, verbose=arguments.verbose))
     return 1
 
 
