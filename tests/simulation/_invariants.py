@@ -81,19 +81,15 @@ class Checker:
                 kind = "paid again under another key"
             else:
                 kind = "paid again under the same key (key forgotten)"
-            rerun = self._rerun_sender()
             self.violated(
-                4 if rerun else 1,
+                4 if execution.rerun else 1,
                 f"{execution.operation} executed twice: {first.object_id} at {first.account} "
-                f"under key {first.key}, then {execution.object_id} at {execution.account} "
-                f"under key {execution.key}",
+                f"under key {first.key} (by {first.by}), then {execution.object_id} at "
+                f"{execution.account} under key {execution.key} (by {execution.by}"
+                + (", a run again after a crash)" if execution.rerun else ")"),
                 kind,
             )
         self._seen_executions = len(executions)
-
-    def _rerun_sender(self) -> bool:
-        process = self.world.current
-        return process is not None and process.rerun
 
     def told(self, process: Process, operation: str, response: httpx.Response) -> None:
         """A process was handed ``response`` as the answer to ``operation``."""

@@ -50,8 +50,11 @@ class Host(Protocol):
 class Network(httpx.BaseTransport):
     """One process's transport to the provider."""
 
-    def __init__(self, host: Host, provider: ProviderModel, timeout: float) -> None:
+    def __init__(
+        self, host: Host, provider: ProviderModel, timeout: float, sender: tuple[str, bool]
+    ) -> None:
         self._host = host
+        self._sender = sender
         self._provider = provider
         self._timeout = timeout
 
@@ -71,6 +74,7 @@ class Network(httpx.BaseTransport):
                 weights = [40.0, 1.0] + [0.0] * (len(FAULTS) - 2)
             fault = host.pick(weights)
         provider = self._provider
+        provider.sender = self._sender
         if fault == 1:
             host.tell(f"{named}: {FAULTS[1]}")
             raise httpx.ConnectError("simulated: connection refused", request=request)

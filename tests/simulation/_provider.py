@@ -84,6 +84,10 @@ class Execution:
     object_id: str
     succeeded: bool
     at: float
+    by: str = ""
+    """The simulated process whose request it was."""
+    rerun: bool = False
+    """Whether that process ran an order's code again after a crash."""
 
 
 @attrs.define
@@ -111,6 +115,9 @@ class ProviderModel:
         self._keys: dict[tuple[str, str], _KeyEntry] = {}
         self._objects: dict[str, dict[str, Any]] = {}
         self._next_id = 0
+        self.sender: tuple[str, bool] = ("", False)
+        """Who sends the request being handled (the world's bookkeeping, not the
+        provider's): each execution is tagged with it."""
 
     # -- answering ----------------------------------------------------------------------------
 
@@ -169,7 +176,7 @@ class ProviderModel:
         if path == "/v1/payments":
             if params.get("amount") == DECLINED_AMOUNT:
                 self.executions.append(
-                    Execution(operation, account, key, "", False, self.clocks.true)
+                    Execution(operation, account, key, "", False, self.clocks.true, *self.sender)
                 )
                 return 402, {
                     **_error("card_error", "your card was declined"),
@@ -205,7 +212,7 @@ class ProviderModel:
         }
         self._objects[object_id] = answer
         self.executions.append(
-            Execution(operation, account, key, object_id, True, self.clocks.true)
+            Execution(operation, account, key, object_id, True, self.clocks.true, *self.sender)
         )
         self.per_operation[operation] += 1
         return answer

@@ -60,6 +60,8 @@ class Told(Protocol):
 
     def uuid4(self) -> str: ...
 
+    def tell(self, line: str) -> None: ...
+
 
 @attrs.define
 class Shop:
@@ -105,7 +107,8 @@ def run_order(
             except RETRIED as error:
                 if run == 3:
                     raise
-                told.boundary(f"retries the whole block after {type(error).__name__}")
+                told.tell(f"retries the whole block after {type(error).__name__}")
+                told.boundary("retries the whole block")
         raise AssertionError("not reached")
     if kind == "conditional":
         with client.intent(order) as op:
@@ -114,6 +117,7 @@ def run_order(
                 customer = _step(op.post, told, "/v1/customers", {"operation": f"{order}/customer"})
                 told.boundary("commits the customer to the shop's database")
                 shop.customers[order] = customer
+                told.tell(f"commits customer {customer} of {order} to the shop's database")
             _step(
                 op.post,
                 told,
@@ -169,6 +173,7 @@ def _block(
         if unless_confirmed:
             told.boundary("commits the confirmation to the shop's database")
             shop.confirmed.add(order)
+            told.tell(f"commits the confirmation of {order} to the shop's database")
     return "customer, payment and confirmation done"
 
 

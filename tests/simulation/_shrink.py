@@ -1,5 +1,6 @@
-"""The shortest list of choices that still breaks the same invariant: delta debugging over
-a failing run's recorded choices, each candidate replayed instead of the RNG.
+"""The shortest list of choices that still breaks the same invariant the same way: delta
+debugging over a failing run's recorded choices, each candidate replayed instead of the
+RNG.
 
 A choice list replayed past its end picks the uneventful option (``_choices``), so
 deleting a chunk or lowering a choice to 0 always gives a run: it is kept when it still
@@ -15,7 +16,8 @@ __all__ = ["shrink"]
 
 def shrink(failed: RunResult, *, budget: int = 200, steps: int = 10_000) -> RunResult:
     """``failed`` shrunk within ``budget`` replays."""
-    kind = failed.violations[0].kind
+    first = failed.violations[0]
+    kind = (first.invariant, first.kind)
     seed, features = failed.seed, failed.features
     best = failed.choices
     tries = 0
@@ -24,7 +26,7 @@ def shrink(failed: RunResult, *, budget: int = 200, steps: int = 10_000) -> RunR
         nonlocal tries
         tries += 1
         result = _replay(seed, features, candidate, steps)
-        if any(v.kind == kind for v in result.violations):
+        if any((v.invariant, v.kind) == kind for v in result.violations):
             return result.choices  # what the run used: never longer than the candidate
         return None
 

@@ -68,6 +68,9 @@ class Features:
     operators: bool = True
     changed_code: bool = False
     per_request_credentials: bool = False
+    exclusive_orders: bool = False
+    """One live process per order at a time (a shop whose job queue runs an order once at
+    a time): an order's code runs again only after its earlier run ended or crashed."""
     profile: str = "mixed"
     """One of ``_provider.PROFILES``, or ``mixed``: each seed's own, ``seed % 4``."""
 
@@ -130,7 +133,6 @@ class World:
         self.decisions: set[str] = set()
         self._names = itertools.count(1)
         self._keys = itertools.count(1)
-        self._crashed_orders: set[str] = set()
 
     # -- the edges ----------------------------------------------------------------------------
 
@@ -205,7 +207,10 @@ class World:
 
     def start(self, task: str, order: str | None, kind: str | None) -> Process:
         name = f"p{next(self._names)}"
-        rerun = order is not None and order in self._crashed_orders
+        # A run again after a crash: the latest earlier process of this order crashed (a run
+        # after one that finished is a second delivery of the job, judged by invariant 1).
+        earlier = [p for p in self.processes if order is not None and p.order == order]
+        rerun = bool(earlier) and earlier[-1].crashed
         process = Process(name, task, order, rerun, self._body(task, order, kind))
         process.glet = greenlet.greenlet(self._run, parent=self.main)
         self.processes.append(process)
@@ -247,8 +252,6 @@ class World:
 
     def crash(self, process: Process) -> None:
         self.story.append(f"{process.name} crashes (at: {process.at})")
-        if process.order is not None:
-            self._crashed_orders.add(process.order)
         process.crash()
         _edges.process_killed(process.owners)
 
@@ -274,7 +277,7 @@ class World:
             retry=RETRY,
             timeout=TIMEOUT,
             clock=self.clocks.wall,
-            transport=Network(self, self.provider, TIMEOUT),
+            transport=Network(self, self.provider, TIMEOUT, (process.name, process.rerun)),
         )
         keeper = SimKeeper()
         client._keeper = keeper
@@ -298,7 +301,7 @@ class World:
                 if kind.startswith("sdk"):
                     client = self._client(process, "platform", None)
                     merchant = MERCHANT_B if kind == "sdk-merchant-b" else MERCHANT_A
-                    network = Network(self, self.provider, TIMEOUT)
+                    network = Network(self, self.provider, TIMEOUT, (process.name, process.rerun))
 
                     def sdk_http() -> httpx.Client:
                         transport = client.transport(network, sdk_keys="replace")
@@ -350,8 +353,15 @@ class World:
     # -- the scheduler ------------------------------------------------------------------------
 
     def tasks(self) -> list[tuple[float, str, str | None, str | None]]:
+        running = {p.order for p in self.processes if p.runnable}
         tasks: list[tuple[float, str, str | None, str | None]] = [
-            (3.0, f"{order} ({kind})", order, kind) for order, kind in self.features.orders()
+            (
+                0.0 if self.features.exclusive_orders and order in running else 3.0,
+                f"{order} ({kind})",
+                order,
+                kind,
+            )
+            for order, kind in self.features.orders()
         ]
         for account in ("shop", "platform"):
             tasks.append((0.7, f"resume {account}", None, None))

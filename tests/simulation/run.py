@@ -33,6 +33,7 @@ def _features(arguments: argparse.Namespace) -> Features:
     return Features(
         changed_code=arguments.changed_code,
         per_request_credentials=arguments.per_request_credentials,
+        exclusive_orders=arguments.exclusive_orders,
     )
 
 
@@ -68,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--all-features", action="store_true")
     parser.add_argument("--changed-code", action="store_true")
     parser.add_argument("--per-request-credentials", action="store_true")
+    parser.add_argument(
+        "--exclusive-orders", action="store_true", help="one live process per order at a time"
+    )
     parser.add_argument("--backend", choices=["sqlite"], default="sqlite")
     parser.add_argument("--seed", type=int, help="replay this one seed")
     parser.add_argument("--story", action="store_true", help="print the (shrunk) story")

@@ -18,8 +18,9 @@ from simulation._world import Features, RunResult, run_world
 
 FAST_SEEDS = range(4)
 SLOW_SEEDS = range(4, 64)
-SEEDS_TO_FIND_A_CLASS = 150
-"""Within how many seeds the simulator must find each known class (it took at most 31)."""
+SEEDS_TO_FIND_A_CLASS = 100
+"""Within how many seeds the simulator must find each known class (on main: seed 10 for
+class 1, seed 0 for class 2; about one run in five and one in twenty find them)."""
 
 
 @pytest.fixture(autouse=True)
@@ -63,10 +64,13 @@ def test_more_seeds_break_no_invariant() -> None:
     assert ("unknown", "reconciled, found succeeded") in covered
 
 
-def _first_failure(features: Features, kind: str) -> RunResult | None:
+def _first_failure(features: Features, kind: str, operation: str) -> RunResult | None:
+    """The first run of ``features`` whose double payment is of class ``kind`` and of the
+    order whose code makes it (``operation``: ``order-6/`` is the conditional block,
+    ``order-3/`` merchant A's SDK code)."""
     for seed in range(SEEDS_TO_FIND_A_CLASS):
         result = run_world(seed, features)
-        if any(v.kind == kind for v in result.violations):
+        if any(v.kind == kind and operation in v.detail for v in result.violations):
             return result
     return None
 
@@ -76,7 +80,7 @@ def test_the_simulator_finds_issue_27_class_1_on_main() -> None:
     """A block whose first request differs between runs (the customer is created only if
     the shop has none yet) pays twice. This proves the simulator can fail; once issue 27's
     fix lands, flip it to assert that no seed finds the class."""
-    found = _first_failure(Features(changed_code=True), "paid again under another key")
+    found = _first_failure(Features(changed_code=True), "paid again under another key", "order-6/")
 
     assert found is not None
     shrunk = shrink(found, budget=60)
@@ -89,7 +93,7 @@ def test_the_simulator_finds_issue_27_class_2_on_main() -> None:
     """A payment sent with one merchant's credential and recovered with another's executes
     again at the other account. Flip it to "finds none" once issue 27's fix lands."""
     kind = "paid again at another account (credential not part of the intent)"
-    found = _first_failure(Features(per_request_credentials=True), kind)
+    found = _first_failure(Features(per_request_credentials=True), kind, "order-3/")
 
     assert found is not None
     assert any("acct_b" in v.detail for v in found.violations)
