@@ -122,7 +122,6 @@ class World:
         self.shop = Shop()
         self.story: list[str] = []
         self.processes: list[Process] = []
-        self.owners: dict[str, Process] = {}
         self.current: Process | None = None
         self.main = greenlet.getcurrent()
         self.faults = features.faults
@@ -152,8 +151,7 @@ class World:
         name = process.name if process is not None else "main"
         owner = _edges.owner_name(name, self.entropy.getrandbits(32))
         if process is not None:
-            process.owners.add(owner)
-            self.owners[owner] = process
+            process.owners.add(owner)  # all of them end when it is killed
         return owner
 
     def journal_boundary(self, command: _drive.Command) -> None:
