@@ -173,6 +173,8 @@ class ProviderModel:
         operation = str(params.get("operation", "?"))
         if path == "/v1/customers":
             return 200, self._executed("cus", operation, account, key, {"object": "customer"})
+        if path == "/v1/coupons":
+            return 200, self._executed("cpn", operation, account, key, {"object": "coupon"})
         if path == "/v1/payments":
             if params.get("amount") == DECLINED_AMOUNT:
                 self.executions.append(

@@ -13,6 +13,9 @@ Order kinds:
   ``IntentInFlight``), as the docs advise for retrying;
 - ``confirm-unless-confirmed`` (``changed_code``): the ``block``, whose confirmation is
   skipped when the shop's database says the payment was confirmed already;
+- ``coupon-added`` (``changed_code``): create the customer, then, only if an earlier run
+  committed that a coupon was offered, apply it, then the payment: a run again after a
+  crash past that commit has a step *added* before the payment;
 - ``sdk``: SDK-shaped code, an ``httpx.Client`` over ``client.transport()`` of one
   transport-only payonce client, drawing a uuid4 ``Idempotency-Key`` per call and carrying
   its merchant's credential on each request (two merchants under world feature
@@ -45,6 +48,7 @@ ORDER_KINDS = (
     "declined",
     "conditional",
     "confirm-unless-confirmed",
+    "coupon-added",
 )
 
 RETRIED = (payonce.OutcomeUnknown, payonce.ProviderUnavailable, payonce.IntentInFlight)
@@ -69,6 +73,7 @@ class Shop:
 
     customers: dict[str, str] = attrs.Factory(dict)
     confirmed: set[str] = attrs.Factory(set)
+    coupon_offered: set[str] = attrs.Factory(set)
 
 
 def _json(response: httpx.Response) -> dict[str, Any]:
@@ -118,6 +123,22 @@ def run_order(
                 told.boundary("commits the customer to the shop's database")
                 shop.customers[order] = customer
                 told.tell(f"commits customer {customer} of {order} to the shop's database")
+            _step(
+                op.post,
+                told,
+                "/v1/payments",
+                {"operation": f"{order}/pay", "amount": amount, "customer": customer},
+            )
+        return "payment done"
+    if kind == "coupon-added":
+        with client.intent(order) as op:
+            customer = _step(op.post, told, "/v1/customers", {"operation": f"{order}/customer"})
+            if order in shop.coupon_offered:
+                _step(op.post, told, "/v1/coupons", {"operation": f"{order}/coupon"})
+            else:
+                told.boundary("commits that a coupon was offered")
+                shop.coupon_offered.add(order)
+                told.tell(f"commits that a coupon was offered for {order}")
             _step(
                 op.post,
                 told,

@@ -71,6 +71,8 @@ class Features:
     exclusive_orders: bool = False
     """One live process per order at a time (a shop whose job queue runs an order once at
     a time): an order's code runs again only after its earlier run ended or crashed."""
+    kinds: tuple[str, ...] = ()
+    """Only these order kinds (``_shop.ORDER_KINDS``), to look at one apart; all by default."""
     profile: str = "mixed"
     """One of ``_provider.PROFILES``, or ``mixed``: each seed's own, ``seed % 4``."""
 
@@ -81,9 +83,11 @@ class Features:
     def orders(self) -> list[tuple[str, str]]:
         kinds = ["oneshot", "block", "sdk", "declined", "retried-block"]
         if self.changed_code:
-            kinds += ["conditional", "confirm-unless-confirmed"]
+            kinds += ["conditional", "confirm-unless-confirmed", "coupon-added"]
         if self.per_request_credentials:
             kinds.append("sdk-merchant-b")
+        if self.kinds:
+            kinds = [kind for kind in kinds if kind in self.kinds]
         return [(f"order-{n}", kind) for n, kind in enumerate(kinds, start=1)]
 
 

@@ -2,7 +2,7 @@
 
     python tests/simulation/run.py --seeds 2000              # the suite's world
     python tests/simulation/run.py --seeds 2000 --all-features  # + issue 27's classes
-    python tests/simulation/run.py --seed 30 --all-features --story  # replay one, shrunk
+    python tests/simulation/run.py --seed 0 --all-features --story  # replay one, shrunk
 
 Prints a progress line, then runs/s, steps explored, the (state, transition) pairs of the
 transition table covered, the drive's decision points seen, and each class of broken
@@ -34,6 +34,7 @@ def _features(arguments: argparse.Namespace) -> Features:
         changed_code=arguments.changed_code,
         per_request_credentials=arguments.per_request_credentials,
         exclusive_orders=arguments.exclusive_orders,
+        kinds=tuple(arguments.kinds.split(",")) if arguments.kinds else (),
     )
 
 
@@ -43,7 +44,7 @@ def _one(job: tuple[int, Features, int]) -> dict[str, Any]:
     return {
         "seed": seed,
         "steps": len(result.choices),
-        "violations": [(v.kind, str(v)) for v in result.violations],
+        "violations": [(f"invariant {v.invariant}: {v.kind}", str(v)) for v in result.violations],
         "pairs": result.pairs,
         "decisions": result.decisions,
     }
@@ -72,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--exclusive-orders", action="store_true", help="one live process per order at a time"
     )
+    parser.add_argument("--kinds", help="only these order kinds, comma-separated")
     parser.add_argument("--backend", choices=["sqlite"], default="sqlite")
     parser.add_argument("--seed", type=int, help="replay this one seed")
     parser.add_argument("--story", action="store_true", help="print the (shrunk) story")
