@@ -27,6 +27,7 @@ from payonce import IntentState
 from payonce._journal._sqlite import SQLiteJournal
 from payonce._lifecycle import _drive
 from payonce._lifecycle._states import RULES, Transition
+from payonce._runtime._base import SdkKeys
 
 from . import _edges
 from ._choices import Chooser
@@ -68,6 +69,9 @@ class Features:
     operators: bool = True
     changed_code: bool = False
     per_request_credentials: bool = False
+    sdk_keys_honoured: bool = False
+    """Adds SDK code whose transport journals the SDK's own uuid4 key per call as its step's
+    key (``sdk_keys="honour"``) instead of payonce's (``"replace"``)."""
     exclusive_orders: bool = False
     """One live process per order at a time (a shop whose job queue runs an order once at
     a time): an order's code runs again only after its earlier run ended or crashed."""
@@ -86,6 +90,8 @@ class Features:
             kinds += ["conditional", "confirm-unless-confirmed", "coupon-added"]
         if self.per_request_credentials:
             kinds.append("sdk-merchant-b")
+        if self.sdk_keys_honoured:
+            kinds.append("sdk-honour")
         if self.kinds:
             kinds = [kind for kind in kinds if kind in self.kinds]
         return [(f"order-{n}", kind) for n, kind in enumerate(kinds, start=1)]
@@ -303,10 +309,11 @@ class World:
                 if kind.startswith("sdk"):
                     client = self._client(process, "platform", None)
                     merchant = MERCHANT_B if kind == "sdk-merchant-b" else MERCHANT_A
+                    sdk_keys: SdkKeys = "honour" if kind == "sdk-honour" else "replace"
                     network = Network(self, self.provider, TIMEOUT, (process.name, process.rerun))
 
                     def sdk_http() -> httpx.Client:
-                        transport = client.transport(network, sdk_keys="replace")
+                        transport = client.transport(network, sdk_keys=sdk_keys)
                         return httpx.Client(base_url=BASE_URL, transport=transport)
 
                     return run_order(

@@ -34,6 +34,7 @@ def _features(arguments: argparse.Namespace) -> Features:
         changed_code=arguments.changed_code,
         per_request_credentials=arguments.per_request_credentials,
         exclusive_orders=arguments.exclusive_orders,
+        sdk_keys_honoured=arguments.sdk_keys_honoured,
         kinds=tuple(arguments.kinds.split(",")) if arguments.kinds else (),
     )
 
@@ -72,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-request-credentials", action="store_true")
     parser.add_argument(
         "--exclusive-orders", action="store_true", help="one live process per order at a time"
+    )
+    parser.add_argument(
+        "--sdk-keys-honoured", action="store_true", help="SDK code whose uuid4 keys are kept"
     )
     parser.add_argument("--kinds", help="only these order kinds, comma-separated")
     parser.add_argument("--backend", choices=["sqlite"], default="sqlite")
