@@ -1,7 +1,8 @@
 """docs/integrations.md (and docs/steps.md, its reference) and README's first example,
 each "after" block run as its reader would run it against the sandbox speaking its
-provider's dialect (``SandboxConfig.like(...)``), twice: the second run is the code run again for the same
-order (a new process would do the same: each run has a namespace of its own).
+provider's dialect (``SandboxConfig.like(...)``), twice: the second run is the code run
+again for the same order (a new process would do the same: each run has a namespace of its
+own).
 
 What a reader changes to run a block here is said per block (``RUN``): the provider's URL
 becomes the sandbox's, a live key the sandbox's, and the names a block takes from the code
