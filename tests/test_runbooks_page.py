@@ -26,7 +26,7 @@ import payonce
 from helpers.pages import Reader, sections
 from helpers.payments import free_port
 from helpers.processes import python_env
-from helpers.services import CheckoutService
+from helpers.services import CheckoutService, wait_for
 from payonce.sandbox import DEFAULT_ACCOUNT, DEFAULT_API_KEY, SandboxConfig, SandboxServer
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "runbooks.md"
@@ -104,11 +104,14 @@ def test_the_plain_client_s_runbook_pays_a_crashed_and_an_unknown_order_once(
 
     killed = shop("3001", PAYONCE_CRASH_AT="after_send:1")
     assert killed.returncode == -signal.SIGKILL, killed.stderr
+    # Its request left before the kill; on a loaded machine it may reach the provider only
+    # now, and must not take a fault scripted for the next order.
+    wait_for(lambda: server.store.total_executions() == 1, "order-3001 to reach the provider")
     server.script(["fail_before"] * 5)
     unknown = shop("3002")
     assert "OutcomeUnknown" in unknown.stderr, unknown.stderr
     assert server.wait_idle()
-    assert server.store.total_executions() == 1  # 3001's request had left
+    assert server.store.total_executions() == 1  # 3001's, and 3002 executed nothing
 
     with _operator(home, server) as operator:
         _run_the_runbook(operator, "A plain client")

@@ -22,7 +22,7 @@ import pytest
 import payonce
 from helpers.payments import PAYMENT, DiesAfterSending, free_port
 from helpers.processes import deployed_env, run_example
-from helpers.services import CheckoutService
+from helpers.services import CheckoutService, wait_for
 from payonce.sandbox import DEFAULT_ACCOUNT, DEFAULT_API_KEY, SandboxConfig, SandboxServer
 
 
@@ -139,8 +139,9 @@ def test_the_checkout_service_killed_mid_payment_pays_each_order_once(
         service.wait_killed()
     outcome = customer.join()
     assert isinstance(outcome, httpx.TransportError), f"the customer got an answer: {outcome!r}"
+    # The create had left: Stripe makes the PaymentIntent, perhaps only now on a loaded machine.
+    wait_for(lambda: len(server.store.payment_intents()) == 1, "the create to reach Stripe")
     assert server.wait_idle()
-    assert len(server.store.payment_intents()) == 1, "the create reached Stripe"
 
     # Restarted, the service first runs the block of the order it was killed paying: the
     # create replays (Stripe's answer, under the same key) and the confirm goes on.
@@ -175,6 +176,7 @@ def test_the_checkout_service_killed_again_while_finishing_at_start_up_still_pay
     killed = _PayInBackground(service, "1003")
     service.wait_killed()
     assert isinstance(killed.join(), httpx.TransportError)
+    wait_for(lambda: len(server.store.payment_intents()) == 1, "the create to reach Stripe")
     assert server.wait_idle()
 
     # Started again, it dies in its start-up, journaling the create's outcome it got back.

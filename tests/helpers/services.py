@@ -45,7 +45,8 @@ class CheckoutService:
 
     def start(self, *, crash_at: str | None = None) -> CheckoutService:
         self.launch(crash_at=crash_at)
-        wait_for(self._ready, "the checkout service to start")
+        # Its start imports FastAPI, uvicorn and stripe-python: long on a loaded machine.
+        wait_for(self._ready, "the checkout service to start", timeout=90.0)
         return self
 
     def launch(self, *, crash_at: str | None = None) -> None:
