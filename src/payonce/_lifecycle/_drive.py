@@ -59,8 +59,8 @@ from ._key_age import (
 )
 from ._provider_clock import ProviderClock, provider_date
 from ._records import AttemptRecord, IntentDraft, IntentRecord, KeyTerms
-from ._redo import is_this_blocks_step, later_positions, may_pass_over, next_position
 from ._states import IntentState, Transition
+from ._steps import is_this_blocks_step, later_positions, may_pass_over, next_position
 from ._verdicts import (
     LOOKUP_FAILURES,
     AnswerRules,
@@ -557,7 +557,7 @@ def call(
 
     A step n >= 2 whose position holds a different request that the provider refused in an
     earlier run (a declined card, now retried with another) passes it over to position
-    n+1 (``payonce._lifecycle._redo``). An error about step n >= 2 of a block names the
+    n+1 (``payonce._lifecycle._steps``). An error about step n >= 2 of a block names the
     step (at the position it reached), its intent's reference and its own key."""
     asked = [draft]  # the position the request reached: an error names that one
     try:

@@ -623,7 +623,7 @@ class OperationBase:
     def _reposition(self, step: Step, record: IntentRecord) -> None:
         """Move ``step`` to the position its drive reached: a step refused by the provider
         in an earlier run, where this run asks for another request (the customer's other
-        card), is passed over (``payonce._lifecycle._redo``), so this block's next step
+        card), is passed over (``payonce._lifecycle._steps``), so this block's next step
         comes after the position that request took."""
         found = step_of_reference(record.reference)
         if step.number == 1 or found is None or found[1] <= step.number:
