@@ -278,7 +278,7 @@ def _enqueue(
     # caller's search path is the journal's schema, then the caller's own again.
     before = yield _statement("SELECT current_setting('search_path')")
     yield _statement("SELECT set_config('search_path', ?, true)", (_quoted(place.schema),))
-    record = yield from _select(sql.BY_REFERENCE, (draft.scope, draft.reference))
+    record = yield from _select(sql.BY_REFERENCE, (*draft.identity, draft.reference))
     if record is None:
         values = write_ahead_values(
             draft, now, first_sent_at=None, owner=None, lease_expires_at=None
@@ -286,7 +286,7 @@ def _enqueue(
         yield _statement(sql.INSERT_INTENT, values)
         # Inserted, or another transaction committed the same reference (or the same key)
         # first: either way the row to answer with is there now.
-        record = yield from _select(sql.BY_REFERENCE, (draft.scope, draft.reference))
+        record = yield from _select(sql.BY_REFERENCE, (*draft.identity, draft.reference))
         record = record or (yield from _select(sql.BY_KEY, (draft.key,)))
     yield _statement("SELECT set_config('search_path', ?, true)", (before.rows[0][0],))
     if record is None:

@@ -179,7 +179,9 @@ _EARLIER = _earlier("the stripped reference")
 
 
 def make_scope(account: str, method: str, path: str) -> str:
-    """Keys and references never collide across accounts or endpoints."""
+    """The endpoint an intent's request goes to, in its account (journaled as ``scope``):
+    what its fingerprint is checked against before a resend. It names no intent: an
+    intent is found by its identity and reference (``IntentRequest.identity``)."""
     return f"{account} {method.upper()} {path}"
 
 
