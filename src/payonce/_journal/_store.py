@@ -349,8 +349,9 @@ class IntentStore:
                 yield from self._create(draft, owner, now, lease_seconds, started)
             ):
                 # Writers are serialised (SQLite holds the whole journal), so an insert the
-                # unique key and (provider, account, reference) let through is exactly a look-up that
-                # found nothing: a new intent costs no look-ups. Any other answer needs them.
+                # unique key and (provider, account, reference) let through is exactly a
+                # look-up that found nothing: a new intent costs no look-ups. Any other
+                # answer needs them.
                 return created()
             for _ in range(_CLAIM_ROUNDS):
                 claim = yield from self._claim_row(
