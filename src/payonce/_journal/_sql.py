@@ -142,6 +142,12 @@ NEEDED_INDEXES = ("intents_identity_reference",)
 lets only one of two workers create the same intent."""
 
 
+def like_prefix(text: str) -> str:
+    """A LIKE pattern (``ESCAPE '\\'``) for what begins with ``text``."""
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return escaped + "%"
+
+
 # -- statements ----------------------------------------------------------------------------
 
 SELECT_INTENT = f"SELECT {INTENT_COLUMNS} FROM intents WHERE "
@@ -356,6 +362,13 @@ UNACKNOWLEDGED = (
 FIND = (
     f"SELECT {INTENT_COLUMNS} FROM intents WHERE key = ? OR reference = ? ORDER BY created_at DESC"
 )
+BLOCK = (
+    f"SELECT {INTENT_COLUMNS} FROM intents WHERE key = ?"
+    " OR (provider = ? AND account = ? AND reference LIKE ? ESCAPE '\\')"
+)
+"""A block's rows: its step 1 by key, its steps by their references' common beginning
+(``order-7#step``; ``like_prefix``). LIKE ignores case in SQLite: the caller keeps the
+references that are exactly its steps'."""
 LIST = f"SELECT {INTENT_COLUMNS} FROM intents"
 NEWEST = " ORDER BY created_at DESC, key DESC"
 

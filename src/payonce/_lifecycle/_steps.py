@@ -36,12 +36,12 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import attrs
 import httpx
 
-from ._identity import step_key, step_reference
+from ._identity import scope_path, step_key, step_of_reference, step_reference
 from ._records import IntentDraft, IntentRecord
 from ._states import IntentState
 from ._verdicts import AnswerRules, Outcome, classify_response
@@ -203,6 +203,51 @@ def _at(position: int, state: IntentState | None) -> Replay | Continue:
     return Replay(position) if state in _SETTLED else Continue(position)
 
 
+def journaled_steps(
+    records: Iterable[IntentRecord],
+    *,
+    intent_key: str,
+    intent: str,
+    rules: AnswerRules,
+    max_length: int,
+) -> list[JournaledStep]:
+    """The steps a block journaled, read off its rows: step 1 (the row under
+    ``intent_key``) and the rows whose reference is a step of ``intent`` (the block's
+    reference, else its key: ``order-7#step2``). Rows of another block named alike (under
+    a reference of that form but not this block's derived key, nor a key a caller set)
+    are still steps at their position: a request there is compared with them, never sent
+    over them. A row is ``declined`` where ``may_pass_over``'s rule lets a request of its
+    endpoint pass it over."""
+    steps: list[JournaledStep] = []
+    for record in records:
+        if record.key == intent_key:
+            position = 1
+        elif (found := step_of_reference(record.reference)) is not None and found[0] == intent:
+            position = found[1]
+        else:
+            continue
+        declined = False
+        if position >= 2:
+            derived = step_key(intent_key, position, max_length=max_length)
+            declined = (
+                record.key == derived
+                and record.reference in (None, step_reference(intent, position))
+                and _declined(record, rules)
+            )
+        steps.append(
+            JournaledStep(
+                position=position,
+                method=record.method,
+                path=scope_path(record.scope, account=record.account, method=record.method),
+                fingerprint=record.fingerprint,
+                key=record.key,
+                state=record.state,
+                declined=declined,
+            )
+        )
+    return sorted(steps, key=lambda step: step.position)
+
+
 # -- the declined-step rule -------------------------------------------------------------
 
 __all__ = [
@@ -216,6 +261,7 @@ __all__ = [
     "RefusalKind",
     "Replay",
     "is_this_blocks_step",
+    "journaled_steps",
     "later_positions",
     "may_pass_over",
     "next_position",
