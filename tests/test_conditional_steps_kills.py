@@ -37,12 +37,52 @@ def server(shared_sandboxes: SharedSandboxes) -> SandboxServer:
 
 
 def run(
-    server: SandboxServer, tmp_path: Path, verbs: str, pattern: str, crash_at: str | None
+    server: SandboxServer,
+    tmp_path: Path,
+    verbs: str,
+    pattern: str,
+    crash_at: str | None,
+    journal: str | None = None,
 ) -> tuple[int, list[dict[str, str]]]:
     command = [sys.executable, str(WORKER), "--verbs", verbs, "--pattern", pattern]
-    command += ["--url", server.url, "--journal", str(tmp_path / "journal.db")]
+    command += ["--url", server.url, "--journal", journal or str(tmp_path / "journal.db")]
     command += ["--shop", str(tmp_path / "shop.json"), "--orders", str(ORDERS)]
     return run_checkout_worker(command, server, crash_at)
+
+
+def killed_and_run_again(
+    server: SandboxServer,
+    tmp_path: Path,
+    verbs: str,
+    pattern: str,
+    crash_at: str,
+    journal: str | None = None,
+) -> None:
+    """Kill the checkout at ``crash_at`` (order-0's payment), run it again for the same
+    orders: each order paid once, and no request journaled outside its order's block."""
+    before = server.store.executions()
+
+    killed, _ = run(server, tmp_path, verbs, pattern, crash_at, journal)
+    assert killed == KILLED
+    ended, answers = run(server, tmp_path, verbs, pattern, None, journal)
+
+    assert ended == 0
+    assert [answer["order"] for answer in answers] == [f"order-{n}" for n in range(ORDERS)]
+    assert {answer["status"] for answer in answers} == {"succeeded"}
+    executed = {
+        key: count - before.get(key, 0)
+        for key, count in server.store.executions().items()
+        if count != before.get(key, 0)
+    }
+    assert sorted(executed.values()) == [1] * (ORDERS * REQUESTS_PER_ORDER), executed
+    with payonce.open_journal(journal or tmp_path / "journal.db") as opened:
+        intents = opened.list_intents()
+    # No request journaled under a key of its own beside its order's block: one intent
+    # per order (its step 1) and its one step 2, and every executed key is one of them.
+    assert sorted(r.reference for r in intents) == sorted(
+        name for n in range(ORDERS) for name in (f"order-{n}", f"order-{n}#step2")
+    )
+    assert set(executed) <= {r.key for r in intents}
 
 
 @pytest.mark.parametrize("verbs", ["payonce", "stripe"])
@@ -63,26 +103,13 @@ def run(
 def test_conditional_checkout_killed_mid_payment_and_run_again_pays_each_order_once(
     server: SandboxServer, tmp_path: Path, verbs: str, pattern: str, crash_at: str
 ) -> None:
-    before = server.store.executions()
+    killed_and_run_again(server, tmp_path, verbs, pattern, crash_at)
 
-    killed, _ = run(server, tmp_path, verbs, pattern, crash_at)
-    assert killed == KILLED
-    ended, answers = run(server, tmp_path, verbs, pattern, None)
 
-    assert ended == 0
-    assert [answer["order"] for answer in answers] == [f"order-{n}" for n in range(ORDERS)]
-    assert {answer["status"] for answer in answers} == {"succeeded"}
-    executed = {
-        key: count - before.get(key, 0)
-        for key, count in server.store.executions().items()
-        if count != before.get(key, 0)
-    }
-    assert sorted(executed.values()) == [1] * (ORDERS * REQUESTS_PER_ORDER), executed
-    with payonce.open_journal(tmp_path / "journal.db") as journal:
-        intents = journal.list_intents()
-    # No request journaled under a key of its own beside its order's block: one intent
-    # per order (its step 1) and its one step 2, and every executed key is one of them.
-    assert sorted(r.reference for r in intents) == sorted(
-        name for n in range(ORDERS) for name in (f"order-{n}", f"order-{n}#step2")
+@pytest.mark.parametrize("verbs", ["payonce", "stripe"])
+def test_on_postgresql_the_run_again_that_skips_the_create_pays_each_order_once(
+    server: SandboxServer, tmp_path: Path, postgres_url: str, verbs: str
+) -> None:
+    killed_and_run_again(
+        server, tmp_path, verbs, "create-if-missing", "after_send:2", journal=postgres_url
     )
-    assert set(executed) <= {r.key for r in intents}

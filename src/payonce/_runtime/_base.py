@@ -559,7 +559,7 @@ class OperationBase:
         block read what earlier runs journaled, so that it must be placed again once they
         are read (the customer create skipped this run: the payment met step 1, the
         customer's). Its refused placement is taken back; nothing was journaled for it."""
-        if self._journaled is not None or self._reread or self._key is None:
+        if self._journaled is not None or self._fresh or self._reread or self._key is None:
             return False
         step = self._last_placed
         if step is not None and self._steps.get(step.number) is step:
