@@ -558,8 +558,14 @@ class OperationBase:
         """After ``IntentMismatch``: whether the refused request was placed before this
         block read what earlier runs journaled, so that it must be placed again once they
         are read (the customer create skipped this run: the payment met step 1, the
-        customer's). Its refused placement is taken back; nothing was journaled for it."""
+        customer's). Its refused placement is taken back; nothing was journaled for it.
+        Never for a one-shot (``client.post(..., reference=)``), whose one request is its
+        intent: another request under its reference is refused."""
         if self._journaled is not None or self._fresh or self._reread or self._key is None:
+            return False
+        if self._folds_acknowledgement:
+            # A one-shot names its intent's one request: under a reference journaled with
+            # another, it is refused, never placed as a step of it.
             return False
         step = self._last_placed
         if step is not None and self._steps.get(step.number) is step:
