@@ -93,6 +93,10 @@ def killed_and_run_again(
         # came back (executed, nothing journaled of it): the run again skips the create.
         ("create-if-missing", "after_send:2"),
         ("create-if-missing", "after_response:2"),
+        ("create-if-missing", "during_settle:2"),
+        # Killed once the create executed, before the shop kept its id: the run again
+        # creates again, which is the journaled create, resent under its key.
+        ("create-if-missing", "after_response:1"),
         # Killed after the confirm executed (the run again finds it confirmed and asks
         # for nothing more), or after it was journaled and before it was sent (the run
         # again confirms: the journaled step, under its key).
