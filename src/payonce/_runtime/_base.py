@@ -486,6 +486,8 @@ class OperationBase:
         naming it for a refusal. A repeat of a step that succeeded while another has not
         is refused here, nothing sent: a retry loop inside the block, or a second payment?
         """
+        if self._key is None:
+            return 1  # step 1 was never journaled: this is step 1 again
         request = AskedStep(
             method=draft.method,
             path=scope_path(draft.scope, account=draft.account, method=draft.method),
