@@ -673,9 +673,9 @@ class OperationBase:
         return step_key(self._key, number, max_length=self._core.profile.key_max_length)
 
     def _show_refused(self, step: Step, record: IntentRecord) -> None:
-        """``step``, refused because ``record``, another request, holds the position its
-        drive reached (the one it asked for, or one after a declined step it passed over),
-        shows that position, its key and its state: what ``op.steps`` lists for it.
+        """``step``, refused because ``record``, another request, holds the position it
+        was placed at, shows that position, its key and its state: what ``op.steps``
+        lists for it.
 
         Only a row of this block's own position under the key this block has there: not
         a row of another block named alike, nor one a key the caller set points to
