@@ -190,6 +190,12 @@ def main() -> int:
     if arguments and not placing and arguments != ["record-outcomes"]:
         print(USAGE)
         return 2
+    if arguments and not (os.environ.get("PAYONCE_BASE_URL") and os.environ.get("PAYONCE_ACCOUNT")):
+        print(
+            "set PAYONCE_BASE_URL to the provider and PAYONCE_ACCOUNT to the account the "
+            "worker sends for"
+        )
+        return 2
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(ORDERS)
 

@@ -137,13 +137,12 @@ def _service(
     name: str, tmp_path: Path, postgres_url: str, sandbox: SandboxServer, *args: str, **env: str
 ) -> subprocess.CompletedProcess[str]:
     """One command of the deployed service: no API key, the worker's account named."""
-    settings = deployed_env(
-        tmp_path / "service-home",
-        DATABASE_URL=postgres_url,
-        PAYONCE_BASE_URL=sandbox.url,
-        PAYONCE_ACCOUNT=DEFAULT_ACCOUNT,
-        **env,
-    )
+    service = {
+        "DATABASE_URL": postgres_url,
+        "PAYONCE_BASE_URL": sandbox.url,
+        "PAYONCE_ACCOUNT": DEFAULT_ACCOUNT,
+    }
+    settings = deployed_env(tmp_path / "service-home", **{**service, **env})
     return run_example(name, *args, cwd=tmp_path, env=settings, timeout=60)
 
 
@@ -214,6 +213,12 @@ def test_the_order_service_refuses_an_order_without_a_whole_amount_and_keeps_the
     assert refused.returncode == 2, refused.stderr
     assert refused.stdout.startswith(f"usage: {name}")
     assert "Traceback" not in refused.stderr
+    no_account = _service(
+        name, tmp_path, postgres_url, sandbox, "place", "order-2003", "1500", PAYONCE_ACCOUNT=""
+    )
+    assert no_account.returncode == 2, no_account.stderr
+    assert "set PAYONCE_BASE_URL to the provider and PAYONCE_ACCOUNT" in no_account.stdout
+    assert "Traceback" not in no_account.stderr
     assert _statuses(postgres_url) == {"order-2001": None}
     with psycopg.connect(postgres_url) as conn:
         intents = conn.execute("SELECT reference, state FROM payonce.intents").fetchall()
