@@ -6,6 +6,7 @@ The code is read from the page itself, so the page shows what these tests run.
 
 from __future__ import annotations
 
+import ast
 import configparser
 import json
 import os
@@ -31,7 +32,8 @@ from helpers.pending import enqueue_pending
 from helpers.processes import deployed_env
 from payonce.sandbox import DEFAULT_ACCOUNT, DEFAULT_API_KEY, SandboxServer
 
-PAGE = Path(__file__).resolve().parents[1] / "docs" / "deploying.md"
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "deploying.md"
 
 
 def _block(language: str, containing: str) -> str:
@@ -369,3 +371,63 @@ def test_the_worker_finishes_a_blocks_cut_off_step_but_never_one_it_never_reache
     advice = _paragraph("**What the recovery worker cannot finish: a block's later steps.**")
     assert "until the **block runs again**" in advice
     assert "let the recovery worker finish the rest" not in PAGE.read_text()
+
+
+# -- the checkout service's settings -----------------------------------------------------------
+
+
+def _environment_read_by(example: Path) -> dict[str, bool]:
+    """Each environment variable the example reads, and whether it has a default there."""
+    read: dict[str, bool] = {}
+    for node in ast.walk(ast.parse(example.read_text())):
+        if (
+            isinstance(node, ast.Call)
+            and ast.unparse(node.func) == "os.environ.get"
+            and isinstance(node.args[0], ast.Constant)
+        ):
+            read[node.args[0].value] = len(node.args) > 1
+        elif (
+            isinstance(node, ast.Subscript)
+            and ast.unparse(node.value) == "os.environ"
+            and isinstance(node.slice, ast.Constant)
+        ):
+            read[node.slice.value] = False
+    return read
+
+
+def _payonce_reads_the_journal_setting(example: Path) -> bool:
+    """The example's clients name no journal: payonce opens the one PAYONCE_JOURNAL names."""
+    clients = [
+        node
+        for node in ast.walk(ast.parse(example.read_text()))
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "payonce.Client"
+    ]
+    return bool(clients) and all(
+        "journal" not in {keyword.arg for keyword in client.keywords} for client in clients
+    )
+
+
+def test_the_checkout_service_is_started_with_the_settings_it_reads() -> None:
+    """The page starts the example under uvicorn with exactly the settings the example (and
+    payonce under it) reads: every one it needs set, none it would ignore, the optional one
+    named after."""
+    example = ROOT / "examples" / "checkout_service.py"
+    start = _block("sh", "checkout_service:app --workers 4")
+    exported = set(re.findall(r"^export (\w+)=", start, re.MULTILINE))
+    after = _paragraph("(`STRIPE_API_BASE`")
+    read = _environment_read_by(example)
+    assert _payonce_reads_the_journal_setting(example)
+    read["PAYONCE_JOURNAL"] = False  # required in production: the journal must persist
+
+    assert exported <= set(read), "the page sets what the example never reads"
+    assert {name for name, defaulted in read.items() if not defaulted} <= exported
+    for name in set(read) - exported:
+        assert f"`{name}`" in after, f"{name}, read by the example, is not on the page"
+    assert read["STRIPE_API_BASE"] is True  # optional: https://api.stripe.com by default
+    # What the start-up does, as the page says it: blocks run again, never a resume.
+    lifespan = (example.read_text()).split("async def lifespan", 1)[1].split("\n\n\n", 1)[0]
+    assert "finish_what_a_killed_run_left" in lifespan
+    assert "resume" not in lifespan
+    advice = _paragraph("**Recovering at start-up.**")
+    assert "its lifespan does not resume" in advice
+    assert "as the checkout example's lifespan does" not in PAGE.read_text()

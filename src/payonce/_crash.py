@@ -13,6 +13,11 @@ Points, in the order one intent passes them:
 - ``during_settle``: inside the settle transaction, before its commit.
 - ``after_block``: the intent's block has ended normally; the block's acknowledgement
   waits in memory for the journal's next write.
+
+And one the caller's own code reaches, not among ``CRASH_POINTS`` (a drive never passes it):
+
+- ``before_acknowledge``: ``acknowledge(key)`` was called (the caller has recorded the
+  outcome on its side); nothing of the acknowledgement is journaled yet.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from typing import Any, Self
 
 import attrs
 
+from .._crash import crash_point
 from .._lifecycle import (
     AttemptRecord,
     EscalationRecord,
@@ -200,6 +201,8 @@ class Journal:
         return self._engine.write(work, durable=True, busy=NO_SEND)
 
     def acknowledge(self, key: str, *, now: float) -> IntentRecord:
+        crash_point("before_acknowledge")
+
         def work(tx: Tx) -> IntentRecord:
             record = self._existing(tx, key)
             allowed(record, Transition.ACKNOWLEDGED, _CANNOT_ACKNOWLEDGE)
