@@ -51,21 +51,30 @@ from ._inbox import (
 from ._intents import allowed, reread, select_intent
 from ._reports import JournalReport
 from ._rows import (
+    INTENT_FIELDS,
+    DamagedRow,
+    Intents,
+    UndecodableRow,
     attempt_from_row,
+    decode_intents,
     escalation_from_row,
-    intent_from_row,
     reconciliation_from_row,
 )
 from ._schema import (
     BOOT_CLOCK_SCHEMA,
     ESCALATIONS_SCHEMA,
+    KEY_TERMS_SCHEMA,
+    PER_CALL_KEYS_SCHEMA,
     PROVIDER_DATE_SCHEMA,
+    SCHEMA_VERSION,
     SENT_TO_SCHEMA,
 )
 
 __all__ = ["Journal"]
 
 _SETTLED = (IntentState.SUCCEEDED.value, IntentState.FAILED.value)
+_SCAN_PAGE = 500
+"""Intents per page of ``check``'s read of every row: a few MB at most, with their bodies."""
 _CANNOT_ABANDON = (
     "intent {key} is already {state}; only pending or unknown intents can be abandoned"
 )
@@ -182,15 +191,16 @@ class Journal:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def _intents(self, statement: str, params: Sequence[Any]) -> list[IntentRecord]:
-        return self._engine.read(
-            lambda tx: [intent_from_row(row) for row in tx.all(statement, params)]
-        )
+    def _intents(self, statement: str, params: Sequence[Any]) -> Intents:
+        # Each row decoded alone: one that no longer decodes is named in ``damaged`` and
+        # never keeps the others of the page from being read.
+        return self._engine.read(lambda tx: decode_intents(tx.all(statement, params)))
 
-    def pending(
-        self, *, account: str, provider: str, limit: int | None = None
-    ) -> list[IntentRecord]:
-        """Pending intents of this account and provider, oldest first, leased or not."""
+    def pending(self, *, account: str, provider: str, limit: int | None = None) -> Intents:
+        """Pending intents of this account and provider, oldest first, leased or not.
+
+        Like every listing of intents, the rows that no longer decode are left out and named
+        in the list's ``damaged`` (``payonce.journal.DamagedRow``)."""
         statement = sql.PENDING
         params: list[Any] = [IntentState.PENDING.value, account, provider]
         if limit is not None:
@@ -198,7 +208,7 @@ class Journal:
             params.append(limit)
         return self._intents(statement, params)
 
-    def unacknowledged(self, *, account: str | None = None) -> list[IntentRecord]:
+    def unacknowledged(self, *, account: str | None = None) -> Intents:
         statement = sql.UNACKNOWLEDGED
         params: list[Any] = list(_SETTLED)
         if account is not None:
@@ -214,7 +224,7 @@ class Journal:
     def get(self, key: str) -> IntentRecord | None:
         return self._engine.read(lambda tx: select_intent(tx, sql.BY_KEY, (key,)))
 
-    def find(self, key_or_reference: str) -> list[IntentRecord]:
+    def find(self, key_or_reference: str) -> Intents:
         return self._intents(sql.FIND, (key_or_reference, key_or_reference))
 
     def steps(self, key: str) -> list[IntentRecord]:
@@ -246,14 +256,15 @@ class Journal:
 
     def list_intents(
         self, *, states: Iterable[IntentState] | None = None, limit: int | None = None
-    ) -> list[IntentRecord]:
-        """Newest first."""
+    ) -> Intents:
+        """Newest first. A row that no longer decodes is left out and named in the list's
+        ``damaged`` (``payonce.journal.DamagedRow``): it never hides the other rows."""
         statement = sql.LIST
         params: list[Any] = []
         if states is not None:
             wanted = list(dict.fromkeys(IntentState(s).value for s in states))
             if not wanted:
-                return []
+                return Intents()
             if len(wanted) > 1 and limit is not None:
                 params = [value for state in wanted for value in (state, limit)]
                 return self._intents(sql.newest_in_states(len(wanted)), [*params, limit])
@@ -265,14 +276,17 @@ class Journal:
             params.append(limit)
         return self._intents(statement, params)
 
-    def attempts(self, key: str) -> list[AttemptRecord]:
-        statement = sql.ATTEMPTS
+    def _attempts_statement(self) -> str:
         if self._engine.schema_version < PROVIDER_DATE_SCHEMA:  # read-only, not migrated
-            statement = sql.ATTEMPTS_BEFORE_PROVIDER_DATE
-        elif self._engine.schema_version < SENT_TO_SCHEMA:
-            statement = sql.ATTEMPTS_BEFORE_SENT_TO
-        elif self._engine.schema_version < BOOT_CLOCK_SCHEMA:
-            statement = sql.ATTEMPTS_BEFORE_BOOT_CLOCK
+            return sql.ATTEMPTS_BEFORE_PROVIDER_DATE
+        if self._engine.schema_version < SENT_TO_SCHEMA:
+            return sql.ATTEMPTS_BEFORE_SENT_TO
+        if self._engine.schema_version < BOOT_CLOCK_SCHEMA:
+            return sql.ATTEMPTS_BEFORE_BOOT_CLOCK
+        return sql.ATTEMPTS
+
+    def attempts(self, key: str) -> list[AttemptRecord]:
+        statement = self._attempts_statement()
         return self._engine.read(
             lambda tx: [attempt_from_row(row) for row in tx.all(statement, (key,))]
         )
@@ -385,7 +399,9 @@ class Journal:
     # -- operating --------------------------------------------------------------------------
 
     def check(self) -> JournalReport:
-        """Integrity, schema and contents, read at one instant (writers are not blocked)."""
+        """Integrity, schema and contents, read at one instant (writers are not blocked),
+        and every row that no longer decodes (``JournalReport.damaged_rows``), each decoded
+        as the listings and the recovery passes decode it."""
 
         engine = self._engine
 
@@ -407,6 +423,7 @@ class Journal:
             meta: dict[str, str] = {}
             by_state: dict[str, int] = {}
             unacknowledged = 0
+            damaged: list[DamagedRow] = []
             contents_read = not missing
             if contents_read:
                 # A damaged index or page may leave the rows readable: what can be read is
@@ -414,6 +431,8 @@ class Journal:
                 # read that fails may end the transaction (PostgreSQL).
                 try:
                     meta, by_state, unacknowledged = self._contents(tx)
+                    if self._rows_readable(tx):
+                        damaged = self._damaged_rows(tx)
                 except Exception:
                     if not problems:
                         raise
@@ -425,16 +444,61 @@ class Journal:
                 problems.append(f"schema version {meta.get('schema_version')!r} is not a number")
             return JournalReport(
                 location=self.location,
-                ok=not problems,
+                ok=not problems and not damaged,
                 problems=tuple(problems),
                 schema_version=version,
                 intents_by_state=by_state,
                 unacknowledged=unacknowledged,
                 size_bytes=size,
                 contents_read=contents_read,
+                damaged_rows=tuple(damaged),
             )
 
         return self._engine.read(work, snapshot=True)
+
+    def _rows_readable(self, tx: Tx) -> bool:
+        """Whether this payonce reads the intents' rows as they are: a read-only journal of
+        an older schema is read with the columns added since as NULL, and one older than
+        that only once migrated (as `intents list` says), so its rows are not judged."""
+        version = self._engine.schema_version
+        if version >= SCHEMA_VERSION:
+            return True
+        read_as_null = set()
+        if version < PER_CALL_KEYS_SCHEMA:
+            read_as_null.add("key_per_call")
+        if version < KEY_TERMS_SCHEMA:
+            read_as_null |= {"key_lifetime", "key_lifetime_documented", "max_processing"}
+        present = self._engine.present_columns(tx, "intents")
+        return set(INTENT_FIELDS) - read_as_null <= present
+
+    def _damaged_rows(self, tx: Tx) -> list[DamagedRow]:
+        """Every row of the intents and of what belongs to them (attempts, reconciliations,
+        escalations) that does not decode, each read as every other read of payonce reads
+        it: what a listing leaves out and a recovery pass skips. Read in pages of intents
+        by key, each page's attempts and the rest with it."""
+        per_intent = [
+            (self._attempts_statement(), attempt_from_row),
+            (sql.RECONCILIATIONS, reconciliation_from_row),
+        ]
+        if self._engine.schema_version >= ESCALATIONS_SCHEMA:
+            per_intent.append((sql.ESCALATIONS, escalation_from_row))
+        damaged: list[DamagedRow] = []
+        after = ""
+        while True:
+            rows = tx.all(sql.SCAN_INTENTS, (after, _SCAN_PAGE))
+            damaged += decode_intents(rows).damaged
+            last = rows[-1][0] if len(rows) == _SCAN_PAGE else None
+            for statement, decode in per_intent:
+                # To the end of the table on the last page: rows of no intent are read too.
+                bounds = (after,) if last is None else (after, last)
+                for row in tx.all(sql.in_key_range(statement, bounded=last is not None), bounds):
+                    try:
+                        decode(row)
+                    except UndecodableRow as exc:
+                        damaged.append(exc.damaged)
+            if last is None:
+                return damaged
+            after = last
 
     def _contents(self, tx: Tx) -> tuple[dict[str, str], dict[str, int], int]:
         """The journal's meta rows, its intents by state and how many are unacknowledged."""

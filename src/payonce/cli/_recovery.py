@@ -61,7 +61,7 @@ class Connection:
         return BaseUrls.parse(self.base_url)
 
     def targets(
-        self, records: Callable[[payonce.Journal], list[payonce.IntentRecord]], what: str
+        self, records: Callable[[payonce.Journal], payonce.journal.Intents], what: str
     ) -> tuple[list[Target], Counter[Target]]:
         """The groups to drive, and what every group holds of ``records``."""
         if not self.base_url:

@@ -148,7 +148,10 @@ def worker(
     only when named with --account or PAYONCE_ACCOUNT). With --once:
     one pass, then exit 0 when no intent it drives is left unknown (escalated or not yet
     due) or unsent, 1 otherwise (or when an account could not be driven: no API key, no
-    base URL of its own).
+    base URL of its own, or a pending or unknown row no longer decodes).
+
+    A row that no longer decodes (`payonce journal check` names each) is skipped, never
+    sent, and said on an ERROR line (again after an hour); the other intents go on.
     """
     urls = connection.urls  # a missing or bad --base-url before the journal
     if connection.provider is not None:
@@ -198,4 +201,4 @@ def worker(
 
 def _left_over(last: WorkerPassEnded | None) -> bool:
     # Not ``pending``: intents another live worker is sending right now count there.
-    return last is None or bool(last.unknown or last.failed or last.not_driven)
+    return last is None or bool(last.unknown or last.failed or last.not_driven or last.damaged)
