@@ -233,6 +233,14 @@ def test_reconcile_all_skips_a_damaged_unknown_row_names_it_and_reconciles_the_r
     assert "its journal row is damaged (created_at is not a time: 'NaN')" in lines[damaged][5]
     assert "1 damaged row(s) skipped" in result.stderr
     assert _state(where, healthy) == "succeeded"
+    named = run_cli(["reconcile", damaged, "--json"], env=_env(sandbox, where), secrets=SECRETS)
+    assert named.exit_code == 1, named.output
+    (document,) = json.loads(named.stdout)
+    assert (document["key"], document["outcome"], document["damaged"]) == (
+        damaged,
+        "error",
+        True,
+    )
     assert _as_held(where, f"SELECT * FROM intents WHERE key = '{damaged}'") == held
 
 

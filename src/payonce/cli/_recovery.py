@@ -351,8 +351,9 @@ def _labels(targets: Sequence[Target]) -> str:
 def _check_named(client: payonce.Client, key_or_reference: str) -> None:
     """Say why, when no intent of this account and provider has this key or reference."""
     found = client.journal.find(key_or_reference)
-    if any(r.account == client.account and r.provider == client.provider.name for r in found):
-        return
+    mine = (client.account, client.provider.name)
+    if any((r.account, r.provider) == mine for r in [*found, *found.damaged]):
+        return  # a damaged row of theirs too: the pass names it
     if not found:
         raise NotFound(f"no intent with key or reference {key_or_reference!r}")
     others = ", ".join(sorted({f"--account {r.account} --provider {r.provider}" for r in found}))
