@@ -90,6 +90,12 @@ def test_journal_check_names_every_damaged_row_as_recovery_reads_it_and_exits_1(
         cut_short_key,
     )
     _damage(where, "UPDATE attempts SET number = -1 WHERE key = ?", negative)
+    _damage(
+        where,
+        "INSERT INTO webhook_events (endpoint, event_id, type, payload_hash, received_at,"
+        " updated_at, deliveries, handler_runs) VALUES ('stripe', 'evt_1', 'charge.succeeded',"
+        " 'h', 1.0, 'NaN', 1, 0)",
+    )
     held = (_as_held(where), _as_held(where, "SELECT * FROM attempts ORDER BY key, number"))
 
     piped = run_cli(["journal", "check", "--journal", where], secrets=SECRETS)
@@ -99,7 +105,7 @@ def test_journal_check_names_every_damaged_row_as_recovery_reads_it_and_exits_1(
     lines = piped.stdout.splitlines()
     assert "integrity\tok" in lines, "the file itself is sound: its rows are not"
     assert (
-        "damaged_rows\t5, each below: listings leave them out, resume and the worker skip them"
+        "damaged_rows\t6, each below: listings leave them out, resume and the worker skip them"
         in lines
     )
     damaged = sorted(line.split("\t", 1)[1] for line in lines if line.startswith("damaged\t"))
@@ -113,6 +119,7 @@ def test_journal_check_names_every_damaged_row_as_recovery_reads_it_and_exits_1(
             f"row of intents for intent {cut_short_key}: response_headers is not JSON: cut short "
             "or edited (Unterminated string starting at: line 1 column 19 (char 18))",
             f"row of attempts for intent {negative}: number is not a count of 1 or more: -1",
+            "row of webhook_events for event stripe/evt_1: updated_at is not a time: 'NaN'",
         ]
     )
     report = json.loads(as_json.stdout)
@@ -120,7 +127,14 @@ def test_journal_check_names_every_damaged_row_as_recovery_reads_it_and_exits_1(
     assert report["ok"] is False
     assert report["problems"] == []
     by_key = {row["key"]: row for row in report["damaged_rows"]}
-    assert set(by_key) == {not_json, not_a_time, no_such_state, cut_short_key, negative}
+    assert set(by_key) == {
+        not_json,
+        not_a_time,
+        no_such_state,
+        cut_short_key,
+        negative,
+        "stripe/evt_1",
+    }
     assert by_key[no_such_state] == {
         "table": "intents",
         "key": no_such_state,
@@ -172,6 +186,33 @@ def test_a_nan_time_is_damage_shown_as_such_by_list_and_show_on_both_backends(
     assert _as_held(location) == held
 
 
+def test_ack_list_names_a_damaged_settled_row_it_cannot_show(
+    make_client: MakeClient, journal_path: Path
+) -> None:
+    """A settled outcome the caller never recorded, whose row no longer decodes: left out
+    of the list, it would read as "nothing missed"."""
+    where = str(journal_path)
+    keys = []
+    with make_client() as client:
+        for reference in ("order-1", "order-2"):
+            with client.intent(reference, acknowledge=False) as op:
+                op.post("/v1/payments", json={"amount": 1, "currency": "eur"})
+            assert op.key is not None
+            keys.append(op.key)
+    _damage(where, "UPDATE intents SET response_status = 1500 WHERE key = ?", keys[0])
+    held = _as_held(where)
+
+    listed = run_cli(["ack", "--list", "--json", "--journal", where])
+
+    assert listed.exit_code == 1, listed.output
+    assert [r["key"] for r in json.loads(listed.stdout)] == [keys[1]]
+    assert (
+        f"error: damaged row of intents for intent {keys[0]}: response_status is not an HTTP "
+        "status: 1500" in listed.stderr
+    )
+    assert _as_held(where) == held
+
+
 # -- resume, reconcile, the worker ------------------------------------------------------------
 
 
@@ -179,12 +220,14 @@ def test_resume_skips_damaged_rows_names_them_and_finishes_every_other_intent(
     make_client: MakeClient, sandbox: SandboxServer, location: str
 ) -> None:
     """One malformed row stopped `resume` for the whole journal: every pending payment
-    behind it waited. The damaged rows here are the oldest, met first."""
+    behind it waited. One damaged row here is the oldest, met first; the other's time is
+    no number at all."""
     not_json = leave_pending(make_client, "order-1", journal=location).key
     not_a_time = leave_pending(make_client, "order-2", journal=location).key
     behind = [leave_pending(make_client, f"order-{n}", journal=location).key for n in (3, 4)]
     _damage(location, "UPDATE intents SET request_headers = '[not json' WHERE key = ?", not_json)
-    _damage(location, "UPDATE intents SET first_sent_at = 'Infinity' WHERE key = ?", not_a_time)
+    # Sorted after every number on both backends: the pass goes on from it, to its end.
+    _damage(location, "UPDATE intents SET created_at = 'NaN' WHERE key = ?", not_a_time)
     select_damaged = f"SELECT * FROM intents WHERE key IN ('{not_json}', '{not_a_time}')"
     damaged_rows = _as_held(location, select_damaged + " ORDER BY key")
 
@@ -202,7 +245,7 @@ def test_resume_skips_damaged_rows_names_them_and_finishes_every_other_intent(
         "(Expecting value: line 1 column 2 (char 1))): skipped, never sent. Check it at the "
         "provider, then restore or repair the row (`payonce journal check` lists them)",
     ]
-    assert "(first_sent_at is not a time: " in lines[not_a_time][3]
+    assert "(created_at is not a time: " in lines[not_a_time][3]
     assert [_state(location, key) for key in behind] == ["succeeded", "succeeded"]
     assert _as_held(location, select_damaged + " ORDER BY key") == damaged_rows
     # The dead worker's sends, each executed once; nothing sent again for a damaged row.

@@ -75,6 +75,10 @@ __all__ = ["Journal"]
 _SETTLED = (IntentState.SUCCEEDED.value, IntentState.FAILED.value)
 _SCAN_PAGE = 500
 """Intents per page of ``check``'s read of every row: a few MB at most, with their bodies."""
+_SCAN_EVENTS = (
+    LIST_EVENTS + " WHERE endpoint > ? OR (endpoint = ? AND event_id > ?)"
+    " ORDER BY endpoint, event_id LIMIT ?"
+)
 _CANNOT_ABANDON = (
     "intent {key} is already {state}; only pending or unknown intents can be abandoned"
 )
@@ -497,8 +501,25 @@ class Journal:
                     except UndecodableRow as exc:
                         damaged.append(exc.damaged)
             if last is None:
-                return damaged
+                return damaged + self._damaged_events(tx)
             after = last
+
+    def _damaged_events(self, tx: Tx) -> list[DamagedRow]:
+        """The webhook inbox's rows that do not decode, as ``get_event`` decodes them."""
+        if not self._engine.present_columns(tx, "webhook_events"):
+            return []  # a journal older than the inbox, read as it is
+        damaged: list[DamagedRow] = []
+        endpoint, event_id = "", ""
+        while True:
+            rows = tx.all(_SCAN_EVENTS, (endpoint, endpoint, event_id, _SCAN_PAGE))
+            for row in rows:
+                try:
+                    event_from_row(row)
+                except UndecodableRow as exc:
+                    damaged.append(exc.damaged)
+            if len(rows) < _SCAN_PAGE:
+                return damaged
+            endpoint, event_id = rows[-1][0], rows[-1][1]
 
     def _contents(self, tx: Tx) -> tuple[dict[str, str], dict[str, int], int]:
         """The journal's meta rows, its intents by state and how many are unacknowledged."""

@@ -218,10 +218,11 @@ class DamagedRow:
     number... ``journal.check()``, the listings and every recovery pass name it and leave
     it alone, and go on with the other rows.
 
-    ``key`` is the intent the row belongs to, as stored; ``problem`` says which column holds
-    what. For a row of ``intents``, ``state``, ``account``, ``provider`` and ``reference``
-    are the columns as stored where they are text (None otherwise), so that the row can be
-    found and judged by hand.
+    ``key`` is the intent the row belongs to, as stored (for a webhook event, its endpoint
+    and event id: ``stripe/evt_1``); ``problem`` says which column holds what. For a row of
+    ``intents``, ``state``, ``account``, ``provider`` and ``reference`` are the columns as
+    stored where they are text (None otherwise), so that the row can be found and judged
+    by hand.
     """
 
     table: str
@@ -236,7 +237,8 @@ class DamagedRow:
     on from (its decoded value may be no number at all)."""
 
     def __str__(self) -> str:
-        return f"row of {self.table} for intent {self.key}: {self.problem}"
+        of = "event" if self.table == "webhook_events" else "intent"
+        return f"row of {self.table} for {of} {self.key}: {self.problem}"
 
 
 class UndecodableRow(sqlite3.DatabaseError):

@@ -293,7 +293,8 @@ def resume(connection: Connection, as_json: bool) -> None:
     targets, held = connection.targets(lambda j: j.list_intents(states=pending), "pending intents")
 
     def drive(client: payonce.Client) -> list[Row]:
-        total = len(client.journal.pending(account=client.account, provider=client.provider.name))
+        waiting = client.journal.pending(account=client.account, provider=client.provider.name)
+        total = len(waiting) + len(waiting.damaged)  # each damaged row is a result too
         with progress(console(), "resuming", total, enabled=_show_progress(as_json)) as advance:
             results = client.resume(on_result=lambda _: advance())
         return [resume_row(result, client.journal) for result in results]
@@ -428,7 +429,8 @@ def reconcile(
             _check_named(client, key_or_reference)
             results = client.reconcile(key_or_reference, resend=resend)
         else:
-            total = len(client.unknown())
+            unknown = client.unknown()
+            total = len(unknown) + len(unknown.damaged)
             with progress(console(), "reconciling", total, enabled=show) as advance:
                 results = client.reconcile_all(resend=resend, on_result=lambda _: advance())
         return [reconcile_row(result) for result in results]
