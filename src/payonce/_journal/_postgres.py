@@ -934,10 +934,10 @@ def _transaction(
                 retried += 1
                 logger.debug("journal transaction retried: %s", engine._describe(exc))
                 continue
-            if isinstance(exc, pg_errors.InsufficientPrivilege) and not conn.broken:
-                # Asked on the same connection: which of the journal's privileges on that
-                # table the role lacks, so that the error can give the GRANT to run.
-                denied = yield from _denied(conn, exc)
+            if isinstance(exc, pg_errors.InsufficientPrivilege):
+                # Which of the journal's privileges on that table the role lacks, so that
+                # the error can give the GRANT to run.
+                denied = yield from _denied(exc, engine._schema)
                 if denied is not None:
                     raise engine._denied(denied, busy) from None
             raise engine.translate(exc, busy) from None
@@ -973,20 +973,26 @@ def _identifier(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _denied(conn: Any, exc: psycopg.Error) -> Steps[_Denied | None]:
-    """The journal privileges the role lacks on the table ``exc`` was refused on; None when
-    it names no table, or the question cannot be asked."""
+def _denied(exc: psycopg.Error, schema: str | None) -> Steps[_Denied | None]:
+    """The journal privileges the role lacks on the table ``exc`` was refused on (in the
+    journal's ``schema``, else where its name resolves); None when it names no table, or
+    the question cannot be asked. Asked on a connection of its own: the refused one may
+    still be leaving its pipeline."""
     said = exc.diag.message_primary or str(exc)
     found = _TABLE_DENIED.search(said)
     if found is None:
         return None
-    try:
-        cursor = yield _Do(conn.execute, (_PRIVILEGES_LACKED, (list(_TABLE_PRIVILEGES), found[1])))
-        row = yield _Do(cursor.fetchone)
-        if conn.info.transaction_status != TransactionStatus.IDLE:
-            yield _Do(conn.execute, ("ROLLBACK",))
-    except psycopg.Error:
+    table = found[1] if schema is None else f"{_identifier(schema)}.{_identifier(found[1])}"
+    asking = yield _Alone()
+    if isinstance(asking, psycopg.Error):
         return None
+    row: Any = None
+    try:
+        cursor = yield _Do(asking.execute, (_PRIVILEGES_LACKED, (list(_TABLE_PRIVILEGES), table)))
+        row = yield _Do(cursor.fetchone)
+    except psycopg.Error:
+        row = None
+    yield _Give(asking, True)
     if row is None or not row[3]:
         return None
     return _Denied(str(row[0]), str(row[1]), str(row[2]), tuple(row[3]))
