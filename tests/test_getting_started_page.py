@@ -39,7 +39,7 @@ PORT = "8765"
 
 NOT_RUN = {
     "pip install 'payonce[sandbox]'": "installs from PyPI: this test runs the checkout's payonce",
-    "make demo": "builds a virtual environment: `make test` is how this test runs",
+    "make demo": "builds a virtual environment: `make test-all` is how this test runs",
     'client = payonce.Client(\n    base_url="https://api.stripe.com",': "needs a Stripe account",
 }
 

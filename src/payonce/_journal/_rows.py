@@ -84,6 +84,7 @@ INTENT_FIELDS = (
     "key_lifetime",
     "key_lifetime_documented",
     "max_processing",
+    "enqueued",
 )
 """The columns of ``intents`` in ``INTENT_COLUMNS``' order, which ``intent_from_row`` reads by
 position."""
@@ -126,7 +127,7 @@ INTENT_COLUMNS = (
     ", ".join(INTENT_FIELDS)
     + ", (SELECT count(*) FROM attempts a WHERE a.key = intents.key) AS attempt_count"
 )
-KEY_TERMS_COLUMNS = "key_lifetime, key_lifetime_documented, max_processing"
+KEY_TERMS_COLUMNS = "key_lifetime, key_lifetime_documented, max_processing, enqueued"
 """How ``INTENT_COLUMNS`` names the columns schema 10 added: a read-only journal of an older
 schema reads ``NULL`` in their place (``Dialect.reading_schema``)."""
 
@@ -159,6 +160,7 @@ def write_ahead_values(
     first_sent_at: float | None,
     owner: str | None,
     lease_expires_at: float | None,
+    enqueued: bool = False,
 ) -> tuple[Any, ...]:
     """The write-ahead record of ``draft``'s new intent, pending, in ``_sql.INSERT_INTENT``'s
     order: the one row every creation writes. A client about to send it holds its lease and
@@ -184,6 +186,7 @@ def write_ahead_values(
         # older than schema 9.
         1 if draft.key_per_call else None,
         *_key_terms_values(draft.key_terms),
+        1 if enqueued else None,
     )
 
 
@@ -413,6 +416,7 @@ def _intent(row: Sequence[Any]) -> IntentRecord:
         lifetime,
         documented,
         processing,
+        enqueued,
         attempt_count,
     ) = row[23:]
     return IntentRecord(
@@ -439,6 +443,7 @@ def _intent(row: Sequence[Any]) -> IntentRecord:
         abandon_reason=abandon_reason,
         key_per_call=bool(key_per_call),
         key_terms=_key_terms(lifetime, documented, processing),
+        enqueued=bool(enqueued),
     )
 
 

@@ -158,10 +158,16 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     #    journaled with (``KeyTerms``): a process that drives it later rebuilds the profile
     #    from its name alone, and an app's shortened lifetime kept that name. NULL in older
     #    rows: the built-in profile of the name, as before.
+    # 10 (outcomes): whether an intent was enqueued (the outbox), whose caller learns its
+    #    outcome from ``outcomes()`` rather than from a call's answer; the index finds the
+    #    enqueued outcomes not acknowledged yet in the order they settled.
     (
         "ALTER TABLE intents ADD COLUMN key_lifetime {REAL}",
         "ALTER TABLE intents ADD COLUMN key_lifetime_documented INTEGER",
         "ALTER TABLE intents ADD COLUMN max_processing {REAL}",
+        "ALTER TABLE intents ADD COLUMN enqueued INTEGER",
+        "CREATE INDEX intents_outcomes ON intents (updated_at, key)"
+        " WHERE enqueued = 1 AND acknowledged_at IS NULL",
     ),
 )
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, Unpack, assert_never
 import httpx
 
 from .._crash import crash_point
+from .._journal._reads import Outcomes
 from .._journal._rows import Intents
 from .._lifecycle import IntentDraft, IntentRecord
 from .._lifecycle import _drive as drive
@@ -141,9 +142,11 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
 
         The connection must be to the database (and server) that holds this client's
         PostgreSQL journal, with a transaction open; otherwise ``ConfigurationError``,
-        nothing written. Enqueuing the same ``reference`` again with the same request is
-        the same intent (its record is returned); with another request it is
-        ``IntentMismatch``, and your transaction stays usable. See docs/outbox.md.
+        nothing written. ``connection=None`` journals it on its own, in any journal
+        (SQLite too), committed before this returns: for a caller with no rows to commit
+        with it. Enqueuing the same ``reference`` again with the same request is the same
+        intent (its record is returned); with another request it is ``IntentMismatch``,
+        and your transaction stays usable. The outcome: ``outcomes()``. See docs/outbox.md.
         """
         self._in_this_process()
         draft = self._outbox_draft(method, path, reference, json, data, headers)
@@ -277,6 +280,17 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
     def unacknowledged(self) -> list[IntentRecord]:
         """Settled intents of this account whose outcome the caller has not acknowledged."""
         return self.journal.unacknowledged(account=self.account)
+
+    def outcomes(self, *, after: str | None = None, limit: int = 100) -> Outcomes:
+        """The outcomes of what this client's account and provider enqueued (the outbox):
+        the intents a worker or ``resume`` settled (succeeded or failed) that you have not
+        acknowledged yet, oldest settled first, at most ``limit``, after the cursor
+        ``after`` (a page's ``cursor``). Record each on your side (the intent's
+        ``reference``, ``state`` and ``response``), then ``acknowledge(key)`` it: it is not
+        listed again. Start each pass without ``after``. See docs/outbox.md."""
+        return self.journal.outcomes(
+            account=self.account, provider=self.provider.name, after=after, limit=limit
+        )
 
     # -- sending -----------------------------------------------------------------------------
 

@@ -94,6 +94,7 @@ def intent_json(record: payonce.IntentRecord) -> dict[str, Any]:
         "unknown_reason": record.unknown_reason,
         "abandon_reason": record.abandon_reason,
         "key_per_call": record.key_per_call,
+        "enqueued": record.enqueued,
         "response_status": record.response.status if record.response else None,
         "acknowledged_at": iso(record.acknowledged_at),
     }
