@@ -20,7 +20,7 @@ import pytest
 import payonce
 from helpers.cli import CliResult, run_cli, run_cli_process
 from helpers.journals import raw_transaction, rows
-from helpers.payments import MakeClient, leave_pending, make_unknown
+from helpers.payments import PAYMENT, MakeClient, leave_pending, make_unknown
 from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
 from pgserver import PostgresServer
 
@@ -437,3 +437,29 @@ async def test_the_async_client_s_resume_and_reconcile_all_skip_a_damaged_row_to
     assert _as_held(where, f"SELECT * FROM intents WHERE key = '{damaged}'") == held
     said = [r for r in caplog.records if damaged in r.getMessage()]
     assert [r.levelno for r in said] == [logging.ERROR]
+
+
+def test_an_enqueued_outcome_whose_row_is_damaged_is_named_beside_the_others(
+    make_client: MakeClient, journal_path: Path
+) -> None:
+    """The service's outcome reader is told of the outcome it cannot be given, and still
+    gets every other."""
+    where = str(journal_path)
+    client = make_client()
+    keys = [
+        client.enqueue(
+            "POST", "/v1/payments", reference=f"order-{n}", json=PAYMENT, connection=None
+        ).key
+        for n in (1, 2)
+    ]
+    assert [r.state for r in client.resume()] == [payonce.IntentState.SUCCEEDED] * 2
+    _damage(where, "UPDATE intents SET response_headers = '[[' WHERE key = ?", keys[0])
+    held = _as_held(where)
+
+    page = client.outcomes()
+
+    assert [intent.key for intent in page] == [keys[1]]
+    (damaged,) = page.damaged
+    assert (damaged.key, damaged.reference) == (keys[0], "order-1")
+    assert damaged.problem.startswith("response_headers is not JSON")
+    assert _as_held(where) == held

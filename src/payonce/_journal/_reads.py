@@ -97,6 +97,9 @@ class Outcomes:
     cursor: str | None
     """Where the next page starts (pass it as ``after=``): just after this page's last
     intent. None for an empty page."""
+    damaged: tuple[DamagedRow, ...] = ()
+    """The rows of this page that no longer decode, left out of it (``DamagedRow``): an
+    outcome the service cannot be told, to look at by hand (`payonce journal check`)."""
 
     def __iter__(self) -> Iterator[IntentRecord]:
         return iter(self.intents)
@@ -282,8 +285,9 @@ class Journal:
             when, key = _after(after)
             statement += sql.OUTCOMES_AFTER
             params += [when, when, key]
-        found = tuple(self._intents(statement + sql.OUTCOMES_ORDER, [*params, limit]))
-        return Outcomes(found, _cursor(found[-1]) if found else None)
+        page = self._intents(statement + sql.OUTCOMES_ORDER, [*params, limit])
+        found = tuple(page)
+        return Outcomes(found, _cursor(found[-1]) if found else None, page.damaged)
 
     def accounts(self) -> list[str]:
         """Every account the journal holds intents of, in any state, sorted."""
