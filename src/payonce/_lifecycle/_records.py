@@ -171,7 +171,8 @@ class ReconciliationRecord:
     key: str
     at: float
     outcome: str
-    """``found``, ``not_found``, ``still_unknown`` or ``error``."""
+    """``found``, ``not_found``, ``cannot_tell``, ``still_unknown``, ``error`` or
+    ``resent``."""
     detail: str
     status_code: int | None
 

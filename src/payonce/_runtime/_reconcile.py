@@ -46,8 +46,8 @@ class ReconcileResult:
     before: IntentState
     after: IntentState
     outcome: ReconcileOutcome
-    """``found``, ``not_found``, ``still_unknown``, ``error``, ``skipped`` or ``resent`` (a
-    ``str``)."""
+    """``found``, ``not_found``, ``cannot_tell``, ``still_unknown``, ``error``, ``skipped``
+    or ``resent`` (a ``str``)."""
     detail: str
     damaged: bool = False
     """Its journal row no longer decodes: not looked up (outcome ``error``; ``detail`` says

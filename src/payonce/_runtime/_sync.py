@@ -65,7 +65,7 @@ class Operation(OperationBase, Verbs[httpx.Response]):
         """Send the intent's next step (once), or replay its journaled outcome.
 
         The first request is the intent itself; each later one that is not the same
-        request again is its next step (see ``docs/integrations.md``). Takes ``json=``,
+        request again is its next step (see ``docs/steps.md``). Takes ``json=``,
         ``data=`` (form), ``content=``, ``params=`` and ``headers=``.
         """
         self._core.require_api_key(f"{method.upper()} {path}")
@@ -174,7 +174,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         the code names again from a uuid4 drawn per call): its call retries and verifies it,
         code run again under the same key continues it, but no resume or worker resends it
         once its call is over (they look it up where the provider allows; an operator may
-        ``payonce reconcile KEY --resend``). See ``docs/integrations.md``.
+        ``payonce reconcile KEY --resend``). See ``docs/integrations.md`` and ``docs/steps.md``.
         """
         return SyncTransport(
             self, inner, sdk_keys=sdk_keys, outside_intent=outside_intent, verify=self._verify

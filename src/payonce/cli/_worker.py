@@ -193,7 +193,10 @@ def _work(
     otel: bool,
 ) -> WorkerPassEnded | None:
     """The worker's passes until drained; the last pass's counts (None: none was run)."""
-    urls = connection.urls  # a missing or bad --base-url before the journal
+    waiting = [payonce.IntentState.PENDING, payonce.IntentState.UNKNOWN]
+    if not connection.base_url:
+        raise CliError(connection.missing_base_url(lambda j: j.list_intents(states=waiting)))
+    urls = connection.urls  # a bad --base-url before the journal
     if connection.provider is not None:
         try:
             get_profile(connection.provider)  # a mistyped name recovers nothing: say so now
