@@ -230,11 +230,17 @@ BEFORE_KEY_TERMS = KEY_TERMS_SCHEMA - 1
 
 def _back_to_before_key_terms(location: str) -> None:
     """What the payonce before the key terms left: its intents carry none (nor whether
-    they were enqueued, which schema 10 added too)."""
+    they were enqueued), and are named by their first request's endpoint (scope) and
+    reference (schema 10 made that their identity, provider and account)."""
     with raw_transaction(location) as tx:
         tx.execute("DROP INDEX intents_outcomes")
         for column in ("key_lifetime", "key_lifetime_documented", "max_processing", "enqueued"):
             tx.execute(f"ALTER TABLE intents DROP COLUMN {column}")
+        tx.execute("DROP INDEX intents_identity_reference")
+        tx.execute(
+            "CREATE UNIQUE INDEX intents_scope_reference ON intents (scope, reference)"
+            " WHERE reference IS NOT NULL"
+        )
         version = str(BEFORE_KEY_TERMS)
         tx.execute("UPDATE payonce_meta SET value = ? WHERE name = 'schema_version'", (version,))
 

@@ -63,6 +63,14 @@ class IntentRequest:
     """Only headers safe to keep (never credentials)."""
     body: bytes
 
+    @property
+    def identity(self) -> tuple[str, str]:
+        """What, with its reference, names an intent: its provider and its account (the
+        fingerprint of the credential that sends it joins them, issue 27). Never its
+        request: a block whose first request differs between runs (the customer created
+        in the first run, skipped in the next) is the same intent under the same key."""
+        return (self.provider, self.account)
+
 
 @attrs.frozen
 class IntentDraft(IntentRequest):

@@ -47,6 +47,7 @@ from .._lifecycle._drive import (
     LookupRetried,
     MarkUnknown,
     ReadAttempts,
+    ReadBlock,
     ReadIntent,
     Reconciled,
     Release,
@@ -425,6 +426,11 @@ class IntentCore:
                 return (yield Call(lambda: self.journal.attempts(key)))
             case ReadIntent(key):
                 return (yield Call(lambda: self.journal.get(key)))
+            case ReadBlock(key, provider, account, named):
+                rows = functools.partial(
+                    self.journal.block_rows, key, provider=provider, account=account, named=named
+                )
+                return (yield Call(rows))
             case StartAttempt(run):
                 number = yield from store.start_attempt.plan(
                     run.key,
