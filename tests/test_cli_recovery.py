@@ -1113,10 +1113,19 @@ def test_journal_check_piped_is_one_line_per_field_and_per_finding(
     assert piped.exit_code == 1
     lines = piped.stdout.splitlines()
     names = [line.split("\t")[0] for line in lines]
-    fields = ["journal", "integrity", "schema_version", "intents", "unacknowledged", "size"]
-    assert names[:6] == fields
-    findings = [line.split("\t", 1)[1] for line in lines[6:]]
-    assert set(names[6:]) == {"problem"}
+    fields = [
+        "journal",
+        "integrity",
+        "schema_version",
+        "intents",
+        "unacknowledged",
+        "size",
+        "damaged_rows",
+    ]
+    assert names[:7] == fields
+    assert lines[6] == "damaged_rows\tnone"
+    findings = [line.split("\t", 1)[1] for line in lines[7:]]
+    assert set(names[7:]) == {"problem"}
     assert any("intents_identity_reference" in finding for finding in findings)
     assert all(line == line.strip() and line.count("\t") == 1 for line in lines), lines
 

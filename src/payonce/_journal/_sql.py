@@ -382,6 +382,8 @@ BLOCK = (
 (``order-7#step``; ``like_prefix``). LIKE ignores case in SQLite: the caller keeps the
 references that are exactly its steps'."""
 LIST = f"SELECT {INTENT_COLUMNS} FROM intents"
+SCAN_INTENTS = LIST + " WHERE key > ? ORDER BY key LIMIT ?"
+"""A page of every intent, by key: ``journal.check`` reads them all so."""
 NEWEST = " ORDER BY created_at DESC, key DESC"
 
 
@@ -422,6 +424,14 @@ ESCALATE = (
 ESCALATIONS = (
     f"SELECT {ESCALATION_COLUMNS} FROM escalations WHERE key = ? ORDER BY unknown_since, at"
 )
+
+
+def in_key_range(statement: str, *, bounded: bool) -> str:
+    """A read of one intent's rows (``... WHERE key = ? ...``) over a range of intents
+    instead: those keyed after ``?`` (and up to the second ``?`` when ``bounded``)."""
+    head = statement.split(" WHERE key = ?", 1)[0]
+    return head + (" WHERE key > ? AND key <= ?" if bounded else " WHERE key > ?")
+
 
 META = "SELECT name, value FROM payonce_meta"
 UPSERT_META = (

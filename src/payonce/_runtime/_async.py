@@ -22,6 +22,7 @@ import httpx
 from .._crash import crash_point
 from .._journal._plans import AsyncEdge, Write
 from .._journal._reads import Outcomes
+from .._journal._rows import Intents
 from .._lifecycle import IntentDraft, IntentRecord
 from .._lifecycle import _drive as drive
 from .._owners import new_owner
@@ -298,9 +299,9 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
     async def acknowledge(self, key: str) -> IntentRecord:
         return await _off_loop(self.journal.acknowledge, key, now=self._core.clock())
 
-    async def unknown(self) -> list[IntentRecord]:
+    async def unknown(self) -> Intents:
         """See ``Client.unknown``."""
-        return await _off_loop(_reconcile.targets, self._core, None)
+        return await _off_loop(_reconcile.unknown, self._core)
 
     async def unacknowledged(self) -> list[IntentRecord]:
         return await _off_loop(self.journal.unacknowledged, account=self.account)

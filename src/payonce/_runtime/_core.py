@@ -23,6 +23,7 @@ import httpx
 from .._crash import crash_armed, crash_atrace, crash_point, crash_trace
 from .._journal._plans import AsyncEdge, Call, Plan
 from .._journal._reads import Journal
+from .._journal._rows import DamagedRow
 from .._journal._store import IntentStore
 from .._lifecycle import (
     BootReading,
@@ -184,7 +185,9 @@ class IntentCore:
 
     # -- the intent --------------------------------------------------------------------------
 
-    def claim_next_resumable(self, owner: str, after: tuple[float, str] | None) -> Claim | None:
+    def claim_next_resumable(
+        self, owner: str, after: tuple[object, str] | None
+    ) -> Claim | DamagedRow | None:
         """Lease the next pending intent of this account that no live worker holds.
 
         ``after`` is the (created_at, key) of the intent this pass handled last. Hosts

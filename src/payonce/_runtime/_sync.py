@@ -17,6 +17,7 @@ import httpx
 
 from .._crash import crash_point
 from .._journal._reads import Outcomes
+from .._journal._rows import Intents
 from .._lifecycle import IntentDraft, IntentRecord
 from .._lifecycle import _drive as drive
 from .._owners import new_owner
@@ -297,10 +298,11 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         """The caller has recorded this intent's settled outcome on its side."""
         return self.journal.acknowledge(key, now=self._core.clock())
 
-    def unknown(self) -> list[IntentRecord]:
+    def unknown(self) -> Intents:
         """The unknown intents of this account and provider, oldest first: what
-        ``reconcile_all()`` drives."""
-        return _reconcile.targets(self._core, None)
+        ``reconcile_all()`` drives. Their rows that no longer decode are named in the
+        list's ``damaged``."""
+        return _reconcile.unknown(self._core)
 
     def unacknowledged(self) -> list[IntentRecord]:
         """Settled intents of this account whose outcome the caller has not acknowledged."""

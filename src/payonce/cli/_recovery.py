@@ -61,7 +61,7 @@ class Connection:
         return BaseUrls.parse(self.base_url)
 
     def targets(
-        self, records: Callable[[payonce.Journal], list[payonce.IntentRecord]], what: str
+        self, records: Callable[[payonce.Journal], payonce.journal.Intents], what: str
     ) -> tuple[list[Target], Counter[Target]]:
         """The groups to drive, and what every group holds of ``records``."""
         if not self.base_url:
@@ -347,7 +347,8 @@ def resume(connection: Connection, as_json: bool) -> None:
     targets, held = connection.targets(lambda j: j.list_intents(states=pending), "pending intents")
 
     def drive(client: payonce.Client) -> list[Row]:
-        total = len(client.journal.pending(account=client.account, provider=client.provider.name))
+        waiting = client.journal.pending(account=client.account, provider=client.provider.name)
+        total = len(waiting) + len(waiting.damaged)  # each damaged row is a result too
         with progress(console(), "resuming", total, enabled=_show_progress(as_json)) as advance:
             results = client.resume(on_result=lambda _: advance())
         return [resume_row(result, client.journal) for result in results]
@@ -417,8 +418,9 @@ def _labels(targets: Sequence[Target]) -> str:
 def _check_named(client: payonce.Client, key_or_reference: str) -> None:
     """Say why, when no intent of this account and provider has this key or reference."""
     found = client.journal.find(key_or_reference)
-    if any(r.account == client.account and r.provider == client.provider.name for r in found):
-        return
+    mine = (client.account, client.provider.name)
+    if any((r.account, r.provider) == mine for r in [*found, *found.damaged]):
+        return  # a damaged row of theirs too: the pass names it
     if not found:
         raise NotFound(f"no intent with key or reference {key_or_reference!r}")
     others = ", ".join(sorted({f"--account {r.account} --provider {r.provider}" for r in found}))
@@ -493,7 +495,8 @@ def reconcile(
             _check_named(client, key_or_reference)
             results = client.reconcile(key_or_reference, resend=resend)
         else:
-            total = len(client.unknown())
+            unknown = client.unknown()
+            total = len(unknown) + len(unknown.damaged)
             with progress(console(), "reconciling", total, enabled=show) as advance:
                 results = client.reconcile_all(resend=resend, on_result=lambda _: advance())
         return [reconcile_row(result) for result in results]
