@@ -79,6 +79,8 @@ INTENT_FIELDS = (
     "key_lifetime",
     "key_lifetime_documented",
     "max_processing",
+    "credential",
+    "account_scope",
 )
 """The columns of ``intents`` in ``INTENT_COLUMNS``' order, which ``intent_from_row`` reads by
 position."""
@@ -121,7 +123,9 @@ INTENT_COLUMNS = (
     ", ".join(INTENT_FIELDS)
     + ", (SELECT count(*) FROM attempts a WHERE a.key = intents.key) AS attempt_count"
 )
-KEY_TERMS_COLUMNS = "key_lifetime, key_lifetime_documented, max_processing"
+KEY_TERMS_COLUMNS = (
+    "key_lifetime, key_lifetime_documented, max_processing, credential, account_scope"
+)
 """How ``INTENT_COLUMNS`` names the columns schema 10 added: a read-only journal of an older
 schema reads ``NULL`` in their place (``Dialect.reading_schema``)."""
 
@@ -179,6 +183,8 @@ def write_ahead_values(
         # older than schema 9.
         1 if draft.key_per_call else None,
         *_key_terms_values(draft.key_terms),
+        draft.credential,
+        draft.account_scope,
     )
 
 
@@ -290,6 +296,8 @@ def _intent(row: Sequence[Any]) -> IntentRecord:
         lifetime,
         documented,
         processing,
+        credential,
+        account_scope,
         attempt_count,
     ) = row[23:]
     return IntentRecord(
@@ -316,6 +324,8 @@ def _intent(row: Sequence[Any]) -> IntentRecord:
         abandon_reason=abandon_reason,
         key_per_call=bool(key_per_call),
         key_terms=_key_terms(lifetime, documented, processing),
+        credential=credential,
+        account_scope=account_scope,
     )
 
 

@@ -158,10 +158,15 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     #    journaled with (``KeyTerms``): a process that drives it later rebuilds the profile
     #    from its name alone, and an app's shortened lifetime kept that name. NULL in older
     #    rows: the built-in profile of the name, as before.
+    # 10 (credentials): the fingerprint of the credential that sent each intent (never the
+    #    secret) and the account scope its request named (Stripe-Account): only a credential
+    #    of that fingerprint sends it again or looks it up (``_lifecycle._credential``).
     (
         "ALTER TABLE intents ADD COLUMN key_lifetime {REAL}",
         "ALTER TABLE intents ADD COLUMN key_lifetime_documented INTEGER",
         "ALTER TABLE intents ADD COLUMN max_processing {REAL}",
+        "ALTER TABLE intents ADD COLUMN credential TEXT",
+        "ALTER TABLE intents ADD COLUMN account_scope TEXT",
     ),
 )
 
@@ -181,8 +186,8 @@ PER_CALL_KEYS_SCHEMA = 9
 """The schema whose intents say whether their key was drawn per call: an older one, opened
 read-only, is read as none (every key named by its caller or its block)."""
 KEY_TERMS_SCHEMA = 10
-"""The schema whose intents carry their provider profile's key terms: an older one, opened
-read-only, is read with none."""
+"""The schema whose intents carry their provider profile's key terms, their credential's
+fingerprint and their account scope: an older one, opened read-only, is read with none."""
 
 
 def render_migrations(types: Mapping[str, str]) -> tuple[tuple[str, ...], ...]:

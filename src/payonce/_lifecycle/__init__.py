@@ -17,6 +17,16 @@ from ._claims import (
     decide_event_claim,
     is_mismatch,
 )
+from ._credential import (
+    CREDENTIAL_PREFIX,
+    Candidate,
+    account_scope_of,
+    choose_credential,
+    credential_fingerprint,
+    credential_in,
+    credential_mismatch,
+    credential_missing,
+)
 from ._guards import contract_table
 from ._identity import (
     MAX_KEY_LENGTH,
@@ -102,6 +112,14 @@ from ._verdicts import (
 from ._verify import LOOK_UP, LookUp, Verification, quiet_after
 
 __all__ = [
+    "CREDENTIAL_PREFIX",
+    "Candidate",
+    "account_scope_of",
+    "choose_credential",
+    "credential_fingerprint",
+    "credential_in",
+    "credential_mismatch",
+    "credential_missing",
     "LOOKUP_UNRECORDED",
     "MAY_HAVE_EXECUTED",
     "NOTHING_CHANGED",
