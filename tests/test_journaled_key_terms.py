@@ -229,9 +229,11 @@ BEFORE_KEY_TERMS = KEY_TERMS_SCHEMA - 1
 
 
 def _back_to_before_key_terms(location: str) -> None:
-    """What the payonce before the key terms left: its intents carry none."""
+    """What the payonce before the key terms left: its intents carry none (nor the
+    credential fingerprint and account scope schema 10 added with them)."""
+    key_terms = ("key_lifetime", "key_lifetime_documented", "max_processing")
     with raw_transaction(location) as tx:
-        for column in ("key_lifetime", "key_lifetime_documented", "max_processing"):
+        for column in (*key_terms, "credential", "account_scope"):
             tx.execute(f"ALTER TABLE intents DROP COLUMN {column}")
         version = str(BEFORE_KEY_TERMS)
         tx.execute("UPDATE payonce_meta SET value = ? WHERE name = 'schema_version'", (version,))
