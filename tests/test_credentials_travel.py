@@ -148,6 +148,38 @@ def test_a_credential_fingerprint_names_the_key_and_holds_no_part_of_it() -> Non
             assert KEY_A[start : start + size] not in fingerprint
 
 
+def test_the_provider_keeps_idempotency_keys_per_account(provider: SandboxServer) -> None:
+    """Why a key must never travel to another account: the same idempotency key sent with
+    another merchant's key is a second payment (the sandbox does as Stripe does)."""
+    form = {"amount": "2000", "currency": "eur"}
+    for key in (KEY_A, KEY_B, KEY_A):
+        headers = {"Authorization": f"Bearer {key}", "Idempotency-Key": "order-9"}
+        answer = httpx.post(f"{provider.url}/v1/payment_intents", data=form, headers=headers)
+        assert answer.status_code == 200, answer.text
+    assert _paid(provider) == {MERCHANT_A: 1, MERCHANT_B: 1}
+
+
+def test_intents_show_names_the_credential_by_its_fingerprint_only(
+    provider: SandboxServer, tmp_path: Path
+) -> None:
+    journal = str(tmp_path / "journal.db")
+    with (
+        _platform(provider, journal) as payments,
+        _merchant(payments, KEY_A, provider.url) as a,
+        payments.intent("order-10"),
+    ):
+        _create(a, "order-10")
+
+    shown = run_cli(["intents", "show", "order-10", "--journal", journal], secrets=SECRETS)
+    as_json = run_cli(
+        ["intents", "show", "order-10", "--journal", journal, "--json"], secrets=SECRETS
+    )
+
+    assert shown.exit_code == 0, shown.output
+    assert credential_fingerprint(KEY_A) in shown.stdout
+    assert f'"credential": "{credential_fingerprint(KEY_A)}"' in as_json.stdout
+
+
 # -- a run again of the code ------------------------------------------------------------------
 
 
@@ -402,3 +434,28 @@ def test_a_look_up_under_another_account_s_key_is_never_read_as_absent(
     assert result.after is payonce.IntentState.UNKNOWN
     assert credential_fingerprint(KEY_A) in result.detail
     assert _reconciliations(journal, record.key) == asked_before  # nothing was asked
+
+
+@pytest.mark.anyio
+async def test_the_async_client_looks_up_only_with_the_key_that_sent_it(
+    provider: SandboxServer, tmp_path: Path
+) -> None:
+    journal = str(tmp_path / "journal.db")
+    record = _unknown(provider, journal, KEY_A, "order-a5")
+    asked_before = _reconciliations(journal, record.key)
+    options: dict[str, Any] = {
+        "base_url": provider.url,
+        "provider": "stripe",
+        "account": JOURNAL_ACCOUNT,
+        "journal": journal,
+    }
+
+    async with payonce.AsyncClient(**options, api_key=KEY_B) as other:
+        (skipped,) = await other.reconcile("order-a5")
+    assert (skipped.outcome, skipped.after) == ("skipped", payonce.IntentState.UNKNOWN)
+    assert _reconciliations(journal, record.key) == asked_before
+
+    async with payonce.AsyncClient(**options, transport_only=True, recovery_keys=[KEY_A]) as own:
+        (found,) = await own.reconcile("order-a5")
+    assert (found.outcome, found.after) == ("found", payonce.IntentState.SUCCEEDED)
+    assert _paid(provider) == {MERCHANT_A: 1}
