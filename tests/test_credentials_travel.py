@@ -459,3 +459,41 @@ async def test_the_async_client_looks_up_only_with_the_key_that_sent_it(
         (found,) = await own.reconcile("order-a5")
     assert (found.outcome, found.after) == ("found", payonce.IntentState.SUCCEEDED)
     assert _paid(provider) == {MERCHANT_A: 1}
+
+
+def test_a_connected_account_s_intent_is_looked_up_in_that_account(tmp_path: Path) -> None:
+    """A platform's request for a connected account (``Stripe-Account``) journals that
+    account scope, and its look-up asks that account: asked of the platform's own, it would
+    find nothing, and "nothing" would read as never executed. (A unit of one decision: the
+    sandbox has no connected accounts, so the provider is a MockTransport.)"""
+    seen: list[httpx.Request] = []
+
+    def stripe_api(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.method == "POST":
+            raise httpx.ReadTimeout("the answer was lost", request=request)
+        return httpx.Response(200, json={"object": "search_result", "data": []})
+
+    with payonce.Client(
+        base_url="https://api.stripe.test",
+        provider="stripe",
+        api_key=KEY_PLATFORM,
+        journal=str(tmp_path / "journal.db"),
+        retry=payonce.RetryPolicy(max_attempts=1, initial_wait=0),
+        transport=httpx.MockTransport(stripe_api),
+    ) as platform:
+        with pytest.raises(payonce.OutcomeUnknown):
+            platform.post(
+                "/v1/payment_intents",
+                data={"amount": "2000", "currency": "eur"},
+                headers={"Stripe-Account": "acct_connected_1"},
+                reference="order-c1",
+            )
+        (record,) = platform.journal.find("order-c1")
+        assert record.account_scope == "stripe-account: acct_connected_1"
+        assert record.credential == credential_fingerprint(KEY_PLATFORM)
+        platform.reconcile("order-c1")
+
+    lookups = [r for r in seen if r.method == "GET"]
+    assert lookups, "the intent was looked up"
+    assert all(r.headers.get("stripe-account") == "acct_connected_1" for r in lookups)
