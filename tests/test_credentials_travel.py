@@ -323,7 +323,7 @@ def test_a_killed_payment_is_recovered_only_with_the_key_that_sent_it(
     assert _paid(provider) == {MERCHANT_A: 1}
 
 
-@pytest.mark.slow  # two child processes killed
+@pytest.mark.slow  # two child processes killed, two recoveries
 def test_the_platform_recovers_each_merchant_s_payment_with_that_merchant_s_key(
     provider: SandboxServer, journal: str
 ) -> None:
@@ -389,6 +389,7 @@ def _reconciliations(journal: str, key: str) -> list[Any]:
         return list(opened.reconciliations(key))
 
 
+@pytest.mark.slow  # two reconciliations, each a client of its own
 @pytest.mark.parametrize("resend", [[], ["--resend"]], ids=["look-up", "resend"])
 def test_an_unknown_payment_is_never_looked_up_or_resent_under_another_merchant_s_key(
     provider: SandboxServer, journal: str, resend: list[str]

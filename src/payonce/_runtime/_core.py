@@ -38,6 +38,7 @@ from .._lifecycle import (
     credential_fingerprint,
     credential_in,
     credential_missing,
+    header_value_problem,
     rule,
 )
 from .._lifecycle._drive import (
@@ -64,7 +65,7 @@ from .._lifecycle._drive import (
     StartAttempt,
     Verified,
 )
-from .._lifecycle._refusals import answer_not_kept
+from .._lifecycle._refusals import answer_not_kept, of_step_row
 from .._owners import owner_ended
 from .._providers._profile import ProviderProfile
 from ..errors import ConfigurationError, JournalError
@@ -296,7 +297,9 @@ class IntentCore:
 
         chosen = choose_credential(record.credential, tracked())
         if chosen is None:
-            raise credential_missing(record, tried)
+            missing = credential_missing(record, tried)
+            # A step 2 or later of a block is named as its block names it.
+            raise of_step_row(missing, record, max_length=self.profile.key_max_length)
         if chosen.secret == self._api_key:
             return None
         return self.profile.auth_headers(chosen.secret)
@@ -311,7 +314,9 @@ class IntentCore:
         if keys is not None:
             given = keys(record) if callable(keys) else keys
             for number, key in enumerate(given):
-                if isinstance(key, str) and key:
+                # One no header could carry as given is passed over: never sent, so never
+                # quoted by an HTTP stack's error either.
+                if isinstance(key, str) and key and header_value_problem(key) is None:
                     yield Candidate(key, f"recovery_keys[{number}]")
         yield from keyring_candidates(
             record.account, allow_plaintext_keyring=self._allow_plaintext_keyring
