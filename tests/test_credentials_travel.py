@@ -31,6 +31,8 @@ import payonce
 import payonce.worker
 from helpers.cli import CliResult, run_cli, run_cli_process
 from helpers.crash import KILLED, executions_once_arrived, worker_env
+from payonce._lifecycle import AttemptRecord, Candidate, choose_credential, credential_in
+from payonce._lifecycle._credential import may_rebind
 from payonce.credentials import credential_fingerprint
 from payonce.integrations.stripe import HTTPClient
 from payonce.sandbox import SandboxConfig, SandboxServer
@@ -146,6 +148,45 @@ def test_a_credential_fingerprint_names_the_key_and_holds_no_part_of_it() -> Non
     for size in range(4, len(KEY_A) + 1):
         for start in range(len(KEY_A) - size + 1):
             assert KEY_A[start : start + size] not in fingerprint
+
+
+def test_the_one_rule_picks_the_key_of_the_journaled_fingerprint_and_reads_no_further() -> None:
+    wanted = credential_fingerprint(KEY_B)
+    read: list[str] = []
+
+    def candidates() -> Iterator[Candidate]:
+        for source, key in (("own", KEY_A), ("given", KEY_B), ("keyring", KEY_PLATFORM)):
+            read.append(source)
+            yield Candidate(key, source)
+
+    chosen = choose_credential(wanted, candidates())
+
+    assert chosen is not None
+    assert chosen.source == "given"
+    assert read == ["own", "given"]  # the keyring, last and slow, was never read
+    assert choose_credential(credential_fingerprint("sk_other"), candidates()) is None
+    assert choose_credential(None, candidates()) is None  # no key is known to have sent it
+
+
+def test_a_request_s_credential_is_its_key_whatever_header_carries_it() -> None:
+    bearer = {"Authorization": f"Bearer {KEY_A}"}
+    assert credential_in(bearer, auth_header="Authorization") == KEY_A
+    assert credential_in({"X-API-Key": KEY_A}, auth_header="X-API-Key") == KEY_A
+    assert credential_in({"Cookie": "session=1"}, auth_header="Authorization") is None
+    basic = {"Authorization": "Basic c2tfdGVzdDo="}  # another form: another credential
+    assert credential_in(basic, auth_header="Authorization") == "Basic c2tfdGVzdDo="
+
+
+def test_only_an_intent_nothing_of_which_reached_the_provider_may_change_hands() -> None:
+    refused = AttemptRecord("k", 1, 0.0, 1.0, 401, None, ambiguous=False)
+    in_flight = AttemptRecord("k", 2, 2.0, None, None, None, ambiguous=None)
+    lost = AttemptRecord("k", 2, 2.0, 3.0, None, "ReadTimeout", ambiguous=True)
+
+    assert may_rebind(True, [])
+    assert may_rebind(True, [refused])
+    assert not may_rebind(True, [refused, in_flight])
+    assert not may_rebind(True, [refused, lost])
+    assert not may_rebind(False, [refused])  # settled or unknown: never
 
 
 def test_the_provider_keeps_idempotency_keys_per_account(provider: SandboxServer) -> None:

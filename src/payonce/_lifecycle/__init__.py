@@ -1,7 +1,8 @@
 """Every decision about an intent, and no I/O.
 
 States and the transition table (``_states``), identity: key, scope and the one
-fingerprint (``_identity``), verdicts on answers and look-ups (``_verdicts``), key age
+fingerprint (``_identity``), which credential may send an intent again
+(``_credential``), verdicts on answers and look-ups (``_verdicts``), key age
 (``_key_age``), leases (``_leases``), what a claim of an intent or of a webhook event
 amounts to (``_claims``), the drive that sequences them all (``_drive``), and the records
 they decide on (``_records``, which the journal stores). The clients and the journal carry
