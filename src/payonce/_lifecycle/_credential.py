@@ -154,10 +154,10 @@ def credential_missing(record: IntentRecord, tried: Sequence[Candidate]) -> Cred
         )
     else:
         message = (
-            f"{_named(record)} was sent with credential {wanted}, and no key here has that "
-            "fingerprint: skipped, nothing sent. Give the key that sent it: PAYONCE_API_KEY "
-            f"with --account {record.account}, `payonce keys set {record.account}`, or a "
-            "client's api_key= / recovery_keys="
+            f"{_named(record)} was sent with credential {wanted}; no key here has that "
+            "fingerprint: skipped, nothing sent. Give that key: PAYONCE_API_KEY with "
+            f"--account {record.account}, `payonce keys set {record.account}`, or "
+            "recovery_keys="
         )
     return CredentialMismatch(
         message, key=record.key, reference=record.reference, journaled=wanted, offered=offered
