@@ -8,7 +8,7 @@ it. Same setting as ``bench/overhead.py`` (httpx's MockTransport answering 201, 
 on tmpfs), CPU time of all threads, interleaved rounds, medians.
 
     canonical      canonical_request (canonical JSON, query and form pairs, checks)
-    journal        SQLiteJournal.claim and .settle: the SQL and the journal's Python
+    journal        the store's writes (claim, attempts, settle): the SQL and the journal's Python
                    (replayed from a recording run: the intent is not journaled at all)
     httpx          httpx.Client.build_request and .send (a response built beforehand)
     hops (async)   the loop↔journal-thread round trips (the journal called on the loop)
@@ -47,6 +47,7 @@ from overhead import BASE_URL, BODY, TARGET_RATIO, answer, scratch
 
 import payonce
 from payonce._journal._sqlite import SQLiteJournal
+from payonce._journal._store import IntentStore, _Planned
 from payonce._runtime import _async, _base
 from payonce._runtime._journal_threads import off_loop
 
@@ -125,8 +126,8 @@ def one_round(directory: Path, flavour: str, count: int, tag: str) -> dict[str, 
 class Measured:
     def __init__(self) -> None:
         self.cpu = 0.0
-        self.claims: list[Any] = []
-        self.settles: list[Any] = []
+        self.writes: dict[str, list[Any]] = {}
+        """What each of the store's writes answered in the recording run, in order."""
 
 
 Taker = Callable[[Client, int], None]
@@ -169,12 +170,41 @@ async def on_the_loop(function: Callable[..., Any], *args: Any, **kwargs: Any) -
     return function(*args, **kwargs)
 
 
+def planned_writes(store: IntentStore) -> list[str]:
+    """The names of the store's writes: each is called, or planned, per intent."""
+    return [name for name, value in vars(IntentStore).items() if isinstance(value, _Planned)]
+
+
+class _Write:
+    """One of the store's writes in place of the real one: ``write(...)`` and
+    ``write.plan(...)`` as the store's own (``_store._Planned``)."""
+
+    def __init__(self, plan: Callable[..., Any]) -> None:
+        self.plan = plan
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _carried_out(self.plan(*args, **kwargs))
+
+
+def _carried_out(plan: Any) -> Any:
+    try:
+        next(plan)
+    except StopIteration as done:
+        return done.value
+    raise AssertionError("a replayed write plans no statement")
+
+
 def replay_journal(client: Client, recording: Measured) -> None:
     """The journal's answers of the recording run, in order: the intent is not journaled."""
-    claims, settles = iter(recording.claims), iter(recording.settles)
-    journal = client._core.store
-    journal.claim = lambda *args, **kwargs: next(claims)  # type: ignore[method-assign]
-    journal.settle = lambda *args, **kwargs: next(settles)  # type: ignore[method-assign]
+    store = client._core.store
+    for name in planned_writes(store):
+        answers = iter(recording.writes.get(name, ()))
+
+        def replayed(*args: Any, answers: Iterator[Any] = answers, **kwargs: Any) -> Any:
+            return next(answers)
+            yield  # a plan of no statement
+
+        setattr(store, name, _Write(replayed))
 
 
 def take_httpx(client: Client, intents: int) -> None:
@@ -215,19 +245,19 @@ def client_options(directory: Path, tag: str) -> dict[str, Any]:
 
 
 def recorder(client: Client, measured: Measured) -> None:
-    journal = client._core.store
-    claim, settle = journal.claim, journal.settle
+    """Keeps what each of the store's writes answers, for ``replay_journal``."""
+    store = client._core.store
+    for name in planned_writes(store):
+        real = getattr(store, name)
+        answers = measured.writes.setdefault(name, [])
 
-    def recorded_claim(*args: Any, **kwargs: Any) -> Any:
-        measured.claims.append(result := claim(*args, **kwargs))
-        return result
+        def recorded(
+            *args: Any, real: Any = real, answers: list[Any] = answers, **kwargs: Any
+        ) -> Any:
+            answers.append(result := (yield from real.plan(*args, **kwargs)))
+            return result
 
-    def recorded_settle(*args: Any, **kwargs: Any) -> Any:
-        measured.settles.append(result := settle(*args, **kwargs))
-        return result
-
-    journal.claim = recorded_claim  # type: ignore[method-assign]
-    journal.settle = recorded_settle  # type: ignore[method-assign]
+        setattr(store, name, _Write(recorded))
 
 
 def measure_sync(

@@ -19,12 +19,12 @@ written with the ``Client`` API, step by step.
 Run it with the service's settings (the same variables as ``payonce resume``)::
 
     export PAYONCE_BASE_URL=http://127.0.0.1:8765 PAYONCE_API_KEY=sk_test_payonce
-    export PAYONCE_JOURNAL=$PWD/checkout-journal.db
+    export PAYONCE_JOURNAL=$PWD/journal.db
     python examples/resume_worker.py --once      # one pass: a deploy hook, a cron job
     python examples/resume_worker.py             # one pass now, then every --interval s
 
 ``PAYONCE_PROVIDER`` (default ``sandbox``) and ``PAYONCE_ACCOUNT`` (default
-``acct_demo``) pick the profile and the account, as for the checkout service.
+``acct_demo``) pick the profile and the account.
 
 Exit status of ``--once``, as for the ``payonce`` command: 0 when nothing is left to do,
 1 when an intent is still pending (the provider could not be reached: run it again later,

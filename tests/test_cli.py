@@ -131,6 +131,28 @@ def test_list_shows_every_intent_newest_first(populated: Populated) -> None:
     assert "retries exhausted" in out  # the unknown intent's reason gets its own column
 
 
+@pytest.mark.parametrize("columns", [200, 80], ids=["wide", "narrow"])
+def test_list_on_a_terminal_names_each_intent_s_account(populated: Populated, columns: int) -> None:
+    # Recovering an intent takes its account's key and name (`--account`): an account
+    # nobody chose (a client built without account=) must not be a surprise found later.
+    where = ["--journal", str(populated.path)]
+    accounts = {item["account"] for item in _json(run_cli(["intents", "list", "--json", *where]))}
+    assert len(accounts) == 1
+    (account,) = accounts
+
+    result = run_cli(["intents", "list", *where], columns=columns, terminal=True)
+
+    assert result.exit_code == 0, result.output
+    screen = _unstyled(result.stdout)
+    header = screen.partition("───")[0]
+    assert "account" in header.partition("newest first")[2], screen  # named in the header
+    lines = screen.splitlines()
+    for key in populated.keys.values():
+        (at,) = [n for n, line in enumerate(lines) if key in line]
+        # On its line, or below its state on the next one (the narrow layout).
+        assert account in lines[at] + lines[at + 1], screen
+
+
 def test_list_filters_by_state(populated: Populated) -> None:
     result = run_cli(["intents", "list", "--state", "pending", "--journal", str(populated.path)])
     assert result.exit_code == 0, result.output

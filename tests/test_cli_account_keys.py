@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import re
 import sqlite3
 import subprocess
 import sys
@@ -245,3 +246,106 @@ def test_the_environment_key_serves_the_named_account_only(
     for named in (None, ACCOUNT_B):
         with pytest.raises(payonce.ConfigurationError, match="never sent for it"):
             recovery_key(ACCOUNT_A, named=named)
+
+
+# -- the account nobody chose (issue 29): each message's fix, followed as written, works -------
+
+_PAY_WITHOUT_ACCOUNT = """
+import sys
+
+import httpx
+import payonce
+
+url, journal = sys.argv[1:]
+# A transport under code that brings its own key, and no account= (as the integration
+# snippets once read): the intent is journaled under the account 'default'.
+client = payonce.Client(base_url=url, provider="stripe", journal=journal, transport_only=True)
+http = httpx.Client(
+    base_url=url, headers={"Authorization": "Bearer sk_test_payonce"}, transport=client.transport()
+)
+with client.intent("order-1"):
+    http.post("/v1/payment_intents", data={"amount": 4200, "currency": "eur"})
+"""
+STRIPE_KEY = "sk_test_payonce"
+
+
+@pytest.fixture
+def stripe_like() -> Iterator[SandboxServer]:
+    with SandboxServer(SandboxConfig.like("stripe")) as server:
+        yield server
+
+
+@pytest.fixture
+def crashed_without_account(stripe_like: SandboxServer, journal_path: Path) -> Path:
+    """A payment through the transport of a client built without ``account=``, its process
+    SIGKILLed right after the request left: executed at the provider, pending here."""
+    child = subprocess.run(
+        [sys.executable, "-c", _PAY_WITHOUT_ACCOUNT, stripe_like.url, str(journal_path)],
+        env=worker_env("after_send:1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert child.returncode == KILLED, child.stderr[-3000:]
+    assert executions_once_arrived(stripe_like, 1) == 1
+    assert _states(journal_path) == {"default": "pending"}
+    return journal_path
+
+
+def _followed(message: str) -> tuple[list[str], dict[str, str]]:
+    """The options and environment a message's fix asks for, taken as written."""
+    options = [
+        word for url in re.findall(r"add --base-url (\S+)", message) for word in ("--base-url", url)
+    ]
+    env = {}
+    if named := re.search(
+        r"set PAYONCE_ACCOUNT=(\S+) .*alongside PAYONCE_API_KEY holding its key", message
+    ):
+        env = {"PAYONCE_ACCOUNT": named[1], "PAYONCE_API_KEY": STRIPE_KEY}
+    return options, env
+
+
+@pytest.mark.slow  # three processes: the payment killed, resume twice
+def test_resume_with_nothing_given_says_all_a_run_needs_and_its_fix_works_as_written(
+    stripe_like: SandboxServer, crashed_without_account: Path
+) -> None:
+    journal = ["--journal", str(crashed_without_account)]
+
+    first = run_cli_process(["resume", *journal], secrets=[STRIPE_KEY])
+
+    assert first.exit_code == 2, first.output
+    (line,) = first.stderr.splitlines()
+    assert f"add --base-url {stripe_like.url.rstrip('/')}" in line
+    assert "account 'default' has no API key here" in line
+    options, env = _followed(line)
+    assert env, line
+
+    again = run_cli_process(["resume", *journal, *options], env=env, secrets=[STRIPE_KEY])
+
+    assert again.exit_code == 0, again.output
+    assert _states(crashed_without_account) == {"default": "succeeded"}
+    assert stripe_like.store.total_executions() == 1  # the provider replayed it
+
+
+@pytest.mark.slow  # three processes: the payment killed, resume twice
+def test_the_first_no_api_key_error_names_the_account_and_its_fix_works_as_written(
+    stripe_like: SandboxServer, crashed_without_account: Path
+) -> None:
+    given = ["resume", "--journal", str(crashed_without_account), "--base-url", stripe_like.url]
+
+    first = run_cli_process(given, secrets=[STRIPE_KEY])
+
+    assert first.exit_code == 2, first.output
+    (line,) = first.stderr.splitlines()
+    assert line.startswith("error: no API key for account 'default': PAYONCE_API_KEY is not set")
+    assert "`payonce keys set default`" in line
+    assert _states(crashed_without_account) == {"default": "pending"}  # nothing sent
+    assert stripe_like.store.total_executions() == 1
+    options, env = _followed(line)
+    assert env, line
+
+    again = run_cli_process([*given, *options], env=env, secrets=[STRIPE_KEY])
+
+    assert again.exit_code == 0, again.output
+    assert _states(crashed_without_account) == {"default": "succeeded"}
+    assert stripe_like.store.total_executions() == 1

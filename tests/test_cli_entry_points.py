@@ -44,6 +44,7 @@ COMMANDS = [
     ("journal",),
     ("journal", "backup"),
     ("journal", "check"),
+    ("journal", "init"),
     ("journal", "migrate"),
     ("keys",),
     ("keys", "delete"),

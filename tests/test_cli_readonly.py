@@ -187,10 +187,12 @@ def test_reading_commands_read_the_last_commit_while_a_writer_holds_the_journal(
 
 
 def _drop_key_terms(tx: Tx) -> None:
-    """Schema 10 added each intent's provider profile key terms, its credential's
-    fingerprint and its account scope."""
-    columns = ("key_lifetime", "key_lifetime_documented", "max_processing")
-    for column in (*columns, "credential", "account_scope"):
+    """Schema 10 added each intent's provider profile key terms (key window columns),
+    whether it was enqueued with the index of outcomes not acknowledged (outcomes), and its
+    credential's fingerprint and account scope (credentials)."""
+    tx.execute("DROP INDEX intents_outcomes")
+    key_terms = ("key_lifetime", "key_lifetime_documented", "max_processing")
+    for column in (*key_terms, "enqueued", "credential", "account_scope"):
         tx.execute(f"ALTER TABLE intents DROP COLUMN {column}")
 
 

@@ -30,11 +30,17 @@ from helpers.payments import PAYMENT, MakeClient, leave_pending, make_unknown
 from payonce._journal._schema import SCHEMA_VERSION
 from payonce._owners import new_owner as payonce_owner
 from payonce.providers import get_profile
-from payonce.sandbox import DEFAULT_API_KEY, SandboxServer
+from payonce.sandbox import DEFAULT_API_KEY, SandboxConfig, SandboxServer
 
 ACCOUNT = "acct_demo"  # the sandbox's account for DEFAULT_API_KEY, as in conftest
 DAY = 24 * 3600.0
 SECRETS = (DEFAULT_API_KEY,)  # never printed: every command here is run with secrets=SECRETS
+UNHEARD_ONE = (
+    "note: 1 settled intent is unacknowledged: the code that made it never heard the "
+    "outcome. Run it again for the same reference (the outcome replays), or record it and "
+    "`payonce ack KEY` (`ack --list`)"
+)
+"""Said last when a run settled an intent whose code died before it heard the outcome."""
 
 
 def _pay(client: payonce.Client, reference: str, *, acknowledge: bool = True) -> str:
@@ -126,7 +132,9 @@ def test_resume_skips_pending_intents_live_workers_hold_and_says_when_to_run_aga
 
     assert result.exit_code == 1, result.output
     assert free.key in result.stdout
-    summary = " ".join(result.stderr.split())
+    *lines, note = result.stderr.splitlines()
+    assert note == UNHEARD_ONE  # the free one's code died before it heard
+    summary = " ".join(" ".join(lines).split())
     assert "resumed 1 intent(s)" in summary, summary
     assert "2 other pending intents held by live workers" in summary, summary
     last = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(until))
@@ -180,10 +188,11 @@ def test_resume_exits_1_when_an_intent_ends_unknown_and_says_why(
     assert by_key[first.key]["state"] == "unknown"
     assert by_key[first.key]["unknown_reason"] == "retries exhausted; last failure: HTTP 503"
     assert by_key[second.key]["state"] == "succeeded"
-    assert result.stderr.strip() == (
+    assert result.stderr.splitlines() == [
         "resumed 2 intent(s): 1 settled (1 succeeded), 0 still pending, "
-        "1 still unknown (1x retries exhausted; last failure: HTTP 503)"
-    )
+        "1 still unknown (1x retries exhausted; last failure: HTTP 503)",
+        UNHEARD_ONE,
+    ]
     assert sandbox.store.executions() == {first.key: 1, second.key: 1}
 
 
@@ -267,8 +276,9 @@ def test_an_account_without_an_api_key_is_named_and_the_others_are_driven(
     )
 
     assert result.exit_code == 1, result.output
-    summary, line = result.stderr.splitlines()
+    summary, line, note = result.stderr.splitlines()
     assert summary.startswith("resumed 1 intent(s): 1 settled")
+    assert note == UNHEARD_ONE  # said last, once
     assert line.startswith("error: not driven: account 'acct_other' (provider 'sandbox'): ")
     assert "no API key for account 'acct_other'" in line
     assert _state(journal_path, ours.key).state is payonce.IntentState.SUCCEEDED
@@ -493,10 +503,11 @@ def test_reconcile_all_with_a_mix_groups_what_stays_unknown_and_exits_1(
         "order-never": ("not_found", "pending"),
         "order-held": ("skipped", "unknown"),
     }
-    assert result.stderr.strip() == (
+    assert result.stderr.splitlines() == [
         "reconciled 3 intent(s): 1 settled (1 succeeded), 1 back to pending, "
-        "1 still unknown (1x another worker holds it right now)"
-    )
+        "1 still unknown (1x another worker holds it right now)",
+        UNHEARD_ONE,  # order-executed: its code gave up on it, unknown
+    ]
     assert _state(journal_path, pending.key).state is payonce.IntentState.PENDING
     assert _state(journal_path, settled).state is payonce.IntentState.SUCCEEDED
 
@@ -1266,3 +1277,139 @@ def test_resume_with_a_refused_api_key_exits_1_and_leaves_the_intents_pending(
     ]
     assert "2 still pending" in result.stderr
     assert all(_state(journal_path, r.key).state is payonce.IntentState.PENDING for r in left)
+
+
+# -- what a look-up that cannot see a request is called (issue 29) ----------------------------
+
+
+@pytest.fixture
+def stripe_sandbox() -> Iterator[SandboxServer]:
+    with SandboxServer(SandboxConfig.like("stripe")) as server:
+        yield server
+
+
+def test_reconcile_of_a_stripe_confirm_its_search_cannot_see_says_cannot_tell(
+    stripe_sandbox: SandboxServer, journal_path: Path
+) -> None:
+    # A confirm carries no metadata tag, so Stripe's search never finds it: its empty answer
+    # says nothing about whether the card was charged, and must not be labelled not_found.
+    client = payonce.Client(
+        base_url=stripe_sandbox.url,
+        provider="stripe",
+        account=ACCOUNT,
+        api_key=DEFAULT_API_KEY,
+        journal=journal_path,
+        retry=payonce.RetryPolicy(max_attempts=1, initial_wait=0),
+    )
+    with client, client.intent("order-confirm"):
+        created = client.post("/v1/payment_intents", data={"amount": 4200, "currency": "eur"})
+        stripe_sandbox.script(["fail_after"])  # the confirm executes, then a 503: unknown
+        with pytest.raises(payonce.OutcomeUnknown) as unknown:
+            client.post(
+                f"/v1/payment_intents/{created.json()['id']}/confirm",
+                data={"payment_method": "pm_card_visa"},
+            )
+    confirm = unknown.value.key
+    executed = stripe_sandbox.store.executions()
+    env = {
+        "PAYONCE_API_KEY": DEFAULT_API_KEY,
+        "PAYONCE_BASE_URL": stripe_sandbox.url,
+        "PAYONCE_ACCOUNT": ACCOUNT,
+        "PAYONCE_JOURNAL": str(journal_path),
+    }
+
+    result = run_cli(["reconcile", "--all"], env=env, secrets=SECRETS)
+
+    assert result.exit_code == 1, result.output  # back to pending: settled once resumed
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith(confirm)]
+    _, _, before, after, outcome, detail = line.split("\t")
+    assert (before, after, outcome) == ("unknown", "pending", "cannot_tell")
+    assert "cannot see a POST /v1/payment_intents/" in detail
+    (looked_up,) = _state_reconciliations(journal_path, confirm)
+    assert looked_up.outcome == "cannot_tell"
+    assert stripe_sandbox.store.executions() == executed, "a look-up executes nothing"
+
+    # Back to pending, it is resent under its key: the provider replays the one confirm.
+    resumed = run_cli(["resume", "--json"], env=env, secrets=SECRETS)
+    assert {item["key"]: item["state"] for item in _json(resumed)} == {confirm: "succeeded"}
+    assert stripe_sandbox.store.executions() == executed
+
+
+def _state_reconciliations(
+    journal_path: Path, key: str
+) -> list[payonce.journal.ReconciliationRecord]:
+    with payonce.open_journal(journal_path, read_only=True) as journal:
+        return list(journal.reconciliations(key))
+
+
+# -- settled, but never heard by the code that made it (issue 29) ----------------------------
+
+
+@pytest.mark.slow  # four processes: resume twice, ack --list twice
+def test_resume_says_once_what_settled_unheard_and_running_the_code_again_hears_it(
+    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str], journal_path: Path
+) -> None:
+    left = [leave_pending(make_client, f"order-{n}") for n in range(2)]
+
+    result = run_cli_process(["resume"], env=env, secrets=SECRETS)
+
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines()[-1] == (
+        "note: 2 settled intents are unacknowledged: the code that made them never heard the "
+        "outcome. Run it again for the same reference (the outcome replays), or record it and "
+        "`payonce ack KEY` (`ack --list`)"
+    )
+    assert result.stderr.count("unacknowledged") == 1
+    listed = run_cli_process(["ack", "--list", "--json"], env=env, secrets=SECRETS)
+    assert {item["key"] for item in json.loads(listed.stdout)} == {r.key for r in left}
+
+    # As the note says: the same code, run again for the same reference, hears the outcome.
+    client = make_client()
+    for record in left:
+        assert record.reference is not None
+        answer = client.post("/v1/payments", json=PAYMENT, reference=record.reference)
+        assert answer.status_code == 201
+    assert sandbox.store.executions() == {r.key: 1 for r in left}  # replayed, not paid again
+    heard = run_cli_process(["ack", "--list", "--json"], env=env, secrets=SECRETS)
+    assert json.loads(heard.stdout) == []
+
+    again = run_cli_process(["resume"], env=env, secrets=SECRETS)
+    assert again.exit_code == 0, again.output
+    assert "unacknowledged" not in again.stderr
+
+
+@pytest.mark.slow  # three processes: reconcile, ack, ack --list
+def test_reconcile_says_what_settled_unheard_and_payonce_ack_records_it(
+    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str], journal_path: Path
+) -> None:
+    found = make_unknown(make_client, sandbox, "order-found", "drop_after")
+
+    result = run_cli_process(["reconcile", "--all", "--json"], env=env, secrets=SECRETS)
+
+    assert result.exit_code == 0, result.output
+    assert [item["after"] for item in json.loads(result.stdout)] == ["succeeded"]
+    summary, note = result.stderr.splitlines()
+    assert summary.startswith("reconciled 1 intent(s): 1 settled")
+    assert note == UNHEARD_ONE
+
+    # Or, as it says: the outcome recorded by hand, then acknowledged.
+    acked = run_cli_process(["ack", found.key], env=env, secrets=SECRETS)
+    assert acked.exit_code == 0, acked.output
+    listed = run_cli_process(["ack", "--list", "--json"], env=env, secrets=SECRETS)
+    assert json.loads(listed.stdout) == []
+    assert _state(journal_path, found.key).acknowledged_at is not None
+    assert sandbox.store.executions() == {found.key: 1}
+
+
+@pytest.mark.slow  # a resend retried five times with backoff
+def test_a_resume_that_settles_nothing_says_nothing_of_acknowledging(
+    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str]
+) -> None:
+    leave_pending(make_client, "order-still")
+    sandbox.script(["fail_before"] * 5)  # every resend sees a 503: it ends unknown
+
+    result = run_cli(["resume", "--json"], env=env, secrets=SECRETS)
+
+    assert result.exit_code == 1, result.output
+    assert [item["state"] for item in _json(result)] == ["unknown"]
+    assert "unacknowledged" not in result.stderr  # nothing settled: nothing to hear yet

@@ -191,6 +191,7 @@ def test_intents_show_at_80_columns_keeps_every_word_terminal_and_piped(
 NO_LISTING = {
     ("abandon",),  # acts on one intent and says so in a line
     ("journal", "backup"),
+    ("journal", "init"),  # creates the journal and says so in a line
     ("journal", "migrate"),
     ("keys", "set"),
     ("keys", "delete"),

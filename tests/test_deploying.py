@@ -25,6 +25,7 @@ import yaml
 
 import payonce
 from helpers.ci import skip_or_fail
+from helpers.cli import run_cli_process
 from helpers.payments import PAYMENT, MakeClient, leave_pending, make_unknown
 from helpers.pending import enqueue_pending
 from helpers.processes import deployed_env
@@ -311,3 +312,60 @@ def test_the_kubernetes_sidecar_shares_the_services_journal_and_drains_on_stop(
 
     command = [sys.executable, "-m", "payonce", *arguments]
     _works_then_drains(command, settings, postgres_url, keys, sandbox, tmp_path / "home")
+
+
+# -- what recovers what ------------------------------------------------------------------------
+
+
+def _paragraph(starting: str) -> str:
+    (found,) = [p for p in PAGE.read_text().split("\n\n") if p.startswith(starting)]
+    return " ".join(found.split())
+
+
+def test_a_transport_only_client_cannot_resume_at_start_up_as_the_page_says(
+    make_client: MakeClient,
+) -> None:
+    """The page's start-up advice holds for a client with a key; one built for an SDK
+    integration or for enqueuing only refuses, and the page says what recovers instead."""
+    integration = make_client(api_key=None, transport_only=True)
+
+    with pytest.raises(payonce.ConfigurationError, match="needs this client's own API key"):
+        integration.resume()
+    advice = _paragraph("**Recovering at start-up.**")
+    assert "`transport_only=True`" in advice
+    assert "refuses it (`ConfigurationError`)" in advice
+    assert "leave recovery to [the recovery worker]" in advice
+
+
+def test_the_worker_finishes_a_blocks_cut_off_step_but_never_one_it_never_reached(
+    make_client: MakeClient, sandbox: SandboxServer, journal_path: Path
+) -> None:
+    """A block of two requests, stopped after its first settled: the worker has nothing of
+    the second to send; the block run again sends it. As the page says."""
+    client = make_client()
+    create, confirm = PAYMENT, {**PAYMENT, "amount": PAYMENT["amount"] + 1}  # two requests
+
+    class Crashed(Exception):
+        pass
+
+    def stopped_after_the_create() -> None:
+        with client.intent("order-7") as op:
+            op.post("/v1/payments", json=create)
+            raise Crashed  # as a process killed between the two would
+
+    with pytest.raises(Crashed):
+        stopped_after_the_create()
+    worker = run_cli_process(
+        ["worker", "--once", "--base-url", sandbox.url, "--journal", str(journal_path)],
+        env={"PAYONCE_API_KEY": DEFAULT_API_KEY, "PAYONCE_ACCOUNT": DEFAULT_ACCOUNT},
+    )
+    assert worker.exit_code == 0, worker.output
+    assert sandbox.store.total_executions() == 1  # the create; the confirm is in the code
+
+    with client.intent("order-7") as op:  # the block run again
+        op.post("/v1/payments", json=create)  # replayed from the journal
+        op.post("/v1/payments", json=confirm)  # sent now
+    assert sandbox.store.total_executions() == 2
+    advice = _paragraph("**What the recovery worker cannot finish: a block's later steps.**")
+    assert "until the **block runs again**" in advice
+    assert "let the recovery worker finish the rest" not in PAGE.read_text()

@@ -761,6 +761,19 @@ def test_verify_absent_resends_only_once_the_earlier_attempt_cannot_run() -> Non
     assert T.LOOKED_UP in script.transitions
 
 
+def test_verify_a_look_up_that_cannot_see_the_request_journals_cannot_tell() -> None:
+    # A look-up that never finds this kind of request (a Stripe confirm): its empty answers
+    # before the resend are journaled as what they are, not as "the provider has no record".
+    blind = attrs.evolve(VERIFYING.lookup, finds=lambda method, path: False)
+    profile = attrs.evolve(VERIFYING, lookup=blind)
+    script = Script(profile, sends=[_timeout(), OK], lookups=[ABSENT] * 10)
+    assert script.call().status_code == 201
+    looked = [c for c in script.commands if isinstance(c, drive.LookedUp)]
+    assert looked
+    assert {c.outcome for c in looked} == {"cannot_tell"}
+    assert not any(c.sees for c in looked)
+
+
 def test_verify_a_wall_clock_stepped_forward_does_not_let_the_resend_out_sooner() -> None:
     script = Script(VERIFYING, sends=[_timeout(), OK], lookups=[ABSENT] * 10)
 
@@ -857,7 +870,7 @@ def test_reconcile_of_a_request_the_look_up_cannot_see_never_says_no_record(
     script = Script(attrs.evolve(VERIFYING, lookup=blind), lookups=[ABSENT])
     _unknown(script, hours_ago=hours_ago)
     absent = script.reconcile()
-    assert absent.outcome == "not_found"
+    assert absent.outcome == "cannot_tell"  # the label too: not "not_found"
     assert "the status look-up cannot see a POST /v1/payments" in absent.detail
     assert "proves nothing" in absent.detail
     assert "has no record" not in absent.detail

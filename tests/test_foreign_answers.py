@@ -408,11 +408,14 @@ def test_a_look_up_answer_that_cannot_be_decoded_is_a_failed_look_up_asked_again
     assert sandbox.store.executions() == {record.key: 1}
 
 
-# A profile that asks its look-up before it resends, and gives up on asking within a second.
+# A profile that asks its look-up before it resends, and gives up on asking after 4 seconds:
+# unreadable look-ups are asked again until then. Long enough for the first attempt to end
+# and a look-up to be asked on a loaded machine (at one second, a load of 15 ran it out
+# before the first look-up).
 VERIFYING = ProviderProfile(
     name="verifying", lookup=payonce.providers.Lookup(path="/v1/payments"), max_processing=0.1
 )
-SHORT = payonce.RetryPolicy(max_attempts=5, initial_wait=0.1, max_wait=0.1, max_elapsed=1.0)
+SHORT = payonce.RetryPolicy(max_attempts=5, initial_wait=0.1, max_wait=0.1, max_elapsed=4.0)
 
 
 def _verified_in_vain(client: payonce.Client | payonce.AsyncClient, reference: str) -> str:
@@ -427,6 +430,7 @@ def _verified_in_vain(client: payonce.Client | payonce.AsyncClient, reference: s
     return key
 
 
+@pytest.mark.slow
 def test_a_verifying_look_up_that_cannot_be_decoded_sends_nothing_more(
     make_client: MakeClient, sandbox: SandboxServer
 ) -> None:
@@ -442,6 +446,7 @@ def test_a_verifying_look_up_that_cannot_be_decoded_sends_nothing_more(
     assert sandbox.store.executions() == {key: 1}
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_a_verifying_look_up_that_cannot_be_decoded_sends_nothing_more_async_too(
     make_async_client: MakeAsyncClient, sandbox: SandboxServer

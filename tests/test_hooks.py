@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -20,7 +21,7 @@ from payonce.hooks import (
     JournalCommitted,
     RetryEvent,
 )
-from payonce.sandbox import DEFAULT_API_KEY, Faults, SandboxServer
+from payonce.sandbox import DEFAULT_API_KEY, Faults, SandboxConfig, SandboxServer
 
 BODY_MARK = "card-4242-body-mark"
 
@@ -354,3 +355,37 @@ def test_look_ups_before_a_resend_are_told_within_the_drive(
     assert settled.provider_replayed, "settled from the provider's record"
     assert racy.wait_idle()
     assert racy.store.executions() == {paid.json()["idempotency_key"]: 1}
+
+
+def test_a_look_up_that_cannot_see_a_stripe_confirm_is_told_as_cannot_tell(
+    recorder: Recorder, journal_path: Path
+) -> None:
+    # Stripe's search finds only creations (they carry the metadata tag): its empty answer
+    # about a confirm proves nothing, and an exporter must not count it as "not found".
+    with SandboxServer(SandboxConfig.like("stripe")) as stripe_like:
+        client = payonce.Client(
+            base_url=stripe_like.url,
+            provider="stripe",
+            account="acct_demo",
+            api_key=DEFAULT_API_KEY,
+            journal=journal_path,
+            retry=payonce.RetryPolicy(max_attempts=1, initial_wait=0),
+            hooks=recorder,
+        )
+        with client:
+            with client.intent("order-h10"):
+                payment = {"amount": 4200, "currency": "eur"}
+                created = client.post("/v1/payment_intents", data=payment)
+                stripe_like.script(["fail_after"])  # the confirm executes, then a 503
+                with pytest.raises(payonce.OutcomeUnknown) as unknown:
+                    client.post(
+                        f"/v1/payment_intents/{created.json()['id']}/confirm",
+                        data={"payment_method": "pm_card_visa"},
+                    )
+            (result,) = client.reconcile(unknown.value.key)
+
+    assert result.outcome == payonce.records.ReconcileOutcome.CANNOT_TELL
+    (lookup,) = recorder.of("lookup_ended")
+    assert (lookup.outcome, lookup.status_code) == ("cannot_tell", 200)
+    (reconciled,) = recorder.of("reconciled")
+    assert (reconciled.after, reconciled.outcome) == (payonce.IntentState.PENDING, "cannot_tell")

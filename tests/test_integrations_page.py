@@ -1,7 +1,8 @@
-"""docs/integrations.md and README's first example, each "after" block run as its reader
-would run it against the sandbox speaking its provider's dialect
-(``SandboxConfig.like(...)``), twice: the second run is the code run again for the same
-order (a new process would do the same: each run has a namespace of its own).
+"""docs/integrations.md (and docs/steps.md, its reference) and README's first example,
+each "after" block run as its reader would run it against the sandbox speaking its
+provider's dialect (``SandboxConfig.like(...)``), twice: the second run is the code run
+again for the same order (a new process would do the same: each run has a namespace of its
+own).
 
 What a reader changes to run a block here is said per block (``RUN``): the provider's URL
 becomes the sandbox's, a live key the sandbox's, and the names a block takes from the code
@@ -39,6 +40,8 @@ from payonce.sandbox import DEFAULT_API_KEY, MOLLIE_TEST_API_KEY, SandboxConfig,
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "integrations.md"
+STEPS = ROOT / "docs" / "steps.md"
+"""The rules of a block, moved out of PAGE: its one snippet is a fragment run elsewhere."""
 README = ROOT / "README.md"
 URL = "{url}"
 """Where a substitution puts the sandbox's URL."""
@@ -110,6 +113,13 @@ NOT_RUN = {
     'square = Square(token="EAAA…")': "the SDK alone (as above)",
     'URL = "http://127.0.0.1:8801"\n\n# stripe-python': "where each SDK is pointed at the "
     "sandbox: the settings every example above is run with (RUN's changes, on_sandbox)",
+}
+
+STEPS_NOT_RUN = {
+    'with payments.intent(f"order-{order.id}"):\n    context = contextvars.copy_context()': (
+        "a fragment of a block: test_outside_block_threads.py runs the same code with "
+        "stripe-python against the sandbox, twice"
+    ),
 }
 
 README_EXAMPLE = Example(
@@ -214,6 +224,36 @@ def test_every_python_block_of_the_page_is_run_or_says_why_not() -> None:
     for block in python_blocks(PAGE):
         named = [why for start, why in NOT_RUN.items() if block.startswith(start)]
         assert example_of(block) is not None or named, f"neither run nor named:\n{block}"
+    for block in python_blocks(STEPS):
+        named = [why for start, why in STEPS_NOT_RUN.items() if block.startswith(start)]
+        assert named, f"a block of steps.md neither run nor named:\n{block}"
+
+
+def test_the_page_opens_with_what_a_newcomer_must_know_and_sends_the_rules_to_steps() -> None:
+    # A newcomer read the page twice to learn that create-then-confirm needs none of the
+    # step rules: the page opens with the five things to know, and the rules live apart.
+    text = PAGE.read_text()
+    must_know = text.split("## What you must know\n", 1)[1].split("\n```", 1)[0]
+    assert len(must_know.strip().splitlines()) <= 25, must_know
+    for point in (
+        "One block per business operation",
+        "The same reference format",
+        "run the whole block again",
+        "Name the account",
+        "Copy the context into thread pools",
+        "(steps.md)",
+    ):
+        assert point in must_know, point
+    steps = STEPS.read_text()
+    for rule in (
+        "## When the code takes another path",
+        "## A declined step may be redone differently",
+        "## The same request twice",
+        "## Threads",
+        "## Outside any block",
+    ):
+        assert rule in steps, rule
+        assert rule not in text, rule
 
 
 @pytest.mark.parametrize("start", list(RUN), ids=lambda start: start.split("\n")[0][:40])
@@ -283,7 +323,7 @@ def test_the_examples_name_an_order_s_intent_the_same_way_everywhere() -> None:
     # under another format starts new intents, and pays again.
     formats = {
         found
-        for page in (README, PAGE, ROOT / "docs" / "providers.md")
+        for page in (README, PAGE, STEPS, ROOT / "docs" / "providers.md")
         for found in re.findall(r"\.intent\(f\"([^\"]*)\"\)", page.read_text())
     }
     assert formats == {"order-{order.id}"}

@@ -229,11 +229,13 @@ BEFORE_KEY_TERMS = KEY_TERMS_SCHEMA - 1
 
 
 def _back_to_before_key_terms(location: str) -> None:
-    """What the payonce before the key terms left: its intents carry none (nor the
-    credential fingerprint and account scope schema 10 added with them)."""
+    """What the payonce before the key terms left: its intents carry none (nor whether
+    they were enqueued, nor their credential's fingerprint and account scope, which schema
+    10 added too)."""
     key_terms = ("key_lifetime", "key_lifetime_documented", "max_processing")
     with raw_transaction(location) as tx:
-        for column in (*key_terms, "credential", "account_scope"):
+        tx.execute("DROP INDEX intents_outcomes")
+        for column in (*key_terms, "enqueued", "credential", "account_scope"):
             tx.execute(f"ALTER TABLE intents DROP COLUMN {column}")
         version = str(BEFORE_KEY_TERMS)
         tx.execute("UPDATE payonce_meta SET value = ? WHERE name = 'schema_version'", (version,))

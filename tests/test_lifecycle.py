@@ -273,6 +273,7 @@ def test_reconcile_outcomes_are_the_strings_they_were() -> None:
     assert [outcome.value for outcome in ReconcileOutcome] == [
         "found",
         "not_found",
+        "cannot_tell",
         "still_unknown",
         "error",
         "skipped",

@@ -10,6 +10,7 @@ What localstripe lacks, and what that means here:
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -161,3 +162,35 @@ def test_without_stripe_s_search_api_reconciliation_concludes_nothing(
     assert (result.outcome, result.after) == ("error", payonce.IntentState.UNKNOWN)
     assert "404" in result.detail
     assert len(_intents(localstripe, account)) == 2, "the two attempts localstripe executed"
+
+
+def test_an_outbox_payment_is_one_create_with_confirm_that_the_worker_sends(
+    stripe_client: MakeStripe, localstripe: str, account: str
+) -> None:
+    """docs/outbox.md's Stripe request: enqueued by a service with no key, sent as one
+    request by a client that has it (as a worker does), paid, and told to the service."""
+    service = stripe_client(account=account, api_key=None, transport_only=True)
+    order = f"{account}-0"
+    service.enqueue(
+        "POST",
+        "/v1/payment_intents",
+        reference=order,
+        data={
+            "amount": 4200,
+            "currency": "eur",
+            "payment_method": "pm_card_visa",
+            "confirm": True,
+            "off_session": True,
+            "metadata": {"order": order},
+        },
+        connection=None,
+    )
+
+    (sent,) = stripe_client(account=account).resume()
+
+    assert sent.state is payonce.IntentState.SUCCEEDED
+    (outcome,) = service.outcomes()
+    assert outcome.response is not None
+    assert json.loads(outcome.response.body)["status"] == "succeeded"
+    (created,) = _intents(localstripe, account)
+    assert (created["status"], created["metadata"]["order"]) == ("succeeded", order)

@@ -748,6 +748,54 @@ def test_sqlalchemy_on_another_database_kind_is_refused(
     assert intents(pg_client) == []
 
 
+# -- a temporary table named like the journal's -------------------------------------------------
+
+
+def _run(conn: Any, statement: str, params: dict[str, Any] | None = None) -> Any:
+    """A statement on the service's psycopg or SQLAlchemy connection: its first row."""
+    if isinstance(conn, sqlalchemy.Connection):
+        return tuple(conn.execute(sqlalchemy.text(statement), params).one())
+    return conn.execute(statement.replace(":id", "%(id)s"), params).fetchone()
+
+
+@pytest.mark.parametrize("library", ["psycopg", "sqlalchemy"])
+def test_a_temporary_table_named_like_the_journals_never_takes_the_intent(
+    library: str,
+    pg_client: payonce.Client,
+    connect: Callable[..., psycopg.Connection[Any]],
+    engine: sqlalchemy.Engine,
+    journal_url: str,
+    sandbox: SandboxServer,
+) -> None:
+    """A pooled connection may keep temporary tables between requests, and PostgreSQL looks
+    in the session's temporary schema first, whatever the search path says: the intent
+    must still land in the journal, where a worker finds it."""
+    with contextlib.ExitStack() as stack:
+        conn: Any = connect() if library == "psycopg" else stack.enter_context(engine.connect())
+        for table in ("intents", "attempts"):
+            conn.execute(
+                sqlalchemy.text(f"CREATE TEMPORARY TABLE {table} (LIKE {SCHEMA}.{table})")
+                if library == "sqlalchemy"
+                else f"CREATE TEMPORARY TABLE {table} (LIKE {SCHEMA}.{table})"
+            )
+        conn.commit()  # kept by the session, as a pool keeps it between requests
+
+        _run(conn, "INSERT INTO orders (id, amount) VALUES (:id, 4200) RETURNING id", {"id": "o"})
+        record = enqueue_payment(pg_client, conn, "o")
+        conn.commit()
+
+        assert _run(conn, "SELECT count(*) FROM pg_temp.intents") == (0,)
+    assert pg_client.journal.get(record.key) == record
+
+    worker = run_cli(
+        ["worker", "--once", "--journal", journal_url, "--base-url", sandbox.url],
+        env={"PAYONCE_API_KEY": DEFAULT_API_KEY, "PAYONCE_ACCOUNT": "acct_demo"},
+        secrets=[DEFAULT_API_KEY],
+    )
+    assert worker.exit_code == 0, worker.output
+    assert sandbox.store.executions() == {record.key: 1}
+
+
 # -- AsyncClient ---------------------------------------------------------------------------------
 
 

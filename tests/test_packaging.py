@@ -29,7 +29,9 @@ from packaging.utils import NormalizedName, canonicalize_name
 
 import payonce
 
-pytestmark = pytest.mark.slow
+# Each test builds or installs for real (pip into a fresh virtualenv): on a loaded 2-core
+# machine one took over the suite's 120 s default.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[1]
 

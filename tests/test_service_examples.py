@@ -1,20 +1,17 @@
 """The service examples, run as they would be deployed: real processes, really killed.
 
-The checkout service (examples/checkout_service.py) runs under uvicorn in a child
-process; the sandbox provider runs in this test process, so it outlives the child and its
-store says what was really executed. The resume worker (examples/resume_worker.py) runs as
-a child process over a journal this test left pending and unknown intents in.
+The checkout service (examples/checkout_service.py, stripe-python over payonce) runs under
+uvicorn in a child process; the sandbox speaking Stripe's API runs in this test process, so
+it outlives the child and its store says what was really executed. The resume worker
+(examples/resume_worker.py) runs as a child process over a journal this test left pending
+and unknown intents in.
 """
 
 from __future__ import annotations
 
 import contextlib
-import signal
-import sqlite3
 import subprocess
-import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,8 +21,9 @@ import pytest
 
 import payonce
 from helpers.payments import PAYMENT, DiesAfterSending, free_port
-from helpers.processes import EXAMPLES, deployed_env, run_example
-from payonce.sandbox import DEFAULT_ACCOUNT, DEFAULT_API_KEY, SandboxServer
+from helpers.processes import deployed_env, run_example
+from helpers.services import CheckoutService, wait_for
+from payonce.sandbox import DEFAULT_ACCOUNT, DEFAULT_API_KEY, SandboxConfig, SandboxServer
 
 
 def _example_env(tmp_path: Path, server: SandboxServer, journal: Path) -> dict[str, str]:
@@ -40,99 +38,23 @@ def _example_env(tmp_path: Path, server: SandboxServer, journal: Path) -> dict[s
     )
 
 
-def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
-def _keys_in_progress(server: SandboxServer) -> list[str]:
-    """Keys the provider has in hand and has not finished executing (read from its store)."""
-    with contextlib.closing(sqlite3.connect(server.store.path)) as db:
-        rows = db.execute("SELECT key FROM idempotency_keys WHERE state = 'in_progress'")
-        return [row[0] for row in rows]
-
-
 # -- the checkout service ---------------------------------------------------------------------
 
 
-class Service:
-    """examples/checkout_service.py under uvicorn, in a child process of its own."""
-
-    def __init__(self, env: dict[str, str], log: Path, port: int) -> None:
-        self.env = env
-        self.log = log
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self, *, crash_at: str | None = None) -> Service:
-        env = dict(self.env)
-        if crash_at is not None:
-            env["PAYONCE_CRASH_AT"] = crash_at
-        command = [
-            sys.executable, "-m", "uvicorn", "checkout_service:app",
-            "--app-dir", str(EXAMPLES),
-            "--host", "127.0.0.1", "--port", str(self.port),
-            "--loop", "asyncio", "--http", "h11", "--ws", "none", "--lifespan", "on",
-        ]  # fmt: skip
-        with self.log.open("ab") as log:
-            log.write(f"--- start (PAYONCE_CRASH_AT={crash_at})\n".encode())
-            log.flush()
-            self.process = subprocess.Popen(
-                command, env=env, cwd=self.log.parent, stdout=log, stderr=subprocess.STDOUT
-            )
-        _wait_for(self._ready, "the checkout service to start")
-        return self
-
-    def _ready(self) -> bool:
-        assert self.process is not None
-        if self.process.poll() is not None:
-            pytest.fail(f"the checkout service exited ({self.process.returncode}):\n{self.output}")
-        try:
-            return httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    @property
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def wait_killed(self) -> None:
-        assert self.process is not None
-        assert self.process.wait(timeout=30) == -signal.SIGKILL, self.output
-
-    def kill(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.wait_killed()
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-    def pay(self, order_id: str, payment: dict[str, Any] = PAYMENT) -> httpx.Response:
-        return httpx.post(f"{self.url}/orders/{order_id}/pay", json=payment, timeout=30.0)
-
-    def order(self, order_id: str) -> httpx.Response:
-        return httpx.get(f"{self.url}/orders/{order_id}", timeout=10.0)
+@pytest.fixture
+def stripe_sandbox(closing: contextlib.ExitStack) -> SandboxServer:
+    """``payonce sandbox --like stripe``, in this process: it outlives the service, and its
+    store says what Stripe would have executed."""
+    return closing.enter_context(SandboxServer(SandboxConfig.like("stripe")))
 
 
 @pytest.fixture
-def service_factory(tmp_path: Path) -> Iterator[Callable[[SandboxServer], Service]]:
-    services: list[Service] = []
+def service_factory(tmp_path: Path) -> Iterator[Callable[[SandboxServer], CheckoutService]]:
+    services: list[CheckoutService] = []
 
-    def make(server: SandboxServer) -> Service:
-        env = _example_env(tmp_path, server, tmp_path / "checkout-journal.db")
+    def make(server: SandboxServer) -> CheckoutService:
         # The same port across restarts, as behind a load balancer.
-        service = Service(env, tmp_path / "service.log", free_port())
+        service = CheckoutService(tmp_path, server.url, free_port())
         services.append(service)
         return service
 
@@ -144,134 +66,170 @@ def service_factory(tmp_path: Path) -> Iterator[Callable[[SandboxServer], Servic
 class _PayInBackground:
     """A customer's pay request, sent from a thread: the service dies before answering it."""
 
-    def __init__(self, service: Service, order_id: str) -> None:
+    def __init__(self, service: CheckoutService, order_id: str) -> None:
         self.outcome: httpx.Response | BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(service, order_id), daemon=True)
         self._thread.start()
 
-    def _run(self, service: Service, order_id: str) -> None:
+    def _run(self, service: CheckoutService, order_id: str) -> None:
         try:
             self.outcome = service.pay(order_id)
         except BaseException as exc:
             self.outcome = exc
 
     def join(self) -> httpx.Response | BaseException | None:
-        self._thread.join(30)
+        self._thread.join(60)
         return self.outcome
 
 
+def _intents_by_order(server: SandboxServer) -> dict[str, list[dict[str, Any]]]:
+    """The PaymentIntents the sandbox holds, by the order their metadata names."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for intent in server.store.payment_intents():
+        found.setdefault(intent["metadata"]["order"], []).append(intent)
+    return found
+
+
+def _paid_once(server: SandboxServer, *orders: str) -> dict[str, str]:
+    """Each order has one PaymentIntent at the sandbox, succeeded, and nothing executed
+    twice under a key; the PaymentIntent id of each."""
+    assert server.wait_idle()
+    by_order = _intents_by_order(server)
+    assert sorted(by_order) == sorted(orders), by_order
+    for order, intents in by_order.items():
+        assert [i["status"] for i in intents] == ["succeeded"], (order, intents)
+    executions = server.store.executions()
+    assert set(executions.values()) == {1}, executions
+    assert len(executions) == 2 * len(orders), executions  # a create and a confirm each
+    return {order: intents[0]["id"] for order, intents in by_order.items()}
+
+
 CRASHES = {
-    # SIGKILLed from outside while the provider is processing the charge: the provider
+    # SIGKILLed from outside while Stripe is creating the order's PaymentIntent: Stripe
     # finishes it without the service, which never hears the answer.
-    "killed-while-the-provider-processes": None,
-    # Killed at payonce's named crash points (src/payonce/_crash.py): before anything was
-    # sent; after the provider answered, before the answer was journaled; in the middle of
-    # journaling it.
-    "after-write-ahead": "after_write_ahead:1",
-    "after-response": "after_response:1",
-    "during-settle": "during_settle:1",
+    "killed-while-stripe-creates": None,
+    # Killed by payonce's named crash points (src/payonce/_crash.py): once Stripe answered
+    # the create, before the answer was journaled; once the confirm's last byte left; in
+    # the middle of journaling the confirm's answer.
+    "after-the-create-answered": "after_response:1",
+    "after-the-confirm-left": "after_send:2",
+    "while-journaling-the-confirm": "during_settle:2",
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("crash_at", list(CRASHES.values()), ids=list(CRASHES))
-def test_the_checkout_service_killed_mid_request_charges_the_order_exactly_once(
-    make_sandbox: Callable[..., SandboxServer],
-    service_factory: Callable[[SandboxServer], Service],
+def test_the_checkout_service_killed_mid_payment_pays_each_order_once(
+    stripe_sandbox: SandboxServer,
+    service_factory: Callable[[SandboxServer], CheckoutService],
     crash_at: str | None,
 ) -> None:
-    # The provider takes its time with each charge, so a request can be caught in the middle.
-    server = make_sandbox(processing_seconds=1.0)
+    server = stripe_sandbox
     service = service_factory(server).start(crash_at=crash_at)
 
-    customer = _PayInBackground(service, "1001")
     if crash_at is None:
-        _wait_for(lambda: bool(_keys_in_progress(server)), "the provider to receive the charge")
-        assert server.store.total_executions() == 0, "killed too late: the charge had finished"
-        service.kill()
+        with server.holding():
+            customer = _PayInBackground(service, "1001")
+            assert server.wait_held(1, timeout=30), service.output
+            assert server.store.total_executions() == 0, "killed too late"
+            service.kill()
+        # Let go, Stripe creates the PaymentIntent for a service that is gone.
     else:
+        customer = _PayInBackground(service, "1001")
         service.wait_killed()
     outcome = customer.join()
     assert isinstance(outcome, httpx.TransportError), f"the customer got an answer: {outcome!r}"
+    # The create had left: Stripe makes the PaymentIntent, perhaps only now on a loaded machine.
+    wait_for(lambda: len(server.store.payment_intents()) == 1, "the create to reach Stripe")
+    assert server.wait_idle()
 
-    # What the provider had in hand runs to its end without the service. (The test waits
-    # for that: a service restarted sooner would get "in progress" 409s, and if its retries
-    # ran out first, leave the order unknown for the resume worker to reconcile.)
-    executed_while_down = 0 if crash_at == "after_write_ahead:1" else 1
-    _wait_for(
-        lambda: (
-            server.store.total_executions() == executed_while_down and not _keys_in_progress(server)
-        ),
-        "the provider to finish what it had received",
-    )
-
-    # Restarted, the service first finishes the payment it was killed in the middle of.
+    # Restarted, the service first runs the block of the order it was killed paying: the
+    # create replays (Stripe's answer, under the same key) and the confirm goes on.
     service.start()
+    assert "finished order-1001" in service.output, service.output
     status = service.order("1001")
     assert status.status_code == 200, status.text
-    recovered = status.json()
-    assert recovered["state"] == "succeeded", recovered
-    key = recovered["idempotency_key"]
-    payment_id = recovered["payment"]["id"]
-    assert f"recovered order-1001 ({key})" in service.output
-    assert server.store.executions() == {key: 1}
-    (payment,) = server.store.payments()
-    assert payment["id"] == payment_id
-    assert payment["reference"] == "order-1001"
+    assert status.json()["state"] == "paid", status.json()
 
-    # The customer's browser sends the same pay request again: the stored outcome comes
-    # back from the journal, the card is not charged a second time.
+    # The customer, who never got an answer, pays the order again: paid, once.
     again = service.pay("1001")
     assert again.status_code == 200, again.text
-    body = again.json()
-    assert body["replayed"] is True
-    assert body["idempotency_key"] == key
-    assert body["payment"]["id"] == payment_id
-    assert server.store.executions() == {key: 1}
-    assert server.store.total_executions() == 1
-
+    assert again.json()["state"] == "paid"
     # And the restarted service takes new orders as usual.
     other = service.pay("1002")
     assert other.status_code == 200, other.text
-    assert other.json()["replayed"] is False
-    assert server.store.total_executions() == 2
+
+    intent_ids = _paid_once(server, "1001", "1002")
+    assert again.json()["payment_intent"] == intent_ids["1001"]
+    assert other.json()["payment_intent"] == intent_ids["1002"]
     assert "Traceback" not in service.output, service.output
 
 
 @pytest.mark.slow
-def test_the_checkout_service_answers_each_outcome_as_documented(
-    sandbox: SandboxServer, service_factory: Callable[[SandboxServer], Service]
+def test_the_checkout_service_killed_again_while_finishing_at_start_up_still_pays_once(
+    stripe_sandbox: SandboxServer, service_factory: Callable[[SandboxServer], CheckoutService]
 ) -> None:
-    server = sandbox
+    """Killed twice in a row (the second time while finishing the order at start-up), then
+    started for good and the order retried: still one PaymentIntent, confirmed once."""
+    server = stripe_sandbox
+    service = service_factory(server).start(crash_at="after_send:1")
+    killed = _PayInBackground(service, "1003")
+    service.wait_killed()
+    assert isinstance(killed.join(), httpx.TransportError)
+    wait_for(lambda: len(server.store.payment_intents()) == 1, "the create to reach Stripe")
+    assert server.wait_idle()
+
+    # Started again, it dies in its start-up, journaling the create's outcome it got back.
+    service.launch(crash_at="during_settle:1")
+    service.wait_killed()
+    assert "finished order-1003" not in service.output
+
+    service.start()
+    paid = service.pay("1003")
+    assert paid.status_code == 200, paid.text
+    assert paid.json()["state"] == "paid"
+    _paid_once(server, "1003")
+
+
+@pytest.mark.slow
+def test_the_checkout_service_answers_each_outcome_as_documented(
+    stripe_sandbox: SandboxServer, service_factory: Callable[[SandboxServer], CheckoutService]
+) -> None:
+    server = stripe_sandbox
     service = service_factory(server).start()
 
     assert service.order("404").status_code == 404
 
     first = service.pay("2001")
     assert first.status_code == 200, first.text
-    assert first.json()["replayed"] is False
+    assert first.json()["state"] == "paid"
 
     # The same order with another amount: refused before anything is sent.
-    mismatch = service.pay("2001", {"amount": 9900, "currency": "eur"})
+    mismatch = service.pay("2001", amount=9900)
     assert mismatch.status_code == 409, mismatch.text
-    assert mismatch.json()["state"] == "mismatch"
 
-    # A declined card (the sandbox declines 402.00): journaled, replayed, tried once.
-    declined = service.pay("2002", {"amount": 40200, "currency": "eur"})
+    # A declined card: the order waits for another card, which pays it in the same block
+    # (the decline passed over), once.
+    declined = service.pay("2002", card="pm_card_chargeDeclined")
     assert declined.status_code == 402, declined.text
-    assert declined.json()["provider_response"]["error"]["code"] == "card_declined"
-    assert service.pay("2002", {"amount": 40200, "currency": "eur"}).status_code == 402
-    assert service.order("2002").json()["state"] == "failed"
+    assert declined.json()["state"] == "declined"
+    paid = service.pay("2002", card="pm_card_visa")
+    assert paid.status_code == 200, paid.text
+    assert paid.json()["state"] == "paid"
+    assert service.pay("2002", card="pm_card_visa").json()["state"] == "paid"
 
-    # The provider answers 503 to every attempt: maybe charged, so never resent blindly.
+    # Stripe answers 503 to every attempt of the create: maybe created, never resent blindly.
     server.script(["fail_before"] * 5)
     unknown = service.pay("2003")
     assert unknown.status_code == 202, unknown.text
     assert unknown.json()["state"] == "unknown"
     assert service.order("2003").json()["state"] == "unknown"
 
-    executions = server.store.executions()
-    assert sorted(executions.values()) == [1, 1], executions
+    assert server.wait_idle()
+    by_order = _intents_by_order(server)
+    assert sorted(by_order) == ["2001", "2002"], by_order
+    assert [i["status"] for i in by_order["2002"]] == ["succeeded"]
+    assert set(server.store.executions().values()) == {1}
     assert "Traceback" not in service.output, service.output
 
 

@@ -478,6 +478,123 @@ def test_a_second_sigint_stops_at_once_leaving_the_payment_for_the_next_worker(
     assert _states(journal_path) == {key: payonce.IntentState.SUCCEEDED}
 
 
+def _opened_by(process: subprocess.Popen[bytes], path: Path) -> bool:
+    """Whether the process holds ``path`` open: what it does first once it starts working."""
+    try:
+        fds = list(Path(f"/proc/{process.pid}/fd").iterdir())
+    except FileNotFoundError:  # it has exited
+        return True
+    with contextlib.suppress(OSError):
+        return any(fd.readlink() == path for fd in fds)
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads /proc/PID/fd")
+@pytest.mark.slow
+def test_sigterm_as_the_worker_starts_working_drains_it_and_exits_0(
+    make_client: MakeClient,
+    sandbox: SandboxServer,
+    journal_path: Path,
+    start_worker: Callable[..., WorkerProcess],
+) -> None:
+    """systemd or Kubernetes may stop a worker the moment it starts (a rollout undone): the
+    signal drains it from its first instant, never kills it. The moment: when it first
+    opens the journal, the first thing it does once its command runs."""
+    keys = enqueue_pending(make_client(), 3)
+    worker = start_worker(sandbox.url, journal_path.resolve(), "--interval", "60")
+    _wait_for(lambda: _opened_by(worker.process, journal_path.resolve()), "the journal opened")
+
+    worker.process.send_signal(signal.SIGTERM)
+    code = worker.ended(timeout=30)
+
+    assert code == 0, worker.stderr
+    assert "SIGTERM: draining" in worker.stderr
+    assert _held(journal_path) == []
+    assert _states(journal_path) == dict.fromkeys(keys, payonce.IntentState.PENDING)
+    assert sandbox.store.executions() == {}
+
+
+# -- a journal not created yet -----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_worker_started_before_the_journal_exists_waits_for_it_then_sends(
+    make_client: MakeClient,
+    sandbox: SandboxServer,
+    postgres_url: str,
+    start_worker: Callable[..., WorkerProcess],
+) -> None:
+    """Deployments start the worker beside the service, or before it: on a fresh database
+    the journal is not there until the service's first client opens it."""
+    journal_url = f"{postgres_url}?schema=shop"
+    worker = start_worker(sandbox.url, journal_url, "--interval", "0.5")
+    _wait_for(lambda: "not a payonce journal yet" in worker.stderr, "the worker waiting")
+    assert worker.process.poll() is None, worker.stderr
+
+    keys = enqueue_pending(make_client(journal=journal_url), 2)  # the service starts
+    _wait_for(lambda: sandbox.store.executions() == dict.fromkeys(keys, 1), "both sent")
+    worker.process.send_signal(signal.SIGTERM)
+
+    assert worker.ended(timeout=30) == 0, worker.stderr
+    assert worker.stderr.count("not a payonce journal yet") == 1  # said once, not every look
+    assert _states(journal_url) == dict.fromkeys(keys, payonce.IntentState.SUCCEEDED)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["sqlite", "postgres"])
+def test_sigterm_while_waiting_for_the_journal_exits_0_and_creates_nothing(
+    where: str,
+    sandbox: SandboxServer,
+    postgres_url: str,
+    tmp_path: Path,
+    start_worker: Callable[..., WorkerProcess],
+) -> None:
+    journal = tmp_path / "not-yet.db" if where == "sqlite" else f"{postgres_url}?schema=shop"
+    worker = start_worker(sandbox.url, journal, "--interval", "60")
+    _wait_for(lambda: "not a payonce journal yet" in worker.stderr, "the worker waiting")
+
+    worker.process.send_signal(signal.SIGTERM)
+
+    assert worker.ended(timeout=30) == 0, worker.stderr
+    assert "SIGTERM: draining" in worker.stderr
+    if where == "sqlite":
+        assert list(tmp_path.glob("not-yet.db*")) == []
+    else:
+        with psycopg.connect(postgres_url) as connection:
+            found = connection.execute(
+                "SELECT 1 FROM pg_namespace WHERE nspname = 'shop'"
+            ).fetchall()
+        assert found == []
+
+
+@pytest.mark.slow
+def test_journal_init_creates_the_journal_once_and_keeps_what_it_holds(
+    make_client: MakeClient, sandbox: SandboxServer, postgres_url: str, tmp_path: Path
+) -> None:
+    for journal in (str(tmp_path / "journal.db"), f"{postgres_url}?schema=shop"):
+        created = run_cli(["journal", "init", "--journal", journal])
+        assert created.exit_code == 0, created.output
+        assert created.stdout.startswith("created the journal ")
+
+        keys = enqueue_pending(make_client(journal=journal), 1)
+        again = run_cli(["journal", "init", "--journal", journal])
+        assert again.exit_code == 0, again.output
+        assert "is a payonce journal already" in again.stdout
+        assert "nothing to do" in again.stdout
+        assert _states(journal) == dict.fromkeys(keys, payonce.IntentState.PENDING)
+
+        sent = run_cli_process(_worker_args(sandbox.url, journal, "--once"), env=KEY_ENV)
+        assert sent.exit_code == 0, sent.output
+        assert _states(journal) == dict.fromkeys(keys, payonce.IntentState.SUCCEEDED)
+
+
+def test_journal_init_in_a_directory_that_does_not_exist_is_refused(tmp_path: Path) -> None:
+    result = run_cli(["journal", "init", "--journal", str(tmp_path / "typo" / "journal.db")])
+
+    assert result.exit_code == 2, result.output
+    assert not (tmp_path / "typo").exists()
+
+
 # -- the reconcile schedule, end to end --------------------------------------------------------
 
 

@@ -143,8 +143,10 @@ def recovery_api_key(
     the wrong account.
 
     Raises ConfigurationError, naming the account and how to give it its key, when it has
-    none: nothing is sent for it. ``wanted``: the credential fingerprints its intents
-    journaled, named in that error (only a key of one of them sends them again)."""
+    none: nothing is sent for it. The fix it gives works as written: it names the account
+    along with the variable, since the variable alone never serves an account not named.
+    ``wanted``: the credential fingerprints its intents journaled, named in that error (only
+    a key of one of them sends them again)."""
     try:
         return _recovery_api_key(account, named, allow_plaintext_keyring)
     except ConfigurationError as missing:
@@ -158,27 +160,35 @@ def recovery_api_key(
 
 def _recovery_api_key(account: str, named: str | None, allow_plaintext_keyring: bool | None) -> str:
     from_env = os.environ.get(API_KEY_ENV)
-    if not from_env or named == account:
-        return resolve_api_key(
-            None, account=account, allow_plaintext_keyring=allow_plaintext_keyring
-        )
+    if from_env and named == account:
+        return _sendable(from_env, account=account, source=API_KEY_ENV)
     try:
         return _from_keyring(account, allow_plaintext_keyring)
-    except ConfigurationError as exc:
-        why_not = str(exc).partition(". To fix:")[0]
-        whose = (
-            f"it is the key of account {named!r} (--account)"
-            if named is not None
-            else "no account was named (PAYONCE_ACCOUNT or --account), so it is not known "
-            "to be this one's"
-        )
+    except _NoKeyInKeyring as exc:
+        keyring_says = exc.problem
+    keyring_has = (
+        f"the keyring has none ({keyring_says})" if keyring_says else "the keyring has none"
+    )
+    fix = (
+        f"To fix: set PAYONCE_ACCOUNT={account} (or --account {account}) alongside "
+        f"{API_KEY_ENV} holding its key, or store its key with `payonce keys set {account}`"
+    )
+    if not from_env:
         raise ConfigurationError(
-            f"no API key for account {account!r}: {API_KEY_ENV} is set, but is never sent "
-            f"for it: {whose} (one account's key, sent for another's intents, would pay on "
-            f"the wrong account). The keyring has none either ({why_not}). To fix: set "
-            f"PAYONCE_ACCOUNT={account} (or --account {account}) alongside {API_KEY_ENV} "
-            f"holding its key, or store its key with `payonce keys set {account}`"
+            f"no API key for account {account!r}: {API_KEY_ENV} is not set and {keyring_has}. "
+            f"To fix: set PAYONCE_ACCOUNT={account} alongside {API_KEY_ENV} holding its key, "
+            f"or run `payonce keys set {account}`"
         ) from None
+    whose = (
+        f"it is the key of account {named!r} (--account)"
+        if named is not None
+        else "no account was named (PAYONCE_ACCOUNT or --account), so it is not known "
+        "to be this one's"
+    )
+    raise ConfigurationError(
+        f"no API key for account {account!r}: {API_KEY_ENV} is set, but is never sent "
+        f"for it: {whose}, and {keyring_has}. {fix}"
+    ) from None
 
 
 def resolve_api_key(
@@ -194,13 +204,22 @@ def resolve_api_key(
     return _from_keyring(account, allow_plaintext_keyring)
 
 
+class _NoKeyInKeyring(ConfigurationError):
+    """The keyring holds no usable key for the account; ``problem`` says why, when it is
+    more than the entry missing (no usable backend, locked, failed), else None."""
+
+    def __init__(self, message: str, problem: str | None) -> None:
+        super().__init__(message)
+        self.problem = problem
+
+
 def _from_keyring(account: str, allow_plaintext_keyring: bool | None) -> str:
-    """The API key of ``account`` in the keyring, or ConfigurationError saying why not."""
+    """The API key of ``account`` in the keyring, or _NoKeyInKeyring saying why not."""
     how = _HOW_TO.format(account=account)
     if account == ACCOUNT_INDEX:
-        raise ConfigurationError(
-            f"no API key for account {account!r}: that keyring entry is payonce's index of "
-            f"accounts, not a key. To fix: {how}"
+        reserved = "that keyring entry is payonce's index of accounts, not a key"
+        raise _NoKeyInKeyring(
+            f"no API key for account {account!r}: {reserved}. To fix: {how}", reserved
         )
     import keyring
 
@@ -210,7 +229,9 @@ def _from_keyring(account: str, allow_plaintext_keyring: bool | None) -> str:
     if problem is not None:
         if "plaintext file" in problem:  # keyrings.alt is installed already: no need to say so
             how = "pass api_key=, set PAYONCE_API_KEY, or opt in to that file as above"
-        raise ConfigurationError(f"no API key for account {account!r}: {problem}. To fix: {how}")
+        raise _NoKeyInKeyring(
+            f"no API key for account {account!r}: {problem}. To fix: {how}", problem
+        )
     secret = None
     # Never get_password on a whole chain: it would also read the refused links (a
     # plaintext file without opt-in, an encrypted file that prompts).
@@ -221,19 +242,21 @@ def _from_keyring(account: str, allow_plaintext_keyring: bool | None) -> str:
         # whatever it is, it is a keyring that does not work here.
         except Exception as exc:
             if _is_locked(exc):
-                raise ConfigurationError(
-                    f"no API key for account {account!r}: {_locked(usable)}. To fix: "
-                    f"{_UNLOCK_HOW_TO}, or pass api_key= or set PAYONCE_API_KEY"
+                problem = _locked(usable)
+                raise _NoKeyInKeyring(
+                    f"no API key for account {account!r}: {problem}. To fix: "
+                    f"{_UNLOCK_HOW_TO}, or pass api_key= or set PAYONCE_API_KEY",
+                    f"{problem}: {_UNLOCK_HOW_TO}",
                 ) from None
-            raise ConfigurationError(
-                f"no API key for account {account!r}: the keyring failed "
-                f"({type(exc).__name__}). To fix: {how}"
+            problem = f"the keyring failed ({type(exc).__name__})"
+            raise _NoKeyInKeyring(
+                f"no API key for account {account!r}: {problem}. To fix: {how}", problem
             ) from None
         if secret:
             break
     if not secret:
-        raise ConfigurationError(
-            f"no API key for account {account!r} in the keyring. To fix: {how}"
+        raise _NoKeyInKeyring(
+            f"no API key for account {account!r} in the keyring. To fix: {how}", None
         )
     # Stored by other means than `payonce keys set` (which refuses such a key), or edited.
     where = f"the keyring, service {KEYRING_SERVICE!r}, entry {account!r}"

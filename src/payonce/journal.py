@@ -8,7 +8,7 @@
 from typing import TYPE_CHECKING, Any
 
 from ._journal._open import default_journal_path, open_journal, postgres_journal_class
-from ._journal._reads import Journal
+from ._journal._reads import Journal, Outcomes
 from ._journal._reports import JournalReport
 from ._journal._sqlite import SQLiteJournal
 from ._lifecycle import (
@@ -31,6 +31,7 @@ __all__ = [
     "Journal",
     "JournalReport",
     "KeyTerms",
+    "Outcomes",
     "PostgresJournal",
     "ReconciliationRecord",
     "SQLiteJournal",

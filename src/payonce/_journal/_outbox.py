@@ -18,11 +18,13 @@ database, the same schema. ``journal_place`` reads where the journal lives throu
 journal's own connection; the first step reads the same facts through the caller's. The
 server is known by its postmaster's start time and port (any role may read them, over TCP
 or a unix socket, and two servers never share both), the database by its name, the schema
-by the object id of its ``intents`` table.
+by the object id of its ``intents`` table. Every statement names the journal's tables with
+their schema (``in_schema``), never through the caller's search path.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Generator
 from typing import Any
 
@@ -32,7 +34,8 @@ from .._lifecycle import IntentDraft, IntentRecord, is_mismatch
 from .._lifecycle import _refusals as refusals
 from ..errors import ConfigurationError, JournalError
 from . import _sql as sql
-from ._engine import Engine, Tx
+from ._engine import BEFORE_SEND, Engine, Tx
+from ._intents import select_intent
 from ._rows import intent_from_row, write_ahead_values
 
 __all__ = [
@@ -42,7 +45,9 @@ __all__ = [
     "JournalPlace",
     "Statement",
     "StatementFailed",
+    "enqueue_in_journal",
     "enqueue_steps",
+    "in_schema",
     "journal_place",
 ]
 
@@ -63,6 +68,22 @@ _JOURNAL_SCHEMA = (
 
 def _quoted(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
+
+
+_JOURNAL_TABLE = re.compile(
+    r"\b(FROM|INTO|JOIN|UPDATE)\s+(" + "|".join(sql.needed_columns()) + r")\b"
+)
+
+
+def in_schema(statement: str, schema: str) -> str:
+    """``statement`` with every journal table it names qualified by ``schema``.
+
+    Run on a caller's connection, an unqualified name would resolve by that session's
+    search path, and PostgreSQL looks in the session's temporary schema first whatever the
+    path says: a temporary ``intents`` table (a pooled connection may keep one) would take
+    the intent, and no worker would ever send it.
+    """
+    return _JOURNAL_TABLE.sub(lambda m: f"{m[1]} {_quoted(schema)}.{m[2]}", statement)
 
 
 @attrs.frozen
@@ -185,6 +206,39 @@ def write_failed(
     )
 
 
+def enqueue_in_journal(
+    engine: Engine, draft: IntentDraft, *, now: float, reconcilable: bool
+) -> IntentRecord:
+    """Journal ``draft``'s intent, pending and unsent, in a transaction of the journal's own,
+    committed before this returns (``enqueue`` without ``connection=``, on any journal):
+    the new intent, or the one journaled for the same request already; ``IntentMismatch``
+    for another request under that reference, nothing written."""
+
+    def work(tx: Tx) -> IntentRecord:
+        found = select_intent(tx, sql.BY_REFERENCE, (draft.scope, draft.reference), lock=True)
+        if found is not None:
+            return found
+        values = write_ahead_values(
+            draft, now, first_sent_at=None, owner=None, lease_expires_at=None, enqueued=True
+        )
+        tx.execute(sql.INSERT_INTENT, values)
+        # Inserted, or another process journaled the same reference (or key) first.
+        record = select_intent(tx, sql.BY_REFERENCE, (draft.scope, draft.reference))
+        record = record or select_intent(tx, sql.BY_KEY, (draft.key,))
+        if record is None:
+            raise engine.error(
+                f"enqueue did not write the intent for reference {draft.reference!r}: it was "
+                "neither written nor found; nothing was sent. Enqueue it again"
+            )
+        return record
+
+    # Durable: a worker on another host may send it the moment it commits.
+    record = engine.write(work, durable=True, busy=BEFORE_SEND)
+    if is_mismatch(record, draft):
+        raise refusals.mismatch(draft, record, reconcilable=reconcilable, enqueuing=True)
+    return record
+
+
 def journal_place(engine: Engine) -> JournalPlace:
     """Where the journal ``engine`` writes to lives; ``ConfigurationError`` for a journal
     that is not in PostgreSQL (no one else's transaction can hold its writes)."""
@@ -193,8 +247,8 @@ def journal_place(engine: Engine) -> JournalPlace:
             f"enqueue(connection=...) writes the intent in your own PostgreSQL transaction, "
             f"but this client's journal is not in PostgreSQL ({engine.location}); nothing was "
             "written. Give the client the journal in your service's database "
-            "(journal='postgresql://…/yourdb?schema=payonce'), or call the client directly "
-            "after your transaction commits"
+            "(journal='postgresql://…/yourdb?schema=payonce'), or enqueue it on its own "
+            "(connection=None) after your transaction commits"
         )
 
     def work(tx: Tx) -> JournalPlace:
@@ -274,21 +328,17 @@ def _enqueue(
             "was written. Pass a connection to that database, or give the client a journal in "
             "your own database (journal='postgresql://…/yourdb?schema=payonce')"
         )
-    # The journal's statements name its tables unqualified: for these few statements the
-    # caller's search path is the journal's schema, then the caller's own again.
-    before = yield _statement("SELECT current_setting('search_path')")
-    yield _statement("SELECT set_config('search_path', ?, true)", (_quoted(place.schema),))
-    record = yield from _select(sql.BY_REFERENCE, (draft.scope, draft.reference))
+    schema = place.schema
+    record = yield from _select(schema, sql.BY_REFERENCE, (draft.scope, draft.reference))
     if record is None:
         values = write_ahead_values(
-            draft, now, first_sent_at=None, owner=None, lease_expires_at=None
+            draft, now, first_sent_at=None, owner=None, lease_expires_at=None, enqueued=True
         )
-        yield _statement(sql.INSERT_INTENT, values)
+        yield _statement(in_schema(sql.INSERT_INTENT, schema), values)
         # Inserted, or another transaction committed the same reference (or the same key)
         # first: either way the row to answer with is there now.
-        record = yield from _select(sql.BY_REFERENCE, (draft.scope, draft.reference))
-        record = record or (yield from _select(sql.BY_KEY, (draft.key,)))
-    yield _statement("SELECT set_config('search_path', ?, true)", (before.rows[0][0],))
+        record = yield from _select(schema, sql.BY_REFERENCE, (draft.scope, draft.reference))
+        record = record or (yield from _select(schema, sql.BY_KEY, (draft.key,)))
     if record is None:
         raise JournalError(
             f"enqueue did not write the intent for reference {draft.reference!r}: it was "
@@ -302,7 +352,7 @@ def _enqueue(
 
 
 def _select(
-    where: str, params: tuple[Any, ...]
+    schema: str, where: str, params: tuple[Any, ...]
 ) -> Generator[Statement, Answer, IntentRecord | None]:
-    found = yield _statement(sql.SELECT_INTENT + where, params)
+    found = yield _statement(in_schema(sql.SELECT_INTENT + where, schema), params)
     return intent_from_row(found.rows[0]) if found.rows else None

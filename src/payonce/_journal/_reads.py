@@ -13,9 +13,10 @@ constructors make that engine.
 
 from __future__ import annotations
 
+import math
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Self
 
@@ -37,7 +38,7 @@ from .._lifecycle import (
 from .._lifecycle._key_age import PRUNE_AFTER_KEY_LIFETIMES
 from .._owners import owner_is_dead
 from .._providers._profile import key_lifetime_of, key_max_length_of
-from ..errors import IntentInFlight
+from ..errors import ConfigurationError, IntentInFlight
 from . import _sql as sql
 from ._engine import NO_SEND, NOT_A_JOURNAL_YET, Engine, Tx
 from ._inbox import (
@@ -63,7 +64,7 @@ from ._schema import (
     SENT_TO_SCHEMA,
 )
 
-__all__ = ["Journal"]
+__all__ = ["Journal", "Outcomes"]
 
 _SETTLED = (IntentState.SUCCEEDED.value, IntentState.FAILED.value)
 _CANNOT_ABANDON = (
@@ -72,6 +73,41 @@ _CANNOT_ABANDON = (
 _CANNOT_ACKNOWLEDGE = (
     "intent {key} is {state}: only a settled intent (succeeded or failed) can be acknowledged"
 )
+
+
+@attrs.frozen
+class Outcomes:
+    """A page of ``outcomes()``: enqueued intents settled and not acknowledged yet, in the
+    order they settled. Iterate over it; it is false when empty."""
+
+    intents: tuple[IntentRecord, ...]
+    cursor: str | None
+    """Where the next page starts (pass it as ``after=``): just after this page's last
+    intent. None for an empty page."""
+
+    def __iter__(self) -> Iterator[IntentRecord]:
+        return iter(self.intents)
+
+    def __len__(self) -> int:
+        return len(self.intents)
+
+
+def _cursor(record: IntentRecord) -> str:
+    return f"{record.updated_at!r} {record.key}"
+
+
+def _after(cursor: str) -> tuple[float, str]:
+    at, _, key = cursor.partition(" ")
+    try:
+        when = float(at)
+    except ValueError:
+        when = math.nan
+    if not key or not math.isfinite(when):
+        raise ConfigurationError(
+            f"after={cursor!r} is not a cursor that outcomes() returned: pass a page's "
+            "cursor as it is, or none to start at the oldest outcome"
+        )
+    return when, key
 
 
 class Journal:
@@ -205,6 +241,35 @@ class Journal:
             statement += " AND account = ?"
             params.append(account)
         return self._intents(statement + " ORDER BY created_at, key", params)
+
+    def outcomes(
+        self,
+        *,
+        account: str | None = None,
+        provider: str | None = None,
+        after: str | None = None,
+        limit: int = 100,
+    ) -> Outcomes:
+        """The settled outcomes (succeeded or failed) of enqueued intents not acknowledged
+        yet, of one account and provider if given, oldest settled first, at most ``limit``,
+        after the cursor ``after`` (a page's ``cursor``). Acknowledge each (``acknowledge``)
+        once its outcome is recorded: it is not listed again. Without ``after``, a page
+        starts at the oldest unacknowledged outcome, however late it committed: start each
+        pass there, and nothing is ever passed over."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ConfigurationError(f"limit must be a whole number >= 1, not {limit!r}")
+        statement = sql.OUTCOMES
+        params: list[Any] = list(_SETTLED)
+        for column, value in (("account", account), ("provider", provider)):
+            if value is not None:
+                statement += f" AND {column} = ?"
+                params.append(value)
+        if after is not None:
+            when, key = _after(after)
+            statement += sql.OUTCOMES_AFTER
+            params += [when, when, key]
+        found = tuple(self._intents(statement + sql.OUTCOMES_ORDER, [*params, limit]))
+        return Outcomes(found, _cursor(found[-1]) if found else None)
 
     def accounts(self) -> list[str]:
         """Every account the journal holds intents of, in any state, sorted."""

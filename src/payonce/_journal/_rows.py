@@ -79,6 +79,7 @@ INTENT_FIELDS = (
     "key_lifetime",
     "key_lifetime_documented",
     "max_processing",
+    "enqueued",
     "credential",
     "account_scope",
 )
@@ -124,7 +125,7 @@ INTENT_COLUMNS = (
     + ", (SELECT count(*) FROM attempts a WHERE a.key = intents.key) AS attempt_count"
 )
 KEY_TERMS_COLUMNS = (
-    "key_lifetime, key_lifetime_documented, max_processing, credential, account_scope"
+    "key_lifetime, key_lifetime_documented, max_processing, enqueued, credential, account_scope"
 )
 """How ``INTENT_COLUMNS`` names the columns schema 10 added: a read-only journal of an older
 schema reads ``NULL`` in their place (``Dialect.reading_schema``)."""
@@ -158,6 +159,7 @@ def write_ahead_values(
     first_sent_at: float | None,
     owner: str | None,
     lease_expires_at: float | None,
+    enqueued: bool = False,
 ) -> tuple[Any, ...]:
     """The write-ahead record of ``draft``'s new intent, pending, in ``_sql.INSERT_INTENT``'s
     order: the one row every creation writes. A client about to send it holds its lease and
@@ -183,6 +185,7 @@ def write_ahead_values(
         # older than schema 9.
         1 if draft.key_per_call else None,
         *_key_terms_values(draft.key_terms),
+        1 if enqueued else None,
         draft.credential,
         draft.account_scope,
     )
@@ -296,6 +299,7 @@ def _intent(row: Sequence[Any]) -> IntentRecord:
         lifetime,
         documented,
         processing,
+        enqueued,
         credential,
         account_scope,
         attempt_count,
@@ -324,6 +328,7 @@ def _intent(row: Sequence[Any]) -> IntentRecord:
         abandon_reason=abandon_reason,
         key_per_call=bool(key_per_call),
         key_terms=_key_terms(lifetime, documented, processing),
+        enqueued=bool(enqueued),
         credential=credential,
         account_scope=account_scope,
     )

@@ -158,6 +158,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     #    journaled with (``KeyTerms``): a process that drives it later rebuilds the profile
     #    from its name alone, and an app's shortened lifetime kept that name. NULL in older
     #    rows: the built-in profile of the name, as before.
+    # 10 (outcomes): whether an intent was enqueued (the outbox), whose caller learns its
+    #    outcome from ``outcomes()`` rather than from a call's answer; the index finds the
+    #    enqueued outcomes not acknowledged yet in the order they settled.
     # 10 (credentials): the fingerprint of the credential that sent each intent (never the
     #    secret) and the account scope its request named (Stripe-Account): only a credential
     #    of that fingerprint sends it again or looks it up (``_lifecycle._credential``).
@@ -165,6 +168,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE intents ADD COLUMN key_lifetime {REAL}",
         "ALTER TABLE intents ADD COLUMN key_lifetime_documented INTEGER",
         "ALTER TABLE intents ADD COLUMN max_processing {REAL}",
+        "ALTER TABLE intents ADD COLUMN enqueued INTEGER",
+        "CREATE INDEX intents_outcomes ON intents (updated_at, key)"
+        " WHERE enqueued = 1 AND acknowledged_at IS NULL",
         "ALTER TABLE intents ADD COLUMN credential TEXT",
         "ALTER TABLE intents ADD COLUMN account_scope TEXT",
     ),

@@ -85,7 +85,7 @@ class Dialect:
         if 0 < version < KEY_TERMS_SCHEMA:
             nulls = (
                 "NULL AS key_lifetime, NULL AS key_lifetime_documented, NULL AS max_processing,"
-                " NULL AS credential, NULL AS account_scope"
+                " NULL AS enqueued, NULL AS credential, NULL AS account_scope"
             )
             unmigrated.append((KEY_TERMS_COLUMNS, nulls))
         return attrs.evolve(self, unmigrated=tuple(unmigrated)) if unmigrated else self
@@ -155,8 +155,8 @@ INSERT_INTENT = (
     "INSERT INTO intents (key, scope, reference, account, provider, method, url, fingerprint,"
     " request_headers, request_body, state, created_at, updated_at, first_sent_at,"
     " lease_owner, lease_expires_at, key_per_call, key_lifetime, key_lifetime_documented,"
-    " max_processing, credential, account_scope)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " max_processing, enqueued, credential, account_scope)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
     # Two hosts creating the same intent at once: the unique key and (scope, reference)
     # let exactly one insert win; the other inserts nothing and reads the winner's row.
     " ON CONFLICT DO NOTHING"
@@ -357,6 +357,15 @@ NEXT_PENDING = (
 UNACKNOWLEDGED = (
     f"SELECT {INTENT_COLUMNS} FROM intents WHERE state IN (?, ?) AND acknowledged_at IS NULL"
 )
+OUTCOMES = (
+    f"SELECT {INTENT_COLUMNS} FROM intents WHERE enqueued = 1 AND acknowledged_at IS NULL"
+    " AND state IN (?, ?)"
+)
+"""The enqueued intents settled and not acknowledged (the literals match the index
+``intents_outcomes``); the caller appends its filters, ``OUTCOMES_AFTER`` and
+``OUTCOMES_ORDER``."""
+OUTCOMES_AFTER = " AND (updated_at > ? OR (updated_at = ? AND key > ?))"
+OUTCOMES_ORDER = " ORDER BY updated_at, key LIMIT ?"
 FIND = (
     f"SELECT {INTENT_COLUMNS} FROM intents WHERE key = ? OR reference = ? ORDER BY created_at DESC"
 )

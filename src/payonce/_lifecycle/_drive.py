@@ -362,6 +362,8 @@ class LookedUp:
     outcome: ReconcileOutcome
     detail: str
     response: httpx.Response | None
+    sees: bool = True
+    """False: the look-up cannot see this request (``LookupVerdict.sees``)."""
     transition: Transition = Transition.LOOKED_UP
 
 
@@ -400,6 +402,8 @@ class Reconciled:
     response: httpx.Response | None = None
     kind: LookupKind | None = None
     found: dict[str, Any] | None = None
+    sees: bool = True
+    """False: the look-up cannot see this request (``LookupVerdict.sees``)."""
 
 
 @attrs.frozen
@@ -1267,10 +1271,9 @@ def _deliver(
 
 # -- verify before resend --------------------------------------------------------------------
 
-_JOURNALED = {
-    LookupKind.ABSENT: ReconcileOutcome.NOT_FOUND,
-    LookupKind.UNDECIDED: ReconcileOutcome.STILL_UNKNOWN,
-}
+_JOURNALED = {LookupKind.UNDECIDED: ReconcileOutcome.STILL_UNKNOWN}
+"""A look-up before a resend that settles nothing, as journaled (no record: ``_absent``;
+anything else is an error)."""
 
 
 def _verify(
@@ -1309,8 +1312,12 @@ def _verify(
         verdict = classify_lookup(response, lookup, run.record)
         transition = choose(VERIFIED, Moment(lookup=verdict.kind, found=verdict.state))
         if transition is Transition.LOOKED_UP:
-            outcome = _JOURNALED.get(verdict.kind, ReconcileOutcome.ERROR)
-            yield LookedUp(run, verdict.kind, outcome, verdict.detail, response)
+            outcome = (
+                _absent(verdict)
+                if verdict.kind is LookupKind.ABSENT
+                else _JOURNALED.get(verdict.kind, ReconcileOutcome.ERROR)
+            )
+            yield LookedUp(run, verdict.kind, outcome, verdict.detail, response, verdict.sees)
             verification.answered(verdict.kind, clock.monotonic(), _backoff(settings, verification))
             continue
         assert verdict.record is not None
@@ -1480,10 +1487,10 @@ def _concluded(
             f"there for {quiet - now:.0f}s more: reconcile again after that"
         )
     elif kind is LookupKind.ABSENT and per_call:
-        outcome = ReconcileOutcome.NOT_FOUND
+        outcome = _absent(verdict)
         detail = refusals.per_call_key(record.key, looked_up=verdict.detail)
     elif kind is LookupKind.ABSENT:
-        outcome = ReconcileOutcome.NOT_FOUND
+        outcome = _absent(verdict)
         # The look-up's own words: for a request it cannot see (a Stripe confirm), "no
         # record" would read as "never executed".
         detail = (
@@ -1503,11 +1510,19 @@ def _concluded(
     else:  # a record not final yet, several records, an unreadable answer
         outcome = ReconcileOutcome(kind.value)
     found = verdict.record if kind is LookupKind.FOUND else None
-    command = Reconciled(record, owner, transition, outcome, detail, response, kind, found)
+    command = Reconciled(
+        record, owner, transition, outcome, detail, response, kind, found, verdict.sees
+    )
     after: IntentRecord = yield command
     if kind is LookupKind.REFUSED:
         raise refusals.lookup_refused(record, response)
     return Reconciliation(record, after.state, outcome, detail)
+
+
+def _absent(verdict: LookupVerdict) -> ReconcileOutcome:
+    """``not_found``, or ``cannot_tell`` where the look-up cannot see the request (a Stripe
+    confirm): its empty answer must not read as "it did not happen"."""
+    return ReconcileOutcome.NOT_FOUND if verdict.sees else ReconcileOutcome.CANNOT_TELL
 
 
 def _reconcile_by_resend(

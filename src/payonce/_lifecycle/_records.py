@@ -163,6 +163,9 @@ class IntentRecord(IntentRequest):
     key_terms: KeyTerms | None = None
     """The key terms of the provider profile it was journaled with; None for an intent
     journaled before schema 10: judged by the built-in profile of its provider's name."""
+    enqueued: bool = False
+    """Journaled by ``client.enqueue`` (the outbox), to be sent by a worker or ``resume``:
+    its caller learns the outcome from ``client.outcomes()`` and acknowledges it there."""
 
     def lease_live(self, now: float) -> bool:
         return lease_live(self.lease_owner, self.lease_expires_at, now)
@@ -175,7 +178,8 @@ class ReconciliationRecord:
     key: str
     at: float
     outcome: str
-    """``found``, ``not_found``, ``still_unknown`` or ``error``."""
+    """``found``, ``not_found``, ``cannot_tell``, ``still_unknown``, ``error`` or
+    ``resent``."""
     detail: str
     status_code: int | None
 

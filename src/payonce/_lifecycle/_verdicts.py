@@ -379,6 +379,11 @@ class ReconcileOutcome(enum.StrEnum):
     """The provider's record settled the intent."""
     NOT_FOUND = "not_found"
     """The provider has no record: back to pending when the key is still valid."""
+    CANNOT_TELL = "cannot_tell"
+    """The look-up cannot see this kind of request (a Stripe confirm or capture: its search
+    finds only creations), so its empty answer proves nothing either way. Back to pending
+    when the key is still valid (a resend under it cannot execute twice), else it stays
+    unknown for a person to check the object at the provider."""
     STILL_UNKNOWN = "still_unknown"
     """A record that settles nothing yet, or an earlier attempt that may still be running."""
     ERROR = "error"
@@ -398,6 +403,9 @@ class LookupVerdict:
     """For ``FOUND``: succeeded or failed."""
     record: dict[str, Any] | None = None
     """For ``FOUND``: the provider's record, stored as the intent's response."""
+    sees: bool = True
+    """False when the look-up cannot see the request at all (``Lookup.finds``): then an
+    ``ABSENT`` answer proves nothing, and is reported as ``cannot_tell``."""
 
 
 def classify_lookup(
@@ -422,7 +430,8 @@ def classify_lookup(
         detail = f"unreadable status look-up answer ({items!s:.40}); still unknown"
         return LookupVerdict(LookupKind.UNREADABLE, detail)
     if not items:
-        return LookupVerdict(LookupKind.ABSENT, _absent_detail(request, lookup))
+        sees = request is None or lookup.finds(request.method, urlsplit(request.url).path)
+        return LookupVerdict(LookupKind.ABSENT, _absent_detail(request, lookup), sees=sees)
     if len(items) > 1:
         detail = f"the provider has {len(items)} records for this intent; check them by hand"
         return LookupVerdict(LookupKind.UNDECIDED, detail)

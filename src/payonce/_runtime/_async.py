@@ -22,6 +22,7 @@ import httpx
 
 from .._crash import crash_point
 from .._journal._plans import AsyncEdge, Write
+from .._journal._reads import Outcomes
 from .._lifecycle import IntentDraft, IntentRecord
 from .._lifecycle import _drive as drive
 from .._owners import new_owner
@@ -215,7 +216,8 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
     ) -> IntentRecord:
         """``Client.enqueue``, awaited, through an async connection: a psycopg 3
         ``AsyncConnection``, or an SQLAlchemy ``AsyncConnection`` or ``AsyncSession`` on
-        ``postgresql+psycopg_async://``. See docs/outbox.md."""
+        ``postgresql+psycopg_async://`` (``connection=None``: on its own, committed before
+        this returns). See docs/outbox.md."""
         self._in_this_process()
         draft = self._outbox_draft(method, path, reference, json, data, headers)
         return await self._outbox.aenqueue(draft, connection)
@@ -282,6 +284,16 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
 
     async def unacknowledged(self) -> list[IntentRecord]:
         return await _off_loop(self.journal.unacknowledged, account=self.account)
+
+    async def outcomes(self, *, after: str | None = None, limit: int = 100) -> Outcomes:
+        """See ``Client.outcomes``."""
+        return await _off_loop(
+            self.journal.outcomes,
+            account=self.account,
+            provider=self.provider.name,
+            after=after,
+            limit=limit,
+        )
 
     # -- sending -----------------------------------------------------------------------------
 

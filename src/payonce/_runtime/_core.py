@@ -555,8 +555,8 @@ class IntentCore:
             case Release(run, _):
                 yield from store.release.plan(run.key, owner=run.owner)
                 return None
-            case LookedUp(run, kind, outcome, detail, response):
-                self.tell.lookup_ended(run.record, kind, response, before_resend=True)
+            case LookedUp(run, kind, outcome, detail, response, sees):
+                self.tell.lookup_ended(run.record, kind, response, before_resend=True, sees=sees)
                 yield from store.looked_up.plan(
                     run.key,
                     owner=run.owner,
@@ -581,7 +581,9 @@ class IntentCore:
     def _reconciled(self, command: Reconciled, now: float) -> Plan[IntentRecord]:
         record, response = command.record, command.response
         if response is not None:
-            self.tell.lookup_ended(record, command.kind, response, before_resend=False)
+            self.tell.lookup_ended(
+                record, command.kind, response, before_resend=False, sees=command.sees
+            )
         status = None if response is None else response.status_code
         found = command.found
         after = yield from self.store.reconciled.plan(

@@ -108,8 +108,9 @@ class LookupEnded(IntentEvent):
 
     ``before_resend`` is True for a look-up made during a drive (verify before resend),
     False for one made by ``reconcile``. ``outcome`` is ``found``, ``not_found``,
-    ``still_unknown``, ``refused``, ``retry`` (asked again soon) or ``error`` (no answer,
-    or one payonce cannot read).
+    ``cannot_tell`` (no record, from a look-up that cannot see this request: a Stripe
+    confirm), ``still_unknown``, ``refused``, ``retry`` (asked again soon) or ``error`` (no
+    answer, or one payonce cannot read).
     """
 
     outcome: str
@@ -170,8 +171,8 @@ class IntentReconciled(IntentEvent):
     before: IntentState
     after: IntentState
     outcome: ReconcileOutcome
-    """``found``, ``not_found``, ``still_unknown``, ``error``, ``skipped`` or ``resent`` (a
-    ``str``)."""
+    """``found``, ``not_found``, ``cannot_tell``, ``still_unknown``, ``error``, ``skipped``
+    or ``resent`` (a ``str``)."""
     detail: str
 
 

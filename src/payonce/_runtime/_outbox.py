@@ -26,6 +26,7 @@ from .._journal._outbox import (
     Statement,
     StatementFailed,
     Steps,
+    enqueue_in_journal,
     enqueue_steps,
     journal_place,
 )
@@ -37,7 +38,7 @@ __all__ = ["Outbox"]
 
 _SQLALCHEMY_DRIVERS = ("psycopg", "psycopg_async")
 _UNDO = (f"ROLLBACK TO SAVEPOINT {SAVEPOINT}", f"RELEASE SAVEPOINT {SAVEPOINT}")
-"""Back to how the caller's transaction was before the steps (search path included)."""
+"""Back to how the caller's transaction was before the steps."""
 _NO_TRANSACTION = (
     "enqueue(connection=...) writes the intent inside your open transaction, so that it "
     "commits or rolls back with your own rows, but {why}; nothing was written. Call it "
@@ -74,9 +75,18 @@ class Outbox:
             reconcilable=core.reconcilable,
         )
 
+    def enqueue_alone(self, draft: IntentDraft) -> IntentRecord:
+        """No caller's transaction: the intent is journaled and committed on its own."""
+        core = self._core
+        return enqueue_in_journal(
+            core.journal._engine, draft, now=core.clock(), reconcilable=core.reconcilable
+        )
+
     # -- sync --------------------------------------------------------------------------------
 
     def enqueue(self, draft: IntentDraft, connection: object) -> IntentRecord:
+        if connection is None:
+            return self.enqueue_alone(draft)
         place = self.place()
         cursor = _sync_cursor(connection)
         try:
@@ -140,6 +150,8 @@ class Outbox:
     async def aenqueue(self, draft: IntentDraft, connection: object) -> IntentRecord:
         from ._journal_threads import off_loop
 
+        if connection is None:
+            return await off_loop(self.enqueue_alone, draft)
         place = await off_loop(self.place)
         try:
             return await self._arun(draft, connection, place)

@@ -44,8 +44,8 @@ class ReconcileResult:
     before: IntentState
     after: IntentState
     outcome: ReconcileOutcome
-    """``found``, ``not_found``, ``still_unknown``, ``error``, ``skipped`` or ``resent`` (a
-    ``str``)."""
+    """``found``, ``not_found``, ``cannot_tell``, ``still_unknown``, ``error``, ``skipped``
+    or ``resent`` (a ``str``)."""
     detail: str
 
 

@@ -17,6 +17,7 @@ import attrs
 import httpx
 
 from .._crash import crash_point
+from .._journal._reads import Outcomes
 from .._lifecycle import IntentDraft, IntentRecord
 from .._lifecycle import _drive as drive
 from .._owners import new_owner
@@ -64,7 +65,7 @@ class Operation(OperationBase, Verbs[httpx.Response]):
         """Send the intent's next step (once), or replay its journaled outcome.
 
         The first request is the intent itself; each later one that is not the same
-        request again is its next step (see ``docs/integrations.md``). Takes ``json=``,
+        request again is its next step (see ``docs/steps.md``). Takes ``json=``,
         ``data=`` (form), ``content=``, ``params=`` and ``headers=``.
         """
         self._core.require_api_key(f"{method.upper()} {path}")
@@ -141,9 +142,11 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
 
         The connection must be to the database (and server) that holds this client's
         PostgreSQL journal, with a transaction open; otherwise ``ConfigurationError``,
-        nothing written. Enqueuing the same ``reference`` again with the same request is
-        the same intent (its record is returned); with another request it is
-        ``IntentMismatch``, and your transaction stays usable. See docs/outbox.md.
+        nothing written. ``connection=None`` journals it on its own, in any journal
+        (SQLite too), committed before this returns: for a caller with no rows to commit
+        with it. Enqueuing the same ``reference`` again with the same request is the same
+        intent (its record is returned); with another request it is ``IntentMismatch``,
+        and your transaction stays usable. The outcome: ``outcomes()``. See docs/outbox.md.
         """
         self._in_this_process()
         draft = self._outbox_draft(method, path, reference, json, data, headers)
@@ -171,7 +174,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         the code names again from a uuid4 drawn per call): its call retries and verifies it,
         code run again under the same key continues it, but no resume or worker resends it
         once its call is over (they look it up where the provider allows; an operator may
-        ``payonce reconcile KEY --resend``). See ``docs/integrations.md``.
+        ``payonce reconcile KEY --resend``). See ``docs/integrations.md`` and ``docs/steps.md``.
         """
         return SyncTransport(
             self, inner, sdk_keys=sdk_keys, outside_intent=outside_intent, verify=self._verify
@@ -281,6 +284,17 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
     def unacknowledged(self) -> list[IntentRecord]:
         """Settled intents of this account whose outcome the caller has not acknowledged."""
         return self.journal.unacknowledged(account=self.account)
+
+    def outcomes(self, *, after: str | None = None, limit: int = 100) -> Outcomes:
+        """The outcomes of what this client's account and provider enqueued (the outbox):
+        the intents a worker or ``resume`` settled (succeeded or failed) that you have not
+        acknowledged yet, oldest settled first, at most ``limit``, after the cursor
+        ``after`` (a page's ``cursor``). Record each on your side (the intent's
+        ``reference``, ``state`` and ``response``), then ``acknowledge(key)`` it: it is not
+        listed again. Start each pass without ``after``. See docs/outbox.md."""
+        return self.journal.outcomes(
+            account=self.account, provider=self.provider.name, after=after, limit=limit
+        )
 
     # -- sending -----------------------------------------------------------------------------
 

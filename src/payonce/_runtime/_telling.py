@@ -12,7 +12,14 @@ import logging
 
 import httpx
 
-from .._lifecycle import IntentRecord, LookupKind, Transition, Verdict, step_of_reference
+from .._lifecycle import (
+    IntentRecord,
+    LookupKind,
+    ReconcileOutcome,
+    Transition,
+    Verdict,
+    step_of_reference,
+)
 from .._lifecycle._drive import Run
 from .._lifecycle._key_age import ASSUMED_LIFETIME_RESEND_WINDOW
 from .._lifecycle._refusals import unknown_remedy
@@ -144,10 +151,17 @@ class Teller:
         response: httpx.Response | None,
         *,
         before_resend: bool,
+        sees: bool = True,
     ) -> None:
-        """Tell the hooks of a look-up's answer (``kind`` None: it got none)."""
+        """Tell the hooks of a look-up's answer (``kind`` None: it got none; ``sees``
+        False: the look-up cannot see the request, so "no record" is ``cannot_tell``)."""
         if self.hooks:
-            outcome = "error" if kind is None else _LOOKUP_OUTCOMES.get(kind, kind.value)
+            if kind is None:
+                outcome = "error"
+            elif kind is LookupKind.ABSENT and not sees:
+                outcome = ReconcileOutcome.CANNOT_TELL.value
+            else:
+                outcome = _LOOKUP_OUTCOMES.get(kind, kind.value)
             event = LookupEnded(
                 **about(record),
                 outcome=outcome,

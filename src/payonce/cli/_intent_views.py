@@ -96,6 +96,7 @@ def intent_json(record: payonce.IntentRecord) -> dict[str, Any]:
         "unknown_reason": record.unknown_reason,
         "abandon_reason": record.abandon_reason,
         "key_per_call": record.key_per_call,
+        "enqueued": record.enqueued,
         "response_status": record.response.status if record.response else None,
         "acknowledged_at": iso(record.acknowledged_at),
     }
@@ -196,7 +197,7 @@ def _wide_table(
     owners: bool = True,
 ) -> Table:
     """One line per intent on a wide terminal; ``every_field``: the same fields for every
-    listing (account and provider too), for pipes and for a terminal too narrow for a table;
+    listing (the provider too), for pipes and for a terminal too narrow for a table;
     ``owners``: the lease with its owner's whole name, else only until when it holds."""
     with_lease = every_field or any(r.lease_owner for r in records)
     with_reason = every_field or any(r.unknown_reason for r in records)
@@ -204,8 +205,10 @@ def _wide_table(
     table.add_column("key", no_wrap=True)
     table.add_column("reference", overflow="fold")
     table.add_column("state", no_wrap=True)
+    # Always the account: recovering it needs its name (its key, `--account`), and an
+    # account nobody chose (a client built without account=) is 'default'.
+    table.add_column("account", overflow="fold")
     if every_field:
-        table.add_column("account", overflow="fold")
         table.add_column("provider", overflow="fold")
     table.add_column("request", overflow="fold")
     table.add_column("attempts", justify="right")
@@ -217,8 +220,9 @@ def _wide_table(
     for record in records:
         # Text, not str: a reference such as "[red]" must not be taken for rich markup.
         cells = [Text(shown(record.key)), Text(shown(record.reference)), state_text(record.state)]
+        cells.append(Text(shown(record.account)))
         if every_field:
-            cells += [Text(shown(record.account)), Text(shown(record.provider))]
+            cells.append(Text(shown(record.provider)))
         cells += [
             Text(shown(request_target(record))),
             Text(str(record.attempt_count)),
@@ -235,12 +239,14 @@ def _wide_table(
 
 def _compact_table(records: Sequence[payonce.IntentRecord], now: float, title: str) -> Table:
     # Two or more lines per intent, for a terminal narrower than the wide table: the key
-    # and the reference whole in the first column, the rest wrapped at words beside them.
+    # and the reference whole in the first column, the state over the account, the rest
+    # wrapped at words beside them.
     table = _table(title)
     table.add_column("key / reference", no_wrap=True)
-    table.add_column("state", no_wrap=True)
+    table.add_column("state / account", overflow="fold")
     table.add_column("attempts", justify="right")
-    table.add_column("request / created (UTC)", overflow="fold", min_width=20)
+    # "(UTC)" left out to fit 80 columns: each time ends with its Z.
+    table.add_column("request / created", overflow="fold", min_width=20)
     for record in records:
         details = [request_target(record), iso(record.created_at, precise=False) or ""]
         lease = short_lease(record, now)
@@ -250,7 +256,7 @@ def _compact_table(records: Sequence[payonce.IntentRecord], now: float, title: s
             details.append(f"unknown: {shown(record.unknown_reason)}")
         table.add_row(
             Text("\n").join([Text(shown(record.key)), Text(shown(record.reference))]),
-            state_text(record.state),
+            Text("\n").join([state_text(record.state), Text(shown(record.account))]),
             Text(str(record.attempt_count)),
             Text("\n".join(details)),
             style=_ROW_STYLES.get(record.state),

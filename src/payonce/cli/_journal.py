@@ -76,6 +76,43 @@ def check_journal(journal_path: JournalLocation | None, as_json: bool) -> None:
         raise click.exceptions.Exit(1)
 
 
+@journal_group.command("init")
+@journal_option
+def init_journal(journal_path: JournalLocation | None) -> None:
+    """Create the journal's tables, as a payonce client opening it first would.
+
+    For a deploy step that creates the journal before the service and its workers start
+    (a worker waits for a journal not created yet; `--once` refuses one). An SQLite file is
+    created in a directory that exists; a PostgreSQL journal's schema (?schema=) is
+    created if missing, which needs the CREATE privilege. Running it again changes nothing:
+    a journal there already is left as it is (migrated, if its schema is older).
+    """
+    found = 0
+    if not _missing_file(journal_path):
+        with existing_journal(journal_path, read_only=True) as journal:
+            found = journal.schema_version
+    try:
+        with payonce.open_journal(journal_path) as journal:
+            location, now = journal.location, journal.schema_version
+    except payonce.ConfigurationError as exc:
+        raise CliError(str(exc)) from None
+    if found == 0:
+        click.echo(f"created the journal {location} (schema {now})")
+    elif found == now:
+        click.echo(f"{location} is a payonce journal already (schema {now}): nothing to do")
+    else:
+        click.echo(
+            f"{location} is a payonce journal already: migrated from schema {found} to {now}"
+        )
+
+
+def _missing_file(location: JournalLocation | None) -> bool:
+    if isinstance(location, str):
+        return False
+    path = location if location is not None else payonce.journal.default_journal_path()
+    return not path.expanduser().exists()
+
+
 @journal_group.command("migrate")
 @journal_option
 def migrate_journal(journal_path: JournalLocation | None) -> None:

@@ -65,39 +65,55 @@ class Connection:
     ) -> tuple[list[Target], Counter[Target]]:
         """The groups to drive, and what every group holds of ``records``."""
         if not self.base_url:
-            raise CliError(self._missing_base_url(records))
+            raise CliError(self.missing_base_url(records))
         urls = self.urls  # a bad --base-url before the journal
         with existing_journal(self.journal, read_only=True) as journal:
             held = holdings(records(journal))
         return choose(held, self.provider, self.account, what=what, urls=urls), held
 
-    def _missing_base_url(
+    def missing_base_url(
         self, records: Callable[[payonce.Journal], list[payonce.IntentRecord]]
     ) -> str:
-        """ "--base-url is required", with where the journal says the intents were sent: the
-        journal keeps each request's URL, not the base URL its look-ups start from (Adyen's
-        has a path of its own), so the operator is shown the origin, not guessed for."""
+        """ "--base-url is required", with all the journal tells of what a run needs, so
+        that the next run is the one that works: where each provider's intents were sent
+        (the origin: the journal keeps each request's URL, whose path a resend keeps), and
+        which accounts have no API key here, with how to give each its key."""
         plain = "--base-url is required (or PAYONCE_BASE_URL)"
         try:
             with existing_journal(self.journal, read_only=True) as journal:
-                sent = records(journal)
+                sent = [
+                    record
+                    for record in records(journal)
+                    if self.provider in (None, record.provider)
+                    and self.account in (None, record.account)
+                ]
         except (payonce.PayonceError, CliError, OSError):
             return plain  # the journal's own error comes once a base URL is given
-        origins = sent_origins(
-            record
-            for record in sent
-            if self.provider in (None, record.provider) and self.account in (None, record.account)
-        )
+        origins = sent_origins(sent)
         if not origins:
             return plain
         where = "; ".join(
             f"provider {provider!r} at {', '.join(sorted(urls))}"
             for provider, urls in origins.items()
         )
-        return (
-            f"{plain}. The journal says these intents were sent to {where}: give the API "
-            "root you send them to, e.g. --base-url PROVIDER=https://host[/path] (a "
-            "failover endpoint works too: the journaled path is sent there)"
+        if all(len(urls) == 1 for urls in origins.values()):
+            given = (
+                [next(iter(urls)) for urls in origins.values()]
+                if len(origins) == 1
+                else [f"{provider}={next(iter(urls))}" for provider, urls in origins.items()]
+            )
+            add = " ".join(f"--base-url {url}" for url in given)
+            fix = (
+                f"add {add} (or the API root the provider answers at now, with its path if "
+                "it has one)"
+            )
+        else:
+            fix = (
+                "give the API root you send them to, e.g. --base-url PROVIDER=https://host"
+                "[/path] (a failover endpoint works too: the journaled path is sent there)"
+            )
+        return f"{plain}. The journal says these intents were sent to {where}: {fix}" + (
+            _keyless(sorted({record.account for record in sent}), named=self.account)
         )
 
     def unknown_waiting(self, reported: Iterable[str]) -> int:
@@ -113,6 +129,15 @@ class Connection:
             and self.account in (None, record.account)
             for record in records
         )
+
+    def unheard(self, rows: Sequence[Row]) -> int:
+        """How many of the intents these rows settled no application has acknowledged: the
+        code that made them died before it heard (and recorded) their outcome."""
+        settled = {row.key for row in rows if row.category == "settled"}
+        if not settled:
+            return 0
+        with existing_journal(self.journal, read_only=True) as journal:
+            return sum(record.key in settled for record in journal.unacknowledged())
 
     def held_by_live_workers(self, reported: Iterable[str]) -> list[payonce.IntentRecord]:
         """The pending intents of the options' provider and account (every one, without
@@ -191,6 +216,31 @@ class Connection:
         return rows, undriven
 
 
+def _keyless(accounts: Sequence[str], *, named: str | None) -> str:
+    """The end of the "--base-url is required" line when accounts to drive have no API
+    key here: said now, not one run later."""
+    keyless = []
+    for account in accounts:
+        try:
+            payonce.credentials.recovery_api_key(account, named=named)
+        except payonce.ConfigurationError:
+            keyless.append(account)
+    if not keyless:
+        return ""
+    if len(keyless) == 1:
+        (account,) = keyless
+        return (
+            f"; and account {account!r} has no API key here: set PAYONCE_ACCOUNT={account} "
+            f"alongside PAYONCE_API_KEY holding its key, or run `payonce keys set {account}`"
+        )
+    names = ", ".join(repr(account) for account in keyless)
+    return (
+        f"; and accounts {names} have no API key here: store each one's with `payonce keys "
+        "set ACCOUNT`, or run once per account with PAYONCE_ACCOUNT=ACCOUNT alongside "
+        "PAYONCE_API_KEY holding its key"
+    )
+
+
 def connection_options(command: Callable[..., None]) -> Callable[..., None]:
     """What a command that talks to the provider needs, handed over as one ``connection``.
 
@@ -254,9 +304,11 @@ def _finish(
     nothing: str,
     as_json: bool,
     waiting: str = "",
+    unheard: int = 0,
 ) -> None:
     """Print the results, what could not be driven, and the summary line (``waiting`` at its
-    end: what else waits for the operator); exit 1 unless everything targeted is settled and
+    end: what else waits for the operator), then once, last, how many settled intents no
+    application heard of (``unheard``); exit 1 unless everything targeted is settled and
     nothing waits."""
     line = (summary(verb, rows) if rows else nothing) + waiting
     if as_json:
@@ -272,6 +324,8 @@ def _finish(
             click.echo(line, err=True)  # piped, stdout holds the records alone, as with --json
     for reason in undriven:
         click.echo(f"error: not driven: {reason}", err=True)
+    if unheard:
+        click.echo(_unheard(unheard), err=True)
     if undriven or waiting or any(row.needs_attention for row in rows):
         raise click.exceptions.Exit(1)
 
@@ -328,6 +382,18 @@ def resume(connection: Connection, as_json: bool) -> None:
         as_json=as_json,
         waiting=_held_waiting(leased, rows)
         + _unknown_waiting(connection.unknown_waiting(row.key for row in rows), rows),
+        unheard=connection.unheard(rows),
+    )
+
+
+def _unheard(count: int) -> str:
+    """Settled here, but the application that made them never heard how: it has not
+    recorded the outcome (an order still unpaid in its own database)."""
+    intents = "intent is" if count == 1 else "intents are"
+    return (
+        f"note: {count} settled {intents} unacknowledged: the code that made "
+        f"{'it' if count == 1 else 'them'} never heard the outcome. Run it again for the "
+        "same reference (the outcome replays), or record it and `payonce ack KEY` (`ack --list`)"
     )
 
 
@@ -459,4 +525,5 @@ def reconcile(
             + elsewhere(held, targets)
         ),
         as_json=as_json,
+        unheard=connection.unheard(rows),
     )

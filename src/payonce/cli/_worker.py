@@ -10,7 +10,10 @@ import contextlib
 import logging
 import os
 import signal
+import threading
+from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from types import FrameType
 
 import click
@@ -20,9 +23,9 @@ from payonce.hooks import Hooks
 from payonce.providers import get_profile
 from payonce.worker import Worker, WorkerPassEnded
 
-from ._common import CliError, existing_journal, existing_journal_target
+from ._common import CliError, JournalLocation, existing_journal, existing_journal_target
 from ._recovery import Connection, connection_options
-from ._targets import choose, elsewhere, holdings
+from ._targets import Target, choose, elsewhere, holdings
 from ._warnings import log_lines
 
 __all__ = ["worker"]
@@ -32,13 +35,22 @@ _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARN
 logger = logging.getLogger("payonce.worker")
 
 
-@contextlib.contextmanager
-def _draining_on_signals(running: Worker) -> Iterator[None]:
-    """SIGTERM (systemd, Kubernetes) and SIGINT (Ctrl-C) drain the worker instead of
-    killing it mid-intent; the handlers in place before come back afterwards."""
+class _Drain:
+    """What SIGTERM and SIGINT ask for, from the worker command's first instant: before the
+    journal is open (or exists), a signal stops the start; once the ``Worker`` runs, it
+    drains it."""
 
-    def drain(signum: int, frame: FrameType | None) -> None:
-        if running.stopping and signum == signal.SIGINT:
+    def __init__(self) -> None:
+        self.requested = threading.Event()
+        self.running: Worker | None = None
+
+    def attach(self, running: Worker) -> None:
+        self.running = running
+        if self.requested.is_set():
+            running.stop()
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested.is_set() and signum == signal.SIGINT:
             # Ctrl-C twice: stop now, as a kill would, which payonce is built to survive.
             # Closing the clients under the threads still sending would be worse: their
             # attempts would end in errors of this process's making. The intents being
@@ -53,11 +65,19 @@ def _draining_on_signals(running: Worker) -> Iterator[None]:
             signal.Signals(signum).name,
             " (Ctrl-C again to stop at once)" if signum == signal.SIGINT else "",
         )
-        running.stop()
+        self.requested.set()
+        if self.running is not None:
+            self.running.stop()
 
+
+@contextlib.contextmanager
+def _draining_on_signals() -> Iterator[_Drain]:
+    """SIGTERM (systemd, Kubernetes) and SIGINT (Ctrl-C) drain the worker instead of
+    killing it mid-intent; the handlers in place before come back afterwards."""
+    drain = _Drain()
     previous = {sig: signal.signal(sig, drain) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        yield
+        yield drain
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -137,30 +157,52 @@ def worker(
     it did (sent, settled, still pending, still unknown, escalated, failed, accounts not
     driven). Each worker process escalates an intent once: N workers, up to N times.
 
-    SIGTERM or SIGINT drains it: no intent is taken after it, the ones being sent are
-    finished and their leases given back, then it exits 0. A second SIGINT (Ctrl-C
-    twice) stops it at once, exit status 130: what it was sending stays pending, for the
-    next worker.
+    SIGTERM or SIGINT drains it, from its start on: no intent is taken after it, the ones
+    being sent are finished and their leases given back, then it exits 0. A second SIGINT
+    (Ctrl-C twice) stops it at once, exit status 130: what it was sending stays pending,
+    for the next worker.
 
-    A journal that does not exist is refused, never created; so are an unknown --provider
-    and one plain --base-url for work of several providers (exit status 2). Exit 2 as well
+    A journal not created yet (a database without payonce's tables, no file yet) is waited
+    for, said once, and looked for again every --interval: the service's first client
+    creates it, or `payonce journal init`. The worker never creates it; with --once it is
+    refused (exit status 2). So are an unknown --provider and one plain --base-url for
+    work of several providers. Exit 2 as well
     when the first pass can drive no account at all (no API key: an account takes PAYONCE_API_KEY
     only when named with --account or PAYONCE_ACCOUNT). With --once:
     one pass, then exit 0 when no intent it drives is left unknown (escalated or not yet
     due) or unsent, 1 otherwise (or when an account could not be driven: no API key, no
     base URL of its own).
     """
-    urls = connection.urls  # a missing or bad --base-url before the journal
+    # Before anything else: from here on SIGTERM drains (a worker stopped while it starts
+    # exits 0, having taken nothing), rather than killing the process.
+    with _draining_on_signals() as drain, log_lines(_LEVELS[log_level]):
+        last = _work(drain, connection, once, interval, concurrency, otel)
+    if once and last is not None and _left_over(last):
+        raise click.exceptions.Exit(1)
+
+
+def _work(
+    drain: _Drain,
+    connection: Connection,
+    once: bool,
+    interval: float,
+    concurrency: int,
+    otel: bool,
+) -> WorkerPassEnded | None:
+    """The worker's passes until drained; the last pass's counts (None: none was run)."""
+    waiting = [payonce.IntentState.PENDING, payonce.IntentState.UNKNOWN]
+    if not connection.base_url:
+        raise CliError(connection.missing_base_url(lambda j: j.list_intents(states=waiting)))
+    urls = connection.urls  # a bad --base-url before the journal
     if connection.provider is not None:
         try:
             get_profile(connection.provider)  # a mistyped name recovers nothing: say so now
         except payonce.ConfigurationError as exc:
             raise CliError(f"--provider: {exc}") from None
-    # Read-only first, as `resume` does: a journal that does not exist (a PostgreSQL URL
-    # without its ?schema=, or a mistyped one) is refused, never created.
-    with existing_journal(connection.journal, read_only=True) as existing:
-        waiting = [payonce.IntentState.PENDING, payonce.IntentState.UNKNOWN]
-        held = holdings(existing.list_intents(states=waiting))
+    held = _holdings_once_created(connection.journal, once, interval, drain)
+    if held is None:
+        logger.info("worker stopped while waiting for the journal: it took nothing")
+        return None
     what = "pending or unknown intents"
     targets = choose(held, connection.provider, connection.account, what=what, urls=urls)
     hint = elsewhere(held, targets)
@@ -168,19 +210,19 @@ def worker(
         click.echo(f"warning: no {what} of the --provider/--account given{hint}", err=True)
     journal = existing_journal_target(connection.journal)
     hooks = _otel_hooks() if otel else []
-    with (
-        log_lines(_LEVELS[log_level]),
-        Worker(
-            journal=journal,
-            base_url=urls.plain,
-            base_urls=urls.by_provider,
-            provider=connection.provider,
-            account=connection.account,
-            concurrency=concurrency,
-            hooks=hooks,
-        ) as running,
-        _draining_on_signals(running),
-    ):
+    with Worker(
+        journal=journal,
+        base_url=urls.plain,
+        base_urls=urls.by_provider,
+        provider=connection.provider,
+        account=connection.account,
+        concurrency=concurrency,
+        hooks=hooks,
+    ) as running:
+        drain.attach(running)
+        if running.stopping:
+            logger.info("worker stopped before its first pass: it took nothing")
+            return None
         logger.info(
             "worker started (concurrency %d, %s)",
             concurrency,
@@ -192,10 +234,65 @@ def worker(
         last = running.run(interval=interval, start_after=interval) if not once else first
         if not once:
             logger.info("worker stopped: every intent it held is finished and released")
-    if once and _left_over(last):
-        raise click.exceptions.Exit(1)
+    return last
 
 
-def _left_over(last: WorkerPassEnded | None) -> bool:
+_LEAST_WAIT = 0.5
+"""Seconds between two looks for a journal not created yet, whatever --interval says."""
+
+
+def _holdings_once_created(
+    location: JournalLocation | None, once: bool, interval: float, drain: _Drain
+) -> Counter[Target] | None:
+    """What the journal holds for the worker to drive, read-only, as `resume` reads it: a
+    journal that does not exist is never created here (a PostgreSQL URL without its
+    ?schema=, or a mistyped one). Without --once, one not created yet (no payonce tables
+    in the database, no file yet where its directory is) is waited for, as deployments
+    start the worker beside (or before) the service whose first client creates it; None
+    when a signal stopped the wait."""
+    waited = False
+    while True:
+        if once or not _not_created(location):
+            with existing_journal(location, read_only=True) as existing:
+                if once or existing.schema_version > 0:
+                    waiting = [payonce.IntentState.PENDING, payonce.IntentState.UNKNOWN]
+                    held = holdings(existing.list_intents(states=waiting))
+                    if waited:
+                        logger.warning("worker: the journal %s exists now", existing.location)
+                    return held
+                shown = existing.location
+        else:
+            shown = str(_file(location))
+        if not waited:
+            logger.warning(
+                "worker: %s is not a payonce journal yet (no payonce tables): waiting for "
+                "it, looking again every %g s. The service's first client creates it, or "
+                "`payonce journal init`; if the service's journal is elsewhere (another "
+                "?schema=, another path), stop this worker and give it that one",
+                shown,
+                max(interval, _LEAST_WAIT),
+            )
+            waited = True
+        if drain.requested.wait(max(interval, _LEAST_WAIT)):
+            return None
+
+
+def _file(location: JournalLocation | None) -> Path:
+    if isinstance(location, Path):
+        return location.expanduser()
+    return payonce.journal.default_journal_path()
+
+
+def _not_created(location: JournalLocation | None) -> bool:
+    """A journal file not there yet, where a client may create it: its directory exists
+    (payonce never creates the directory of a path given: a missing one is a typo), or it
+    is the default location, whose directory is created on demand."""
+    if isinstance(location, str):
+        return False  # a URL: the database says whether the journal is there
+    path = _file(location)
+    return not path.exists() and (location is None or path.parent.is_dir())
+
+
+def _left_over(last: WorkerPassEnded) -> bool:
     # Not ``pending``: intents another live worker is sending right now count there.
-    return last is None or bool(last.unknown or last.failed or last.not_driven)
+    return bool(last.unknown or last.failed or last.not_driven)
