@@ -187,13 +187,20 @@ def test_reading_commands_read_the_last_commit_while_a_writer_holds_the_journal(
 
 
 def _drop_key_terms(tx: Tx) -> None:
-    """Schema 10 added each intent's provider profile key terms (key window columns),
-    whether it was enqueued with the index of outcomes not acknowledged (outcomes), and its
-    credential's fingerprint and account scope (credentials)."""
+    """Schema 10 (key window columns) added each intent's provider profile key terms,
+    whether it was enqueued with the index of outcomes not acknowledged (outcomes), its
+    credential's fingerprint and account scope (credentials), and named intents by their
+    identity (provider, account) and reference instead of their first request's endpoint
+    (scope) and reference."""
     tx.execute("DROP INDEX intents_outcomes")
     key_terms = ("key_lifetime", "key_lifetime_documented", "max_processing")
     for column in (*key_terms, "enqueued", "credential", "account_scope"):
         tx.execute(f"ALTER TABLE intents DROP COLUMN {column}")
+    tx.execute("DROP INDEX intents_identity_reference")
+    tx.execute(
+        "CREATE UNIQUE INDEX intents_scope_reference ON intents (scope, reference)"
+        " WHERE reference IS NOT NULL"
+    )
 
 
 def _back_to_schema_4(location: str) -> None:

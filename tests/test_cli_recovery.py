@@ -1091,18 +1091,18 @@ def test_journal_check_finds_a_damaged_index(
     make_client: MakeClient, journal_path: Path, tmp_path: Path
 ) -> None:
     damaged = _settled_copy(journal_path, make_client, tmp_path)
-    _flip_in_index(damaged, "intents_scope_reference", b"order-1")
+    _flip_in_index(damaged, "intents_identity_reference", b"order-1")
 
     result = run_cli(["journal", "check", "--journal", str(damaged)], secrets=SECRETS)
 
     assert result.exit_code == 1, result.output
     assert "problem(s) found" in result.stdout
-    assert "intents_scope_reference" in result.stdout
+    assert "intents_identity_reference" in result.stdout
     document = _json(
         run_cli(["journal", "check", "--json", "--journal", str(damaged)], secrets=SECRETS)
     )
     assert document["ok"] is False
-    assert any("intents_scope_reference" in problem for problem in document["problems"])
+    assert any("intents_identity_reference" in problem for problem in document["problems"])
     # The rows still read: what the file holds is reported, not "schema 0, no intents".
     assert document["contents_read"] is True
     assert (document["schema_version"], document["intents"]) == (SCHEMA_VERSION, 3)
@@ -1113,7 +1113,7 @@ def test_journal_check_piped_is_one_line_per_field_and_per_finding(
     make_client: MakeClient, journal_path: Path, tmp_path: Path
 ) -> None:
     damaged = _settled_copy(journal_path, make_client, tmp_path)
-    _flip_in_index(damaged, "intents_scope_reference", b"order-1")
+    _flip_in_index(damaged, "intents_identity_reference", b"order-1")
 
     piped = run_cli(["journal", "check", "--journal", str(damaged)], secrets=SECRETS)
 
@@ -1124,7 +1124,7 @@ def test_journal_check_piped_is_one_line_per_field_and_per_finding(
     assert names[:6] == fields
     findings = [line.split("\t", 1)[1] for line in lines[6:]]
     assert set(names[6:]) == {"problem"}
-    assert any("intents_scope_reference" in finding for finding in findings)
+    assert any("intents_identity_reference" in finding for finding in findings)
     assert all(line == line.strip() and line.count("\t") == 1 for line in lines), lines
 
 

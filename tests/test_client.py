@@ -110,6 +110,24 @@ def test_the_same_reference_under_two_accounts_is_two_intents(
     assert server.store.total_executions() == 2
 
 
+def test_a_reference_names_one_intent_whatever_endpoint_its_request_goes_to(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    """An intent is its provider, account and reference: the same reference sent to
+    another endpoint is that intent asked for another request, refused before sending,
+    never a second intent under a new key."""
+    client = make_client()
+    paid = client.post("/v1/payments", json=PAYMENT, reference="order-7")
+    before = client.journal.find("order-7")
+
+    with pytest.raises(payonce.IntentMismatch) as refused:
+        client.post("/v1/refunds", json={"payment": paid.json()["id"]}, reference="order-7")
+
+    assert refused.value.key == before[0].key
+    assert client.journal.find("order-7") == before
+    assert sandbox.store.total_executions() == 1
+
+
 def test_the_key_survives_a_restart(
     make_client: MakeClient, sandbox: SandboxServer, journal_path: Path
 ) -> None:

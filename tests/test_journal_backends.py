@@ -872,7 +872,7 @@ def test_hosts_opening_a_new_journal_at_once_migrate_it_once(
             r"belongs to another application",
             id="foreign-meta",
         ),
-        pytest.param("DROP INDEX intents_scope_reference", r"damaged.*index", id="lost-index"),
+        pytest.param("DROP INDEX intents_identity_reference", r"damaged.*index", id="lost-index"),
     ],
 )
 def test_a_journal_payonce_cannot_trust_is_refused_and_left_as_found(

@@ -279,6 +279,27 @@ def test_another_request_for_the_reference_is_refused_and_the_transaction_goes_o
     assert intents(pg_client) == before
 
 
+def test_the_reference_names_one_intent_whatever_endpoint_is_enqueued_under_it(
+    pg_client: payonce.Client, connect: Callable[..., psycopg.Connection[Any]]
+) -> None:
+    """An intent is its provider, account and reference: a refund enqueued under an order
+    whose payment is enqueued is that intent asked for another request, refused, never a
+    second intent of the same name."""
+    conn = connect()
+    with conn.transaction():
+        place_order(conn, "order-one-name")
+        first = enqueue_payment(pg_client, conn, "order-one-name")
+    before = intents(pg_client)
+
+    with conn.transaction(), pytest.raises(payonce.IntentMismatch) as refused:
+        pg_client.enqueue(
+            "POST", "/v1/refunds", reference="order-one-name", json=PAYMENT, connection=conn
+        )
+
+    assert refused.value.key == first.key
+    assert intents(pg_client) == before
+
+
 def test_a_direct_call_blocked_by_an_uncommitted_enqueue_names_the_intent_and_the_holder(
     make_client: Callable[..., payonce.Client],
     pg_client: payonce.Client,

@@ -213,3 +213,51 @@ def test_a_block_s_own_calls_in_its_thread_are_not_warned_of_while_another_threa
 
     assert list(pool.map(order, ["order-TH8", "order-TH9"])) == [1, 1]
     assert warned() == []
+
+
+def test_a_call_through_a_copy_of_a_block_s_context_after_the_block_ended_is_refused(
+    wired: Callable[..., WIRED],
+    pool: concurrent.futures.ThreadPoolExecutor,
+    server: SandboxServer,
+) -> None:
+    """A thread holding a copy of the block's context outlives the block: its call is no
+    step of that ended block (never acknowledged, nothing for a run again to find) and no
+    one-shot under a fresh key either. Refused, nothing journaled or sent."""
+    client, sdk = wired()
+    with client.intent("order-TH-late"):
+        create_for(sdk, "order-TH-late")()
+        copied = contextvars.copy_context()
+    before = client.journal.list_intents()
+
+    late = pool.submit(copied.run, create_for(sdk, "order-TH-late"))
+    with pytest.raises(payonce.ConfigurationError) as refused:
+        late.result()
+
+    assert "after the block of intent 'order-TH-late'" in str(refused.value)
+    assert "nothing was journaled or sent" in str(refused.value)
+    assert client.journal.list_intents() == before
+    assert len(intents_of(server, "order-TH-late")) == 1
+
+
+def test_payonce_s_own_verbs_through_a_copy_of_an_ended_block_s_context_are_refused(
+    pool: concurrent.futures.ThreadPoolExecutor,
+    server: SandboxServer,
+    journal_path: Path,
+    closing: contextlib.ExitStack,
+) -> None:
+    options = {**payonce_options(server, "stripe", journal_path), "transport_only": False}
+    client = closing.enter_context(payonce.Client(**options, api_key=DEFAULT_API_KEY))
+    with client.intent("order-TH-late-verbs") as op:
+        op.post("/v1/payment_intents", data={"amount": 2000, "currency": "eur"})
+        copied = contextvars.copy_context()
+    before = client.journal.list_intents()
+    executed = server.store.total_executions()
+
+    late = pool.submit(
+        copied.run, client.post, "/v1/payment_intents", data={"amount": 900, "currency": "eur"}
+    )
+    with pytest.raises(payonce.ConfigurationError, match="after the block of intent"):
+        late.result()
+
+    assert client.journal.list_intents() == before
+    assert server.store.total_executions() == executed

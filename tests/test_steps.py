@@ -160,13 +160,14 @@ def test_a_step_whose_request_changed_is_refused_naming_it_and_leaves_the_journa
     before = client.journal.list_intents()
     with client.intent("order-changed") as op:
         op.post("/v1/payments", json=PAYMENT)
+        # The block's second payment meets the second one journaled: another amount now.
         with pytest.raises(payonce.IntentMismatch) as refused:
-            op.post("/v1/refunds", json=SECOND)
+            op.post("/v1/payments", json={**SECOND, "amount": 9900})
     message = str(refused.value)
     assert (
-        f"step 2 of intent 'order-changed' (key {refused.value.key}), POST /v1/refunds," in message
+        f"step 2 of intent 'order-changed' (key {refused.value.key}), POST /v1/payments," in message
     )
-    assert "journaled as POST /v1/payments and is now POST /v1/refunds" in message
+    assert "its request differs from the one journaled in the body (field amount)" in message
     assert refused.value.key is not None
     assert refused.value.key.endswith("-step2")
     # The block shows what its step 2 holds: the request journaled there, as it ended.

@@ -32,7 +32,7 @@ from helpers.sandboxes import SharedSandboxes
 from helpers.stripe_sdk import stripe_over
 from payonce._journal._held import created_record
 from payonce._lifecycle import IntentRecord, StoredResponse
-from payonce._lifecycle._redo import may_pass_over
+from payonce._lifecycle._steps import may_pass_over
 from payonce._providers._profile import get_profile
 from payonce.sandbox import SandboxConfig, SandboxServer
 

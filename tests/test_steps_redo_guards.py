@@ -169,25 +169,34 @@ def test_a_block_never_passes_over_the_declined_step_of_a_block_keyed_by_its_ref
     declined_at_step_2(client, key="order-9")  # P's step 2 is still P's decline
 
 
-def test_two_intents_named_alike_never_pass_over_each_other_s_declined_step(
+def test_a_block_whose_first_request_goes_elsewhere_is_the_same_intent_and_passes_nothing_over(
     dialect_stripe: SandboxServer, make_stripe_client: MakeClient
 ) -> None:
-    """Two intents under one reference, ``order-9``, whose first requests go to different
-    endpoints: both blocks' step 2 is referenced ``order-9#step2``."""
+    """A reference names one intent, whatever endpoint its block's first request goes to:
+    block Q under ``order-9`` is P's intent. Its request to an endpoint P never used is a
+    step added after P's; its payment of another amount meets P's first payment (the
+    first journaled there, which succeeded) and is refused: P's declined step 2 is never
+    passed over by it."""
     client = make_stripe_client()
     declined_at_step_2(client, reference="order-9")
+    executed = dialect_stripe.store.executions()
+    before = client.journal.list_intents()
 
-    refused = refused_without_a_trace(
-        dialect_stripe,
-        client,
-        ("/v1/payment_intents", {"amount": 2100, "currency": "eur"}),
-        ("/v1/payments", OTHER_AMOUNT),
-        reference="order-9",
-    )
+    with pytest.raises(payonce.IntentMismatch) as refused:
+        block(
+            client,
+            ("/v1/payment_intents", {"amount": 2100, "currency": "eur"}),
+            ("/v1/payments", OTHER_AMOUNT),
+            reference="order-9",
+        )
 
-    assert refused.step == 2
-    assert "'order-9#step2' holds step 2 of another block named alike" in str(refused)
-    declined_at_step_2(client, reference="order-9")
+    assert refused.value.step == 1
+    assert "differs from the one first journaled for it in the body" in str(refused.value)
+    (added,) = [r for r in client.journal.list_intents() if r not in before]
+    assert (added.reference, added.method) == ("order-9#step3", "POST")
+    assert added.url.endswith("/v1/payment_intents")
+    assert dialect_stripe.store.executions() == {**executed, added.key: 1}
+    assert [r for r in client.journal.list_intents() if r != added] == before
 
 
 def test_a_declined_step_under_a_key_the_caller_set_is_never_passed_over(

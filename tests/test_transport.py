@@ -249,18 +249,19 @@ def test_a_declined_confirmation_is_handed_to_the_code_as_the_provider_s_answer(
 def test_a_step_changed_between_runs_raises_intent_mismatch_naming_it(
     payonce_client: payonce.Client, http: httpx.Client, server: SandboxServer, journal_path: Path
 ) -> None:
-    # The shop changed its code: step 2 captures where it confirmed.
+    # The shop changed its code: step 2 confirms with a card where it confirmed without.
     created, _ = checkout(payonce_client, http, "order-changed")
     before = _journal_rows(journal_path)
+    confirm = f"/v1/payment_intents/{created.json()['id']}/confirm"
     with payonce_client.intent("order-changed"):
         http.post("/v1/payment_intents", data={**ORDER, "metadata[order]": "order-changed"})
         with pytest.raises(payonce.IntentMismatch) as refused:
-            http.post(f"/v1/payment_intents/{created.json()['id']}/capture")
-    capture = f"/v1/payment_intents/{created.json()['id']}/capture"
-    assert f"step 2 of intent 'order-changed' (key {refused.value.key}), POST {capture}," in str(
+            http.post(confirm, data={"payment_method": "pm_card_visa"})
+    assert f"step 2 of intent 'order-changed' (key {refused.value.key}), POST {confirm}," in str(
         refused.value
     )
-    assert "journaled as POST" in str(refused.value)
+    differs = str(refused.value).split("its request differs from the one journaled in ")[1]
+    assert "the body" in differs.split(".")[0]
     assert _journal_rows(journal_path) == before
     assert len(server.store.executions()) == 2
 
@@ -510,7 +511,10 @@ async def test_async_a_changed_step_and_a_strict_transport_refuse(
     async with client.intent("order-async-changed"):
         await http.post("/v1/payment_intents", data=ORDER)
         with pytest.raises(payonce.IntentMismatch, match="step 2 of intent 'order-async-changed'"):
-            await http.post(f"/v1/payment_intents/{created.json()['id']}/capture")
+            await http.post(
+                f"/v1/payment_intents/{created.json()['id']}/confirm",
+                data={"payment_method": "pm_card_visa"},
+            )
     strict = httpx.AsyncClient(
         base_url=server.url,
         transport=client.transport(outside_intent="refuse"),

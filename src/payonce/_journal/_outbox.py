@@ -215,7 +215,7 @@ def enqueue_in_journal(
     for another request under that reference, nothing written."""
 
     def work(tx: Tx) -> IntentRecord:
-        found = select_intent(tx, sql.BY_REFERENCE, (draft.scope, draft.reference), lock=True)
+        found = select_intent(tx, sql.BY_REFERENCE, (*draft.identity, draft.reference), lock=True)
         if found is not None:
             return found
         values = write_ahead_values(
@@ -223,7 +223,7 @@ def enqueue_in_journal(
         )
         tx.execute(sql.INSERT_INTENT, values)
         # Inserted, or another process journaled the same reference (or key) first.
-        record = select_intent(tx, sql.BY_REFERENCE, (draft.scope, draft.reference))
+        record = select_intent(tx, sql.BY_REFERENCE, (*draft.identity, draft.reference))
         record = record or select_intent(tx, sql.BY_KEY, (draft.key,))
         if record is None:
             raise engine.error(
@@ -329,7 +329,7 @@ def _enqueue(
             "your own database (journal='postgresql://…/yourdb?schema=payonce')"
         )
     schema = place.schema
-    record = yield from _select(schema, sql.BY_REFERENCE, (draft.scope, draft.reference))
+    record = yield from _select(schema, sql.BY_REFERENCE, (*draft.identity, draft.reference))
     if record is None:
         values = write_ahead_values(
             draft, now, first_sent_at=None, owner=None, lease_expires_at=None, enqueued=True
@@ -337,7 +337,7 @@ def _enqueue(
         yield _statement(in_schema(sql.INSERT_INTENT, schema), values)
         # Inserted, or another transaction committed the same reference (or the same key)
         # first: either way the row to answer with is there now.
-        record = yield from _select(schema, sql.BY_REFERENCE, (draft.scope, draft.reference))
+        record = yield from _select(schema, sql.BY_REFERENCE, (*draft.identity, draft.reference))
         record = record or (yield from _select(schema, sql.BY_KEY, (draft.key,)))
     if record is None:
         raise JournalError(

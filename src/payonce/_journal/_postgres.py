@@ -16,7 +16,7 @@ roll back only the last few, each of which leaves a state payonce already handle
 
 Concurrency between hosts: every row a transaction reads to decide on is locked
 ``FOR UPDATE`` until it commits; two hosts creating the same intent at once are arbitrated
-by the unique (scope, reference) index and ``INSERT … ON CONFLICT DO NOTHING``.
+by the unique (provider, account, reference) index and ``INSERT … ON CONFLICT DO NOTHING``.
 """
 
 from __future__ import annotations

@@ -282,6 +282,16 @@ class Journal:
     def find(self, key_or_reference: str) -> list[IntentRecord]:
         return self._intents(sql.FIND, (key_or_reference, key_or_reference))
 
+    def block_rows(
+        self, key: str, *, provider: str, account: str, named: str
+    ) -> list[IntentRecord]:
+        """The rows of a block whose step 1 is keyed ``key``: that one, and every row of the
+        provider and account whose reference begins like a step of ``named`` (the block's
+        reference, else its key: ``order-7#step``), gaps in the positions included. What
+        a block reads to place a request among the steps an earlier run journaled."""
+        pattern = sql.like_prefix(f"{named}#step")
+        return self._intents(sql.BLOCK, (key, provider, account, pattern))
+
     def steps(self, key: str) -> list[IntentRecord]:
         """The steps 2, 3… of the intent keyed ``key``, in order: the later requests of its
         ``with client.intent(...)`` block, each an intent of its own keyed from this one's

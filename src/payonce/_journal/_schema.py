@@ -173,6 +173,14 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         " WHERE enqueued = 1 AND acknowledged_at IS NULL",
         "ALTER TABLE intents ADD COLUMN credential TEXT",
         "ALTER TABLE intents ADD COLUMN account_scope TEXT",
+        # (identity) An intent is named by its identity, its provider and account (the
+        # credential that sends it joins them), and the caller's reference: never by its
+        # first request's endpoint (``scope``), so a block whose first request differs
+        # between runs (the customer created in the first, skipped in the next) is the
+        # same intent under the same key.
+        "DROP INDEX intents_scope_reference",
+        "CREATE UNIQUE INDEX intents_identity_reference ON intents (provider, account, reference)"
+        " WHERE reference IS NOT NULL",
     ),
 )
 

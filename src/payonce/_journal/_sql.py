@@ -140,16 +140,23 @@ def needed_columns() -> dict[str, tuple[str, ...]]:
     }
 
 
-NEEDED_INDEXES = ("intents_scope_reference",)
-"""Indexes correctness depends on: the unique (scope, reference) index is what lets only
-one of two workers create the same intent."""
+NEEDED_INDEXES = ("intents_identity_reference",)
+"""Indexes correctness depends on: the unique (provider, account, reference) index is what
+lets only one of two workers create the same intent."""
+
+
+def like_prefix(text: str) -> str:
+    """A LIKE pattern (``ESCAPE '\\'``) for what begins with ``text``."""
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return escaped + "%"
 
 
 # -- statements ----------------------------------------------------------------------------
 
 SELECT_INTENT = f"SELECT {INTENT_COLUMNS} FROM intents WHERE "
 BY_KEY = "key = ?"
-BY_REFERENCE = "scope = ? AND reference = ?"
+BY_REFERENCE = "provider = ? AND account = ? AND reference = ?"
+"""An intent by its identity (``IntentRequest.identity``) and reference."""
 
 INSERT_INTENT = (
     "INSERT INTO intents (key, scope, reference, account, provider, method, url, fingerprint,"
@@ -157,7 +164,7 @@ INSERT_INTENT = (
     " lease_owner, lease_expires_at, key_per_call, key_lifetime, key_lifetime_documented,"
     " max_processing, enqueued, credential, account_scope)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-    # Two hosts creating the same intent at once: the unique key and (scope, reference)
+    # Two hosts creating the same intent at once: the unique key and (provider, account, reference)
     # let exactly one insert win; the other inserts nothing and reads the winner's row.
     " ON CONFLICT DO NOTHING"
 )
@@ -224,15 +231,16 @@ CREATE_INTENT = (
     " boottime) SELECT key, 1, ?, ?, ?, ? FROM created)"
     " SELECT made.count, found.* FROM (SELECT count(*) FROM created) AS made"
     f" LEFT JOIN LATERAL (SELECT {INTENT_COLUMNS} FROM intents"
-    " WHERE key = ? OR (scope = ? AND reference = ?)"
-    " ORDER BY coalesce(scope = ? AND reference = ?, false) DESC LIMIT 1) AS found"
+    " WHERE key = ? OR (provider = ? AND account = ? AND reference = ?)"
+    " ORDER BY coalesce(provider = ? AND account = ? AND reference = ?, false) DESC LIMIT 1)"
+    " AS found"
     " ON made.count = 0"
 )
 """INSERT_INTENT and its first attempt (INSERT_ATTEMPT): parameters are INSERT_INTENT's,
 then the attempt's start, where it is sent and its boot clock (boot, boottime), then the
-key, scope and reference, the scope and reference again. Answers 1 if the intent was
+key, identity and reference, the identity and reference again. Answers 1 if the intent was
 created; else 0 and the intent already there, as committed when the statement began (the
-one of that (scope, reference) first, else the one of that key), or NULLs when it
+one of that identity and reference first, else the one of that key), or NULLs when it
 committed since: nothing was written."""
 SETTLE_KNOWN_ENDING_ATTEMPT = (
     f"WITH settled AS ({SETTLE_KNOWN} RETURNING key),"
@@ -369,6 +377,13 @@ OUTCOMES_ORDER = " ORDER BY updated_at, key LIMIT ?"
 FIND = (
     f"SELECT {INTENT_COLUMNS} FROM intents WHERE key = ? OR reference = ? ORDER BY created_at DESC"
 )
+BLOCK = (
+    f"SELECT {INTENT_COLUMNS} FROM intents WHERE key = ?"
+    " OR (provider = ? AND account = ? AND reference LIKE ? ESCAPE '\\')"
+)
+"""A block's rows: its step 1 by key, its steps by their references' common beginning
+(``order-7#step``; ``like_prefix``). LIKE ignores case in SQLite: the caller keeps the
+references that are exactly its steps'."""
 LIST = f"SELECT {INTENT_COLUMNS} FROM intents"
 NEWEST = " ORDER BY created_at DESC, key DESC"
 

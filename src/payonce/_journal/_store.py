@@ -333,7 +333,7 @@ class IntentStore:
         def find(lock: bool) -> Work[IntentRecord | None]:
             record = None
             if draft.reference is not None:
-                where = (draft.scope, draft.reference)
+                where = (*draft.identity, draft.reference)
                 record = yield from selected(dialect, sql.BY_REFERENCE, where, lock=lock)
             return record or (yield from selected(dialect, sql.BY_KEY, (draft.key,), lock=lock))
 
@@ -349,8 +349,9 @@ class IntentStore:
                 yield from self._create(draft, owner, now, lease_seconds, started)
             ):
                 # Writers are serialised (SQLite holds the whole journal), so an insert the
-                # unique key and (scope, reference) let through is exactly a look-up that
-                # found nothing: a new intent costs no look-ups. Any other answer needs them.
+                # unique key and (provider, account, reference) let through is exactly a
+                # look-up that found nothing: a new intent costs no look-ups. Any other
+                # answer needs them.
                 return created()
             for _ in range(_CLAIM_ROUNDS):
                 claim = yield from self._claim_row(
@@ -378,7 +379,7 @@ class IntentStore:
             return found is not None and found.lease_owner == owner and found.created_at == now
 
         def create_in_one() -> Work[tuple[bool, IntentRecord | None]]:
-            found = (draft.key, draft.scope, draft.reference, draft.scope, draft.reference)
+            found = (draft.key, *draft.identity, draft.reference, *draft.identity, draft.reference)
             values = (*self._intent_values(draft, owner, now, lease_seconds), now, *started)
             finished = yield from commit_with(sql.CREATE_INTENT, (*values, *found))
             made, *existing = finished.rows[0]

@@ -13,7 +13,6 @@ both): ::
 
     claim ─┬─ final ───────────────▶ replay ──▶ return / raise the stored refusal
            ├─ unknown, mismatch ───▶ raise
-           ├─ a declined step n ───▶ claim step n+1 (a later run's other request there)
            ├─ leased ──────────────▶ sleep, claim again (until in_flight_wait)
            └─ created / claimed ───▶ hold the lease ─▶ attempts:
                  [verify: look up ─▶ found: settle from it | absent long enough: resend]
@@ -46,7 +45,7 @@ from ._guards import (
     Moment,
     choose,
 )
-from ._identity import journaled_fingerprint_matches
+from ._identity import journaled_fingerprint_matches, scope_path
 from ._key_age import (
     ASSUMED_LIFETIME_RESEND_WINDOW,
     BootReading,
@@ -60,8 +59,13 @@ from ._key_age import (
 )
 from ._provider_clock import ProviderClock, provider_date
 from ._records import AttemptRecord, IntentDraft, IntentRecord, KeyTerms
-from ._redo import is_this_blocks_step, later_positions, may_pass_over, next_position
 from ._states import IntentState, Transition
+from ._steps import (
+    JournaledStep,
+    is_this_blocks_step,
+    journaled_steps,
+    later_positions,
+)
 from ._verdicts import (
     LOOKUP_FAILURES,
     AnswerRules,
@@ -96,6 +100,7 @@ __all__ = [
     "MarkUnknown",
     "ReadAttempts",
     "ReadIntent",
+    "ReadBlock",
     "ReadClock",
     "Rebind",
     "Release",
@@ -114,6 +119,7 @@ __all__ = [
     "Reconciled",
     "Reconciliation",
     "Reconciling",
+    "block_steps",
     "call",
     "reconcile",
     "resume",
@@ -297,6 +303,18 @@ class ReadIntent:
     when there is none."""
 
     key: str
+
+
+@attrs.frozen
+class ReadBlock:
+    """Journal: the rows of the block whose step 1 is keyed ``key``, of ``provider`` and
+    ``account``, its steps referenced from ``named`` (``order-7#step2``). Answers a list
+    of ``IntentRecord``."""
+
+    key: str
+    provider: str
+    account: str
+    named: str
 
 
 @attrs.frozen
@@ -495,6 +513,7 @@ Command = (
     | ReadAttempts
     | Rebind
     | ReadIntent
+    | ReadBlock
     | StartAttempt
     | EndAttempt
     | Settle
@@ -521,6 +540,7 @@ JOURNAL_COMMANDS = (
     ReadAttempts,
     Rebind,
     ReadIntent,
+    ReadBlock,
     StartAttempt,
     EndAttempt,
     Settle,
@@ -573,10 +593,9 @@ def call(
 ) -> Drive:
     """A caller's request of an intent: claim it, then replay, wait, refuse, or send it.
 
-    A step n >= 2 whose position holds a different request that the provider refused in an
-    earlier run (a declined card, now retried with another) passes it over to position
-    n+1 (``payonce._lifecycle._redo``). An error about step n >= 2 of a block names the
-    step (at the position it reached), its intent's reference and its own key."""
+    Where in its block the request goes was decided before (``_steps.place``); a position
+    that holds another request is refused. An error about step n >= 2 of a block names the
+    step, its intent's reference and its own key."""
     asked = [draft]  # the position the request reached: an error names that one
     try:
         return (yield from _call(settings, asked, owner, acknowledge_on_success))
@@ -640,15 +659,14 @@ def _call(
             case ClaimKind.FINAL:
                 return (yield from _replay_step(journaled, draft, record))
             case ClaimKind.MISMATCH:
-                if not may_pass_over(record, draft, settings.profile):
-                    raise refusals.mismatch(
-                        draft,
-                        record,
-                        reconcilable=settings.reconcilable,
-                        declined=_declined_in_body(record, settings.profile),
-                    )
-                draft = next_position(draft, max_length=settings.profile.key_max_length)
-                asked.append(draft)
+                # Where the request goes was placed before (``_steps.place``, a declined
+                # step passed over there): its position holds another request.
+                raise refusals.mismatch(
+                    draft,
+                    record,
+                    reconcilable=settings.reconcilable,
+                    declined=_declined_in_body(record, settings.profile),
+                )
             case ClaimKind.UNKNOWN:
                 if settings.reconcilable:
                     raise refusals.unknown(record, reconcilable=True)
@@ -685,6 +703,19 @@ def _credential_refused(claim: Claim, draft: IntentDraft) -> bool:
     if claim.kind not in _SENT_BY_ITS_CREDENTIAL or journaled == draft.credential:
         return False
     return not (claim.kind is ClaimKind.FINAL and journaled is None)
+
+
+def block_steps(
+    settings: DriveSettings, *, key: str, provider: str, account: str, named: str
+) -> Generator[Command, Any, list[JournaledStep]]:
+    """The steps the block whose step 1 is keyed ``key`` journaled in earlier runs, as
+    ``_steps.place`` reads them: what a block reads once, when its first request found
+    it journaled before."""
+    records: list[IntentRecord] = yield ReadBlock(key, provider, account, named)
+    profile = settings.profile
+    return journaled_steps(
+        records, intent_key=key, intent=named, rules=profile, max_length=profile.key_max_length
+    )
 
 
 def _judged(settings: DriveSettings, record: IntentRecord) -> DriveSettings:
@@ -919,7 +950,7 @@ def _unheld(record: IntentRecord, owner: str) -> Run:
 
 
 def _intact(record: IntentRecord) -> bool:
-    path = record.scope[len(record.account) + len(record.method) + 2 :]
+    path = scope_path(record.scope, account=record.account, method=record.method)
     return journaled_fingerprint_matches(
         method=record.method,
         path=path,

@@ -27,6 +27,7 @@ __all__ = [
     "header_value_problem",
     "journaled_fingerprint_matches",
     "make_scope",
+    "scope_path",
     "new_key",
     "request_differences",
     "step_key",
@@ -179,8 +180,15 @@ _EARLIER = _earlier("the stripped reference")
 
 
 def make_scope(account: str, method: str, path: str) -> str:
-    """Keys and references never collide across accounts or endpoints."""
+    """The endpoint an intent's request goes to, in its account (journaled as ``scope``):
+    what its fingerprint is checked against before a resend. It names no intent: an
+    intent is found by its identity and reference (``IntentRequest.identity``)."""
     return f"{account} {method.upper()} {path}"
+
+
+def scope_path(scope: str, *, account: str, method: str) -> str:
+    """The path of a ``make_scope(account, method, path)``."""
+    return scope[len(account) + len(method) + 2 :]
 
 
 @attrs.frozen

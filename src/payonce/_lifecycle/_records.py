@@ -70,6 +70,14 @@ class IntentRequest:
     """The account its request names where the provider keys idempotency by one (Stripe's
     ``stripe-account: acct_…``); None: its credential's own account."""
 
+    @property
+    def identity(self) -> tuple[str, str]:
+        """What, with its reference, names an intent: its provider and its account (the
+        fingerprint of the credential that sends it joins them, issue 27). Never its
+        request: a block whose first request differs between runs (the customer created
+        in the first run, skipped in the next) is the same intent under the same key."""
+        return (self.provider, self.account)
+
 
 @attrs.frozen
 class IntentDraft(IntentRequest):

@@ -403,9 +403,9 @@ def _key_of_another_blocks_step(
 def _step_mismatch(
     draft: IntentDraft, record: IntentRecord, reconcilable: bool, *, declined: bool = False
 ) -> IntentMismatch:
-    """Step n of an intent asked for with another request than the one journaled for that
-    position: the code that runs in the block changed between runs (or runs its steps in
-    another order)."""
+    """Step n of an intent asked for with another request than the one journaled there
+    (its method and path's occurrence, ``_steps.place``): the code that runs in the block
+    changed between runs."""
     journaled = f"{record.method} {urlsplit(record.url).path}"
     now = f"{draft.method} {urlsplit(draft.url).path}"
     if journaled != now:
@@ -416,9 +416,9 @@ def _step_mismatch(
             what += f" in {', '.join(differences)}"
     return IntentMismatch(
         f"{_step_subject(draft)}, {now}, cannot be sent: {what}. "
-        "Nothing was sent and the journal is unchanged. The steps of an intent must be the "
-        "same requests, in the same order, on every run: restore the code that journaled "
-        f"them (`payonce intents show {draft.intent_key}` shows them). This step "
+        "Nothing was sent and the journal is unchanged. A block's k-th request to an "
+        "endpoint is its k-th step journaled there, on every run: restore the code that "
+        f"journaled them (`payonce intents show {draft.intent_key}` shows them). This step "
         f"{_declined_what_now() if declined else _step_what_now(record, reconcilable)}",
         key=record.key,
         reference=draft.intent_reference,

@@ -26,6 +26,7 @@ from .._journal._reads import Outcomes
 from .._lifecycle import IntentDraft, IntentRecord
 from .._lifecycle import _drive as drive
 from .._owners import new_owner
+from ..errors import IntentMismatch
 from . import _reconcile
 from ._base import (
     BaseClient,
@@ -120,15 +121,40 @@ class AsyncOperation(OperationBase, Verbs[Awaited]):
         """Send the intent's next step (once), or replay its journaled outcome (see
         ``Operation.request``)."""
         self._core.require_api_key(f"{method.upper()} {path}")
-        with self._next_step(method, path, options) as (draft, bind):
-            return await self._client._drive(self, draft, bind)
+        return await self._placed_and_driven(method, path, options)
 
     async def _transported(self, request: Transported, http: httpx.AsyncClient) -> httpx.Response:
         """See ``Operation._transported``."""
-        with self._next_step(
-            request.method, request.target, request.options, caller_key=request.caller_key
-        ) as (draft, bind):
-            return await self._client._drive(self, draft, bind, http=http, auth=request.auth)
+        return await self._placed_and_driven(
+            request.method,
+            request.target,
+            request.options,
+            caller_key=request.caller_key,
+            http=http,
+            auth=request.auth,
+        )
+
+    async def _placed_and_driven(
+        self,
+        method: str,
+        path: str,
+        options: RequestOptions,
+        *,
+        caller_key: str | None = None,
+        http: httpx.AsyncClient | None = None,
+        auth: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        """See ``Operation._placed_and_driven``."""
+        while True:
+            if self._must_read_steps():
+                reading = drive.block_steps(self._core.settings, **self._steps_reading())
+                self._read_steps(await self._client._execute(reading))
+            try:
+                with self._next_step(method, path, options, caller_key=caller_key) as (draft, bind):
+                    return await self._client._drive(self, draft, bind, http=http, auth=auth)
+            except IntentMismatch:
+                if not self._misplaced():
+                    raise
 
     async def acknowledge(self) -> None:
         """Mark the settled outcome of every settled step as recorded on the caller's

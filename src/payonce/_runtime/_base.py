@@ -39,6 +39,7 @@ from .._lifecycle import (
     default_lease_seconds,
     is_mismatch,
     new_key,
+    scope_path,
     step_key,
     step_of_reference,
     step_reference,
@@ -46,6 +47,17 @@ from .._lifecycle import (
     validate_reference,
 )
 from .._lifecycle import _refusals as refusals
+from .._lifecycle._steps import (
+    AskedStep,
+    Continue,
+    JournaledStep,
+    NewStep,
+    PlacedStep,
+    RefusalKind,
+    Refuse,
+    Replay,
+    place,
+)
 from .._providers._profile import ProviderProfile, get_profile
 from .._version import __version__
 from ..errors import ConfigurationError, IntentMismatch, OutcomeUnknown, ProviderError
@@ -327,6 +339,16 @@ class OperationBase:
         carried: payonce cannot tell whether code run again would name that key again, so
         it is journaled as drawn for this one call, and no resume or worker resends it
         (``IntentRecord.key_per_call``)."""
+        self._journaled: list[JournaledStep] | None = None
+        """The steps earlier runs of this block journaled, once read (``_read_steps``)."""
+        self._fresh = False
+        """This run created the block's step 1: nothing was journaled before it."""
+        self._reread = False
+        """A request was refused where it was placed before the journaled steps were
+        read: they are read, and it is placed again, once (``_misplaced``)."""
+        self._last_placed: Step | None = None
+        self._ended = False
+        """The block has ended: a request through a copy of its context is refused."""
         self._went_on: tuple[Step, ProviderError] | None = None
         """The latest step whose refusal was replayed while a run had gone on past it
         (``ProviderError.later_steps``), and that refusal: the block must go on to those
@@ -382,6 +404,7 @@ class OperationBase:
             blocks[self] = threading.current_thread()
 
     def _leave(self) -> None:
+        self._ended = True
         token, self._token = self._token, None
         if token is None:
             return
@@ -407,12 +430,17 @@ class OperationBase:
     ) -> Step:
         """The draft of this block's next mutating request, at its position.
 
-        Position 1 is the intent as payonce always journaled it (its reference, its key).
-        Position n >= 2 is keyed ``step_key(intent key, n)`` (or ``caller_key``, a key the
-        caller set on purpose) and referenced ``step_reference(reference or key, n)``, which
-        holds the position to the key it was first journaled under on every run again.
-        Which position a request takes, a repeated one included, is ``_position``'s rule.
+        Where it goes is ``_lifecycle._steps.place``'s decision, from the steps earlier runs
+        journaled (``_journaled``, read once the block found any) and those this run
+        placed. Position 1 is the intent as payonce always journaled it (its reference, its
+        key). Position n >= 2 is keyed ``step_key(intent key, n)`` (or ``caller_key``, a key
+        the caller set on purpose) and referenced ``step_reference(reference or key, n)``,
+        which holds the position to the key it was first journaled under on every run
+        again. A request placed where another is journaled (a changed step) is drafted
+        there all the same: its claim refuses it (``IntentMismatch``), nothing sent.
         """
+        if self._ended:
+            raise refused_after_block(self._named(), f"{method.upper()} {path}")
         draft = self._draft(method, path, options)
         number = self._position(draft, caller_key, asked=f"{method.upper()} {path}")
         profile = self._core.profile
@@ -450,59 +478,102 @@ class OperationBase:
                 caller_key=caller_key is not None,
             )
         self._steps[number] = step
+        self._last_placed = step
         return step
 
     def _position(self, draft: IntentDraft, caller_key: str | None, *, asked: str) -> int:
-        """Where a request goes in this block, ``asked`` naming it for a refusal.
-
-        - A key the caller set on purpose names its step: the position of the earlier step
-          under that key, else the next one.
-        - The same request (method, path, body, meaningful headers) as an earlier step
-          whose success this block never handed back (still pending or unknown, refused by
-          the provider, or raised before its answer came) is that step again: the caller's
-          retry, or an SDK's. It is resent under its key, refused as unknown, or its
-          refusal replayed; it never executes twice.
-        - The same request as earlier steps that succeeded and were answered is a second
-          request on purpose (a split payment: two identical charges): the next step,
-          under its own key. A run again is as deterministic: the earlier steps replay one
-          by one, so the repeat lands on the same position, replayed once it settled.
-        - Unless a step of the block has not succeeded (it raised, was refused, is pending
-          or unknown): then a repeat of a step that succeeded looks like a retry loop
-          running the operation again from its start, where a next step would pay twice.
-          ``ConfigurationError``, nothing sent, naming the ways to retry the whole block
-          or to pay twice on purpose.
+        """Where a request goes in this block (``_lifecycle._steps.place``), ``asked``
+        naming it for a refusal. A repeat of a step that succeeded while another has not
+        is refused here, nothing sent: a retry loop inside the block, or a second payment?
         """
         if self._key is None:
             return 1  # step 1 was never journaled: this is step 1 again
-        repeated: Step | None = None
-        for number, earlier in self._steps.items():
-            if caller_key is not None:
-                if earlier.draft.key == caller_key:
-                    return number
-            elif (
-                not earlier.caller_key
-                and earlier.draft.scope == draft.scope
-                and earlier.draft.fingerprint == draft.fingerprint
-            ):
-                if not earlier.answered:
-                    return number
-                repeated = repeated or earlier
-        if repeated is not None:
-            unfinished = next((s for s in self._steps.values() if not s.answered), None)
-            if unfinished is not None:
+        request = AskedStep(
+            method=draft.method,
+            path=scope_path(draft.scope, account=draft.account, method=draft.method),
+            fingerprint=draft.fingerprint,
+            caller_key=caller_key,
+        )
+        placement = place(self._journaled or (), self._placed(), request)
+        match placement:
+            case Replay(number) | Continue(number) | NewStep(number):
+                return number
+            case Refuse(RefusalKind.CHANGED, number):
+                return number  # drafted there, refused by its claim with both requests named
+            case Refuse(RefusalKind.REPEATED, number, _, _, unfinished):
+                assert unfinished is not None
+                waiting = self._steps[unfinished.position]
                 raise ConfigurationError(
-                    f"{asked} is the same request as step {repeated.number} of "
-                    f"{self._named()}, which succeeded, while step {unfinished.number} "
-                    f"{_how_it_ended(unfinished)}: a retry of the operation from its start, "
+                    f"{asked} is the same request as step {number} of "
+                    f"{self._named()}, which succeeded, while step {waiting.number} "
+                    f"{_how_it_ended(waiting)}: a retry of the operation from its start, "
                     "or the same payment a second time on purpose? payonce cannot tell, so "
                     "nothing was sent. To retry, put the retry around the whole block: run "
                     "the block again (the same reference replays the steps that succeeded "
-                    f"and carries on at step {unfinished.number}). To pay twice on purpose, "
+                    f"and carries on at step {waiting.number}). To pay twice on purpose, "
                     "give the request an idempotency key of its own derived from the "
                     'order (the SDK\'s idempotency_key=f"order-{id}-second"; never a '
                     "uuid4, which a run again would refuse) or make it in a block of its own"
                 )
-        return max(self._steps, default=0) + 1
+        raise AssertionError(placement)  # pragma: no cover
+
+    def _placed(self) -> list[PlacedStep]:
+        """This run's steps as ``place`` reads them."""
+        return [
+            PlacedStep(
+                position=number,
+                method=step.draft.method,
+                path=scope_path(
+                    step.draft.scope, account=step.draft.account, method=step.draft.method
+                ),
+                fingerprint=step.draft.fingerprint,
+                state=step.state,
+                caller_key=step.draft.key if step.caller_key else None,
+                answered=step.answered,
+            )
+            for number, step in self._steps.items()
+        ]
+
+    def _must_read_steps(self) -> bool:
+        """Whether this block must read what earlier runs journaled before placing its
+        next request: its step 1 was journaled before this run (found, not created), and
+        it has not read them yet. A block whose step 1 this run created knows them all
+        (none), so a new payment costs no read."""
+        if self._journaled is not None or self._fresh or self._key is None:
+            return False
+        return bool(self._steps) or self._reread
+
+    def _steps_reading(self) -> dict[str, str]:
+        """What ``drive.block_steps`` reads this block's journaled steps by."""
+        assert self._key is not None
+        return {
+            "key": self._key,
+            "provider": self._core.profile.name,
+            "account": self._core.account,
+            "named": self.reference or self._key,
+        }
+
+    def _read_steps(self, journaled: list[JournaledStep]) -> None:
+        self._journaled = journaled
+
+    def _misplaced(self) -> bool:
+        """After ``IntentMismatch``: whether the refused request was placed before this
+        block read what earlier runs journaled, so that it must be placed again once they
+        are read (the customer create skipped this run: the payment met step 1, the
+        customer's). Its refused placement is taken back; nothing was journaled for it.
+        Never for a one-shot (``client.post(..., reference=)``), whose one request is its
+        intent: another request under its reference is refused."""
+        if self._journaled is not None or self._fresh or self._reread or self._key is None:
+            return False
+        if self._folds_acknowledgement:
+            # A one-shot names its intent's one request: under a reference journaled with
+            # another, it is refused, never placed as a step of it.
+            return False
+        step = self._last_placed
+        if step is not None and self._steps.get(step.number) is step:
+            del self._steps[step.number]
+        self._reread = True
+        return True
 
     def _named(self) -> str:
         """The block's intent as an error names it."""
@@ -559,9 +630,15 @@ class OperationBase:
             # step 1 is), step n's shows what its position holds.
             if step.number > 1:
                 self._show_refused(step, record)
+            elif self._key is None and self.reference is not None:
+                # Its reference's step 1, journaled as another request: this block's key,
+                # by which it reads its journaled steps to place the request again.
+                self._key = record.key
+                self._key_supplied = True
             return
-        self._reposition(step, record)
-        step.refused = False  # a declined step it was shown at, then passed over
+        if step.number == 1 and not self._key_supplied and record.key == step.draft.key:
+            self._fresh = True  # the key this run drew: created now, nothing before it
+        step.refused = False
         step.key = record.key
         step.state = record.state
         step.acknowledged = record.acknowledged_at is not None
@@ -596,9 +673,9 @@ class OperationBase:
         return step_key(self._key, number, max_length=self._core.profile.key_max_length)
 
     def _show_refused(self, step: Step, record: IntentRecord) -> None:
-        """``step``, refused because ``record``, another request, holds the position its
-        drive reached (the one it asked for, or one after a declined step it passed over),
-        shows that position, its key and its state: what ``op.steps`` lists for it.
+        """``step``, refused because ``record``, another request, holds the position it
+        was placed at, shows that position, its key and its state: what ``op.steps``
+        lists for it.
 
         Only a row of this block's own position under the key this block has there: not
         a row of another block named alike, nor one a key the caller set points to
@@ -619,21 +696,6 @@ class OperationBase:
         step.key = record.key
         step.state = record.state
         step.refused = True
-
-    def _reposition(self, step: Step, record: IntentRecord) -> None:
-        """Move ``step`` to the position its drive reached: a step refused by the provider
-        in an earlier run, where this run asks for another request (the customer's other
-        card), is passed over (``payonce._lifecycle._redo``), so this block's next step
-        comes after the position that request took."""
-        found = step_of_reference(record.reference)
-        if step.number == 1 or found is None or found[1] <= step.number:
-            return
-        intent, number = found
-        if intent != (self.reference or self._key) or number in self._steps:
-            return  # another intent's record (a key the caller set): no position of ours
-        del self._steps[step.number]
-        step.number = number
-        self._steps[number] = step
 
     def _draft(self, method: str, path: str, options: RequestOptions) -> IntentDraft:
         return draft_request(
@@ -719,6 +781,16 @@ class OperationBase:
         if not self._steps:
             return f"<{name} {named or 'without reference'}, no step yet>"
         return f"<{name} {named}, {len(self._steps)} step(s)>"
+
+
+def refused_after_block(named: str, request: str) -> ConfigurationError:
+    """A request through a copy of a block's context (a thread or task started inside it,
+    ``contextvars.copy_context()``) after the block ended: never joined to it silently."""
+    return ConfigurationError(
+        f"{request} came after the block of {named} ended, through a copy of its context (a "
+        "thread or task started inside it); nothing was journaled or sent. Wait for such "
+        "work inside the block, or give it a block of its own"
+    )
 
 
 def _how_it_ended(step: Step) -> str:

@@ -53,6 +53,7 @@ from .._lifecycle._drive import (
     LookupRetried,
     MarkUnknown,
     ReadAttempts,
+    ReadBlock,
     ReadIntent,
     Rebind,
     Reconciled,
@@ -508,6 +509,11 @@ class IntentCore:
                     credential,
                 )
                 return None
+            case ReadBlock(key, provider, account, named):
+                rows = functools.partial(
+                    self.journal.block_rows, key, provider=provider, account=account, named=named
+                )
+                return (yield Call(rows))
             case StartAttempt(run):
                 number = yield from store.start_attempt.plan(
                     run.key,

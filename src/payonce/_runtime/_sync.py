@@ -21,6 +21,7 @@ from .._journal._reads import Outcomes
 from .._lifecycle import IntentDraft, IntentRecord
 from .._lifecycle import _drive as drive
 from .._owners import new_owner
+from ..errors import IntentMismatch
 from . import _reconcile
 from ._base import (
     BaseClient,
@@ -69,16 +70,42 @@ class Operation(OperationBase, Verbs[httpx.Response]):
         ``data=`` (form), ``content=``, ``params=`` and ``headers=``.
         """
         self._core.require_api_key(f"{method.upper()} {path}")
-        with self._next_step(method, path, options) as (draft, bind):
-            return self._client._drive(self, draft, bind)
+        return self._placed_and_driven(method, path, options)
 
     def _transported(self, request: Transported, http: httpx.Client) -> httpx.Response:
         """A request that came through ``client.transport()``: this intent's next step,
         sent through the transport's own HTTP client with the request's credentials."""
-        with self._next_step(
-            request.method, request.target, request.options, caller_key=request.caller_key
-        ) as (draft, bind):
-            return self._client._drive(self, draft, bind, http=http, auth=request.auth)
+        return self._placed_and_driven(
+            request.method,
+            request.target,
+            request.options,
+            caller_key=request.caller_key,
+            http=http,
+            auth=request.auth,
+        )
+
+    def _placed_and_driven(
+        self,
+        method: str,
+        path: str,
+        options: RequestOptions,
+        *,
+        caller_key: str | None = None,
+        http: httpx.Client | None = None,
+        auth: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        """The request placed in this block (reading first, once, the steps earlier runs
+        journaled when there are any), then driven at its position."""
+        while True:
+            if self._must_read_steps():
+                reading = drive.block_steps(self._core.settings, **self._steps_reading())
+                self._read_steps(self._client._execute(reading))
+            try:
+                with self._next_step(method, path, options, caller_key=caller_key) as (draft, bind):
+                    return self._client._drive(self, draft, bind, http=http, auth=auth)
+            except IntentMismatch:
+                if not self._misplaced():
+                    raise
 
     def acknowledge(self) -> None:
         """Mark the settled outcome of every settled step as recorded on the caller's
