@@ -85,6 +85,8 @@ INTENT_FIELDS = (
     "key_lifetime_documented",
     "max_processing",
     "enqueued",
+    "credential",
+    "account_scope",
 )
 """The columns of ``intents`` in ``INTENT_COLUMNS``' order, which ``intent_from_row`` reads by
 position."""
@@ -127,7 +129,9 @@ INTENT_COLUMNS = (
     ", ".join(INTENT_FIELDS)
     + ", (SELECT count(*) FROM attempts a WHERE a.key = intents.key) AS attempt_count"
 )
-KEY_TERMS_COLUMNS = "key_lifetime, key_lifetime_documented, max_processing, enqueued"
+KEY_TERMS_COLUMNS = (
+    "key_lifetime, key_lifetime_documented, max_processing, enqueued, credential, account_scope"
+)
 """How ``INTENT_COLUMNS`` names the columns schema 10 added: a read-only journal of an older
 schema reads ``NULL`` in their place (``Dialect.reading_schema``)."""
 
@@ -187,6 +191,8 @@ def write_ahead_values(
         1 if draft.key_per_call else None,
         *_key_terms_values(draft.key_terms),
         1 if enqueued else None,
+        draft.credential,
+        draft.account_scope,
     )
 
 
@@ -417,6 +423,8 @@ def _intent(row: Sequence[Any]) -> IntentRecord:
         documented,
         processing,
         enqueued,
+        credential,
+        account_scope,
         attempt_count,
     ) = row[23:]
     return IntentRecord(
@@ -444,6 +452,8 @@ def _intent(row: Sequence[Any]) -> IntentRecord:
         key_per_call=bool(key_per_call),
         key_terms=_key_terms(lifetime, documented, processing),
         enqueued=bool(enqueued),
+        credential=credential,
+        account_scope=account_scope,
     )
 
 

@@ -823,6 +823,18 @@ class IntentStore:
         yield Write(lambda: send(sql.RELEASE_LEASE, (key, owner)), False, AFTER_SEND, _run_again)
 
     @_Planned
+    def rebind_credential(self, key: str, *, owner: str, credential: str | None) -> Plan[None]:
+        """Journal the credential a claimed intent is sent with from now on: one none of
+        whose attempts may have executed (a key refused with 401, then fixed), so no
+        account at the provider holds anything under its key. Only the lease's holder."""
+        if self._kept is not None:
+            self._kept.forget(key)
+        send_rebind = sql.REBIND_CREDENTIAL
+        yield Write(
+            lambda: send(send_rebind, (credential, key, owner)), True, BEFORE_SEND, _run_again
+        )
+
+    @_Planned
     def looked_up(
         self,
         key: str,

@@ -25,7 +25,13 @@ import httpx
 from .._journal._rows import DamagedRow
 from .._lifecycle import Claim, IntentRecord, IntentState, ReconcileOutcome
 from .._owners import new_owner
-from ..errors import AuthenticationError, OutcomeUnknown, PayonceError, ProviderError
+from ..errors import (
+    AuthenticationError,
+    CredentialMismatch,
+    OutcomeUnknown,
+    PayonceError,
+    ProviderError,
+)
 from . import _reconcile
 from ._core import IntentCore
 from ._events import IntentResumed, log_extra
@@ -255,6 +261,8 @@ class ResumeBatch:
             detail = f"HTTP {error.status_code}: refused before execution, fix the API key"
         elif isinstance(error, ProviderError):
             detail = f"HTTP {error.status_code}"
+        elif isinstance(error, CredentialMismatch):
+            detail = str(error)  # names the key missing and where to put it; never a secret
         else:
             detail = self._core.redactor.describe(error)
         logger.info(
@@ -322,6 +330,16 @@ class ReconcileBatch:
         _reconcile.reported(self._core, result)
 
     def failed(self, target: IntentRecord, error: Exception) -> ReconcileResult:
+        if isinstance(error, CredentialMismatch):
+            # No key here sent it: skipped, nothing looked up or sent (never "absent").
+            return ReconcileResult(
+                target.key,
+                target.reference,
+                target.state,
+                target.state,
+                ReconcileOutcome.SKIPPED,
+                str(error),
+            )
         journal = self._core.journal
         now = journal.get(target.key)
         # What the journal wrote down names no key, so the same cause groups in a summary.

@@ -140,11 +140,16 @@ def lookup_request(
             f"provider {core.profile.name!r} looks intents up by reference, and intent "
             f"{record.key} has none: check it at the provider by hand"
         )
+    headers = core.auth_headers(auth)
+    # The account the intent's request named (a connected account's Stripe-Account): the
+    # look-up asks that account, or it finds nothing there and "nothing" reads as absent.
+    scoped = {name.lower() for name in core.profile.account_scope_headers}
+    headers.update((name, value) for name, value in record.request_headers if name in scoped)
     return client.build_request(
         "GET",
         core.base_url + lookup.path,
         params=lookup.params(value),
-        headers=core.auth_headers(auth),
+        headers=headers,
     )
 
 

@@ -54,6 +54,7 @@ from ._batch import (
     run_batch,
     say_damaged,
 )
+from ._core import RecoveryKeys
 from ._events import IntentEscalated, WorkerPassEnded, about, log_extra
 from ._hooks import Hooks, HookSet
 from ._reconcile import ReconcileResult
@@ -162,6 +163,10 @@ class Worker:
         retry: The clients' ``RetryPolicy``.
         timeout: The clients' network timeout, in seconds.
         clock: The time (epoch seconds), for the clients and the schedule.
+        recovery_keys: More API keys the clients may send (and look up) an intent with: a
+            list, or a function of the intent's record (``Client(recovery_keys=)``). An
+            intent is sent again only with the key whose fingerprint it journaled; with
+            none here (nor in the keyring), it is skipped, named, nothing sent.
     """
 
     def __init__(
@@ -177,6 +182,7 @@ class Worker:
         retry: RetryPolicy | None = None,
         timeout: float = 30.0,
         clock: Callable[[], float] = time.time,
+        recovery_keys: RecoveryKeys | None = None,
     ) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigurationError(
@@ -192,6 +198,7 @@ class Worker:
         self._retry = retry
         self._timeout = timeout
         self._wall_clock = clock
+        self._recovery_keys = recovery_keys
         self._owns_journal = not isinstance(journal, Journal)
         self.journal: Journal = open_to_write(journal)
         # The reconcile schedule counts from times the journal dated: by the journal's clock.
@@ -384,13 +391,16 @@ class Worker:
             problem += f"--base-url {group.provider}=URL"
         else:
             try:
-                # PAYONCE_API_KEY only for the account named; else the keyring.
-                api_key = recovery_api_key(group.account, named=self._account)
+                # PAYONCE_API_KEY only for the account named; else the keyring. Each intent
+                # is sent with the key of the fingerprint it journaled only (the client's).
+                api_key = self._key_of(group)
                 client = Client(
                     base_url=base_url,
                     provider=group.provider,  # a name this process does not know: said why
                     account=group.account,
                     api_key=api_key,
+                    transport_only=api_key is None,
+                    recovery_keys=self._recovery_keys,
                     journal=self.journal,
                     retry=self._retry,
                     timeout=self._timeout,
@@ -411,6 +421,22 @@ class Worker:
         else:
             logger.debug("worker: %s still not driven: %s", group.label, problem)
         return None
+
+    def _key_of(self, group: _Group) -> str | None:
+        """The group's API key (``recovery_api_key``'s rule); None, when it has none, if
+        keys were handed to the worker (``recovery_keys``), which then serve alone."""
+        records = self.journal.list_intents(states=[IntentState.PENDING, IntentState.UNKNOWN])
+        wanted = [
+            r.credential
+            for r in records
+            if r.provider == group.provider and r.account == group.account
+        ]
+        try:
+            return recovery_api_key(group.account, named=self._account, wanted=wanted)
+        except ConfigurationError:
+            if self._recovery_keys is None:
+                raise
+            return None
 
     # -- sending -----------------------------------------------------------------------------
 

@@ -164,7 +164,10 @@ class Connection:
         journal = existing_journal_target(self.journal)  # never create one to resume from
         # PAYONCE_API_KEY only for the account named with --account (PAYONCE_ACCOUNT); else
         # the account's key in the keyring: whose key the variable holds is never guessed.
-        api_key = payonce.credentials.recovery_api_key(target.account, named=self.account)
+        # Each intent is sent (and looked up) only with the key of its own fingerprint.
+        api_key = payonce.credentials.recovery_api_key(
+            target.account, named=self.account, wanted=self._credentials_wanted(target)
+        )
         with payonce.Client(
             base_url=base_url,
             provider=target.provider,
@@ -173,6 +176,17 @@ class Connection:
             journal=journal,
         ) as client:
             yield client
+
+    def _credentials_wanted(self, target: Target) -> list[str | None]:
+        """The credential fingerprints the group's pending and unknown intents journaled."""
+        waiting = [payonce.IntentState.PENDING, payonce.IntentState.UNKNOWN]
+        with existing_journal(self.journal, read_only=True) as journal:
+            records = journal.list_intents(states=waiting)
+        return [
+            r.credential
+            for r in records
+            if r.provider == target.provider and r.account == target.account
+        ]
 
     def drive_each(
         self, targets: Sequence[Target], drive: Callable[[payonce.Client], list[Row]]
