@@ -192,13 +192,14 @@ class IntentCore:
         self._recovery_keys = recovery_keys
         self._allow_plaintext_keyring = allow_plaintext_keyring
         static_keys = () if recovery_keys is None or callable(recovery_keys) else recovery_keys
-        self.redactor = Redactor.of(
-            [
-                *([] if api_key is None else [api_key, *self._auth_headers.values()]),
-                *(v for key in static_keys for v in (key, *profile.auth_headers(key).values())),
-            ]
+        self._secrets: tuple[str, ...] = (
+            *([] if api_key is None else [api_key, *self._auth_headers.values()]),
+            *(v for key in static_keys for v in (key, *profile.auth_headers(key).values())),
         )
-        """What an exception's words pass through before a log, a result or the CLI."""
+        self.redactor = Redactor.of(self._secrets)
+        """What an exception's words pass through before a log, a result or the CLI: this
+        client's keys, and each key recovery took from the keyring or a ``recovery_keys``
+        function once it was chosen to send with (``_redacting_also``)."""
         self.credential = self.credential_of(None)
         """The fingerprint of this client's own credential (None: it has none)."""
         self.drafter = Drafter(profile, account, base_url, key_format, self.credential)
@@ -207,7 +208,7 @@ class IntentCore:
             profile=profile,
             retry=retry,
             clock=SystemClock(clock),
-            redact=self.redactor.text,
+            redact=self._redact,
             in_flight_wait=in_flight_wait,
             journal_location=journal.location,
         )
@@ -306,7 +307,21 @@ class IntentCore:
             raise of_step_row(missing, record, max_length=self.profile.key_max_length)
         if chosen.secret == self._api_key:
             return None
-        return self.profile.auth_headers(chosen.secret)
+        headers = self.profile.auth_headers(chosen.secret)
+        self._redacting_also([chosen.secret, *headers.values()])
+        return headers
+
+    def _redact(self, text: str) -> str:
+        # The redactor in force now: it grows as recovery chooses keys to send with.
+        return self.redactor.text(text)
+
+    def _redacting_also(self, secrets: list[str]) -> None:
+        """Keep ``secrets`` out of what is written about errors from now on: a key the
+        keyring or a ``recovery_keys`` function gave is known only once it is chosen."""
+        if all(secret in self._secrets for secret in secrets):
+            return
+        self._secrets = (*self._secrets, *(s for s in secrets if s not in self._secrets))
+        self.redactor = Redactor.of(self._secrets)
 
     def _candidates(self, record: IntentRecord) -> Iterator[Candidate]:
         """This client's key, the keys it was handed (``recovery_keys``), then the
