@@ -31,11 +31,12 @@ import payonce
 import payonce.worker
 from helpers.cli import CliResult, run_cli, run_cli_process
 from helpers.crash import KILLED, executions_once_arrived, worker_env
+from helpers.payments import PAYMENT, DiesAfterSending
 from payonce._lifecycle import AttemptRecord, Candidate, choose_credential, credential_in
 from payonce._lifecycle._credential import may_rebind
 from payonce.credentials import credential_fingerprint
 from payonce.integrations.stripe import HTTPClient
-from payonce.sandbox import SandboxConfig, SandboxServer
+from payonce.sandbox import DEFAULT_API_KEY, SandboxConfig, SandboxServer
 
 KEY_A, KEY_B, KEY_PLATFORM = "sk_test_merchant_a_0001", "sk_test_merchant_b_0002", "sk_test_pf_3"
 MERCHANT_A, MERCHANT_B, PLATFORM = "acct_merchant_a", "acct_merchant_b", "acct_platform"
@@ -539,3 +540,36 @@ def test_a_connected_account_s_intent_is_looked_up_in_that_account(tmp_path: Pat
     lookups = [r for r in seen if r.method == "GET"]
     assert lookups, "the intent was looked up"
     assert all(r.headers.get("stripe-account") == "acct_connected_1" for r in lookups)
+
+
+# -- an intent enqueued by a service that holds no key ----------------------------------------
+
+
+def test_an_intent_enqueued_without_a_key_takes_the_first_sender_s_and_no_other_after(
+    make_client: Any, sandbox: SandboxServer
+) -> None:
+    """A service that only enqueues holds no API key (docs/outbox.md): its intent journals
+    no credential. The first process that sends it binds its own key before sending; from
+    then on only that key sends it again, as for any intent."""
+    service = make_client(api_key=None, transport_only=True)
+    enqueued = service.enqueue(
+        "POST", "/v1/payments", json=PAYMENT, reference="order-e1", connection=None
+    )
+    assert enqueued.credential is None
+
+    first = make_client(transport=DiesAfterSending())  # the sandbox's key: the worker's
+    (died,) = first.resume()
+    assert "RuntimeError" in died.detail  # sent, then the process died before the answer
+    bound = first.journal.get(enqueued.key)
+    assert bound.state is payonce.IntentState.PENDING
+    assert bound.credential == credential_fingerprint(DEFAULT_API_KEY)
+
+    other = make_client(api_key="sk_test_another_merchant_key")
+    (skipped,) = other.resume()
+    assert skipped.state is payonce.IntentState.PENDING
+    assert bound.credential in skipped.detail
+    assert sandbox.store.executions() == {enqueued.key: 1}  # the other key sent nothing
+
+    (finished,) = make_client(api_key=DEFAULT_API_KEY).resume()
+    assert finished.state is payonce.IntentState.SUCCEEDED
+    assert sandbox.store.executions() == {enqueued.key: 1}

@@ -27,6 +27,7 @@ from ._credential import (
     credential_in,
     credential_mismatch,
     credential_missing,
+    sent_by_first_sender,
 )
 from ._guards import contract_table
 from ._identity import (
@@ -119,6 +120,7 @@ __all__ = [
     "account_scope_of",
     "choose_credential",
     "credential_fingerprint",
+    "sent_by_first_sender",
     "credential_in",
     "credential_mismatch",
     "credential_missing",

@@ -12,6 +12,10 @@ fingerprint is the journaled one. ``choose_credential`` picks it among the candi
 process has; none is it: nothing is sent, and the intent is named with the fingerprint
 wanted (``credential_missing``). A run again that brings another credential is refused
 before anything is sent (``credential_mismatch``).
+
+An intent journaled with no credential and never sent (enqueued by a service that holds no
+API key: the worker sends) is bound to the credential of the first process that sends it
+(``sent_by_first_sender``), before it is sent: from then on the rule above holds for it.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ __all__ = [
     "credential_mismatch",
     "credential_missing",
     "may_rebind",
+    "sent_by_first_sender",
 ]
 
 CREDENTIAL_PREFIX = "cred:"
@@ -109,6 +114,13 @@ def choose_credential(journaled: str | None, candidates: Iterable[Candidate]) ->
         if hmac.compare_digest(candidate.fingerprint, journaled):
             return candidate
     return None
+
+
+def sent_by_first_sender(record: IntentRecord) -> bool:
+    """Whether ``record`` takes the credential of the first process that sends it: none was
+    journaled with it and nothing of it was ever sent (an enqueued intent of a service
+    without a key), so no account at the provider holds anything under its key."""
+    return record.credential is None and record.first_sent_at is None
 
 
 def may_rebind(claimed: bool, attempts: Iterable[AttemptLike]) -> bool:

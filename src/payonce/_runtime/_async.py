@@ -258,7 +258,7 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
         batch = ResumeBatch(self._core)
 
         async def resume(target: Claimed) -> ResumeResult:
-            auth = await _off_loop(self._core.recovery_auth, target.record)
+            auth = await _off_loop(self._core.recovery_auth, target.record, target.owner)
             resumed = drive.resume(self._core.settings, target.claim, target.owner)
             return batch.settled(target, await self._execute(resumed, auth=auth))
 

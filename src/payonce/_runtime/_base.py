@@ -1103,8 +1103,8 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
         headers: Mapping[str, str] | None,
     ) -> IntentDraft:
         """The draft of an intent to enqueue: a request as ``request`` takes it, named."""
-        # Sent later only with the key that journaled it: this client's own.
-        self._core.require_api_key(f"enqueue({method!r}, {path!r})")
+        # Journaled with this client's credential, or none (a service that only enqueues
+        # holds no key): the first process that sends it binds its own then.
         if not isinstance(method, str) or method.upper() not in _ENQUEUEABLE:
             raise ConfigurationError(
                 f"enqueue({method!r}, {path!r}): only a request that changes something at "

@@ -41,6 +41,7 @@ from .._lifecycle import (
     credential_missing,
     header_value_problem,
     rule,
+    sent_by_first_sender,
 )
 from .._lifecycle._drive import (
     Answered,
@@ -287,12 +288,16 @@ class IntentCore:
         secret = credential_in(headers, auth_header=self.profile.auth_header)
         return None if secret is None else credential_fingerprint(secret)
 
-    def recovery_auth(self, record: IntentRecord) -> dict[str, str] | None:
+    def recovery_auth(
+        self, record: IntentRecord, owner: str | None = None
+    ) -> dict[str, str] | None:
         """The credentials to send ``record`` again (or look it up) with, when no request
         brings its own (a resume, a reconciliation, the worker): the candidate whose
         fingerprint the intent journaled (``choose_credential``), None when that is this
         client's own key. None matching: ``CredentialMismatch``, nothing sent, naming the
-        fingerprint wanted and what was tried."""
+        fingerprint wanted and what was tried. An intent no credential was journaled with
+        and never sent (``sent_by_first_sender``: enqueued without a key), claimed by
+        ``owner``, is bound to the first candidate's credential here, before it is sent."""
         tried: list[Candidate] = []
 
         def tracked() -> Iterator[Candidate]:
@@ -300,7 +305,12 @@ class IntentCore:
                 tried.append(candidate)
                 yield candidate
 
-        chosen = choose_credential(record.credential, tracked())
+        if owner is not None and sent_by_first_sender(record):
+            chosen = next(tracked(), None)
+            if chosen is not None:
+                self.store.rebind_credential(record.key, owner=owner, credential=chosen.fingerprint)
+        else:
+            chosen = choose_credential(record.credential, tracked())
         if chosen is None:
             missing = credential_missing(record, tried)
             # A step 2 or later of a block is named as its block names it.

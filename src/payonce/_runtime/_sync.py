@@ -254,7 +254,8 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
 
     def _resume(self, batch: ResumeBatch, target: Claimed) -> ResumeResult:
         """Drive one claimed pending intent of a resume pass to an end."""
-        auth = self._core.recovery_auth(target.record)  # the key that journaled it, or none
+        # The key that journaled it (or none: this client's), bound to it if none did.
+        auth = self._core.recovery_auth(target.record, target.owner)
         resumed = drive.resume(self._core.settings, target.claim, target.owner)
         return batch.settled(target, self._execute(resumed, auth=auth))
 
