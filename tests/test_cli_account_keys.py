@@ -155,6 +155,7 @@ def test_each_account_s_key_in_the_keyring_recovers_both_while_the_environment_k
     assert _states(crashed_on_both) == {ACCOUNT_A: "succeeded", ACCOUNT_B: "succeeded"}
 
 
+@pytest.mark.slow
 def test_reconcile_never_resends_an_unknown_intent_with_another_account_s_key(
     two_accounts: SandboxServer, journal_path: Path
 ) -> None:
@@ -200,6 +201,7 @@ def test_the_worker_does_not_pin_the_environment_key_to_the_one_account_with_wor
     assert _states(crashed_on_both) == {ACCOUNT_A: "succeeded", ACCOUNT_B: "pending"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["resume", "worker"])
 def test_a_journal_s_only_account_never_gets_the_environment_key_of_an_account_not_named(
     two_accounts: SandboxServer, journal_path: Path, command: str
@@ -222,6 +224,7 @@ def test_a_journal_s_only_account_never_gets_the_environment_key_of_an_account_n
     assert _states(journal_path) == {ACCOUNT_B: "pending"}
 
 
+@pytest.mark.slow
 def test_the_account_named_in_payonce_account_takes_the_environment_key(
     two_accounts: SandboxServer, journal_path: Path
 ) -> None:

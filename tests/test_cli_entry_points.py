@@ -128,6 +128,7 @@ def test_dash_h_is_help_on_every_command_and_group(path: tuple[str, ...]) -> Non
 # -- python -m ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_python_m_payonce_is_the_payonce_command() -> None:
     version = _python_m("payonce", "--version")
     assert version.exit_code == 0, version.stderr
@@ -164,6 +165,7 @@ def test_the_librarys_warnings_are_the_commands_own_warning_lines(tmp_path: Path
 # -- one sandbox command -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_sandbox_module_and_command_take_the_same_options() -> None:
     module = _python_m("payonce.sandbox", "-h")
     command = _python_m("payonce", "sandbox", "-h")
@@ -329,6 +331,7 @@ def test_each_fault_option_sets_its_own_fault(tmp_path: Path) -> None:
     ) in run.stdout.splitlines()
 
 
+@pytest.mark.slow
 def test_payonce_sandbox_delivers_signed_webhooks_with_every_secret(
     tmp_path: Path, receiver: tuple[str, type[_Receiver]]
 ) -> None:
@@ -413,6 +416,7 @@ def test_the_documented_completion_scripts_are_generated(shell: str) -> None:
     assert f"_PAYONCE_COMPLETE={shell}_source" in (SRC.parent / "docs" / "cli.md").read_text()
 
 
+@pytest.mark.slow
 def test_commands_options_and_choices_complete() -> None:
     assert _complete("int").split() == ["plain,intents"]
     assert "plain,--state" in _complete("intents", "list", "--st").split()

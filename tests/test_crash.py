@@ -49,6 +49,7 @@ def provider(sandbox: SandboxServer) -> SandboxServer:
 # -- one kill at each named point -----------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", CRASH_POINTS)
 def test_a_kill_at_each_crash_point_still_executes_every_order_once(
     provider: SandboxServer, journal: Path, point: str
@@ -70,6 +71,7 @@ def test_repeated_kills_at_the_same_point_converge(provider: SandboxServer, jour
     assert provider.store.total_executions() == 5
 
 
+@pytest.mark.slow
 def test_keys_expiring_between_the_crash_and_the_restart_are_reconciled_not_resent(
     make_sandbox: Callable[..., SandboxServer], journal: Path
 ) -> None:
@@ -122,6 +124,7 @@ def _pay_in_a_block(
     return done.returncode
 
 
+@pytest.mark.slow
 def test_a_kill_after_a_block_ended_leaves_its_outcome_listed_as_not_acknowledged(
     provider: SandboxServer, journal: Path
 ) -> None:
@@ -146,6 +149,7 @@ def test_a_kill_after_a_block_ended_leaves_its_outcome_listed_as_not_acknowledge
 # -- the harness catches broken clients -----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_harness_catches_a_client_that_mints_a_key_per_process(
     provider: SandboxServer, journal: Path
 ) -> None:
@@ -157,6 +161,7 @@ def test_the_harness_catches_a_client_that_mints_a_key_per_process(
     assert any("executed 2 times" in p for p in problems), problems
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("broken", [True, False])
 def test_the_harness_catches_a_client_that_resends_unknown_intents_blindly(
     make_sandbox: Callable[..., SandboxServer], journal: Path, broken: bool

@@ -80,6 +80,7 @@ def _intent(journal: Path, key: str) -> tuple[str, str | None]:
     return state, reason
 
 
+@pytest.mark.slow
 def test_a_resume_with_the_clock_set_back_25_hours_never_pays_a_forgotten_key_twice(
     sandbox: SandboxServer, tmp_path: Path
 ) -> None:

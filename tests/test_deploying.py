@@ -278,6 +278,7 @@ def test_the_cron_line_runs_as_the_services_user_with_crons_bare_path(
     assert sandbox.store.executions() == dict.fromkeys(keys, 1)
 
 
+@pytest.mark.slow
 def test_the_kubernetes_sidecar_shares_the_services_journal_and_drains_on_stop(
     make_client: MakeClient, sandbox: SandboxServer, postgres_url: str, tmp_path: Path
 ) -> None:

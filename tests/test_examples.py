@@ -50,6 +50,7 @@ def test_the_checkout_example_charges_once_replays_and_handles_errors(tmp_path: 
     assert not (tmp_path / "example-journal.db").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["order_service_psycopg.py", "order_service_sqlalchemy.py"])
 def test_the_order_service_examples_commit_orders_and_payments_together(
     name: str, tmp_path: Path, postgres_url: str
@@ -81,6 +82,7 @@ def test_the_order_service_examples_commit_orders_and_payments_together(
     assert _not_acknowledged(postgres_url) == []
 
 
+@pytest.mark.slow
 def test_the_second_order_service_on_the_same_database_says_the_order_was_paid_before(
     tmp_path: Path, postgres_url: str
 ) -> None:

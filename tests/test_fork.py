@@ -76,6 +76,7 @@ def _assert_each_answer_is_its_own(journal_at: Path | str, sandbox: SandboxServe
     assert set(sandbox.store.executions().values()) == {1}
 
 
+@pytest.mark.slow
 def test_children_of_a_client_that_already_paid_journal_only_their_own_answers(
     make_sandbox: Callable[..., SandboxServer], location: str
 ) -> None:

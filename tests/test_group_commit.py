@@ -546,6 +546,7 @@ def test_without_group_commit_every_write_commits_alone(
 # -- killed in the middle of batches ----------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", CRASH_POINTS)
 def test_a_kill_in_the_middle_of_batches_still_executes_every_order_once(
     sandbox: SandboxServer, tmp_path: Path, point: str

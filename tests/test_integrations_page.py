@@ -286,6 +286,7 @@ def test_the_readme_s_first_example_runs_and_its_run_again_executes_nothing(
     run_twice(block, README_EXAMPLE, server, journal)
 
 
+@pytest.mark.slow
 def test_the_readme_s_first_example_runs_as_written_in_a_fresh_interpreter(
     shared_sandboxes: SharedSandboxes, tmp_path: Path
 ) -> None:

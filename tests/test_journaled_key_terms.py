@@ -151,6 +151,7 @@ RECOVERIES = [
         pytest.param(MOLLIE_1800, id="mollie", marks=pytest.mark.slow),  # the same path
     ],
 )
+@pytest.mark.slow
 @pytest.mark.parametrize("command", RECOVERIES)
 def test_a_crashed_payment_is_not_resent_past_the_app_s_shortened_key_lifetime(
     journal_path: Path, shortened: Shortened, command: list[str]

@@ -233,6 +233,7 @@ async def test_connections_killed_between_write_ahead_and_send_are_replaced_on_t
     assert "psycopg" not in capfd.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("warm", [True, False], ids=["connection-idle", "no-connection-yet"])
 async def test_a_caller_in_the_gap_on_the_loop_is_told_nothing_was_sent_and_to_resume(
     relayed_url: str,
@@ -342,6 +343,7 @@ async def test_a_caller_cancelled_while_its_settle_waits_still_has_its_payment_s
     assert sandbox.store.executions() == {record.key: 1}
 
 
+@pytest.mark.slow
 async def test_a_call_cancelled_mid_send_during_a_partition_does_not_block_the_event_loop(
     relay: PostgresRelay,
     relayed_url: str,

@@ -159,6 +159,7 @@ with payonce.open_journal(sys.argv[1]) as journal:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("skew", [105.0, -240.0], ids=["ahead", "behind"])
 def test_the_journal_clock_of_a_host_whose_clock_is_off_is_the_servers(
     postgres_url: str, skew: float
@@ -196,6 +197,7 @@ print(json.dumps({"before": before, "after": after}), flush=True)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step", [105.0, -240.0], ids=["forward", "back"])
 def test_a_host_clock_stepped_while_connected_does_not_move_the_journal_clock(
     postgres_url: str, tmp_path: Path, step: float

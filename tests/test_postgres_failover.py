@@ -156,6 +156,7 @@ def _closed_port() -> int:
 # -- a COMMIT whose answer is lost ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_write_ahead_committed_but_unanswered_is_found_on_a_new_connection_and_sent_once(
     relayed: Callable[..., payonce.Client], relay: PostgresRelay, sandbox: SandboxServer
 ) -> None:
@@ -172,6 +173,7 @@ def test_a_write_ahead_committed_but_unanswered_is_found_on_a_new_connection_and
     assert states(client.journal) == {"order-1": "succeeded"}
 
 
+@pytest.mark.slow
 def test_a_write_ahead_lost_with_its_connection_is_written_again_before_anything_is_sent(
     relayed: Callable[..., payonce.Client], relay: PostgresRelay, sandbox: SandboxServer
 ) -> None:
@@ -185,6 +187,7 @@ def test_a_write_ahead_lost_with_its_connection_is_written_again_before_anything
     assert [a.number for a in client.journal.attempts(op.key)] == [1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cut", ["after_commit", "before_commit"])
 def test_a_settle_whose_commit_is_unknown_is_looked_for_and_written_if_lost(
     relayed: Callable[..., payonce.Client],
@@ -209,6 +212,7 @@ def test_a_settle_whose_commit_is_unknown_is_looked_for_and_written_if_lost(
     assert client.journal.get(op.key).lease_owner is None  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cut", ["after_commit", "before_commit"])
 def test_a_second_attempt_whose_start_is_unknown_is_found_or_journaled_once_then_sent(
     relayed: Callable[..., payonce.Client],
@@ -243,6 +247,7 @@ class Seen(payonce.Hooks):
         self.names.append("unknown")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cut", ["after_commit", "before_commit"])
 def test_a_new_intent_whose_one_statement_write_ahead_is_unknown_is_created_once_and_said_so(
     relayed: Callable[..., payonce.Client],
@@ -266,6 +271,7 @@ def test_a_new_intent_whose_one_statement_write_ahead_is_unknown_is_created_once
     assert record.state is payonce.IntentState.SUCCEEDED
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cut", ["after_commit", "before_commit"])
 def test_a_settle_after_a_retry_whose_commit_is_unknown_is_found_or_written_once(
     relayed: Callable[..., payonce.Client],
@@ -294,6 +300,7 @@ def test_a_settle_after_a_retry_whose_commit_is_unknown_is_found_or_written_once
     assert sandbox.store.executions() == {op.key: 1}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cut", ["after_commit", "before_commit"])
 def test_an_intent_marked_unknown_whose_commit_is_unknown_is_found_or_marked_once(
     relayed: Callable[..., payonce.Client],
@@ -346,6 +353,7 @@ def test_a_one_statement_write_the_server_refused_is_retried_not_taken_for_a_los
     assert not any("lost the connection" in line for line in said), said
 
 
+@pytest.mark.slow
 def test_a_journal_check_whose_commit_lost_its_connection_is_read_again(
     relayed_url: str, relay: PostgresRelay
 ) -> None:
@@ -359,6 +367,7 @@ def test_a_journal_check_whose_commit_lost_its_connection_is_read_again(
 # -- opening during a restart or a failover -----------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("read_only", [False, True], ids=["writer", "reader"])
 def test_a_journal_opened_while_its_database_restarts_waits_for_it(
     relayed_url: str, relay: PostgresRelay, caplog: pytest.LogCaptureFixture, read_only: bool
@@ -387,6 +396,7 @@ def test_a_journal_whose_database_stays_gone_past_the_failover_timeout_is_not_op
     assert relay.refused > 1, "it never tried again"
 
 
+@pytest.mark.slow
 def test_a_worker_started_while_its_database_restarts_does_its_pass(
     relayed_url: str, relay: PostgresRelay, make_client: MakeClient, sandbox: SandboxServer
 ) -> None:
@@ -439,6 +449,7 @@ def test_a_connection_killed_between_write_ahead_and_send_is_replaced_and_the_pa
 # -- no primary to be found -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_caller_in_the_gap_is_told_nothing_was_sent_and_to_resume_and_the_driver_stays_quiet(
     relayed_url: str,
     make_client: MakeClient,
@@ -469,6 +480,7 @@ def test_a_caller_in_the_gap_is_told_nothing_was_sent_and_to_resume_and_the_driv
     journal.close()
 
 
+@pytest.mark.slow
 def test_a_call_waiting_for_a_connection_in_an_outage_waits_for_the_new_primary_not_busy(
     relayed_url: str, relay: PostgresRelay, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -544,6 +556,7 @@ with relay_to(host, port) as relay:
 """
 
 
+@pytest.mark.slow
 def test_a_program_without_logging_set_up_prints_nothing_of_the_driver_when_its_database_goes(
     postgres_server: PostgresServer, postgres_url: str
 ) -> None:
@@ -930,6 +943,7 @@ with payonce.Client(base_url=base_url, api_key=api_key, journal=url) as client:
 """
 
 
+@pytest.mark.slow
 def test_a_database_restart_payonce_reconnects_from_prints_nothing_on_stderr(
     postgres_server: PostgresServer, postgres_url: str, sandbox: SandboxServer
 ) -> None:

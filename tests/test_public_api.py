@@ -154,6 +154,7 @@ async def main() -> None:
 """
 
 
+@pytest.mark.slow
 def test_mypy_strict_rejects_typos_and_wrong_types_in_a_users_script(tmp_path: Path) -> None:
     script = tmp_path / "pay.py"
     script.write_text(textwrap.dedent(MISTAKES))

@@ -148,6 +148,7 @@ def test_the_rest_of_keys_in_this_process(use_secret_service: SecretService) -> 
 # -- a client reading its key -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_client_pays_with_the_key_stored_in_the_secret_service(
     use_secret_service: SecretService, provider: SandboxServer, journal_path: Path
 ) -> None:

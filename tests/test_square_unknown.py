@@ -330,6 +330,7 @@ HOURS_5 = 5 * 3600.0
 HOURS_25 = 25 * 3600.0
 
 
+@pytest.mark.slow
 def test_a_first_send_with_the_clock_5_hours_ahead_is_never_resent_once_square_forgot_it(
     square: MakeClient,
     server: SandboxServer,

@@ -267,6 +267,7 @@ with client.intent(order):
 """
 
 
+@pytest.mark.slow
 def test_a_block_killed_after_a_uuid4_keyed_step_and_run_again_is_refused_not_paid_again(
     stripe_server: SandboxServer, journal_path: Path, tmp_path: Path
 ) -> None:

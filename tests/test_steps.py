@@ -288,6 +288,7 @@ def _step_2_turned_away(op: payonce.Operation, sandbox: SandboxServer) -> None:
         op.post("/v1/payments", json=SECOND)
 
 
+@pytest.mark.slow
 def test_a_caller_s_retry_of_a_step_that_did_not_settle_is_that_step_again(
     client: payonce.Client, sandbox: SandboxServer
 ) -> None:
@@ -361,6 +362,7 @@ def test_a_split_payment_cut_between_its_payments_and_run_again_pays_twice_not_t
     assert sandbox.store.total_executions() == 2
 
 
+@pytest.mark.slow
 def test_a_repeat_of_a_step_that_succeeded_while_a_later_one_did_not_is_refused(
     client: payonce.Client, sandbox: SandboxServer
 ) -> None:

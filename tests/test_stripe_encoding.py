@@ -83,6 +83,7 @@ _values = st.recursive(
 )
 
 
+@pytest.mark.slow
 @hypothesis.settings(max_examples=400, deadline=None)
 @hypothesis.given(data=st.dictionaries(_keys, _values, max_size=6))
 def test_any_parameters_are_encoded_as_stripe_python_encodes_them(data: dict[str, Any]) -> None:

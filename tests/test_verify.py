@@ -72,6 +72,7 @@ def test_verifying_first_settles_from_the_record_and_executes_once(
     assert set(outcomes[:-1]) <= {"not_found"}, "asked while it still ran: nothing yet"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["fail_before", "drop_after", "fail_after"])
 def test_a_lost_or_refused_answer_is_verified_then_settled_or_resent_once(
     make_client: MakeClient, make_sandbox: Callable[..., SandboxServer], fault: str

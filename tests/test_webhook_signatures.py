@@ -99,6 +99,7 @@ def test_a_tolerance_that_is_not_a_finite_number_of_seconds_is_refused(tolerance
 @hypothesis.given(
     header=st.text(max_size=300) | st.from_regex(r"t=[0-9]{1,20}(,v1=[0-9a-f]{0,70})*")
 )
+@pytest.mark.slow
 def test_any_header_verifies_or_is_a_signature_error(header: str) -> None:
     try:
         stamp = verify(PAYLOAD, header, ["whsec_a"], now=NOW)

@@ -588,6 +588,7 @@ def _past_the_first_lease(inbox: WebhookInbox, event_id: str) -> None:
     assert renewed.lease_expires_at > first_end, "the handler's lease was not renewed"
 
 
+@pytest.mark.slow
 def test_a_long_handler_keeps_its_lease_alive(make_inbox: Callable[..., WebhookInbox]) -> None:
     body = event_body("evt_long")
     entered, leave = threading.Event(), threading.Event()
@@ -612,6 +613,7 @@ def test_a_long_handler_keeps_its_lease_alive(make_inbox: Callable[..., WebhookI
     assert calls.events == []
 
 
+@pytest.mark.slow
 def test_a_long_async_handler_keeps_its_lease_alive(
     make_inbox: Callable[..., WebhookInbox],
 ) -> None:
@@ -874,6 +876,7 @@ def outcome_of(response: str) -> str:
     return str(json.loads(response)["outcome"]) if response else "?"
 
 
+@pytest.mark.slow
 def test_the_sandbox_redelivers_on_purpose_and_the_example_recognises_every_redelivery(
     tmp_path: Path,
 ) -> None:
@@ -993,6 +996,7 @@ def test_a_sandbox_without_webhooks_says_so(sandbox: SandboxServer) -> None:
         sandbox.webhook_attempts()
 
 
+@pytest.mark.slow
 def test_the_example_demo_runs_as_a_user_would_run_it(tmp_path: Path) -> None:
     env = deployed_env(tmp_path / "home-example")
     result = run_example("webhook_receiver.py", cwd=tmp_path, env=env)

@@ -74,6 +74,7 @@ def test_once_sends_every_pending_intent_once_and_exits_0(
     assert _held(journal_path) == []
 
 
+@pytest.mark.slow
 def test_once_exits_1_while_an_unknown_intent_stays_unknown(
     make_client: MakeClient, sandbox: SandboxServer, journal_path: Path
 ) -> None:
@@ -90,6 +91,7 @@ def test_once_exits_1_while_an_unknown_intent_stays_unknown(
     assert sandbox.store.executions() == {unknown.key: 1}  # never resent
 
 
+@pytest.mark.slow
 def test_no_api_key_for_any_account_exits_2_and_its_intents_stay_pending(
     make_client: MakeClient, sandbox: SandboxServer, journal_path: Path
 ) -> None:
@@ -121,6 +123,7 @@ def test_a_missing_base_url_is_a_usage_error_and_the_journal_is_untouched(
     assert _states(journal_path) == dict.fromkeys(keys, payonce.IntentState.PENDING)
 
 
+@pytest.mark.slow
 def test_a_postgresql_journal_that_does_not_exist_is_refused_never_created(
     make_client: MakeClient, sandbox: SandboxServer, postgres_url: str
 ) -> None:
@@ -154,6 +157,7 @@ SECOND_ACCOUNT = (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("second", "said"), [SECOND_PROVIDER, SECOND_ACCOUNT])
 def test_one_plain_url_or_environment_key_for_several_is_refused_and_nothing_is_sent(
     make_client: MakeClient,
@@ -332,6 +336,7 @@ def test_intents_of_a_profile_this_process_does_not_know_are_said_and_the_rest_a
     assert _states(journal_path)[foreign] is payonce.IntentState.PENDING
 
 
+@pytest.mark.slow
 def test_two_workers_at_once_on_one_sqlite_journal_send_each_intent_once(
     make_client: MakeClient,
     sandbox: SandboxServer,
@@ -408,6 +413,7 @@ def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 60) -> 
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_mid_pass_drains_the_worker_holding_nothing_and_exits_0(
     make_client: MakeClient,
@@ -763,6 +769,7 @@ def test_an_intent_dated_by_a_clock_since_set_back_is_looked_up_at_once_then_on_
         assert journal.get(lost.key).state is payonce.IntentState.UNKNOWN  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_an_escalation_is_said_by_one_worker_process_once_not_again_by_the_next(
     make_client: MakeClient, sandbox: SandboxServer, location: str
@@ -794,6 +801,7 @@ def test_an_escalation_is_said_by_one_worker_process_once_not_again_by_the_next(
     assert [e["tries"] for e in json.loads(shown.stdout)[0]["escalations"]] == [3]
 
 
+@pytest.mark.slow
 def test_an_intent_reconciled_as_never_sent_is_sent_in_the_same_pass(
     make_client: MakeClient, sandbox: SandboxServer, journal_path: Path
 ) -> None:
