@@ -188,11 +188,13 @@ def test_reading_commands_read_the_last_commit_while_a_writer_holds_the_journal(
 
 def _drop_key_terms(tx: Tx) -> None:
     """Schema 10 (key window columns) added each intent's provider profile key terms,
-    whether it was enqueued with the index of outcomes not acknowledged (outcomes), and
-    named intents by their identity (provider, account) and reference instead of their
-    first request's endpoint (scope) and reference."""
+    whether it was enqueued with the index of outcomes not acknowledged (outcomes), its
+    credential's fingerprint and account scope (credentials), and named intents by their
+    identity (provider, account) and reference instead of their first request's endpoint
+    (scope) and reference."""
     tx.execute("DROP INDEX intents_outcomes")
-    for column in ("key_lifetime", "key_lifetime_documented", "max_processing", "enqueued"):
+    key_terms = ("key_lifetime", "key_lifetime_documented", "max_processing")
+    for column in (*key_terms, "enqueued", "credential", "account_scope"):
         tx.execute(f"ALTER TABLE intents DROP COLUMN {column}")
     tx.execute("DROP INDEX intents_identity_reference")
     tx.execute(

@@ -573,15 +573,22 @@ def test_a_progress_bar_only_on_a_terminal_and_never_in_json(
 
 
 def test_a_refused_status_lookup_stops_only_that_intent_and_exits_1(
-    make_client: MakeClient, sandbox: SandboxServer, env: dict[str, str], journal_path: Path
+    make_client: MakeClient,
+    make_sandbox: Any,
+    env: dict[str, str],
+    journal_path: Path,
 ) -> None:
-    first = make_unknown(make_client, sandbox, "order-r1", "drop_after")
-    second = make_unknown(make_client, sandbox, "order-r2", "drop_after")
-    wrong_key = "sk_test_revoked_0000"
+    keys = {DEFAULT_API_KEY: ACCOUNT}
+    provider = make_sandbox(api_keys=keys)  # a sandbox of its own: its key is revoked below
+    first = make_unknown(make_client, provider, "order-r1", "drop_after", base_url=provider.url)
+    second = make_unknown(make_client, provider, "order-r2", "drop_after", base_url=provider.url)
+    # The key that sent them is revoked at the provider: each look-up (made with that key,
+    # the only one that may look them up) is refused. (A key that did not send them is
+    # never sent: see test_credentials_travel.py.)
+    keys.clear()
+    env = {**env, "PAYONCE_BASE_URL": provider.url}
 
-    result = run_cli(
-        ["reconcile", "--all", "--json"], env={**env, "PAYONCE_API_KEY": wrong_key}, secrets=SECRETS
-    )
+    result = run_cli(["reconcile", "--all", "--json"], env=env, secrets=SECRETS)
 
     assert result.exit_code == 1, result.output
     assert [(i["key"], i["outcome"], i["after"]) for i in _json(result)] == [
@@ -592,8 +599,8 @@ def test_a_refused_status_lookup_stops_only_that_intent_and_exits_1(
         "reconciled 2 intent(s): 0 settled, 0 back to pending, "
         "2 still unknown (2x status look-up refused: HTTP 401)"
     )
-    assert wrong_key not in result.stdout + result.stderr
     assert _state(journal_path, first.key).lease_owner is None
+    keys[DEFAULT_API_KEY] = ACCOUNT
     assert (
         _json(run_cli(["reconcile", "--all", "--json"], env=env, secrets=SECRETS))[0]["outcome"]
         == "found"
@@ -1113,10 +1120,19 @@ def test_journal_check_piped_is_one_line_per_field_and_per_finding(
     assert piped.exit_code == 1
     lines = piped.stdout.splitlines()
     names = [line.split("\t")[0] for line in lines]
-    fields = ["journal", "integrity", "schema_version", "intents", "unacknowledged", "size"]
-    assert names[:6] == fields
-    findings = [line.split("\t", 1)[1] for line in lines[6:]]
-    assert set(names[6:]) == {"problem"}
+    fields = [
+        "journal",
+        "integrity",
+        "schema_version",
+        "intents",
+        "unacknowledged",
+        "size",
+        "damaged_rows",
+    ]
+    assert names[:7] == fields
+    assert lines[6] == "damaged_rows\tnone"
+    findings = [line.split("\t", 1)[1] for line in lines[7:]]
+    assert set(names[7:]) == {"problem"}
     assert any("intents_identity_reference" in finding for finding in findings)
     assert all(line == line.strip() and line.count("\t") == 1 for line in lines), lines
 
@@ -1363,6 +1379,9 @@ def test_resume_says_once_what_settled_unheard_and_running_the_code_again_hears_
         answer = client.post("/v1/payments", json=PAYMENT, reference=record.reference)
         assert answer.status_code == 201
     assert sandbox.store.executions() == {r.key: 1 for r in left}  # replayed, not paid again
+    # The code's process ends: a block's acknowledgement may wait in memory for the
+    # journal's next write, and is written at the latest as its client closes.
+    client.close()
     heard = run_cli_process(["ack", "--list", "--json"], env=env, secrets=SECRETS)
     assert json.loads(heard.stdout) == []
 

@@ -873,7 +873,11 @@ def test_resume_with_a_wrong_key_leaves_the_intents_pending_for_the_right_one(
     refused = make_client(api_key="sk_test_revoked_0000").resume()
 
     assert [r.state for r in refused] == [payonce.IntentState.PENDING] * 2
-    assert all("refused before execution" in r.detail for r in refused)
+    # Not the key that sent them: never sent with it (a provider keeps idempotency keys
+    # per account), each skipped, named with the fingerprint of the key that did.
+    wanted = payonce.credentials.credential_fingerprint(DEFAULT_API_KEY)
+    assert all("no key here has that fingerprint" in r.detail for r in refused)
+    assert all(wanted in r.detail for r in refused)
     settled = make_client().resume()
     assert [r.state for r in settled] == [payonce.IntentState.SUCCEEDED] * 2
     assert sandbox.store.executions() == {record.key: 1 for record in left}

@@ -511,3 +511,28 @@ def test_resume_says_a_firewall_s_refusal_may_have_executed(
     assert "may have executed" in result.detail
     assert "fix the API key" not in result.detail
     assert sandbox.store.executions() == {record.key: 1}
+
+
+def test_a_key_recovery_took_from_a_function_is_redacted_from_what_is_journaled(
+    make_client: MakeClient, sandbox: SandboxServer
+) -> None:
+    """A key that only a ``recovery_keys`` function gives (or the keyring) is not known
+    when the client is built: once it is chosen to send with, it is kept out of what is
+    written about the answer, as the client's own key is."""
+    left = leave_pending(make_client, "order-recovered")
+    echo = b"Authorization: Bearer " + DEFAULT_API_KEY.encode()
+    with pages_in_front_of(sandbox.url, [Page(404, "text/plain", echo)] * 5) as proxy:
+        recovering = make_client(
+            base_url=proxy.url,
+            api_key=None,
+            transport_only=True,
+            recovery_keys=lambda record: [DEFAULT_API_KEY],
+            retry=payonce.RetryPolicy(max_attempts=1),
+        )
+        (resumed,) = recovering.resume()
+
+    assert resumed.key == left.key
+    written = [a.error for a in recovering.journal.attempts(left.key) if a.error is not None]
+    assert written, "the echoing answer was journaled"
+    assert all(DEFAULT_API_KEY not in error for error in written)
+    assert DEFAULT_API_KEY not in repr(resumed)

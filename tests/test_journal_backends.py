@@ -1461,16 +1461,28 @@ def test_headers_are_stored_as_the_json_every_payonce_wrote(headers: Any) -> Non
 
 
 @pytest.mark.parametrize(
-    ("column", "value"),
-    [("state", "half-settled"), ("request_headers", "[not json")],
+    ("column", "value", "problem"),
+    [
+        ("state", "half-settled", "state is 'half-settled', not a state payonce writes"),
+        ("request_headers", "[not json", "request_headers is not JSON"),
+        ("created_at", "NaN", "created_at is not a time"),
+        ("updated_at", "Infinity", "updated_at is not a time"),
+    ],
 )
 def test_a_row_whose_values_no_longer_decode_is_damage_to_restore_on_both_backends(
-    journal: payonce.Journal, store: IntentStore, location: str, column: str, value: str
+    journal: payonce.Journal,
+    store: IntentStore,
+    location: str,
+    column: str,
+    value: str,
+    problem: str,
 ) -> None:
-    """Bit rot or a hand edit leaves a value payonce never writes: the error sends the
-    operator to the backups, names the row, and nothing is changed."""
+    """Bit rot or a hand edit leaves a value payonce never writes: a read of that one row
+    sends the operator to the backups and names it; a listing leaves it out and names it
+    beside the others, which it never hides; nothing is changed."""
     claim = store.claim(draft_for(5), owner="w", now=1000.0, lease_seconds=30)
     key = claim.record.key
+    healthy = store.claim(draft_for(6), owner="w", now=1000.0, lease_seconds=30).record.key
     with raw_transaction(location) as tx:
         tx.execute(f"UPDATE intents SET {column} = ? WHERE key = ?", (value, key))
     held = rows(location, "SELECT * FROM intents")
@@ -1478,15 +1490,20 @@ def test_a_row_whose_values_no_longer_decode_is_damage_to_restore_on_both_backen
     with pytest.raises(payonce.JournalError, match="it is damaged") as caught:
         journal.get(key)
     assert key in str(caught.value)
+    assert problem in str(caught.value)
     assert "restore it from a backup" in str(caught.value)
-    for read in (
-        lambda: journal.find(key),
-        journal.list_intents,
-        lambda: store.claim(draft_for(5), owner="w2", now=1001.0, lease_seconds=30),
-    ):
-        with pytest.raises(payonce.JournalError, match="it is damaged"):
-            read()
-    assert rows(location, "SELECT * FROM intents") == held
+    with pytest.raises(payonce.JournalError, match="it is damaged"):
+        store.claim(draft_for(5), owner="w2", now=1001.0, lease_seconds=30)
+    for listing in (journal.find(key), journal.list_intents(), journal.list_intents(limit=5)):
+        (damaged,) = listing.damaged
+        assert (damaged.table, damaged.key) == ("intents", key)
+        assert damaged.problem.startswith(problem)
+        assert key not in [record.key for record in listing]
+    assert [record.key for record in journal.list_intents()] == [healthy]
+    report = journal.check()
+    assert report.ok is False
+    assert [(d.key, d.problem) for d in report.damaged_rows] == [(key, damaged.problem)]
+    assert repr(rows(location, "SELECT * FROM intents")) == repr(held)  # a NaN is no NaN's equal
 
 
 def test_an_attempt_row_that_no_longer_decodes_is_damage_to_restore(

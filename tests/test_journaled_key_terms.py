@@ -230,11 +230,13 @@ BEFORE_KEY_TERMS = KEY_TERMS_SCHEMA - 1
 
 def _back_to_before_key_terms(location: str) -> None:
     """What the payonce before the key terms left: its intents carry none (nor whether
-    they were enqueued), and are named by their first request's endpoint (scope) and
-    reference (schema 10 made that their identity, provider and account)."""
+    they were enqueued, nor their credential's fingerprint and account scope), and are named
+    by their first request's endpoint (scope) and reference (schema 10 made that their
+    identity, provider and account)."""
+    key_terms = ("key_lifetime", "key_lifetime_documented", "max_processing")
     with raw_transaction(location) as tx:
         tx.execute("DROP INDEX intents_outcomes")
-        for column in ("key_lifetime", "key_lifetime_documented", "max_processing", "enqueued"):
+        for column in (*key_terms, "enqueued", "credential", "account_scope"):
             tx.execute(f"ALTER TABLE intents DROP COLUMN {column}")
         tx.execute("DROP INDEX intents_identity_reference")
         tx.execute(

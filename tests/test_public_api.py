@@ -40,6 +40,7 @@ def test_the_top_level_names_are_exactly_these() -> None:
         "AuthenticationError",
         "Client",
         "ConfigurationError",
+        "CredentialMismatch",
         "Hooks",
         "IntentError",
         "IntentInFlight",
@@ -125,6 +126,7 @@ def test_client_options_are_named_in_the_signature() -> None:
         "clock",
         "transport",
         "transport_only",
+        "recovery_keys",
     }
     for cls in (payonce.Client, payonce.AsyncClient):
         parameters = inspect.signature(cls).parameters

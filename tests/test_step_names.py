@@ -123,7 +123,33 @@ def test_payonce_resume_names_a_pending_step_the_same_way(
 
 
 def test_reconcile_names_a_step_whose_look_up_is_refused_by_its_position(
-    make_client: MakeClient, sandbox: SandboxServer, caplog: pytest.LogCaptureFixture
+    make_client: MakeClient, make_sandbox: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    keys = {DEFAULT_API_KEY: "acct_demo"}
+    provider = make_sandbox(api_keys=keys)  # a sandbox of its own: its key is revoked below
+    client = make_client(base_url=provider.url, retry=payonce.RetryPolicy(max_attempts=1))
+    with client.intent("order-1") as op:
+        op.post("/v1/payments", json=PAYMENT)
+        provider.script(["drop_after"])
+        with pytest.raises(payonce.OutcomeUnknown):
+            op.post("/v1/payments", json=SECOND)
+    (_, (_, key, _)) = op.steps
+    caplog.clear()
+    # The key that sent it (the only one that may look it up) is revoked at the provider.
+    keys.clear()
+
+    (result,) = make_client(base_url=provider.url).reconcile("order-1#step2")
+
+    assert (result.key, result.outcome) == (key, "error")
+    assert (
+        f"ProviderError: step 2 of intent 'order-1' (key {key}) could not be looked up: the "
+        "provider refused the status look-up with HTTP 401" in caplog.text
+    )
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+
+
+def test_reconcile_names_a_step_no_key_here_sent_by_its_position(
+    make_client: MakeClient, sandbox: SandboxServer
 ) -> None:
     client = make_client(retry=payonce.RetryPolicy(max_attempts=1))
     with client.intent("order-1") as op:
@@ -132,16 +158,11 @@ def test_reconcile_names_a_step_whose_look_up_is_refused_by_its_position(
         with pytest.raises(payonce.OutcomeUnknown):
             op.post("/v1/payments", json=SECOND)
     (_, (_, key, _)) = op.steps
-    caplog.clear()
 
-    (result,) = make_client(api_key="sk_test_revoked").reconcile("order-1#step2")
+    (result,) = make_client(api_key="sk_test_another_key").reconcile("order-1#step2")
 
-    assert (result.key, result.outcome) == (key, "error")
-    assert (
-        f"ProviderError: step 2 of intent 'order-1' (key {key}) could not be looked up: the "
-        "provider refused the status look-up with HTTP 401" in caplog.text
-    )
-    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    assert (result.key, result.outcome) == (key, "skipped")
+    assert result.detail.startswith(f"step 2 of intent 'order-1' (key {key}) was sent with ")
 
 
 def test_reconciling_a_block_by_its_reference_reconciles_its_unknown_step_too(

@@ -33,6 +33,7 @@ from ._version import __version__
 from .errors import (
     AuthenticationError,
     ConfigurationError,
+    CredentialMismatch,
     IntentError,
     IntentInFlight,
     IntentMismatch,
@@ -58,6 +59,7 @@ __all__ = [
     "AuthenticationError",
     "Client",
     "ConfigurationError",
+    "CredentialMismatch",
     "Hooks",
     "IntentError",
     "IntentInFlight",

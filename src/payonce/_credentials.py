@@ -15,9 +15,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
+from ._lifecycle._credential import Candidate, credential_fingerprint
 from ._lifecycle._identity import header_value_problem
 from .errors import ConfigurationError
 
@@ -31,7 +32,9 @@ if TYPE_CHECKING:
 __all__ = [
     "ACCOUNT_INDEX",
     "KEYRING_SERVICE",
+    "credential_fingerprint",
     "delete_api_key",
+    "keyring_candidates",
     "keyring_problem",
     "recovery_api_key",
     "resolve_api_key",
@@ -127,6 +130,7 @@ def recovery_api_key(
     *,
     named: str | None = None,
     allow_plaintext_keyring: bool | None = None,
+    wanted: Iterable[str | None] = (),
 ) -> str:
     """The API key to recover ``account``'s journaled intents with (``payonce resume``,
     ``reconcile``, ``worker``, ``payonce.Worker``): ``PAYONCE_API_KEY`` only for the account
@@ -140,7 +144,21 @@ def recovery_api_key(
 
     Raises ConfigurationError, naming the account and how to give it its key, when it has
     none: nothing is sent for it. The fix it gives works as written: it names the account
-    along with the variable, since the variable alone never serves an account not named."""
+    along with the variable, since the variable alone never serves an account not named.
+    ``wanted``: the credential fingerprints its intents journaled, named in that error (only
+    a key of one of them sends them again)."""
+    try:
+        return _recovery_api_key(account, named, allow_plaintext_keyring)
+    except ConfigurationError as missing:
+        fingerprints = sorted({f for f in wanted if f is not None})
+        if not fingerprints:
+            raise
+        raise ConfigurationError(
+            f"{missing}. Its intents were sent with credential(s) {', '.join(fingerprints)}"
+        ) from None
+
+
+def _recovery_api_key(account: str, named: str | None, allow_plaintext_keyring: bool | None) -> str:
     from_env = os.environ.get(API_KEY_ENV)
     if from_env and named == account:
         return _sendable(from_env, account=account, source=API_KEY_ENV)
@@ -420,3 +438,17 @@ def stored_accounts(*, allow_plaintext_keyring: bool | None = None) -> list[str]
         with _keyring_failures(doing, link):
             accounts |= _read_index(link)
     return sorted(accounts)
+
+
+def keyring_candidates(
+    account: str, *, allow_plaintext_keyring: bool | None = None
+) -> Iterator[Candidate]:
+    """The key of ``account``'s keyring entry, as a candidate to send one of its intents
+    with (used only where its fingerprint is the intent's). A keyring that cannot be read
+    (none on this host, locked, refused) yields none: the intent is then skipped, named, as
+    for any key missing."""
+    try:
+        secret = _from_keyring(account, allow_plaintext_keyring)
+    except ConfigurationError:
+        return
+    yield Candidate(secret, f"the keyring entry {account!r}")

@@ -1,7 +1,9 @@
 """API keys in the OS keyring: service ``payonce``, one entry per account; and which key
-recovers which account's journaled intents."""
+recovers which account's journaled intents: only the one whose fingerprint
+(``credential_fingerprint``) an intent journaled sends it again."""
 
 from ._credentials import (
+    credential_fingerprint,
     delete_api_key,
     recovery_api_key,
     store_api_key,
@@ -9,6 +11,7 @@ from ._credentials import (
 )
 
 __all__ = [
+    "credential_fingerprint",
     "delete_api_key",
     "recovery_api_key",
     "store_api_key",

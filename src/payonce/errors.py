@@ -7,6 +7,7 @@ PayonceError
 │   └── JournalBusy         another process held the journal past the busy timeout
 ├── IntentError             something about one intent (carries key and reference)
 │   ├── IntentMismatch      same intent, different request: a caller bug, nothing sent
+│   ├── CredentialMismatch  not the credential that journaled it: nothing sent, skipped
 │   ├── IntentInFlight      another worker is sending this intent right now
 │   ├── IntentStateError    the intent's state does not allow what was asked
 │   ├── OutcomeUnknown      the provider may or may not have executed it: reconcile
@@ -30,6 +31,7 @@ import httpx
 __all__ = [
     "AuthenticationError",
     "ConfigurationError",
+    "CredentialMismatch",
     "IntentError",
     "IntentInFlight",
     "IntentMismatch",
@@ -119,6 +121,33 @@ class IntentMismatch(IntentError, ValueError):
         super().__init__(message, key=key, reference=reference)
         self.stored_fingerprint = stored_fingerprint
         self.new_fingerprint = new_fingerprint
+
+
+class CredentialMismatch(IntentError):
+    """The credential at hand is not the one that journaled the intent. Nothing was sent,
+    nor looked up.
+
+    A provider keeps idempotency keys per account: the intent's key sent with another
+    account's credential would be a new payment there, and a status look-up under it would
+    answer "no such payment" for one that exists. A run again of the code that brings
+    another credential raises it; ``resume``, ``reconcile`` and the worker skip the intent
+    with it when no key they have is the one that sent it. ``journaled`` is the
+    fingerprint wanted (``cred:…``, never the secret; None: the intent journaled none),
+    ``offered`` what was at hand (the fingerprints, with where each came from).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        key: str | None,
+        reference: str | None,
+        journaled: str | None,
+        offered: tuple[str, ...],
+    ) -> None:
+        super().__init__(message, key=key, reference=reference)
+        self.journaled = journaled
+        self.offered = offered
 
 
 class IntentInFlight(IntentError):

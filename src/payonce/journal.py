@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ._journal._open import default_journal_path, open_journal, postgres_journal_class
 from ._journal._reads import Journal, Outcomes
 from ._journal._reports import JournalReport
+from ._journal._rows import DamagedRow, Intents
 from ._journal._sqlite import SQLiteJournal
 from ._lifecycle import (
     AttemptRecord,
@@ -26,8 +27,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AttemptRecord",
+    "DamagedRow",
     "EscalationRecord",
     "IntentRecord",
+    "Intents",
     "Journal",
     "JournalReport",
     "KeyTerms",

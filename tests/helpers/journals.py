@@ -15,8 +15,15 @@ from payonce._journal._engine import Tx
 from payonce._journal._inbox import Inbox
 from payonce._journal._open import inbox_of, store_of
 from payonce._journal._store import IntentStore
-from payonce._lifecycle import IntentDraft, Transition, canonical_request, make_scope
+from payonce._lifecycle import (
+    IntentDraft,
+    Transition,
+    canonical_request,
+    credential_fingerprint,
+    make_scope,
+)
 from payonce.journal import Journal, StoredResponse
+from payonce.sandbox import DEFAULT_API_KEY
 
 __all__ = [
     "RESPONSE",
@@ -47,8 +54,9 @@ def draft_for(
     path: str = "/v1/payments",
     padding: int = 0,
 ) -> IntentDraft:
-    """The draft a client would journal for payment number ``number``; ``padding``
-    characters of metadata make its body that much longer."""
+    """The draft a client would journal for payment number ``number``, sent with the
+    sandbox's default key (whose fingerprint it journals); ``padding`` characters of
+    metadata make its body that much longer."""
     body: dict[str, Any] = {
         "amount": amount if amount is not None else 1000 + number,
         "currency": "eur",
@@ -68,6 +76,7 @@ def draft_for(
         fingerprint=canonical.fingerprint,
         request_headers=(("content-type", "application/json"),),
         body=canonical.body,
+        credential=credential_fingerprint(DEFAULT_API_KEY),
     )
 
 

@@ -278,7 +278,13 @@ class World:
         finally:
             self.current = current
 
-    def _client(self, process: Process, account: str, api_key: str | None) -> payonce.Client:
+    def _client(
+        self,
+        process: Process,
+        account: str,
+        api_key: str | None,
+        recovery_keys: list[str] | None = None,
+    ) -> payonce.Client:
         journal = SQLiteJournal(self.journal_path, group_commit=False, check_integrity=False)
         process.journal = journal
         client = payonce.Client(
@@ -286,6 +292,7 @@ class World:
             provider=self.profile,
             account=account,
             api_key=api_key,
+            recovery_keys=recovery_keys,
             transport_only=api_key is None,
             journal=journal,
             retry=RETRY,
@@ -306,6 +313,15 @@ class World:
         merchant A's intents are recovered under another merchant's key (issue 27's class
         2); else the one merchant's."""
         return MERCHANT_B if self.features.per_request_credentials else MERCHANT_A
+
+    def _operator_keys(self, account: str) -> list[str] | None:
+        """The keys the final recovery of the platform's intents runs with: every
+        merchant's, as an operator gives them once told which key an intent wants (a
+        recovery under merchant B's key alone skips merchant A's intents, named). None
+        during the run: recovery then has the platform key alone."""
+        if account == "shop" or not self.chooser.quiet:
+            return None
+        return [MERCHANT_A, MERCHANT_B]
 
     def _body(self, task: str, order: str | None, kind: str | None) -> Any:
         def body(process: Process) -> str:
@@ -335,7 +351,7 @@ class World:
                 )
             verb, account = task.split()
             key = MERCHANT_A if account == "shop" else self._platform_key()
-            client = self._client(process, account, key)
+            client = self._client(process, account, key, self._operator_keys(account))
             if verb == "resume":
                 results = client.resume()
                 return f"resumed {len(results)}"

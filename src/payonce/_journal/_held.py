@@ -69,6 +69,8 @@ def _record(
         fingerprint=request.fingerprint,
         request_headers=headers,
         body=body,
+        credential=request.credential,
+        account_scope=request.account_scope,
         **rest,
     )
 

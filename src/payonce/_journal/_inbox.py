@@ -23,7 +23,7 @@ import attrs
 from .._lifecycle import EventClaimKind, Unwritten, decide_event_claim, lease_live
 from .._owners import owner_is_dead
 from ._engine import NO_SEND, Engine, Tx
-from ._rows import EVENT_FIELDS, typed
+from ._rows import EVENT_FIELDS, DamagedRow, UndecodableRow, typed
 
 __all__ = [
     "LIST_EVENTS",
@@ -136,12 +136,17 @@ def select_event(tx: Tx, endpoint: str, event_id: str, *, lock: bool) -> EventRe
 
 
 def event_from_row(row: Sequence[Any]) -> EventRecord:
-    fields = typed(
-        dict(zip(EVENT_FIELDS, row, strict=True)),
-        times=("received_at", "updated_at"),
-        optional_times=("processed_at", "lease_expires_at"),
-        counts=("deliveries", "handler_runs"),
-    )
+    fields = dict(zip(EVENT_FIELDS, row, strict=True))
+    try:
+        typed(
+            fields,
+            times=("received_at", "updated_at"),
+            optional_times=("processed_at", "lease_expires_at"),
+            counts=("deliveries", "handler_runs"),
+        )
+    except (ValueError, TypeError) as exc:
+        key = f"{fields['endpoint']}/{fields['event_id']}"
+        raise UndecodableRow(DamagedRow("webhook_events", key, str(exc))) from exc
     return EventRecord(**fields)
 
 

@@ -48,7 +48,7 @@ from ._engine import BEFORE_SEND, NO_SEND, Engine, Finished, Tx, migrate, schema
 from ._plans import Ask, InThread, Statement, Work, Write, one, threaded
 from ._postgres_url import Target
 from ._reads import Journal
-from ._rows import DamagedRow
+from ._rows import UndecodableRow
 
 __all__ = ["PostgresEngine", "PostgresJournal"]
 
@@ -455,7 +455,7 @@ class PostgresEngine(Engine):
                 return time.sleep(seconds)
         raise AssertionError(f"no step {step!r}")
 
-    def _damaged(self, exc: DamagedRow, busy: Unwritten) -> JournalError:
+    def _damaged(self, exc: UndecodableRow, busy: Unwritten) -> JournalError:
         return self.error(
             f"the journal cannot be read ({exc}); it is damaged: restore it from a "
             "backup, or repair that row",
@@ -599,7 +599,8 @@ class PostgresEngine(Engine):
         if isinstance(exc, pg_errors.InsufficientPrivilege):
             return self.error(
                 f"the database role lacks a privilege the journal needs "
-                f"({self._describe(exc)}): {self._privilege_advice()}"
+                f"({self._describe(exc)}): {self._privilege_advice()}",
+                then=busy,
             )
         if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
             return self.error(
@@ -615,6 +616,16 @@ class PostgresEngine(Engine):
                 f"lost the journal database ({self._describe(exc)})", then=_then_resume(busy)
             )
         return self.error(f"journal operation failed ({self._describe(exc)})", then=busy)
+
+    def _denied(self, denied: _Denied, busy: Unwritten) -> JournalError:
+        privileges = ", ".join(denied.missing)
+        table = f"{_identifier(denied.schema)}.{_identifier(denied.table)}"
+        role = _identifier(denied.role)
+        return self.error(
+            f"the database role {denied.role} lacks {privileges} on the journal's table "
+            f"{denied.schema}.{denied.table}: GRANT {privileges} ON {table} TO {role}",
+            then=busy,
+        )
 
     def _privilege_advice(self) -> str:
         if self._schema is not None:
@@ -908,7 +919,7 @@ def _transaction(
             alone = True
         try:
             result = yield from _attempt(engine, conn, work, begin)
-        except DamagedRow as exc:
+        except UndecodableRow as exc:
             raise engine._damaged(exc, busy) from None
         except _CommitUnknown:
             raise
@@ -923,12 +934,68 @@ def _transaction(
                 retried += 1
                 logger.debug("journal transaction retried: %s", engine._describe(exc))
                 continue
+            if isinstance(exc, pg_errors.InsufficientPrivilege):
+                # Which of the journal's privileges on that table the role lacks, so that
+                # the error can give the GRANT to run.
+                denied = yield from _denied(exc, engine._schema)
+                if denied is not None:
+                    raise engine._denied(denied, busy) from None
             raise engine.translate(exc, busy) from None
         finally:
             yield _Give(conn, alone)
         if reconnecting is not None:
             reconnecting.over()
         return result
+
+
+_TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")
+"""What payonce does with each table of its journal (DELETE: ``prune``)."""
+_TABLE_DENIED = re.compile(r"permission denied for (?:table|relation) (\S+)")
+_PRIVILEGES_LACKED = (
+    "SELECT current_user, n.nspname, c.relname,"
+    " array(SELECT p FROM unnest(%s::text[]) AS p WHERE NOT has_table_privilege(c.oid, p))"
+    " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+    " WHERE c.oid = to_regclass(%s)"
+)
+
+
+class _Denied(NamedTuple):
+    role: str
+    schema: str
+    table: str
+    missing: tuple[str, ...]
+
+
+def _identifier(name: str) -> str:
+    """``name`` as SQL writes it: quoted only where it must be."""
+    if re.fullmatch(r"[a-z_][a-z0-9_$]*", name):
+        return name
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _denied(exc: psycopg.Error, schema: str | None) -> Steps[_Denied | None]:
+    """The journal privileges the role lacks on the table ``exc`` was refused on (in the
+    journal's ``schema``, else where its name resolves); None when it names no table, or
+    the question cannot be asked. Asked on a connection of its own: the refused one may
+    still be leaving its pipeline."""
+    said = exc.diag.message_primary or str(exc)
+    found = _TABLE_DENIED.search(said)
+    if found is None:
+        return None
+    table = found[1] if schema is None else f"{_identifier(schema)}.{_identifier(found[1])}"
+    asking = yield _Alone()
+    if isinstance(asking, psycopg.Error):
+        return None
+    row: Any = None
+    try:
+        cursor = yield _Do(asking.execute, (_PRIVILEGES_LACKED, (list(_TABLE_PRIVILEGES), table)))
+        row = yield _Do(cursor.fetchone)
+    except psycopg.Error:
+        row = None
+    yield _Give(asking, True)
+    if row is None or not row[3]:
+        return None
+    return _Denied(str(row[0]), str(row[1]), str(row[2]), tuple(row[3]))
 
 
 def _reconnecting(

@@ -53,21 +53,34 @@ from ._inbox import (
 from ._intents import allowed, reread, select_intent
 from ._reports import JournalReport
 from ._rows import (
+    INTENT_FIELDS,
+    DamagedRow,
+    Intents,
+    UndecodableRow,
     attempt_from_row,
+    decode_intents,
     escalation_from_row,
-    intent_from_row,
     reconciliation_from_row,
 )
 from ._schema import (
     BOOT_CLOCK_SCHEMA,
     ESCALATIONS_SCHEMA,
+    KEY_TERMS_SCHEMA,
+    PER_CALL_KEYS_SCHEMA,
     PROVIDER_DATE_SCHEMA,
+    SCHEMA_VERSION,
     SENT_TO_SCHEMA,
 )
 
 __all__ = ["Journal", "Outcomes"]
 
 _SETTLED = (IntentState.SUCCEEDED.value, IntentState.FAILED.value)
+_SCAN_PAGE = 500
+"""Intents per page of ``check``'s read of every row: a few MB at most, with their bodies."""
+_SCAN_EVENTS = (
+    LIST_EVENTS + " WHERE endpoint > ? OR (endpoint = ? AND event_id > ?)"
+    " ORDER BY endpoint, event_id LIMIT ?"
+)
 _CANNOT_ABANDON = (
     "intent {key} is already {state}; only pending or unknown intents can be abandoned"
 )
@@ -85,6 +98,9 @@ class Outcomes:
     cursor: str | None
     """Where the next page starts (pass it as ``after=``): just after this page's last
     intent. None for an empty page."""
+    damaged: tuple[DamagedRow, ...] = ()
+    """The rows of this page that no longer decode, left out of it (``DamagedRow``): an
+    outcome the service cannot be told, to look at by hand (`payonce journal check`)."""
 
     def __iter__(self) -> Iterator[IntentRecord]:
         return iter(self.intents)
@@ -221,15 +237,16 @@ class Journal:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def _intents(self, statement: str, params: Sequence[Any]) -> list[IntentRecord]:
-        return self._engine.read(
-            lambda tx: [intent_from_row(row) for row in tx.all(statement, params)]
-        )
+    def _intents(self, statement: str, params: Sequence[Any]) -> Intents:
+        # Each row decoded alone: one that no longer decodes is named in ``damaged`` and
+        # never keeps the others of the page from being read.
+        return self._engine.read(lambda tx: decode_intents(tx.all(statement, params)))
 
-    def pending(
-        self, *, account: str, provider: str, limit: int | None = None
-    ) -> list[IntentRecord]:
-        """Pending intents of this account and provider, oldest first, leased or not."""
+    def pending(self, *, account: str, provider: str, limit: int | None = None) -> Intents:
+        """Pending intents of this account and provider, oldest first, leased or not.
+
+        Like every listing of intents, the rows that no longer decode are left out and named
+        in the list's ``damaged`` (``payonce.journal.DamagedRow``)."""
         statement = sql.PENDING
         params: list[Any] = [IntentState.PENDING.value, account, provider]
         if limit is not None:
@@ -237,7 +254,7 @@ class Journal:
             params.append(limit)
         return self._intents(statement, params)
 
-    def unacknowledged(self, *, account: str | None = None) -> list[IntentRecord]:
+    def unacknowledged(self, *, account: str | None = None) -> Intents:
         statement = sql.UNACKNOWLEDGED
         params: list[Any] = list(_SETTLED)
         if account is not None:
@@ -271,8 +288,9 @@ class Journal:
             when, key = _after(after)
             statement += sql.OUTCOMES_AFTER
             params += [when, when, key]
-        found = tuple(self._intents(statement + sql.OUTCOMES_ORDER, [*params, limit]))
-        return Outcomes(found, _cursor(found[-1]) if found else None)
+        page = self._intents(statement + sql.OUTCOMES_ORDER, [*params, limit])
+        found = tuple(page)
+        return Outcomes(found, _cursor(found[-1]) if found else None, page.damaged)
 
     def accounts(self) -> list[str]:
         """Every account the journal holds intents of, in any state, sorted."""
@@ -282,7 +300,7 @@ class Journal:
     def get(self, key: str) -> IntentRecord | None:
         return self._engine.read(lambda tx: select_intent(tx, sql.BY_KEY, (key,)))
 
-    def find(self, key_or_reference: str) -> list[IntentRecord]:
+    def find(self, key_or_reference: str) -> Intents:
         return self._intents(sql.FIND, (key_or_reference, key_or_reference))
 
     def block_rows(
@@ -324,14 +342,15 @@ class Journal:
 
     def list_intents(
         self, *, states: Iterable[IntentState] | None = None, limit: int | None = None
-    ) -> list[IntentRecord]:
-        """Newest first."""
+    ) -> Intents:
+        """Newest first. A row that no longer decodes is left out and named in the list's
+        ``damaged`` (``payonce.journal.DamagedRow``): it never hides the other rows."""
         statement = sql.LIST
         params: list[Any] = []
         if states is not None:
             wanted = list(dict.fromkeys(IntentState(s).value for s in states))
             if not wanted:
-                return []
+                return Intents()
             if len(wanted) > 1 and limit is not None:
                 params = [value for state in wanted for value in (state, limit)]
                 return self._intents(sql.newest_in_states(len(wanted)), [*params, limit])
@@ -343,14 +362,17 @@ class Journal:
             params.append(limit)
         return self._intents(statement, params)
 
-    def attempts(self, key: str) -> list[AttemptRecord]:
-        statement = sql.ATTEMPTS
+    def _attempts_statement(self) -> str:
         if self._engine.schema_version < PROVIDER_DATE_SCHEMA:  # read-only, not migrated
-            statement = sql.ATTEMPTS_BEFORE_PROVIDER_DATE
-        elif self._engine.schema_version < SENT_TO_SCHEMA:
-            statement = sql.ATTEMPTS_BEFORE_SENT_TO
-        elif self._engine.schema_version < BOOT_CLOCK_SCHEMA:
-            statement = sql.ATTEMPTS_BEFORE_BOOT_CLOCK
+            return sql.ATTEMPTS_BEFORE_PROVIDER_DATE
+        if self._engine.schema_version < SENT_TO_SCHEMA:
+            return sql.ATTEMPTS_BEFORE_SENT_TO
+        if self._engine.schema_version < BOOT_CLOCK_SCHEMA:
+            return sql.ATTEMPTS_BEFORE_BOOT_CLOCK
+        return sql.ATTEMPTS
+
+    def attempts(self, key: str) -> list[AttemptRecord]:
+        statement = self._attempts_statement()
         return self._engine.read(
             lambda tx: [attempt_from_row(row) for row in tx.all(statement, (key,))]
         )
@@ -463,7 +485,9 @@ class Journal:
     # -- operating --------------------------------------------------------------------------
 
     def check(self) -> JournalReport:
-        """Integrity, schema and contents, read at one instant (writers are not blocked)."""
+        """Integrity, schema and contents, read at one instant (writers are not blocked),
+        and every row that no longer decodes (``JournalReport.damaged_rows``), each decoded
+        as the listings and the recovery passes decode it."""
 
         engine = self._engine
 
@@ -485,6 +509,7 @@ class Journal:
             meta: dict[str, str] = {}
             by_state: dict[str, int] = {}
             unacknowledged = 0
+            damaged: list[DamagedRow] = []
             contents_read = not missing
             if contents_read:
                 # A damaged index or page may leave the rows readable: what can be read is
@@ -492,6 +517,8 @@ class Journal:
                 # read that fails may end the transaction (PostgreSQL).
                 try:
                     meta, by_state, unacknowledged = self._contents(tx)
+                    if self._rows_readable(tx):
+                        damaged = self._damaged_rows(tx)
                 except Exception:
                     if not problems:
                         raise
@@ -503,16 +530,83 @@ class Journal:
                 problems.append(f"schema version {meta.get('schema_version')!r} is not a number")
             return JournalReport(
                 location=self.location,
-                ok=not problems,
+                ok=not problems and not damaged,
                 problems=tuple(problems),
                 schema_version=version,
                 intents_by_state=by_state,
                 unacknowledged=unacknowledged,
                 size_bytes=size,
                 contents_read=contents_read,
+                damaged_rows=tuple(damaged),
             )
 
         return self._engine.read(work, snapshot=True)
+
+    def _rows_readable(self, tx: Tx) -> bool:
+        """Whether this payonce reads the intents' rows as they are: a read-only journal of
+        an older schema is read with the columns added since as NULL, and one older than
+        that only once migrated (as `intents list` says), so its rows are not judged."""
+        version = self._engine.schema_version
+        if version >= SCHEMA_VERSION:
+            return True
+        read_as_null = set()
+        if version < PER_CALL_KEYS_SCHEMA:
+            read_as_null.add("key_per_call")
+        if version < KEY_TERMS_SCHEMA:
+            read_as_null |= {
+                "key_lifetime",
+                "key_lifetime_documented",
+                "max_processing",
+                "enqueued",
+            }
+        present = self._engine.present_columns(tx, "intents")
+        return set(INTENT_FIELDS) - read_as_null <= present
+
+    def _damaged_rows(self, tx: Tx) -> list[DamagedRow]:
+        """Every row of the intents and of what belongs to them (attempts, reconciliations,
+        escalations) that does not decode, each read as every other read of payonce reads
+        it: what a listing leaves out and a recovery pass skips. Read in pages of intents
+        by key, each page's attempts and the rest with it."""
+        per_intent = [
+            (self._attempts_statement(), attempt_from_row),
+            (sql.RECONCILIATIONS, reconciliation_from_row),
+        ]
+        if self._engine.schema_version >= ESCALATIONS_SCHEMA:
+            per_intent.append((sql.ESCALATIONS, escalation_from_row))
+        damaged: list[DamagedRow] = []
+        after = ""
+        while True:
+            rows = tx.all(sql.SCAN_INTENTS, (after, _SCAN_PAGE))
+            damaged += decode_intents(rows).damaged
+            last = rows[-1][0] if len(rows) == _SCAN_PAGE else None
+            for statement, decode in per_intent:
+                # To the end of the table on the last page: rows of no intent are read too.
+                bounds = (after,) if last is None else (after, last)
+                for row in tx.all(sql.in_key_range(statement, bounded=last is not None), bounds):
+                    try:
+                        decode(row)
+                    except UndecodableRow as exc:
+                        damaged.append(exc.damaged)
+            if last is None:
+                return damaged + self._damaged_events(tx)
+            after = last
+
+    def _damaged_events(self, tx: Tx) -> list[DamagedRow]:
+        """The webhook inbox's rows that do not decode, as ``get_event`` decodes them."""
+        if not self._engine.present_columns(tx, "webhook_events"):
+            return []  # a journal older than the inbox, read as it is
+        damaged: list[DamagedRow] = []
+        endpoint, event_id = "", ""
+        while True:
+            rows = tx.all(_SCAN_EVENTS, (endpoint, endpoint, event_id, _SCAN_PAGE))
+            for row in rows:
+                try:
+                    event_from_row(row)
+                except UndecodableRow as exc:
+                    damaged.append(exc.damaged)
+            if len(rows) < _SCAN_PAGE:
+                return damaged
+            endpoint, event_id = rows[-1][0], rows[-1][1]
 
     def _contents(self, tx: Tx) -> tuple[dict[str, str], dict[str, int], int]:
         """The journal's meta rows, its intents by state and how many are unacknowledged."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import attrs
 
+from ._rows import DamagedRow
 from ._schema import SCHEMA_VERSION
 
 __all__ = ["JournalCommitted", "JournalReport"]
@@ -26,6 +27,9 @@ class JournalReport:
     contents_read: bool = True
     """False when the file is too damaged to read its schema version and counts: they are
     then 0 and mean nothing. A damaged file whose rows still read has them, as read."""
+    damaged_rows: tuple[DamagedRow, ...] = ()
+    """The rows that no longer decode, each read as a listing or a recovery pass reads it:
+    those leave them out and go on with the rest. Any of them makes ``ok`` False."""
 
 
 @attrs.frozen

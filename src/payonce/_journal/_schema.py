@@ -161,6 +161,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 10 (outcomes): whether an intent was enqueued (the outbox), whose caller learns its
     #    outcome from ``outcomes()`` rather than from a call's answer; the index finds the
     #    enqueued outcomes not acknowledged yet in the order they settled.
+    # 10 (credentials): the fingerprint of the credential that sent each intent (never the
+    #    secret) and the account scope its request named (Stripe-Account): only a credential
+    #    of that fingerprint sends it again or looks it up (``_lifecycle._credential``).
     (
         "ALTER TABLE intents ADD COLUMN key_lifetime {REAL}",
         "ALTER TABLE intents ADD COLUMN key_lifetime_documented INTEGER",
@@ -168,6 +171,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE intents ADD COLUMN enqueued INTEGER",
         "CREATE INDEX intents_outcomes ON intents (updated_at, key)"
         " WHERE enqueued = 1 AND acknowledged_at IS NULL",
+        "ALTER TABLE intents ADD COLUMN credential TEXT",
+        "ALTER TABLE intents ADD COLUMN account_scope TEXT",
         # (identity) An intent is named by its identity, its provider and account (the
         # credential that sends it joins them), and the caller's reference: never by its
         # first request's endpoint (``scope``), so a block whose first request differs
@@ -195,8 +200,8 @@ PER_CALL_KEYS_SCHEMA = 9
 """The schema whose intents say whether their key was drawn per call: an older one, opened
 read-only, is read as none (every key named by its caller or its block)."""
 KEY_TERMS_SCHEMA = 10
-"""The schema whose intents carry their provider profile's key terms: an older one, opened
-read-only, is read with none."""
+"""The schema whose intents carry their provider profile's key terms, their credential's
+fingerprint and their account scope: an older one, opened read-only, is read with none."""
 
 
 def render_migrations(types: Mapping[str, str]) -> tuple[tuple[str, ...], ...]:

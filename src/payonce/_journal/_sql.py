@@ -85,7 +85,7 @@ class Dialect:
         if 0 < version < KEY_TERMS_SCHEMA:
             nulls = (
                 "NULL AS key_lifetime, NULL AS key_lifetime_documented, NULL AS max_processing,"
-                " NULL AS enqueued"
+                " NULL AS enqueued, NULL AS credential, NULL AS account_scope"
             )
             unmigrated.append((KEY_TERMS_COLUMNS, nulls))
         return attrs.evolve(self, unmigrated=tuple(unmigrated)) if unmigrated else self
@@ -162,8 +162,8 @@ INSERT_INTENT = (
     "INSERT INTO intents (key, scope, reference, account, provider, method, url, fingerprint,"
     " request_headers, request_body, state, created_at, updated_at, first_sent_at,"
     " lease_owner, lease_expires_at, key_per_call, key_lifetime, key_lifetime_documented,"
-    " max_processing, enqueued)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " max_processing, enqueued, credential, account_scope)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
     # Two hosts creating the same intent at once: the unique key and (provider, account, reference)
     # let exactly one insert win; the other inserts nothing and reads the winner's row.
     " ON CONFLICT DO NOTHING"
@@ -185,6 +185,9 @@ TAKE_LEASE = (
     " WHERE key = ? AND (lease_owner IS NULL OR lease_owner = ? OR lease_expires_at <= ?"
     " OR lease_owner = ?)"
 )
+REBIND_CREDENTIAL = "UPDATE intents SET credential = ? WHERE key = ? AND lease_owner = ?"
+"""A claimed intent none of whose attempts may have executed, taken over by another
+credential (``_lifecycle._credential.may_rebind``): only its lease's holder writes it."""
 RENEW_LEASE = "UPDATE intents SET lease_expires_at = ? WHERE key = ? AND lease_owner = ?"
 RELEASE_LEASE = (
     "UPDATE intents SET lease_owner = NULL, lease_expires_at = NULL"
@@ -382,6 +385,8 @@ BLOCK = (
 (``order-7#step``; ``like_prefix``). LIKE ignores case in SQLite: the caller keeps the
 references that are exactly its steps'."""
 LIST = f"SELECT {INTENT_COLUMNS} FROM intents"
+SCAN_INTENTS = LIST + " WHERE key > ? ORDER BY key LIMIT ?"
+"""A page of every intent, by key: ``journal.check`` reads them all so."""
 NEWEST = " ORDER BY created_at DESC, key DESC"
 
 
@@ -422,6 +427,14 @@ ESCALATE = (
 ESCALATIONS = (
     f"SELECT {ESCALATION_COLUMNS} FROM escalations WHERE key = ? ORDER BY unknown_since, at"
 )
+
+
+def in_key_range(statement: str, *, bounded: bool) -> str:
+    """A read of one intent's rows (``... WHERE key = ? ...``) over a range of intents
+    instead: those keyed after ``?`` (and up to the second ``?`` when ``bounded``)."""
+    head = statement.split(" WHERE key = ?", 1)[0]
+    return head + (" WHERE key > ? AND key <= ?" if bounded else " WHERE key > ?")
+
 
 META = "SELECT name, value FROM payonce_meta"
 UPSERT_META = (

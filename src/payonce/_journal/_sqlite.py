@@ -41,7 +41,7 @@ from ._engine import BEFORE_SEND, FOREIGN_KEY_DAMAGE, NO_SEND, Engine, Tx, migra
 from ._group_commit import GroupCommit
 from ._plans import Write, run_on
 from ._reads import Journal
-from ._rows import DamagedRow
+from ._rows import UndecodableRow
 
 __all__ = ["SQLiteEngine", "SQLiteJournal"]
 
@@ -256,7 +256,7 @@ class SQLiteEngine(Engine):
         missing = "no such table" in message or "no such column" in message
         if missing and (reason := self._cannot_read()) is not None:
             return reason
-        if type(exc) in (sqlite3.DatabaseError, DamagedRow) or any(
+        if type(exc) in (sqlite3.DatabaseError, UndecodableRow) or any(
             said in message.lower() for said in _DAMAGE_SAID
         ):
             # The undecodable bytes themselves are garbage: name the column, not its text.

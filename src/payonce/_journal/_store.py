@@ -54,7 +54,14 @@ from ._plans import (
     send,
 )
 from ._reports import JournalCommitted
-from ._rows import intent_from_row, response_values, write_ahead_values
+from ._rows import (
+    INTENT_FIELDS,
+    DamagedRow,
+    UndecodableRow,
+    intent_from_row,
+    response_values,
+    write_ahead_values,
+)
 
 __all__ = ["IntentStore"]
 
@@ -63,6 +70,7 @@ P = ParamSpec("P")
 
 _CLAIM_ROUNDS = 3
 _QUEUE_BATCH = 32
+_CREATED_AT = INTENT_FIELDS.index("created_at")
 
 
 class _Found(Generic[T]):
@@ -544,20 +552,24 @@ class IntentStore:
         owner: str,
         now: float,
         lease_seconds: float,
-        after: tuple[float, str] | None = None,
+        after: tuple[Any, str] | None = None,
         is_stale: Callable[[str], bool] = owner_is_dead,
-    ) -> Plan[Claim | None]:
+    ) -> Plan[Claim | DamagedRow | None]:
         """Lease the oldest pending intent no live worker holds, after ``after``.
 
         ``after`` is the ``(created_at, key)`` of the intent a queue pass handled last, so
         one pass meets every intent at most once, even those it leaves pending. A lease
         held by an owner ``is_stale`` judges dead counts as free. Rows another worker is
         claiming right now are skipped, not waited for (PostgreSQL ``SKIP LOCKED``).
+
+        A row met on the way that no longer decodes is returned as it is, ``DamagedRow``,
+        leased by no one: the pass names it and goes on after it (its ``created_at`` as
+        stored, whatever it holds, and its key), never sending it.
         """
 
         skip_locked = self._engine.dialect.skip_locked
 
-        def work() -> Work[Claim | None]:
+        def work() -> Work[Claim | DamagedRow | None]:
             created_at, key = after if after is not None else (float("-inf"), "")
             while True:
                 rows = yield from all_rows(
@@ -573,7 +585,10 @@ class IntentStore:
                     ),
                 )
                 for row in rows:
-                    record = intent_from_row(row)
+                    try:
+                        record = intent_from_row(row)
+                    except UndecodableRow as exc:
+                        return exc.damaged
                     # The row is locked already (or the whole journal is, in SQLite).
                     verdict = decide_claim(
                         record, owner=owner, now=now, is_stale=is_stale, lease_seconds=lease_seconds
@@ -582,11 +597,11 @@ class IntentStore:
                         return (yield from self._take(record, owner, now, lease_seconds))
                 if len(rows) < _QUEUE_BATCH:
                     return None
-                last = intent_from_row(rows[-1])
-                created_at, key = last.created_at, last.key
+                # As stored: the query compares the column, not what a record makes of it.
+                created_at, key = rows[-1][_CREATED_AT], rows[-1][0]
 
         # Run again, it leases the same intent: its own lease does not keep this owner out.
-        claim: Claim | None = yield Write(work, True, BEFORE_SEND, _run_again)
+        claim: Claim | DamagedRow | None = yield Write(work, True, BEFORE_SEND, _run_again)
         return claim
 
     def renew_lease(self, key: str, *, owner: str, now: float, lease_seconds: float) -> bool:
@@ -806,6 +821,18 @@ class IntentStore:
             self._kept.forget(key)
         # Idempotent: run again whether or not it was committed.
         yield Write(lambda: send(sql.RELEASE_LEASE, (key, owner)), False, AFTER_SEND, _run_again)
+
+    @_Planned
+    def rebind_credential(self, key: str, *, owner: str, credential: str | None) -> Plan[None]:
+        """Journal the credential a claimed intent is sent with from now on: one none of
+        whose attempts may have executed (a key refused with 401, then fixed), so no
+        account at the provider holds anything under its key. Only the lease's holder."""
+        if self._kept is not None:
+            self._kept.forget(key)
+        send_rebind = sql.REBIND_CREDENTIAL
+        yield Write(
+            lambda: send(send_rebind, (credential, key, owner)), True, BEFORE_SEND, _run_again
+        )
 
     @_Planned
     def looked_up(

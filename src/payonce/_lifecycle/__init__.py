@@ -1,7 +1,8 @@
 """Every decision about an intent, and no I/O.
 
 States and the transition table (``_states``), identity: key, scope and the one
-fingerprint (``_identity``), verdicts on answers and look-ups (``_verdicts``), key age
+fingerprint (``_identity``), which credential may send an intent again
+(``_credential``), verdicts on answers and look-ups (``_verdicts``), key age
 (``_key_age``), leases (``_leases``), what a claim of an intent or of a webhook event
 amounts to (``_claims``), the drive that sequences them all (``_drive``), and the records
 they decide on (``_records``, which the journal stores). The clients and the journal carry
@@ -16,6 +17,16 @@ from ._claims import (
     decide_claim,
     decide_event_claim,
     is_mismatch,
+)
+from ._credential import (
+    CREDENTIAL_PREFIX,
+    Candidate,
+    account_scope_of,
+    choose_credential,
+    credential_fingerprint,
+    credential_in,
+    credential_mismatch,
+    credential_missing,
 )
 from ._guards import contract_table
 from ._identity import (
@@ -103,6 +114,14 @@ from ._verdicts import (
 from ._verify import LOOK_UP, LookUp, Verification, quiet_after
 
 __all__ = [
+    "CREDENTIAL_PREFIX",
+    "Candidate",
+    "account_scope_of",
+    "choose_credential",
+    "credential_fingerprint",
+    "credential_in",
+    "credential_mismatch",
+    "credential_missing",
     "LOOKUP_UNRECORDED",
     "MAY_HAVE_EXECUTED",
     "NOTHING_CHANGED",

@@ -34,6 +34,7 @@ import httpx
 from ..errors import IntentError, JournalError, PayonceError, ProviderError
 from . import _refusals as refusals
 from ._claims import Claim, ClaimKind
+from ._credential import credential_mismatch, may_rebind
 from ._guards import (
     ATTEMPT_ENDED,
     ATTEMPTS_OVER,
@@ -101,6 +102,7 @@ __all__ = [
     "ReadIntent",
     "ReadBlock",
     "ReadClock",
+    "Rebind",
     "Release",
     "Replay",
     "Resending",
@@ -283,6 +285,16 @@ class ReadAttempts:
     """Journal: the intent's attempts so far. Answers a list of ``AttemptRecord``."""
 
     key: str
+
+
+@attrs.frozen
+class Rebind:
+    """Journal: the claimed intent is sent with ``credential`` from now on (none of its
+    attempts may have executed, ``may_rebind``). Answers None."""
+
+    key: str
+    owner: str
+    credential: str | None
 
 
 @attrs.frozen
@@ -499,6 +511,7 @@ class Resending:
 Command = (
     ClaimIntent
     | ReadAttempts
+    | Rebind
     | ReadIntent
     | ReadBlock
     | StartAttempt
@@ -525,6 +538,7 @@ Command = (
 JOURNAL_COMMANDS = (
     ClaimIntent,
     ReadAttempts,
+    Rebind,
     ReadIntent,
     ReadBlock,
     StartAttempt,
@@ -609,6 +623,22 @@ def _call(
         # executed (a pending one after a crash, an unknown one): short where the lifetime
         # is assumed.
         within = _automatic_within(journaled, asked=False)
+        if _credential_refused(claim, draft):
+            # The provider keeps keys per account: under another credential its key is a
+            # new payment there, its look-up finds nothing, its answer is another's.
+            attempts = (
+                [] if claim.kind is not ClaimKind.CLAIMED else (yield ReadAttempts(record.key))
+            )
+            if not may_rebind(claim.kind is ClaimKind.CLAIMED, attempts):
+                if claim.kind is ClaimKind.CLAIMED:
+                    yield Release(_unheld(record, owner), None)
+                raise credential_mismatch(draft, record)
+            # Nothing of it reached any account (a key refused, then fixed): it is the
+            # new credential's from now on.
+            yield Rebind(record.key, owner, draft.credential)
+            record = attrs.evolve(record, credential=draft.credential)
+            claim = attrs.evolve(claim, record=record)
+            journaled = _judged(settings, record)
         match claim.kind:
             case ClaimKind.CREATED:
                 assert claim.attempt_number is not None
@@ -657,6 +687,22 @@ def _call(
                 if clock.monotonic() >= give_up_waiting:
                     raise refusals.in_flight(record)
                 yield Sleep(IN_FLIGHT_POLL)
+
+
+_SENT_BY_ITS_CREDENTIAL = (ClaimKind.CLAIMED, ClaimKind.FINAL, ClaimKind.UNKNOWN)
+"""What a claim may come to for a journaled intent that the call then sends, looks up or
+answers for: only with the credential that journaled it (``_credential``)."""
+
+
+def _credential_refused(claim: Claim, draft: IntentDraft) -> bool:
+    """Whether a call with ``draft`` must not go on with the journaled intent it claimed:
+    its credential is not the one that journaled it. A settled answer journaled with no
+    credential (a journal older than credentials were) is replayed, as before: nothing
+    is sent for it."""
+    journaled = claim.record.credential
+    if claim.kind not in _SENT_BY_ITS_CREDENTIAL or journaled == draft.credential:
+        return False
+    return not (claim.kind is ClaimKind.FINAL and journaled is None)
 
 
 def block_steps(

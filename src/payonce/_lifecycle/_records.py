@@ -62,6 +62,13 @@ class IntentRequest:
     request_headers: tuple[tuple[str, str], ...]
     """Only headers safe to keep (never credentials)."""
     body: bytes
+    credential: str | None = attrs.field(default=None, kw_only=True)
+    """The fingerprint of the credential that sends it (``cred:…``, ``_credential``), never
+    the secret: only a credential of that fingerprint sends it again or looks it up. None:
+    it was sent with none."""
+    account_scope: str | None = attrs.field(default=None, kw_only=True)
+    """The account its request names where the provider keys idempotency by one (Stripe's
+    ``stripe-account: acct_…``); None: its credential's own account."""
 
     @property
     def identity(self) -> tuple[str, str]:

@@ -242,6 +242,13 @@ class ProviderProfile:
     handed back as the intent's answer."""
     auth_header: str = "Authorization"
     auth_scheme: str | None = "Bearer"
+    account_scope_headers: frozenset[str] = frozenset()
+    """Request headers that name the account the provider keys idempotency by, other than
+    the credential's own (Stripe's ``Stripe-Account`` of a connected account): journaled
+    as the intent's account scope, and sent with its status look-ups too, which would
+    otherwise ask the credential's own account and find nothing. Adyen keeps keys per
+    company account, Mollie and Square per the key's own organisation or seller: their
+    credential names the account, and its fingerprint is journaled with every intent."""
     lookup: Lookup | None = None
     should_retry_hint: Callable[[httpx.Response], bool | None] = _no_hint
     """A provider's explicit retry hint (Stripe-Should-Retry): True/False wins over status."""

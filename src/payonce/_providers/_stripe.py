@@ -251,6 +251,9 @@ def stripe_profile(
         # with Stripe-Should-Retry: false).
         mismatch_statuses=frozenset({409}),
         replay_headers=("Idempotent-Replayed",),
+        # A connected account's requests (Stripe Connect): Stripe keeps their idempotency
+        # keys, and their objects, in that account.
+        account_scope_headers=frozenset({"Stripe-Account", "Stripe-Context"}),
         # Stripe documents the header on every replay.
         marks_replays=True,
         lookup=lookup,

@@ -17,11 +17,13 @@ import logging
 from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar, Unpack, assert_never
 
+import attrs
 import httpx
 
 from .._crash import crash_point
 from .._journal._plans import AsyncEdge, Write
 from .._journal._reads import Outcomes
+from .._journal._rows import Intents
 from .._lifecycle import IntentDraft, IntentRecord
 from .._lifecycle import _drive as drive
 from .._owners import new_owner
@@ -252,12 +254,13 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
     ) -> list[ResumeResult]:
         """See ``Client.resume``."""
         self._in_this_process()
-        self._core.require_api_key("resume()")
+        self._core.require_api_key("resume()", recovery=True)
         batch = ResumeBatch(self._core)
 
         async def resume(target: Claimed) -> ResumeResult:
+            auth = await _off_loop(self._core.recovery_auth, target.record)
             resumed = drive.resume(self._core.settings, target.claim, target.owner)
-            return batch.settled(target, await self._execute(resumed))
+            return batch.settled(target, await self._execute(resumed, auth=auth))
 
         return await arun_batch(batch, resume, on_result)
 
@@ -270,7 +273,7 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
     ) -> list[ReconcileResult]:
         """See ``Client.reconcile``."""
         self._in_this_process()
-        self._core.require_api_key("reconcile()")
+        self._core.require_api_key("reconcile()", recovery=True)
         batch = ReconcileBatch(self._core, key_or_reference)
         reconciling = functools.partial(self._reconcile, resend=resend)
         return await arun_batch(batch, reconciling, on_result)
@@ -283,14 +286,18 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
     ) -> list[ReconcileResult]:
         """See ``Client.reconcile_all``."""
         self._in_this_process()
-        self._core.require_api_key("reconcile_all()")
+        self._core.require_api_key("reconcile_all()", recovery=True)
         reconciling = functools.partial(self._reconcile, resend=resend)
         return await arun_batch(ReconcileBatch(self._core, None), reconciling, on_result)
 
     async def _reconcile(self, record: IntentRecord, *, resend: bool = False) -> ReconcileResult:
         self._in_this_process()
+        # Looked up and resent with the key that journaled it only (none needed for an
+        # intent the drive skips; the keyring is read off the loop).
+        skipped = drive.skip_reason(self._core.settings, record) is not None
+        auth = None if skipped else await _off_loop(self._core.recovery_auth, record)
         reconciling = drive.reconcile(self._core.settings, record, new_owner(), resend=resend)
-        return _reconcile.result(await self._execute(reconciling))
+        return _reconcile.result(await self._execute(reconciling, auth=auth))
 
     async def abandon(self, key: str, *, reason: str) -> IntentRecord:
         return await _off_loop(self.journal.abandon, key, reason=reason, now=self._core.clock())
@@ -298,9 +305,9 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
     async def acknowledge(self, key: str) -> IntentRecord:
         return await _off_loop(self.journal.acknowledge, key, now=self._core.clock())
 
-    async def unknown(self) -> list[IntentRecord]:
+    async def unknown(self) -> Intents:
         """See ``Client.unknown``."""
-        return await _off_loop(_reconcile.targets, self._core, None)
+        return await _off_loop(_reconcile.unknown, self._core)
 
     async def unacknowledged(self) -> list[IntentRecord]:
         return await _off_loop(self.journal.unacknowledged, account=self.account)
@@ -327,6 +334,8 @@ class AsyncClient(BaseClient[httpx.AsyncBaseTransport, AsyncOperation], OneShotV
         auth: Mapping[str, str] | None = None,
     ) -> httpx.Response:
         self._in_this_process()
+        if auth is not None:  # a transported request's own credential journals it
+            draft = attrs.evolve(draft, credential=self._core.credential_of(auth))
         ack = op._folds_acknowledgement and draft.step == 1
         call = drive.call(self._core.settings, draft, new_owner(), acknowledge_on_success=ack)
         return await self._execute(call, bind, http=http, auth=auth)

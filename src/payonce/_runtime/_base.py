@@ -61,7 +61,7 @@ from .._lifecycle._steps import (
 from .._providers._profile import ProviderProfile, get_profile
 from .._version import __version__
 from ..errors import ConfigurationError, IntentMismatch, OutcomeUnknown, ProviderError
-from ._core import IntentCore
+from ._core import IntentCore, RecoveryKeys
 from ._deadline import default_attempt_timeout
 from ._events import RetryEvent
 from ._hooks import Hooks, HookSet
@@ -889,6 +889,7 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
         clock: Callable[[], float] = time.time,
         transport: TransportT | None = None,
         transport_only: bool = False,
+        recovery_keys: RecoveryKeys | None = None,
     ) -> None:
         """Every option is checked here: a wrong one is a ``ConfigurationError`` now, not
         a surprise inside an attempt.
@@ -932,6 +933,12 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
                 given as ``api_key`` is still used for requests that bring none). Without
                 a key, its verbs, ``resume`` and ``reconcile`` raise ``ConfigurationError``;
                 run those from a client (or the CLI) that has the key.
+            recovery_keys: More API keys ``resume``, ``reconcile`` and the worker may send
+                (and look up) a journaled intent with: a list, or a function of the
+                intent's record returning some (a platform's key per merchant). Each intent
+                is sent again only with the key whose fingerprint it journaled: this
+                client's, one of these, or one in the keyring; none, it is skipped (see
+                ``docs/operating.md``).
         """
         base_url = check_base_url(base_url)
         profile = get_profile(provider)
@@ -1008,6 +1015,8 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
             clock=journal_clock(self.journal, clock),
             hooks=hook_set,
             in_flight_wait=in_flight_wait,
+            recovery_keys=recovery_keys,
+            allow_plaintext_keyring=allow_plaintext_keyring,
         )
         self._http_options: dict[str, Any] = {
             "timeout": timeouts,
@@ -1094,6 +1103,8 @@ class BaseClient(abc.ABC, Generic[TransportT, OperationT]):
         headers: Mapping[str, str] | None,
     ) -> IntentDraft:
         """The draft of an intent to enqueue: a request as ``request`` takes it, named."""
+        # Sent later only with the key that journaled it: this client's own.
+        self._core.require_api_key(f"enqueue({method!r}, {path!r})")
         if not isinstance(method, str) or method.upper() not in _ENQUEUEABLE:
             raise ConfigurationError(
                 f"enqueue({method!r}, {path!r}): only a request that changes something at "

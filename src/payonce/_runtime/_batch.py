@@ -6,6 +6,10 @@ undecodable answer, a bug) is logged with its key and reported in that intent's 
 and the pass goes on with the next. An intent that went unknown is the exception to the
 logging: the core already warned of it. Only an interrupt (``KeyboardInterrupt``, a
 cancellation) stops a pass.
+
+A target whose journal row no longer decodes (``DamagedRow``) is never driven: the batch
+names it (logged, and a result marked ``damaged``) and the pass goes on after it, so one
+damaged row never holds back the intents behind it.
 """
 
 from __future__ import annotations
@@ -18,9 +22,16 @@ from typing import Protocol, TypeVar
 import attrs
 import httpx
 
+from .._journal._rows import DamagedRow
 from .._lifecycle import Claim, IntentRecord, IntentState, ReconcileOutcome
 from .._owners import new_owner
-from ..errors import AuthenticationError, OutcomeUnknown, PayonceError, ProviderError
+from ..errors import (
+    AuthenticationError,
+    CredentialMismatch,
+    OutcomeUnknown,
+    PayonceError,
+    ProviderError,
+)
 from . import _reconcile
 from ._core import IntentCore
 from ._events import IntentResumed, log_extra
@@ -44,8 +55,13 @@ R = TypeVar("R")
 
 
 class Batch(Protocol[T, R]):
-    def next(self) -> T | None:
-        """The next target, or None when the pass is over (may read the journal)."""
+    def next(self) -> T | DamagedRow | None:
+        """The next target, a row on the way that no longer decodes, or None when the pass
+        is over (may read the journal)."""
+        ...
+
+    def damaged(self, row: DamagedRow) -> R:
+        """The result of a row that no longer decodes: never driven."""
         ...
 
     def record(self, target: T) -> IntentRecord: ...
@@ -87,16 +103,36 @@ def _log_failure(record: IntentRecord, error: Exception, redactor: Redactor) -> 
         logger.error(message + "\n%s", record.key, name, shown, extra=log_extra(record))
 
 
+def damage_detail(row: DamagedRow) -> str:
+    """What a pass says of a row it skipped because it no longer decodes."""
+    return (
+        f"its journal row is damaged ({row.problem}): skipped, never sent. Check it at the "
+        "provider, then restore or repair the row (`payonce journal check` lists them)"
+    )
+
+
+def say_damaged(row: DamagedRow) -> None:
+    logger.error("intent %s: %s", row.key, damage_detail(row))
+
+
 def run_batch(
-    batch: Batch[T, R], drive: Callable[[T], R], on_result: Callable[[R], object] | None
+    batch: Batch[T, R],
+    drive: Callable[[T], R],
+    on_result: Callable[[R], object] | None,
+    *,
+    on_damaged: Callable[[DamagedRow], None] = say_damaged,
 ) -> list[R]:
     results: list[R] = []
     while (target := batch.next()) is not None:
-        try:
-            result = drive(target)
-        except Exception as exc:
-            _log_failure(batch.record(target), exc, batch.redactor)
-            result = batch.failed(target, exc)
+        if isinstance(target, DamagedRow):
+            on_damaged(target)
+            result = batch.damaged(target)
+        else:
+            try:
+                result = drive(target)
+            except Exception as exc:
+                _log_failure(batch.record(target), exc, batch.redactor)
+                result = batch.failed(target, exc)
         batch.report(result)
         results.append(result)
         if on_result is not None:
@@ -113,11 +149,15 @@ async def arun_batch(
 
     results: list[R] = []
     while (target := await off_loop(batch.next)) is not None:
-        try:
-            result = await drive(target)
-        except Exception as exc:
-            _log_failure(batch.record(target), exc, batch.redactor)
-            result = await off_loop(batch.failed, target, exc)
+        if isinstance(target, DamagedRow):
+            say_damaged(target)
+            result = batch.damaged(target)
+        else:
+            try:
+                result = await drive(target)
+            except Exception as exc:
+                _log_failure(batch.record(target), exc, batch.redactor)
+                result = await off_loop(batch.failed, target, exc)
         batch.report(result)
         results.append(result)
         if on_result is not None:
@@ -137,6 +177,9 @@ class ResumeResult:
     state: IntentState
     """The intent's state once this pass was done with it."""
     detail: str
+    damaged: bool = False
+    """Its journal row no longer decodes: skipped, never sent (``detail`` says what is
+    wrong; ``payonce.journal.DamagedRow``)."""
 
 
 @attrs.frozen
@@ -155,15 +198,22 @@ class ResumeBatch:
 
     def __init__(self, core: IntentCore) -> None:
         self._core = core
-        self._after: tuple[float, str] | None = None
+        self._after: tuple[object, str] | None = None
 
-    def next(self) -> Claimed | None:
+    def next(self) -> Claimed | DamagedRow | None:
         owner = new_owner()
         claim = self._core.claim_next_resumable(owner, self._after)
         if claim is None:
             return None
+        if isinstance(claim, DamagedRow):
+            self._after = (claim.created_at, claim.key)  # as stored: the pass goes on after it
+            return claim
         self._after = (claim.record.created_at, claim.record.key)
         return Claimed(claim, owner)
+
+    def damaged(self, row: DamagedRow) -> ResumeResult:
+        state = _state_of(row, IntentState.PENDING)
+        return ResumeResult(row.key, row.reference, state, damage_detail(row), damaged=True)
 
     def record(self, target: Claimed) -> IntentRecord:
         return target.record
@@ -211,6 +261,8 @@ class ResumeBatch:
             detail = f"HTTP {error.status_code}: refused before execution, fix the API key"
         elif isinstance(error, ProviderError):
             detail = f"HTTP {error.status_code}"
+        elif isinstance(error, CredentialMismatch):
+            detail = str(error)  # names the key missing and where to put it; never a secret
         else:
             detail = self._core.redactor.describe(error)
         logger.info(
@@ -238,12 +290,14 @@ class ReconcileBatch:
     ) -> None:
         self._core = core
         self._named = key_or_reference
-        self._targets: deque[IntentRecord] | None = None if targets is None else deque(targets)
+        self._targets: deque[IntentRecord | DamagedRow] | None = (
+            None if targets is None else deque(targets)
+        )
         """Chosen by the caller (the worker: the intents its schedule says are due), or
         read from the journal on the first ``next``."""
         self._started = 0.0
 
-    def next(self) -> IntentRecord | None:
+    def next(self) -> IntentRecord | DamagedRow | None:
         if self._targets is None:
             # A profile without a status look-up reconciles by resending under the key
             # while the key is surely remembered (the drive's ``reconcile``).
@@ -256,6 +310,18 @@ class ReconcileBatch:
     def record(self, target: IntentRecord) -> IntentRecord:
         return target
 
+    def damaged(self, row: DamagedRow) -> ReconcileResult:
+        state = _state_of(row, IntentState.UNKNOWN)
+        return ReconcileResult(
+            row.key,
+            row.reference,
+            state,
+            state,
+            ReconcileOutcome.ERROR,
+            damage_detail(row),
+            damaged=True,
+        )
+
     @property
     def redactor(self) -> Redactor:
         return self._core.redactor
@@ -264,6 +330,16 @@ class ReconcileBatch:
         _reconcile.reported(self._core, result)
 
     def failed(self, target: IntentRecord, error: Exception) -> ReconcileResult:
+        if isinstance(error, CredentialMismatch):
+            # No key here sent it: skipped, nothing looked up or sent (never "absent").
+            return ReconcileResult(
+                target.key,
+                target.reference,
+                target.state,
+                target.state,
+                ReconcileOutcome.SKIPPED,
+                str(error),
+            )
         journal = self._core.journal
         now = journal.get(target.key)
         # What the journal wrote down names no key, so the same cause groups in a summary.
@@ -273,3 +349,12 @@ class ReconcileBatch:
         return ReconcileResult(
             target.key, target.reference, target.state, after, ReconcileOutcome.ERROR, detail
         )
+
+
+def _state_of(row: DamagedRow, otherwise: IntentState) -> IntentState:
+    """The damaged row's state where that column still reads (the read that met it asked
+    for ``otherwise``)."""
+    try:
+        return IntentState(row.state or otherwise)
+    except ValueError:
+        return otherwise

@@ -13,7 +13,7 @@ import functools
 import logging
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,17 +21,25 @@ import attrs
 import httpx
 
 from .._crash import crash_armed, crash_atrace, crash_point, crash_trace
+from .._credentials import keyring_candidates
 from .._journal._plans import AsyncEdge, Call, Plan
 from .._journal._reads import Journal
+from .._journal._rows import DamagedRow
 from .._journal._store import IntentStore
 from .._lifecycle import (
     BootReading,
+    Candidate,
     Claim,
     ClaimKind,
     IntentRecord,
     KeyFormat,
     LookupKind,
     Transition,
+    choose_credential,
+    credential_fingerprint,
+    credential_in,
+    credential_missing,
+    header_value_problem,
     rule,
 )
 from .._lifecycle._drive import (
@@ -48,6 +56,7 @@ from .._lifecycle._drive import (
     ReadAttempts,
     ReadBlock,
     ReadIntent,
+    Rebind,
     Reconciled,
     Release,
     Replay,
@@ -58,7 +67,7 @@ from .._lifecycle._drive import (
     StartAttempt,
     Verified,
 )
-from .._lifecycle._refusals import answer_not_kept
+from .._lifecycle._refusals import answer_not_kept, of_step_row
 from .._owners import owner_ended
 from .._providers._profile import ProviderProfile
 from ..errors import ConfigurationError, JournalError
@@ -71,7 +80,12 @@ from ._responses import from_lookup, replayed, stored, tagged
 from ._retrying import RetryPolicy
 from ._telling import Teller, logger
 
-__all__ = ["IntentCore", "SystemClock"]
+__all__ = ["IntentCore", "RecoveryKeys", "SystemClock"]
+
+RecoveryKeys = Iterable[str] | Callable[[IntentRecord], Iterable[str]]
+"""More API keys a client may send an intent again with (``recovery_keys=``): a list, or a
+function of the intent's record that names its candidates (a platform's key per merchant,
+read from its own store). Each is used only for an intent its fingerprint journaled."""
 
 
 @attrs.frozen
@@ -141,6 +155,8 @@ class IntentCore:
         clock: Callable[[], float],
         hooks: HookSet,
         in_flight_wait: float,
+        recovery_keys: RecoveryKeys | None = None,
+        allow_plaintext_keyring: bool | None = None,
     ) -> None:
         self.base_url = base_url
         self.profile = profile
@@ -166,17 +182,33 @@ class IntentCore:
         self._auth_headers = {} if api_key is None else profile.auth_headers(api_key)
         """The client's own credentials; none for a client built for ``transport()`` only,
         whose requests bring their own."""
-        self.redactor = Redactor.of(
-            [] if api_key is None else [api_key, *self._auth_headers.values()]
+        if recovery_keys is not None and not callable(recovery_keys):
+            if isinstance(recovery_keys, str | bytes):
+                raise ConfigurationError(
+                    "recovery_keys takes a list of API keys (or a function of an intent's "
+                    "record that returns some), not one key: pass [key]"
+                )
+            recovery_keys = tuple(recovery_keys)
+        self._recovery_keys = recovery_keys
+        self._allow_plaintext_keyring = allow_plaintext_keyring
+        static_keys = () if recovery_keys is None or callable(recovery_keys) else recovery_keys
+        self._secrets: tuple[str, ...] = (
+            *([] if api_key is None else [api_key, *self._auth_headers.values()]),
+            *(v for key in static_keys for v in (key, *profile.auth_headers(key).values())),
         )
-        """What an exception's words pass through before a log, a result or the CLI."""
-        self.drafter = Drafter(profile, account, base_url, key_format)
+        self.redactor = Redactor.of(self._secrets)
+        """What an exception's words pass through before a log, a result or the CLI: this
+        client's keys, and each key recovery took from the keyring or a ``recovery_keys``
+        function once it was chosen to send with (``_redacting_also``)."""
+        self.credential = self.credential_of(None)
+        """The fingerprint of this client's own credential (None: it has none)."""
+        self.drafter = Drafter(profile, account, base_url, key_format, self.credential)
         """Turns each request of the client into an intent's draft."""
         self.settings = DriveSettings(
             profile=profile,
             retry=retry,
             clock=SystemClock(clock),
-            redact=self.redactor.text,
+            redact=self._redact,
             in_flight_wait=in_flight_wait,
             journal_location=journal.location,
         )
@@ -184,7 +216,9 @@ class IntentCore:
 
     # -- the intent --------------------------------------------------------------------------
 
-    def claim_next_resumable(self, owner: str, after: tuple[float, str] | None) -> Claim | None:
+    def claim_next_resumable(
+        self, owner: str, after: tuple[object, str] | None
+    ) -> Claim | DamagedRow | None:
         """Lease the next pending intent of this account that no live worker holds.
 
         ``after`` is the (created_at, key) of the intent this pass handled last. Hosts
@@ -246,10 +280,71 @@ class IntentCore:
     def has_api_key(self) -> bool:
         return bool(self._auth_headers)
 
-    def require_api_key(self, what: str) -> None:
+    def credential_of(self, auth: Mapping[str, str] | None) -> str | None:
+        """The fingerprint of the credential a request carries: ``auth`` (a transported
+        request's own), else this client's key; None when it carries none."""
+        headers = self._auth_headers if auth is None else auth
+        secret = credential_in(headers, auth_header=self.profile.auth_header)
+        return None if secret is None else credential_fingerprint(secret)
+
+    def recovery_auth(self, record: IntentRecord) -> dict[str, str] | None:
+        """The credentials to send ``record`` again (or look it up) with, when no request
+        brings its own (a resume, a reconciliation, the worker): the candidate whose
+        fingerprint the intent journaled (``choose_credential``), None when that is this
+        client's own key. None matching: ``CredentialMismatch``, nothing sent, naming the
+        fingerprint wanted and what was tried."""
+        tried: list[Candidate] = []
+
+        def tracked() -> Iterator[Candidate]:
+            for candidate in self._candidates(record):
+                tried.append(candidate)
+                yield candidate
+
+        chosen = choose_credential(record.credential, tracked())
+        if chosen is None:
+            missing = credential_missing(record, tried)
+            # A step 2 or later of a block is named as its block names it.
+            raise of_step_row(missing, record, max_length=self.profile.key_max_length)
+        if chosen.secret == self._api_key:
+            return None
+        headers = self.profile.auth_headers(chosen.secret)
+        self._redacting_also([chosen.secret, *headers.values()])
+        return headers
+
+    def _redact(self, text: str) -> str:
+        # The redactor in force now: it grows as recovery chooses keys to send with.
+        return self.redactor.text(text)
+
+    def _redacting_also(self, secrets: list[str]) -> None:
+        """Keep ``secrets`` out of what is written about errors from now on: a key the
+        keyring or a ``recovery_keys`` function gave is known only once it is chosen."""
+        if all(secret in self._secrets for secret in secrets):
+            return
+        self._secrets = (*self._secrets, *(s for s in secrets if s not in self._secrets))
+        self.redactor = Redactor.of(self._secrets)
+
+    def _candidates(self, record: IntentRecord) -> Iterator[Candidate]:
+        """This client's key, the keys it was handed (``recovery_keys``), then the
+        keyring's (the intent's account's entry first): the slow ones last, read only when
+        the others are not the one."""
+        if self._api_key is not None:
+            yield Candidate(self._api_key, "this client's API key")
+        keys = self._recovery_keys
+        if keys is not None:
+            given = keys(record) if callable(keys) else keys
+            for number, key in enumerate(given):
+                # One no header could carry as given is passed over: never sent, so never
+                # quoted by an HTTP stack's error either.
+                if isinstance(key, str) and key and header_value_problem(key) is None:
+                    yield Candidate(key, f"recovery_keys[{number}]")
+        yield from keyring_candidates(
+            record.account, allow_plaintext_keyring=self._allow_plaintext_keyring
+        )
+
+    def require_api_key(self, what: str, *, recovery: bool = False) -> None:
         """Refuse ``what`` on a client built for ``transport()`` only: it has no API key of
-        its own to send with."""
-        if not self._auth_headers:
+        its own to send with (nor, for a ``recovery``, keys handed to it: ``recovery_keys``)."""
+        if not self._auth_headers and not (recovery and self._recovery_keys is not None):
             raise ConfigurationError(
                 f"{what} needs this client's own API key, and it was built with "
                 f"transport_only=True and no api_key: its requests go through "
@@ -423,6 +518,15 @@ class IntentCore:
                 return (yield Call(lambda: self.journal.attempts(key)))
             case ReadIntent(key):
                 return (yield Call(lambda: self.journal.get(key)))
+            case Rebind(key, owner, credential):
+                yield from store.rebind_credential.plan(key, owner=owner, credential=credential)
+                logger.info(
+                    "intent %s: none of its attempts reached the provider; it is sent with "
+                    "credential %s from now on",
+                    key,
+                    credential,
+                )
+                return None
             case ReadBlock(key, provider, account, named):
                 rows = functools.partial(
                     self.journal.block_rows, key, provider=provider, account=account, named=named

@@ -11,6 +11,7 @@ from .._lifecycle import (
     CanonicalRequest,
     IntentDraft,
     KeyFormat,
+    account_scope_of,
     check_headers,
     make_scope,
     new_key,
@@ -26,9 +27,17 @@ class Drafter:
     """Drafts the intents of one client: its provider, account, base URL and key format."""
 
     def __init__(
-        self, profile: ProviderProfile, account: str, base_url: str, key_format: KeyFormat
+        self,
+        profile: ProviderProfile,
+        account: str,
+        base_url: str,
+        key_format: KeyFormat,
+        credential: str | None = None,
     ) -> None:
         self.profile = profile
+        self.credential = credential
+        """The fingerprint of the client's own credential: a draft's, unless its request
+        brings its own (through ``client.transport()``: the executor sets that one)."""
         self.account = account
         self.base_url = base_url
         self.key_format = key_format
@@ -97,4 +106,6 @@ class Drafter:
             request_headers=tuple(kept),
             body=canonical.body,
             key_terms=self.profile.key_terms,
+            credential=self.credential,
+            account_scope=account_scope_of(kept, self.profile.account_scope_headers),
         )

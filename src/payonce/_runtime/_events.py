@@ -219,3 +219,6 @@ class WorkerPassEnded:
     key, no base URL of their own, an unknown profile (said on an ERROR line)."""
     driven: int = 0
     """Groups of intents it drove this pass."""
+    damaged: int = 0
+    """Pending or unknown rows of its accounts and providers that no longer decode
+    (``payonce.journal.DamagedRow``): skipped, never sent, each said on an ERROR line."""

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import attrs
 import httpx
 
+from .._journal._rows import DamagedRow, Intents
 from .._lifecycle import IntentRecord, IntentState, ReconcileOutcome, step_of_reference
 from .._lifecycle._drive import Reconciliation
 from .._owners import owner_ended
@@ -30,6 +31,7 @@ __all__ = [
     "reported",
     "result",
     "targets",
+    "unknown",
 ]
 
 logger = logging.getLogger("payonce")
@@ -47,27 +49,43 @@ class ReconcileResult:
     """``found``, ``not_found``, ``cannot_tell``, ``still_unknown``, ``error``, ``skipped``
     or ``resent`` (a ``str``)."""
     detail: str
+    damaged: bool = False
+    """Its journal row no longer decodes: not looked up (outcome ``error``; ``detail`` says
+    what is wrong; ``payonce.journal.DamagedRow``)."""
 
 
-def targets(core: IntentCore, key_or_reference: str | None) -> list[IntentRecord]:
+def unknown(core: IntentCore) -> Intents:
+    """The unknown intents of this client's account and provider, oldest first, with the
+    rows of theirs that no longer decode in ``damaged``."""
+    found = core.journal.list_intents(states=[IntentState.UNKNOWN])
+    name, account = core.profile.name, core.account
+    return Intents.of(
+        [r for r in reversed(found) if (r.provider, r.account) == (name, account)],
+        [d for d in found.damaged if (d.provider, d.account) == (name, account)],
+    )
+
+
+def targets(core: IntentCore, key_or_reference: str | None) -> list[IntentRecord | DamagedRow]:
     """The intents of this client's account to reconcile: one key/reference (with the
     steps of the block it names), or all unknown.
 
     ``--all`` takes only this client's provider: another provider's intents must be looked
     up at that provider, with its key lifetime. A named one is returned whatever its
-    provider, and the drive says why it is skipped (``skip_reason``).
+    provider, and the drive says why it is skipped (``skip_reason``). The rows of the
+    account and provider that no longer decode come after them, to be named, never looked
+    up.
     """
     if key_or_reference is None:
-        records = list(reversed(core.journal.list_intents(states=[IntentState.UNKNOWN])))
-        records = [r for r in records if r.provider == core.profile.name]
-    else:
-        # A block's reference names its steps too: "reconcile order-1" must not report all
-        # clear while its step 2 is unknown (each step is an intent of its own key).
-        named = core.journal.find(key_or_reference)
-        records = [*named]
-        for record in named:
-            records += [s for s in core.journal.steps(record.key) if s not in records]
-    return [r for r in records if r.account == core.account]
+        every = unknown(core)
+        return [*every, *every.damaged]
+    # A block's reference names its steps too: "reconcile order-1" must not report all
+    # clear while its step 2 is unknown (each step is an intent of its own key).
+    named = core.journal.find(key_or_reference)
+    records = [*named]
+    for record in named:
+        records += [s for s in core.journal.steps(record.key) if s not in records]
+    mine: list[IntentRecord | DamagedRow] = [r for r in records if r.account == core.account]
+    return mine + [d for d in named.damaged if d.account == core.account]
 
 
 def end(core: IntentCore, key: str, owner: str) -> None:
@@ -122,11 +140,16 @@ def lookup_request(
             f"provider {core.profile.name!r} looks intents up by reference, and intent "
             f"{record.key} has none: check it at the provider by hand"
         )
+    headers = core.auth_headers(auth)
+    # The account the intent's request named (a connected account's Stripe-Account): the
+    # look-up asks that account, or it finds nothing there and "nothing" reads as absent.
+    scoped = {name.lower() for name in core.profile.account_scope_headers}
+    headers.update((name, value) for name, value in record.request_headers if name in scoped)
     return client.build_request(
         "GET",
         core.base_url + lookup.path,
         params=lookup.params(value),
-        headers=core.auth_headers(auth),
+        headers=headers,
     )
 
 

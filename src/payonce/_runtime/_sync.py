@@ -13,10 +13,12 @@ import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack, assert_never
 
+import attrs
 import httpx
 
 from .._crash import crash_point
 from .._journal._reads import Outcomes
+from .._journal._rows import Intents
 from .._lifecycle import IntentDraft, IntentRecord
 from .._lifecycle import _drive as drive
 from .._owners import new_owner
@@ -246,14 +248,15 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         key and reported in its result. ``on_result`` sees each result as it comes.
         """
         self._in_this_process()
-        self._core.require_api_key("resume()")
+        self._core.require_api_key("resume()", recovery=True)
         batch = ResumeBatch(self._core)
         return run_batch(batch, functools.partial(self._resume, batch), on_result)
 
     def _resume(self, batch: ResumeBatch, target: Claimed) -> ResumeResult:
         """Drive one claimed pending intent of a resume pass to an end."""
+        auth = self._core.recovery_auth(target.record)  # the key that journaled it, or none
         resumed = drive.resume(self._core.settings, target.claim, target.owner)
-        return batch.settled(target, self._execute(resumed))
+        return batch.settled(target, self._execute(resumed, auth=auth))
 
     def reconcile(
         self,
@@ -267,7 +270,7 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         ``resend``: an operator asks for that resend where the key lifetime is assumed
         (within 90% of it, not only ``ASSUMED_LIFETIME_RESEND_WINDOW``)."""
         self._in_this_process()
-        self._core.require_api_key("reconcile()")
+        self._core.require_api_key("reconcile()", recovery=True)
         reconciling = functools.partial(self._reconcile, resend=resend)
         return run_batch(ReconcileBatch(self._core, key_or_reference), reconciling, on_result)
 
@@ -280,14 +283,18 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         """Reconcile every unknown intent of this account and provider, oldest first; one
         intent's failure never stops the rest. ``resend`` as in ``reconcile``."""
         self._in_this_process()
-        self._core.require_api_key("reconcile_all()")
+        self._core.require_api_key("reconcile_all()", recovery=True)
         reconciling = functools.partial(self._reconcile, resend=resend)
         return run_batch(ReconcileBatch(self._core, None), reconciling, on_result)
 
     def _reconcile(self, record: IntentRecord, *, resend: bool = False) -> ReconcileResult:
         self._in_this_process()
+        # Looked up and resent with the key that journaled it only (none needed for an
+        # intent the drive skips: nothing is sent for it).
+        skipped = drive.skip_reason(self._core.settings, record) is not None
+        auth = None if skipped else self._core.recovery_auth(record)
         reconciling = drive.reconcile(self._core.settings, record, new_owner(), resend=resend)
-        return _reconcile.result(self._execute(reconciling))
+        return _reconcile.result(self._execute(reconciling, auth=auth))
 
     def abandon(self, key: str, *, reason: str) -> IntentRecord:
         """Close a pending or unknown intent for good, as an operator decision."""
@@ -297,10 +304,11 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         """The caller has recorded this intent's settled outcome on its side."""
         return self.journal.acknowledge(key, now=self._core.clock())
 
-    def unknown(self) -> list[IntentRecord]:
+    def unknown(self) -> Intents:
         """The unknown intents of this account and provider, oldest first: what
-        ``reconcile_all()`` drives."""
-        return _reconcile.targets(self._core, None)
+        ``reconcile_all()`` drives. Their rows that no longer decode are named in the
+        list's ``damaged``."""
+        return _reconcile.unknown(self._core)
 
     def unacknowledged(self) -> list[IntentRecord]:
         """Settled intents of this account whose outcome the caller has not acknowledged."""
@@ -329,6 +337,8 @@ class Client(BaseClient[httpx.BaseTransport, Operation], OneShotVerbs[httpx.Resp
         auth: Mapping[str, str] | None = None,
     ) -> httpx.Response:
         self._in_this_process()
+        if auth is not None:  # a transported request's own credential journals it
+            draft = attrs.evolve(draft, credential=self._core.credential_of(auth))
         ack = op._folds_acknowledgement and draft.step == 1
         call = drive.call(self._core.settings, draft, new_owner(), acknowledge_on_success=ack)
         return self._execute(call, bind, http=http, auth=auth)

@@ -28,6 +28,7 @@ import attrs
 from .._credentials import recovery_api_key
 from .._journal._open import journal_clock, open_to_write
 from .._journal._reads import Journal
+from .._journal._rows import DamagedRow
 from .._lifecycle import (
     IntentRecord,
     IntentState,
@@ -43,8 +44,17 @@ from .._lifecycle import (
     unknown_since,
 )
 from .._lifecycle._refusals import unknown_remedy
-from ..errors import ConfigurationError
-from ._batch import Batch, Claimed, ReconcileBatch, ResumeBatch, ResumeResult, run_batch
+from ..errors import ConfigurationError, JournalError
+from ._batch import (
+    Batch,
+    Claimed,
+    ReconcileBatch,
+    ResumeBatch,
+    ResumeResult,
+    run_batch,
+    say_damaged,
+)
+from ._core import RecoveryKeys
 from ._events import IntentEscalated, WorkerPassEnded, about, log_extra
 from ._hooks import Hooks, HookSet
 from ._reconcile import ReconcileResult
@@ -95,6 +105,12 @@ class _Counts:
                 setattr(self, name, getattr(self, name) + value)
 
 
+def _say_failed(what: str) -> None:
+    """An ERROR line without a traceback: the journal's error says what happened and what
+    to do; a traceback every pass would bury it."""
+    logger.error("worker: %s", what)
+
+
 class _Shared(Generic[T, R]):
     """One batch shared by the pass's threads: each ``next`` is taken under a lock, and
     none once the worker is stopping."""
@@ -104,9 +120,12 @@ class _Shared(Generic[T, R]):
         self._stopping = stopping
         self._lock = threading.Lock()
 
-    def next(self) -> T | None:
+    def next(self) -> T | DamagedRow | None:
         with self._lock:
             return None if self._stopping.is_set() else self._batch.next()
+
+    def damaged(self, row: DamagedRow) -> R:
+        return self._batch.damaged(row)
 
     def record(self, target: T) -> IntentRecord:
         return self._batch.record(target)
@@ -144,6 +163,10 @@ class Worker:
         retry: The clients' ``RetryPolicy``.
         timeout: The clients' network timeout, in seconds.
         clock: The time (epoch seconds), for the clients and the schedule.
+        recovery_keys: More API keys the clients may send (and look up) an intent with: a
+            list, or a function of the intent's record (``Client(recovery_keys=)``). An
+            intent is sent again only with the key whose fingerprint it journaled; with
+            none here (nor in the keyring), it is skipped, named, nothing sent.
     """
 
     def __init__(
@@ -159,6 +182,7 @@ class Worker:
         retry: RetryPolicy | None = None,
         timeout: float = 30.0,
         clock: Callable[[], float] = time.time,
+        recovery_keys: RecoveryKeys | None = None,
     ) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigurationError(
@@ -174,13 +198,14 @@ class Worker:
         self._retry = retry
         self._timeout = timeout
         self._wall_clock = clock
+        self._recovery_keys = recovery_keys
         self._owns_journal = not isinstance(journal, Journal)
         self.journal: Journal = open_to_write(journal)
         # The reconcile schedule counts from times the journal dated: by the journal's clock.
         self._clock = journal_clock(self.journal, clock)
         self._clients: dict[_Group, Client] = {}
         self._stopping = threading.Event()
-        self._last_waiting: tuple[int, int, int] | None = None
+        self._last_waiting: tuple[int, int, int, int] | None = None
         self._escalated: set[tuple[str, float]] = set()
         """The (intent, time it went unknown) pairs known escalated in the journal: not
         written again on every pass."""
@@ -190,6 +215,8 @@ class Worker:
         """``base_url`` was first seen to serve several providers: it serves none."""
         self._said: dict[_Group, tuple[str, float]] = {}
         """Why each group was not driven, and when that was last said at ERROR."""
+        self._damage_said: dict[tuple[str, str], float] = {}
+        """When each damaged row (its key, what is wrong) was last said at ERROR."""
 
     # -- running -----------------------------------------------------------------------------
 
@@ -214,10 +241,15 @@ class Worker:
         while not self._stopping.is_set():
             try:
                 last = self.run_pass()
+            except JournalError as exc:
+                if once:
+                    raise
+                # The journal unreachable for a moment, or refusing this role a privilege:
+                # the error says what to do, once per pass; the next pass tries again.
+                _say_failed(f"the pass failed: {exc}; the next one in {interval:g} s")
             except Exception:
                 if once:
                     raise
-                # The journal unreachable for a moment: the next pass tries again.
                 logger.exception("worker: the pass failed; the next one in %g s", interval)
             if once:
                 break
@@ -229,7 +261,10 @@ class Worker:
         began = time.monotonic()
         counts = _Counts()
         driven: list[Client] = []
-        groups = self._groups()
+        groups, damaged = self._groups()
+        journal_errors: set[str] = set()
+        for row in damaged:
+            self._say_damaged(row)
         self._pin_shared_settings(groups)
         for group in groups:
             if self._stopping.is_set():
@@ -241,8 +276,16 @@ class Worker:
             try:
                 self._reconcile_due(client, counts)
                 self._send_pending(client, counts)
+            except JournalError as exc:
+                # The journal unreachable, or a privilege it needs revoked: this group's
+                # pass is over, not the worker. The error says what to do: no traceback,
+                # and once a pass, though every group meets it.
+                counts.add(failed=1)
+                if str(exc) not in journal_errors:
+                    journal_errors.add(str(exc))
+                    _say_failed(f"{group.label}: the pass failed: {exc}")
             except Exception:
-                # The journal unreachable, a bug: this group's pass is over, not the worker.
+                # A bug: this group's pass is over, not the worker.
                 counts.add(failed=1)
                 logger.exception("worker: %s: the pass failed", group.label)
         counts.unknown = sum(len(client.unknown()) for client in driven)
@@ -261,17 +304,18 @@ class Worker:
             pending=pending_left,
             not_driven=counts.not_driven,
             driven=len(driven),
+            damaged=len(damaged),
         )
         busy = ended.sent or ended.settled or ended.escalated or ended.failed
         # An idle pass (nothing done, nothing new waiting) is said at DEBUG: a worker
         # passing every few seconds would otherwise bury the lines that matter.
-        waiting = (ended.unknown, ended.pending, ended.not_driven)
+        waiting = (ended.unknown, ended.pending, ended.not_driven, ended.damaged)
         quiet = not busy and waiting == self._last_waiting
         self._last_waiting = waiting
         logger.log(
             logging.DEBUG if quiet else logging.INFO,
             "worker pass: %d sent, %d settled, %d still pending, %d still unknown, "
-            "%d escalated, %d failed%s",
+            "%d escalated, %d failed%s%s",
             ended.sent,
             ended.settled,
             ended.pending,
@@ -279,6 +323,7 @@ class Worker:
             ended.escalated,
             ended.failed,
             f", {ended.not_driven} account(s) not driven" if ended.not_driven else "",
+            f", {ended.damaged} damaged row(s) skipped" if ended.damaged else "",
         )
         if self._hooks:
             self._hooks.emit(Hooks.worker_pass, ended)
@@ -286,15 +331,33 @@ class Worker:
 
     # -- groups and their clients ------------------------------------------------------------
 
-    def _groups(self) -> list[_Group]:
+    def _groups(self) -> tuple[list[_Group], list[DamagedRow]]:
+        """The groups with pending or unknown intents, and those intents' rows that no
+        longer decode (of the groups this worker drives, or of none it can tell)."""
         records = self.journal.list_intents(states=[IntentState.PENDING, IntentState.UNKNOWN])
-        return sorted(
-            {
-                _Group(r.provider, r.account)
-                for r in records
-                if self._provider in (None, r.provider) and self._account in (None, r.account)
-            }
-        )
+        groups = {
+            _Group(r.provider, r.account)
+            for r in records
+            if self._provider in (None, r.provider) and self._account in (None, r.account)
+        }
+        damaged = [
+            row
+            for row in records.damaged
+            if self._provider in (None, row.provider) and self._account in (None, row.account)
+        ]
+        return sorted(groups), damaged
+
+    def _say_damaged(self, row: DamagedRow) -> None:
+        """An ERROR line for a row that no longer decodes, again only after an hour: the
+        worker meets it on every pass."""
+        said = (row.key, row.problem)
+        now = time.monotonic()
+        last = self._damage_said.get(said)
+        if last is None or now - last >= _SAY_AGAIN_AFTER:
+            self._damage_said[said] = now
+            say_damaged(row)
+        else:
+            logger.debug("worker: intent %s: its journal row is still damaged", row.key)
 
     def _pin_shared_settings(self, groups: Sequence[_Group]) -> None:
         """The first time the journal holds work for several providers: the one provider the
@@ -328,13 +391,16 @@ class Worker:
             problem += f"--base-url {group.provider}=URL"
         else:
             try:
-                # PAYONCE_API_KEY only for the account named; else the keyring.
-                api_key = recovery_api_key(group.account, named=self._account)
+                # PAYONCE_API_KEY only for the account named; else the keyring. Each intent
+                # is sent with the key of the fingerprint it journaled only (the client's).
+                api_key = self._key_of(group)
                 client = Client(
                     base_url=base_url,
                     provider=group.provider,  # a name this process does not know: said why
                     account=group.account,
                     api_key=api_key,
+                    transport_only=api_key is None,
+                    recovery_keys=self._recovery_keys,
                     journal=self.journal,
                     retry=self._retry,
                     timeout=self._timeout,
@@ -356,6 +422,22 @@ class Worker:
             logger.debug("worker: %s still not driven: %s", group.label, problem)
         return None
 
+    def _key_of(self, group: _Group) -> str | None:
+        """The group's API key (``recovery_api_key``'s rule); None, when it has none, if
+        keys were handed to the worker (``recovery_keys``), which then serve alone."""
+        records = self.journal.list_intents(states=[IntentState.PENDING, IntentState.UNKNOWN])
+        wanted = [
+            r.credential
+            for r in records
+            if r.provider == group.provider and r.account == group.account
+        ]
+        try:
+            return recovery_api_key(group.account, named=self._account, wanted=wanted)
+        except ConfigurationError:
+            if self._recovery_keys is None:
+                raise
+            return None
+
     # -- sending -----------------------------------------------------------------------------
 
     def _send_pending(self, client: Client, counts: _Counts) -> None:
@@ -370,6 +452,8 @@ class Worker:
             return client._resume(batch, target)
 
         def counted(result: ResumeResult) -> None:
+            if result.damaged:
+                return  # counted as the pass read its groups
             now = self.journal.get(result.key)
             before = attempts_before.pop(result.key, None)
             sent = now is not None and before is not None and now.attempt_count > before
@@ -534,14 +618,16 @@ class Worker:
         error one of them met outside an intent's drive (reading the next target) is
         raised once all are done."""
         shared = _Shared(batch, self._stopping)
+        # Each damaged row was said already, as the pass read its groups.
+        say: Callable[[DamagedRow], None] = self._say_damaged
         if self._concurrency == 1:
-            run_batch(shared, drive, on_result)
+            run_batch(shared, drive, on_result, on_damaged=say)
             return
         errors: list[BaseException] = []
 
         def work() -> None:
             try:
-                run_batch(shared, drive, on_result)
+                run_batch(shared, drive, on_result, on_damaged=say)
             except BaseException as exc:  # raised again in the calling thread
                 errors.append(exc)
 

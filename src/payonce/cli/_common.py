@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Final
@@ -31,6 +31,7 @@ __all__ = [
     "journal_option",
     "json_option",
     "redacted",
+    "say_damaged",
     "shown",
 ]
 
@@ -184,3 +185,17 @@ def echo_json(value: Any) -> None:
 def console() -> Console:
     # Created per command so it writes to whatever stdout is current (CliRunner swaps it).
     return Console(highlight=False)
+
+
+def say_damaged(rows: Sequence[payonce.journal.DamagedRow]) -> None:
+    """Name each row a read left out because it no longer decodes, on stderr, and what to
+    do; the command then exits 1 (``Damaged``)."""
+    for row in rows:
+        click.echo(f"error: damaged {shown(row)}", err=True)
+    if rows:
+        click.echo(
+            "payonce never sends or changes a damaged row: check the intent at the provider, "
+            "then restore the journal from a backup or repair the row by hand "
+            "(`payonce journal check` lists every damaged row)",
+            err=True,
+        )

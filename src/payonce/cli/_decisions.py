@@ -15,6 +15,7 @@ from ._common import (
     Refused,
     existing_journal,
     journal_option,
+    say_damaged,
     shown,
 )
 from ._intent_views import print_intents
@@ -134,3 +135,6 @@ def _list_unacknowledged(journal: payonce.Journal, account: str | None, *, as_js
         nothing="no unacknowledged intents" + (f" of account {account}" if account else ""),
         title=f"{len(records)} settled intent(s) not acknowledged yet, oldest first",
     )
+    say_damaged(records.damaged)  # a settled outcome it may hide: named, exit 1
+    if records.damaged:
+        raise click.exceptions.Exit(1)

@@ -84,6 +84,8 @@ def intent_json(record: payonce.IntentRecord) -> dict[str, Any]:
         "url": redacted(record.url),
         "path": urlsplit(record.url).path,
         "fingerprint": record.fingerprint,
+        "credential": record.credential,
+        "account_scope": record.account_scope,
         "attempt_count": record.attempt_count,
         "created_at": iso(record.created_at),
         "updated_at": iso(record.updated_at),
@@ -321,6 +323,8 @@ def _fields(record: payonce.IntentRecord) -> list[tuple[str, Text]]:
         ("scope", record.scope),
         ("provider", record.provider),
         ("fingerprint", record.fingerprint),
+        ("credential", _credential(record)),
+        ("account scope", record.account_scope),
         ("created", iso(record.created_at)),
         ("updated", iso(record.updated_at)),
         ("first sent", iso(record.first_sent_at) or _never_sent(record)),
@@ -333,6 +337,13 @@ def _fields(record: payonce.IntentRecord) -> list[tuple[str, Text]]:
         for name, value in rows
         if value is not None
     ]
+
+
+def _credential(record: payonce.IntentRecord) -> str:
+    """The fingerprint of the key that sent it (never the key): only that key sends it again."""
+    if record.credential is None:
+        return "none journaled: no key is known to have sent it, none sends it again"
+    return f"{record.credential} (only the key of this fingerprint sends it again)"
 
 
 def _per_call(record: payonce.IntentRecord) -> str | None:

@@ -16,6 +16,7 @@ from ._common import (
     echo_json,
     existing_journal,
     journal_option,
+    say_damaged,
     shown,
 )
 from ._intent_views import (
@@ -54,16 +55,20 @@ def list_intents(
 ) -> None:
     """List intents, newest first, with their leases and why unknown ones are unknown.
 
-    Pending and unknown intents are highlighted: unknown ones need reconciliation.
+    Pending and unknown intents are highlighted: unknown ones need reconciliation. A row
+    that no longer decodes is left out of the list and named on stderr, with what is
+    wrong; the command then exits 1 (`payonce journal check` lists every such row).
     """
     wanted = [payonce.IntentState(s.lower()) for s in states] or None
     with existing_journal(journal_path, read_only=True) as journal:
         records = journal.list_intents(states=wanted, limit=limit)
-    print_intents(
-        records,
-        as_json=as_json,
-        nothing="no intents" + (f" in state {', '.join(states)}" if states else ""),
-    )
+    nothing = "no intents" + (f" in state {', '.join(states)}" if states else "")
+    if records.damaged and not records:
+        nothing = "no intent that reads"
+    print_intents(records, as_json=as_json, nothing=nothing)
+    say_damaged(records.damaged)
+    if records.damaged:
+        raise click.exceptions.Exit(1)
 
 
 @intents.command("show")
@@ -79,9 +84,13 @@ def list_intents(
 def show_intent(
     key_or_reference: str, journal_path: JournalLocation | None, as_json: bool, with_body: bool
 ) -> None:
-    """Show the intent(s) with this key or reference, with their attempts."""
+    """Show the intent(s) with this key or reference, with their attempts.
+
+    One whose row no longer decodes is named on stderr with what is wrong, and the command
+    exits 1."""
     with existing_journal(journal_path, read_only=True) as journal:
         found = journal.find(key_or_reference)
+        damaged = found.damaged
         # An intent of several steps is shown with its steps 2, 3… after it.
         steps = {r.key: journal.steps(r.key) for r in found}
         records = [each for r in found for each in (r, *steps[r.key])]
@@ -95,8 +104,40 @@ def show_intent(
         attempts = {r.key: list(journal.attempts(r.key)) for r in records}
         reconciliations = {r.key: list(journal.reconciliations(r.key)) for r in records}
         escalations = {r.key: list(journal.escalations(r.key)) for r in records}
-    if not records:
+    if not records and not damaged:
         raise NotFound(f"no intent with key or reference {key_or_reference!r}")
+    try:
+        _show(
+            records,
+            steps,
+            position,
+            intents_of,
+            attempts,
+            reconciliations,
+            escalations,
+            as_json=as_json,
+            with_body=with_body,
+        )
+    finally:
+        say_damaged(damaged)
+    if damaged:
+        raise click.exceptions.Exit(1)
+
+
+def _show(
+    records: list[payonce.IntentRecord],
+    steps: dict[str, list[payonce.IntentRecord]],
+    position: dict[str, tuple[int, str]],
+    intents_of: dict[str, payonce.IntentRecord],
+    attempts: dict[str, list[payonce.journal.AttemptRecord]],
+    reconciliations: dict[str, list[payonce.journal.ReconciliationRecord]],
+    escalations: dict[str, list[payonce.journal.EscalationRecord]],
+    *,
+    as_json: bool,
+    with_body: bool,
+) -> None:
+    if not records:
+        return
     if as_json:
         documents = []
         for record in records:

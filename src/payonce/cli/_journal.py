@@ -47,9 +47,16 @@ def journal_group() -> None:
 def check_journal(journal_path: JournalLocation | None, as_json: bool) -> None:
     """Read the whole journal through and report its health and what it holds.
 
-    Integrity, schema version, intents by state, unacknowledged intents, size on disk.
-    Exits 1 if the journal is damaged, with `"ok": false` and the findings under --json,
-    also when the file is too damaged to open.
+    Integrity, schema version, intents by state, unacknowledged intents, size on disk,
+    and every row that no longer decodes (a state payonce never writes, headers that are
+    not JSON, a time that is not a finite number), each read as `resume` and the worker
+    read it: one line per damaged row, with its intent's key and what is wrong. Listings
+    leave such a row out and recovery skips it; check the intent at the provider, then
+    restore the journal or repair the row (docs/operating.md, "A damaged row").
+
+    Exits 0 when the journal is sound; 1 if it is damaged (a problem or a damaged row),
+    with `"ok": false` and the findings under --json, also when the file is too damaged
+    to open; 2 when it cannot be reached or read at all (no such journal, a server down).
     """
     target = existing_journal_target(journal_path)
     try:

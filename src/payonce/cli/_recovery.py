@@ -61,7 +61,7 @@ class Connection:
         return BaseUrls.parse(self.base_url)
 
     def targets(
-        self, records: Callable[[payonce.Journal], list[payonce.IntentRecord]], what: str
+        self, records: Callable[[payonce.Journal], payonce.journal.Intents], what: str
     ) -> tuple[list[Target], Counter[Target]]:
         """The groups to drive, and what every group holds of ``records``."""
         if not self.base_url:
@@ -164,7 +164,10 @@ class Connection:
         journal = existing_journal_target(self.journal)  # never create one to resume from
         # PAYONCE_API_KEY only for the account named with --account (PAYONCE_ACCOUNT); else
         # the account's key in the keyring: whose key the variable holds is never guessed.
-        api_key = payonce.credentials.recovery_api_key(target.account, named=self.account)
+        # Each intent is sent (and looked up) only with the key of its own fingerprint.
+        api_key = payonce.credentials.recovery_api_key(
+            target.account, named=self.account, wanted=self._credentials_wanted(target)
+        )
         with payonce.Client(
             base_url=base_url,
             provider=target.provider,
@@ -173,6 +176,17 @@ class Connection:
             journal=journal,
         ) as client:
             yield client
+
+    def _credentials_wanted(self, target: Target) -> list[str | None]:
+        """The credential fingerprints the group's pending and unknown intents journaled."""
+        waiting = [payonce.IntentState.PENDING, payonce.IntentState.UNKNOWN]
+        with existing_journal(self.journal, read_only=True) as journal:
+            records = journal.list_intents(states=waiting)
+        return [
+            r.credential
+            for r in records
+            if r.provider == target.provider and r.account == target.account
+        ]
 
     def drive_each(
         self, targets: Sequence[Target], drive: Callable[[payonce.Client], list[Row]]
@@ -347,7 +361,8 @@ def resume(connection: Connection, as_json: bool) -> None:
     targets, held = connection.targets(lambda j: j.list_intents(states=pending), "pending intents")
 
     def drive(client: payonce.Client) -> list[Row]:
-        total = len(client.journal.pending(account=client.account, provider=client.provider.name))
+        waiting = client.journal.pending(account=client.account, provider=client.provider.name)
+        total = len(waiting) + len(waiting.damaged)  # each damaged row is a result too
         with progress(console(), "resuming", total, enabled=_show_progress(as_json)) as advance:
             results = client.resume(on_result=lambda _: advance())
         return [resume_row(result, client.journal) for result in results]
@@ -417,8 +432,9 @@ def _labels(targets: Sequence[Target]) -> str:
 def _check_named(client: payonce.Client, key_or_reference: str) -> None:
     """Say why, when no intent of this account and provider has this key or reference."""
     found = client.journal.find(key_or_reference)
-    if any(r.account == client.account and r.provider == client.provider.name for r in found):
-        return
+    mine = (client.account, client.provider.name)
+    if any((r.account, r.provider) == mine for r in [*found, *found.damaged]):
+        return  # a damaged row of theirs too: the pass names it
     if not found:
         raise NotFound(f"no intent with key or reference {key_or_reference!r}")
     others = ", ".join(sorted({f"--account {r.account} --provider {r.provider}" for r in found}))
@@ -493,7 +509,8 @@ def reconcile(
             _check_named(client, key_or_reference)
             results = client.reconcile(key_or_reference, resend=resend)
         else:
-            total = len(client.unknown())
+            unknown = client.unknown()
+            total = len(unknown) + len(unknown.damaged)
             with progress(console(), "reconciling", total, enabled=show) as advance:
                 results = client.reconcile_all(resend=resend, on_result=lambda _: advance())
         return [reconcile_row(result) for result in results]

@@ -30,7 +30,7 @@ __all__ = [
     "summary",
 ]
 
-Category = Literal["settled", "pending", "unknown", "skipped"]
+Category = Literal["settled", "pending", "unknown", "skipped", "damaged"]
 
 _SETTLED = (payonce.IntentState.SUCCEEDED, payonce.IntentState.FAILED)
 
@@ -49,9 +49,13 @@ class Row:
     detail: str
     reason: str | None
     """Why the intent is still unknown (grouped in the summary), else None."""
+    damaged: bool = False
+    """Its journal row no longer decodes: skipped, never sent or looked up."""
 
     @property
     def category(self) -> Category:
+        if self.damaged:
+            return "damaged"
         if (
             self.outcome is payonce.records.ReconcileOutcome.SKIPPED
             and self.after is not payonce.IntentState.UNKNOWN
@@ -69,7 +73,7 @@ class Row:
     def needs_attention(self) -> bool:
         """Not settled: still unknown, or pending (not sent by resume, or put back to
         pending by reconcile and waiting for `payonce resume`)."""
-        return self.category in ("pending", "unknown")
+        return self.category in ("pending", "unknown", "damaged")
 
     def to_json(self) -> dict[str, Any]:
         document: dict[str, Any] = {"key": self.key, "reference": self.reference}
@@ -82,6 +86,8 @@ class Row:
                 "outcome": self.outcome,
             }
         document |= {"detail": self.detail, "unknown_reason": self.reason}
+        if self.damaged:
+            document["damaged"] = True
         return document
 
 
@@ -91,11 +97,15 @@ def resume_row(result: payonce.records.ResumeResult, journal: payonce.Journal) -
         # The journal's reason names no key, so the same cause groups in the summary.
         record = journal.get(result.key)
         reason = (record.unknown_reason if record else None) or result.detail
+    if result.damaged:
+        return Row(
+            result.key, result.reference, None, result.state, None, result.detail, None, True
+        )
     return Row(result.key, result.reference, None, result.state, None, result.detail, reason)
 
 
 def reconcile_row(result: payonce.records.ReconcileResult) -> Row:
-    reason = result.detail if result.after is payonce.IntentState.UNKNOWN else None
+    unknown = result.after is payonce.IntentState.UNKNOWN and not result.damaged
     return Row(
         result.key,
         result.reference,
@@ -103,7 +113,8 @@ def reconcile_row(result: payonce.records.ReconcileResult) -> Row:
         result.after,
         result.outcome,
         result.detail,
-        reason,
+        result.detail if unknown else None,
+        result.damaged,
     )
 
 
@@ -162,6 +173,10 @@ def summary(verb: str, rows: Sequence[Row]) -> str:
     parts.append(unknown)
     if by_category["skipped"]:
         parts.append(f"{by_category['skipped']} skipped (nothing to reconcile)")
+    if by_category["damaged"]:
+        parts.append(
+            f"{by_category['damaged']} damaged row(s) skipped (see `payonce journal check`)"
+        )
     return f"{verb} {len(rows)} intent(s): " + ", ".join(parts)
 
 

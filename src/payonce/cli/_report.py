@@ -37,6 +37,19 @@ def report_json(report: payonce.journal.JournalReport) -> dict[str, Any]:
         "intents": sum(report.intents_by_state.values()) if read else None,
         "unacknowledged": report.unacknowledged if read else None,
         "size_bytes": report.size_bytes,
+        "damaged_rows": [damaged_json(row) for row in report.damaged_rows] if read else None,
+    }
+
+
+def damaged_json(row: payonce.journal.DamagedRow) -> dict[str, Any]:
+    return {
+        "table": row.table,
+        "key": row.key,
+        "problem": row.problem,
+        "state": row.state,
+        "account": row.account,
+        "provider": row.provider,
+        "reference": row.reference,
     }
 
 
@@ -59,7 +72,7 @@ def _schema(report: payonce.journal.JournalReport) -> str:
 
 
 def _fields(report: payonce.journal.JournalReport) -> list[tuple[str, Text]]:
-    if report.ok:
+    if not report.problems:
         integrity = Text("ok", style="green")
     else:
         integrity = Text(f"{len(report.problems)} problem(s) found", style="bold red")
@@ -74,6 +87,16 @@ def _fields(report: payonce.journal.JournalReport) -> list[tuple[str, Text]]:
             ", as read despite the problems below" if server else ", as read from a damaged file"
         )
     read = report.contents_read
+    damaged = len(report.damaged_rows)
+    if not read:
+        rows = Text(unreadable)
+    elif damaged:
+        rows = Text(
+            f"{damaged}, each below: listings leave them out, resume and the worker skip them",
+            style="bold red",
+        )
+    else:
+        rows = Text("none", style="green")
     return [
         ("journal", Text(report.location)),
         ("integrity", integrity),
@@ -81,6 +104,7 @@ def _fields(report: payonce.journal.JournalReport) -> list[tuple[str, Text]]:
         ("intents", Text(intents if read else unreadable)),
         ("unacknowledged", Text(str(report.unacknowledged) if read else unreadable)),
         ("size", Text(_size(report.size_bytes))),
+        ("damaged rows", rows),
     ]
 
 
@@ -91,13 +115,16 @@ def report_view(report: payonce.journal.JournalReport) -> Group:
     for name, value in _fields(report):
         fields.add_row(name, value)
     parts: list[Table | Text] = [fields]
-    parts.extend(Text(f"  {problem}", style="red") for problem in report.problems)
+    parts.extend(Text(f"  {shown(problem)}", style="red") for problem in report.problems)
+    parts.extend(Text(f"  damaged {shown(row)}", style="red") for row in report.damaged_rows)
     return Group(*parts)
 
 
 def report_lines(report: payonce.journal.JournalReport) -> list[str]:
-    """Piped: ``name<TAB>value`` lines, then a ``problem<TAB>…`` line per finding, each
-    whole on one line (a finding's own line breaks escaped), for grep and cut."""
+    """Piped: ``name<TAB>value`` lines, then a ``problem<TAB>…`` line per finding and a
+    ``damaged<TAB>…`` line per damaged row, each whole on one line (a finding's own line
+    breaks escaped), for grep and cut."""
     lines = [f"{field_name(name)}\t{shown(value.plain)}" for name, value in _fields(report)]
     lines += [f"problem\t{shown(problem)}" for problem in report.problems]
+    lines += [f"damaged\t{shown(row)}" for row in report.damaged_rows]
     return lines

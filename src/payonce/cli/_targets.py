@@ -33,8 +33,13 @@ class Target:
 
 
 def holdings(records: Iterable[payonce.IntentRecord]) -> Counter[Target]:
-    """How many of these intents each group holds."""
-    return Counter(Target(record.provider, record.account) for record in records)
+    """How many of these intents each group holds, the rows of theirs that no longer decode
+    counted in (``payonce.journal.Intents.damaged``): a group whose only pending intent is
+    damaged is still driven, so that the pass names it."""
+    found = [(record.provider, record.account) for record in records]
+    damaged: Iterable[payonce.journal.DamagedRow] = getattr(records, "damaged", ())
+    found += [(row.provider, row.account) for row in damaged if row.provider and row.account]
+    return Counter(Target(provider, account) for provider, account in found)
 
 
 def sent_origins(records: Iterable[payonce.IntentRecord]) -> dict[str, set[str]]:

@@ -171,7 +171,10 @@ def worker(
     only when named with --account or PAYONCE_ACCOUNT). With --once:
     one pass, then exit 0 when no intent it drives is left unknown (escalated or not yet
     due) or unsent, 1 otherwise (or when an account could not be driven: no API key, no
-    base URL of its own).
+    base URL of its own, or a pending or unknown row no longer decodes).
+
+    A row that no longer decodes (`payonce journal check` names each) is skipped, never
+    sent, and said on an ERROR line (again after an hour); the other intents go on.
     """
     # Before anything else: from here on SIGTERM drains (a worker stopped while it starts
     # exits 0, having taken nothing), rather than killing the process.
@@ -295,4 +298,4 @@ def _not_created(location: JournalLocation | None) -> bool:
 
 def _left_over(last: WorkerPassEnded) -> bool:
     # Not ``pending``: intents another live worker is sending right now count there.
-    return bool(last.unknown or last.failed or last.not_driven)
+    return bool(last.unknown or last.failed or last.not_driven or last.damaged)

@@ -11,6 +11,7 @@ from Adyen import exceptions as adyen_errors
 
 from ..errors import (
     ConfigurationError,
+    CredentialMismatch,
     IntentError,
     IntentMismatch,
     PayonceError,
@@ -99,7 +100,7 @@ def _raise_adyen_error(exc: Exception, url: str) -> NoReturn:
     if isinstance(exc, httpx.TransportError):
         message = f"Unable to communicate with Adyen: {type(exc).__name__}: {exc}"
         error = adyen_errors.AdyenAPICommunicationError(message, url=url)
-    elif isinstance(exc, IntentMismatch):
+    elif isinstance(exc, IntentMismatch | CredentialMismatch):  # nothing sent: a caller bug
         error = adyen_errors.AdyenAPIUnprocessableEntity(f"{exc}{about(exc)}", url=url)
     elif isinstance(exc, IntentError):
         # OutcomeUnknown, IntentInFlight, ProviderUnavailable: Adyen's word for "no answer".

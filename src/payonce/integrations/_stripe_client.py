@@ -11,6 +11,7 @@ from stripe import _api_requestor
 
 from ..errors import (
     ConfigurationError,
+    CredentialMismatch,
     IntentMismatch,
     OutcomeUnknown,
     PayonceError,
@@ -184,7 +185,7 @@ def _raise_stripe_error(exc: Exception) -> NoReturn:
             f"{_sentence(str(exc))} Do not retry it under a new key: resume or reconcile the "
             "intent."
         )
-    elif isinstance(exc, IntentMismatch):
+    elif isinstance(exc, IntentMismatch | CredentialMismatch):  # nothing sent: a caller bug
         error = stripe.IdempotencyError(f"{exc}{about(exc)}")
     else:
         assert isinstance(exc, PayonceError)
