@@ -1,6 +1,7 @@
 """What must hold after every step and at the end of a run (issue 26):
 
-1. no business operation executes twice at the provider;
+1. no business operation executes twice at the provider (an operation named ``X*N`` is one
+   the shop's code sends N times on purpose: it may execute N times, ``*0`` never);
 2. nothing is lost: after the quiet end (faults off, every process finished, a resume and
    a reconciliation of each account), every intent is settled, abandoned, or unknown and
    listed by the CLI's own read (``intents list --state unknown``); none pending; every
@@ -72,7 +73,16 @@ class Checker:
                 for e in executions
                 if e.succeeded and e.operation == execution.operation and e is not execution
             ]
+            allowed = _allowed(execution.operation)
+            if len(earlier) < allowed:
+                continue
             if not earlier:
+                self.violated(
+                    1 if not execution.rerun else 4,
+                    f"{execution.operation} executed ({execution.object_id} under key "
+                    f"{execution.key}, by {execution.by}): its code expects it refused",
+                    "executed, should be refused",
+                )
                 continue
             first = earlier[0]
             if first.account != execution.account:
@@ -165,6 +175,12 @@ class Checker:
                     )
         finally:
             journal.close()
+
+
+def _allowed(operation: str) -> int:
+    """How many times the shop's code means ``operation`` to execute."""
+    _, star, times = operation.rpartition("*")
+    return int(times) if star and times.isdigit() else 1
 
 
 def _json(content: bytes) -> dict[str, Any] | None:

@@ -60,8 +60,8 @@ TRANSITION_PAIRS = frozenset(
 class Features:
     """What the world can do. ``changed_code`` and ``per_request_credentials`` produce the
     classes of issue 27 (a block whose first request differs between runs; an intent
-    resent under another merchant's credential): off in the suite's fixed seeds while main
-    still pays twice there, on in ``make simulate --all-features``."""
+    resent under another merchant's credential). ``changed_code`` is on in the suite's
+    fixed seeds since class 1's fix; both are on in ``make simulate --all-features``."""
 
     faults: bool = True
     crashes: bool = True
@@ -75,6 +75,11 @@ class Features:
     exclusive_orders: bool = False
     """One live process per order at a time (a shop whose job queue runs an order once at
     a time): an order's code runs again only after its earlier run ended or crashed."""
+    new_reference_on_rerun: bool = False
+    """A deliberately broken shop: a run again of an order's code after a crash opens its
+    intent under another reference (``order-6/again``), so payonce cannot know it is the
+    same intent. The world must catch the double payment this makes: the simulator's proof
+    that it can fail. Never on in a hunt."""
     kinds: tuple[str, ...] = ()
     """Only these order kinds (``_shop.ORDER_KINDS``), to look at one apart; all by default."""
     profile: str = "mixed"
@@ -88,6 +93,7 @@ class Features:
         kinds = ["oneshot", "block", "sdk", "declined", "retried-block"]
         if self.changed_code:
             kinds += ["conditional", "confirm-unless-confirmed", "coupon-added"]
+            kinds += ["reordered", "twice", "repriced", "late-request"]
         if self.per_request_credentials:
             kinds.append("sdk-merchant-b")
         if self.sdk_keys_honoured:
@@ -322,6 +328,10 @@ class World:
             if order is not None:
                 assert kind is not None
                 number = int(order.split("-")[1])
+                broken = self.features.new_reference_on_rerun and process.rerun
+                reference = f"{order}/again" if broken else order
+                if broken:
+                    self.tell(f"opens its intent under another reference, {reference}")
                 if kind.startswith("sdk"):
                     client = self._client(process, "platform", None)
                     merchant = MERCHANT_B if kind == "sdk-merchant-b" else MERCHANT_A
@@ -336,7 +346,9 @@ class World:
                         "sdk", order, 1000 + number, client, self.shop, self, sdk_http, merchant
                     )
                 client = self._client(process, "shop", MERCHANT_A)
-                return run_order(kind, order, 1000 + number, client, self.shop, self)
+                return run_order(
+                    kind, order, 1000 + number, client, self.shop, self, reference=reference
+                )
             verb, account = task.split()
             key = MERCHANT_A if account == "shop" else self._platform_key()
             client = self._client(process, account, key, self._operator_keys(account))

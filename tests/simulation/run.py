@@ -35,6 +35,7 @@ def _features(arguments: argparse.Namespace) -> Features:
         per_request_credentials=arguments.per_request_credentials,
         exclusive_orders=arguments.exclusive_orders,
         sdk_keys_honoured=arguments.sdk_keys_honoured,
+        new_reference_on_rerun=arguments.broken_shop,
         kinds=tuple(arguments.kinds.split(",")) if arguments.kinds else (),
     )
 
@@ -76,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--sdk-keys-honoured", action="store_true", help="SDK code whose uuid4 keys are kept"
+    )
+    parser.add_argument(
+        "--broken-shop",
+        action="store_true",
+        help="a deliberately broken shop: a run again opens its intent under another reference",
     )
     parser.add_argument("--kinds", help="only these order kinds, comma-separated")
     parser.add_argument("--backend", choices=["sqlite"], default="sqlite")

@@ -1,11 +1,12 @@
 """The simulator of issue 26 in the suite: payonce's real client, drive and journal against
 the model world, a fixed set of seeds, every invariant checked after every step.
 
-The fast lane runs a few seeds; the slow lane runs more, and proves the simulator can fail
-(it finds issue 27's class 1 on this main within a bounded number of seeds; class 2, a
-payment recovered under another merchant's key, no seed finds since credentials travel
-with the intent). The world's features that produce those classes (``changed_code``,
-``per_request_credentials``) are off in the fixed seeds until issue 27's fixes land.
+The fast lane runs a few seeds; the slow lane runs more. Every feature of the world is on
+in the fixed seeds, so the world keeps producing issue 27's classes: code that changes
+between runs (``changed_code``, class 1 before its fix) and two merchants' credentials
+through one transport (``per_request_credentials``, class 2). The slow lane runs a bounded
+number of seeds of each class's world and finds nothing, and proves the simulator can still
+fail: a deliberately broken shop (a run again under another reference) is caught.
 """
 
 from __future__ import annotations
@@ -14,14 +15,31 @@ import logging
 
 import pytest
 
+from simulation._shop import ORDER_KINDS
 from simulation._shrink import shrink
 from simulation._world import Features, RunResult, run_world
 
+SUITE = Features.everything()
+"""The fixed seeds' world: every order kind, two merchants' credentials."""
 FAST_SEEDS = range(4)
 SLOW_SEEDS = range(4, 64)
+CHANGED_CODE = Features(
+    changed_code=True,
+    kinds=(
+        "conditional",
+        "confirm-unless-confirmed",
+        "coupon-added",
+        "reordered",
+        "twice",
+        "repriced",
+        "late-request",
+    ),
+)
+"""Only the code that changes between runs: issue 27's class 1 and its neighbours."""
+SEEDS_WITHOUT_CLASS_1 = range(300)
 SEEDS_TO_FIND_A_CLASS = 100
-"""Within how many seeds the simulator must find each known class (on main at 954e785 the
-first seed finds each; about one run in six and one in twenty find them)."""
+"""Within how many seeds the simulator must find a broken world's double payment (the
+first few seeds find it)."""
 
 
 @pytest.fixture(autouse=True)
@@ -36,9 +54,9 @@ def _broken(result: RunResult) -> str:
 
 
 def test_the_same_seed_replays_the_same_run() -> None:
-    first = run_world(7)
-    again = run_world(7)
-    replayed = run_world(7, script=first.choices)
+    first = run_world(7, SUITE)
+    again = run_world(7, SUITE)
+    replayed = run_world(7, SUITE, script=first.choices)
 
     assert first.story == again.story
     assert first.choices == again.choices
@@ -47,7 +65,7 @@ def test_the_same_seed_replays_the_same_run() -> None:
 
 @pytest.mark.parametrize("seed", FAST_SEEDS)
 def test_a_fixed_seed_breaks_no_invariant(seed: int) -> None:
-    result = run_world(seed)
+    result = run_world(seed, SUITE)
 
     assert not result.failed, _broken(result)
     assert result.steps > 0
@@ -57,7 +75,7 @@ def test_a_fixed_seed_breaks_no_invariant(seed: int) -> None:
 def test_more_seeds_break_no_invariant() -> None:
     covered: set[tuple[str | None, str]] = set()
     for seed in SLOW_SEEDS:
-        result = run_world(seed)
+        result = run_world(seed, SUITE)
         assert not result.failed, _broken(result)
         covered |= result.pairs
     # The runs reach the drive's ambiguous, unknown and reconciled paths, not only success.
@@ -67,7 +85,7 @@ def test_more_seeds_break_no_invariant() -> None:
 
 def _first_failure(features: Features, kind: str, operation: str) -> RunResult | None:
     """The first run of ``features`` whose double payment is of class ``kind`` and of the
-    order whose code makes it (``operation``: ``order-6/`` is the conditional block,
+    order whose code makes it (``operation``: ``order-1/`` the first order kind's code,
     ``order-3/`` merchant A's SDK code)."""
     for seed in range(SEEDS_TO_FIND_A_CLASS):
         result = run_world(seed, features)
@@ -76,17 +94,38 @@ def _first_failure(features: Features, kind: str, operation: str) -> RunResult |
     return None
 
 
+def test_every_changed_code_kind_is_an_order_kind() -> None:
+    assert set(CHANGED_CODE.kinds) <= set(ORDER_KINDS)
+    assert [kind for _, kind in CHANGED_CODE.orders()] == list(CHANGED_CODE.kinds)
+
+
 @pytest.mark.slow
-def test_the_simulator_finds_issue_27_class_1_on_main() -> None:
-    """A block whose first request differs between runs (the customer is created only if
-    the shop has none yet) pays twice. This proves the simulator can fail; once issue 27's
-    fix lands, flip it to assert that no seed finds the class."""
-    found = _first_failure(Features(changed_code=True), "paid again under another key", "order-6/")
+def test_code_that_changes_between_runs_pays_once() -> None:
+    """Issue 27's class 1 (a block whose first request differs between runs paid twice)
+    and its neighbours (a step added, reordered, sent twice on purpose, its body changed; a
+    retry loop; a request after the block ended): no seed breaks an invariant."""
+    reruns = 0
+    for seed in SEEDS_WITHOUT_CLASS_1:
+        result = run_world(seed, CHANGED_CODE)
+        assert not result.failed, _broken(result)
+        reruns += sum("(a run again after a crash)" in line for line in result.story)
+    # The seeds run the changed code again after crashes, where class 1 was.
+    assert reruns >= len(SEEDS_WITHOUT_CLASS_1)
+
+
+@pytest.mark.slow
+def test_the_simulator_catches_a_shop_that_reruns_under_another_reference() -> None:
+    """A deliberately broken shop: a run again after a crash opens its block under another
+    reference, so its payment is a new intent and executes twice. The simulator must find
+    it within a bounded number of seeds and shrink it: the proof that it can fail."""
+    broken = Features(changed_code=True, kinds=("conditional",), new_reference_on_rerun=True)
+    found = _first_failure(broken, "paid again under another key", "order-1/")
 
     assert found is not None
     shrunk = shrink(found, budget=60)
     assert any(v.kind == "paid again under another key" for v in shrunk.violations)
     assert len(shrunk.choices) <= len(found.choices)
+    assert any("order-1/again" in line for line in shrunk.story)
 
 
 @pytest.mark.slow
