@@ -16,6 +16,7 @@ import contextlib
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,6 +36,7 @@ SETUPS = ("A plain client", "An SDK integration", "The outbox and its worker")
 
 SHOP = """\
 import sys
+import time
 
 import payonce
 
@@ -73,6 +75,17 @@ def _run_the_runbook(reader: Reader, setup: str, blocks: slice = slice(None)) ->
     for block in sections(PAGE)[setup][blocks]:
         assert block.language == "console", f"{setup}: a {block.language} block is not run"
         reader.console(block.code)
+
+
+def _acknowledged_within(journal: Path, *, seconds: float) -> None:
+    """Until the journal holds no unacknowledged intent; fails after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        with payonce.open_journal(journal, read_only=True) as reading:
+            if not reading.unacknowledged():
+                return
+        assert time.monotonic() < deadline, "the block's acknowledgement was never written"
+        time.sleep(0.05)
 
 
 def test_every_setup_has_its_runbook_and_the_page_is_in_the_site() -> None:
@@ -141,13 +154,17 @@ def test_the_sdk_integration_s_runbook_finishes_an_unknown_create_and_the_block_
 
     with _operator(home, server) as operator:
         operator.substitutions["localhost:8000"] = f"localhost:{service.port}"
-        _run_the_runbook(operator, "An SDK integration", slice(-1))
+        _run_the_runbook(operator, "An SDK integration", slice(-2))
         # Reconciled and resumed: the create is made, and the order is not paid, as the
         # page says: only the block, run again, makes its next request.
         assert server.wait_idle()
         (created,) = server.store.payment_intents()
         assert created["status"] != "succeeded", created
         assert server.store.total_executions() == 1
+        _run_the_runbook(operator, "An SDK integration", slice(-2, -1))
+        # The block's acknowledgement is written with the service's next journal write, or
+        # a second after the block ended: an operator's next command comes after it.
+        _acknowledged_within(Path(service.env["PAYONCE_JOURNAL"]), seconds=10)
         _run_the_runbook(operator, "An SDK integration", slice(-1, None))
 
     assert server.wait_idle()
