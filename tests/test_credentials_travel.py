@@ -573,3 +573,22 @@ def test_an_intent_enqueued_without_a_key_takes_the_first_sender_s_and_no_other_
     (finished,) = make_client(api_key=DEFAULT_API_KEY).resume()
     assert finished.state is payonce.IntentState.SUCCEEDED
     assert sandbox.store.executions() == {enqueued.key: 1}
+
+
+def test_an_intent_enqueued_without_a_key_and_no_key_to_send_it_waits_for_one(
+    make_client: Any, sandbox: SandboxServer
+) -> None:
+    """Never sent, it is not to be abandoned: the operator is told to give a key."""
+    service = make_client(api_key=None, transport_only=True)
+    enqueued = service.enqueue(
+        "POST", "/v1/payments", json=PAYMENT, reference="order-e2", connection=None
+    )
+    keyless = make_client(api_key=None, transport_only=True, recovery_keys=[])
+
+    (skipped,) = keyless.resume()
+
+    assert skipped.state is payonce.IntentState.PENDING
+    assert "never sent" in skipped.detail
+    assert "abandon" not in skipped.detail
+    assert keyless.journal.get(enqueued.key).credential is None
+    assert sandbox.store.executions() == {}

@@ -158,7 +158,13 @@ def credential_missing(record: IntentRecord, tried: Sequence[Candidate]) -> Cred
     payment" for one that exists)."""
     wanted = record.credential
     offered = tuple(f"{c.source} ({c.fingerprint})" for c in tried)
-    if wanted is None:
+    if wanted is None and sent_by_first_sender(record):
+        message = (
+            f"{_named(record)} was never sent and no key here can send it: skipped, nothing "
+            f"sent. Give its account's key: PAYONCE_API_KEY with --account {record.account}, "
+            f"`payonce keys set {record.account}`, or recovery_keys="
+        )
+    elif wanted is None:
         message = (
             f"{_named(record)} was journaled with no credential, so no key is known to have "
             "sent it: skipped, nothing sent. Check the payment at the provider, then "
